@@ -1,0 +1,32 @@
+//! `waymark`: one binary, roles chosen by configuration.
+//!
+//! Will hold the node agent (probing, gossip, last-known-good cache, local xDS/DNS/LRS) and
+//! the authority member (replicated registry, evaluator, xDS tier, policy API), plus the
+//! operator CLI. Today it carries the command surface only; each role lands with its issue.
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+
+/// A health-check and service-discovery plane for Envoy/xDS meshes.
+#[derive(Debug, Parser)]
+#[command(name = "waymark", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Print the platform defaults the evaluator and assembler start from.
+    Defaults,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Defaults => {
+            print!("{}", waymark_core::defaults::describe());
+            Ok(())
+        }
+    }
+}
