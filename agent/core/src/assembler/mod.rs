@@ -1,0 +1,675 @@
+//! View assembler: eligibility → per-service, per-caller-zone target views.
+//!
+//! Pure state machine; no I/O. Inputs are existence ([`ViewAssembler::handle_instance`]),
+//! verdicts ([`ViewAssembler::handle_eligibility`]), peer-region aggregates, policy and
+//! evacuation commands; [`ViewAssembler::assemble`] rebuilds only the services touched since
+//! the last call and emits a [`Effect::Target`] for each view whose content changed. Versions
+//! are not assigned here: the delta queues stamp them when they release (see `delta`).
+//!
+//! The fraction guard sits here, downstream of evaluation, so it survives bugs in evaluation
+//! (ADR-08): per service per zone, if fewer than the minimum healthy fraction of the zone's
+//! instances would be routed, the zone's full set is published as `Disregarded`, the view
+//! declares `health_disregarded`, and [`Effect::GuardEngaged`] raises the alarm. Two kinds of
+//! instance are never put back by the guard: deliberate exits (draining, maintenance) and
+//! hard failures (a refused connection is not a health check's opinion — there is nothing
+//! listening to route to). Hard failures still count toward the zone's total, so the alarm
+//! fires.
+//!
+//! Invariant (property tests in `assembler/props.rs`): in every target view, each zone either
+//! routes at least its floor of candidates or is declared `health_disregarded`.
+
+mod evacuation;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::defaults as d;
+use crate::eligibility::{Eligibility, IneligibleReason, Verdict};
+use crate::model::{Address, Instance, InstanceId, RegionName, ServiceName, ZoneName};
+use crate::units::{Permille, Weight};
+use crate::view::{EndpointStatus, Markers, Tier, View, ViewEndpoint, ViewKey};
+pub use evacuation::{Direction, Evacuation, EvacuationCommand, EvacuationError};
+
+/// The region the assembler works for, and its pacing.
+#[derive(Debug, Clone)]
+pub struct AssemblerConfig {
+    /// This region.
+    pub region: RegionName,
+    /// The region's zones; views are assembled for callers in each (plus any zone an
+    /// instance reports).
+    pub zones: BTreeSet<ZoneName>,
+    /// Share of traffic an evacuation moves per step.
+    pub evacuation_step: Permille,
+    /// Time between evacuation steps.
+    pub evacuation_step_interval: Duration,
+}
+
+impl AssemblerConfig {
+    /// Defaults for `region` with `zones`.
+    pub fn new(region: RegionName, zones: impl IntoIterator<Item = ZoneName>) -> Self {
+        Self {
+            region,
+            zones: zones.into_iter().collect(),
+            evacuation_step: d::EVACUATION_STEP,
+            evacuation_step_interval: d::EVACUATION_STEP_INTERVAL,
+        }
+    }
+}
+
+/// A service's routing policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePolicy {
+    /// Minimum healthy fraction per zone.
+    pub min_healthy: Permille,
+    /// Optional failover order the priorities follow.
+    pub failover: Option<FailoverOrder>,
+}
+
+impl Default for ServicePolicy {
+    fn default() -> Self {
+        Self {
+            min_healthy: d::MIN_HEALTHY,
+            failover: None,
+        }
+    }
+}
+
+/// Which zones, then which regions, take traffic when the caller's zone cannot.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FailoverOrder {
+    /// Zones of this region, most preferred first; unlisted zones come after.
+    pub zones: Vec<ZoneName>,
+    /// Peer regions, most preferred first; unlisted regions come after.
+    pub regions: Vec<RegionName>,
+}
+
+/// An endpoint of a peer region, from its read-only aggregate (tier 2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteEndpoint {
+    /// The instance.
+    pub instance: InstanceId,
+    /// Where to dial it.
+    pub address: Address,
+    /// Its zone in its region.
+    pub zone: ZoneName,
+    /// Weight as its region published it.
+    pub weight: Weight,
+    /// Status as its region published it.
+    pub status: EndpointStatus,
+    /// Verdict as its region published it.
+    pub verdict: Verdict,
+}
+
+/// What the assembler asks its driver to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// A view's content changed: hand it to the delta queues.
+    Target(View),
+    /// Alarm: a zone fell below its floor and its health is being disregarded.
+    GuardEngaged {
+        /// The service.
+        service: ServiceName,
+        /// The zone.
+        zone: ZoneName,
+        /// Instances the evaluator would route.
+        routed: usize,
+        /// Instances counted toward the floor.
+        total: usize,
+        /// The floor.
+        floor: Permille,
+    },
+    /// The zone is back above its floor.
+    GuardReleased {
+        /// The service.
+        service: ServiceName,
+        /// The zone.
+        zone: ZoneName,
+    },
+    /// Incident: the last eligible instance of the service in the region was withdrawn.
+    LastEligibleWithdrawn {
+        /// The service.
+        service: ServiceName,
+        /// This region.
+        region: RegionName,
+    },
+    /// The service has an eligible instance in the region again.
+    EligibleRestored {
+        /// The service.
+        service: ServiceName,
+    },
+    /// An evacuation moved a step.
+    EvacuationProgress {
+        /// The zone.
+        zone: ZoneName,
+        /// Share of its traffic moved away.
+        moved: Permille,
+        /// Holding for an operator's completion.
+        awaiting_completion: bool,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    instance: Arc<Instance>,
+    eligibility: Option<Eligibility>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct ServiceSlot {
+    policy: ServicePolicy,
+    members: BTreeMap<InstanceId, Member>,
+    remote: BTreeMap<RegionName, Vec<RemoteEndpoint>>,
+    guarded: BTreeSet<ZoneName>,
+    had_eligible: Option<bool>,
+    targets: BTreeMap<ZoneName, View>,
+}
+
+/// The view assembler. See the module documentation.
+#[derive(Debug)]
+pub struct ViewAssembler {
+    config: AssemblerConfig,
+    services: BTreeMap<ServiceName, ServiceSlot>,
+    zones: BTreeSet<ZoneName>,
+    evacuations: BTreeMap<ZoneName, Evacuation>,
+    dirty: BTreeSet<ServiceName>,
+    effects: Vec<Effect>,
+}
+
+/// Per-zone tallies for the guard.
+#[derive(Debug, Default, Clone, Copy)]
+struct ZoneTally {
+    routed: usize,
+    total: usize,
+}
+
+// === impl ViewAssembler ===
+
+impl ViewAssembler {
+    /// An assembler with no services.
+    pub fn new(config: AssemblerConfig) -> Self {
+        let zones = config.zones.clone();
+        Self {
+            config,
+            services: BTreeMap::new(),
+            zones,
+            evacuations: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            effects: Vec::new(),
+        }
+    }
+
+    /// Set a service's policy (creating the service if new).
+    pub fn handle_policy(&mut self, service: &ServiceName, policy: ServicePolicy) {
+        self.slot(service).policy = policy;
+    }
+
+    /// An instance exists (or its address, weight, tags changed).
+    pub fn handle_instance(&mut self, instance: &Instance) {
+        self.zones.insert(instance.locality.zone.clone());
+        let slot = self.slot(&instance.service);
+        let instance = Arc::new(instance.clone());
+        match slot.members.get_mut(&instance.id) {
+            Some(m) => m.instance = instance,
+            None => {
+                let member = Member {
+                    instance: instance.clone(),
+                    eligibility: None,
+                };
+                slot.members.insert(instance.id.clone(), member);
+            }
+        }
+    }
+
+    /// The evaluator's verdict for an instance. Unknown instances are ignored (the
+    /// registry feeds existence first).
+    pub fn handle_eligibility(
+        &mut self,
+        service: &ServiceName,
+        id: &InstanceId,
+        eligibility: Eligibility,
+    ) {
+        let Some(slot) = self.services.get_mut(service) else {
+            return;
+        };
+        if let Some(m) = slot.members.get_mut(id) {
+            if m.eligibility != Some(eligibility) {
+                m.eligibility = Some(eligibility);
+                self.dirty.insert(service.clone());
+            }
+        }
+    }
+
+    /// An instance is gone for good (retired).
+    pub fn handle_removed(&mut self, service: &ServiceName, id: &InstanceId) {
+        if let Some(slot) = self.services.get_mut(service) {
+            if slot.members.remove(id).is_some() {
+                self.dirty.insert(service.clone());
+            }
+        }
+    }
+
+    /// A peer region's endpoints for a service (replaces what that region sent before).
+    pub fn handle_remote(
+        &mut self,
+        service: &ServiceName,
+        region: RegionName,
+        endpoints: Vec<RemoteEndpoint>,
+    ) {
+        let slot = self.slot(service);
+        if endpoints.is_empty() {
+            slot.remote.remove(&region);
+        } else {
+            slot.remote.insert(region, endpoints);
+        }
+    }
+
+    /// Start, reverse or complete a zone evacuation.
+    pub fn handle_evacuation(
+        &mut self,
+        now: Instant,
+        zone: &ZoneName,
+        command: EvacuationCommand,
+    ) -> Result<(), EvacuationError> {
+        let name = || zone.to_string();
+        if !self.zones.contains(zone) {
+            return Err(EvacuationError::UnknownZone { zone: name() });
+        }
+        let (step, interval) = (
+            self.config.evacuation_step,
+            self.config.evacuation_step_interval,
+        );
+        match command {
+            EvacuationCommand::Evacuate { manual } => {
+                let others_home = self
+                    .zones
+                    .iter()
+                    .any(|z| z != zone && !self.evacuations.contains_key(z));
+                if !others_home {
+                    return Err(EvacuationError::LastZone { zone: name() });
+                }
+                match self.evacuations.get_mut(zone) {
+                    Some(e) => {
+                        e.direction = Direction::Out;
+                        e.manual |= manual;
+                        e.awaiting_completion = false;
+                        e.next_step = None;
+                        e.step(now, step, interval);
+                    }
+                    None => {
+                        self.evacuations
+                            .insert(zone.clone(), Evacuation::start(now, manual, step, interval));
+                    }
+                }
+            }
+            EvacuationCommand::ShiftBack => {
+                let e = self
+                    .evacuations
+                    .get_mut(zone)
+                    .ok_or_else(|| EvacuationError::NotEvacuated { zone: name() })?;
+                e.direction = Direction::Back;
+                e.next_step = None;
+                e.step(now, step, interval);
+            }
+            EvacuationCommand::CompleteShiftBack => {
+                let e = self
+                    .evacuations
+                    .get(zone)
+                    .ok_or_else(|| EvacuationError::NotEvacuated { zone: name() })?;
+                if !e.awaiting_completion {
+                    return Err(EvacuationError::NotAwaitingCompletion { zone: name() });
+                }
+                self.evacuations.remove(zone);
+            }
+        }
+        self.evacuation_changed(zone);
+        Ok(())
+    }
+
+    /// Take the evacuation steps due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let (step, interval) = (
+            self.config.evacuation_step,
+            self.config.evacuation_step_interval,
+        );
+        let due: Vec<ZoneName> = self
+            .evacuations
+            .iter()
+            .filter(|(_, e)| e.next_step.is_some_and(|t| t <= now))
+            .map(|(z, _)| z.clone())
+            .collect();
+        for zone in due {
+            let e = self
+                .evacuations
+                .get_mut(&zone)
+                .expect("due zones come from the map");
+            if e.step(now, step, interval) {
+                if e.is_home() {
+                    self.evacuations.remove(&zone);
+                }
+                self.evacuation_changed(&zone);
+            }
+        }
+    }
+
+    /// The next evacuation step.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.evacuations.values().filter_map(|e| e.next_step).min()
+    }
+
+    /// Rebuild every service touched since the last call; emits effects.
+    pub fn assemble(&mut self) {
+        let dirty = std::mem::take(&mut self.dirty);
+        for service in dirty {
+            self.assemble_service(&service);
+        }
+    }
+
+    /// Drain the effects produced so far, in order.
+    pub fn take_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// The current target view for callers in `zone`.
+    pub fn target(&self, key: &ViewKey) -> Option<&View> {
+        self.services.get(&key.service)?.targets.get(&key.zone)
+    }
+
+    /// Zones whose guard is engaged for a service.
+    pub fn guarded_zones(&self, service: &ServiceName) -> BTreeSet<ZoneName> {
+        self.services
+            .get(service)
+            .map(|s| s.guarded.clone())
+            .unwrap_or_default()
+    }
+
+    /// The evacuation state of a zone.
+    pub fn evacuation(&self, zone: &ZoneName) -> Option<&Evacuation> {
+        self.evacuations.get(zone)
+    }
+
+    // --- assembly ---
+
+    fn slot(&mut self, service: &ServiceName) -> &mut ServiceSlot {
+        self.dirty.insert(service.clone());
+        self.services.entry(service.clone()).or_default()
+    }
+
+    fn evacuation_changed(&mut self, zone: &ZoneName) {
+        let (moved, awaiting_completion) = self
+            .evacuations
+            .get(zone)
+            .map_or((Permille::ZERO, false), |e| {
+                (e.moved, e.awaiting_completion)
+            });
+        self.effects.push(Effect::EvacuationProgress {
+            zone: zone.clone(),
+            moved,
+            awaiting_completion,
+        });
+        self.dirty.extend(self.services.keys().cloned());
+    }
+
+    fn assemble_service(&mut self, service: &ServiceName) {
+        let Some(mut slot) = self.services.remove(service) else {
+            return;
+        };
+        let tallies = tally(&slot);
+        self.update_guard(service, &mut slot, &tallies);
+        self.update_incident(service, &mut slot);
+        let markers = Markers {
+            health_disregarded: slot.guarded.clone(),
+            evacuating: self
+                .evacuations
+                .iter()
+                .map(|(z, e)| (z.clone(), e.moved))
+                .collect(),
+            no_eligible_in_region: slot.had_eligible == Some(false) && !slot.members.is_empty(),
+        };
+        for caller in self.zones.clone() {
+            let view = self.build_view(service, &slot, &caller, &markers);
+            if slot.targets.get(&caller) != Some(&view) {
+                slot.targets.insert(caller, view.clone());
+                self.effects.push(Effect::Target(view));
+            }
+        }
+        self.services.insert(service.clone(), slot);
+    }
+
+    fn update_guard(
+        &mut self,
+        service: &ServiceName,
+        slot: &mut ServiceSlot,
+        tallies: &BTreeMap<ZoneName, ZoneTally>,
+    ) {
+        let floor = slot.policy.min_healthy;
+        let now_guarded: BTreeSet<ZoneName> = tallies
+            .iter()
+            .filter(|(_, t)| t.total > 0 && Permille::ratio(t.routed, t.total) < floor)
+            .map(|(z, _)| z.clone())
+            .collect();
+        for zone in now_guarded.difference(&slot.guarded) {
+            let t = tallies[zone];
+            tracing::warn!(service = %service, zone = %zone, routed = t.routed, total = t.total, "fraction guard engaged: health disregarded");
+            self.effects.push(Effect::GuardEngaged {
+                service: service.clone(),
+                zone: zone.clone(),
+                routed: t.routed,
+                total: t.total,
+                floor,
+            });
+        }
+        for zone in slot.guarded.difference(&now_guarded) {
+            tracing::info!(service = %service, zone = %zone, "fraction guard released");
+            self.effects.push(Effect::GuardReleased {
+                service: service.clone(),
+                zone: zone.clone(),
+            });
+        }
+        slot.guarded = now_guarded;
+    }
+
+    fn update_incident(&mut self, service: &ServiceName, slot: &mut ServiceSlot) {
+        let any = slot
+            .members
+            .values()
+            .any(|m| m.eligibility.is_some_and(|e| e.is_routed()));
+        let known = slot.members.values().any(|m| m.eligibility.is_some());
+        if !known {
+            return;
+        }
+        match (slot.had_eligible, any) {
+            (Some(true), false) => {
+                tracing::error!(service = %service, region = %self.config.region, "last eligible instance in region withdrawn");
+                self.effects.push(Effect::LastEligibleWithdrawn {
+                    service: service.clone(),
+                    region: self.config.region.clone(),
+                });
+            }
+            (Some(false), true) => self.effects.push(Effect::EligibleRestored {
+                service: service.clone(),
+            }),
+            _ => {}
+        }
+        slot.had_eligible = Some(any);
+    }
+
+    fn build_view(
+        &self,
+        service: &ServiceName,
+        slot: &ServiceSlot,
+        caller: &ZoneName,
+        markers: &Markers,
+    ) -> View {
+        let key = ViewKey {
+            service: service.clone(),
+            zone: caller.clone(),
+        };
+        let caller_moved = self.moved(caller);
+        let mut endpoints = BTreeMap::new();
+        let mut raw: Vec<(ViewEndpoint, u32)> = Vec::new();
+        for m in slot.members.values() {
+            let Some(eligibility) = m.eligibility else {
+                continue;
+            };
+            let zone = &m.instance.locality.zone;
+            let Some((status, weight)) =
+                publish(&eligibility, m.instance.weight, slot.guarded.contains(zone))
+            else {
+                continue;
+            };
+            let tier = if zone == caller {
+                Tier::Local
+            } else {
+                Tier::Region
+            };
+            let (weight, rank) = self.shift(zone, caller_moved, tier, weight, slot);
+            raw.push((
+                endpoint(&m.instance, tier, weight, status, eligibility.verdict()),
+                rank,
+            ));
+        }
+        let region_ranks = self.zones.len() as u32 + 2;
+        for (region, list) in &slot.remote {
+            let rank = region_ranks
+                + rank_in(
+                    &slot.policy.failover.as_ref().map(|f| f.regions.clone()),
+                    region,
+                );
+            for r in list
+                .iter()
+                .filter(|r| r.status.is_routed() || r.status == EndpointStatus::Draining)
+            {
+                raw.push((remote_endpoint(r, region), rank));
+            }
+        }
+        // Envoy wants contiguous priorities from 0: compact the ranks in order.
+        let ranks: BTreeSet<u32> = raw.iter().map(|(_, r)| *r).collect();
+        let dense: BTreeMap<u32, u32> = ranks.into_iter().zip(0..).collect();
+        for (mut e, rank) in raw {
+            e.priority = dense[&rank];
+            endpoints.insert(e.instance.clone(), e);
+        }
+        View {
+            key,
+            endpoints,
+            markers: markers.clone(),
+        }
+    }
+
+    /// Weight and priority rank after evacuation shifts.
+    fn shift(
+        &self,
+        zone: &ZoneName,
+        caller_moved: Permille,
+        tier: Tier,
+        weight: Weight,
+        slot: &ServiceSlot,
+    ) -> (Weight, u32) {
+        let failover_zones = slot.policy.failover.as_ref().map(|f| f.zones.clone());
+        let base_rank = match tier {
+            Tier::Local => 0,
+            _ => 1 + rank_in(&failover_zones, zone),
+        };
+        let zone_moved = self.moved(zone);
+        if zone_moved == Permille::ONE {
+            // Fully evacuated: failover only, after every other zone of the region.
+            return (weight, self.zones.len() as u32 + 1);
+        }
+        let kept = Permille::saturating(1000 - u32::from(zone_moved.get()));
+        let weight = weight.scale(kept);
+        if caller_moved > Permille::ZERO && tier == Tier::Region && zone_moved == Permille::ZERO {
+            // The caller's zone is evacuating: healthy zones join its first priority,
+            // with a share that grows step by step.
+            return (weight.scale(caller_moved), 0);
+        }
+        (weight, base_rank)
+    }
+
+    fn moved(&self, zone: &ZoneName) -> Permille {
+        self.evacuations
+            .get(zone)
+            .map_or(Permille::ZERO, |e| e.moved)
+    }
+}
+
+/// Routed and total candidates per zone, as the evaluator judged them.
+fn tally(slot: &ServiceSlot) -> BTreeMap<ZoneName, ZoneTally> {
+    let mut tallies: BTreeMap<ZoneName, ZoneTally> = BTreeMap::new();
+    for m in slot.members.values() {
+        let Some(e) = m.eligibility else { continue };
+        if matches!(e, Eligibility::Draining { .. }) {
+            continue; // deliberate exits are not capacity the guard may restore
+        }
+        let t = tallies.entry(m.instance.locality.zone.clone()).or_default();
+        t.total += 1;
+        t.routed += usize::from(e.is_routed());
+    }
+    tallies
+}
+
+/// How an eligibility is published, if at all: (status, weight).
+fn publish(e: &Eligibility, base: Weight, guarded: bool) -> Option<(EndpointStatus, Weight)> {
+    match e {
+        Eligibility::Eligible { weight } => Some((EndpointStatus::Eligible, *weight)),
+        Eligibility::Degraded { weight, .. } => Some((EndpointStatus::Degraded, *weight)),
+        Eligibility::Unknown { weight } => Some((EndpointStatus::Unknown, *weight)),
+        Eligibility::Draining { .. } => Some((EndpointStatus::Draining, base)),
+        Eligibility::Ineligible {
+            reason: IneligibleReason::HardFailure | IneligibleReason::Retired,
+        } => None,
+        Eligibility::Ineligible { .. } | Eligibility::Quarantined { .. } => {
+            guarded.then_some((EndpointStatus::Disregarded, base))
+        }
+    }
+}
+
+fn rank_in<T: PartialEq>(order: &Option<Vec<T>>, item: &T) -> u32 {
+    match order {
+        Some(list) => list.iter().position(|x| x == item).unwrap_or(list.len()) as u32,
+        None => 0,
+    }
+}
+
+fn endpoint(
+    i: &Instance,
+    tier: Tier,
+    weight: Weight,
+    status: EndpointStatus,
+    verdict: Verdict,
+) -> ViewEndpoint {
+    ViewEndpoint {
+        instance: i.id.clone(),
+        address: i.address,
+        region: i.locality.region.clone(),
+        zone: i.locality.zone.clone(),
+        tier,
+        priority: 0,
+        weight,
+        status,
+        verdict,
+        tags: Arc::new(i.tags.clone()),
+        metadata: Arc::new(i.metadata.clone()),
+    }
+}
+
+fn remote_endpoint(r: &RemoteEndpoint, region: &RegionName) -> ViewEndpoint {
+    ViewEndpoint {
+        instance: r.instance.clone(),
+        address: r.address,
+        region: region.clone(),
+        zone: r.zone.clone(),
+        tier: Tier::Remote,
+        priority: 0,
+        weight: r.weight,
+        status: r.status,
+        verdict: r.verdict,
+        tags: Arc::default(),
+        metadata: Arc::default(),
+    }
+}
+
+#[cfg(test)]
+mod props;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,520 @@
+//! Health contracts: what a service promises to be observable by, and how to judge it.
+//!
+//! A [`HealthContract`] is written by a service's owner (or left at its defaults); only a
+//! [`ValidContract`], produced by [`HealthContract::validate`], reaches the evaluator. The
+//! validation enforces the design's hard lines at the door rather than at runtime:
+//!
+//! - unreadiness authority on a *shared* dependency is refused (ADR-06);
+//! - a contract may not demand a signal its capability profile cannot supply (ADR-16);
+//! - thresholds below the platform floors are refused, and the scoring must fit the
+//!   damping budget (ADR-07): a soft failure at the contract's cadence must be detected
+//!   within [`DAMPING_BUDGET`](crate::defaults::DAMPING_BUDGET).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::defaults as d;
+use crate::model::EvidenceClass;
+use crate::units::Permille;
+
+/// Which evidence classes a service can supply at all (ADR-16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CapabilityProfile {
+    /// Can be probed from outside.
+    pub probe: bool,
+    /// Reports about itself.
+    pub self_report: bool,
+    /// Carries enough traffic for caller outcomes to mean something.
+    pub passive: bool,
+}
+
+impl CapabilityProfile {
+    /// Every class.
+    pub const FULL: Self = Self {
+        probe: true,
+        self_report: true,
+        passive: true,
+    };
+    /// Probes and caller outcomes; the workload does not self-report (the common case).
+    pub const NO_SELF_REPORT: Self = Self {
+        probe: true,
+        self_report: false,
+        passive: true,
+    };
+    /// A third party's endpoint: no readiness signal of any kind, caller outcomes only.
+    pub const NO_READINESS: Self = Self {
+        probe: false,
+        self_report: false,
+        passive: true,
+    };
+    /// Probes only (a low-traffic internal service).
+    pub const PROBE_ONLY: Self = Self {
+        probe: true,
+        self_report: false,
+        passive: false,
+    };
+
+    /// Whether the profile supplies `class`.
+    pub const fn provides(self, class: EvidenceClass) -> bool {
+        match class {
+            EvidenceClass::Probe => self.probe,
+            EvidenceClass::SelfReport => self.self_report,
+            EvidenceClass::Passive => self.passive,
+        }
+    }
+
+    /// How many classes the profile supplies.
+    pub fn count(self) -> usize {
+        EvidenceClass::ALL
+            .iter()
+            .filter(|c| self.provides(**c))
+            .count()
+    }
+}
+
+impl Default for CapabilityProfile {
+    fn default() -> Self {
+        Self::NO_SELF_REPORT
+    }
+}
+
+/// What an active check does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum ProbeKind {
+    /// HTTP GET; 2xx passes.
+    Http {
+        /// The path to request, e.g. `/readyz`.
+        path: String,
+    },
+    /// A TCP connect.
+    Tcp,
+    /// The gRPC health protocol (`grpc.health.v1.Health/Check`).
+    Grpc {
+        /// The service name to ask about; empty means the server as a whole.
+        #[serde(default)]
+        service: String,
+    },
+}
+
+/// How to probe a service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeSpec {
+    /// The check.
+    #[serde(flatten)]
+    pub kind: ProbeKind,
+    /// Time between checks of one target by one prober.
+    #[serde(with = "crate::duration_str", default = "default_probe_interval")]
+    pub interval: Duration,
+    /// How long a check may take.
+    #[serde(with = "crate::duration_str", default = "default_probe_timeout")]
+    pub timeout: Duration,
+}
+
+fn default_probe_interval() -> Duration {
+    d::PROBE_INTERVAL
+}
+fn default_probe_timeout() -> Duration {
+    d::PROBE_TIMEOUT
+}
+
+/// How much a dependency's trouble may do to its dependents (ADR-06).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DependencyAuthority {
+    /// Recorded and shown, changes nothing.
+    Informational,
+    /// Lowers the instance's weight (the default).
+    #[default]
+    WeightReduction,
+    /// Makes the instance ineligible when the dependency is down. Only for non-shared
+    /// dependencies (a local cache, an attached volume).
+    Unreadiness,
+}
+
+/// One dependency a service declares.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DependencyDecl {
+    /// The name self-reports use for it.
+    pub name: String,
+    /// Whether every replica shares it (a database) or each has its own (a local cache).
+    pub shared: bool,
+    /// What its trouble may do.
+    #[serde(default)]
+    pub authority: DependencyAuthority,
+}
+
+/// Scoring parameters (ADR-07).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scoring {
+    /// Half-life of the decaying failure score.
+    #[serde(with = "crate::duration_str")]
+    pub half_life: Duration,
+    /// A class at or above this score is failing.
+    pub remove: Permille,
+    /// A withdrawn instance's classes must all be at or below this to start re-entry.
+    pub readmit: Permille,
+    /// ... and stay there this long.
+    #[serde(with = "crate::duration_str")]
+    pub readmit_hold: Duration,
+    /// A second class at or above this corroborates a failure.
+    pub corroborate: Permille,
+    /// Missed intervals before a class is silent.
+    pub silence_factor: u32,
+}
+
+impl Default for Scoring {
+    fn default() -> Self {
+        Self {
+            half_life: d::HALF_LIFE,
+            remove: d::REMOVE_PERMILLE,
+            readmit: d::READMIT_PERMILLE,
+            readmit_hold: d::READMIT_HOLD,
+            corroborate: d::CORROBORATE_PERMILLE,
+            silence_factor: d::SILENCE_FACTOR,
+        }
+    }
+}
+
+/// How caller outcomes are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassiveSpec {
+    /// The load-report interval.
+    #[serde(with = "crate::duration_str")]
+    pub interval: Duration,
+    /// A report with fewer requests says nothing.
+    pub min_requests: u64,
+    /// A caller at or above this error rate sees the instance failing.
+    pub error_rate: Permille,
+}
+
+impl Default for PassiveSpec {
+    fn default() -> Self {
+        Self {
+            interval: d::PASSIVE_INTERVAL,
+            min_requests: d::PASSIVE_MIN_REQUESTS,
+            error_rate: d::PASSIVE_ERROR_PERMILLE,
+        }
+    }
+}
+
+/// A service's health contract as its owner writes it. Validate it before use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HealthContract {
+    /// The classes the service can supply.
+    pub profile: CapabilityProfile,
+    /// The active check, required when the profile provides probes.
+    pub probe: Option<ProbeSpec>,
+    /// Expected self-report cadence.
+    #[serde(with = "crate::duration_str")]
+    pub self_report_interval: Duration,
+    /// How caller outcomes are read.
+    pub passive: PassiveSpec,
+    /// Scoring and hysteresis.
+    pub scoring: Scoring,
+    /// Declared dependencies.
+    pub dependencies: Vec<DependencyDecl>,
+    /// Slow-start ramp length; zero declares a stateless service with no ramp.
+    #[serde(with = "crate::duration_str")]
+    pub slow_start: Duration,
+    /// Minimum healthy fraction per zone (ADR-08).
+    pub min_healthy: Permille,
+    /// Weight kept when a single class reports failure and nothing corroborates it.
+    pub uncorroborated_weight: Permille,
+    /// Weight kept while a dependency is degraded (weight-reduction authority).
+    pub dependency_weight: Permille,
+}
+
+impl Default for HealthContract {
+    fn default() -> Self {
+        Self {
+            profile: CapabilityProfile::default(),
+            probe: Some(ProbeSpec {
+                kind: ProbeKind::Http {
+                    path: "/readyz".into(),
+                },
+                interval: d::PROBE_INTERVAL,
+                timeout: d::PROBE_TIMEOUT,
+            }),
+            self_report_interval: d::SELF_REPORT_INTERVAL,
+            passive: PassiveSpec::default(),
+            scoring: Scoring::default(),
+            dependencies: Vec::new(),
+            slow_start: d::SLOW_START,
+            min_healthy: d::MIN_HEALTHY,
+            uncorroborated_weight: d::UNCORROBORATED_WEIGHT,
+            dependency_weight: d::DEPENDENCY_WEIGHT,
+        }
+    }
+}
+
+/// Why a contract was refused. Validation changes nothing; fix the named field and retry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ContractError {
+    /// A shared dependency was given unreadiness authority: one wobble would withdraw
+    /// every replica at once (ADR-06). Use `weight_reduction`, or declare it non-shared.
+    #[error("dependencies.{name}: unreadiness authority is refused on a shared dependency")]
+    SharedDependencyUnreadiness {
+        /// The dependency.
+        name: String,
+    },
+    /// The same dependency was declared twice.
+    #[error("dependencies.{name}: declared twice")]
+    DuplicateDependency {
+        /// The dependency.
+        name: String,
+    },
+    /// The contract asks for a signal its profile says the service cannot supply.
+    #[error("{field}: needs {class} evidence, which the capability profile does not provide")]
+    SignalNotProvided {
+        /// The offending field.
+        field: &'static str,
+        /// The class it needs.
+        class: EvidenceClass,
+    },
+    /// The profile provides probes but no probe is described.
+    #[error("probe: the profile provides probes but no probe is described")]
+    ProbeMissing,
+    /// The profile provides no evidence class at all.
+    #[error("profile: provides no evidence class; at least one is required")]
+    NoEvidence,
+    /// A value is below its platform floor.
+    #[error("{field}: {value} is below the platform floor of {floor}")]
+    BelowFloor {
+        /// The offending field.
+        field: &'static str,
+        /// What was given.
+        value: String,
+        /// The floor.
+        floor: String,
+    },
+    /// A value is out of its valid range for another reason.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The scoring would take longer than the damping budget to detect a soft failure.
+    #[error(
+        "scoring: a steady {class} failure would take {detection_ms} ms to cross the removal \
+         score, more than the {budget_ms} ms damping budget"
+    )]
+    DampingOverBudget {
+        /// The class whose cadence is too slow for the scoring.
+        class: EvidenceClass,
+        /// Computed detection time.
+        detection_ms: u64,
+        /// The budget.
+        budget_ms: u64,
+    },
+}
+
+/// A contract that passed validation. Cheap to clone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidContract(Arc<HealthContract>);
+
+impl std::ops::Deref for ValidContract {
+    type Target = HealthContract;
+    fn deref(&self) -> &HealthContract {
+        &self.0
+    }
+}
+
+impl Default for ValidContract {
+    fn default() -> Self {
+        HealthContract::default()
+            .validate()
+            .expect("the default contract is valid")
+    }
+}
+
+// === impl HealthContract ===
+
+impl HealthContract {
+    /// Check every rule; the first broken one is returned.
+    pub fn validate(self) -> Result<ValidContract, ContractError> {
+        self.check_profile()?;
+        self.check_dependencies()?;
+        self.check_floors()?;
+        self.check_damping()?;
+        Ok(ValidContract(Arc::new(self)))
+    }
+
+    /// The expected interval between samples of `class`.
+    pub fn interval(&self, class: EvidenceClass) -> Duration {
+        match class {
+            EvidenceClass::Probe => self
+                .probe
+                .as_ref()
+                .map_or(d::PROBE_INTERVAL, |p| p.interval),
+            EvidenceClass::SelfReport => self.self_report_interval,
+            EvidenceClass::Passive => self.passive.interval,
+        }
+    }
+
+    /// How long `class` may go without a sample before it is silent.
+    pub fn silence_after(&self, class: EvidenceClass) -> Duration {
+        self.interval(class) * self.scoring.silence_factor
+    }
+
+    /// Time from a steady failure's first sample to the score crossing `threshold`, for
+    /// one class sampled at its interval. Used for the damping check and in tests.
+    pub fn detection_time(&self, class: EvidenceClass, threshold: Permille) -> Duration {
+        let interval = self.interval(class);
+        let alpha = crate::evaluator::score::alpha(interval, interval, self.scoring.half_life);
+        let target = threshold.as_f64();
+        let mut score = 0.0;
+        let mut samples = 0u32;
+        // Bounded: alpha ≥ 1 - 2^(-floor ratio) so this ends well before the cap.
+        while score < target && samples < 10_000 {
+            score += alpha * (1.0 - score);
+            samples += 1;
+        }
+        interval * samples.saturating_sub(1)
+    }
+
+    fn check_profile(&self) -> Result<(), ContractError> {
+        if self.profile.count() == 0 {
+            return Err(ContractError::NoEvidence);
+        }
+        match (&self.probe, self.profile.probe) {
+            (Some(_), false) => Err(ContractError::SignalNotProvided {
+                field: "probe",
+                class: EvidenceClass::Probe,
+            }),
+            (None, true) => Err(ContractError::ProbeMissing),
+            _ => Ok(()),
+        }
+    }
+
+    fn check_dependencies(&self) -> Result<(), ContractError> {
+        let mut seen = BTreeSet::new();
+        for dep in &self.dependencies {
+            if !seen.insert(dep.name.as_str()) {
+                return Err(ContractError::DuplicateDependency {
+                    name: dep.name.clone(),
+                });
+            }
+            if dep.shared && dep.authority == DependencyAuthority::Unreadiness {
+                return Err(ContractError::SharedDependencyUnreadiness {
+                    name: dep.name.clone(),
+                });
+            }
+            // Dependency health arrives only by self-report.
+            if dep.authority != DependencyAuthority::Informational && !self.profile.self_report {
+                return Err(ContractError::SignalNotProvided {
+                    field: "dependencies",
+                    class: EvidenceClass::SelfReport,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn check_floors(&self) -> Result<(), ContractError> {
+        let s = &self.scoring;
+        if let Some(probe) = &self.probe {
+            floor_duration("probe.interval", probe.interval, d::PROBE_INTERVAL_MIN)?;
+            if probe.timeout.is_zero() || probe.timeout >= probe.interval {
+                return Err(ContractError::Invalid {
+                    field: "probe.timeout",
+                    reason: format!(
+                        "{:?} must be above zero and below the interval {:?}",
+                        probe.timeout, probe.interval
+                    ),
+                });
+            }
+        }
+        floor_duration("scoring.half_life", s.half_life, d::HALF_LIFE_MIN)?;
+        floor_duration("scoring.readmit_hold", s.readmit_hold, d::READMIT_HOLD_MIN)?;
+        floor_permille("scoring.remove", s.remove, d::REMOVE_PERMILLE_MIN)?;
+        floor_permille("min_healthy", self.min_healthy, d::MIN_HEALTHY_FLOOR)?;
+        if s.readmit >= s.remove {
+            return Err(ContractError::Invalid {
+                field: "scoring.readmit",
+                reason: format!("{} must be below the removal score {}", s.readmit, s.remove),
+            });
+        }
+        if s.silence_factor < d::SILENCE_FACTOR_MIN {
+            return Err(ContractError::BelowFloor {
+                field: "scoring.silence_factor",
+                value: s.silence_factor.to_string(),
+                floor: d::SILENCE_FACTOR_MIN.to_string(),
+            });
+        }
+        if !self.slow_start.is_zero() {
+            floor_duration("slow_start", self.slow_start, d::SLOW_START)?;
+        }
+        if self.passive.min_requests == 0 {
+            return Err(ContractError::BelowFloor {
+                field: "passive.min_requests",
+                value: "0".into(),
+                floor: "1".into(),
+            });
+        }
+        for (field, interval) in [
+            ("self_report_interval", self.self_report_interval),
+            ("passive.interval", self.passive.interval),
+        ] {
+            floor_duration(field, interval, d::PROBE_INTERVAL_MIN)?;
+        }
+        Ok(())
+    }
+
+    fn check_damping(&self) -> Result<(), ContractError> {
+        for class in [EvidenceClass::Probe, EvidenceClass::Passive] {
+            if !self.profile.provides(class) {
+                continue;
+            }
+            let detection = self.detection_time(class, self.scoring.remove);
+            if detection > d::DAMPING_BUDGET {
+                return Err(ContractError::DampingOverBudget {
+                    class,
+                    detection_ms: detection.as_millis() as u64,
+                    budget_ms: d::DAMPING_BUDGET.as_millis() as u64,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn floor_duration(
+    field: &'static str,
+    value: Duration,
+    floor: Duration,
+) -> Result<(), ContractError> {
+    if value < floor {
+        return Err(ContractError::BelowFloor {
+            field,
+            value: format!("{value:?}"),
+            floor: format!("{floor:?}"),
+        });
+    }
+    Ok(())
+}
+
+fn floor_permille(
+    field: &'static str,
+    value: Permille,
+    floor: Permille,
+) -> Result<(), ContractError> {
+    if value < floor {
+        return Err(ContractError::BelowFloor {
+            field,
+            value: value.to_string(),
+            floor: floor.to_string(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

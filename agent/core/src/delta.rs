@@ -1,0 +1,422 @@
+//! Delta queues: target views in, versioned releases out, withdrawals first (ADR-11).
+//!
+//! Pure state machine; no I/O. Each view (service × caller zone) is a lane holding what was
+//! last *released* and the latest *target* from the assembler. Two deadlines per lane:
+//!
+//! - **withdrawal** (short window): anything routed in the released view that the target
+//!   no longer routes, and any zone whose fraction guard just engaged, leaves at once. The
+//!   partial release keeps every zone at or above the target's routed count (a zone that
+//!   would fall below is released whole), so a fast path can never undercut the guard.
+//! - **admission** (longer window): everything else — new endpoints, weight steps, markers —
+//!   is batched. When admissions exceed their rate budget, or the driver reports pressure,
+//!   the admission window doubles (up to a cap inside the 30 s budget) and a shed episode is
+//!   declared; withdrawals are never slowed.
+//!
+//! Versions are stamped at release from the caller's [`VersionSource`]; each lane's versions
+//! strictly increase, so a subscriber never receives an older version after a newer one.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::defaults as d;
+use crate::view::{ReleasedView, Version, VersionSource, View, ViewDelta, ViewKey, diff};
+
+/// Pacing and limits.
+#[derive(Debug, Clone)]
+pub struct DeltaConfig {
+    /// Withdrawals wait at most this to batch.
+    pub withdraw_window: Duration,
+    /// Admissions batch over this while unsaturated.
+    pub admit_window: Duration,
+    /// The longest the admission window grows under saturation.
+    pub admit_window_max: Duration,
+    /// Admission releases allowed per second before saturation is declared.
+    pub admit_releases_per_sec: u32,
+}
+
+impl Default for DeltaConfig {
+    fn default() -> Self {
+        Self {
+            withdraw_window: d::WITHDRAW_WINDOW,
+            admit_window: d::ADMIT_WINDOW,
+            admit_window_max: d::ADMIT_WINDOW_MAX,
+            admit_releases_per_sec: d::ADMIT_RELEASES_PER_SEC,
+        }
+    }
+}
+
+/// Which path a release took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// The fast path: withdrawals and guard engagements.
+    Withdrawal,
+    /// The batched path: everything else.
+    Admission,
+}
+
+/// What the delta queues ask their driver to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Send this release to the view's subscribers.
+    Release {
+        /// The view as released.
+        view: ReleasedView,
+        /// The version subscribers at the previous release hold, if any.
+        previous: Option<Version>,
+        /// The change from the previous release.
+        delta: ViewDelta,
+        /// Which path it took.
+        path: Path,
+    },
+    /// Admissions are being shed: their window lengthened to `window`.
+    ShedStarted {
+        /// The admission window now in force.
+        window: Duration,
+    },
+    /// Shedding is over.
+    ShedEnded {
+        /// How long the episode lasted.
+        lasted: Duration,
+        /// Admission releases deferred during it.
+        deferred: u64,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Lane {
+    released: Option<ReleasedView>,
+    target: View,
+    withdraw_due: Option<Instant>,
+    admit_due: Option<Instant>,
+}
+
+#[derive(Debug, Clone)]
+struct Episode {
+    started: Instant,
+    last_saturated: Instant,
+    deferred: u64,
+}
+
+/// The delta queues of a region. See the module documentation.
+#[derive(Debug)]
+pub struct DeltaQueues {
+    config: DeltaConfig,
+    lanes: BTreeMap<ViewKey, Lane>,
+    window: Duration,
+    rate_window_start: Option<Instant>,
+    releases_in_window: u32,
+    pressure: bool,
+    episode: Option<Episode>,
+    effects: Vec<Effect>,
+    last_now: Option<Instant>,
+}
+
+// === impl DeltaQueues ===
+
+impl DeltaQueues {
+    /// Empty queues.
+    pub fn new(config: DeltaConfig) -> Self {
+        let window = config.admit_window;
+        Self {
+            config,
+            lanes: BTreeMap::new(),
+            window,
+            rate_window_start: None,
+            releases_in_window: 0,
+            pressure: false,
+            episode: None,
+            effects: Vec::new(),
+            last_now: None,
+        }
+    }
+
+    /// A new target for one view.
+    pub fn handle_target(&mut self, now: Instant, target: View) {
+        self.advance(now);
+        let (withdraw_window, admit_window) = (self.config.withdraw_window, self.window);
+        let lane = self
+            .lanes
+            .entry(target.key.clone())
+            .or_insert_with(|| Lane {
+                released: None,
+                target: View::empty(target.key.clone()),
+                withdraw_due: None,
+                admit_due: None,
+            });
+        lane.target = target;
+        let Some(released) = &lane.released else {
+            lane.admit_due.get_or_insert(now + admit_window);
+            return;
+        };
+        if is_urgent(&released.view, &lane.target) {
+            lane.withdraw_due.get_or_insert(now + withdraw_window);
+        }
+        if released.view != lane.target {
+            lane.admit_due.get_or_insert(now + admit_window);
+        }
+    }
+
+    /// The driver's report of delivery pressure (send queues backing up).
+    pub fn handle_pressure(&mut self, now: Instant, saturated: bool) {
+        self.advance(now);
+        self.pressure = saturated;
+    }
+
+    /// Release what is due at `now`, stamping versions from `versions`.
+    pub fn handle_timeout(&mut self, now: Instant, versions: &mut dyn VersionSource) {
+        self.advance(now);
+        self.roll_rate_window(now);
+        let keys: Vec<ViewKey> = self.lanes.keys().cloned().collect();
+        // Withdrawals first, for every lane, before any admission is considered.
+        for key in &keys {
+            let lane = self.lanes.get_mut(key).expect("keys come from the map");
+            if lane.withdraw_due.is_some_and(|t| t <= now) {
+                lane.withdraw_due = None;
+                let partial = fast_view(lane.released.as_ref().map(|r| &r.view), &lane.target);
+                self.release(key, partial, Path::Withdrawal, versions);
+            }
+        }
+        for key in &keys {
+            let lane = self.lanes.get_mut(key).expect("keys come from the map");
+            if !lane.admit_due.is_some_and(|t| t <= now) {
+                continue;
+            }
+            if self.is_saturated() {
+                self.defer(now, key);
+                continue;
+            }
+            let lane = self.lanes.get_mut(key).expect("keys come from the map");
+            lane.admit_due = None;
+            let target = lane.target.clone();
+            self.releases_in_window += 1;
+            self.release(key, target, Path::Admission, versions);
+        }
+        self.maybe_end_episode(now);
+    }
+
+    /// The earliest time [`DeltaQueues::handle_timeout`] should be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let lanes = self
+            .lanes
+            .values()
+            .flat_map(|l| [l.withdraw_due, l.admit_due])
+            .flatten();
+        let episode = self
+            .episode
+            .as_ref()
+            .map(|e| e.last_saturated + self.window);
+        lanes.chain(episode).min()
+    }
+
+    /// Drain the effects produced so far, in order.
+    pub fn take_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// The last release of a view.
+    pub fn released(&self, key: &ViewKey) -> Option<&ReleasedView> {
+        self.lanes.get(key)?.released.as_ref()
+    }
+
+    /// Every view's last release, in key order (for a new subscriber's first response).
+    pub fn released_views(&self) -> impl Iterator<Item = &ReleasedView> {
+        self.lanes.values().filter_map(|l| l.released.as_ref())
+    }
+
+    /// The admission window in force.
+    pub fn admit_window(&self) -> Duration {
+        self.window
+    }
+
+    /// Whether a shed episode is in progress.
+    pub fn is_shedding(&self) -> bool {
+        self.episode.is_some()
+    }
+
+    // --- internals ---
+
+    fn release(&mut self, key: &ViewKey, view: View, path: Path, versions: &mut dyn VersionSource) {
+        let lane = self.lanes.get_mut(key).expect("caller holds a lane key");
+        let previous = lane.released.as_ref().map(|r| r.version);
+        let empty = View::empty(key.clone());
+        let old = lane.released.as_ref().map_or(&empty, |r| &r.view);
+        if lane.released.is_some() && old == &view {
+            return; // nothing changed (a later target undid an earlier one)
+        }
+        let delta = diff(old, &view);
+        let version = versions.next_version();
+        assert!(
+            previous.is_none_or(|p| version > p),
+            "version source went backwards for {key}"
+        );
+        let released = ReleasedView { version, view };
+        if released.view == lane.target {
+            lane.admit_due = None;
+        }
+        lane.released = Some(released.clone());
+        tracing::debug!(view = %key, xds.version = %version, ?path, upserted = delta.upserted.len(), removed = delta.removed.len(), "view released");
+        self.effects.push(Effect::Release {
+            view: released,
+            previous,
+            delta,
+            path,
+        });
+    }
+
+    fn is_saturated(&self) -> bool {
+        self.pressure || self.releases_in_window >= self.config.admit_releases_per_sec
+    }
+
+    fn defer(&mut self, now: Instant, key: &ViewKey) {
+        match &mut self.episode {
+            Some(e) => {
+                e.deferred += 1;
+                if e.last_saturated + self.window <= now {
+                    self.window = (self.window * 2).min(self.config.admit_window_max);
+                }
+                e.last_saturated = now;
+            }
+            None => {
+                self.window = (self.window * 2).min(self.config.admit_window_max);
+                self.episode = Some(Episode {
+                    started: now,
+                    last_saturated: now,
+                    deferred: 1,
+                });
+                tracing::warn!(
+                    window_ms = self.window.as_millis() as u64,
+                    "admissions shed: window lengthened"
+                );
+                self.effects.push(Effect::ShedStarted {
+                    window: self.window,
+                });
+            }
+        }
+        let lane = self.lanes.get_mut(key).expect("caller holds a lane key");
+        lane.admit_due = Some(now + self.window);
+    }
+
+    fn maybe_end_episode(&mut self, now: Instant) {
+        let Some(e) = &self.episode else { return };
+        if self.is_saturated() || e.last_saturated + self.window > now {
+            return;
+        }
+        let (lasted, deferred) = (now.saturating_duration_since(e.started), e.deferred);
+        self.episode = None;
+        self.window = self.config.admit_window;
+        tracing::info!(
+            lasted_ms = lasted.as_millis() as u64,
+            deferred,
+            "admission shedding ended"
+        );
+        self.effects.push(Effect::ShedEnded { lasted, deferred });
+    }
+
+    fn roll_rate_window(&mut self, now: Instant) {
+        let start = *self.rate_window_start.get_or_insert(now);
+        if now.saturating_duration_since(start) >= Duration::from_secs(1) {
+            self.rate_window_start = Some(now);
+            self.releases_in_window = 0;
+        }
+    }
+
+    fn advance(&mut self, now: Instant) {
+        debug_assert!(
+            self.last_now.is_none_or(|last| now >= last),
+            "time went backwards"
+        );
+        self.last_now = Some(now);
+    }
+}
+
+/// Whether the target withdraws something the released view routes, or engages a guard.
+fn is_urgent(released: &View, target: &View) -> bool {
+    let withdraws = released
+        .endpoints
+        .iter()
+        .any(|(id, e)| e.status.is_routed() && !target.routes_to(id));
+    let guards = target
+        .markers
+        .health_disregarded
+        .iter()
+        .any(|z| !released.markers.health_disregarded.contains(z));
+    withdraws || guards
+}
+
+/// The released view with only the urgent part of the target applied, widened per zone so
+/// that no zone routes fewer endpoints than the target does.
+fn fast_view(released: Option<&View>, target: &View) -> View {
+    let Some(released) = released else {
+        return target.clone();
+    };
+    let mut view = released.clone();
+    for (id, e) in &released.endpoints {
+        if e.status.is_routed() && !target.routes_to(id) {
+            match target.endpoints.get(id) {
+                Some(t) => view.endpoints.insert(id.clone(), t.clone()),
+                None => view.endpoints.remove(id),
+            };
+        }
+    }
+    let zones: std::collections::BTreeSet<_> = released
+        .endpoints
+        .values()
+        .chain(target.endpoints.values())
+        .map(|e| e.zone.clone())
+        .collect();
+    for zone in zones {
+        let newly_guarded = target.markers.health_disregarded.contains(&zone)
+            && !released.markers.health_disregarded.contains(&zone);
+        if newly_guarded || view.routed_in(&zone) < target.routed_in(&zone) {
+            view.endpoints.retain(|_, e| e.zone != zone);
+            let whole = target.endpoints.iter().filter(|(_, e)| e.zone == zone);
+            view.endpoints
+                .extend(whole.map(|(id, e)| (id.clone(), e.clone())));
+        }
+    }
+    view.markers = target.markers.clone();
+    view
+}
+
+/// Tracks the versions delivered to one subscriber, refusing to go backwards.
+#[derive(Debug, Clone, Default)]
+pub struct SubscriberLedger {
+    delivered: BTreeMap<ViewKey, Version>,
+}
+
+/// A delivery that would send a subscriber backwards. Nothing was recorded; do not send.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("view {key} at version {offered} is not newer than delivered version {delivered}")]
+pub struct Regression {
+    /// The view.
+    pub key: ViewKey,
+    /// The version offered.
+    pub offered: Version,
+    /// The version already delivered.
+    pub delivered: Version,
+}
+
+impl SubscriberLedger {
+    /// Record that `version` of `key` is being delivered, if it is newer than the last.
+    pub fn deliver(&mut self, key: &ViewKey, version: Version) -> Result<(), Regression> {
+        match self.delivered.get(key) {
+            Some(&delivered) if delivered >= version => Err(Regression {
+                key: key.clone(),
+                offered: version,
+                delivered,
+            }),
+            _ => {
+                self.delivered.insert(key.clone(), version);
+                Ok(())
+            }
+        }
+    }
+
+    /// The last version delivered for `key`.
+    pub fn delivered(&self, key: &ViewKey) -> Option<Version> {
+        self.delivered.get(key).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,209 @@
+//! Eligibility: the evaluator's verdict per instance, and the rule that produced it.
+//!
+//! Three verdicts keep an instance in rotation (`Eligible`, `Degraded`, `Unknown`); three
+//! take it out (`Ineligible`, `Quarantined`, `Draining`). `Unknown` is never reported as
+//! verified-healthy: it is routed because silence is a fact about the observer, not the
+//! instance (ADR-05). `Draining` covers the deliberate exits (terminating, maintenance,
+//! self-declared) that Envoy knows as `DRAINING`.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::EvidenceClass;
+use crate::units::Weight;
+
+/// The verdict for one instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Eligibility {
+    /// Routed at `weight`.
+    Eligible {
+        /// The published weight (slow start included).
+        weight: Weight,
+    },
+    /// Routed at a reduced weight, for the stated cause.
+    Degraded {
+        /// The published, reduced weight.
+        weight: Weight,
+        /// Why it is reduced.
+        cause: DegradeCause,
+    },
+    /// Routed, but no class has spoken within its interval.
+    Unknown {
+        /// The published weight.
+        weight: Weight,
+    },
+    /// Withdrawn, for the stated reason.
+    Ineligible {
+        /// Why.
+        reason: IneligibleReason,
+    },
+    /// Withdrawn for flapping until `until`.
+    Quarantined {
+        /// When the quarantine ends.
+        until: Instant,
+    },
+    /// Leaving deliberately: no new traffic.
+    Draining {
+        /// Who asked.
+        cause: DrainCause,
+    },
+}
+
+/// Why an instance is routed at reduced weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DegradeCause {
+    /// One class reports failure and no other class agrees.
+    Uncorroborated,
+    /// A declared dependency is degraded (weight-reduction authority).
+    Dependency,
+}
+
+/// Why an instance is withdrawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IneligibleReason {
+    /// Connection refused or process gone: the fast path, no decay.
+    HardFailure,
+    /// A soft failure, corroborated (or from the only class the profile provides).
+    SoftFailure,
+    /// A non-shared dependency with unreadiness authority is down.
+    Dependency,
+    /// Lease expired, deleted, or deregistered: it will not come back under this id.
+    Retired,
+}
+
+/// Why an instance is draining.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DrainCause {
+    /// The orchestrator is terminating it.
+    Terminating,
+    /// The instance said it is shutting down.
+    SelfReported,
+    /// An operator put it in maintenance.
+    Maintenance,
+}
+
+/// The coarse verdict, without weights or times: what transitions are counted between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// See [`Eligibility::Eligible`].
+    Eligible,
+    /// See [`Eligibility::Degraded`].
+    Degraded,
+    /// See [`Eligibility::Unknown`].
+    Unknown,
+    /// See [`Eligibility::Ineligible`].
+    Ineligible,
+    /// See [`Eligibility::Quarantined`].
+    Quarantined,
+    /// See [`Eligibility::Draining`].
+    Draining,
+}
+
+impl Verdict {
+    /// The name used in logs, metrics and the API.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Eligible => "eligible",
+            Self::Degraded => "degraded",
+            Self::Unknown => "unknown",
+            Self::Ineligible => "ineligible",
+            Self::Quarantined => "quarantined",
+            Self::Draining => "draining",
+        }
+    }
+
+    /// Whether callers route to it.
+    pub const fn is_routed(self) -> bool {
+        matches!(self, Self::Eligible | Self::Degraded | Self::Unknown)
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// === impl Eligibility ===
+
+impl Eligibility {
+    /// The coarse verdict.
+    pub const fn verdict(&self) -> Verdict {
+        match self {
+            Self::Eligible { .. } => Verdict::Eligible,
+            Self::Degraded { .. } => Verdict::Degraded,
+            Self::Unknown { .. } => Verdict::Unknown,
+            Self::Ineligible { .. } => Verdict::Ineligible,
+            Self::Quarantined { .. } => Verdict::Quarantined,
+            Self::Draining { .. } => Verdict::Draining,
+        }
+    }
+
+    /// Whether callers route to it.
+    pub const fn is_routed(&self) -> bool {
+        self.verdict().is_routed()
+    }
+
+    /// The published weight of a routed instance; `None` when withdrawn.
+    pub const fn weight(&self) -> Option<Weight> {
+        match self {
+            Self::Eligible { weight }
+            | Self::Degraded { weight, .. }
+            | Self::Unknown { weight } => Some(*weight),
+            _ => None,
+        }
+    }
+}
+
+/// The rule of the decision path that produced a verdict, for audit and `explain`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "rule")]
+pub enum Rule {
+    /// New, with no evidence yet: routed as unknown.
+    Admitted,
+    /// Lease expired, deleted or deregistered.
+    Retired,
+    /// An operator's maintenance mode.
+    Maintenance,
+    /// Orchestrator terminating, or the instance draining itself.
+    Draining,
+    /// Held out for flapping.
+    FlapQuarantine,
+    /// Connection refused or process gone.
+    HardFailure {
+        /// The class that saw it (`None` for orchestrator/agent lifecycle facts).
+        class: Option<EvidenceClass>,
+    },
+    /// A non-shared dependency with unreadiness authority is down.
+    DependencyUnreadiness,
+    /// The score crossed removal and a second class agreed.
+    Corroborated {
+        /// The class that crossed removal.
+        failing: EvidenceClass,
+        /// The class that agreed.
+        by: EvidenceClass,
+    },
+    /// The score crossed removal in the only class the profile provides.
+    SingleClassProfile {
+        /// That class.
+        failing: EvidenceClass,
+    },
+    /// The score crossed removal but nothing corroborates it: weight reduced.
+    Uncorroborated {
+        /// The class that crossed removal.
+        failing: EvidenceClass,
+    },
+    /// Still withdrawn: re-entry needs a low score held for the re-entry hold.
+    AwaitingReentry,
+    /// All classes silent while routed: unknown, kept in rotation.
+    Silence,
+    /// A degraded dependency lowers the weight.
+    DependencyWeight,
+    /// The evidence is good.
+    Passing,
+}

@@ -1,0 +1,172 @@
+//! Per-class evidence: the decaying failure score, silence, and caller aggregation.
+//!
+//! The score is an exponentially weighted failure rate in continuous time: each sample
+//! moves it toward its value (1 = failed, 0 = passed) by `alpha = 1 - 2^(-dt / half_life)`,
+//! where `dt` is the time since the class's previous sample, capped at the class interval.
+//! Samples arriving faster than the interval (two probers, many callers) therefore each
+//! count for less, so the rate of evidence, not its volume, sets the pace, and a sample
+//! after a long silence counts as one interval's worth, never more.
+//!
+//! Passive evidence is aggregated per caller first: the class's value is the share of
+//! recent, informative callers that saw the instance fail. One caller is one vote however
+//! many requests it sent (ADR-04, ADR-15).
+
+use std::time::{Duration, Instant};
+
+use crate::model::Reporter;
+
+/// The smoothing factor for a sample `elapsed` after the previous one.
+pub(crate) fn alpha(elapsed: Duration, interval: Duration, half_life: Duration) -> f64 {
+    let dt = elapsed.min(interval).as_secs_f64();
+    1.0 - (-dt / half_life.as_secs_f64()).exp2()
+}
+
+/// The evidence held for one class of one instance.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ClassState {
+    /// Decaying failure score in `[0, 1]`.
+    pub(crate) score: f64,
+    /// When the last informative sample arrived.
+    pub(crate) last_at: Option<Instant>,
+    /// Who sent it.
+    pub(crate) last_reporter: Option<Reporter>,
+    /// A short summary of it.
+    pub(crate) last_summary: Option<String>,
+}
+
+impl ClassState {
+    /// Fold one sample of value `failed` in.
+    pub(crate) fn push(
+        &mut self,
+        now: Instant,
+        failed: f64,
+        interval: Duration,
+        half_life: Duration,
+    ) {
+        let elapsed = self
+            .last_at
+            .map_or(interval, |at| now.saturating_duration_since(at));
+        let a = alpha(elapsed, interval, half_life);
+        self.score += a * (failed - self.score);
+        self.score = self.score.clamp(0.0, 1.0);
+        self.last_at = Some(now);
+    }
+
+    /// Whether no sample arrived within `silence_after` of `now`.
+    pub(crate) fn is_silent(&self, now: Instant, silence_after: Duration) -> bool {
+        self.last_at
+            .is_none_or(|at| now.saturating_duration_since(at) > silence_after)
+    }
+
+    /// When this class falls silent, if it has spoken.
+    pub(crate) fn silence_deadline(&self, silence_after: Duration) -> Option<Instant> {
+        self.last_at.map(|at| at + silence_after)
+    }
+}
+
+/// One caller's latest load report about an instance.
+#[derive(Debug, Clone)]
+struct CallerReport {
+    reporter: Reporter,
+    at: Instant,
+    failing: bool,
+}
+
+/// Recent callers' verdicts about one instance, one vote each.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CallerPanel {
+    reports: Vec<CallerReport>,
+}
+
+impl CallerPanel {
+    /// Record one caller's report, forgetting the oldest caller beyond `max`.
+    /// Reports below `min_requests` are not evidence and leave the panel untouched.
+    pub(crate) fn record(&mut self, now: Instant, reporter: &Reporter, failing: bool, max: usize) {
+        if let Some(r) = self.reports.iter_mut().find(|r| &r.reporter == reporter) {
+            r.at = now;
+            r.failing = failing;
+            return;
+        }
+        if self.reports.len() >= max {
+            let oldest = self
+                .reports
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, r)| r.at)
+                .map(|(i, _)| i)
+                .expect("a full panel is not empty");
+            self.reports.swap_remove(oldest);
+        }
+        self.reports.push(CallerReport {
+            reporter: reporter.clone(),
+            at: now,
+            failing,
+        });
+    }
+
+    /// The share of callers heard within `window` that saw failure, and how many there were.
+    pub(crate) fn failing_share(&self, now: Instant, window: Duration) -> (f64, usize) {
+        let recent = self
+            .reports
+            .iter()
+            .filter(|r| now.saturating_duration_since(r.at) <= window);
+        let (mut failing, mut total) = (0usize, 0usize);
+        for r in recent {
+            total += 1;
+            failing += usize::from(r.failing);
+        }
+        if total == 0 {
+            (0.0, 0)
+        } else {
+            (failing as f64 / total as f64, total)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::NodeName;
+
+    #[allow(clippy::disallowed_methods)] // tests need one real anchor instant
+    fn t0() -> Instant {
+        Instant::now()
+    }
+
+    #[test]
+    fn one_interval_of_half_life_moves_the_score_half_way() {
+        let s = Duration::from_secs(1);
+        assert!((alpha(s, s, s) - 0.5).abs() < 1e-9);
+        // A long silence counts as one interval, never more.
+        assert!((alpha(Duration::from_secs(600), s, s) - 0.5).abs() < 1e-9);
+        assert_eq!(alpha(Duration::ZERO, s, s), 0.0);
+    }
+
+    #[test]
+    fn a_caller_has_one_vote_however_often_it_reports() {
+        let now = t0();
+        let mut panel = CallerPanel::default();
+        let loud = Reporter::Node(NodeName::try_new("loud").unwrap());
+        let quiet = Reporter::Node(NodeName::try_new("quiet").unwrap());
+        for _ in 0..100 {
+            panel.record(now, &loud, true, 8);
+        }
+        panel.record(now, &quiet, false, 8);
+        assert_eq!(panel.failing_share(now, Duration::from_secs(3)), (0.5, 2));
+    }
+
+    #[test]
+    fn the_panel_forgets_the_oldest_caller_when_full() {
+        let now = t0();
+        let mut panel = CallerPanel::default();
+        for i in 0..3u64 {
+            let r = Reporter::Node(NodeName::try_new(format!("n{i}")).unwrap());
+            panel.record(now + Duration::from_secs(i), &r, i == 0, 2);
+        }
+        // n0 (the only failing one) was the oldest and is gone.
+        assert_eq!(
+            panel.failing_share(now + Duration::from_secs(3), Duration::from_secs(10)),
+            (0.0, 2)
+        );
+    }
+}

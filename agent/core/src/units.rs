@@ -1,0 +1,140 @@
+//! Small value types shared by every machine in the core: fractions and weights.
+//!
+//! Fractions are integer permille, never `f64`, so configurations compare exactly and
+//! serialise without rounding surprises. Weights follow Envoy's `load_balancing_weight`:
+//! a positive integer, where `1` is the smallest share an endpoint can be given.
+
+use serde::{Deserialize, Serialize};
+
+/// A fraction in thousandths: `Permille(500)` is one half.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Permille(u16);
+
+impl Permille {
+    /// Zero.
+    pub const ZERO: Self = Self(0);
+    /// The whole: one thousand thousandths.
+    pub const ONE: Self = Self(1000);
+
+    /// A fraction of `value` thousandths, or `None` above one thousand.
+    pub const fn new(value: u16) -> Option<Self> {
+        if value <= 1000 {
+            Some(Self(value))
+        } else {
+            None
+        }
+    }
+
+    /// A fraction of `value` thousandths, clamped to one.
+    pub const fn saturating(value: u32) -> Self {
+        if value >= 1000 {
+            Self::ONE
+        } else {
+            Self(value as u16)
+        }
+    }
+
+    /// Thousandths.
+    pub const fn get(self) -> u16 {
+        self.0
+    }
+
+    /// `num / den` rounded down; a zero denominator gives zero.
+    pub fn ratio(num: usize, den: usize) -> Self {
+        if den == 0 {
+            return Self::ZERO;
+        }
+        Self::saturating(((num as u64 * 1000) / den as u64) as u32)
+    }
+
+    /// The product of two fractions, rounded down.
+    pub fn mul(self, other: Self) -> Self {
+        Self((u32::from(self.0) * u32::from(other.0) / 1000) as u16)
+    }
+
+    /// This fraction as a float, for scores and display only.
+    pub fn as_f64(self) -> f64 {
+        f64::from(self.0) / 1000.0
+    }
+
+    /// A float in `[0, 1]` as permille, rounded to nearest.
+    pub fn from_f64(value: f64) -> Self {
+        Self::saturating((value.clamp(0.0, 1.0) * 1000.0).round() as u32)
+    }
+}
+
+impl std::fmt::Display for Permille {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}%", self.0 / 10, self.0 % 10)
+    }
+}
+
+/// An endpoint's share of traffic relative to its peers, as Envoy reads it (always ≥ 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Weight(u32);
+
+impl Weight {
+    /// The weight an instance has when nothing reduces it.
+    pub const DEFAULT: Self = Self(100);
+    /// The smallest share; a weight is never zero (zero would be a withdrawal in disguise).
+    pub const MIN: Self = Self(1);
+    /// Envoy's `load_balancing_weight` is a `uint32` but the sum per locality must fit one
+    /// too, so single weights are kept far below that.
+    pub const MAX: Self = Self(1_000_000);
+
+    /// A weight, clamped into `[MIN, MAX]`.
+    pub fn new(value: u32) -> Self {
+        Self(value.clamp(Self::MIN.0, Self::MAX.0))
+    }
+
+    /// The raw value.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+
+    /// This weight scaled by a fraction, never below [`Weight::MIN`].
+    pub fn scale(self, by: Permille) -> Self {
+        Self::new((u64::from(self.0) * u64::from(by.get()) / 1000) as u32)
+    }
+}
+
+impl Default for Weight {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl std::fmt::Display for Weight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permille_rejects_more_than_one() {
+        assert_eq!(Permille::new(1001), None);
+        assert_eq!(Permille::new(1000), Some(Permille::ONE));
+    }
+
+    #[test]
+    fn ratio_rounds_down_and_survives_zero_denominator() {
+        assert_eq!(Permille::ratio(1, 3).get(), 333);
+        assert_eq!(Permille::ratio(5, 0), Permille::ZERO);
+    }
+
+    #[test]
+    fn scaled_weight_never_reaches_zero() {
+        assert_eq!(
+            Weight::new(3).scale(Permille::new(100).unwrap()),
+            Weight::MIN
+        );
+        assert_eq!(Weight::new(0), Weight::MIN);
+        assert_eq!(Weight::DEFAULT.scale(Permille::new(500).unwrap()).get(), 50);
+    }
+}

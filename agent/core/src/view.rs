@@ -1,0 +1,263 @@
+//! Views: the versioned, per-service, per-caller-zone endpoint set callers route from.
+//!
+//! A [`View`] holds only what callers may route to or must drain from: withdrawn
+//! instances are absent. Each endpoint carries its tier, its priority (what Envoy sees as
+//! the EDS priority), its weight and its status; the view carries declared markers such as
+//! `health_disregarded`. [`diff`] and [`apply`] are exact inverses
+//! (`apply(old, diff(old, new)) == new`), which is what lets a subscriber that knows `old`
+//! be sent only the difference.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::eligibility::Verdict;
+use crate::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
+use crate::units::{Permille, Weight};
+
+/// A view's version, from the region-wide monotonic counter. Strictly increasing per view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Version(pub u64);
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Where versions come from. The authority backs it with a counter that survives leader
+/// changes; tests and the dev region use [`MonotonicCounter`].
+///
+/// ### To ensure correctness
+/// - every call returns a version strictly greater than every earlier call's, across
+///   restarts and leader changes of the region.
+pub trait VersionSource {
+    /// The next version.
+    fn next_version(&mut self) -> Version;
+}
+
+/// An in-memory counter starting after a given version.
+#[derive(Debug, Clone, Default)]
+pub struct MonotonicCounter {
+    last: u64,
+}
+
+impl MonotonicCounter {
+    /// A counter whose first version is `after + 1`.
+    pub fn starting_after(after: Version) -> Self {
+        Self { last: after.0 }
+    }
+}
+
+impl VersionSource for MonotonicCounter {
+    fn next_version(&mut self) -> Version {
+        self.last += 1;
+        Version(self.last)
+    }
+}
+
+/// Topology priority class: 0 = caller's zone, 1 = other zones of the region, 2 = peer regions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// The caller's own zone.
+    Local,
+    /// Other zones of the caller's region.
+    Region,
+    /// Peer regions (from federation aggregates).
+    Remote,
+}
+
+impl Tier {
+    /// 0, 1 or 2.
+    pub const fn number(self) -> u8 {
+        match self {
+            Self::Local => 0,
+            Self::Region => 1,
+            Self::Remote => 2,
+        }
+    }
+}
+
+/// What a caller should do with an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndpointStatus {
+    /// Route normally.
+    Eligible,
+    /// Route at the reduced weight.
+    Degraded,
+    /// Route: no evidence either way (Envoy `UNKNOWN`, which Envoy routes to).
+    Unknown,
+    /// Route only because its zone's fraction guard engaged: health disregarded.
+    Disregarded,
+    /// No new traffic (Envoy `DRAINING`).
+    Draining,
+}
+
+impl EndpointStatus {
+    /// Whether callers route new requests to it.
+    pub const fn is_routed(self) -> bool {
+        !matches!(self, Self::Draining)
+    }
+}
+
+/// One endpoint of a view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewEndpoint {
+    /// The instance.
+    pub instance: InstanceId,
+    /// Where to dial it.
+    pub address: Address,
+    /// Its region.
+    pub region: RegionName,
+    /// Its zone.
+    pub zone: ZoneName,
+    /// Topology class relative to the caller.
+    pub tier: Tier,
+    /// Failover priority (EDS priority): follows the tier, or the service's failover order.
+    pub priority: u32,
+    /// Published weight.
+    pub weight: Weight,
+    /// What callers should do.
+    pub status: EndpointStatus,
+    /// The evaluator's verdict, unchanged by the guard (so `Disregarded` stays explainable).
+    pub verdict: Verdict,
+    /// Labels, for subsets and filtering.
+    pub tags: Arc<BTreeSet<String>>,
+    /// Metadata carried to callers.
+    pub metadata: Arc<BTreeMap<String, String>>,
+}
+
+/// Markers a view declares about itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Markers {
+    /// Zones whose fraction guard engaged: their full set is published, health disregarded.
+    pub health_disregarded: BTreeSet<ZoneName>,
+    /// Zones being evacuated, with the share of traffic already moved away.
+    pub evacuating: BTreeMap<ZoneName, Permille>,
+    /// No instance of the service is eligible anywhere in the region.
+    pub no_eligible_in_region: bool,
+}
+
+/// Which view: a service as seen from one caller zone.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ViewKey {
+    /// The service.
+    pub service: ServiceName,
+    /// The callers' zone.
+    pub zone: ZoneName,
+}
+
+impl std::fmt::Display for ViewKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.service, self.zone)
+    }
+}
+
+/// A view's content (unversioned).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct View {
+    /// Which view.
+    pub key: ViewKey,
+    /// Endpoints by instance.
+    pub endpoints: BTreeMap<InstanceId, ViewEndpoint>,
+    /// Declared markers.
+    pub markers: Markers,
+}
+
+/// A view as released to subscribers, at a version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleasedView {
+    /// Its version.
+    pub version: Version,
+    /// Its content.
+    pub view: View,
+}
+
+/// The difference between two contents of one view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewDelta {
+    /// Which view.
+    pub key: ViewKey,
+    /// Endpoints added or changed.
+    pub upserted: Vec<ViewEndpoint>,
+    /// Endpoints removed.
+    pub removed: Vec<InstanceId>,
+    /// The markers after the change (always sent whole: they are small).
+    pub markers: Markers,
+}
+
+impl ViewDelta {
+    /// Whether the delta changes nothing.
+    pub fn is_empty(&self, old_markers: &Markers) -> bool {
+        self.upserted.is_empty() && self.removed.is_empty() && &self.markers == old_markers
+    }
+}
+
+// === impl View ===
+
+impl View {
+    /// An empty view.
+    pub fn empty(key: ViewKey) -> Self {
+        Self {
+            key,
+            endpoints: BTreeMap::new(),
+            markers: Markers::default(),
+        }
+    }
+
+    /// Routed endpoints in `zone`.
+    pub fn routed_in(&self, zone: &ZoneName) -> usize {
+        self.endpoints
+            .values()
+            .filter(|e| &e.zone == zone && e.status.is_routed())
+            .count()
+    }
+
+    /// Whether an endpoint is present and routed.
+    pub fn routes_to(&self, id: &InstanceId) -> bool {
+        self.endpoints.get(id).is_some_and(|e| e.status.is_routed())
+    }
+}
+
+/// What changed from `old` to `new` (same key).
+pub fn diff(old: &View, new: &View) -> ViewDelta {
+    debug_assert_eq!(old.key, new.key, "diff across different views");
+    let upserted = new
+        .endpoints
+        .iter()
+        .filter(|(id, e)| old.endpoints.get(*id) != Some(*e))
+        .map(|(_, e)| e.clone())
+        .collect();
+    let removed = old
+        .endpoints
+        .keys()
+        .filter(|id| !new.endpoints.contains_key(*id))
+        .cloned()
+        .collect();
+    ViewDelta {
+        key: new.key.clone(),
+        upserted,
+        removed,
+        markers: new.markers.clone(),
+    }
+}
+
+/// `old` with `delta` applied.
+pub fn apply(old: &View, delta: &ViewDelta) -> View {
+    let mut view = old.clone();
+    for id in &delta.removed {
+        view.endpoints.remove(id);
+    }
+    for e in &delta.upserted {
+        view.endpoints.insert(e.instance.clone(), e.clone());
+    }
+    view.markers = delta.markers.clone();
+    view
+}
+
+#[cfg(test)]
+mod tests;
