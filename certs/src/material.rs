@@ -1,0 +1,301 @@
+//! Reading and checking certificates, keys and trust bundles: the pure half of TLS.
+//!
+//! Everything here works on bytes and takes `now` as data, so the same checks serve the
+//! TLS verifiers (peer certificates), the reloader (our own files) and `certs inspect`.
+//!
+//! ```text
+//! PEM bytes ──► parse_certs / parse_key ──► validate_material ──► Material
+//! peer DER  ──► check_peer(policy, roots, now) ──► Identity
+//! ```
+//!
+//! Check order for a presented chain: validity and chain (expired, not yet valid, wrong CA)
+//! first, then the SAN shape (missing, several, not a URI, not an identity), then trust
+//! domain, then kind. Only authenticated data gets as far as the identity checks.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use rustls::RootCertStore;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::sign::CertifiedKey;
+use sha2::{Digest, Sha256};
+use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+use crate::error::{CertError, PemPart};
+use crate::identity::{Identity, IdentityKind, KindSet, TrustDomain};
+use crate::lifetime::{from_unix_seconds, unix_seconds};
+
+/// What a port or a holder of material accepts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerPolicy {
+    /// The estate's trust domain; identities elsewhere are refused.
+    pub trust_domain: TrustDomain,
+    /// Identity kinds accepted (e.g. only `Node` on the node-agent port).
+    pub accepted: KindSet,
+}
+
+/// Which key purpose a chain is checked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Usage {
+    /// The certificate authenticates a TLS client.
+    Client,
+    /// The certificate authenticates a TLS server.
+    Server,
+}
+
+/// One subject alternative name entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SanEntry {
+    /// A URI, e.g. a `spiffe://` identity.
+    Uri(String),
+    /// A DNS name.
+    Dns(String),
+    /// Any other kind, described.
+    Other(String),
+}
+
+/// The loggable facts about one certificate. Holds no key material.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertInfo {
+    /// Subject distinguished name.
+    pub subject: String,
+    /// Serial number, lower-case hex.
+    pub serial: String,
+    /// `sha256:<hex>` of the DER.
+    pub fingerprint: String,
+    /// Start of validity, unix seconds.
+    pub not_before: i64,
+    /// End of validity, unix seconds.
+    pub not_after: i64,
+    /// Whether basic constraints mark it as a CA.
+    pub is_ca: bool,
+    /// Subject alternative names, in certificate order.
+    pub sans: Vec<SanEntry>,
+}
+
+/// A validated certificate, key and trust bundle, ready to hand to rustls.
+#[derive(Debug)]
+pub struct Material {
+    /// Our identity, from the leaf's URI SAN.
+    pub identity: Identity,
+    /// Facts about our leaf.
+    pub leaf: CertInfo,
+    /// Leaf, chain and signing key for rustls.
+    pub certified_key: Arc<CertifiedKey>,
+    /// Roots peers must chain to.
+    pub roots: Arc<RootCertStore>,
+    /// `sha256:<hex>` over the bundle's certificates, to notice bundle changes.
+    pub bundle_digest: String,
+}
+
+/// The three inputs of [`validate_material`], as raw PEM bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct MaterialPem<'a> {
+    /// Leaf certificate followed by its intermediates.
+    pub cert_chain: &'a [u8],
+    /// PKCS#8 (or SEC1/PKCS#1) private key of the leaf.
+    pub key: &'a [u8],
+    /// Root certificates to trust.
+    pub bundle: &'a [u8],
+}
+
+/// Parses every certificate in `pem`; refuses damaged or empty input.
+pub fn parse_certs(pem: &[u8], part: PemPart) -> Result<Vec<CertificateDer<'static>>, CertError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| CertError::TruncatedPem { part, source })?;
+    if certs.is_empty() {
+        return Err(CertError::EmptyPem { part });
+    }
+    Ok(certs)
+}
+
+/// Parses the first private key in `pem`; refuses damaged or empty input.
+pub fn parse_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, CertError> {
+    use rustls::pki_types::pem::Error as PemError;
+    PrivateKeyDer::from_pem_slice(pem).map_err(|source| match source {
+        PemError::NoItemsFound => CertError::EmptyPem {
+            part: PemPart::Key,
+        },
+        source => CertError::TruncatedPem {
+            part: PemPart::Key,
+            source,
+        },
+    })
+}
+
+/// `sha256:<hex>` of a DER certificate.
+pub fn fingerprint(der: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(der)))
+}
+
+/// Reads the loggable facts of a certificate.
+pub fn cert_info(der: &[u8]) -> Result<CertInfo, CertError> {
+    let (_, cert) = X509Certificate::from_der(der).map_err(|_| CertError::Malformed)?;
+    let sans = match cert.subject_alternative_name() {
+        Ok(Some(ext)) => ext.value.general_names.iter().map(san_entry).collect(),
+        Ok(None) => Vec::new(),
+        Err(_) => return Err(CertError::Malformed),
+    };
+    Ok(CertInfo {
+        subject: cert.subject().to_string(),
+        serial: hex::encode(cert.tbs_certificate.raw_serial()),
+        fingerprint: fingerprint(der),
+        not_before: cert.validity().not_before.timestamp(),
+        not_after: cert.validity().not_after.timestamp(),
+        is_ca: cert.is_ca(),
+        sans,
+    })
+}
+
+/// Checks a peer's chain and identity against `policy` at `now`; returns its identity.
+pub fn check_peer(
+    end_entity: &CertificateDer<'_>,
+    intermediates: &[CertificateDer<'_>],
+    roots: &RootCertStore,
+    now: UnixTime,
+    usage: Usage,
+    policy: &PeerPolicy,
+) -> Result<(Identity, CertInfo), CertError> {
+    let info = cert_info(end_entity)?;
+    verify_chain(end_entity, intermediates, roots, now, usage, &info.serial)?;
+    let identity = info.identity()?;
+    check_identity(&identity, policy)?;
+    Ok((identity, info))
+}
+
+/// Checks trust domain, then kind, of an already-authenticated identity.
+pub fn check_identity(identity: &Identity, policy: &PeerPolicy) -> Result<(), CertError> {
+    if identity.trust_domain() != &policy.trust_domain {
+        return Err(CertError::WrongTrustDomain {
+            identity: identity.clone(),
+            expected: policy.trust_domain.clone(),
+        });
+    }
+    if !policy.accepted.contains(identity.kind()) {
+        return Err(CertError::WrongKind {
+            identity: identity.clone(),
+            accepted: policy.accepted,
+        });
+    }
+    Ok(())
+}
+
+/// Parses, pairs and checks our own certificate, key and bundle at `now`. The leaf must
+/// chain to the bundle, its key must match, and its identity must satisfy `policy`.
+pub fn validate_material(
+    pem: MaterialPem<'_>,
+    policy: &PeerPolicy,
+    now: SystemTime,
+) -> Result<Material, CertError> {
+    let chain = parse_certs(pem.cert_chain, PemPart::Certificate)?;
+    let key = parse_key(pem.key)?;
+    let bundle = parse_certs(pem.bundle, PemPart::Bundle)?;
+    let roots = root_store(&bundle)?;
+
+    let provider = crate::provider();
+    let certified_key = CertifiedKey::from_der(chain, key, &provider).map_err(|e| match e {
+        rustls::Error::InconsistentKeys(_) => CertError::KeyMismatch,
+        other => CertError::UnsupportedKey(other),
+    })?;
+    let (leaf_der, intermediates) = certified_key
+        .cert
+        .split_first()
+        .expect("parse_certs returns at least one certificate");
+    // Operators only ever act as clients; every other kind also serves.
+    let (identity, leaf) = {
+        let info = cert_info(leaf_der)?;
+        let identity = info.identity()?;
+        let usage = match identity.kind() {
+            IdentityKind::Operator => Usage::Client,
+            _ => Usage::Server,
+        };
+        let now = unix_time(now);
+        verify_chain(leaf_der, intermediates, &roots, now, usage, &info.serial)?;
+        check_identity(&identity, policy)?;
+        (identity, info)
+    };
+    let mut digest = Sha256::new();
+    for der in &bundle {
+        digest.update(der.as_ref());
+    }
+    Ok(Material {
+        identity,
+        leaf,
+        certified_key: Arc::new(certified_key),
+        roots: Arc::new(roots),
+        bundle_digest: format!("sha256:{}", hex::encode(digest.finalize())),
+    })
+}
+
+/// Builds a root store; a bundle entry that is not a usable trust anchor is refused.
+pub fn root_store(bundle: &[CertificateDer<'static>]) -> Result<RootCertStore, CertError> {
+    let mut roots = RootCertStore::empty();
+    for der in bundle {
+        roots.add(der.clone()).map_err(|_| CertError::Malformed)?;
+    }
+    Ok(roots)
+}
+
+/// Converts wall-clock time to what webpki wants.
+pub fn unix_time(now: SystemTime) -> UnixTime {
+    UnixTime::since_unix_epoch(std::time::Duration::from_secs(
+        u64::try_from(unix_seconds(now)).unwrap_or(0),
+    ))
+}
+
+// === impl CertInfo ===
+
+impl CertInfo {
+    /// The identity in the single URI SAN, or why there is none.
+    pub fn identity(&self) -> Result<Identity, CertError> {
+        match self.sans.as_slice() {
+            [] => Err(CertError::MissingSan),
+            [SanEntry::Uri(uri)] => Identity::parse(uri).map_err(CertError::BadIdentity),
+            [_] => Err(CertError::SanNotUri),
+            several => Err(CertError::MultipleSans {
+                count: several.len(),
+            }),
+        }
+    }
+
+    /// `not_before` as wall-clock time.
+    pub fn not_before_time(&self) -> SystemTime {
+        from_unix_seconds(self.not_before)
+    }
+
+    /// `not_after` as wall-clock time.
+    pub fn not_after_time(&self) -> SystemTime {
+        from_unix_seconds(self.not_after)
+    }
+}
+
+// === helpers ===
+
+fn verify_chain(
+    end_entity: &CertificateDer<'_>,
+    intermediates: &[CertificateDer<'_>],
+    roots: &RootCertStore,
+    now: UnixTime,
+    usage: Usage,
+    serial: &str,
+) -> Result<(), CertError> {
+    let ee = webpki::EndEntityCert::try_from(end_entity).map_err(|_| CertError::Malformed)?;
+    let algs = crate::provider().signature_verification_algorithms.all;
+    let eku = match usage {
+        Usage::Client => webpki::KeyUsage::client_auth(),
+        Usage::Server => webpki::KeyUsage::server_auth(),
+    };
+    ee.verify_for_usage(algs, &roots.roots, intermediates, now, eku, None, None)
+        .map(|_| ())
+        .map_err(|e| CertError::from_webpki(e, serial))
+}
+
+fn san_entry(name: &GeneralName<'_>) -> SanEntry {
+    match name {
+        GeneralName::URI(uri) => SanEntry::Uri((*uri).to_owned()),
+        GeneralName::DNSName(dns) => SanEntry::Dns((*dns).to_owned()),
+        other => SanEntry::Other(other.to_string()),
+    }
+}

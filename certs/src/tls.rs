@@ -1,0 +1,129 @@
+//! rustls server and client configurations over swappable material.
+//!
+//! [`LiveMaterial`] holds the current [`Material`] (our certificate, key and trust bundle)
+//! behind an `RwLock<Arc<_>>`; readers clone the `Arc` and never hold the lock across a
+//! handshake. The configs built here never embed a certificate or a root store: a
+//! certificate resolver and [`PeerVerifier`] read `LiveMaterial` on every handshake, so
+//! after [`LiveMaterial::swap`] the next connection presents the new certificate and
+//! checks against the new bundle, while open connections carry on.
+//!
+//! Both sides speak TLS 1.3 only (quinn needs it anyway) and never resume sessions: a
+//! resumed session would skip the client-certificate check, and every connection must be
+//! re-admitted against the current bundle and port policy.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use rustls::client::{ResolvesClientCert, Resumption};
+use rustls::server::{ClientHello, NoServerSessionStorage, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, ServerConfig, SignatureScheme};
+
+use crate::material::{Material, PeerPolicy};
+use crate::metrics::CertMetrics;
+use crate::verify::PeerVerifier;
+
+/// ALPN for gRPC over TLS.
+pub const ALPN_H2: &[u8] = b"h2";
+
+/// The material being served, swappable at run time.
+#[derive(Debug)]
+pub struct LiveMaterial {
+    current: RwLock<Arc<Material>>,
+    generation: AtomicU64,
+}
+
+/// Resolves our certificate from [`LiveMaterial`] on each handshake.
+#[derive(Debug)]
+struct LiveCert(Arc<LiveMaterial>);
+
+// === impl LiveMaterial ===
+
+impl LiveMaterial {
+    /// Starts serving `material` at generation 0.
+    pub fn new(material: Material) -> Arc<Self> {
+        Arc::new(Self {
+            current: RwLock::new(Arc::new(material)),
+            generation: AtomicU64::new(0),
+        })
+    }
+
+    /// The material in force now.
+    pub fn current(&self) -> Arc<Material> {
+        // A poisoned lock still holds a whole `Arc`: writers only ever assign one.
+        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Replaces the material; returns the new generation. Connections opened afterwards
+    /// use it.
+    pub fn swap(&self, material: Material) -> u64 {
+        let mut guard = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        *guard = Arc::new(material);
+        self.generation.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// How many swaps have happened.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+}
+
+/// A server config that requires a client certificate admitted by `policy`, and presents
+/// the live certificate.
+pub fn server_config(
+    live: &Arc<LiveMaterial>,
+    policy: PeerPolicy,
+    metrics: CertMetrics,
+    alpn: &[&[u8]],
+) -> Result<ServerConfig, rustls::Error> {
+    let verifier = PeerVerifier::new(Arc::clone(live), policy, metrics);
+    let mut config = ServerConfig::builder_with_provider(crate::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(Arc::new(verifier))
+        .with_cert_resolver(Arc::new(LiveCert(Arc::clone(live))));
+    config.session_storage = Arc::new(NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
+}
+
+/// A client config that presents the live certificate and admits servers by `policy`
+/// (e.g. only authority identities), ignoring the dialled DNS name.
+pub fn client_config(
+    live: &Arc<LiveMaterial>,
+    policy: PeerPolicy,
+    metrics: CertMetrics,
+    alpn: &[&[u8]],
+) -> Result<ClientConfig, rustls::Error> {
+    let verifier = PeerVerifier::new(Arc::clone(live), policy, metrics);
+    let mut config = ClientConfig::builder_with_provider(crate::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_client_cert_resolver(Arc::new(LiveCert(Arc::clone(live))));
+    config.resumption = Resumption::disabled();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
+}
+
+// === impl LiveCert ===
+
+impl ResolvesServerCert for LiveCert {
+    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(Arc::clone(&self.0.current().certified_key))
+    }
+}
+
+impl ResolvesClientCert for LiveCert {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(Arc::clone(&self.0.current().certified_key))
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
