@@ -243,7 +243,11 @@ impl CertError {
                 serial: serial.to_owned(),
                 not_before: i64::try_from(not_before.as_secs()).unwrap_or(i64::MAX),
             },
-            webpki::Error::UnknownIssuer => Self::WrongCa,
+            // A chain that names a trusted issuer but whose signature does not verify was
+            // signed by some other CA of the same name (another estate, or a forgery).
+            webpki::Error::UnknownIssuer | webpki::Error::InvalidSignatureForPublicKey => {
+                Self::WrongCa
+            }
             webpki::Error::BadDer | webpki::Error::BadDerTime => Self::Malformed,
             other => Self::InvalidChain(other),
         }
