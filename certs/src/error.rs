@@ -26,7 +26,11 @@ pub enum PemPart {
 }
 
 /// A certificate, key or bundle that was refused. Refusing changes nothing.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` prints the reason and the message rather than the structure: rustls formats a
+/// verifier's error with `{:?}` inside its own message, which is what quinn peers and logs
+/// end up showing.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum CertError {
     /// `now` is past `not_after`. Nothing changed (an old config keeps serving, a peer is
@@ -251,6 +255,12 @@ impl CertError {
             webpki::Error::BadDer | webpki::Error::BadDerTime => Self::Malformed,
             other => Self::InvalidChain(other),
         }
+    }
+}
+
+impl fmt::Debug for CertError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {self}", self.reason())
     }
 }
 
