@@ -5,6 +5,8 @@
 //! operator CLI. Today it carries the command surface only; each role lands with its issue.
 #![forbid(unsafe_code)]
 
+mod certs_cmd;
+
 use clap::Parser;
 
 /// A health-check and service-discovery plane for Envoy/xDS meshes.
@@ -19,14 +21,18 @@ struct Cli {
 enum Command {
     /// Print the platform defaults the evaluator and assembler start from.
     Defaults,
+    /// Run the estate's CA: init, issue, inspect.
+    Certs(certs_cmd::CertsArgs),
 }
 
 fn main() -> anyhow::Result<()> {
+    waymark_certs::install_crypto_provider();
     let cli = Cli::parse();
     match cli.command {
         Command::Defaults => {
             print!("{}", waymark_core::defaults::describe());
             Ok(())
         }
+        Command::Certs(args) => certs_cmd::run(args),
     }
 }
