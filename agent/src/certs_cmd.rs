@@ -98,7 +98,12 @@ pub(crate) fn run(args: CertsArgs) -> anyhow::Result<()> {
     }
 }
 
-fn init(dir: PathBuf, trust_domain: &str, regions: &[String], now: SystemTime) -> anyhow::Result<()> {
+fn init(
+    dir: PathBuf,
+    trust_domain: &str,
+    regions: &[String],
+    now: SystemTime,
+) -> anyhow::Result<()> {
     let trust_domain = TrustDomain::new(trust_domain)?;
     let regions = regions
         .iter()
@@ -136,7 +141,11 @@ fn issue(
     println!("identity:    {identity}");
     println!("serial:      {}", leaf.info.serial);
     println!("fingerprint: {}", leaf.info.fingerprint);
-    println!("not_after:   {} (ttl {})", format_unix_seconds(leaf.info.not_after), format_duration(ttl));
+    println!(
+        "not_after:   {} (ttl {})",
+        format_unix_seconds(leaf.info.not_after),
+        format_duration(ttl)
+    );
     println!("cert:        {}", paths.cert.display());
     println!("chain:       {}", paths.chain.display());
     println!("fullchain:   {}", paths.fullchain.display());
@@ -168,10 +177,14 @@ fn print_info(info: &CertInfo, now: SystemTime, window: Duration) {
     println!("  fingerprint: {}", info.fingerprint);
     println!("  not_before:  {}", format_unix_seconds(info.not_before));
     println!("  not_after:   {}", format_unix_seconds(info.not_after));
-    let status = lifetime::expiry_status(now, info.not_before_time(), info.not_after_time(), window);
+    let status =
+        lifetime::expiry_status(now, info.not_before_time(), info.not_after_time(), window);
     let warning = match status {
         ExpiryStatus::Valid { remaining } => {
-            println!("  remaining:   {}", format_duration(whole_minutes(remaining)));
+            println!(
+                "  remaining:   {}",
+                format_duration(whole_minutes(remaining))
+            );
             None
         }
         ExpiryStatus::ExpiresWithinOutage { remaining } => Some(format!(

@@ -1,4 +1,6 @@
 //! `waymark certs init` / `issue` / `inspect` as a user runs them, checked with openssl.
+// Helpers outside #[test] fns panic on purpose: a panic is how a test reports.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
@@ -40,13 +42,35 @@ fn init_then_issue_produces_a_chain_openssl_accepts_with_the_uri_san() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("pki");
     let d = dir.to_str().unwrap();
-    waymark(&["certs", "init", "--dir", d, "--trust-domain", "mesh.test", "--region", "eu"]);
-    let issued = waymark(&["certs", "issue", "--dir", d, "--identity", NODE, "--ttl", "24h"]);
+    waymark(&[
+        "certs",
+        "init",
+        "--dir",
+        d,
+        "--trust-domain",
+        "mesh.test",
+        "--region",
+        "eu",
+    ]);
+    let issued = waymark(&[
+        "certs",
+        "issue",
+        "--dir",
+        d,
+        "--identity",
+        NODE,
+        "--ttl",
+        "24h",
+    ]);
     let text = String::from_utf8(issued.stdout).unwrap();
     assert!(text.contains(&format!("identity:    {NODE}")), "{text}");
 
     let leaf_dir = dir.join("issued/region/eu/node/n1");
-    let (leaf, chain, key) = (leaf_dir.join("cert.pem"), leaf_dir.join("chain.pem"), leaf_dir.join("key.pem"));
+    let (leaf, chain, key) = (
+        leaf_dir.join("cert.pem"),
+        leaf_dir.join("chain.pem"),
+        leaf_dir.join("key.pem"),
+    );
     let bundle = dir.join("bundle.pem");
     let verified = openssl(&[
         "verify",
@@ -72,7 +96,16 @@ fn inspect_prints_identity_serial_fingerprint_and_validity() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path().join("pki");
     let d = d.to_str().unwrap();
-    waymark(&["certs", "init", "--dir", d, "--trust-domain", "mesh.test", "--region", "eu"]);
+    waymark(&[
+        "certs",
+        "init",
+        "--dir",
+        d,
+        "--trust-domain",
+        "mesh.test",
+        "--region",
+        "eu",
+    ]);
     waymark(&["certs", "issue", "--dir", d, "--identity", NODE]);
     let leaf = format!("{d}/issued/region/eu/node/n1/fullchain.pem");
     let out = waymark(&["certs", "inspect", &leaf]);
@@ -103,15 +136,43 @@ fn issue_refuses_a_malformed_identity_and_a_too_short_ttl() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path().join("pki");
     let d = d.to_str().unwrap();
-    waymark(&["certs", "init", "--dir", d, "--trust-domain", "mesh.test", "--region", "eu"]);
+    waymark(&[
+        "certs",
+        "init",
+        "--dir",
+        d,
+        "--trust-domain",
+        "mesh.test",
+        "--region",
+        "eu",
+    ]);
     let bad = Command::new(WAYMARK)
-        .args(["certs", "issue", "--dir", d, "--identity", "spiffe://mesh.test/region/eu/pod/p1"])
+        .args([
+            "certs",
+            "issue",
+            "--dir",
+            d,
+            "--identity",
+            "spiffe://mesh.test/region/eu/pod/p1",
+        ])
         .output()
         .unwrap();
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("is not a node, authority, workload or operator identity"));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr)
+            .contains("is not a node, authority, workload or operator identity")
+    );
     let short = Command::new(WAYMARK)
-        .args(["certs", "issue", "--dir", d, "--identity", NODE, "--ttl", "30m"])
+        .args([
+            "certs",
+            "issue",
+            "--dir",
+            d,
+            "--identity",
+            NODE,
+            "--ttl",
+            "30m",
+        ])
         .output()
         .unwrap();
     assert!(!short.status.success());

@@ -146,7 +146,11 @@ pub fn may_report_about(
             let is_self = *region == instance.region
                 && *service == instance.service
                 && *id == instance.instance;
-            if is_self { Ok(()) } else { Err(Denied::NotSelf) }
+            if is_self {
+                Ok(())
+            } else {
+                Err(Denied::NotSelf)
+            }
         }
         Subject::Authority { region, .. } => same_region(reporter, region, &instance.region),
         Subject::Node { .. } | Subject::Operator { .. } => Err(Denied::WrongKind {

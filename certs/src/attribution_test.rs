@@ -25,7 +25,8 @@ fn inst(region: &str, service: &str, instance: &str) -> InstanceRef {
 #[test]
 fn who_may_report_about_an_instance() {
     let target = inst("eu", "cart", "i1");
-    let cases: Vec<(&str, Result<(), fn(&Denied) -> bool>)> = vec![
+    type Expect = Result<(), fn(&Denied) -> bool>;
+    let cases: Vec<(&str, Expect)> = vec![
         ("spiffe://mesh/region/eu/service/cart/instance/i1", Ok(())),
         (
             "spiffe://mesh/region/eu/service/cart/instance/i2",
@@ -46,11 +47,25 @@ fn who_may_report_about_an_instance() {
         ),
         (
             "spiffe://mesh/region/eu/node/n1",
-            Err(|d| matches!(d, Denied::WrongKind { kind: IdentityKind::Node })),
+            Err(|d| {
+                matches!(
+                    d,
+                    Denied::WrongKind {
+                        kind: IdentityKind::Node
+                    }
+                )
+            }),
         ),
         (
             "spiffe://mesh/operator/alice",
-            Err(|d| matches!(d, Denied::WrongKind { kind: IdentityKind::Operator })),
+            Err(|d| {
+                matches!(
+                    d,
+                    Denied::WrongKind {
+                        kind: IdentityKind::Operator
+                    }
+                )
+            }),
         ),
         (
             "spiffe://other/region/eu/service/cart/instance/i1",
@@ -162,7 +177,11 @@ fn operators_override_only_within_their_grants() {
         ("spiffe://mesh/operator/cart-team", svc("us", "cart"), false),
         ("spiffe://mesh/operator/cart-team", svc("eu", "pay"), false),
         ("spiffe://mesh/operator/nobody", svc("eu", "cart"), false),
-        ("spiffe://mesh/region/eu/authority/a1", svc("eu", "cart"), false),
+        (
+            "spiffe://mesh/region/eu/authority/a1",
+            svc("eu", "cart"),
+            false,
+        ),
         ("spiffe://other/operator/root", svc("eu", "cart"), false),
     ];
     for (who, service, allowed) in cases {

@@ -16,8 +16,8 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
 };
 use rustls::pki_types::CertificateDer;
 
@@ -40,7 +40,7 @@ pub enum CaError {
     #[error("identity {identity} is not in this ca's trust domain {trust_domain}")]
     WrongTrustDomain {
         /// Requested identity.
-        identity: Identity,
+        identity: Box<Identity>,
         /// The CA's trust domain.
         trust_domain: TrustDomain,
     },
@@ -49,7 +49,7 @@ pub enum CaError {
     #[error("identity {identity} is not in this intermediate's region {region}")]
     WrongRegion {
         /// Requested identity.
-        identity: Identity,
+        identity: Box<Identity>,
         /// The intermediate's region.
         region: Name,
     },
@@ -219,13 +219,13 @@ impl RegionCa {
         check_leaf_ttl(ttl)?;
         if identity.trust_domain() != &self.trust_domain {
             return Err(CaError::WrongTrustDomain {
-                identity: identity.clone(),
+                identity: Box::new(identity.clone()),
                 trust_domain: self.trust_domain.clone(),
             });
         }
         if identity.region().is_some_and(|r| r != &self.region) {
             return Err(CaError::WrongRegion {
-                identity: identity.clone(),
+                identity: Box::new(identity.clone()),
                 region: self.region.clone(),
             });
         }
@@ -247,8 +247,12 @@ impl RegionCa {
     pub fn issue_unchecked(&self, spec: LeafSpec) -> Result<IssuedLeaf, CaError> {
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
-        params.distinguished_name.push(DnType::OrganizationName, "waymark");
-        params.distinguished_name.push(DnType::CommonName, "waymark workload");
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "waymark");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "waymark workload");
         params.subject_alt_names = spec
             .sans
             .iter()
@@ -370,7 +374,9 @@ impl CaCert {
     fn scope(&self) -> Result<CaScope, CaError> {
         match self.info.sans.as_slice() {
             [crate::material::SanEntry::Uri(uri)] if self.info.is_ca => Ok(CaScope::parse(uri)?),
-            _ => Err(CaError::NotOurCa { expected: "waymark" }),
+            _ => Err(CaError::NotOurCa {
+                expected: "waymark",
+            }),
         }
     }
 }
@@ -383,10 +389,13 @@ fn ca_params(
 ) -> Result<CertificateParams, CaError> {
     let mut params = CertificateParams::default();
     params.distinguished_name = DistinguishedName::new();
-    params.distinguished_name.push(DnType::OrganizationName, "waymark");
     params
         .distinguished_name
-        .push(DnType::OrganizationalUnitName, scope.trust_domain().as_str());
+        .push(DnType::OrganizationName, "waymark");
+    params.distinguished_name.push(
+        DnType::OrganizationalUnitName,
+        scope.trust_domain().as_str(),
+    );
     params.distinguished_name.push(DnType::CommonName, label);
     params.subject_alt_names = vec![SanType::URI(scope.to_string().as_str().try_into()?)];
     params.key_usages = vec![

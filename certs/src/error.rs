@@ -55,7 +55,7 @@ pub enum CertError {
     #[error("identity {identity} is not in trust domain {expected}")]
     WrongTrustDomain {
         /// The identity presented.
-        identity: Identity,
+        identity: Box<Identity>,
         /// The trust domain this endpoint belongs to.
         expected: TrustDomain,
     },
@@ -85,7 +85,7 @@ pub enum CertError {
     #[error("{} identity {identity} is not accepted here (accepts: {accepted})", identity.kind())]
     WrongKind {
         /// The identity presented.
-        identity: Identity,
+        identity: Box<Identity>,
         /// What this port accepts.
         accepted: KindSet,
     },
@@ -135,9 +135,9 @@ pub enum CertError {
     #[error("new certificate names {found}, but this process serves as {serving}")]
     IdentityChanged {
         /// The identity in force.
-        serving: Identity,
+        serving: Box<Identity>,
         /// The identity in the new files.
-        found: Identity,
+        found: Box<Identity>,
     },
     /// The chain failed a check other than the ones above (bad signature, wrong purpose,
     /// CA misuse). Nothing changed; reissue with `waymark certs issue`.
@@ -224,11 +224,12 @@ impl CertError {
             {
                 return o.0.downcast_ref::<CertError>();
             }
-            if let Some(io) = e.downcast_ref::<std::io::Error>() {
-                if let Some(inner) = io.get_ref() {
-                    cur = Some(inner as &(dyn std::error::Error + 'static));
-                    continue;
-                }
+            if let Some(inner) = e
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+            {
+                cur = Some(inner as &(dyn std::error::Error + 'static));
+                continue;
             }
             cur = e.source();
         }

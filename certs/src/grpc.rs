@@ -217,8 +217,11 @@ impl TlsConnector {
     }
 }
 
-type ConnectFuture =
-    Pin<Box<dyn Future<Output = io::Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>> + Send>>;
+type ConnectFuture = Pin<
+    Box<
+        dyn Future<Output = io::Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>> + Send,
+    >,
+>;
 
 impl tower::Service<tonic::codegen::http::Uri> for TlsConnector {
     type Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
@@ -233,7 +236,11 @@ impl tower::Service<tonic::codegen::http::Uri> for TlsConnector {
         let connector = tokio_rustls::TlsConnector::from(Arc::clone(&self.config));
         Box::pin(async move {
             let bad = || io::Error::new(io::ErrorKind::InvalidInput, "uri has no host");
-            let host = uri.host().ok_or_else(bad)?.trim_matches(['[', ']']).to_owned();
+            let host = uri
+                .host()
+                .ok_or_else(bad)?
+                .trim_matches(['[', ']'])
+                .to_owned();
             let port = uri.port_u16().unwrap_or(443);
             let tcp = TcpStream::connect((host.as_str(), port)).await?;
             tcp.set_nodelay(true)?;

@@ -49,7 +49,9 @@ pub enum IdentityError {
     ExtraUriParts,
     /// The trust domain is empty, too long or has a character outside `[a-z0-9._-]`.
     /// Nothing changed; fix the trust domain.
-    #[error("trust domain {trust_domain:?} is not valid (lower-case letters, digits, '.', '-', '_')")]
+    #[error(
+        "trust domain {trust_domain:?} is not valid (lower-case letters, digits, '.', '-', '_')"
+    )]
     BadTrustDomain {
         /// The refused trust domain.
         trust_domain: String,
@@ -369,7 +371,8 @@ impl fmt::Display for CaScope {
 
 impl IdentityKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [IdentityKind; 4] = [Self::Node, Self::Authority, Self::Workload, Self::Operator];
+    pub const ALL: [IdentityKind; 4] =
+        [Self::Node, Self::Authority, Self::Workload, Self::Operator];
 
     /// Lower-case name, used in messages and metric labels.
     pub fn as_str(self) -> &'static str {

@@ -20,7 +20,10 @@ fn each_shape_parses_into_its_kind() {
             "spiffe://mesh.example/region/eu-1/service/cart/instance/i-9",
             IdentityKind::Workload,
         ),
-        ("spiffe://mesh.example/operator/alice", IdentityKind::Operator),
+        (
+            "spiffe://mesh.example/operator/alice",
+            IdentityKind::Operator,
+        ),
     ];
     for (s, kind) in cases {
         let parsed = id(s);
@@ -34,26 +37,45 @@ fn each_shape_parses_into_its_kind() {
 fn malformed_identities_are_typed_errors() {
     use IdentityError as E;
     let long = format!("spiffe://td/operator/{}", "a".repeat(IDENTITY_LEN_MAX));
-    let cases: Vec<(&str, fn(&IdentityError) -> bool)> = vec![
+    type Check = fn(&IdentityError) -> bool;
+    let cases: Vec<(&str, Check)> = vec![
         ("", |e| matches!(e, E::Empty)),
         (&long, |e| matches!(e, E::TooLong { .. })),
         ("https://td/operator/a", |e| matches!(e, E::NotSpiffe)),
         ("SPIFFE://td/operator/a", |e| matches!(e, E::NotSpiffe)),
-        ("spiffe://td/operator/a?x=1", |e| matches!(e, E::ExtraUriParts)),
-        ("spiffe://td/operator/a#f", |e| matches!(e, E::ExtraUriParts)),
-        ("spiffe://td:443/operator/a", |e| matches!(e, E::ExtraUriParts)),
-        ("spiffe://u@td/operator/a", |e| matches!(e, E::ExtraUriParts)),
-        ("spiffe://td/operator/a%2Fb", |e| matches!(e, E::ExtraUriParts)),
+        ("spiffe://td/operator/a?x=1", |e| {
+            matches!(e, E::ExtraUriParts)
+        }),
+        ("spiffe://td/operator/a#f", |e| {
+            matches!(e, E::ExtraUriParts)
+        }),
+        ("spiffe://td:443/operator/a", |e| {
+            matches!(e, E::ExtraUriParts)
+        }),
+        ("spiffe://u@td/operator/a", |e| {
+            matches!(e, E::ExtraUriParts)
+        }),
+        ("spiffe://td/operator/a%2Fb", |e| {
+            matches!(e, E::ExtraUriParts)
+        }),
         ("spiffe://TD/operator/a", |e| {
             matches!(e, E::BadTrustDomain { .. })
         }),
         ("spiffe:///operator/a", |e| {
             matches!(e, E::BadTrustDomain { .. })
         }),
-        ("spiffe://td/operator/a/", |e| matches!(e, E::BadName { .. })),
-        ("spiffe://td//operator/a", |e| matches!(e, E::BadName { .. })),
-        ("spiffe://td/operator/..", |e| matches!(e, E::BadName { .. })),
-        ("spiffe://td/operator/a b", |e| matches!(e, E::BadName { .. })),
+        ("spiffe://td/operator/a/", |e| {
+            matches!(e, E::BadName { .. })
+        }),
+        ("spiffe://td//operator/a", |e| {
+            matches!(e, E::BadName { .. })
+        }),
+        ("spiffe://td/operator/..", |e| {
+            matches!(e, E::BadName { .. })
+        }),
+        ("spiffe://td/operator/a b", |e| {
+            matches!(e, E::BadName { .. })
+        }),
         ("spiffe://td/region/eu/node", |e| {
             matches!(e, E::UnknownShape { .. })
         }),
@@ -61,7 +83,9 @@ fn malformed_identities_are_typed_errors() {
             matches!(e, E::UnknownShape { .. })
         }),
         ("spiffe://td", |e| matches!(e, E::UnknownShape { .. })),
-        ("spiffe://td/region/eu", |e| matches!(e, E::UnknownShape { .. })),
+        ("spiffe://td/region/eu", |e| {
+            matches!(e, E::UnknownShape { .. })
+        }),
     ];
     for (input, check) in cases {
         let err = Identity::parse(input).unwrap_err();
@@ -104,7 +128,8 @@ fn name_strategy() -> impl Strategy<Value = Name> {
 fn identity_strategy() -> impl Strategy<Value = Identity> {
     let td = "[a-z0-9._-]{1,30}".prop_map(|s| TrustDomain::new(&s).unwrap());
     let subject = prop_oneof![
-        (name_strategy(), name_strategy()).prop_map(|(region, node)| Subject::Node { region, node }),
+        (name_strategy(), name_strategy())
+            .prop_map(|(region, node)| Subject::Node { region, node }),
         (name_strategy(), name_strategy())
             .prop_map(|(region, member)| Subject::Authority { region, member }),
         (name_strategy(), name_strategy(), name_strategy()).prop_map(

@@ -169,9 +169,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, LifetimeError> {
 pub fn format_duration(d: Duration) -> String {
     let s = d.as_secs();
     match s {
-        _ if s > 0 && s % DAY.as_secs() == 0 => format!("{}d", s / DAY.as_secs()),
-        _ if s > 0 && s % HOUR.as_secs() == 0 => format!("{}h", s / HOUR.as_secs()),
-        _ if s > 0 && s % MINUTE.as_secs() == 0 => format!("{}m", s / MINUTE.as_secs()),
+        _ if s > 0 && s.is_multiple_of(DAY.as_secs()) => format!("{}d", s / DAY.as_secs()),
+        _ if s > 0 && s.is_multiple_of(HOUR.as_secs()) => format!("{}h", s / HOUR.as_secs()),
+        _ if s > 0 && s.is_multiple_of(MINUTE.as_secs()) => format!("{}m", s / MINUTE.as_secs()),
         _ => format!("{s}s"),
     }
 }
@@ -197,7 +197,10 @@ pub fn from_unix_seconds(secs: i64) -> SystemTime {
 pub fn format_unix_seconds(secs: i64) -> String {
     time::OffsetDateTime::from_unix_timestamp(secs)
         .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_else(|| format!("@{secs}"))
 }
 
@@ -223,7 +226,10 @@ mod tests {
     fn short_leaf_refreshes_two_hours_before_expiry() {
         let nb = at(1_000_000);
         // 4h lifetime: half is 2h, and the floor is also 2h before expiry.
-        assert_eq!(refresh_at(nb, nb + LEAF_TTL_MIN), nb + Duration::from_secs(7200));
+        assert_eq!(
+            refresh_at(nb, nb + LEAF_TTL_MIN),
+            nb + Duration::from_secs(7200)
+        );
         // 3h lifetime (not issuable, but loaded from elsewhere): floor wins.
         let three = nb + Duration::from_secs(3 * 3600);
         assert_eq!(refresh_at(nb, three), nb + Duration::from_secs(3600));
@@ -279,7 +285,10 @@ mod tests {
     #[test]
     fn unix_seconds_round_trip_and_format() {
         assert_eq!(unix_seconds(from_unix_seconds(-5)), -5);
-        assert_eq!(unix_seconds(from_unix_seconds(1_700_000_000)), 1_700_000_000);
+        assert_eq!(
+            unix_seconds(from_unix_seconds(1_700_000_000)),
+            1_700_000_000
+        );
         assert_eq!(format_unix_seconds(0), "1970-01-01T00:00:00Z");
     }
 

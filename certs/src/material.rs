@@ -115,9 +115,7 @@ pub fn parse_certs(pem: &[u8], part: PemPart) -> Result<Vec<CertificateDer<'stat
 pub fn parse_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, CertError> {
     use rustls::pki_types::pem::Error as PemError;
     PrivateKeyDer::from_pem_slice(pem).map_err(|source| match source {
-        PemError::NoItemsFound => CertError::EmptyPem {
-            part: PemPart::Key,
-        },
+        PemError::NoItemsFound => CertError::EmptyPem { part: PemPart::Key },
         source => CertError::TruncatedPem {
             part: PemPart::Key,
             source,
@@ -169,13 +167,13 @@ pub fn check_peer(
 pub fn check_identity(identity: &Identity, policy: &PeerPolicy) -> Result<(), CertError> {
     if identity.trust_domain() != &policy.trust_domain {
         return Err(CertError::WrongTrustDomain {
-            identity: identity.clone(),
+            identity: Box::new(identity.clone()),
             expected: policy.trust_domain.clone(),
         });
     }
     if !policy.accepted.contains(identity.kind()) {
         return Err(CertError::WrongKind {
-            identity: identity.clone(),
+            identity: Box::new(identity.clone()),
             accepted: policy.accepted,
         });
     }

@@ -158,7 +158,13 @@ mod tests {
         );
         assert!(text.contains(r#"waymark_certs_reloads_total{outcome="swapped"} 1"#));
         assert!(text.contains("waymark_certs_leaf_not_after_seconds"));
-        assert_eq!(metrics.rejected(RejectReason::Expired, RejectSource::Peer), 2);
-        assert_eq!(metrics.rejected(RejectReason::WrongCa, RejectSource::Peer), 0);
+        assert_eq!(
+            metrics.rejected(RejectReason::Expired, RejectSource::Peer),
+            2
+        );
+        assert_eq!(
+            metrics.rejected(RejectReason::WrongCa, RejectSource::Peer),
+            0
+        );
     }
 }

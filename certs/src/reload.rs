@@ -99,8 +99,8 @@ pub fn decide(current: &Material, candidate: Result<Material, CertError>) -> Dec
     };
     if new.identity != current.identity {
         return Decision::Reject(CertError::IdentityChanged {
-            serving: current.identity.clone(),
-            found: new.identity,
+            serving: Box::new(current.identity.clone()),
+            found: Box::new(new.identity),
         });
     }
     if new.leaf.fingerprint == current.leaf.fingerprint
@@ -185,8 +185,10 @@ impl Reloader {
     fn apply(&self, decision: Decision) -> ReloadEvent {
         match decision {
             Decision::Swap(material) => {
-                let (serial, fingerprint) =
-                    (material.leaf.serial.clone(), material.leaf.fingerprint.clone());
+                let (serial, fingerprint) = (
+                    material.leaf.serial.clone(),
+                    material.leaf.fingerprint.clone(),
+                );
                 let not_after = material.leaf.not_after;
                 let generation = self.live.swap(material);
                 self.metrics.record_reload(ReloadOutcome::Swapped);
@@ -232,13 +234,19 @@ impl Reloader {
         // re-read everything, so extra signals carry no information.
         let (tx, mut rx) = mpsc::channel::<()>(1);
         let names: Vec<PathBuf> = self.paths().map(Path::to_path_buf).collect();
-        let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if let Ok(event) = res {
-                if event.paths.iter().any(|p| names.iter().any(|n| same_file(p, n))) {
+        let mut watcher =
+            notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+                let ours = |event: &notify::Event| {
+                    event
+                        .paths
+                        .iter()
+                        .any(|p| names.iter().any(|n| same_file(p, n)))
+                };
+                if res.as_ref().is_ok_and(ours) {
+                    // Full means a reload is already pending; dropping this signal is right.
                     let _ = tx.try_send(());
                 }
-            }
-        })?;
+            })?;
         let mut dirs: Vec<&Path> = self.paths().filter_map(Path::parent).collect();
         dirs.sort();
         dirs.dedup();

@@ -1,4 +1,6 @@
 //! Real mutual-TLS handshakes over loopback UDP with quinn.
+// Helpers outside #[test] fns panic on purpose: a panic is how a test reports.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
@@ -23,7 +25,8 @@ struct QuicServer {
 fn serve(pki: &Pki) -> QuicServer {
     let live = pki.live(AUTHORITY);
     let metrics = CertMetrics::new();
-    let config = quic_server_config(&live, policy(only(IdentityKind::Node)), metrics.clone()).unwrap();
+    let config =
+        quic_server_config(&live, policy(only(IdentityKind::Node)), metrics.clone()).unwrap();
     let endpoint = quinn::Endpoint::server(config, "127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = endpoint.local_addr().unwrap();
     let (tx, outcomes) = mpsc::channel(16);
@@ -73,10 +76,21 @@ async fn node_with_valid_certificate_completes_a_quic_round_trip() {
     let pki = Pki::new(TD);
     let mut server = serve(&pki);
     let client_live = pki.live(NODE);
-    let config = quic_client_config(&client_live, policy(only(IdentityKind::Authority)), CertMetrics::new()).unwrap();
-    let reply = tokio::time::timeout(PATIENCE, echo(server.addr, config)).await.unwrap().unwrap();
+    let config = quic_client_config(
+        &client_live,
+        policy(only(IdentityKind::Authority)),
+        CertMetrics::new(),
+    )
+    .unwrap();
+    let reply = tokio::time::timeout(PATIENCE, echo(server.addr, config))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(reply, b"ping");
-    let seen = tokio::time::timeout(PATIENCE, server.outcomes.recv()).await.unwrap().unwrap();
+    let seen = tokio::time::timeout(PATIENCE, server.outcomes.recv())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(seen.unwrap(), NODE.parse::<Identity>().unwrap());
 }
 
@@ -87,13 +101,27 @@ async fn each_bad_client_certificate_is_refused_over_quic_with_its_reason() {
     let client_live = pki.live(NODE);
     for case in pki.bad_clients() {
         let before = server.metrics.rejected(case.reason, RejectSource::Peer);
-        let tls = raw_client_config(case.key, &client_live, only(IdentityKind::Authority), ALPN_WAYMARK);
+        let tls = raw_client_config(
+            case.key,
+            &client_live,
+            only(IdentityKind::Authority),
+            ALPN_WAYMARK,
+        );
         let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
         let config = quinn::ClientConfig::new(Arc::new(crypto));
-        let result = tokio::time::timeout(PATIENCE, echo(server.addr, config)).await.unwrap();
-        assert!(result.is_err(), "{}: a bad certificate was admitted", case.name);
+        let result = tokio::time::timeout(PATIENCE, echo(server.addr, config))
+            .await
+            .unwrap();
+        assert!(
+            result.is_err(),
+            "{}: a bad certificate was admitted",
+            case.name
+        );
         // The server side of the same connection failed its handshake.
-        let outcome = tokio::time::timeout(PATIENCE, server.outcomes.recv()).await.unwrap().unwrap();
+        let outcome = tokio::time::timeout(PATIENCE, server.outcomes.recv())
+            .await
+            .unwrap()
+            .unwrap();
         let text = outcome.expect_err(case.name);
         assert_eq!(
             server.metrics.rejected(case.reason, RejectSource::Peer),
@@ -104,7 +132,10 @@ async fn each_bad_client_certificate_is_refused_over_quic_with_its_reason() {
         );
     }
     for reason in RejectReason::ALL {
-        assert!(server.metrics.rejected(reason, RejectSource::Peer) <= 1, "{reason}");
+        assert!(
+            server.metrics.rejected(reason, RejectSource::Peer) <= 1,
+            "{reason}"
+        );
     }
 }
 
@@ -115,8 +146,19 @@ async fn quic_client_refuses_a_server_of_the_wrong_kind() {
     let client_live = pki.live(NODE);
     let metrics = CertMetrics::new();
     // This client only talks to node agents; the server is an authority member.
-    let config = quic_client_config(&client_live, policy(only(IdentityKind::Node)), metrics.clone()).unwrap();
-    let err = tokio::time::timeout(PATIENCE, echo(server.addr, config)).await.unwrap().unwrap_err();
+    let config = quic_client_config(
+        &client_live,
+        policy(only(IdentityKind::Node)),
+        metrics.clone(),
+    )
+    .unwrap();
+    let err = tokio::time::timeout(PATIENCE, echo(server.addr, config))
+        .await
+        .unwrap()
+        .unwrap_err();
     assert!(err.to_string().contains("not accepted here"), "{err}");
-    assert_eq!(metrics.rejected(RejectReason::WrongKind, RejectSource::Peer), 1);
+    assert_eq!(
+        metrics.rejected(RejectReason::WrongKind, RejectSource::Peer),
+        1
+    );
 }

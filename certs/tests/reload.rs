@@ -1,6 +1,8 @@
 //! Rotation without restart: the reloader swaps good files in, refuses bad ones with a
 //! typed reason and keeps the old material serving. Tests wait on reload events, never on
 //! sleeps.
+// Helpers outside #[test] fns panic on purpose: a panic is how a test reports.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
@@ -38,7 +40,13 @@ async fn setup() -> Setup {
     let td = TrustDomain::new(TD).unwrap();
     pki_dir.init(&td, &[Name::new("eu").unwrap()], now).unwrap();
     let (_, issued) = pki_dir
-        .issue(&authority(), None, Duration::from_secs(24 * 3600), None, now)
+        .issue(
+            &authority(),
+            None,
+            Duration::from_secs(24 * 3600),
+            None,
+            now,
+        )
         .unwrap();
     let paths = MaterialPaths {
         cert_chain: issued.fullchain,
@@ -65,17 +73,28 @@ fn write_leaf(paths: &MaterialPaths, leaf: &IssuedLeaf) {
 }
 
 async fn next_event(rx: &mut broadcast::Receiver<ReloadEvent>) -> ReloadEvent {
-    tokio::time::timeout(PATIENCE, rx.recv()).await.expect("a reload event").unwrap()
+    tokio::time::timeout(PATIENCE, rx.recv())
+        .await
+        .expect("a reload event")
+        .unwrap()
 }
 
 /// Serial of the certificate a fresh TLS connection to a server over `live` presents.
 async fn served_serial(live: &Arc<LiveMaterial>) -> String {
-    let tls = server_config(live, policy(only(IdentityKind::Node)), CertMetrics::new(), &[ALPN_H2]).unwrap();
+    let tls = server_config(
+        live,
+        policy(only(IdentityKind::Node)),
+        CertMetrics::new(),
+        &[ALPN_H2],
+    )
+    .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         let (tcp, _) = listener.accept().await.unwrap();
-        let _ = tokio_rustls::TlsAcceptor::from(Arc::new(tls)).accept(tcp).await;
+        let _ = tokio_rustls::TlsAcceptor::from(Arc::new(tls))
+            .accept(tcp)
+            .await;
     });
     let pki = Pki::new(TD);
     // The client trusts the on-disk bundle (same as the server's) and presents a node leaf.
@@ -105,17 +124,29 @@ async fn watcher_swaps_in_a_reissued_certificate_and_new_connections_present_it(
 
     let now = std::time::SystemTime::now();
     s.pki_dir
-        .issue(&authority(), None, Duration::from_secs(24 * 3600), None, now)
+        .issue(
+            &authority(),
+            None,
+            Duration::from_secs(24 * 3600),
+            None,
+            now,
+        )
         .unwrap();
     // Several file events may arrive; wait for the swap, skipping "unchanged" and the
     // brief key-without-certificate state an issue passes through.
     let new = loop {
         match next_event(&mut events).await {
-            ReloadEvent::Swapped { serial, generation, .. } => {
+            ReloadEvent::Swapped {
+                serial, generation, ..
+            } => {
                 assert!(generation >= 1);
                 break serial;
             }
-            ReloadEvent::Unchanged | ReloadEvent::Rejected { reason: RejectReason::KeyMismatch, .. } => {}
+            ReloadEvent::Unchanged
+            | ReloadEvent::Rejected {
+                reason: RejectReason::KeyMismatch,
+                ..
+            } => {}
             other => panic!("unexpected {other:?}"),
         }
     };
@@ -136,13 +167,20 @@ async fn watcher_refuses_a_truncated_certificate_and_the_old_one_keeps_serving()
     match next_event(&mut events).await {
         ReloadEvent::Rejected { reason, error } => {
             assert_eq!(reason, RejectReason::TruncatedPem);
-            assert_eq!(error.to_string(), "pem data in the certificate file is truncated or malformed");
+            assert_eq!(
+                error.to_string(),
+                "pem data in the certificate file is truncated or malformed"
+            );
         }
         other => panic!("unexpected {other:?}"),
     }
     assert_eq!(s.live.current().leaf.serial, old);
     assert_eq!(served_serial(&s.live).await, old);
-    assert_eq!(s.metrics.rejected(RejectReason::TruncatedPem, RejectSource::Local), 1);
+    assert_eq!(
+        s.metrics
+            .rejected(RejectReason::TruncatedPem, RejectSource::Local),
+        1
+    );
 }
 
 #[tokio::test]
@@ -153,7 +191,12 @@ async fn each_bad_file_set_is_refused_with_its_reason_and_changes_nothing() {
     let now = std::time::SystemTime::now();
     let hour = Duration::from_secs(3600);
     let custom = |sans: Vec<LeafSan>, nb, na| {
-        eu.issue_unchecked(waymark_certs::ca::LeafSpec { sans, not_before: nb, not_after: na }).unwrap()
+        eu.issue_unchecked(waymark_certs::ca::LeafSpec {
+            sans,
+            not_before: nb,
+            not_after: na,
+        })
+        .unwrap()
     };
     let uri = |s: &str| vec![LeafSan::Uri(s.to_owned())];
     let issue = |id: &str| eu.issue(&id.parse().unwrap(), now, 24 * hour).unwrap();
@@ -165,21 +208,93 @@ async fn each_bad_file_set_is_refused_with_its_reason_and_changes_nothing() {
 
     type Files = (Vec<u8>, Vec<u8>, Vec<u8>);
     let leaf_files = |leaf: &IssuedLeaf| -> Files {
-        (leaf.fullchain_pem().into_bytes(), leaf.key_pem.clone().into_bytes(), bundle.clone())
+        (
+            leaf.fullchain_pem().into_bytes(),
+            leaf.key_pem.clone().into_bytes(),
+            bundle.clone(),
+        )
     };
     let cases: Vec<(&str, Files, RejectReason)> = vec![
-        ("truncated certificate", (good[..good.len() - 40].to_vec(), good_key.clone(), bundle.clone()), RejectReason::TruncatedPem),
-        ("truncated key", (good.clone(), good_key[..good_key.len() / 2].to_vec(), bundle.clone()), RejectReason::TruncatedPem),
-        ("empty bundle", (good.clone(), good_key.clone(), Vec::new()), RejectReason::TruncatedPem),
-        ("key of another certificate", (good.clone(), issue(AUTHORITY).key_pem.into_bytes(), bundle.clone()), RejectReason::KeyMismatch),
-        ("expired", leaf_files(&custom(uri(AUTHORITY), now - 3 * hour, now - hour)), RejectReason::Expired),
-        ("not yet valid", leaf_files(&custom(uri(AUTHORITY), now + hour, now + 3 * hour)), RejectReason::NotYetValid),
-        ("wrong ca", leaf_files(&other.leaf(AUTHORITY)), RejectReason::WrongCa),
-        ("wrong trust domain", leaf_files(&custom(uri("spiffe://elsewhere.test/region/eu/authority/a1"), now - hour, now + hour)), RejectReason::WrongTrustDomain),
-        ("missing san", leaf_files(&custom(vec![], now - hour, now + hour)), RejectReason::MissingSan),
-        ("two sans", leaf_files(&custom(vec![LeafSan::Uri(AUTHORITY.into()), LeafSan::Uri(NODE.into())], now - hour, now + hour)), RejectReason::MultipleSans),
-        ("wrong kind for this process", leaf_files(&issue(WORKLOAD)), RejectReason::WrongKind),
-        ("another identity", leaf_files(&issue("spiffe://mesh.test/region/eu/authority/a2")), RejectReason::IdentityChanged),
+        (
+            "truncated certificate",
+            (
+                good[..good.len() - 40].to_vec(),
+                good_key.clone(),
+                bundle.clone(),
+            ),
+            RejectReason::TruncatedPem,
+        ),
+        (
+            "truncated key",
+            (
+                good.clone(),
+                good_key[..good_key.len() / 2].to_vec(),
+                bundle.clone(),
+            ),
+            RejectReason::TruncatedPem,
+        ),
+        (
+            "empty bundle",
+            (good.clone(), good_key.clone(), Vec::new()),
+            RejectReason::TruncatedPem,
+        ),
+        (
+            "key of another certificate",
+            (
+                good.clone(),
+                issue(AUTHORITY).key_pem.into_bytes(),
+                bundle.clone(),
+            ),
+            RejectReason::KeyMismatch,
+        ),
+        (
+            "expired",
+            leaf_files(&custom(uri(AUTHORITY), now - 3 * hour, now - hour)),
+            RejectReason::Expired,
+        ),
+        (
+            "not yet valid",
+            leaf_files(&custom(uri(AUTHORITY), now + hour, now + 3 * hour)),
+            RejectReason::NotYetValid,
+        ),
+        (
+            "wrong ca",
+            leaf_files(&other.leaf(AUTHORITY)),
+            RejectReason::WrongCa,
+        ),
+        (
+            "wrong trust domain",
+            leaf_files(&custom(
+                uri("spiffe://elsewhere.test/region/eu/authority/a1"),
+                now - hour,
+                now + hour,
+            )),
+            RejectReason::WrongTrustDomain,
+        ),
+        (
+            "missing san",
+            leaf_files(&custom(vec![], now - hour, now + hour)),
+            RejectReason::MissingSan,
+        ),
+        (
+            "two sans",
+            leaf_files(&custom(
+                vec![LeafSan::Uri(AUTHORITY.into()), LeafSan::Uri(NODE.into())],
+                now - hour,
+                now + hour,
+            )),
+            RejectReason::MultipleSans,
+        ),
+        (
+            "wrong kind for this process",
+            leaf_files(&issue(WORKLOAD)),
+            RejectReason::WrongKind,
+        ),
+        (
+            "another identity",
+            leaf_files(&issue("spiffe://mesh.test/region/eu/authority/a2")),
+            RejectReason::IdentityChanged,
+        ),
     ];
     let serving = s.live.current().leaf.serial.clone();
     for (name, (cert, key, bundle), reason) in cases {
@@ -190,25 +305,41 @@ async fn each_bad_file_set_is_refused_with_its_reason_and_changes_nothing() {
             ReloadEvent::Rejected { reason: got, error } => {
                 assert_eq!(got, reason, "{name}: {error}");
                 let msg = error.to_string();
-                assert!(!msg.ends_with('.') && msg.starts_with(|c: char| c.is_lowercase()), "{msg}");
+                assert!(
+                    !msg.ends_with('.') && msg.starts_with(|c: char| c.is_lowercase()),
+                    "{msg}"
+                );
             }
             other => panic!("{name}: unexpected {other:?}"),
         }
-        assert_eq!(s.live.current().leaf.serial, serving, "{name} changed what is served");
+        assert_eq!(
+            s.live.current().leaf.serial,
+            serving,
+            "{name} changed what is served"
+        );
         assert_eq!(s.live.generation(), 0, "{name}");
     }
     // A missing file is refused as unreadable.
     std::fs::remove_file(&s.paths.key).unwrap();
     assert!(matches!(
         s.reloader.reload_now().await,
-        ReloadEvent::Rejected { reason: RejectReason::Unreadable, .. }
+        ReloadEvent::Rejected {
+            reason: RejectReason::Unreadable,
+            ..
+        }
     ));
     // Putting the good files back is "unchanged"; a fresh leaf swaps.
     write_leaf_bytes(&s.paths, &good, &good_key);
     write_public(&s.paths.bundle, &bundle).unwrap();
-    assert!(matches!(s.reloader.reload_now().await, ReloadEvent::Unchanged));
+    assert!(matches!(
+        s.reloader.reload_now().await,
+        ReloadEvent::Unchanged
+    ));
     write_leaf(&s.paths, &issue(AUTHORITY));
-    assert!(matches!(s.reloader.reload_now().await, ReloadEvent::Swapped { generation: 1, .. }));
+    assert!(matches!(
+        s.reloader.reload_now().await,
+        ReloadEvent::Swapped { generation: 1, .. }
+    ));
     assert_eq!(s.metrics.reloads(ReloadOutcome::Rejected), 13);
 }
 

@@ -1,4 +1,6 @@
 //! Real mutual-TLS handshakes over loopback TCP, with tonic and the grpc.health.v1 service.
+// Helpers outside #[test] fns panic on purpose: a panic is how a test reports.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
@@ -42,7 +44,11 @@ async fn serve(pki: &Pki, server_identity: &str, accepted: KindSet) -> Harness {
         },
     );
     let stream = incoming(listener, Arc::new(tls), IncomingConfig::default());
-    tokio::spawn(Server::builder().add_service(svc).serve_with_incoming(stream));
+    tokio::spawn(
+        Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(stream),
+    );
     Harness {
         addr,
         metrics,
@@ -50,7 +56,10 @@ async fn serve(pki: &Pki, server_identity: &str, accepted: KindSet) -> Harness {
     }
 }
 
-async fn channel(addr: std::net::SocketAddr, config: rustls::ClientConfig) -> Result<Channel, tonic::transport::Error> {
+async fn channel(
+    addr: std::net::SocketAddr,
+    config: rustls::ClientConfig,
+) -> Result<Channel, tonic::transport::Error> {
     Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect_timeout(PATIENCE)
@@ -91,9 +100,18 @@ async fn each_bad_client_certificate_is_refused_and_counted_by_reason() {
     let client_live = pki.live(NODE);
     for case in pki.bad_clients() {
         let before = server.metrics.rejected(case.reason, RejectSource::Peer);
-        let config = raw_client_config(case.key, &client_live, only(IdentityKind::Authority), ALPN_H2);
+        let config = raw_client_config(
+            case.key,
+            &client_live,
+            only(IdentityKind::Authority),
+            ALPN_H2,
+        );
         let result = check(server.addr, config).await;
-        assert!(result.is_err(), "{}: a bad certificate was admitted", case.name);
+        assert!(
+            result.is_err(),
+            "{}: a bad certificate was admitted",
+            case.name
+        );
         assert_eq!(
             server.metrics.rejected(case.reason, RejectSource::Peer),
             before + 1,
@@ -106,7 +124,10 @@ async fn each_bad_client_certificate_is_refused_and_counted_by_reason() {
     assert!(server.seen.lock().unwrap().is_empty());
     // And each case landed under its own reason only.
     for reason in RejectReason::ALL {
-        assert!(server.metrics.rejected(reason, RejectSource::Peer) <= 1, "{reason}");
+        assert!(
+            server.metrics.rejected(reason, RejectSource::Peer) <= 1,
+            "{reason}"
+        );
     }
 }
 
@@ -128,31 +149,59 @@ async fn client_refuses_a_server_of_the_wrong_kind_with_a_typed_error() {
     let typed = CertError::from_tls(&err).expect("a CertError in the chain");
     assert!(matches!(typed, CertError::WrongKind { .. }), "{typed:?}");
     assert_eq!(typed.reason(), RejectReason::WrongKind);
-    assert!(typed.to_string().starts_with("node identity spiffe://mesh.test/region/eu/node/n1 is not accepted here"));
-    assert_eq!(metrics.rejected(RejectReason::WrongKind, RejectSource::Peer), 1);
+    assert!(
+        typed
+            .to_string()
+            .starts_with("node identity spiffe://mesh.test/region/eu/node/n1 is not accepted here")
+    );
+    assert_eq!(
+        metrics.rejected(RejectReason::WrongKind, RejectSource::Peer),
+        1
+    );
 }
 
 #[tokio::test]
 async fn server_rotation_is_seen_by_the_next_connection() {
     let pki = Pki::new(TD);
     let live: Arc<LiveMaterial> = pki.live(AUTHORITY);
-    let tls = server_config(&live, policy(only(IdentityKind::Node)), CertMetrics::new(), &[ALPN_H2]).unwrap();
+    let tls = server_config(
+        &live,
+        policy(only(IdentityKind::Node)),
+        CertMetrics::new(),
+        &[ALPN_H2],
+    )
+    .unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (_r, health) = tonic_health::server::health_reporter();
     let stream = incoming(listener, Arc::new(tls), IncomingConfig::default());
-    tokio::spawn(Server::builder().add_service(health).serve_with_incoming(stream));
+    tokio::spawn(
+        Server::builder()
+            .add_service(health)
+            .serve_with_incoming(stream),
+    );
 
     let client_live = pki.live(NODE);
     let serial_seen = |config: rustls::ClientConfig| async move {
         // Dial with a raw TLS client to read the server's leaf serial.
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .unwrap();
         let leaf = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
         waymark_certs::material::cert_info(&leaf).unwrap().serial
     };
-    let config = || client_config(&client_live, policy(only(IdentityKind::Authority)), CertMetrics::new(), &[ALPN_H2]).unwrap();
+    let config = || {
+        client_config(
+            &client_live,
+            policy(only(IdentityKind::Authority)),
+            CertMetrics::new(),
+            &[ALPN_H2],
+        )
+        .unwrap()
+    };
     let first = serial_seen(config()).await;
     assert_eq!(first, live.current().leaf.serial);
 

@@ -1,6 +1,6 @@
 //! Shared fixtures for the certs integration tests: an in-memory PKI, good and bad leaves,
 //! and rustls client configs that present arbitrary (even invalid) certificates.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -45,11 +45,20 @@ impl Pki {
 
     pub fn leaf(&self, identity: &str) -> IssuedLeaf {
         self.eu
-            .issue(&identity.parse().unwrap(), self.now, Duration::from_secs(24 * 3600))
+            .issue(
+                &identity.parse().unwrap(),
+                self.now,
+                Duration::from_secs(24 * 3600),
+            )
             .unwrap()
     }
 
-    pub fn custom(&self, sans: Vec<LeafSan>, not_before: SystemTime, not_after: SystemTime) -> IssuedLeaf {
+    pub fn custom(
+        &self,
+        sans: Vec<LeafSan>,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> IssuedLeaf {
         self.eu
             .issue_unchecked(LeafSpec {
                 sans,
@@ -149,7 +158,11 @@ pub fn only(kind: IdentityKind) -> KindSet {
 
 /// The leaf's chain with its own key, with no checks at all.
 pub fn certified(leaf: &IssuedLeaf) -> Arc<CertifiedKey> {
-    let chain = parse_certs(leaf.fullchain_pem().as_bytes(), waymark_certs::error::PemPart::Certificate).unwrap();
+    let chain = parse_certs(
+        leaf.fullchain_pem().as_bytes(),
+        waymark_certs::error::PemPart::Certificate,
+    )
+    .unwrap();
     let key = parse_key(leaf.key_pem.as_bytes()).unwrap();
     let provider = waymark_certs::provider();
     let signer = provider.key_provider.load_private_key(key).unwrap();
