@@ -5,8 +5,9 @@
 //!
 //! - **withdrawal** (short window): anything routed in the released view that the target
 //!   no longer routes, and any zone whose fraction guard just engaged, leaves at once. The
-//!   partial release keeps every zone at or above the target's routed count (a zone that
-//!   would fall below is released whole), so a fast path can never undercut the guard.
+//!   partial release keeps every zone at or above its floor (the `zone_floor` marker the
+//!   assembler computed); a zone that would fall below is released whole, admissions
+//!   included, so a fast path can never undercut the guard.
 //! - **admission** (longer window): everything else — new endpoints, weight steps, markers —
 //!   is batched. When admissions exceed their rate budget, or the driver reports pressure,
 //!   the admission window doubles (up to a cap inside the 30 s budget) and a shed episode is
@@ -59,8 +60,8 @@ pub enum Path {
 pub enum Effect {
     /// Send this release to the view's subscribers.
     Release {
-        /// The view as released.
-        view: ReleasedView,
+        /// The view as released (boxed: views are large next to the other effects).
+        view: Box<ReleasedView>,
         /// The version subscribers at the previous release hold, if any.
         previous: Option<Version>,
         /// The change from the previous release.
@@ -178,7 +179,7 @@ impl DeltaQueues {
         }
         for key in &keys {
             let lane = self.lanes.get_mut(key).expect("keys come from the map");
-            if !lane.admit_due.is_some_and(|t| t <= now) {
+            if lane.admit_due.is_none_or(|t| t > now) {
                 continue;
             }
             if self.is_saturated() {
@@ -256,7 +257,7 @@ impl DeltaQueues {
         lane.released = Some(released.clone());
         tracing::debug!(view = %key, xds.version = %version, ?path, upserted = delta.upserted.len(), removed = delta.removed.len(), "view released");
         self.effects.push(Effect::Release {
-            view: released,
+            view: Box::new(released),
             previous,
             delta,
             path,
@@ -297,8 +298,14 @@ impl DeltaQueues {
     }
 
     fn maybe_end_episode(&mut self, now: Instant) {
-        let Some(e) = &self.episode else { return };
-        if self.is_saturated() || e.last_saturated + self.window > now {
+        let saturated = self.is_saturated();
+        let Some(e) = &mut self.episode else { return };
+        if saturated {
+            // Still saturated: the episode's end is at least one window away.
+            e.last_saturated = now;
+            return;
+        }
+        if e.last_saturated + self.window > now {
             return;
         }
         let (lasted, deferred) = (now.saturating_duration_since(e.started), e.deferred);
@@ -344,7 +351,7 @@ fn is_urgent(released: &View, target: &View) -> bool {
 }
 
 /// The released view with only the urgent part of the target applied, widened per zone so
-/// that no zone routes fewer endpoints than the target does.
+/// that no zone routes fewer endpoints than its floor (or the target, if that is fewer).
 fn fast_view(released: Option<&View>, target: &View) -> View {
     let Some(released) = released else {
         return target.clone();
@@ -367,7 +374,8 @@ fn fast_view(released: Option<&View>, target: &View) -> View {
     for zone in zones {
         let newly_guarded = target.markers.health_disregarded.contains(&zone)
             && !released.markers.health_disregarded.contains(&zone);
-        if newly_guarded || view.routed_in(&zone) < target.routed_in(&zone) {
+        let floor = target.markers.zone_floor.get(&zone).copied().unwrap_or(0) as usize;
+        if newly_guarded || view.routed_in(&zone) < floor.min(target.routed_in(&zone)) {
             view.endpoints.retain(|_, e| e.zone != zone);
             let whole = target.endpoints.iter().filter(|(_, e)| e.zone == zone);
             view.endpoints

@@ -48,8 +48,8 @@ impl Permille {
         Self::saturating(((num as u64 * 1000) / den as u64) as u32)
     }
 
-    /// The product of two fractions, rounded down.
-    pub fn mul(self, other: Self) -> Self {
+    /// This fraction of another (their product), rounded down.
+    pub fn of(self, other: Self) -> Self {
         Self((u32::from(self.0) * u32::from(other.0) / 1000) as u16)
     }
 

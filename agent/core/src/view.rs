@@ -140,6 +140,10 @@ pub struct Markers {
     pub evacuating: BTreeMap<ZoneName, Permille>,
     /// No instance of the service is eligible anywhere in the region.
     pub no_eligible_in_region: bool,
+    /// The fewest routed endpoints each zone may publish without declaring
+    /// `health_disregarded` (its minimum healthy fraction of its candidates, rounded up).
+    /// The delta queues keep every partial release at or above it.
+    pub zone_floor: BTreeMap<ZoneName, u32>,
 }
 
 /// Which view: a service as seen from one caller zone.
@@ -260,4 +264,4 @@ pub fn apply(old: &View, delta: &ViewDelta) -> View {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -232,20 +232,20 @@ impl ViewAssembler {
         let Some(slot) = self.services.get_mut(service) else {
             return;
         };
-        if let Some(m) = slot.members.get_mut(id) {
-            if m.eligibility != Some(eligibility) {
-                m.eligibility = Some(eligibility);
-                self.dirty.insert(service.clone());
-            }
+        if let Some(m) = slot.members.get_mut(id)
+            && m.eligibility != Some(eligibility)
+        {
+            m.eligibility = Some(eligibility);
+            self.dirty.insert(service.clone());
         }
     }
 
     /// An instance is gone for good (retired).
     pub fn handle_removed(&mut self, service: &ServiceName, id: &InstanceId) {
-        if let Some(slot) = self.services.get_mut(service) {
-            if slot.members.remove(id).is_some() {
-                self.dirty.insert(service.clone());
-            }
+        if let Some(slot) = self.services.get_mut(service)
+            && slot.members.remove(id).is_some()
+        {
+            self.dirty.insert(service.clone());
         }
     }
 
@@ -425,6 +425,11 @@ impl ViewAssembler {
                 .map(|(z, e)| (z.clone(), e.moved))
                 .collect(),
             no_eligible_in_region: slot.had_eligible == Some(false) && !slot.members.is_empty(),
+            zone_floor: tallies
+                .iter()
+                .filter(|(z, _)| !slot.guarded.contains(*z))
+                .map(|(z, t)| (z.clone(), floor_count(t.total, slot.policy.min_healthy)))
+                .collect(),
         };
         for caller in self.zones.clone() {
             let view = self.build_view(service, &slot, &caller, &markers);
@@ -606,6 +611,11 @@ fn tally(slot: &ServiceSlot) -> BTreeMap<ZoneName, ZoneTally> {
         t.routed += usize::from(e.is_routed());
     }
     tallies
+}
+
+/// The fewest of `total` candidates that meet `floor`, rounded up.
+fn floor_count(total: usize, floor: Permille) -> u32 {
+    ((total as u64 * u64::from(floor.get())).div_ceil(1000)) as u32
 }
 
 /// How an eligibility is published, if at all: (status, weight).

@@ -309,10 +309,10 @@ impl Evaluator {
                 break;
             }
             self.timers.remove(&(at, id.clone()));
-            if let Some(state) = self.instances.get_mut(&id) {
-                if state.timer == Some(at) {
-                    state.timer = None;
-                }
+            if let Some(state) = self.instances.get_mut(&id)
+                && state.timer == Some(at)
+            {
+                state.timer = None;
             }
             self.reevaluate(now, &id);
         }
@@ -638,10 +638,10 @@ impl Evaluator {
         if let Some(entry) = self.services.get_mut(&state.service) {
             entry.instances.remove(id);
         }
-        if self.tombstone_order.len() >= self.config.tombstones_max {
-            if let Some(oldest) = self.tombstone_order.pop_front() {
-                self.tombstones.remove(&oldest);
-            }
+        if self.tombstone_order.len() >= self.config.tombstones_max
+            && let Some(oldest) = self.tombstone_order.pop_front()
+        {
+            self.tombstones.remove(&oldest);
         }
         self.tombstones.insert(id.clone());
         self.tombstone_order.push_back(id.clone());

@@ -126,7 +126,7 @@ impl Run {
         self.trace.push((self.now, e, timer_only));
     }
 
-    fn run(admission: Admission, steps: &[(u64, Step)]) -> Self {
+    fn replay(admission: Admission, steps: &[(u64, Step)]) -> Self {
         let mut run = Self::new(admission);
         for (gap, step) in steps {
             run.advance(*gap);
@@ -141,8 +141,8 @@ proptest! {
 
     #[test]
     fn the_same_inputs_give_the_same_outputs(steps in prop::collection::vec(step(), 1..120)) {
-        let a = Run::run(Admission::New, &steps);
-        let b = Run::run(Admission::New, &steps);
+        let a = Run::replay(Admission::New, &steps);
+        let b = Run::replay(Admission::New, &steps);
         let strip = |r: &Run| r.trace.iter().map(|(t, e, x)| (*t - r.trace[0].0, *e, *x)).collect::<Vec<_>>();
         // Instants differ between runs only by their anchor; compare offsets and verdicts.
         let (ta, tb) = (strip(&a), strip(&b));
@@ -156,7 +156,7 @@ proptest! {
 
     #[test]
     fn silence_alone_never_takes_an_instance_out(steps in prop::collection::vec(step(), 1..120)) {
-        let run = Run::run(Admission::New, &steps);
+        let run = Run::replay(Admission::New, &steps);
         for pair in run.trace.windows(2) {
             let ((_, before, _), (_, after, timer_only)) = (&pair[0], &pair[1]);
             if *timer_only && before.is_routed() {
@@ -167,7 +167,7 @@ proptest! {
 
     #[test]
     fn a_hard_failure_withdraws_in_one_step(steps in prop::collection::vec(step(), 0..80)) {
-        let mut run = Run::run(Admission::New, &steps);
+        let mut run = Run::replay(Admission::New, &steps);
         run.advance(10);
         run.apply(&Step::Probe(Health::Refused));
         let (_, e, _) = run.trace.last().unwrap();
@@ -176,7 +176,7 @@ proptest! {
 
     #[test]
     fn reentry_is_never_faster_than_the_hold(steps in prop::collection::vec(step(), 1..150)) {
-        let run = Run::run(Admission::New, &steps);
+        let run = Run::replay(Admission::New, &steps);
         let hold = shared_db_contract().scoring.readmit_hold;
         let mut out_since: Option<Instant> = None;
         for (i, (t, e, _)) in run.trace.iter().enumerate() {
@@ -200,7 +200,7 @@ proptest! {
             .into_iter()
             .flat_map(|(gap, s)| [(gap, Step::Probe(Health::Pass)), (0, Step::Passive { caller: 1, errors: 0 }), (0, Step::Dependency(s))])
             .collect();
-        let run = Run::run(Admission::Established, &steps);
+        let run = Run::replay(Admission::Established, &steps);
         for (_, e, _) in &run.trace {
             prop_assert!(e.is_routed(), "shared dependency withdrew the instance: {:?}", e);
             let dependency_withdrawal = matches!(e, Eligibility::Ineligible { reason: IneligibleReason::Dependency });
@@ -210,7 +210,7 @@ proptest! {
 
     #[test]
     fn quarantine_holds_until_its_time(steps in prop::collection::vec(step(), 1..200)) {
-        let run = Run::run(Admission::New, &steps);
+        let run = Run::replay(Admission::New, &steps);
         let mut held: Option<Instant> = None;
         for (t, e, _) in &run.trace {
             if let Some(until) = held {
@@ -228,7 +228,7 @@ proptest! {
 
     #[test]
     fn slow_start_never_reaches_full_weight_before_its_interval(steps in prop::collection::vec(step(), 1..150)) {
-        let run = Run::run(Admission::New, &steps);
+        let run = Run::replay(Admission::New, &steps);
         let ramp = shared_db_contract().slow_start;
         let mut entered = Some(run.trace[0].0);
         let mut was_routed = true;
@@ -237,10 +237,10 @@ proptest! {
                 entered = Some(*t);
             }
             was_routed = e.is_routed();
-            if let (Eligibility::Eligible { weight } | Eligibility::Unknown { weight }, Some(since)) = (e, entered) {
-                if *t - since < ramp {
-                    prop_assert!(*weight < Weight::DEFAULT, "full weight {:?} after entry", *t - since);
-                }
+            if let (Eligibility::Eligible { weight } | Eligibility::Unknown { weight }, Some(since)) = (e, entered)
+                && *t - since < ramp
+            {
+                prop_assert!(*weight < Weight::DEFAULT, "full weight {:?} after entry", *t - since);
             }
         }
     }
