@@ -74,7 +74,10 @@ pub(crate) struct InstanceState {
 impl InstanceState {
     /// Walk the hysteresis: withdraw on a corroborated failure, re-admit after the hold.
     pub(crate) fn update_hysteresis(&mut self, now: Instant) {
-        let c = self.contract.clone();
+        let (readmit, hold) = (
+            self.contract.scoring.readmit,
+            self.contract.scoring.readmit_hold,
+        );
         match self.withdrawn {
             None => {
                 if let Some(rule) = self.corroborated_failure(now) {
@@ -83,18 +86,17 @@ impl InstanceState {
                 }
             }
             Some(_) => {
-                let speaking: Vec<_> = self.speaking(now).collect();
-                let clean = !speaking.is_empty()
-                    && speaking
-                        .iter()
-                        .all(|cl| self.score(*cl) <= c.scoring.readmit)
-                    && self.hard.is_none();
+                let clean = {
+                    let mut speaking = self.speaking(now).peekable();
+                    let any = speaking.peek().is_some();
+                    any && speaking.all(|cl| self.score(cl) <= readmit) && self.hard.is_none()
+                };
                 if !clean {
                     self.readmit_since = None;
                     return;
                 }
                 let since = *self.readmit_since.get_or_insert(now);
-                if now.saturating_duration_since(since) >= c.scoring.readmit_hold {
+                if now.saturating_duration_since(since) >= hold {
                     self.withdrawn = None;
                     self.readmit_since = None;
                 }
@@ -308,7 +310,7 @@ impl InstanceState {
                     silent: s.is_silent(now, c.silence_after(cl)),
                     age: s.last_at.map(|at| now.saturating_duration_since(at)),
                     reporter: s.last_reporter.clone(),
-                    last: s.last_summary.clone(),
+                    last: s.last_seen.as_ref().map(|l| l.summary()),
                 }
             })
             .collect()

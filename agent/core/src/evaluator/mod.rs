@@ -18,6 +18,7 @@
 //! - a quarantined instance stays out until its `until`;
 //! - slow start never publishes full weight before the ramp's end.
 
+mod decision;
 pub(crate) mod instance;
 pub(crate) mod score;
 
@@ -33,8 +34,9 @@ use crate::model::{
     SelfReport, ServiceName,
 };
 use crate::units::Permille;
-use instance::{Decision, InstanceState};
-use score::ClassState;
+use decision::Outputs;
+use instance::InstanceState;
+use score::{ClassState, LastSeen, bounded};
 
 /// Limits and bookkeeping sizes.
 #[derive(Debug, Clone)]
@@ -441,7 +443,16 @@ impl Evaluator {
         } = sample;
         let class = observation.class();
         let callers_max = self.config.callers_max;
-        let state = self.lookup_mut(&id)?;
+        let tombstoned = |t: &BTreeSet<InstanceId>| t.contains(&id);
+        if !self.instances.contains_key(&id) && tombstoned(&self.tombstones) {
+            return Err(EvaluatorError::Retired { instance: id });
+        }
+        let (instances, mut out) = self.parts();
+        let state = instances
+            .get_mut(&id)
+            .ok_or_else(|| EvaluatorError::UnknownInstance {
+                instance: id.clone(),
+            })?;
         check_attribution(&reporter, class, &id)?;
         if !state.contract.profile.provides(class) {
             return Err(EvaluatorError::ClassNotProvided {
@@ -455,10 +466,10 @@ impl Evaluator {
             }
             Observation::SelfReport(report) => apply_self_report(state, now, reporter, report)?,
             Observation::Passive { requests, errors } => {
-                apply_passive(state, now, &reporter, requests, errors, callers_max);
+                apply_passive(state, now, reporter, requests, errors, callers_max);
             }
         }
-        self.reevaluate(now, &id);
+        decision::reevaluate(state, now, &mut out);
         Ok(())
     }
 
@@ -507,125 +518,33 @@ impl Evaluator {
 
     // --- the decision loop ---
 
+    /// Split borrows: the instance map apart from everything a decision writes to.
+    fn parts(&mut self) -> (&mut BTreeMap<InstanceId, InstanceState>, Outputs<'_>) {
+        let out = Outputs {
+            timers: &mut self.timers,
+            effects: &mut self.effects,
+            stats: &mut self.stats,
+            services: &self.services,
+            history_len: self.config.history_len,
+        };
+        (&mut self.instances, out)
+    }
+
     fn reevaluate_new(&mut self, now: Instant, id: &InstanceId) {
-        let state = self
-            .instances
+        let (instances, mut out) = self.parts();
+        let state = instances
             .get_mut(id)
             .expect("a new instance was just inserted");
         let decision = state.decide(now);
-        let from = None;
-        self.apply_decision(now, id, from, decision);
+        decision::apply(state, now, None, decision, &mut out);
     }
 
     /// Walk the decision path for one instance and publish what changed.
     fn reevaluate(&mut self, now: Instant, id: &InstanceId) {
-        let Some(state) = self.instances.get_mut(id) else {
-            return;
-        };
-        state.update_hysteresis(now);
-        let mut decision = state.decide(now);
-        if counts_as_flap(&state.eligibility, &decision.eligibility) && record_flap(state, now) {
-            self.start_quarantine(now, id);
-            let state = self.instances.get_mut(id).expect("instance still present");
-            decision = state.decide(now);
+        let (instances, mut out) = self.parts();
+        if let Some(state) = instances.get_mut(id) {
+            decision::reevaluate(state, now, &mut out);
         }
-        let from = self.instances.get(id).map(|s| s.eligibility.verdict());
-        self.apply_decision(now, id, from, decision);
-    }
-
-    fn apply_decision(
-        &mut self,
-        now: Instant,
-        id: &InstanceId,
-        from: Option<Verdict>,
-        decision: Decision,
-    ) {
-        let history_len = self.config.history_len;
-        let state = self
-            .instances
-            .get_mut(id)
-            .expect("caller checked the instance exists");
-        let old = state.eligibility;
-        let changed = from.is_none() || old != decision.eligibility;
-        let transition = from.is_none() || !same_state(&old, &decision.eligibility);
-        if !old.is_routed() && decision.eligibility.is_routed() && from.is_some() {
-            state.ramp_from = state.next_ramp_start(now);
-        }
-        if transition {
-            state.since = now;
-        }
-        state.eligibility = decision.eligibility;
-        state.rule = decision.rule;
-        schedule(&mut self.timers, state, decision.deadline);
-        if !changed {
-            return;
-        }
-        let (service, eligibility) = (state.service.clone(), state.eligibility);
-        if transition {
-            let record = TransitionRecord {
-                at: now,
-                instance: id.clone(),
-                service: service.clone(),
-                from,
-                to: eligibility.verdict(),
-                eligibility,
-                rule: decision.rule,
-                evidence: state.evidence(now),
-            };
-            if state.history.len() >= history_len {
-                state.history.pop_front();
-            }
-            state.history.push_back(record.clone());
-            self.stats.transitions += 1;
-            tracing::debug!(endpoint = %id, service = %service, from = ?from, to = %record.to, rule = ?record.rule, "eligibility changed");
-            self.effects.push(Effect::Transition(Box::new(record)));
-        }
-        self.effects.push(Effect::Eligibility {
-            instance: id.clone(),
-            service,
-            eligibility,
-        });
-    }
-
-    fn start_quarantine(&mut self, now: Instant, id: &InstanceId) {
-        let state = self
-            .instances
-            .get_mut(id)
-            .expect("caller checked the instance exists");
-        let flap = &mut state.flap;
-        if flap
-            .last_release
-            .is_some_and(|r| now.saturating_duration_since(r) >= d::QUARANTINE_RESET_AFTER)
-        {
-            flap.level = 0;
-        }
-        let length = d::QUARANTINE_FIRST
-            .saturating_mul(1 << flap.level.min(16))
-            .min(d::QUARANTINE_MAX);
-        let until = now + length;
-        flap.level += 1;
-        flap.until = Some(until);
-        flap.last_release = Some(until);
-        flap.transitions.clear();
-        // Coming back out of quarantine still needs clean evidence held for the hold.
-        state.withdrawn = Some(Rule::FlapQuarantine);
-        state.readmit_since = None;
-        self.stats.quarantines += 1;
-        let owner = self
-            .services
-            .get(&state.service)
-            .map(|s| s.owner.clone())
-            .unwrap_or_default();
-        tracing::info!(endpoint = %id, service = %state.service, level = flap.level, "instance quarantined for flapping");
-        self.effects
-            .push(Effect::Quarantined(Box::new(QuarantineEvent {
-                instance: id.clone(),
-                service: state.service.clone(),
-                owner,
-                until,
-                level: flap.level,
-                history: state.history.iter().cloned().collect(),
-            })));
     }
 
     fn retire(&mut self, id: &InstanceId) {
@@ -736,7 +655,7 @@ fn apply_probe(
     health: Health,
     detail: Option<String>,
 ) {
-    let c = state.contract.clone();
+    let c = &state.contract;
     let class = EvidenceClass::Probe;
     let cs = &mut state.classes[class.index()];
     let failed = match health {
@@ -745,9 +664,9 @@ fn apply_probe(
     };
     cs.push(now, failed, c.interval(class), c.scoring.half_life);
     cs.last_reporter = Some(reporter);
-    cs.last_summary = Some(match detail {
-        Some(text) => format!("{health:?}: {}", truncate_detail(&text)),
-        None => format!("{health:?}"),
+    cs.last_seen = Some(LastSeen::Probe {
+        health,
+        detail: detail.map(bounded),
     });
     match health {
         Health::Refused => {
@@ -768,17 +687,11 @@ fn apply_self_report(
     reporter: Reporter,
     report: SelfReport,
 ) -> Result<(), EvaluatorError> {
-    let c = state.contract.clone();
+    let c = &state.contract;
     let class = EvidenceClass::SelfReport;
     let (interval, half_life) = (c.interval(class), c.scoring.half_life);
-    let summary = match &report {
-        SelfReport::Ready => "ready".to_owned(),
-        SelfReport::NotReady { detail } => format!("not ready: {}", truncate_detail(detail)),
-        SelfReport::Draining => "draining".to_owned(),
-        SelfReport::Dependency { name, status } => format!("dependency {name}: {status:?}"),
-    };
     let cs = &mut state.classes[class.index()];
-    match report {
+    let report = match report {
         SelfReport::Ready => {
             cs.push(now, 0.0, interval, half_life);
             state.lifecycle.self_draining = false;
@@ -786,39 +699,45 @@ fn apply_self_report(
             if matches!(state.hard, Some((_, None))) {
                 state.hard = None;
             }
+            SelfReport::Ready
         }
-        SelfReport::NotReady { .. } => cs.push(now, 1.0, interval, half_life),
+        SelfReport::NotReady { detail } => {
+            cs.push(now, 1.0, interval, half_life);
+            SelfReport::NotReady {
+                detail: bounded(detail),
+            }
+        }
         SelfReport::Draining => {
             cs.last_at = Some(now);
             state.lifecycle.self_draining = true;
+            SelfReport::Draining
         }
         SelfReport::Dependency { name, status } => {
             if !c.dependencies.iter().any(|d| d.name == name) {
-                return Err(EvaluatorError::UndeclaredDependency {
-                    service: state.service.clone(),
-                    name,
-                });
+                let service = state.service.clone();
+                return Err(EvaluatorError::UndeclaredDependency { service, name });
             }
             // A dependency report shows the channel is alive; it says nothing of readiness.
             cs.last_at = Some(now);
-            state.dependencies.insert(name, status);
+            state.dependencies.insert(name.clone(), status);
+            SelfReport::Dependency { name, status }
         }
-    }
+    };
     let cs = &mut state.classes[class.index()];
     cs.last_reporter = Some(reporter);
-    cs.last_summary = Some(summary);
+    cs.last_seen = Some(LastSeen::SelfReport(report));
     Ok(())
 }
 
 fn apply_passive(
     state: &mut InstanceState,
     now: Instant,
-    reporter: &Reporter,
+    reporter: Reporter,
     requests: u64,
     errors: u64,
     callers_max: usize,
 ) {
-    let c = state.contract.clone();
+    let c = &state.contract;
     let class = EvidenceClass::Passive;
     if requests < c.passive.min_requests {
         // Too little traffic to say anything either way: neither evidence nor silence-breaker.
@@ -826,75 +745,17 @@ fn apply_passive(
     }
     let failing =
         Permille::ratio(errors.min(requests) as usize, requests as usize) >= c.passive.error_rate;
-    state.callers.record(now, reporter, failing, callers_max);
+    state.callers.record(now, &reporter, failing, callers_max);
     let (share, callers) = state.callers.failing_share(now, c.silence_after(class));
     let cs = &mut state.classes[class.index()];
     cs.push(now, share, c.interval(class), c.scoring.half_life);
-    cs.last_reporter = Some(reporter.clone());
-    cs.last_summary = Some(format!(
-        "{errors}/{requests} errors; {share:.2} of {callers} callers failing"
-    ));
-}
-
-/// Whether a change moves the instance in or out of rotation in a way that counts toward
-/// flapping. Deliberate exits (draining, retirement) do not count.
-fn counts_as_flap(old: &Eligibility, new: &Eligibility) -> bool {
-    let deliberate = |e: &Eligibility| {
-        matches!(
-            e,
-            Eligibility::Draining { .. } | Eligibility::Quarantined { .. }
-        ) || matches!(
-            e,
-            Eligibility::Ineligible {
-                reason: crate::eligibility::IneligibleReason::Retired
-            }
-        )
-    };
-    old.is_routed() != new.is_routed() && !deliberate(old) && !deliberate(new)
-}
-
-/// Record one in/out transition; `true` when it tips the instance into quarantine.
-fn record_flap(state: &mut InstanceState, now: Instant) -> bool {
-    let flap = &mut state.flap;
-    while flap
-        .transitions
-        .front()
-        .is_some_and(|t| now.saturating_duration_since(*t) > d::FLAP_WINDOW)
-    {
-        flap.transitions.pop_front();
-    }
-    flap.transitions.push_back(now);
-    flap.transitions.len() > d::FLAP_TRANSITIONS_MAX as usize
-}
-
-/// Two eligibilities are the same state when only weights (or quarantine end) differ.
-fn same_state(a: &Eligibility, b: &Eligibility) -> bool {
-    use Eligibility as E;
-    match (a, b) {
-        (E::Eligible { .. }, E::Eligible { .. }) | (E::Unknown { .. }, E::Unknown { .. }) => true,
-        (E::Degraded { cause: x, .. }, E::Degraded { cause: y, .. }) => x == y,
-        (E::Ineligible { reason: x }, E::Ineligible { reason: y }) => x == y,
-        (E::Draining { cause: x }, E::Draining { cause: y }) => x == y,
-        (E::Quarantined { .. }, E::Quarantined { .. }) => true,
-        _ => false,
-    }
-}
-
-/// Keep the lazy timer index no later than the instance's deadline.
-fn schedule(
-    timers: &mut BTreeSet<(Instant, InstanceId)>,
-    state: &mut InstanceState,
-    deadline: Option<Instant>,
-) {
-    let Some(deadline) = deadline else { return };
-    if state.timer.is_some_and(|t| t <= deadline) {
-        return;
-    }
-    if let Some(old) = state.timer.take() {
-        timers.remove(&(old, state.id.clone()));
-    }
-    timers.insert((deadline, state.id.clone()));
-    state.timer = Some(deadline);
+    cs.last_reporter = Some(reporter);
+    cs.last_seen = Some(LastSeen::Passive {
+        requests,
+        errors,
+        share,
+        callers,
+    });
 }
 
 #[cfg(test)]

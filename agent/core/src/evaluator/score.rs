@@ -13,7 +13,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::model::Reporter;
+use crate::audit::truncate_detail;
+use crate::model::{Health, Reporter, SelfReport};
 
 /// The smoothing factor for a sample `elapsed` after the previous one.
 pub(crate) fn alpha(elapsed: Duration, interval: Duration, half_life: Duration) -> f64 {
@@ -30,8 +31,65 @@ pub(crate) struct ClassState {
     pub(crate) last_at: Option<Instant>,
     /// Who sent it.
     pub(crate) last_reporter: Option<Reporter>,
-    /// A short summary of it.
-    pub(crate) last_summary: Option<String>,
+    /// What it said, kept as data and rendered only when someone asks.
+    pub(crate) last_seen: Option<LastSeen>,
+}
+
+/// The last observation of a class, stored without formatting (the hot path never
+/// allocates for it; `explain` renders it).
+#[derive(Debug, Clone)]
+pub(crate) enum LastSeen {
+    Probe {
+        health: Health,
+        detail: Option<String>,
+    },
+    SelfReport(SelfReport),
+    Passive {
+        requests: u64,
+        errors: u64,
+        share: f64,
+        callers: usize,
+    },
+}
+
+impl LastSeen {
+    /// One line for operators, with any free text truncated.
+    pub(crate) fn summary(&self) -> String {
+        match self {
+            Self::Probe {
+                health,
+                detail: Some(text),
+            } => format!("{health:?}: {}", truncate_detail(text)),
+            Self::Probe {
+                health,
+                detail: None,
+            } => format!("{health:?}"),
+            Self::SelfReport(SelfReport::Ready) => "ready".to_owned(),
+            Self::SelfReport(SelfReport::NotReady { detail }) => {
+                format!("not ready: {}", truncate_detail(detail))
+            }
+            Self::SelfReport(SelfReport::Draining) => "draining".to_owned(),
+            Self::SelfReport(SelfReport::Dependency { name, status }) => {
+                format!("dependency {name}: {status:?}")
+            }
+            Self::Passive {
+                requests,
+                errors,
+                share,
+                callers,
+            } => {
+                format!("{errors}/{requests} errors; {share:.2} of {callers} callers failing")
+            }
+        }
+    }
+}
+
+/// Keep at most a little more than what will be shown of a free-text detail.
+pub(crate) fn bounded(mut text: String) -> String {
+    if text.len() > 2 * crate::audit::DETAIL_LEN_MAX {
+        text = truncate_detail(&text);
+    }
+    text
 }
 
 impl ClassState {
