@@ -316,14 +316,31 @@ pub enum ContractError {
     },
 }
 
-/// A contract that passed validation. Cheap to clone.
+/// A contract that passed validation. Cheap to clone; per-class cadences are precomputed
+/// because the evaluator consults them on every sample.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValidContract(Arc<HealthContract>);
+pub struct ValidContract {
+    contract: Arc<HealthContract>,
+    interval: [Duration; 3],
+    silence: [Duration; 3],
+}
+
+impl ValidContract {
+    /// The expected interval between samples of `class`.
+    pub fn interval_of(&self, class: EvidenceClass) -> Duration {
+        self.interval[class.index()]
+    }
+
+    /// How long `class` may go without a sample before it is silent.
+    pub fn silence_of(&self, class: EvidenceClass) -> Duration {
+        self.silence[class.index()]
+    }
+}
 
 impl std::ops::Deref for ValidContract {
     type Target = HealthContract;
     fn deref(&self) -> &HealthContract {
-        &self.0
+        &self.contract
     }
 }
 
@@ -344,7 +361,13 @@ impl HealthContract {
         self.check_dependencies()?;
         self.check_floors()?;
         self.check_damping()?;
-        Ok(ValidContract(Arc::new(self)))
+        let interval = EvidenceClass::ALL.map(|c| self.interval(c));
+        let silence = EvidenceClass::ALL.map(|c| self.silence_after(c));
+        Ok(ValidContract {
+            contract: Arc::new(self),
+            interval,
+            silence,
+        })
     }
 
     /// The expected interval between samples of `class`.

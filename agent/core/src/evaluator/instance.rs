@@ -231,8 +231,7 @@ impl InstanceState {
     pub(crate) fn speaking(&self, now: Instant) -> impl Iterator<Item = EvidenceClass> + '_ {
         let c = &self.contract;
         EvidenceClass::ALL.into_iter().filter(move |cl| {
-            c.profile.provides(*cl)
-                && !self.classes[cl.index()].is_silent(now, c.silence_after(*cl))
+            c.profile.provides(*cl) && !self.classes[cl.index()].is_silent(now, c.silence_of(*cl))
         })
     }
 
@@ -282,7 +281,7 @@ impl InstanceState {
         let mut next = None;
         for cl in EvidenceClass::ALL {
             if c.profile.provides(cl) {
-                let at = self.classes[cl.index()].silence_deadline(c.silence_after(cl));
+                let at = self.classes[cl.index()].silence_deadline(c.silence_of(cl));
                 // Silence begins strictly after the deadline.
                 next = earliest(
                     next,
@@ -307,7 +306,7 @@ impl InstanceState {
                     class: cl,
                     provided: c.profile.provides(cl),
                     score: self.score(cl),
-                    silent: s.is_silent(now, c.silence_after(cl)),
+                    silent: s.is_silent(now, c.silence_of(cl)),
                     age: s.last_at.map(|at| now.saturating_duration_since(at)),
                     reporter: s.last_reporter.clone(),
                     last: s.last_seen.as_ref().map(|l| l.summary()),

@@ -38,6 +38,12 @@ use decision::Outputs;
 use instance::InstanceState;
 use score::{ClassState, LastSeen, bounded};
 
+type InstanceMap = std::collections::HashMap<
+    InstanceId,
+    InstanceState,
+    std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>,
+>;
+
 /// Limits and bookkeeping sizes.
 #[derive(Debug, Clone)]
 pub struct EvaluatorConfig {
@@ -212,7 +218,9 @@ pub struct EvaluatorStats {
 pub struct Evaluator {
     config: EvaluatorConfig,
     services: BTreeMap<ServiceName, ServiceEntry>,
-    instances: BTreeMap<InstanceId, InstanceState>,
+    /// Looked up on every sample, so hashed; the hasher is fixed (not `RandomState`) and
+    /// nothing iterates this map into an output — order comes from `services` and `timers`.
+    instances: InstanceMap,
     /// Lazy timer index: an entry may be earlier than the instance's real deadline (it is
     /// re-armed when it fires) but never later.
     timers: BTreeSet<(Instant, InstanceId)>,
@@ -231,7 +239,7 @@ impl Evaluator {
         Self {
             config,
             services: BTreeMap::new(),
-            instances: BTreeMap::new(),
+            instances: InstanceMap::default(),
             timers: BTreeSet::new(),
             tombstones: BTreeSet::new(),
             tombstone_order: VecDeque::new(),
@@ -519,7 +527,7 @@ impl Evaluator {
     // --- the decision loop ---
 
     /// Split borrows: the instance map apart from everything a decision writes to.
-    fn parts(&mut self) -> (&mut BTreeMap<InstanceId, InstanceState>, Outputs<'_>) {
+    fn parts(&mut self) -> (&mut InstanceMap, Outputs<'_>) {
         let out = Outputs {
             timers: &mut self.timers,
             effects: &mut self.effects,
@@ -662,7 +670,7 @@ fn apply_probe(
         Health::Pass => 0.0,
         Health::Fail | Health::Timeout | Health::Refused => 1.0,
     };
-    cs.push(now, failed, c.interval(class), c.scoring.half_life);
+    cs.push(now, failed, c.interval_of(class), c.scoring.half_life);
     cs.last_reporter = Some(reporter);
     cs.last_seen = Some(LastSeen::Probe {
         health,
@@ -689,7 +697,7 @@ fn apply_self_report(
 ) -> Result<(), EvaluatorError> {
     let c = &state.contract;
     let class = EvidenceClass::SelfReport;
-    let (interval, half_life) = (c.interval(class), c.scoring.half_life);
+    let (interval, half_life) = (c.interval_of(class), c.scoring.half_life);
     let cs = &mut state.classes[class.index()];
     let report = match report {
         SelfReport::Ready => {
@@ -746,9 +754,9 @@ fn apply_passive(
     let failing =
         Permille::ratio(errors.min(requests) as usize, requests as usize) >= c.passive.error_rate;
     state.callers.record(now, &reporter, failing, callers_max);
-    let (share, callers) = state.callers.failing_share(now, c.silence_after(class));
+    let (share, callers) = state.callers.failing_share(now, c.silence_of(class));
     let cs = &mut state.classes[class.index()];
-    cs.push(now, share, c.interval(class), c.scoring.half_life);
+    cs.push(now, share, c.interval_of(class), c.scoring.half_life);
     cs.last_reporter = Some(reporter);
     cs.last_seen = Some(LastSeen::Passive {
         requests,
