@@ -1,11 +1,26 @@
-//! waymark's xDS edge.
+//! waymark's xDS edge: views in, Envoy resources out, over ADS.
 //!
-//! Will hold: the ADS server and client (Delta and State-of-the-World) serving CDS and
-//! EDS, the LRS server that ingests Envoy's load reports, and the translation from
-//! `waymark_core` views to Envoy resources (eligibility → health status and weight,
-//! tiers → EDS priorities, markers → metadata). Both hops use it: authority → node agent,
-//! node agent → sidecar.
+//! The same server runs in two places: the authority serving node agents (and sidecars
+//! directly, where wanted), and each node agent serving its host's Envoy from the
+//! last-known-good cache. Pure parts and shells are kept apart:
 //!
-//! Nothing is built here yet; the pure view and delta machinery it will serve lives in
-//! `waymark_core`.
+//! - [`translate`] (pure): views → `Cluster` / `ClusterLoadAssignment`, with Envoy's own
+//!   panic threshold and ejection cap set explicitly (see the module for why);
+//! - [`snapshot`] (pure): released views → an immutable, consistent, encoded-once snapshot;
+//! - [`protocol`] (pure): per-stream, per-type Delta and SotW state machines (subscriptions,
+//!   nonces, ACK/NACK, what to send next);
+//! - [`admission`] (pure): reconnection admission, 5% of the population per 10 s;
+//! - [`sync`] (pure): per-client sync state for `proxy-status`;
+//! - [`server`] (shell): the tonic ADS service driving all of the above.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
+
+pub mod admission;
+pub mod protocol;
+pub mod server;
+pub mod snapshot;
+pub mod sync;
+pub mod translate;
+
+pub use server::{Publisher, ServerConfig, XdsServer};
+pub use snapshot::{Snapshot, SnapshotBuilder};

@@ -1,0 +1,167 @@
+//! Reconnection admission (ADR-13): at most 5% of the known client population per 10 s.
+//!
+//! When a server restarts, or a peer server dies, every client comes back at once; letting
+//! them all in together is how a recovered tier is knocked over again. The controller admits
+//! up to a share of the known population per window (with a floor, so a small deployment is
+//! never throttled to nothing) and refuses the rest with a retry hint that spreads the
+//! backlog over the following windows; clients add full jitter on top. Pure: time is passed in.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use waymark_core::defaults as d;
+use waymark_core::units::Permille;
+
+/// Limits.
+#[derive(Debug, Clone)]
+pub struct AdmissionConfig {
+    /// Share of the known population admitted per window.
+    pub share: Permille,
+    /// The window.
+    pub window: Duration,
+    /// Admissions always allowed per window, whatever the population.
+    pub floor: u32,
+    /// Population to assume before clients have been seen (e.g. after a restart).
+    pub expected_clients: u32,
+    /// Distinct clients remembered (bounds memory).
+    pub known_max: usize,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            share: d::RECONNECT_PERMILLE,
+            window: d::RECONNECT_WINDOW,
+            floor: 10,
+            expected_clients: 0,
+            known_max: 1_000_000,
+        }
+    }
+}
+
+/// The verdict on one connection attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Serve it.
+    Yes,
+    /// Refuse it; come back no sooner than `retry_after` (plus jitter).
+    No {
+        /// The hint.
+        retry_after: Duration,
+    },
+}
+
+/// The admission controller. See the module documentation.
+#[derive(Debug)]
+pub struct AdmissionController {
+    config: AdmissionConfig,
+    known: BTreeSet<String>,
+    window_start: Option<Instant>,
+    admitted: u32,
+    refused: u32,
+}
+
+impl AdmissionController {
+    /// A controller with no history.
+    pub fn new(config: AdmissionConfig) -> Self {
+        Self {
+            config,
+            known: BTreeSet::new(),
+            window_start: None,
+            admitted: 0,
+            refused: 0,
+        }
+    }
+
+    /// A client asks to connect.
+    pub fn handle_connect(&mut self, now: Instant, client: &str) -> Admit {
+        self.roll(now);
+        if self.known.len() < self.config.known_max {
+            self.known.insert(client.to_owned());
+        }
+        let allowed = self.allowed();
+        if self.admitted < allowed {
+            self.admitted += 1;
+            return Admit::Yes;
+        }
+        self.refused += 1;
+        let start = self.window_start.expect("rolled above");
+        let remaining = (start + self.config.window).saturating_duration_since(now);
+        // Spread those already refused over the windows it will take to admit them.
+        let backlog_windows = self.refused.saturating_sub(1) / allowed.max(1);
+        Admit::No {
+            retry_after: remaining + self.config.window * backlog_windows,
+        }
+    }
+
+    /// Admissions allowed per window at the current population.
+    pub fn allowed(&self) -> u32 {
+        let population = (self.known.len() as u64).max(u64::from(self.config.expected_clients));
+        let share = (population * u64::from(self.config.share.get()) / 1000) as u32;
+        share.max(self.config.floor)
+    }
+
+    /// Clients seen so far.
+    pub fn population(&self) -> usize {
+        self.known.len()
+    }
+
+    fn roll(&mut self, now: Instant) {
+        let start = *self.window_start.get_or_insert(now);
+        if now.saturating_duration_since(start) >= self.config.window {
+            self.window_start = Some(now);
+            self.admitted = 0;
+            self.refused = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[allow(clippy::disallowed_methods)]
+    fn t0() -> Instant {
+        Instant::now()
+    }
+
+    #[test]
+    fn a_burst_of_reconnects_is_admitted_five_percent_per_window() {
+        // Goal: ADR-13 — 2,000 known clients reconnecting at once get 100 per 10 s.
+        let config = AdmissionConfig {
+            expected_clients: 2_000,
+            ..AdmissionConfig::default()
+        };
+        let mut c = AdmissionController::new(config);
+        let now = t0();
+        let verdicts: Vec<Admit> = (0..2_000)
+            .map(|i| c.handle_connect(now, &format!("envoy-{i}")))
+            .collect();
+        let admitted = verdicts.iter().filter(|v| **v == Admit::Yes).count();
+        assert_eq!(admitted, 100);
+        // The hints spread the refused over the following windows, up to the last.
+        let hints: Vec<Duration> = verdicts
+            .iter()
+            .filter_map(|v| match v {
+                Admit::No { retry_after } => Some(*retry_after),
+                Admit::Yes => None,
+            })
+            .collect();
+        assert_eq!(hints.first(), Some(&Duration::from_secs(10)));
+        assert_eq!(hints.last(), Some(&Duration::from_secs(10 * 19)));
+        // The next window admits the next hundred.
+        let later = now + Duration::from_secs(10);
+        let next = (0..200)
+            .filter(|i| c.handle_connect(later, &format!("envoy-{i}")) == Admit::Yes)
+            .count();
+        assert_eq!(next, 100);
+    }
+
+    #[test]
+    fn a_small_deployment_is_never_throttled_below_the_floor() {
+        let mut c = AdmissionController::new(AdmissionConfig::default());
+        let now = t0();
+        assert!((0..10).all(|i| c.handle_connect(now, &format!("e{i}")) == Admit::Yes));
+        assert!(matches!(c.handle_connect(now, "e10"), Admit::No { .. }));
+    }
+}

@@ -1,0 +1,276 @@
+//! The xDS protocol per stream and type, as pure state machines (no I/O, no clocks).
+//!
+//! [`DeltaState`] follows the incremental protocol: the client's subscriptions (wildcard
+//! and/or named), the versions it holds (seeded from `initial_resource_versions` on
+//! reconnect, so an unchanged resource is not resent and one deleted while it was away is
+//! sent as removed), ACK/NACK by nonce. [`SotwState`] follows State-of-the-World: every
+//! response carries the full set the client asked for, a request with a stale nonce is
+//! ignored, and absence means deletion for CDS but not for EDS.
+//!
+//! Both compute their next response from a [`Resources`] map and nothing else, so the
+//! stream driver only moves messages (go-control-plane's `createDeltaResponse` split).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
+};
+
+use crate::snapshot::Resources;
+use crate::translate::TYPE_CLUSTER;
+
+/// What a request meant for the last response of its type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ack {
+    /// No response was outstanding, or the request names no nonce (a first request).
+    None,
+    /// The client applied the response with this nonce.
+    Acked {
+        /// The nonce.
+        nonce: String,
+    },
+    /// The client rejected the response with this nonce.
+    Nacked {
+        /// The nonce.
+        nonce: String,
+        /// The client's error detail.
+        error: String,
+    },
+    /// The nonce is not the latest we sent on this stream: ignored for ACK/NACK.
+    Stale {
+        /// The nonce the client sent.
+        nonce: String,
+    },
+}
+
+/// A client's subscriptions for one type.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Subscription {
+    /// Subscribed to everything of the type.
+    pub wildcard: bool,
+    /// Subscribed by name.
+    pub names: BTreeSet<String>,
+}
+
+impl Subscription {
+    fn wants(&self, name: &str) -> bool {
+        self.wildcard || self.names.contains(name)
+    }
+}
+
+// === Delta ===
+
+/// One Delta stream's state for one type.
+#[derive(Debug, Clone, Default)]
+pub struct DeltaState {
+    /// What the client subscribed to.
+    pub subscription: Subscription,
+    /// Versions the client holds (as far as we know), by name.
+    pub known: BTreeMap<String, String>,
+    /// The nonce of the last response sent, if any.
+    pub last_nonce: Option<String>,
+    started: bool,
+}
+
+impl DeltaState {
+    /// Take a request: subscriptions always apply; the nonce decides ACK/NACK.
+    pub fn handle_request(&mut self, req: &DeltaDiscoveryRequest) -> Ack {
+        if !self.started {
+            self.started = true;
+            // A first request with no names is a wildcard subscription (legacy rule).
+            if req.resource_names_subscribe.is_empty() {
+                self.subscription.wildcard = true;
+            }
+            for (name, version) in &req.initial_resource_versions {
+                self.known.insert(name.clone(), version.clone());
+            }
+        }
+        for name in &req.resource_names_subscribe {
+            if name == "*" {
+                self.subscription.wildcard = true;
+            } else {
+                self.subscription.names.insert(name.clone());
+            }
+        }
+        for name in &req.resource_names_unsubscribe {
+            if name == "*" {
+                self.subscription.wildcard = false;
+            } else {
+                self.subscription.names.remove(name);
+            }
+            // Unsubscribed resources are forgotten; unknown names are a no-op.
+            if !self.subscription.wants(name) {
+                self.known.remove(name);
+            }
+        }
+        self.classify(
+            &req.response_nonce,
+            req.error_detail.as_ref().map(|s| s.message.clone()),
+        )
+    }
+
+    fn classify(&self, nonce: &str, error: Option<String>) -> Ack {
+        if nonce.is_empty() {
+            return Ack::None;
+        }
+        if self.last_nonce.as_deref() != Some(nonce) {
+            return Ack::Stale {
+                nonce: nonce.to_owned(),
+            };
+        }
+        match error {
+            Some(error) => Ack::Nacked {
+                nonce: nonce.to_owned(),
+                error,
+            },
+            None => Ack::Acked {
+                nonce: nonce.to_owned(),
+            },
+        }
+    }
+
+    /// The response that brings the client up to `resources`, if anything differs.
+    /// Records what it sends as known (a NACKed version is not resent until it changes).
+    pub fn next_response(
+        &mut self,
+        type_url: &str,
+        resources: &Resources,
+        system_version: &str,
+        nonce: String,
+    ) -> Option<DeltaDiscoveryResponse> {
+        let mut out = Vec::new();
+        for (name, enc) in resources.iter().filter(|(n, _)| self.subscription.wants(n)) {
+            if self.known.get(name) != Some(&enc.version) {
+                out.push(Resource {
+                    name: name.clone(),
+                    version: enc.version.clone(),
+                    resource: Some((*enc.resource).clone()),
+                    ..Default::default()
+                });
+            }
+        }
+        let removed: Vec<String> = self
+            .known
+            .keys()
+            .filter(|n| !resources.contains_key(*n))
+            .cloned()
+            .collect();
+        if out.is_empty() && removed.is_empty() {
+            return None;
+        }
+        for r in &out {
+            self.known.insert(r.name.clone(), r.version.clone());
+        }
+        for n in &removed {
+            self.known.remove(n);
+        }
+        self.last_nonce = Some(nonce.clone());
+        Some(DeltaDiscoveryResponse {
+            system_version_info: system_version.to_owned(),
+            resources: out,
+            type_url: type_url.to_owned(),
+            removed_resources: removed,
+            nonce,
+            ..Default::default()
+        })
+    }
+}
+
+// === State of the World ===
+
+/// One SotW stream's state for one type.
+#[derive(Debug, Clone, Default)]
+pub struct SotwState {
+    /// What the client asked for (empty names = wildcard, for CDS).
+    pub subscription: Subscription,
+    /// The nonce of the last response sent.
+    pub last_nonce: Option<String>,
+    /// The version_info of the last response sent.
+    pub last_version: Option<String>,
+    /// What the last response contained, by name → version.
+    sent: Option<BTreeMap<String, String>>,
+}
+
+impl SotwState {
+    /// Take a request. A request with a stale nonce is ignored entirely (its names too),
+    /// as the protocol asks.
+    pub fn handle_request(&mut self, req: &DiscoveryRequest) -> Ack {
+        let ack = self.classify(req);
+        if matches!(ack, Ack::Stale { .. }) {
+            return ack;
+        }
+        let names: BTreeSet<String> = req
+            .resource_names
+            .iter()
+            .filter(|n| *n != "*")
+            .cloned()
+            .collect();
+        let wildcard = req.resource_names.is_empty() || req.resource_names.iter().any(|n| n == "*");
+        let changed = names != self.subscription.names || wildcard != self.subscription.wildcard;
+        self.subscription = Subscription { wildcard, names };
+        if changed {
+            self.sent = None; // a new set of names needs a fresh response
+        }
+        ack
+    }
+
+    fn classify(&self, req: &DiscoveryRequest) -> Ack {
+        let nonce = &req.response_nonce;
+        if nonce.is_empty() {
+            return Ack::None;
+        }
+        if self.last_nonce.as_deref() != Some(nonce.as_str()) {
+            return Ack::Stale {
+                nonce: nonce.clone(),
+            };
+        }
+        match &req.error_detail {
+            Some(status) => Ack::Nacked {
+                nonce: nonce.clone(),
+                error: status.message.clone(),
+            },
+            None => Ack::Acked {
+                nonce: nonce.clone(),
+            },
+        }
+    }
+
+    /// The full response for the client's names, if it differs from the last one sent.
+    pub fn next_response(
+        &mut self,
+        type_url: &str,
+        resources: &Resources,
+        version: &str,
+        nonce: String,
+    ) -> Option<DiscoveryResponse> {
+        // CDS wildcard: everything; EDS: only what was named (absence ≠ deletion there).
+        let wildcard = self.subscription.wildcard && type_url == TYPE_CLUSTER;
+        let chosen: Vec<(&String, &crate::snapshot::Encoded)> = resources
+            .iter()
+            .filter(|(n, _)| wildcard || self.subscription.names.contains(*n))
+            .collect();
+        let now: BTreeMap<String, String> = chosen
+            .iter()
+            .map(|(n, e)| ((*n).clone(), e.version.clone()))
+            .collect();
+        if self.sent.as_ref() == Some(&now) {
+            return None;
+        }
+        self.sent = Some(now);
+        self.last_nonce = Some(nonce.clone());
+        self.last_version = Some(version.to_owned());
+        Some(DiscoveryResponse {
+            version_info: version.to_owned(),
+            resources: chosen
+                .into_iter()
+                .map(|(_, e)| (*e.resource).clone())
+                .collect(),
+            type_url: type_url.to_owned(),
+            nonce,
+            ..Default::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

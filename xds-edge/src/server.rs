@@ -1,0 +1,560 @@
+//! The ADS server: Delta and State-of-the-World, CDS and EDS, over tonic.
+//!
+//! Thin shell around the pure parts: each stream is one task owning its per-type protocol
+//! state ([`DeltaState`] / [`SotwState`]); it wakes on a client request or on a new
+//! [`Snapshot`] (a `watch` channel, so a slow stream skips intermediate snapshots instead of
+//! queueing them), computes the next response purely, and hands it to a bounded channel.
+//! A client that does not read is disconnected with `RESOURCE_EXHAUSTED` once its buffer
+//! stays full for `send_timeout`; other clients are unaffected.
+//!
+//! On every snapshot change CDS is sent before EDS (a new cluster exists before its
+//! endpoints); the delta queues upstream already release withdrawals before admissions.
+//! New streams pass reconnection admission first; a refused stream ends with `UNAVAILABLE`
+//! and a `grpc-retry-pushback-ms` hint.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument as _;
+use waymark_core::model::ZoneName;
+
+use crate::admission::{AdmissionConfig, AdmissionController, Admit};
+use crate::protocol::{Ack, DeltaState, SotwState};
+use crate::snapshot::Snapshot;
+use crate::sync::{ClientSync, SyncRegistry};
+use crate::translate::{TYPE_CLUSTER, TYPE_ENDPOINT};
+
+/// Server limits.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Responses buffered per stream before the client counts as slow.
+    pub response_buffer: usize,
+    /// How long a full buffer may stay full before the client is disconnected.
+    pub send_timeout: Duration,
+    /// How long a new stream may take to send its first request.
+    pub first_request_timeout: Duration,
+    /// Reconnection admission.
+    pub admission: AdmissionConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            response_buffer: 16,
+            send_timeout: Duration::from_secs(30),
+            first_request_timeout: Duration::from_secs(15),
+            admission: AdmissionConfig::default(),
+        }
+    }
+}
+
+/// Counters a driver exports as metrics (`waymark_xds_*`).
+#[derive(Debug, Default)]
+pub struct XdsStats {
+    /// Responses sent.
+    pub responses: AtomicU64,
+    /// ACKs received.
+    pub acks: AtomicU64,
+    /// NACKs received.
+    pub nacks: AtomicU64,
+    /// Requests whose nonce was not the latest sent.
+    pub stale_nonces: AtomicU64,
+    /// Requests for a type this server does not serve.
+    pub unknown_types: AtomicU64,
+    /// Streams refused by reconnection admission.
+    pub refused_streams: AtomicU64,
+    /// Streams closed because the client stopped reading.
+    pub slow_consumers: AtomicU64,
+    /// Streams that ended with a malformed first request or none at all.
+    pub bad_streams: AtomicU64,
+}
+
+struct Inner {
+    snapshots: watch::Receiver<Arc<Snapshot>>,
+    sync: Mutex<SyncRegistry>,
+    admission: Mutex<AdmissionController>,
+    next_stream: AtomicU64,
+    config: ServerConfig,
+    stats: XdsStats,
+}
+
+/// The ADS server. Cheap to clone; every clone serves the same snapshots.
+#[derive(Clone)]
+pub struct XdsServer {
+    inner: Arc<Inner>,
+}
+
+/// Publishes snapshots to every stream of one server.
+#[derive(Debug)]
+pub struct Publisher {
+    tx: watch::Sender<Arc<Snapshot>>,
+}
+
+impl Publisher {
+    /// Make `snapshot` the one every stream converges to.
+    pub fn publish(&self, snapshot: Snapshot) {
+        self.tx.send_replace(Arc::new(snapshot));
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+// === impl XdsServer ===
+
+impl XdsServer {
+    /// A server with an empty snapshot, and the publisher that feeds it.
+    pub fn new(config: ServerConfig) -> (Self, Publisher) {
+        let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
+        let admission = Mutex::new(AdmissionController::new(config.admission.clone()));
+        let inner = Inner {
+            snapshots: rx,
+            sync: Mutex::new(SyncRegistry::default()),
+            admission,
+            next_stream: AtomicU64::new(1),
+            config,
+            stats: XdsStats::default(),
+        };
+        (
+            Self {
+                inner: Arc::new(inner),
+            },
+            Publisher { tx },
+        )
+    }
+
+    /// The tonic service to add to a server.
+    pub fn service(&self) -> AggregatedDiscoveryServiceServer<Self> {
+        AggregatedDiscoveryServiceServer::new(self.clone())
+    }
+
+    /// Every connected client's sync state.
+    pub fn sync_state(&self) -> Vec<ClientSync> {
+        self.inner
+            .sync
+            .lock()
+            .expect("sync registry lock")
+            .clients()
+            .cloned()
+            .collect()
+    }
+
+    /// The server's counters.
+    pub fn stats(&self) -> &XdsStats {
+        &self.inner.stats
+    }
+
+    fn admit(&self, node: &Node) -> Result<(), Status> {
+        let now = tokio::time::Instant::now().into_std();
+        let verdict = self
+            .inner
+            .admission
+            .lock()
+            .expect("admission lock")
+            .handle_connect(now, &node.id);
+        match verdict {
+            Admit::Yes => Ok(()),
+            Admit::No { retry_after } => {
+                self.inner
+                    .stats
+                    .refused_streams
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::info!(node_id = %node.id, retry_after_ms = retry_after.as_millis() as u64, "stream refused by reconnection admission");
+                let mut status = Status::unavailable(
+                    "reconnection admission: too many clients reconnecting, retry later",
+                );
+                if let Ok(v) = retry_after.as_millis().to_string().parse() {
+                    status.metadata_mut().insert("grpc-retry-pushback-ms", v);
+                }
+                Err(status)
+            }
+        }
+    }
+
+    async fn first<T>(&self, inbound: &mut Streaming<T>) -> Result<T, Status> {
+        let timeout = self.inner.config.first_request_timeout;
+        let first = tokio::time::timeout(timeout, inbound.message()).await;
+        let bad = |msg: &str| {
+            self.inner.stats.bad_streams.fetch_add(1, Ordering::Relaxed);
+            Status::invalid_argument(msg.to_owned())
+        };
+        match first {
+            Ok(Ok(Some(req))) => Ok(req),
+            Ok(Ok(None)) => Err(bad("stream closed before its first request")),
+            Ok(Err(status)) => Err(bad(&format!(
+                "malformed first request: {}",
+                status.message()
+            ))),
+            Err(_) => Err(bad("no first request within the timeout")),
+        }
+    }
+
+    fn open(&self, node: &Node, protocol: &'static str) -> u64 {
+        let id = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
+        let zone = node
+            .locality
+            .as_ref()
+            .map(|l| l.zone.clone())
+            .unwrap_or_default();
+        let now = tokio::time::Instant::now().into_std();
+        self.inner.sync.lock().expect("sync registry lock").connect(
+            id,
+            node.id.clone(),
+            zone,
+            protocol,
+            now,
+        );
+        id
+    }
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for XdsServer {
+    type StreamAggregatedResourcesStream = BoxStream<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = BoxStream<DeltaDiscoveryResponse>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = self.first(&mut inbound).await?;
+        let node = first.node.clone().unwrap_or_default();
+        self.admit(&node)?;
+        let stream_id = self.open(&node, "sotw");
+        let (tx, rx) = mpsc::channel(self.inner.config.response_buffer);
+        let span =
+            tracing::info_span!("xds_stream", node_id = %node.id, stream_id, protocol = "sotw");
+        let stream = SotwStream::new(self.inner.clone(), stream_id, &node, tx);
+        tokio::spawn(stream.run(first, inbound).instrument(span));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = self.first(&mut inbound).await?;
+        let node = first.node.clone().unwrap_or_default();
+        self.admit(&node)?;
+        let stream_id = self.open(&node, "delta");
+        let (tx, rx) = mpsc::channel(self.inner.config.response_buffer);
+        let span =
+            tracing::info_span!("xds_stream", node_id = %node.id, stream_id, protocol = "delta");
+        let stream = DeltaStream::new(self.inner.clone(), stream_id, &node, tx);
+        tokio::spawn(stream.run(first, inbound).instrument(span));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// What the shared parts of a stream need.
+struct StreamCore<T> {
+    inner: Arc<Inner>,
+    id: u64,
+    zone: Option<ZoneName>,
+    tx: mpsc::Sender<Result<T, Status>>,
+    nonces: u64,
+}
+
+impl<T> StreamCore<T> {
+    fn new(inner: Arc<Inner>, id: u64, node: &Node, tx: mpsc::Sender<Result<T, Status>>) -> Self {
+        let zone = node
+            .locality
+            .as_ref()
+            .and_then(|l| ZoneName::try_new(&l.zone).ok());
+        Self {
+            inner,
+            id,
+            zone,
+            tx,
+            nonces: 0,
+        }
+    }
+
+    /// Nonces are unique per stream and never valid on another (they carry the stream id).
+    fn nonce(&mut self) -> String {
+        self.nonces += 1;
+        format!("{}-{}", self.id, self.nonces)
+    }
+
+    /// Send, or report the client as slow. `false` ends the stream.
+    async fn send(&self, message: T) -> bool {
+        match tokio::time::timeout(self.inner.config.send_timeout, self.tx.send(Ok(message))).await
+        {
+            Ok(Ok(())) => {
+                self.inner.stats.responses.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Ok(Err(_)) => false, // the client went away
+            Err(_) => {
+                self.inner
+                    .stats
+                    .slow_consumers
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(stream_id = self.id, "client stopped reading; disconnecting");
+                let _ = self.tx.try_send(Err(Status::resource_exhausted(
+                    "client did not read its responses in time",
+                )));
+                false
+            }
+        }
+    }
+
+    fn record_ack(&self, type_url: &str, ack: &Ack) {
+        let stats = &self.inner.stats;
+        let mut sync = self.inner.sync.lock().expect("sync registry lock");
+        match ack {
+            Ack::None => {}
+            Ack::Acked { nonce } => {
+                stats.acks.fetch_add(1, Ordering::Relaxed);
+                sync.acked(self.id, type_url, nonce);
+            }
+            Ack::Nacked { nonce, error } => {
+                stats.nacks.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(stream_id = self.id, xds.type_url = type_url, xds.nonce = %nonce, error = %error, "client rejected a response");
+                sync.nacked(self.id, type_url, nonce, error);
+            }
+            Ack::Stale { nonce } => {
+                stats.stale_nonces.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(stream_id = self.id, xds.type_url = type_url, xds.nonce = %nonce, "stale nonce ignored");
+            }
+        }
+    }
+
+    fn known_type(&self, type_url: &str) -> bool {
+        let known = type_url == TYPE_CLUSTER || type_url == TYPE_ENDPOINT;
+        if !known {
+            self.inner
+                .stats
+                .unknown_types
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                stream_id = self.id,
+                xds.type_url = type_url,
+                "request for a type this server does not serve"
+            );
+        }
+        known
+    }
+}
+
+impl<T> Drop for StreamCore<T> {
+    fn drop(&mut self) {
+        if let Ok(mut sync) = self.inner.sync.lock() {
+            sync.disconnect(self.id);
+        }
+    }
+}
+
+/// Types in the order a change is sent: clusters before their endpoints.
+const TYPE_ORDER: [&str; 2] = [TYPE_CLUSTER, TYPE_ENDPOINT];
+
+struct DeltaStream {
+    core: StreamCore<DeltaDiscoveryResponse>,
+    states: BTreeMap<String, DeltaState>,
+}
+
+impl DeltaStream {
+    fn new(
+        inner: Arc<Inner>,
+        id: u64,
+        node: &Node,
+        tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    ) -> Self {
+        Self {
+            core: StreamCore::new(inner, id, node, tx),
+            states: BTreeMap::new(),
+        }
+    }
+
+    async fn run(
+        mut self,
+        first: DeltaDiscoveryRequest,
+        mut inbound: Streaming<DeltaDiscoveryRequest>,
+    ) {
+        let mut snapshots = self.core.inner.snapshots.clone();
+        snapshots.mark_unchanged();
+        let mut next = Some(first);
+        loop {
+            if let Some(req) = next.take()
+                && !self.handle(req).await
+            {
+                return;
+            }
+            tokio::select! {
+                msg = inbound.message() => match msg {
+                    Ok(Some(req)) => next = Some(req),
+                    Ok(None) => return,
+                    Err(status) => {
+                        tracing::debug!(code = ?status.code(), "stream ended by the client");
+                        return;
+                    }
+                },
+                changed = snapshots.changed() => {
+                    if changed.is_err() || !self.push_all().await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn handle(&mut self, req: DeltaDiscoveryRequest) -> bool {
+        if !self.core.known_type(&req.type_url) {
+            return true;
+        }
+        let state = self.states.entry(req.type_url.clone()).or_default();
+        let ack = state.handle_request(&req);
+        self.core.record_ack(&req.type_url, &ack);
+        self.push(&req.type_url).await
+    }
+
+    async fn push_all(&mut self) -> bool {
+        for type_url in TYPE_ORDER {
+            if self.states.contains_key(type_url) && !self.push(type_url).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    async fn push(&mut self, type_url: &str) -> bool {
+        let snapshot = self.core.inner.snapshots.borrow().clone();
+        let Some(resources) = snapshot.resources(type_url, self.core.zone.as_ref()) else {
+            return true;
+        };
+        let nonce = self.core.nonce();
+        let Some(state) = self.states.get_mut(type_url) else {
+            return true;
+        };
+        let Some(response) =
+            state.next_response(type_url, resources, &snapshot.version.to_string(), nonce)
+        else {
+            return true;
+        };
+        let held = state.known.len();
+        self.core
+            .inner
+            .sync
+            .lock()
+            .expect("sync registry lock")
+            .sent(
+                self.core.id,
+                type_url,
+                &response.system_version_info,
+                &response.nonce,
+                held,
+            );
+        tracing::debug!(xds.type_url = type_url, xds.version = %response.system_version_info, xds.nonce = %response.nonce, resources = response.resources.len(), removed = response.removed_resources.len(), "delta response");
+        self.core.send(response).await
+    }
+}
+
+struct SotwStream {
+    core: StreamCore<DiscoveryResponse>,
+    states: BTreeMap<String, SotwState>,
+}
+
+impl SotwStream {
+    fn new(
+        inner: Arc<Inner>,
+        id: u64,
+        node: &Node,
+        tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    ) -> Self {
+        Self {
+            core: StreamCore::new(inner, id, node, tx),
+            states: BTreeMap::new(),
+        }
+    }
+
+    async fn run(mut self, first: DiscoveryRequest, mut inbound: Streaming<DiscoveryRequest>) {
+        let mut snapshots = self.core.inner.snapshots.clone();
+        snapshots.mark_unchanged();
+        let mut next = Some(first);
+        loop {
+            if let Some(req) = next.take()
+                && !self.handle(req).await
+            {
+                return;
+            }
+            tokio::select! {
+                msg = inbound.message() => match msg {
+                    Ok(Some(req)) => next = Some(req),
+                    Ok(None) | Err(_) => return,
+                },
+                changed = snapshots.changed() => {
+                    if changed.is_err() || !self.push_all().await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn handle(&mut self, req: DiscoveryRequest) -> bool {
+        if !self.core.known_type(&req.type_url) {
+            return true;
+        }
+        let state = self.states.entry(req.type_url.clone()).or_default();
+        let ack = state.handle_request(&req);
+        self.core.record_ack(&req.type_url, &ack);
+        if matches!(ack, Ack::Stale { .. }) {
+            return true;
+        }
+        self.push(&req.type_url).await
+    }
+
+    async fn push_all(&mut self) -> bool {
+        for type_url in TYPE_ORDER {
+            if self.states.contains_key(type_url) && !self.push(type_url).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    async fn push(&mut self, type_url: &str) -> bool {
+        let snapshot = self.core.inner.snapshots.borrow().clone();
+        let Some(resources) = snapshot.resources(type_url, self.core.zone.as_ref()) else {
+            return true;
+        };
+        let nonce = self.core.nonce();
+        let Some(state) = self.states.get_mut(type_url) else {
+            return true;
+        };
+        let Some(response) =
+            state.next_response(type_url, resources, &snapshot.version.to_string(), nonce)
+        else {
+            return true;
+        };
+        self.core
+            .inner
+            .sync
+            .lock()
+            .expect("sync registry lock")
+            .sent(
+                self.core.id,
+                type_url,
+                &response.version_info,
+                &response.nonce,
+                response.resources.len(),
+            );
+        tracing::debug!(xds.type_url = type_url, xds.version = %response.version_info, xds.nonce = %response.nonce, resources = response.resources.len(), "sotw response");
+        self.core.send(response).await
+    }
+}

@@ -1,0 +1,156 @@
+//! Snapshots: the encoded resources every client of this server may see, by caller zone.
+//!
+//! A [`Snapshot`] is immutable and shared (`Arc`) by every stream; each resource is
+//! encoded once, when its view changes, not once per client ("grpc marshaling has a cost",
+//! as go-control-plane puts it). Clusters are the same for every zone; load assignments
+//! are per caller zone and carry their view's version, which comes from the region-wide
+//! counter, so a client reconnecting to any server never sees a resource version go back.
+//!
+//! [`SnapshotBuilder`] is the pure part the publisher drives: releases in, snapshots out.
+//! It checks the snapshot's consistency before it is published: every load assignment is
+//! named by a cluster.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use envoy_types::pb::google::protobuf::Any;
+use prost::Message as _;
+use waymark_core::model::{ServiceName, ZoneName};
+use waymark_core::view::{ReleasedView, Version, ViewKey};
+
+use crate::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, cluster, load_assignment, to_any};
+
+/// One encoded resource and its version string.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Encoded {
+    /// The resource's version (opaque to clients; monotonic for load assignments).
+    pub version: String,
+    /// The encoded resource.
+    pub resource: Arc<Any>,
+}
+
+/// Resources of one type, by name.
+pub type Resources = BTreeMap<String, Encoded>;
+
+/// Everything this server serves, at one moment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// Greatest view version in the snapshot (the SotW `version_info`).
+    pub version: u64,
+    /// CDS: one cluster per service.
+    pub clusters: Resources,
+    /// EDS: per caller zone, one load assignment per service.
+    pub endpoints: BTreeMap<ZoneName, Resources>,
+}
+
+impl Snapshot {
+    /// The resources of `type_url` a client in `zone` sees; `None` for a type we do not
+    /// serve. A zone with no views yet sees none (a subscription to it stays open).
+    pub fn resources(&self, type_url: &str, zone: Option<&ZoneName>) -> Option<&Resources> {
+        static EMPTY: std::sync::OnceLock<Resources> = std::sync::OnceLock::new();
+        match type_url {
+            TYPE_CLUSTER => Some(&self.clusters),
+            TYPE_ENDPOINT => {
+                let zone = zone.or_else(|| self.endpoints.keys().next());
+                Some(
+                    zone.and_then(|z| self.endpoints.get(z))
+                        .unwrap_or_else(|| EMPTY.get_or_init(BTreeMap::new)),
+                )
+            }
+            _ => None,
+        }
+    }
+
+    /// Every load assignment is named by a cluster (go-control-plane's `Consistent()`).
+    pub fn is_consistent(&self) -> bool {
+        self.endpoints
+            .values()
+            .all(|r| r.keys().all(|name| self.clusters.contains_key(name)))
+    }
+}
+
+/// Builds snapshots from released views. Pure.
+#[derive(Debug, Default)]
+pub struct SnapshotBuilder {
+    clusters: BTreeMap<ServiceName, Encoded>,
+    views: BTreeMap<ViewKey, (Version, Encoded)>,
+}
+
+impl SnapshotBuilder {
+    /// An empty builder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Take a released view; returns `false` (and changes nothing) if it is not newer than
+    /// the one held, so a snapshot never goes backwards.
+    pub fn handle_release(&mut self, released: &ReleasedView) -> bool {
+        let key = &released.view.key;
+        if self
+            .views
+            .get(key)
+            .is_some_and(|(v, _)| *v >= released.version)
+        {
+            return false;
+        }
+        if !self.clusters.contains_key(&key.service) {
+            let c = cluster(&key.service);
+            let version = format!("{:016x}", fnv1a(&c.encode_to_vec()));
+            self.clusters.insert(
+                key.service.clone(),
+                Encoded {
+                    version,
+                    resource: Arc::new(to_any(TYPE_CLUSTER, &c)),
+                },
+            );
+        }
+        let encoded = Encoded {
+            version: released.version.to_string(),
+            resource: Arc::new(to_any(TYPE_ENDPOINT, &load_assignment(released))),
+        };
+        self.views.insert(key.clone(), (released.version, encoded));
+        true
+    }
+
+    /// Forget a service entirely (its cluster and every zone's assignment).
+    pub fn handle_service_removed(&mut self, service: &ServiceName) {
+        self.clusters.remove(service);
+        self.views.retain(|k, _| &k.service != service);
+    }
+
+    /// The snapshot of everything held.
+    pub fn build(&self) -> Snapshot {
+        let clusters = self
+            .clusters
+            .iter()
+            .map(|(s, e)| (s.to_string(), e.clone()))
+            .collect();
+        let mut endpoints: BTreeMap<ZoneName, Resources> = BTreeMap::new();
+        let mut version = 0;
+        for (key, (v, e)) in &self.views {
+            version = version.max(v.0);
+            endpoints
+                .entry(key.zone.clone())
+                .or_default()
+                .insert(key.service.to_string(), e.clone());
+        }
+        let snapshot = Snapshot {
+            version,
+            clusters,
+            endpoints,
+        };
+        debug_assert!(
+            snapshot.is_consistent(),
+            "every load assignment has its cluster"
+        );
+        snapshot
+    }
+}
+
+/// FNV-1a: a stable content hash for resource versions (std's hasher is not stable
+/// across releases).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

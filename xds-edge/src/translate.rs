@@ -1,0 +1,210 @@
+//! Translation from waymark views to Envoy resources. Pure: no I/O, no clocks.
+//!
+//! - One `Cluster` per service: EDS over ADS, round robin, and two guards set *explicitly*
+//!   so they never compound silently with ours:
+//!   - `healthy_panic_threshold` is **0 % (disabled)**. waymark's fraction guard has already
+//!     decided, per zone, whether health is disregarded; a view under the guard carries the
+//!     full set as routable hosts. Leaving Envoy's default 50 % on would add a second,
+//!     different guard (it counts outlier-ejected and `DRAINING` hosts) that could route to
+//!     hosts we deliberately drained.
+//!   - outlier detection with `max_ejection_percent` = [`EJECTION_PERCENT_MAX`]: the
+//!     client-side ejection cap (ADR-01's bound on how much one caller may eject locally).
+//!   - `update_merge_window` is 0 s so a withdrawal is applied as it arrives, not up to a
+//!     second later (Envoy's default), which would eat a fifth of the 5 s budget.
+//! - One `ClusterLoadAssignment` per service and caller zone (the same resource name, the
+//!   view for the client's zone): priorities from the view, one `LocalityLbEndpoints` per
+//!   (priority, region, zone), `load_balancing_weight` from eligibility and slow start.
+//!   Status: eligible, degraded and disregarded → `HEALTHY`; unknown → `UNKNOWN` (Envoy
+//!   routes to it, on purpose); draining → `DRAINING`; withdrawn instances are absent.
+//! - waymark's markers ride in `filter_metadata["waymark"]`: per endpoint the instance id,
+//!   verdict and status; per locality the view version and `health_disregarded`.
+
+use std::collections::BTreeMap;
+
+use envoy_types::pb::envoy::config::cluster::v3::cluster::{
+    ClusterDiscoveryType, CommonLbConfig, DiscoveryType, EdsClusterConfig, LbPolicy,
+};
+use envoy_types::pb::envoy::config::cluster::v3::{Cluster, OutlierDetection};
+use envoy_types::pb::envoy::config::core::v3::Address as EnvoyAddress;
+use envoy_types::pb::envoy::config::core::v3::{
+    AggregatedConfigSource, ApiVersion, ConfigSource, HealthStatus, Locality, Metadata,
+    SocketAddress, address, config_source::ConfigSourceSpecifier, socket_address,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint::HostIdentifier,
+};
+use envoy_types::pb::envoy::r#type::v3::Percent;
+use envoy_types::pb::google::protobuf::{
+    Any, Duration as PbDuration, Struct, UInt32Value, Value, value::Kind,
+};
+use waymark_core::model::ServiceName;
+use waymark_core::view::{EndpointStatus, ReleasedView, ViewEndpoint};
+
+/// Type URL of CDS resources.
+pub const TYPE_CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+/// Type URL of EDS resources.
+pub const TYPE_ENDPOINT: &str =
+    "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+/// The metadata namespace waymark writes under.
+pub const METADATA_NAMESPACE: &str = "waymark";
+/// Client-side ejection cap: Envoy's outlier detection may eject at most this share of a
+/// cluster's hosts on its own.
+pub const EJECTION_PERCENT_MAX: u32 = 30;
+/// Connect timeout for upstream hosts.
+pub const CONNECT_TIMEOUT_MS: u32 = 1_000;
+
+/// Encode a message as an `Any` of `type_url`.
+pub fn to_any<M: prost::Message>(type_url: &str, message: &M) -> Any {
+    Any {
+        type_url: type_url.to_owned(),
+        value: message.encode_to_vec(),
+    }
+}
+
+/// The CDS resource for a service.
+pub fn cluster(service: &ServiceName) -> Cluster {
+    Cluster {
+        name: service.to_string(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
+        eds_cluster_config: Some(EdsClusterConfig {
+            eds_config: Some(ConfigSource {
+                resource_api_version: ApiVersion::V3 as i32,
+                config_source_specifier: Some(ConfigSourceSpecifier::Ads(
+                    AggregatedConfigSource {},
+                )),
+                ..Default::default()
+            }),
+            service_name: service.to_string(),
+        }),
+        connect_timeout: Some(PbDuration {
+            seconds: 0,
+            nanos: (CONNECT_TIMEOUT_MS * 1_000_000) as i32,
+        }),
+        lb_policy: LbPolicy::RoundRobin as i32,
+        common_lb_config: Some(CommonLbConfig {
+            healthy_panic_threshold: Some(Percent { value: 0.0 }),
+            update_merge_window: Some(PbDuration {
+                seconds: 0,
+                nanos: 0,
+            }),
+            ..Default::default()
+        }),
+        outlier_detection: Some(OutlierDetection {
+            max_ejection_percent: Some(UInt32Value {
+                value: EJECTION_PERCENT_MAX,
+            }),
+            ..Default::default()
+        }),
+        metadata: Some(metadata([("service", string(service.as_str()))])),
+        ..Default::default()
+    }
+}
+
+/// The EDS resource for a released view (named after the service).
+pub fn load_assignment(released: &ReleasedView) -> ClusterLoadAssignment {
+    let view = &released.view;
+    let mut groups: BTreeMap<(u32, &str, &str), Vec<&ViewEndpoint>> = BTreeMap::new();
+    for e in view.endpoints.values() {
+        groups
+            .entry((e.priority, e.region.as_str(), e.zone.as_str()))
+            .or_default()
+            .push(e);
+    }
+    let endpoints = groups
+        .into_iter()
+        .map(|((priority, region, zone), eps)| {
+            let disregarded = view
+                .markers
+                .health_disregarded
+                .iter()
+                .any(|z| z.as_str() == zone);
+            LocalityLbEndpoints {
+                locality: Some(Locality {
+                    region: region.to_owned(),
+                    zone: zone.to_owned(),
+                    ..Default::default()
+                }),
+                metadata: Some(metadata([
+                    ("view_version", string(&released.version.to_string())),
+                    (
+                        "health_disregarded",
+                        Value {
+                            kind: Some(Kind::BoolValue(disregarded)),
+                        },
+                    ),
+                ])),
+                lb_endpoints: eps.into_iter().map(lb_endpoint).collect(),
+                priority,
+                ..Default::default()
+            }
+        })
+        .collect();
+    ClusterLoadAssignment {
+        cluster_name: view.key.service.to_string(),
+        endpoints,
+        ..Default::default()
+    }
+}
+
+fn lb_endpoint(e: &ViewEndpoint) -> LbEndpoint {
+    let health = match e.status {
+        EndpointStatus::Eligible | EndpointStatus::Degraded | EndpointStatus::Disregarded => {
+            HealthStatus::Healthy
+        }
+        EndpointStatus::Unknown => HealthStatus::Unknown,
+        EndpointStatus::Draining => HealthStatus::Draining,
+    };
+    let address = EnvoyAddress {
+        address: Some(address::Address::SocketAddress(SocketAddress {
+            address: e.address.ip.to_string(),
+            port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
+                e.address.port,
+            ))),
+            ..Default::default()
+        })),
+    };
+    LbEndpoint {
+        host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
+            address: Some(address),
+            ..Default::default()
+        })),
+        health_status: health as i32,
+        load_balancing_weight: Some(UInt32Value {
+            value: e.weight.get(),
+        }),
+        metadata: Some(metadata([
+            ("instance", string(e.instance.as_str())),
+            ("verdict", string(e.verdict.as_str())),
+            ("status", string(status_str(e.status))),
+        ])),
+    }
+}
+
+fn status_str(s: EndpointStatus) -> &'static str {
+    match s {
+        EndpointStatus::Eligible => "eligible",
+        EndpointStatus::Degraded => "degraded",
+        EndpointStatus::Unknown => "unknown",
+        EndpointStatus::Disregarded => "disregarded",
+        EndpointStatus::Draining => "draining",
+    }
+}
+
+fn string(s: &str) -> Value {
+    Value {
+        kind: Some(Kind::StringValue(s.to_owned())),
+    }
+}
+
+fn metadata<const N: usize>(fields: [(&str, Value); N]) -> Metadata {
+    let fields = fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    Metadata {
+        filter_metadata: [(METADATA_NAMESPACE.to_owned(), Struct { fields })]
+            .into_iter()
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

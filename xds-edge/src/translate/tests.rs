@@ -1,0 +1,186 @@
+//! Translation: Envoy sees exactly the view, with our guards set explicitly.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::HealthStatus;
+use prost::Message as _;
+use waymark_core::eligibility::Verdict;
+use waymark_core::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
+use waymark_core::units::Weight;
+use waymark_core::view::{
+    EndpointStatus, Markers, ReleasedView, Tier, Version, View, ViewEndpoint, ViewKey,
+};
+
+use super::*;
+
+pub(crate) fn ep(
+    n: u8,
+    zone: &str,
+    priority: u32,
+    weight: u32,
+    status: EndpointStatus,
+) -> ViewEndpoint {
+    ViewEndpoint {
+        instance: InstanceId::try_new(format!("pay-{n}")).unwrap(),
+        address: Address {
+            ip: IpAddr::V4(Ipv4Addr::new(127, 0, 0, n)),
+            port: 8000 + u16::from(n),
+        },
+        region: RegionName::try_new("eu").unwrap(),
+        zone: ZoneName::try_new(zone).unwrap(),
+        tier: if priority == 0 {
+            Tier::Local
+        } else {
+            Tier::Region
+        },
+        priority,
+        weight: Weight::new(weight),
+        status,
+        verdict: Verdict::Eligible,
+        tags: Arc::default(),
+        metadata: Arc::default(),
+    }
+}
+
+pub(crate) fn released(
+    version: u64,
+    zone: &str,
+    eps: Vec<ViewEndpoint>,
+    markers: Markers,
+) -> ReleasedView {
+    let key = ViewKey {
+        service: ServiceName::try_new("pay").unwrap(),
+        zone: ZoneName::try_new(zone).unwrap(),
+    };
+    let endpoints: BTreeMap<_, _> = eps.into_iter().map(|e| (e.instance.clone(), e)).collect();
+    ReleasedView {
+        version: Version(version),
+        view: View {
+            key,
+            endpoints,
+            markers,
+        },
+    }
+}
+
+fn meta(m: &Option<envoy_types::pb::envoy::config::core::v3::Metadata>, key: &str) -> Option<Kind> {
+    m.as_ref()?
+        .filter_metadata
+        .get(METADATA_NAMESPACE)?
+        .fields
+        .get(key)?
+        .kind
+        .clone()
+}
+
+#[test]
+fn a_cluster_is_eds_over_ads_with_envoys_guards_set_explicitly() {
+    let c = cluster(&ServiceName::try_new("pay").unwrap());
+    assert_eq!(c.name, "pay");
+    assert_eq!(
+        c.cluster_discovery_type,
+        Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32))
+    );
+    let eds = c.eds_cluster_config.unwrap();
+    assert_eq!(eds.service_name, "pay");
+    assert!(matches!(
+        eds.eds_config.unwrap().config_source_specifier,
+        Some(ConfigSourceSpecifier::Ads(_))
+    ));
+    let lb = c.common_lb_config.unwrap();
+    assert_eq!(
+        lb.healthy_panic_threshold,
+        Some(Percent { value: 0.0 }),
+        "our guard is the only guard"
+    );
+    assert_eq!(
+        lb.update_merge_window,
+        Some(PbDuration {
+            seconds: 0,
+            nanos: 0
+        })
+    );
+    assert_eq!(
+        c.outlier_detection.unwrap().max_ejection_percent,
+        Some(UInt32Value {
+            value: EJECTION_PERCENT_MAX
+        })
+    );
+}
+
+#[test]
+fn endpoints_keep_their_status_weight_priority_and_identity() {
+    let mut markers = Markers::default();
+    markers
+        .health_disregarded
+        .insert(ZoneName::try_new("b").unwrap());
+    let view = released(
+        7,
+        "a",
+        vec![
+            ep(1, "a", 0, 100, EndpointStatus::Eligible),
+            ep(2, "a", 0, 25, EndpointStatus::Unknown),
+            ep(3, "a", 0, 100, EndpointStatus::Draining),
+            ep(4, "b", 1, 100, EndpointStatus::Disregarded),
+        ],
+        markers,
+    );
+    let cla = load_assignment(&view);
+    assert_eq!(cla.cluster_name, "pay");
+    assert_eq!(
+        cla.endpoints.len(),
+        2,
+        "one locality per (priority, region, zone)"
+    );
+    let (a, b) = (&cla.endpoints[0], &cla.endpoints[1]);
+    assert_eq!(
+        (a.priority, a.locality.as_ref().unwrap().zone.as_str()),
+        (0, "a")
+    );
+    assert_eq!(
+        (b.priority, b.locality.as_ref().unwrap().zone.as_str()),
+        (1, "b")
+    );
+    let statuses: Vec<i32> = a.lb_endpoints.iter().map(|e| e.health_status).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            HealthStatus::Healthy as i32,
+            HealthStatus::Unknown as i32,
+            HealthStatus::Draining as i32
+        ]
+    );
+    assert_eq!(
+        a.lb_endpoints[1].load_balancing_weight,
+        Some(UInt32Value { value: 25 })
+    );
+    assert_eq!(
+        b.lb_endpoints[0].health_status,
+        HealthStatus::Healthy as i32,
+        "disregarded hosts are routed"
+    );
+    assert_eq!(
+        meta(&b.metadata, "health_disregarded"),
+        Some(Kind::BoolValue(true))
+    );
+    assert_eq!(
+        meta(&a.metadata, "health_disregarded"),
+        Some(Kind::BoolValue(false))
+    );
+    assert_eq!(
+        meta(&a.metadata, "view_version"),
+        Some(Kind::StringValue("7".into()))
+    );
+    assert_eq!(
+        meta(&a.lb_endpoints[0].metadata, "instance"),
+        Some(Kind::StringValue("pay-1".into()))
+    );
+    // And it survives the wire.
+    let any = to_any(TYPE_ENDPOINT, &cla);
+    assert_eq!(
+        ClusterLoadAssignment::decode(any.value.as_slice()).unwrap(),
+        cla
+    );
+}
