@@ -16,6 +16,8 @@
 #![warn(unreachable_pub)]
 
 pub mod admission;
+pub mod client;
+pub mod lrs;
 pub mod protocol;
 pub mod server;
 pub mod snapshot;

@@ -1,0 +1,1 @@
+//! Delta xDS client (being written).

@@ -1,0 +1,1 @@
+//! LRS server (being written).
