@@ -6,7 +6,7 @@ mod support;
 use std::ffi::OsString;
 use std::time::Duration;
 
-use support::{Backend, Envoy, EnvoyConfig, Route, StaticCluster};
+use support::{Backend, Envoy, EnvoyConfig, Route, StaticCluster, Xds, XdsMode};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -108,6 +108,43 @@ async fn two_envoys_run_side_by_side() {
     second.wait_live(PATIENCE).await;
     assert_eq!(first.get("/one/").await.0, 200);
     assert_eq!(second.get("/two/").await.0, 200);
+}
+
+#[tokio::test]
+async fn the_xds_and_lrs_bootstrap_loads_in_both_ads_modes() {
+    // Goal: Envoy accepts the ADS (delta and SotW) and LRS bootstrap shapes; with no control
+    // plane it waits for CDS (not LIVE) and reports itself disconnected.
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    for mode in [XdsMode::Delta, XdsMode::Sotw] {
+        let envoy = Envoy::start(EnvoyConfig {
+            xds: Some(Xds { addr: nobody, mode }),
+            lrs: Some(nobody),
+            routes: vec![Route::new("/pay/", "pay")],
+            ..EnvoyConfig::default()
+        })
+        .await;
+        assert_ne!(
+            envoy.server_state().await,
+            "LIVE",
+            "{mode:?}: LIVE without CDS"
+        );
+        assert_eq!(
+            envoy.stat("control_plane.connected_state").await,
+            Some(0),
+            "{mode:?}"
+        );
+        let mut names: Vec<String> = envoy.clusters_json().await["cluster_statuses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["lrs_cluster", "xds_cluster"], "{mode:?}");
+    }
 }
 
 #[tokio::test]
