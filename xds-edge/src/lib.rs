@@ -24,5 +24,5 @@ pub mod snapshot;
 pub mod sync;
 pub mod translate;
 
-pub use server::{Publisher, ServerConfig, XdsServer};
+pub use server::{Keepalive, Publisher, ServerConfig, XdsServer};
 pub use snapshot::{Snapshot, SnapshotBuilder};

@@ -62,6 +62,21 @@ impl Default for ServerConfig {
     }
 }
 
+/// HTTP/2 keepalive for long-lived streams (set on both ends).
+#[derive(Debug, Clone, Copy)]
+pub struct Keepalive {
+    /// Ping after this much idleness.
+    pub interval: Duration,
+    /// Drop the connection if a ping is not answered within this.
+    pub timeout: Duration,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Self { interval: Duration::from_secs(10), timeout: Duration::from_secs(5) }
+    }
+}
+
 /// Counters a driver exports as metrics (`waymark_xds_*`).
 #[derive(Debug, Default)]
 pub struct XdsStats {
@@ -139,6 +154,22 @@ impl XdsServer {
     /// The tonic service to add to a server.
     pub fn service(&self) -> AggregatedDiscoveryServiceServer<Self> {
         AggregatedDiscoveryServiceServer::new(self.clone())
+    }
+
+    /// Serve ADS on `listener` until `shutdown` resolves, with HTTP/2 keepalive so a
+    /// black-holed connection (no RST) is detected within `interval + timeout`.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        keepalive: Keepalive,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error> {
+        tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(keepalive.interval))
+            .http2_keepalive_timeout(Some(keepalive.timeout))
+            .add_service(self.service())
+            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+            .await
     }
 
     /// Every connected client's sync state.
