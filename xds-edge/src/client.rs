@@ -1,1 +1,744 @@
-//! Delta xDS client (being written).
+//! The Delta xDS client: used by the node agent upstream and by the load generator.
+//!
+//! Pure parts and a thin shell, like the server:
+//!
+//! - [`ClientState`] (pure): subscriptions and applied resources per type URL; builds the
+//!   requests that open a stream (with `initial_resource_versions`, so a reconnecting
+//!   client is not resent what it already holds), validates each response as a whole and
+//!   either applies it and ACKs or applies nothing and NACKs (google.rpc code 3);
+//! - [`Backoff`] (pure): full jitter, 250 ms doubling to 30 s, seeded, honouring a server's
+//!   `grpc-retry-pushback-ms` hint (reconnection admission), reset once a stream has stayed
+//!   up for a while;
+//! - [`XdsClient`] (shell): one task owning both, which opens `DeltaAggregatedResources`,
+//!   ACKs, publishes every applied state on a `watch` channel and reconnects on any error
+//!   or stream end. HTTP/2 keepalive is always set so a black-holed connection is noticed.
+//!
+//! ```text
+//! DeltaDiscoveryResponse ──► ClientState::handle_response ──► ACK/NACK ──► server
+//!                                                        └──► watch<Arc<Applied>>
+//! stream end / error ──► Backoff::next_delay ──► reconnect with initial_requests
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+};
+use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+use tracing::Instrument as _;
+
+pub use crate::protocol::Subscription;
+
+/// google.rpc.Code `INVALID_ARGUMENT`, the code a NACK carries.
+const CODE_INVALID_ARGUMENT: i32 = 3;
+/// The trailer a server sets on `UNAVAILABLE` to say when to come back.
+const RETRY_PUSHBACK: &str = "grpc-retry-pushback-ms";
+
+/// Refuses resources the caller cannot use: `(type_url, resource) → Err(reason)` NACKs the
+/// whole response. Runs on the client task, so it must be quick.
+pub type Validator = Arc<dyn Fn(&str, &Any) -> Result<(), String> + Send + Sync>;
+
+/// The resources applied for one type.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AppliedType {
+    /// By name: (resource version, resource).
+    pub resources: BTreeMap<String, (String, Any)>,
+    /// `system_version_info` of the last response applied.
+    pub system_version: String,
+}
+
+/// Everything applied, as published after each change.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Applied {
+    /// Per type URL.
+    pub types: BTreeMap<String, Arc<AppliedType>>,
+    /// Responses applied since the client started.
+    pub updates: u64,
+    /// Responses rejected since the client started.
+    pub nacks: u64,
+    /// The last rejection: (type URL, reason).
+    pub last_nack: Option<(String, String)>,
+    /// Streams opened since the client started (1 after the first connect).
+    pub streams: u64,
+}
+
+impl Applied {
+    /// The resources applied for `type_url`, if any response of it was.
+    pub fn resources(&self, type_url: &str) -> Option<&BTreeMap<String, (String, Any)>> {
+        self.types.get(type_url).map(|t| &t.resources)
+    }
+
+    /// The system version last applied for `type_url`.
+    pub fn version(&self, type_url: &str) -> Option<&str> {
+        self.types.get(type_url).map(|t| t.system_version.as_str())
+    }
+}
+
+/// Why a response was rejected. Every variant has the same effect: nothing of the response
+/// was applied (the previous state stays), and the caller sends [`Nack::request`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResponseError {
+    /// The response is for a type this client never subscribed to.
+    #[error("type {type_url} is not subscribed")]
+    UnsubscribedType {
+        /// The response's type URL.
+        type_url: String,
+    },
+    /// A resource has no name.
+    #[error("resource #{index} has no name")]
+    MissingName {
+        /// Its position in the response.
+        index: usize,
+    },
+    /// A resource has no payload.
+    #[error("resource {name} has no payload")]
+    MissingPayload {
+        /// The resource.
+        name: String,
+    },
+    /// A resource's payload is of another type than the response.
+    #[error("resource {name} is a {found}, not the response's type")]
+    TypeMismatch {
+        /// The resource.
+        name: String,
+        /// The payload's type URL.
+        found: String,
+    },
+    /// The validator refused a resource.
+    #[error("resource {name} refused: {reason}")]
+    Refused {
+        /// The resource.
+        name: String,
+        /// The validator's reason.
+        reason: String,
+    },
+}
+
+/// A rejected response: the NACK to send and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Nack {
+    /// The NACK (`response_nonce` and `error_detail` set).
+    pub request: DeltaDiscoveryRequest,
+    /// Why.
+    pub error: ResponseError,
+}
+
+/// The client's protocol state. Pure. See the module documentation.
+#[derive(Clone, Default)]
+pub struct ClientState {
+    subscriptions: BTreeMap<String, Subscription>,
+    applied: BTreeMap<String, Arc<AppliedType>>,
+    validator: Option<Validator>,
+    updates: u64,
+    nacks: u64,
+    last_nack: Option<(String, String)>,
+    streams: u64,
+}
+
+// === impl ClientState ===
+
+impl ClientState {
+    /// A state subscribed to `subscriptions`, holding nothing.
+    pub fn new(subscriptions: impl IntoIterator<Item = (String, Subscription)>) -> Self {
+        Self {
+            subscriptions: subscriptions.into_iter().collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Refuse, with a NACK, any response holding a resource `validator` rejects.
+    pub fn with_validator(mut self, validator: Validator) -> Self {
+        self.validator = Some(validator);
+        self
+    }
+
+    /// The subscriptions, by type URL.
+    pub fn subscriptions(&self) -> &BTreeMap<String, Subscription> {
+        &self.subscriptions
+    }
+
+    /// The requests that open a stream: one per subscribed type (clusters sort before
+    /// endpoints), naming what is held so the server resends only what changed. Only the
+    /// first carries the node. A type subscribed to nothing is left out, since an empty
+    /// first request would mean "wildcard".
+    pub fn initial_requests(&self, node: &Node) -> Vec<DeltaDiscoveryRequest> {
+        let mut out: Vec<DeltaDiscoveryRequest> = Vec::with_capacity(self.subscriptions.len());
+        for (type_url, sub) in &self.subscriptions {
+            let names = subscribe_names(sub);
+            if names.is_empty() {
+                continue;
+            }
+            let initial_resource_versions = self
+                .applied
+                .get(type_url)
+                .map(|t| {
+                    t.resources
+                        .iter()
+                        .map(|(name, (version, _))| (name.clone(), version.clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.push(DeltaDiscoveryRequest {
+                node: out.is_empty().then(|| node.clone()),
+                type_url: type_url.clone(),
+                resource_names_subscribe: names,
+                initial_resource_versions,
+                ..Default::default()
+            });
+        }
+        out
+    }
+
+    /// Add to the subscription of `type_url`; the request to send on an open stream, if
+    /// anything was added.
+    pub fn subscribe(
+        &mut self,
+        type_url: &str,
+        subscription: Subscription,
+    ) -> Option<DeltaDiscoveryRequest> {
+        let held = self.subscriptions.entry(type_url.to_owned()).or_default();
+        let added = Subscription {
+            wildcard: subscription.wildcard && !held.wildcard,
+            names: subscription
+                .names
+                .difference(&held.names)
+                .cloned()
+                .collect(),
+        };
+        held.wildcard |= added.wildcard;
+        held.names.extend(added.names.iter().cloned());
+        let names = subscribe_names(&added);
+        (!names.is_empty()).then(|| DeltaDiscoveryRequest {
+            type_url: type_url.to_owned(),
+            resource_names_subscribe: names,
+            ..Default::default()
+        })
+    }
+
+    /// Take a response: if every resource in it is acceptable, apply it (upserts and
+    /// removals) and return the ACK; otherwise apply nothing and return the NACK.
+    pub fn handle_response(
+        &mut self,
+        resp: DeltaDiscoveryResponse,
+    ) -> Result<DeltaDiscoveryRequest, Box<Nack>> {
+        if let Err(error) = self.check(&resp) {
+            self.nacks += 1;
+            self.last_nack = Some((resp.type_url.clone(), error.to_string()));
+            let request = DeltaDiscoveryRequest {
+                type_url: resp.type_url,
+                response_nonce: resp.nonce,
+                error_detail: Some(RpcStatus {
+                    code: CODE_INVALID_ARGUMENT,
+                    message: error.to_string(),
+                    details: Vec::new(),
+                }),
+                ..Default::default()
+            };
+            return Err(Box::new(Nack { request, error }));
+        }
+        let applied = Arc::make_mut(self.applied.entry(resp.type_url.clone()).or_default());
+        for name in &resp.removed_resources {
+            applied.resources.remove(name);
+        }
+        for r in resp.resources {
+            let any = r
+                .resource
+                .expect("checked above: every resource has a payload");
+            applied.resources.insert(r.name, (r.version, any));
+        }
+        applied.system_version = resp.system_version_info;
+        self.updates += 1;
+        Ok(DeltaDiscoveryRequest {
+            type_url: resp.type_url,
+            response_nonce: resp.nonce,
+            ..Default::default()
+        })
+    }
+
+    /// A stream opened (counted in [`Applied::streams`]).
+    pub fn handle_stream_opened(&mut self) {
+        self.streams += 1;
+    }
+
+    /// Everything applied, for publishing. Cheap: resources are shared per type.
+    pub fn applied(&self) -> Applied {
+        Applied {
+            types: self.applied.clone(),
+            updates: self.updates,
+            nacks: self.nacks,
+            last_nack: self.last_nack.clone(),
+            streams: self.streams,
+        }
+    }
+
+    fn check(&self, resp: &DeltaDiscoveryResponse) -> Result<(), ResponseError> {
+        if !self.subscriptions.contains_key(&resp.type_url) {
+            return Err(ResponseError::UnsubscribedType {
+                type_url: resp.type_url.clone(),
+            });
+        }
+        for (index, r) in resp.resources.iter().enumerate() {
+            if r.name.is_empty() {
+                return Err(ResponseError::MissingName { index });
+            }
+            let Some(any) = &r.resource else {
+                return Err(ResponseError::MissingPayload {
+                    name: r.name.clone(),
+                });
+            };
+            if any.type_url != resp.type_url {
+                return Err(ResponseError::TypeMismatch {
+                    name: r.name.clone(),
+                    found: any.type_url.clone(),
+                });
+            }
+            if let Some(validator) = &self.validator {
+                validator(&resp.type_url, any).map_err(|reason| ResponseError::Refused {
+                    name: r.name.clone(),
+                    reason,
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for ClientState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientState")
+            .field("subscriptions", &self.subscriptions)
+            .field("applied", &self.applied)
+            .field("validator", &self.validator.as_ref().map(|_| "…"))
+            .field("updates", &self.updates)
+            .field("nacks", &self.nacks)
+            .finish_non_exhaustive()
+    }
+}
+
+fn subscribe_names(sub: &Subscription) -> Vec<String> {
+    let wildcard = sub.wildcard.then(|| "*".to_owned());
+    wildcard
+        .into_iter()
+        .chain(sub.names.iter().cloned())
+        .collect()
+}
+
+// === Backoff ===
+
+/// Reconnection backoff limits.
+#[derive(Debug, Clone)]
+pub struct BackoffConfig {
+    /// The first window.
+    pub base: Duration,
+    /// The largest window.
+    pub cap: Duration,
+    /// A stream that stayed up this long resets the backoff: the next failure is new.
+    pub healthy_after: Duration,
+}
+
+impl Default for BackoffConfig {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(250),
+            cap: Duration::from_secs(30),
+            healthy_after: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Full-jitter exponential backoff (AWS "full jitter"): the n-th consecutive failure waits a
+/// uniform draw from `[0, min(cap, base·2ⁿ)]`, plus the server's hint when it gave one, so
+/// a fleet refused together does not come back together. Pure; the RNG is seeded.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    config: BackoffConfig,
+    attempt: u32,
+    rng: SplitMix64,
+}
+
+impl Backoff {
+    /// A backoff with no failures yet, drawing from `seed`.
+    pub fn new(config: BackoffConfig, seed: u64) -> Self {
+        Self {
+            config,
+            attempt: 0,
+            rng: SplitMix64(seed),
+        }
+    }
+
+    /// How long to wait after a failure. `lived` is how long the failed stream had been up
+    /// (zero if it never opened); `hint` is the server's retry hint, waited in full.
+    pub fn next_delay(&mut self, lived: Duration, hint: Option<Duration>) -> Duration {
+        if lived >= self.config.healthy_after {
+            self.attempt = 0;
+        }
+        let window = self.window();
+        self.attempt = self.attempt.saturating_add(1);
+        let window_nanos = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+        let draw = self.rng.next_u64();
+        let jitter = match window_nanos.checked_add(1) {
+            Some(n) => draw % n,
+            None => draw,
+        };
+        let jitter = Duration::from_nanos(jitter);
+        hint.map_or(jitter, |h| h.saturating_add(jitter))
+    }
+
+    /// Consecutive failures counted so far.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The current window: `min(cap, base·2^attempt)`.
+    pub fn window(&self) -> Duration {
+        let factor = 1u32 << self.attempt.min(31);
+        self.config
+            .base
+            .checked_mul(factor)
+            .map_or(self.config.cap, |w| w.min(self.config.cap))
+    }
+}
+
+/// SplitMix64: tiny, seedable, good enough to spread reconnects.
+#[derive(Debug, Clone)]
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// The server's retry hint: `grpc-retry-pushback-ms` on an `UNAVAILABLE` status.
+pub fn retry_hint(status: &tonic::Status) -> Option<Duration> {
+    if status.code() != tonic::Code::Unavailable {
+        return None;
+    }
+    let ms: u64 = status
+        .metadata()
+        .get(RETRY_PUSHBACK)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()?;
+    Some(Duration::from_millis(ms))
+}
+
+// === XdsClient ===
+
+/// Client settings.
+#[derive(Clone)]
+pub struct ClientConfig {
+    /// Reconnection backoff.
+    pub backoff: BackoffConfig,
+    /// Seed of the backoff's jitter (vary it per client, e.g. from the node id).
+    pub seed: u64,
+    /// HTTP/2 keepalive ping interval (also while idle).
+    pub keepalive_interval: Duration,
+    /// How long a keepalive ping may go unanswered before the connection is dropped.
+    pub keepalive_timeout: Duration,
+    /// TCP connect timeout.
+    pub connect_timeout: Duration,
+    /// Requests (ACKs, subscriptions) buffered towards the server.
+    pub request_buffer: usize,
+    /// Refuses resources the caller cannot use (NACK).
+    pub validator: Option<Validator>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            backoff: BackoffConfig::default(),
+            seed: 0,
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            request_buffer: 16,
+            validator: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("backoff", &self.backoff)
+            .field("seed", &self.seed)
+            .field("keepalive_interval", &self.keepalive_interval)
+            .field("keepalive_timeout", &self.keepalive_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_buffer", &self.request_buffer)
+            .field("validator", &self.validator.as_ref().map(|_| "…"))
+            .finish()
+    }
+}
+
+/// Errors from the client handle.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The client's task is gone (it panicked). Nothing changed; the handle is useless.
+    #[error("xds client task has stopped")]
+    Stopped,
+}
+
+enum Command {
+    Subscribe {
+        type_url: String,
+        subscription: Subscription,
+    },
+}
+
+/// A running Delta xDS client. Dropping it stops the client and closes its stream.
+#[derive(Debug)]
+pub struct XdsClient {
+    commands: mpsc::Sender<Command>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl XdsClient {
+    /// Start a client with default settings. See [`XdsClient::connect_with`].
+    pub fn connect(
+        endpoint: Endpoint,
+        node: Node,
+        subscriptions: impl IntoIterator<Item = (String, Subscription)>,
+    ) -> (Self, watch::Receiver<Arc<Applied>>) {
+        Self::connect_with(ClientConfig::default(), endpoint, node, subscriptions)
+    }
+
+    /// Start a client on the current tokio runtime: it connects to `endpoint` (with
+    /// HTTP/2 keepalive set from `config`), subscribes, and publishes every applied state
+    /// on the returned channel, reconnecting until the handle is dropped.
+    pub fn connect_with(
+        config: ClientConfig,
+        endpoint: Endpoint,
+        node: Node,
+        subscriptions: impl IntoIterator<Item = (String, Subscription)>,
+    ) -> (Self, watch::Receiver<Arc<Applied>>) {
+        let endpoint = endpoint
+            .http2_keep_alive_interval(config.keepalive_interval)
+            .keep_alive_timeout(config.keepalive_timeout)
+            .keep_alive_while_idle(true)
+            .connect_timeout(config.connect_timeout);
+        let mut state = ClientState::new(subscriptions);
+        if let Some(v) = config.validator.clone() {
+            state = state.with_validator(v);
+        }
+        let (publish, applied) = watch::channel(Arc::new(state.applied()));
+        let (commands, commands_rx) = mpsc::channel(config.request_buffer.max(1));
+        let span = tracing::info_span!("xds_client", node_id = %node.id);
+        let driver = Driver {
+            state,
+            endpoint,
+            node,
+            backoff: Backoff::new(config.backoff.clone(), config.seed),
+            commands: commands_rx,
+            publish,
+            request_buffer: config.request_buffer.max(1),
+        };
+        let task = tokio::spawn(driver.run().instrument(span));
+        (Self { commands, task }, applied)
+    }
+
+    /// Add to a subscription; sent at once on an open stream, and on every reconnect.
+    pub async fn subscribe(
+        &self,
+        type_url: &str,
+        subscription: Subscription,
+    ) -> Result<(), ClientError> {
+        let command = Command::Subscribe {
+            type_url: type_url.to_owned(),
+            subscription,
+        };
+        self.commands
+            .send(command)
+            .await
+            .map_err(|_| ClientError::Stopped)
+    }
+}
+
+impl Drop for XdsClient {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Why a stream ended. Every variant keeps the applied state; the driver backs off and
+/// reconnects.
+#[derive(Debug, thiserror::Error)]
+enum StreamError {
+    /// No connection could be made.
+    #[error("connect failed")]
+    Connect(#[source] tonic::transport::Error),
+    /// The server refused or failed the stream (a refusal may carry a retry hint).
+    #[error("stream failed")]
+    Status(#[source] tonic::Status),
+    /// The server ended the stream cleanly, or the request side went away.
+    #[error("stream closed")]
+    Closed,
+}
+
+/// How a stream ended: `None` from [`Driver::run_stream`] means the handle is gone.
+struct Ended {
+    lived: Duration,
+    error: StreamError,
+}
+
+/// The task owning a client's state: one stream at a time, reconnecting with backoff.
+struct Driver {
+    state: ClientState,
+    endpoint: Endpoint,
+    node: Node,
+    backoff: Backoff,
+    commands: mpsc::Receiver<Command>,
+    publish: watch::Sender<Arc<Applied>>,
+    request_buffer: usize,
+}
+
+impl Driver {
+    async fn run(mut self) {
+        while let Some(ended) = self.run_stream().await {
+            let hint = match &ended.error {
+                StreamError::Status(status) => retry_hint(status),
+                _ => None,
+            };
+            let delay = self.backoff.next_delay(ended.lived, hint);
+            tracing::info!(
+                error = ?ended.error,
+                lived_ms = ended.lived.as_millis() as u64,
+                hint_ms = hint.map(|h| h.as_millis() as u64),
+                backoff_ms = delay.as_millis() as u64,
+                "xds stream ended; reconnecting after backoff"
+            );
+            if !self.wait(delay).await {
+                return;
+            }
+        }
+    }
+
+    /// Sleep for `delay`, still taking subscriptions; `false` if the handle is gone.
+    async fn wait(&mut self, delay: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + delay;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => return true,
+                command = self.commands.recv() => match command {
+                    // Not connected: the next stream's initial requests carry it.
+                    Some(c) => {
+                        let _ = self.handle_command(c);
+                    }
+                    None => return false,
+                },
+            }
+        }
+    }
+
+    async fn run_stream(&mut self) -> Option<Ended> {
+        let failed = |error| {
+            Some(Ended {
+                lived: Duration::ZERO,
+                error,
+            })
+        };
+        let channel: Channel = match self.endpoint.connect().await {
+            Ok(c) => c,
+            Err(e) => return failed(StreamError::Connect(e)),
+        };
+        let (tx, rx) = mpsc::channel(self.request_buffer);
+        let initial = self.state.initial_requests(&self.node);
+        let outbound = tokio_stream::iter(initial).chain(ReceiverStream::new(rx));
+        let mut client = AggregatedDiscoveryServiceClient::new(channel);
+        let mut inbound = match client.delta_aggregated_resources(outbound).await {
+            Ok(response) => response.into_inner(),
+            Err(status) => return failed(StreamError::Status(status)),
+        };
+        let opened = tokio::time::Instant::now();
+        self.state.handle_stream_opened();
+        self.publish();
+        tracing::info!("xds stream opened");
+        let error = loop {
+            tokio::select! {
+                msg = inbound.message() => match msg {
+                    Ok(Some(resp)) => {
+                        if !self.handle_response(resp, &tx).await {
+                            break StreamError::Closed;
+                        }
+                    }
+                    Ok(None) => break StreamError::Closed,
+                    Err(status) => break StreamError::Status(status),
+                },
+                command = self.commands.recv() => match command {
+                    Some(c) => {
+                        if let Some(req) = self.handle_command(c)
+                            && tx.send(req).await.is_err()
+                        {
+                            break StreamError::Closed;
+                        }
+                    }
+                    None => return None,
+                },
+            }
+        };
+        Some(Ended {
+            lived: opened.elapsed(),
+            error,
+        })
+    }
+
+    /// Apply or reject, answer, then publish; `false` if the answer could not be sent.
+    async fn handle_response(
+        &mut self,
+        resp: DeltaDiscoveryResponse,
+        tx: &mpsc::Sender<DeltaDiscoveryRequest>,
+    ) -> bool {
+        let type_url = resp.type_url.clone();
+        let version = resp.system_version_info.clone();
+        let nonce = resp.nonce.clone();
+        let (upserts, removals) = (resp.resources.len(), resp.removed_resources.len());
+        let answer = match self.state.handle_response(resp) {
+            Ok(ack) => {
+                tracing::debug!(xds.type_url = %type_url, xds.version = %version, xds.nonce = %nonce, upserts, removals, "xds response applied");
+                ack
+            }
+            Err(nack) => {
+                tracing::warn!(xds.type_url = %type_url, xds.version = %version, xds.nonce = %nonce, error = %nack.error, "xds response rejected");
+                nack.request
+            }
+        };
+        if tx.send(answer).await.is_err() {
+            return false;
+        }
+        self.publish();
+        true
+    }
+
+    fn handle_command(&mut self, command: Command) -> Option<DeltaDiscoveryRequest> {
+        match command {
+            Command::Subscribe {
+                type_url,
+                subscription,
+            } => self.state.subscribe(&type_url, subscription),
+        }
+    }
+
+    fn publish(&self) {
+        self.publish.send_replace(Arc::new(self.state.applied()));
+    }
+}
+
+#[cfg(test)]
+mod tests;
