@@ -76,10 +76,9 @@ pub fn cluster(service: &ServiceName) -> Cluster {
             }),
             service_name: service.to_string(),
         }),
-        connect_timeout: Some(PbDuration {
-            seconds: 0,
-            nanos: (CONNECT_TIMEOUT_MS * 1_000_000) as i32,
-        }),
+        connect_timeout: Some(pb_duration(std::time::Duration::from_millis(u64::from(
+            CONNECT_TIMEOUT_MS,
+        )))),
         lb_policy: LbPolicy::RoundRobin as i32,
         common_lb_config: Some(CommonLbConfig {
             healthy_panic_threshold: Some(Percent { value: 0.0 }),
@@ -133,7 +132,10 @@ pub fn load_assignment(released: &ReleasedView) -> ClusterLoadAssignment {
                         },
                     ),
                 ])),
-                lb_endpoints: eps.into_iter().map(lb_endpoint).collect(),
+                lb_endpoints: eps
+                    .into_iter()
+                    .map(|e| lb_endpoint(e, disregarded))
+                    .collect(),
                 priority,
                 ..Default::default()
             }
@@ -146,7 +148,7 @@ pub fn load_assignment(released: &ReleasedView) -> ClusterLoadAssignment {
     }
 }
 
-fn lb_endpoint(e: &ViewEndpoint) -> LbEndpoint {
+fn lb_endpoint(e: &ViewEndpoint, disregarded: bool) -> LbEndpoint {
     let health = match e.status {
         EndpointStatus::Eligible | EndpointStatus::Degraded | EndpointStatus::Disregarded => {
             HealthStatus::Healthy
@@ -172,7 +174,15 @@ fn lb_endpoint(e: &ViewEndpoint) -> LbEndpoint {
         load_balancing_weight: Some(UInt32Value {
             value: e.weight.get(),
         }),
+        // Envoy's config dump rebuilds localities from hosts and drops their metadata, so
+        // the guard's marker is repeated on every endpoint where callers can see it.
         metadata: Some(metadata([
+            (
+                "health_disregarded",
+                Value {
+                    kind: Some(Kind::BoolValue(disregarded)),
+                },
+            ),
             ("instance", string(e.instance.as_str())),
             ("verdict", string(e.verdict.as_str())),
             ("status", string(status_str(e.status))),
@@ -187,6 +197,14 @@ fn status_str(s: EndpointStatus) -> &'static str {
         EndpointStatus::Unknown => "unknown",
         EndpointStatus::Disregarded => "disregarded",
         EndpointStatus::Draining => "draining",
+    }
+}
+
+/// A protobuf `Duration` (nanos strictly below one second, as Envoy checks).
+pub fn pb_duration(d: std::time::Duration) -> PbDuration {
+    PbDuration {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
     }
 }
 

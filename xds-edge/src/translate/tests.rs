@@ -89,6 +89,13 @@ fn a_cluster_is_eds_over_ads_with_envoys_guards_set_explicitly() {
         eds.eds_config.unwrap().config_source_specifier,
         Some(ConfigSourceSpecifier::Ads(_))
     ));
+    assert_eq!(
+        c.connect_timeout,
+        Some(PbDuration {
+            seconds: 1,
+            nanos: 0
+        })
+    );
     let lb = c.common_lb_config.unwrap();
     assert_eq!(
         lb.healthy_panic_threshold,
