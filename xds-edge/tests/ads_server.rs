@@ -3,6 +3,9 @@
 //! These drive the server with envoy-types' generated client, speaking the protocol by
 //! hand so each edge case is explicit. Behaviour against a real Envoy is in `envoy_ads.rs`.
 
+// Test helpers outside #[test] functions unwrap too: a panic is how a test reports.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -10,7 +13,9 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -19,7 +24,9 @@ use tonic::transport::Channel;
 use waymark_core::eligibility::Verdict;
 use waymark_core::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
 use waymark_core::units::Weight;
-use waymark_core::view::{EndpointStatus, Markers, ReleasedView, Tier, Version, View, ViewEndpoint, ViewKey};
+use waymark_core::view::{
+    EndpointStatus, Markers, ReleasedView, Tier, Version, View, ViewEndpoint, ViewKey,
+};
 use waymark_xds::admission::AdmissionConfig;
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT};
 use waymark_xds::{Keepalive, Publisher, ServerConfig, SnapshotBuilder, XdsServer};
@@ -29,7 +36,10 @@ const WAIT: Duration = Duration::from_secs(10);
 fn endpoint(n: u8) -> ViewEndpoint {
     ViewEndpoint {
         instance: InstanceId::try_new(format!("pay-{n}")).unwrap(),
-        address: Address { ip: IpAddr::V4(Ipv4Addr::LOCALHOST), port: 9000 + u16::from(n) },
+        address: Address {
+            ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 9000 + u16::from(n),
+        },
         region: RegionName::try_new("eu").unwrap(),
         zone: ZoneName::try_new("a").unwrap(),
         tier: Tier::Local,
@@ -43,9 +53,22 @@ fn endpoint(n: u8) -> ViewEndpoint {
 }
 
 fn view(version: u64, members: &[u8]) -> ReleasedView {
-    let key = ViewKey { service: ServiceName::try_new("pay").unwrap(), zone: ZoneName::try_new("a").unwrap() };
-    let endpoints: BTreeMap<_, _> = members.iter().map(|n| (endpoint(*n).instance.clone(), endpoint(*n))).collect();
-    ReleasedView { version: Version(version), view: View { key, endpoints, markers: Markers::default() } }
+    let key = ViewKey {
+        service: ServiceName::try_new("pay").unwrap(),
+        zone: ZoneName::try_new("a").unwrap(),
+    };
+    let endpoints: BTreeMap<_, _> = members
+        .iter()
+        .map(|n| (endpoint(*n).instance.clone(), endpoint(*n)))
+        .collect();
+    ReleasedView {
+        version: Version(version),
+        view: View {
+            key,
+            endpoints,
+            markers: Markers::default(),
+        },
+    }
 }
 
 struct Fixture {
@@ -64,9 +87,20 @@ impl Fixture {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let serving = server.clone();
         tokio::spawn(async move {
-            serving.serve(listener, Keepalive::default(), async { stopped.await.ok(); }).await.unwrap();
+            serving
+                .serve(listener, Keepalive::default(), async {
+                    stopped.await.ok();
+                })
+                .await
+                .unwrap();
         });
-        Self { server, publisher, builder: SnapshotBuilder::new(), addr, _stop: stop }
+        Self {
+            server,
+            publisher,
+            builder: SnapshotBuilder::new(),
+            addr,
+            _stop: stop,
+        }
     }
 
     fn publish(&mut self, released: ReleasedView) {
@@ -75,7 +109,9 @@ impl Fixture {
     }
 
     async fn client(&self) -> AggregatedDiscoveryServiceClient<Channel> {
-        AggregatedDiscoveryServiceClient::connect(format!("http://{}", self.addr)).await.unwrap()
+        AggregatedDiscoveryServiceClient::connect(format!("http://{}", self.addr))
+            .await
+            .unwrap()
     }
 }
 
@@ -83,7 +119,11 @@ fn node(id: &str) -> Node {
     Node {
         id: id.into(),
         cluster: "test".into(),
-        locality: Some(Locality { region: "eu".into(), zone: "a".into(), ..Default::default() }),
+        locality: Some(Locality {
+            region: "eu".into(),
+            zone: "a".into(),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
@@ -96,15 +136,28 @@ struct DeltaClient {
 impl DeltaClient {
     async fn open(fx: &Fixture, id: &str) -> Result<Self, tonic::Status> {
         let (tx, requests) = mpsc::channel(16);
-        tx.send(DeltaDiscoveryRequest { node: Some(node(id)), type_url: TYPE_CLUSTER.into(), ..Default::default() })
+        tx.send(DeltaDiscoveryRequest {
+            node: Some(node(id)),
+            type_url: TYPE_CLUSTER.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let rx = fx
+            .client()
             .await
-            .unwrap();
-        let rx = fx.client().await.delta_aggregated_resources(ReceiverStream::new(requests)).await?.into_inner();
+            .delta_aggregated_resources(ReceiverStream::new(requests))
+            .await?
+            .into_inner();
         Ok(Self { tx, rx })
     }
 
     async fn next(&mut self) -> DeltaDiscoveryResponse {
-        tokio::time::timeout(WAIT, self.rx.message()).await.expect("a response in time").unwrap().unwrap()
+        tokio::time::timeout(WAIT, self.rx.message())
+            .await
+            .expect("a response in time")
+            .unwrap()
+            .unwrap()
     }
 
     async fn send(&self, req: DeltaDiscoveryRequest) {
@@ -113,7 +166,11 @@ impl DeltaClient {
 }
 
 fn ack(resp: &DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
-    DeltaDiscoveryRequest { type_url: resp.type_url.clone(), response_nonce: resp.nonce.clone(), ..Default::default() }
+    DeltaDiscoveryRequest {
+        type_url: resp.type_url.clone(),
+        response_nonce: resp.nonce.clone(),
+        ..Default::default()
+    }
 }
 
 #[tokio::test]
@@ -122,7 +179,10 @@ async fn a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded()
     fx.publish(view(1, &[1, 2]));
     let mut c = DeltaClient::open(&fx, "envoy-1").await.unwrap();
     let cds = c.next().await;
-    assert_eq!((cds.type_url.as_str(), cds.resources[0].name.as_str()), (TYPE_CLUSTER, "pay"));
+    assert_eq!(
+        (cds.type_url.as_str(), cds.resources[0].name.as_str()),
+        (TYPE_CLUSTER, "pay")
+    );
     c.send(ack(&cds)).await;
     c.send(DeltaDiscoveryRequest {
         type_url: TYPE_ENDPOINT.into(),
@@ -131,7 +191,13 @@ async fn a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded()
     })
     .await;
     let eds = c.next().await;
-    assert_eq!((eds.resources[0].name.as_str(), eds.resources[0].version.as_str()), ("pay", "1"));
+    assert_eq!(
+        (
+            eds.resources[0].name.as_str(),
+            eds.resources[0].version.as_str()
+        ),
+        ("pay", "1")
+    );
     c.send(ack(&eds)).await;
     // A withdrawal arrives as a new version of the same resource.
     fx.publish(view(2, &[2]));
@@ -142,7 +208,12 @@ async fn a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded()
     let synced = || {
         let state = fx.server.sync_state();
         let client = state.iter().find(|c| c.node_id == "envoy-1").cloned();
-        client.is_some_and(|c| c.types.values().all(|t| t.acked.is_some() && t.acked == t.sent) && c.types.len() == 2)
+        client.is_some_and(|c| {
+            c.types
+                .values()
+                .all(|t| t.acked.is_some() && t.acked == t.sent)
+                && c.types.len() == 2
+        })
     };
     wait_for("acks recorded", synced).await;
 }
@@ -156,36 +227,78 @@ async fn a_nack_keeps_the_acknowledged_version_and_records_the_error() {
     c.send(ack(&cds)).await;
     let mut nack = ack(&cds);
     fx.publish(view(2, &[1, 2])); // same cluster: no CDS change, so we NACK the old nonce
-    nack.error_detail = Some(RpcStatus { code: 3, message: "cluster rejected".into(), details: vec![] });
+    nack.error_detail = Some(RpcStatus {
+        code: 3,
+        message: "cluster rejected".into(),
+        details: vec![],
+    });
     c.send(nack).await;
     let recorded = || {
         let state = fx.server.sync_state();
         state.iter().any(|c| {
             c.types.get(TYPE_CLUSTER).is_some_and(|t| {
-                t.nacks == 1 && t.last_nack.as_ref().is_some_and(|(_, e)| e == "cluster rejected") && t.acked.is_some()
+                t.nacks == 1
+                    && t.last_nack
+                        .as_ref()
+                        .is_some_and(|(_, e)| e == "cluster rejected")
+                    && t.acked.is_some()
             })
         })
     };
     wait_for("nack recorded", recorded).await;
-    assert_eq!(fx.server.stats().nacks.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        fx.server
+            .stats()
+            .nacks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 }
 
 #[tokio::test]
 async fn reconnections_beyond_the_admission_cap_are_refused_with_a_retry_hint() {
-    let admission = AdmissionConfig { floor: 2, expected_clients: 0, ..AdmissionConfig::default() };
-    let fx = Fixture::start(ServerConfig { admission, ..ServerConfig::default() }).await;
+    let admission = AdmissionConfig {
+        floor: 2,
+        expected_clients: 0,
+        ..AdmissionConfig::default()
+    };
+    let fx = Fixture::start(ServerConfig {
+        admission,
+        ..ServerConfig::default()
+    })
+    .await;
     let _a = DeltaClient::open(&fx, "e1").await.unwrap();
     let _b = DeltaClient::open(&fx, "e2").await.unwrap();
-    let refused = DeltaClient::open(&fx, "e3").await.err().expect("third refused");
+    let refused = DeltaClient::open(&fx, "e3")
+        .await
+        .err()
+        .expect("third refused");
     assert_eq!(refused.code(), tonic::Code::Unavailable);
-    let hint: u64 = refused.metadata().get("grpc-retry-pushback-ms").unwrap().to_str().unwrap().parse().unwrap();
+    let hint: u64 = refused
+        .metadata()
+        .get("grpc-retry-pushback-ms")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(hint > 0 && hint <= 10_000, "hint {hint} ms");
-    assert_eq!(fx.server.stats().refused_streams.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        fx.server
+            .stats()
+            .refused_streams
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 }
 
 #[tokio::test]
 async fn a_client_that_stops_reading_is_disconnected_and_others_keep_their_updates() {
-    let config = ServerConfig { response_buffer: 1, send_timeout: Duration::from_millis(300), ..ServerConfig::default() };
+    let config = ServerConfig {
+        response_buffer: 1,
+        send_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
     let mut fx = Fixture::start(config).await;
     fx.publish(view(1, &[1]));
     // The slow client subscribes to endpoints and then never reads.
@@ -209,15 +322,31 @@ async fn a_client_that_stops_reading_is_disconnected_and_others_keep_their_updat
     // (hyper's defaults are 2 MB per stream, 5 MB per connection), then its buffer.
     let many: Vec<u8> = (1..=250).collect();
     for v in 2..320u64 {
-        if fx.server.stats().slow_consumers.load(std::sync::atomic::Ordering::Relaxed) == 1 {
+        if fx
+            .server
+            .stats()
+            .slow_consumers
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 1
+        {
             break;
         }
         fx.publish(view(v, &many));
         let r = good.next().await;
-        assert_eq!(r.resources[0].version, v.to_string(), "the good client keeps up");
+        assert_eq!(
+            r.resources[0].version,
+            v.to_string(),
+            "the good client keeps up"
+        );
         good.send(ack(&r)).await;
     }
-    let disconnected = || fx.server.stats().slow_consumers.load(std::sync::atomic::Ordering::Relaxed) == 1;
+    let disconnected = || {
+        fx.server
+            .stats()
+            .slow_consumers
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 1
+    };
     wait_for("slow client disconnected", disconnected).await;
     drop(slow);
 }
@@ -228,13 +357,29 @@ async fn unknown_types_and_bad_first_requests_are_counted_and_harmless() {
     fx.publish(view(1, &[1]));
     let mut c = DeltaClient::open(&fx, "odd").await.unwrap();
     c.next().await; // CDS
-    c.send(DeltaDiscoveryRequest { type_url: "type.googleapis.com/not.a.Type".into(), ..Default::default() }).await;
-    let unknown = || fx.server.stats().unknown_types.load(std::sync::atomic::Ordering::Relaxed) == 1;
+    c.send(DeltaDiscoveryRequest {
+        type_url: "type.googleapis.com/not.a.Type".into(),
+        ..Default::default()
+    })
+    .await;
+    let unknown = || {
+        fx.server
+            .stats()
+            .unknown_types
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 1
+    };
     wait_for("unknown type counted", unknown).await;
     // A stream that closes before its first request.
     let (tx, requests) = mpsc::channel::<DeltaDiscoveryRequest>(1);
     drop(tx);
-    let err = fx.client().await.delta_aggregated_resources(ReceiverStream::new(requests)).await.err().unwrap();
+    let err = fx
+        .client()
+        .await
+        .delta_aggregated_resources(ReceiverStream::new(requests))
+        .await
+        .err()
+        .unwrap();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     // The first client is unaffected.
     fx.publish(view(2, &[1, 2]));
@@ -252,7 +397,10 @@ async fn unknown_types_and_bad_first_requests_are_counted_and_harmless() {
 async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + WAIT;
     while !done() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

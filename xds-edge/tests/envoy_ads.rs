@@ -4,6 +4,9 @@
 //! at it, and small HTTP backends, then judges only from the outside: Envoy's admin API and
 //! real traffic through its listener.
 
+// Test helpers outside #[test] functions unwrap too: a panic is how a test reports.
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::collections::BTreeMap;
