@@ -1,4 +1,5 @@
 //! LRS over a real tonic connection on 127.0.0.1: the stream shape Envoy speaks, end to end.
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,0 +1,601 @@
+//! The Delta client against the real ADS server over 127.0.0.1: subscribe, apply, ACK,
+//! withdraw, NACK, reconnect after a restart, and honour reconnection admission's hint.
+//!
+//! Client progress is awaited on its watch channel. The server's sync registry has no
+//! change notification, so server-side facts are awaited by bounded polling (`server_until`).
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::address::Address as AddressKind;
+use envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier;
+use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+use envoy_types::pb::google::protobuf::Any;
+use prost::Message as _;
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Endpoint, Server};
+use waymark_core::eligibility::Verdict;
+use waymark_core::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
+use waymark_core::units::Weight;
+use waymark_core::view::{
+    EndpointStatus, Markers, ReleasedView, Tier, Version, View, ViewEndpoint, ViewKey,
+};
+use waymark_xds::admission::AdmissionConfig;
+use waymark_xds::client::{
+    Applied, BackoffConfig, ClientConfig, Subscription, Validator, XdsClient,
+};
+use waymark_xds::sync::ClientSync;
+use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT};
+use waymark_xds::{Publisher, ServerConfig, SnapshotBuilder, XdsServer};
+
+const WAIT: Duration = Duration::from_secs(10);
+/// The port of the endpoint the validator in the NACK test refuses.
+const POISON_PORT: u16 = 8009;
+
+// === fixtures ===
+
+fn ep(n: u8) -> ViewEndpoint {
+    ViewEndpoint {
+        instance: InstanceId::try_new(format!("pay-{n}")).unwrap(),
+        address: Address {
+            ip: IpAddr::V4(Ipv4Addr::new(127, 0, 0, n)),
+            port: 8000 + u16::from(n),
+        },
+        region: RegionName::try_new("eu").unwrap(),
+        zone: ZoneName::try_new("a").unwrap(),
+        tier: Tier::Local,
+        priority: 0,
+        weight: Weight::DEFAULT,
+        status: EndpointStatus::Eligible,
+        verdict: Verdict::Eligible,
+        tags: Arc::default(),
+        metadata: Arc::default(),
+    }
+}
+
+fn released(version: u64, eps: &[u8]) -> ReleasedView {
+    let endpoints: BTreeMap<_, _> = eps
+        .iter()
+        .map(|n| ep(*n))
+        .map(|e| (e.instance.clone(), e))
+        .collect();
+    ReleasedView {
+        version: Version(version),
+        view: View {
+            key: ViewKey {
+                service: ServiceName::try_new("pay").unwrap(),
+                zone: ZoneName::try_new("a").unwrap(),
+            },
+            endpoints,
+            markers: Markers::default(),
+        },
+    }
+}
+
+fn node(id: &str) -> Node {
+    Node {
+        id: id.to_owned(),
+        locality: Some(Locality {
+            zone: "a".to_owned(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn wildcard() -> Subscription {
+    Subscription {
+        wildcard: true,
+        names: BTreeSet::new(),
+    }
+}
+
+fn subscriptions() -> Vec<(String, Subscription)> {
+    let pay = Subscription {
+        wildcard: false,
+        names: BTreeSet::from(["pay".to_owned()]),
+    };
+    vec![
+        (TYPE_CLUSTER.to_owned(), wildcard()),
+        (TYPE_ENDPOINT.to_owned(), pay),
+    ]
+}
+
+fn fast_config() -> ClientConfig {
+    ClientConfig {
+        backoff: BackoffConfig {
+            base: Duration::from_millis(20),
+            cap: Duration::from_millis(200),
+            ..BackoffConfig::default()
+        },
+        seed: 11,
+        ..ClientConfig::default()
+    }
+}
+
+fn ports(any: &Any) -> Vec<u16> {
+    cla_ports(&ClusterLoadAssignment::decode(any.value.as_slice()).unwrap())
+}
+
+fn cla_ports(cla: &ClusterLoadAssignment) -> Vec<u16> {
+    cla.endpoints
+        .iter()
+        .flat_map(|l| &l.lb_endpoints)
+        .filter_map(|e| match &e.host_identifier {
+            Some(HostIdentifier::Endpoint(e)) => e.address.as_ref(),
+            _ => None,
+        })
+        .filter_map(|a| match &a.address {
+            Some(AddressKind::SocketAddress(s)) => match s.port_specifier {
+                Some(PortSpecifier::PortValue(p)) => Some(p as u16),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+fn endpoint_ports(applied: &Applied) -> Option<Vec<u16>> {
+    let (_, any) = applied.resources(TYPE_ENDPOINT)?.get("pay")?;
+    Some(ports(any))
+}
+
+// === a server we can stop and restart on the same port ===
+
+struct Running {
+    server: XdsServer,
+    publisher: Publisher,
+    builder: SnapshotBuilder,
+    stop: oneshot::Sender<()>,
+    serving: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Running {
+    async fn start(addr: SocketAddr, config: ServerConfig) -> (Self, SocketAddr) {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (server, publisher) = XdsServer::new(config);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let serving = tokio::spawn(
+            Server::builder()
+                .http2_keepalive_interval(Some(Duration::from_secs(5)))
+                .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+                .add_service(server.service())
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                }),
+        );
+        let running = Self {
+            server,
+            publisher,
+            builder: SnapshotBuilder::new(),
+            stop,
+            serving,
+        };
+        (running, addr)
+    }
+
+    fn release(&mut self, view: &ReleasedView) {
+        assert!(self.builder.handle_release(view));
+        self.publisher.publish(self.builder.build());
+    }
+
+    /// Ending the snapshot feed ends every stream; then the listener closes.
+    async fn stop(self) {
+        drop(self.publisher);
+        let _ = self.stop.send(());
+        timeout(WAIT, self.serving).await.unwrap().unwrap().unwrap();
+    }
+}
+
+fn client(
+    addr: SocketAddr,
+    id: &str,
+    config: ClientConfig,
+) -> (XdsClient, watch::Receiver<Arc<Applied>>) {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}")).unwrap();
+    XdsClient::connect_with(config, endpoint, node(id), subscriptions())
+}
+
+async fn until(
+    rx: &mut watch::Receiver<Arc<Applied>>,
+    what: &str,
+    cond: impl Fn(&Applied) -> bool,
+) -> Arc<Applied> {
+    let waited = timeout(WAIT, rx.wait_for(|a| cond(a)))
+        .await
+        .map(|r| r.map(|applied| applied.clone()));
+    match waited {
+        Ok(Ok(applied)) => applied,
+        Ok(Err(_)) => panic!("client stopped while waiting for {what}"),
+        Err(_) => panic!(
+            "timed out waiting for {what}; last: {}",
+            summary(&rx.borrow())
+        ),
+    }
+}
+
+/// What a waiting test prints: counters and versions, not resource bytes.
+fn summary(a: &Applied) -> String {
+    let versions: Vec<(&str, &str)> = a
+        .types
+        .iter()
+        .map(|(t, applied)| {
+            (
+                t.rsplit('.').next().unwrap_or(t),
+                applied.system_version.as_str(),
+            )
+        })
+        .collect();
+    format!(
+        "streams {}, updates {}, nacks {}, versions {versions:?}",
+        a.streams, a.updates, a.nacks
+    )
+}
+
+async fn server_until(
+    server: &XdsServer,
+    what: &str,
+    cond: impl Fn(&[ClientSync]) -> bool,
+) -> Vec<ClientSync> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let state = server.sync_state();
+        if cond(&state) {
+            return state;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}; last: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn acked_all(state: &[ClientSync]) -> bool {
+    state.len() == 1
+        && [TYPE_CLUSTER, TYPE_ENDPOINT].iter().all(|t| {
+            state[0]
+                .types
+                .get(*t)
+                .is_some_and(|s| s.sent.is_some() && s.acked == s.sent)
+        })
+}
+
+fn any_addr() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+// === tests ===
+
+#[tokio::test]
+async fn the_client_applies_clusters_and_endpoints_acks_them_and_sees_a_withdrawal() {
+    // Goal: CDS and EDS arrive and are ACKed; a newer view without an endpoint removes it.
+    let (mut running, addr) = Running::start(any_addr(), ServerConfig::default()).await;
+    running.release(&released(1, &[1, 2]));
+    let (_client, mut applied) = client(addr, "node-a", fast_config());
+
+    let first = until(&mut applied, "endpoints of v1", |a| {
+        endpoint_ports(a).is_some() && a.resources(TYPE_CLUSTER).is_some()
+    })
+    .await;
+    assert_eq!(endpoint_ports(&first), Some(vec![8001, 8002]));
+    assert_eq!(
+        first
+            .resources(TYPE_CLUSTER)
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["pay"]
+    );
+    assert_eq!(first.version(TYPE_ENDPOINT), Some("1"));
+    assert_eq!(first.streams, 1);
+    let state = server_until(&running.server, "both types acked", acked_all).await;
+    assert_eq!(state[0].node_id, "node-a");
+    assert_eq!(state[0].protocol, "delta");
+
+    running.release(&released(2, &[1]));
+    let second = until(&mut applied, "endpoints of v2", |a| {
+        a.version(TYPE_ENDPOINT) == Some("2")
+    })
+    .await;
+    assert_eq!(endpoint_ports(&second), Some(vec![8001]), "pay-2 withdrawn");
+    assert_eq!(second.nacks, 0);
+    server_until(&running.server, "v2 acked", |s| {
+        acked_all(s) && s[0].types[TYPE_ENDPOINT].acked.as_deref() == Some("2")
+    })
+    .await;
+    assert_eq!(running.server.stats().nacks.load(Ordering::Relaxed), 0);
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn after_a_server_restart_the_client_reconnects_and_is_resent_only_what_changed() {
+    // Goal: the reconnecting client names what it holds, so a restarted server with the
+    // same snapshot sends nothing until something changes, and then only the change.
+    let (mut running, addr) = Running::start(any_addr(), ServerConfig::default()).await;
+    running.release(&released(1, &[1, 2]));
+    let (_client, mut applied) = client(addr, "node-a", fast_config());
+    until(&mut applied, "endpoints of v1", |a| {
+        endpoint_ports(a).is_some()
+    })
+    .await;
+    server_until(&running.server, "both types acked", acked_all).await;
+    let updates_before = applied.borrow().updates;
+    running.stop().await;
+
+    let (mut restarted, same) = Running::start(addr, ServerConfig::default()).await;
+    assert_eq!(same, addr);
+    restarted.release(&released(1, &[1, 2]));
+    let reconnected = until(&mut applied, "a second stream", |a| a.streams == 2).await;
+    assert_eq!(
+        reconnected.updates, updates_before,
+        "nothing applied on reconnect"
+    );
+    assert_eq!(
+        endpoint_ports(&reconnected),
+        Some(vec![8001, 8002]),
+        "state kept"
+    );
+
+    restarted.release(&released(2, &[1]));
+    let changed = until(&mut applied, "endpoints of v2", |a| {
+        a.version(TYPE_ENDPOINT) == Some("2")
+    })
+    .await;
+    assert_eq!(endpoint_ports(&changed), Some(vec![8001]));
+    assert_eq!(changed.updates, updates_before + 1);
+    assert_eq!(
+        restarted.server.stats().responses.load(Ordering::Relaxed),
+        1,
+        "only the changed load assignment was sent; the cluster was not resent"
+    );
+    let state = server_until(&restarted.server, "v2 acked", |s| {
+        s.len() == 1
+            && s[0]
+                .types
+                .get(TYPE_ENDPOINT)
+                .is_some_and(|t| t.acked.as_deref() == Some("2"))
+    })
+    .await;
+    assert!(
+        !state[0].types.contains_key(TYPE_CLUSTER),
+        "no cluster response"
+    );
+    restarted.stop().await;
+}
+
+#[tokio::test]
+async fn a_resource_the_validator_refuses_is_nacked_and_the_applied_state_stays() {
+    // Goal: an undecodable (here: unacceptable) assignment is NACKed as a whole, the server
+    // records the NACK, and the client keeps serving the last good assignment.
+    let (mut running, addr) = Running::start(any_addr(), ServerConfig::default()).await;
+    running.release(&released(1, &[1, 2]));
+    let validator: Validator = Arc::new(|type_url: &str, any: &Any| {
+        if type_url != TYPE_ENDPOINT {
+            return Ok(());
+        }
+        let cla = ClusterLoadAssignment::decode(any.value.as_slice()).map_err(|e| e.to_string())?;
+        if cla_ports(&cla).contains(&POISON_PORT) {
+            return Err(format!("endpoint port {POISON_PORT} refused"));
+        }
+        Ok(())
+    });
+    let config = ClientConfig {
+        validator: Some(validator),
+        ..fast_config()
+    };
+    let (_client, mut applied) = client(addr, "node-a", config);
+    until(&mut applied, "endpoints of v1", |a| {
+        endpoint_ports(a).is_some()
+    })
+    .await;
+    server_until(&running.server, "both types acked", acked_all).await;
+
+    running.release(&released(2, &[1, 2, 9]));
+    let rejected = until(&mut applied, "a NACK", |a| a.nacks == 1).await;
+    assert_eq!(endpoint_ports(&rejected), Some(vec![8001, 8002]), "v1 kept");
+    assert_eq!(rejected.version(TYPE_ENDPOINT), Some("1"));
+    let (nacked_type, reason) = rejected.last_nack.clone().unwrap();
+    assert_eq!(nacked_type, TYPE_ENDPOINT);
+    assert!(reason.contains("8009"), "{reason}");
+
+    let state = server_until(&running.server, "the NACK recorded", |s| {
+        s.len() == 1
+            && s[0]
+                .types
+                .get(TYPE_ENDPOINT)
+                .is_some_and(|t| t.last_nack.is_some())
+    })
+    .await;
+    let eds = &state[0].types[TYPE_ENDPOINT];
+    let (version, error) = eds.last_nack.clone().unwrap();
+    assert_eq!(version, "2");
+    assert!(error.contains("8009"), "{error}");
+    assert_eq!(eds.acked.as_deref(), Some("1"), "the acked version stays");
+
+    // A fixed view is accepted again.
+    running.release(&released(3, &[1]));
+    let fixed = until(&mut applied, "endpoints of v3", |a| {
+        a.version(TYPE_ENDPOINT) == Some("3")
+    })
+    .await;
+    assert_eq!(endpoint_ports(&fixed), Some(vec![8001]));
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_refused_by_admission_waits_out_the_retry_hint() {
+    // Goal: with a backoff far shorter than the hint, a client that ignored the hint would
+    // be refused again and again; one that honours it is refused once (twice at most: the
+    // server truncates its hint to whole milliseconds, so the retry can land a fraction
+    // of a millisecond before the window rolls).
+    let admission = AdmissionConfig {
+        floor: 1,
+        window: Duration::from_millis(600),
+        ..AdmissionConfig::default()
+    };
+    let config = ServerConfig {
+        admission,
+        ..ServerConfig::default()
+    };
+    let (mut running, addr) = Running::start(any_addr(), config).await;
+    running.release(&released(1, &[1]));
+    let tiny = ClientConfig {
+        backoff: BackoffConfig {
+            base: Duration::from_millis(1),
+            cap: Duration::from_millis(5),
+            ..BackoffConfig::default()
+        },
+        ..ClientConfig::default()
+    };
+    let (_first, mut first_applied) = client(addr, "node-a", tiny.clone());
+    until(&mut first_applied, "the first client's stream", |a| {
+        a.streams == 1
+    })
+    .await;
+
+    let (_second, mut second_applied) = client(addr, "node-b", tiny);
+    let admitted = until(&mut second_applied, "the second client's endpoints", |a| {
+        endpoint_ports(a).is_some()
+    })
+    .await;
+    assert_eq!(admitted.streams, 1);
+    let refused = running
+        .server
+        .stats()
+        .refused_streams
+        .load(Ordering::Relaxed);
+    assert!((1..=2).contains(&refused), "refused {refused} times");
+    running.stop().await;
+}
+
+/// A TCP proxy that can black-hole every connection it holds: bytes stop flowing both
+/// ways but no socket is closed (no FIN, no RST), as when a middlebox drops a flow.
+/// Connections accepted after the cut are forwarded normally.
+struct Proxy {
+    addr: SocketAddr,
+    cut: watch::Sender<u64>,
+    accepting: JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind(any_addr()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cut, epochs) = watch::channel(0u64);
+        let accepting = tokio::spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let Ok(up) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let born = *epochs.borrow();
+                let (down_r, down_w) = down.into_split();
+                let (up_r, up_w) = up.into_split();
+                tokio::spawn(pump(down_r, up_w, epochs.clone(), born));
+                tokio::spawn(pump(up_r, down_w, epochs.clone(), born));
+            }
+        });
+        Self {
+            addr,
+            cut,
+            accepting,
+        }
+    }
+
+    fn black_hole_existing(&self) {
+        self.cut.send_modify(|e| *e += 1);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut epochs: watch::Receiver<u64>,
+    born: u64,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let cut = tokio::select! {
+            true = cut_after(&mut epochs, born) => true,
+            n = from.read(&mut buf) => match n {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                    false
+                }
+            },
+        };
+        if cut {
+            // Hold both halves open and silent until the proxy goes away.
+            while epochs.changed().await.is_ok() {}
+            return;
+        }
+    }
+}
+
+/// Whether connections born at `born` have been cut (`false` once the proxy is gone).
+async fn cut_after(epochs: &mut watch::Receiver<u64>, born: u64) -> bool {
+    epochs.wait_for(|e| *e > born).await.is_ok()
+}
+
+#[tokio::test]
+async fn a_black_holed_connection_is_detected_by_keepalive_and_the_client_reconnects() {
+    // Goal: with no FIN or RST, only HTTP/2 keepalive notices the dead connection; the
+    // client must reconnect within two keepalive intervals plus the timeout (and backoff).
+    let (mut running, addr) = Running::start(any_addr(), ServerConfig::default()).await;
+    running.release(&released(1, &[1, 2]));
+    let proxy = Proxy::start(addr).await;
+    let keepalive = Duration::from_millis(300);
+    let config = ClientConfig {
+        keepalive_interval: keepalive,
+        keepalive_timeout: keepalive,
+        ..fast_config()
+    };
+    let backoff_cap = config.backoff.cap;
+    let (_client, mut applied) = client(proxy.addr, "node-a", config);
+    until(&mut applied, "endpoints of v1", |a| {
+        endpoint_ports(a).is_some()
+    })
+    .await;
+
+    proxy.black_hole_existing();
+    let cut_at = tokio::time::Instant::now();
+    until(&mut applied, "a second stream", |a| a.streams == 2).await;
+    let detected = cut_at.elapsed();
+    // Scheduling slack on a busy machine: one more second.
+    let bound = 2 * keepalive + keepalive + backoff_cap + Duration::from_secs(1);
+    assert!(
+        detected <= bound,
+        "reconnected after {detected:?} > {bound:?}"
+    );
+
+    running.release(&released(2, &[1]));
+    let after = until(&mut applied, "endpoints of v2", |a| {
+        a.version(TYPE_ENDPOINT) == Some("2")
+    })
+    .await;
+    assert_eq!(endpoint_ports(&after), Some(vec![8001]));
+    // Not `stop()`: the server's side of the black-holed connection would hold a graceful
+    // shutdown until the server's own keepalive gives up on it.
+    drop(proxy);
+}
