@@ -8,4 +8,5 @@
 #![warn(unreachable_pub)]
 
 pub mod bench;
+pub mod fanout;
 pub mod rng;

@@ -75,6 +75,18 @@ enum Bench {
         #[arg(long, default_value_t = 30)]
         failing_permille: u64,
     },
+    /// Withdrawals through the real ADS server to N Delta streams, against plain HTTP/2.
+    Fanout {
+        /// Delta streams to open (one connection each).
+        #[arg(long, default_value_t = 2_000)]
+        subscriptions: usize,
+        /// Withdrawals to publish, one after another.
+        #[arg(long, default_value_t = 50)]
+        withdrawals: usize,
+        /// Endpoints in the view.
+        #[arg(long, default_value_t = 50)]
+        endpoints: usize,
+    },
     /// One change, then re-assembly and diff of the affected views, against a plain clone.
     Assemble {
         #[command(flatten)]
@@ -94,6 +106,12 @@ fn main() -> anyhow::Result<()> {
             anyhow::ensure!(samples > 0, "--samples must be positive");
             eprintln!("bench evaluator: {samples} samples over {} instances, seed {}", shape.instances, shape.seed);
             serde_json::to_string(&bench::evaluator(shape, samples, failing_permille))
+        }
+        Bench::Fanout { subscriptions, withdrawals, endpoints } => {
+            anyhow::ensure!(subscriptions > 0 && withdrawals > 0 && endpoints > 1, "counts must be positive");
+            eprintln!("bench fanout: {subscriptions} Delta streams, {withdrawals} withdrawals of {endpoints} endpoints");
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            serde_json::to_string(&runtime.block_on(waymark_chaos::fanout::run(subscriptions, withdrawals, endpoints))?)
         }
         Bench::Assemble { shape, changes } => {
             let shape = shape.shape()?;
