@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 
 use crate::snapshot::Resources;
-use crate::translate::TYPE_CLUSTER;
+use crate::translate::{TYPE_CLUSTER, TYPE_LISTENER};
 
 /// What a request meant for the last response of its type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -243,8 +243,9 @@ impl SotwState {
         version: &str,
         nonce: String,
     ) -> Option<DiscoveryResponse> {
-        // CDS wildcard: everything; EDS: only what was named (absence ≠ deletion there).
-        let wildcard = self.subscription.wildcard && type_url == TYPE_CLUSTER;
+        // CDS/LDS wildcard: everything; EDS/RDS: only what was named (absence ≠ deletion).
+        let wildcard =
+            self.subscription.wildcard && (type_url == TYPE_CLUSTER || type_url == TYPE_LISTENER);
         let chosen: Vec<(&String, &crate::snapshot::Encoded)> = resources
             .iter()
             .filter(|(n, _)| wildcard || self.subscription.names.contains(*n))

@@ -36,7 +36,7 @@ use crate::admission::{AdmissionConfig, AdmissionController, Admit};
 use crate::protocol::{Ack, DeltaState, SotwState};
 use crate::snapshot::Snapshot;
 use crate::sync::{ClientSync, SyncRegistry};
-use crate::translate::{TYPE_CLUSTER, TYPE_ENDPOINT};
+use crate::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
 
 /// Server limits.
 #[derive(Debug, Clone)]
@@ -73,7 +73,10 @@ pub struct Keepalive {
 
 impl Default for Keepalive {
     fn default() -> Self {
-        Self { interval: Duration::from_secs(10), timeout: Duration::from_secs(5) }
+        Self {
+            interval: Duration::from_secs(10),
+            timeout: Duration::from_secs(5),
+        }
     }
 }
 
@@ -168,7 +171,10 @@ impl XdsServer {
             .http2_keepalive_interval(Some(keepalive.interval))
             .http2_keepalive_timeout(Some(keepalive.timeout))
             .add_service(self.service())
-            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                shutdown,
+            )
             .await
     }
 
@@ -367,7 +373,7 @@ impl<T> StreamCore<T> {
     }
 
     fn known_type(&self, type_url: &str) -> bool {
-        let known = type_url == TYPE_CLUSTER || type_url == TYPE_ENDPOINT;
+        let known = TYPE_ORDER.contains(&type_url);
         if !known {
             self.inner
                 .stats
@@ -391,8 +397,9 @@ impl<T> Drop for StreamCore<T> {
     }
 }
 
-/// Types in the order a change is sent: clusters before their endpoints.
-const TYPE_ORDER: [&str; 2] = [TYPE_CLUSTER, TYPE_ENDPOINT];
+/// Types in the order a change is sent: clusters before their endpoints, and both before
+/// the listeners and routes that point at them (make before break).
+const TYPE_ORDER: [&str; 4] = [TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE];
 
 struct DeltaStream {
     core: StreamCore<DeltaDiscoveryResponse>,

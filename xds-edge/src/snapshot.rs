@@ -14,11 +14,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use envoy_types::pb::google::protobuf::Any;
-use prost::Message as _;
 use waymark_core::model::{ServiceName, ZoneName};
 use waymark_core::view::{ReleasedView, Version, ViewKey};
 
-use crate::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, cluster, load_assignment, to_any};
+use crate::translate::{
+    TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE, api_listener, cluster, load_assignment,
+    route_configuration, to_any,
+};
 
 /// One encoded resource and its version string.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +43,10 @@ pub struct Snapshot {
     pub clusters: Resources,
     /// EDS: per caller zone, one load assignment per service.
     pub endpoints: BTreeMap<ZoneName, Resources>,
+    /// LDS: one API listener per service, for proxyless gRPC clients.
+    pub listeners: Resources,
+    /// RDS: one route configuration per service, for proxyless gRPC clients.
+    pub routes: Resources,
 }
 
 impl Snapshot {
@@ -50,6 +56,8 @@ impl Snapshot {
         static EMPTY: std::sync::OnceLock<Resources> = std::sync::OnceLock::new();
         match type_url {
             TYPE_CLUSTER => Some(&self.clusters),
+            TYPE_LISTENER => Some(&self.listeners),
+            TYPE_ROUTE => Some(&self.routes),
             TYPE_ENDPOINT => {
                 let zone = zone.or_else(|| self.endpoints.keys().next());
                 Some(
@@ -73,6 +81,8 @@ impl Snapshot {
 #[derive(Debug, Default)]
 pub struct SnapshotBuilder {
     clusters: BTreeMap<ServiceName, Encoded>,
+    listeners: BTreeMap<ServiceName, Encoded>,
+    routes: BTreeMap<ServiceName, Encoded>,
     views: BTreeMap<ViewKey, (Version, Encoded)>,
 }
 
@@ -94,15 +104,13 @@ impl SnapshotBuilder {
             return false;
         }
         if !self.clusters.contains_key(&key.service) {
-            let c = cluster(&key.service);
-            let version = format!("{:016x}", fnv1a(&c.encode_to_vec()));
-            self.clusters.insert(
-                key.service.clone(),
-                Encoded {
-                    version,
-                    resource: Arc::new(to_any(TYPE_CLUSTER, &c)),
-                },
-            );
+            let s = &key.service;
+            self.clusters
+                .insert(s.clone(), encode(TYPE_CLUSTER, &cluster(s)));
+            self.listeners
+                .insert(s.clone(), encode(TYPE_LISTENER, &api_listener(s)));
+            self.routes
+                .insert(s.clone(), encode(TYPE_ROUTE, &route_configuration(s)));
         }
         let encoded = Encoded {
             version: released.version.to_string(),
@@ -115,16 +123,21 @@ impl SnapshotBuilder {
     /// Forget a service entirely (its cluster and every zone's assignment).
     pub fn handle_service_removed(&mut self, service: &ServiceName) {
         self.clusters.remove(service);
+        self.listeners.remove(service);
+        self.routes.remove(service);
         self.views.retain(|k, _| &k.service != service);
     }
 
     /// The snapshot of everything held.
     pub fn build(&self) -> Snapshot {
-        let clusters = self
-            .clusters
-            .iter()
-            .map(|(s, e)| (s.to_string(), e.clone()))
-            .collect();
+        let by_name = |m: &BTreeMap<ServiceName, Encoded>| {
+            m.iter().map(|(s, e)| (s.to_string(), e.clone())).collect()
+        };
+        let (clusters, listeners, routes) = (
+            by_name(&self.clusters),
+            by_name(&self.listeners),
+            by_name(&self.routes),
+        );
         let mut endpoints: BTreeMap<ZoneName, Resources> = BTreeMap::new();
         let mut version = 0;
         for (key, (v, e)) in &self.views {
@@ -138,12 +151,27 @@ impl SnapshotBuilder {
             version,
             clusters,
             endpoints,
+            listeners,
+            routes,
         };
         debug_assert!(
             snapshot.is_consistent(),
             "every load assignment has its cluster"
         );
         snapshot
+    }
+}
+
+/// Encode once, versioned by content (these resources carry no view version).
+fn encode<M: prost::Message>(type_url: &str, message: &M) -> Encoded {
+    let bytes = message.encode_to_vec();
+    let version = format!("{:016x}", fnv1a(&bytes));
+    Encoded {
+        version,
+        resource: Arc::new(Any {
+            type_url: type_url.to_owned(),
+            value: bytes,
+        }),
     }
 }
 

@@ -33,6 +33,19 @@ use envoy_types::pb::envoy::config::core::v3::{
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint::HostIdentifier,
 };
+use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
+use envoy_types::pb::envoy::config::route::v3::route::Action as RouteActionKind;
+use envoy_types::pb::envoy::config::route::v3::route_action::ClusterSpecifier;
+use envoy_types::pb::envoy::config::route::v3::route_match::PathSpecifier;
+use envoy_types::pb::envoy::config::route::v3::{
+    Route as EnvoyRoute, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
+};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::RouteSpecifier;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_filter::ConfigType as HttpFilterConfig;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, HttpFilter, Rds,
+};
 use envoy_types::pb::envoy::r#type::v3::Percent;
 use envoy_types::pb::google::protobuf::{
     Any, Duration as PbDuration, Struct, UInt32Value, Value, value::Kind,
@@ -45,6 +58,12 @@ pub const TYPE_CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Clus
 /// Type URL of EDS resources.
 pub const TYPE_ENDPOINT: &str =
     "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+/// Type URL of LDS resources (served for proxyless gRPC clients only).
+pub const TYPE_LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+/// Type URL of RDS resources (served for proxyless gRPC clients only).
+pub const TYPE_ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+const TYPE_HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const TYPE_ROUTER: &str = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
 /// The metadata namespace waymark writes under.
 pub const METADATA_NAMESPACE: &str = "waymark";
 /// Client-side ejection cap: Envoy's outlier detection may eject at most this share of a
@@ -95,6 +114,69 @@ pub fn cluster(service: &ServiceName) -> Cluster {
             ..Default::default()
         }),
         metadata: Some(metadata([("service", string(service.as_str()))])),
+        ..Default::default()
+    }
+}
+
+/// The minimal LDS resource a proxyless gRPC client needs to dial `xds:///<service>`: an
+/// API listener named after the service whose connection manager takes its routes from RDS
+/// over ADS. Envoy sidecars never ask for it (their listeners are their own static config).
+pub fn api_listener(service: &ServiceName) -> Listener {
+    let hcm = HttpConnectionManager {
+        stat_prefix: service.to_string(),
+        route_specifier: Some(RouteSpecifier::Rds(Rds {
+            config_source: Some(ads_source()),
+            route_config_name: service.to_string(),
+        })),
+        http_filters: vec![HttpFilter {
+            name: "envoy.filters.http.router".into(),
+            config_type: Some(HttpFilterConfig::TypedConfig(to_any(
+                TYPE_ROUTER,
+                &Router::default(),
+            ))),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    Listener {
+        name: service.to_string(),
+        api_listener: Some(ApiListener {
+            api_listener: Some(to_any(TYPE_HCM, &hcm)),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The minimal RDS resource for a proxyless client: every request to the service goes to
+/// its cluster.
+pub fn route_configuration(service: &ServiceName) -> RouteConfiguration {
+    let route = EnvoyRoute {
+        r#match: Some(RouteMatch {
+            path_specifier: Some(PathSpecifier::Prefix(String::new())),
+            ..Default::default()
+        }),
+        action: Some(RouteActionKind::Route(RouteAction {
+            cluster_specifier: Some(ClusterSpecifier::Cluster(service.to_string())),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    RouteConfiguration {
+        name: service.to_string(),
+        virtual_hosts: vec![VirtualHost {
+            name: service.to_string(),
+            domains: vec!["*".into()],
+            routes: vec![route],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn ads_source() -> ConfigSource {
+    ConfigSource {
+        resource_api_version: ApiVersion::V3 as i32,
+        config_source_specifier: Some(ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
         ..Default::default()
     }
 }
