@@ -459,3 +459,81 @@ async fn state_of_the_world_clients_get_the_same_views() {
     assert_eq!(sync[0].protocol, "sotw");
     assert!(sync[0].types.values().all(|t| t.nacks == 0));
 }
+
+#[tokio::test]
+async fn envoy_load_reports_arrive_with_per_endpoint_counts() {
+    use waymark_xds::lrs::{AddressBook, ChannelSink, LrsConfig, LrsServer};
+    let (a, b) = (Backend::start("pay-a").await, Backend::start("pay-b").await);
+    b.set_status(503);
+    let mut cp = ControlPlane::start().await;
+    let view = released(
+        1,
+        &[
+            member(&a, EndpointStatus::Eligible),
+            member(&b, EndpointStatus::Eligible),
+        ],
+        Markers::default(),
+    );
+    cp.publish(view.clone());
+    // The LRS server on its own port, as the node agent runs it beside ADS.
+    let (reports_tx, mut reports) = tokio::sync::mpsc::channel(64);
+    let lrs = LrsServer::new(LrsConfig::default(), Arc::new(ChannelSink::new(reports_tx)));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let lrs_addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(lrs.service())
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let envoy = Envoy::start(EnvoyConfig {
+        node_id: "sidecar-lrs".into(),
+        region: "eu".into(),
+        zone: "zone-a".into(),
+        xds: Some(Xds {
+            addr: cp.addr,
+            mode: XdsMode::Delta,
+        }),
+        lrs: Some(lrs_addr),
+        routes: vec![Route::new("/pay/", "pay")],
+        ..EnvoyConfig::default()
+    })
+    .await;
+    envoy.wait_live(PATIENCE).await;
+    wait_hosts(&envoy, &[&a, &b]).await;
+    let mut sent = BTreeMap::<u16, usize>::new();
+    for _ in 0..40 {
+        let (status, _) = envoy.get("/pay/hello").await;
+        *sent.entry(status).or_insert(0) += 1;
+    }
+    // Sum reports until every request is accounted for (Envoy reports once a second).
+    let book = AddressBook::from_view(&view.view);
+    let (mut ok_a, mut err_b) = (0u64, 0u64);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while ok_a + err_b < 40 {
+        let report = tokio::time::timeout_at(deadline, reports.recv())
+            .await
+            .expect("reports in time")
+            .unwrap();
+        assert_eq!(
+            (report.node_id.as_str(), report.zone.as_str()),
+            ("sidecar-lrs", "zone-a")
+        );
+        for load in report.loads.iter().filter(|l| l.cluster == "pay") {
+            match book.instance(&load.address).map(InstanceId::as_str) {
+                Some("pay-a") => ok_a += load.requests - load.errors,
+                Some("pay-b") => err_b += load.errors,
+                other => panic!("report for an endpoint not in the view: {other:?} {load:?}"),
+            }
+        }
+    }
+    assert_eq!(
+        ok_a as usize,
+        sent.get(&200).copied().unwrap_or(0),
+        "successes per endpoint"
+    );
+    assert_eq!(
+        err_b as usize,
+        sent.get(&503).copied().unwrap_or(0),
+        "a 503 counts as an error"
+    );
+}
