@@ -404,3 +404,43 @@ async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn a_nonce_from_another_stream_is_stale_and_types_are_acked_separately() {
+    let mut fx = Fixture::start(ServerConfig::default()).await;
+    fx.publish(view(1, &[1]));
+    let mut one = DeltaClient::open(&fx, "one").await.unwrap();
+    let cds_one = one.next().await;
+    let mut two = DeltaClient::open(&fx, "two").await.unwrap();
+    let cds_two = two.next().await;
+    assert_ne!(cds_one.nonce, cds_two.nonce, "nonces are unique per stream");
+    // Stream two answers with stream one's nonce: stale, not an ACK.
+    two.send(ack(&cds_one)).await;
+    let stale = || {
+        fx.server
+            .stats()
+            .stale_nonces
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 1
+    };
+    wait_for("stale nonce counted", stale).await;
+    // Nonces are per type: acking CDS says nothing about EDS. Subscribing to EDS with a
+    // duplicated name yields one resource.
+    two.send(ack(&cds_two)).await;
+    two.send(DeltaDiscoveryRequest {
+        type_url: TYPE_ENDPOINT.into(),
+        resource_names_subscribe: vec!["pay".into(), "pay".into()],
+        ..Default::default()
+    })
+    .await;
+    let eds = two.next().await;
+    assert_eq!(eds.resources.len(), 1);
+    let acked = || {
+        let state = fx.server.sync_state();
+        let c = state.iter().find(|c| c.node_id == "two").cloned();
+        c.is_some_and(|c| {
+            c.types[TYPE_CLUSTER].acked.is_some() && c.types[TYPE_ENDPOINT].acked.is_none()
+        })
+    };
+    wait_for("cds acked, eds not yet", acked).await;
+}
