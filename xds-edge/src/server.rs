@@ -62,6 +62,13 @@ impl Default for ServerConfig {
     }
 }
 
+/// Serving options shared by [`XdsServer::serve`] and [`XdsServer::serve_tls`].
+fn builder(keepalive: Keepalive) -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(keepalive.interval))
+        .http2_keepalive_timeout(Some(keepalive.timeout))
+}
+
 /// HTTP/2 keepalive for long-lived streams (set on both ends).
 #[derive(Debug, Clone, Copy)]
 pub struct Keepalive {
@@ -159,22 +166,42 @@ impl XdsServer {
         AggregatedDiscoveryServiceServer::new(self.clone())
     }
 
-    /// Serve ADS on `listener` until `shutdown` resolves, with HTTP/2 keepalive so a
-    /// black-holed connection (no RST) is detected within `interval + timeout`.
+    /// Serve ADS in plain text on `listener` until `shutdown` resolves, with HTTP/2
+    /// keepalive so a black-holed connection (no RST) is detected within
+    /// `interval + timeout`. For loopback and tests; production uses [`XdsServer::serve_tls`].
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
         keepalive: Keepalive,
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), tonic::transport::Error> {
-        tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(keepalive.interval))
-            .http2_keepalive_timeout(Some(keepalive.timeout))
+        builder(keepalive)
             .add_service(self.service())
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::TcpListenerStream::new(listener),
                 shutdown,
             )
+            .await
+    }
+
+    /// Serve ADS over mutual TLS: every client presents a certificate the `tls` config's
+    /// verifier admits (see `waymark_certs::tls::server_config`), and its identity is
+    /// recorded in its sync state. Handshake failures never reach a stream.
+    pub async fn serve_tls(
+        self,
+        listener: tokio::net::TcpListener,
+        tls: Arc<rustls::ServerConfig>,
+        keepalive: Keepalive,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error> {
+        let incoming = waymark_certs::grpc::incoming(
+            listener,
+            tls,
+            waymark_certs::grpc::IncomingConfig::default(),
+        );
+        builder(keepalive)
+            .add_service(self.service())
+            .serve_with_incoming_shutdown(incoming, shutdown)
             .await
     }
 
@@ -239,7 +266,7 @@ impl XdsServer {
         }
     }
 
-    fn open(&self, node: &Node, protocol: &'static str) -> u64 {
+    fn open(&self, node: &Node, identity: Option<String>, protocol: &'static str) -> u64 {
         let id = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
         let zone = node
             .locality
@@ -247,13 +274,11 @@ impl XdsServer {
             .map(|l| l.zone.clone())
             .unwrap_or_default();
         let now = tokio::time::Instant::now().into_std();
-        self.inner.sync.lock().expect("sync registry lock").connect(
-            id,
-            node.id.clone(),
-            zone,
-            protocol,
-            now,
-        );
+        let shown = identity.as_deref().unwrap_or("-");
+        tracing::info!(node_id = %node.id, stream_id = id, protocol, identity = shown, "xds stream opened");
+        let mut sync = self.inner.sync.lock().expect("sync registry lock");
+        sync.connect(id, node.id.clone(), zone, protocol, now);
+        sync.set_identity(id, identity);
         id
     }
 }
@@ -267,11 +292,12 @@ impl AggregatedDiscoveryService for XdsServer {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let identity = waymark_certs::grpc::peer_identity(&request).map(ToString::to_string);
         let mut inbound = request.into_inner();
         let first = self.first(&mut inbound).await?;
         let node = first.node.clone().unwrap_or_default();
         self.admit(&node)?;
-        let stream_id = self.open(&node, "sotw");
+        let stream_id = self.open(&node, identity, "sotw");
         let (tx, rx) = mpsc::channel(self.inner.config.response_buffer);
         let span =
             tracing::info_span!("xds_stream", node_id = %node.id, stream_id, protocol = "sotw");
@@ -284,11 +310,12 @@ impl AggregatedDiscoveryService for XdsServer {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        let identity = waymark_certs::grpc::peer_identity(&request).map(ToString::to_string);
         let mut inbound = request.into_inner();
         let first = self.first(&mut inbound).await?;
         let node = first.node.clone().unwrap_or_default();
         self.admit(&node)?;
-        let stream_id = self.open(&node, "delta");
+        let stream_id = self.open(&node, identity, "delta");
         let (tx, rx) = mpsc::channel(self.inner.config.response_buffer);
         let span =
             tracing::info_span!("xds_stream", node_id = %node.id, stream_id, protocol = "delta");

@@ -37,6 +37,8 @@ pub struct ClientSync {
     pub stream_id: u64,
     /// `delta` or `sotw`.
     pub protocol: &'static str,
+    /// The client's verified workload identity, when it connected over mutual TLS.
+    pub identity: Option<String>,
     /// When the stream opened.
     pub connected_since: Instant,
     /// Per type URL.
@@ -64,10 +66,18 @@ impl SyncRegistry {
             zone,
             stream_id,
             protocol,
+            identity: None,
             connected_since: now,
             types: BTreeMap::new(),
         };
         self.clients.insert(stream_id, client);
+    }
+
+    /// Record the identity the stream's TLS handshake verified.
+    pub fn set_identity(&mut self, stream_id: u64, identity: Option<String>) {
+        if let Some(c) = self.clients.get_mut(&stream_id) {
+            c.identity = identity;
+        }
     }
 
     /// A stream closed.

@@ -118,6 +118,19 @@ pub struct EnvoyConfig {
     pub routes: Vec<Route>,
     /// Clusters fixed in the bootstrap (no xDS needed).
     pub static_clusters: Vec<StaticCluster>,
+    /// Mutual TLS to the ADS server: the certificate Envoy presents and the bundle it trusts.
+    pub xds_tls: Option<TlsFiles>,
+}
+
+/// Files for an upstream mutual-TLS context (PEM).
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// Leaf followed by intermediates.
+    pub cert_chain: PathBuf,
+    /// The leaf's private key.
+    pub key: PathBuf,
+    /// The trust bundle the server's chain must verify against.
+    pub ca: PathBuf,
 }
 
 impl Default for EnvoyConfig {
@@ -131,6 +144,7 @@ impl Default for EnvoyConfig {
             lrs: None,
             routes: Vec::new(),
             static_clusters: Vec::new(),
+            xds_tls: None,
         }
     }
 }
@@ -205,6 +219,27 @@ fn grpc_cluster(name: &str, addr: SocketAddr) -> Value {
     })
 }
 
+/// An upstream TLS transport socket presenting `tls`'s certificate (TLS 1.3, ALPN h2).
+/// Envoy's upstream maximum defaults to TLS 1.2, so both bounds are set: waymark's servers
+/// speak TLS 1.3 only.
+fn upstream_tls(tls: &TlsFiles) -> Value {
+    json!({
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": {
+                "tls_params": { "tls_minimum_protocol_version": "TLSv1_3", "tls_maximum_protocol_version": "TLSv1_3" },
+                "alpn_protocols": ["h2"],
+                "tls_certificates": [{
+                    "certificate_chain": { "filename": tls.cert_chain },
+                    "private_key": { "filename": tls.key }
+                }],
+                "validation_context": { "trusted_ca": { "filename": tls.ca } }
+            }
+        }
+    })
+}
+
 /// The bootstrap [`Envoy::start`] writes for `config` (public so a test can inspect it).
 pub fn bootstrap(config: &EnvoyConfig) -> Value {
     let routes: Vec<Value> = config
@@ -264,7 +299,11 @@ pub fn bootstrap(config: &EnvoyConfig) -> Value {
         })
         .collect();
     if let Some(xds) = config.xds {
-        clusters.push(grpc_cluster(XDS_CLUSTER, xds.addr));
+        let mut cluster = grpc_cluster(XDS_CLUSTER, xds.addr);
+        if let Some(tls) = &config.xds_tls {
+            cluster["transport_socket"] = upstream_tls(tls);
+        }
+        clusters.push(cluster);
     }
     if let Some(lrs) = config.lrs {
         clusters.push(grpc_cluster(LRS_CLUSTER, lrs));

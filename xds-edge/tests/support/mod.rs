@@ -22,6 +22,6 @@ pub mod http;
 
 pub use backend::Backend;
 pub use envoy::{
-    Envoy, EnvoyConfig, Route, StaticCluster, Xds, XdsMode, envoy_bin, envoy_bin_from, eventually,
-    missing_envoy_message, resolve_envoy_bin,
+    Envoy, EnvoyConfig, Route, StaticCluster, TlsFiles, Xds, XdsMode, envoy_bin, envoy_bin_from,
+    eventually, missing_envoy_message, resolve_envoy_bin,
 };

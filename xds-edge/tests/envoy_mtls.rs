@@ -1,0 +1,205 @@
+//! ADS over mutual TLS with a real Envoy: the sidecar presents its node identity (issued by
+//! waymark's own CA, from files, as its bootstrap would in production) and the server admits
+//! only node identities of its trust domain.
+
+// Test helpers outside #[test] functions unwrap too: a panic is how a test reports.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use support::{Backend, Envoy, EnvoyConfig, Route, TlsFiles, Xds, XdsMode};
+use waymark_certs::layout::PkiDir;
+use waymark_certs::reload::{MaterialPaths, load_material};
+use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
+use waymark_certs::{
+    CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, RejectReason, TrustDomain,
+};
+use waymark_core::eligibility::Verdict;
+use waymark_core::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
+use waymark_core::units::Weight;
+use waymark_core::view::{
+    EndpointStatus, Markers, ReleasedView, Tier, Version, View, ViewEndpoint, ViewKey,
+};
+use waymark_xds::{Keepalive, ServerConfig, SnapshotBuilder, XdsServer};
+
+const TD: &str = "mesh.test";
+const PATIENCE: Duration = Duration::from_secs(20);
+
+struct Pki {
+    dir: tempfile::TempDir,
+    pki: PkiDir,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = PkiDir::new(dir.path().join("pki"));
+        let td = TrustDomain::new(TD).unwrap();
+        pki.init(&td, &[Name::new("eu").unwrap()], SystemTime::now())
+            .unwrap();
+        Self { dir, pki }
+    }
+
+    fn issue(&self, identity: &str) -> TlsFiles {
+        let identity = Identity::parse(identity).unwrap();
+        let ttl = Duration::from_secs(24 * 3600);
+        let (_, paths) = self
+            .pki
+            .issue(&identity, None, ttl, None, SystemTime::now())
+            .unwrap();
+        TlsFiles {
+            cert_chain: paths.fullchain,
+            key: paths.key,
+            ca: self.pki.bundle(),
+        }
+    }
+}
+
+fn view(backend: &Backend) -> ReleasedView {
+    let key = ViewKey {
+        service: ServiceName::try_new("pay").unwrap(),
+        zone: ZoneName::try_new("zone-a").unwrap(),
+    };
+    let addr = backend.addr();
+    let e = ViewEndpoint {
+        instance: InstanceId::try_new(backend.name()).unwrap(),
+        address: Address {
+            ip: addr.ip(),
+            port: addr.port(),
+        },
+        region: RegionName::try_new("eu").unwrap(),
+        zone: ZoneName::try_new("zone-a").unwrap(),
+        tier: Tier::Local,
+        priority: 0,
+        weight: Weight::DEFAULT,
+        status: EndpointStatus::Eligible,
+        verdict: Verdict::Eligible,
+        tags: Arc::default(),
+        metadata: Arc::default(),
+    };
+    let endpoints: BTreeMap<_, _> = [(e.instance.clone(), e)].into_iter().collect();
+    ReleasedView {
+        version: Version(1),
+        view: View {
+            key,
+            endpoints,
+            markers: Markers::default(),
+        },
+    }
+}
+
+/// Our server over mutual TLS as an authority member, admitting node identities only.
+async fn authority(pki: &Pki, backend: &Backend) -> (XdsServer, CertMetrics, std::net::SocketAddr) {
+    waymark_certs::install_crypto_provider();
+    let own = pki.issue(&format!("spiffe://{TD}/region/eu/authority/a1"));
+    let paths = MaterialPaths {
+        cert_chain: own.cert_chain,
+        key: own.key,
+        bundle: own.ca,
+    };
+    let td = TrustDomain::new(TD).unwrap();
+    let own_policy = PeerPolicy {
+        trust_domain: td.clone(),
+        accepted: KindSet::only(IdentityKind::Authority),
+    };
+    let material = load_material(&paths, &own_policy, SystemTime::now())
+        .await
+        .unwrap();
+    let policy = PeerPolicy {
+        trust_domain: td,
+        accepted: KindSet::only(IdentityKind::Node),
+    };
+    let metrics = CertMetrics::new();
+    let tls = server_config(
+        &LiveMaterial::new(material),
+        policy,
+        metrics.clone(),
+        &[ALPN_H2],
+    )
+    .unwrap();
+    let (server, publisher) = XdsServer::new(ServerConfig::default());
+    let mut builder = SnapshotBuilder::new();
+    builder.handle_release(&view(backend));
+    publisher.publish(builder.build());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = server.clone();
+    tokio::spawn(async move {
+        let _publisher = publisher; // keeps the snapshot channel open while serving
+        serving
+            .serve_tls(
+                listener,
+                Arc::new(tls),
+                Keepalive::default(),
+                std::future::pending(),
+            )
+            .await
+            .unwrap();
+    });
+    (server, metrics, addr)
+}
+
+fn sidecar(addr: std::net::SocketAddr, node: &str, tls: TlsFiles) -> EnvoyConfig {
+    EnvoyConfig {
+        node_id: node.into(),
+        zone: "zone-a".into(),
+        xds: Some(Xds {
+            addr,
+            mode: XdsMode::Delta,
+        }),
+        xds_tls: Some(tls),
+        routes: vec![Route::new("/pay/", "pay")],
+        ..EnvoyConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn envoy_speaks_ads_over_mutual_tls_with_its_node_identity() {
+    let pki = Pki::new();
+    let backend = Backend::start("pay-a").await;
+    let (server, _, addr) = authority(&pki, &backend).await;
+    let node = format!("spiffe://{TD}/region/eu/node/n1");
+    let envoy = Envoy::start(sidecar(addr, "n1", pki.issue(&node))).await;
+    envoy.wait_live(PATIENCE).await;
+    envoy
+        .wait_until("the pay host", PATIENCE, async || {
+            envoy.cluster_endpoints("pay").await == Some(vec![backend.addr()])
+        })
+        .await;
+    let (status, body) = envoy.get("/pay/hi").await;
+    assert_eq!((status, body.as_str()), (200, "pay-a"));
+    let sync = server.sync_state();
+    assert_eq!(
+        sync[0].identity.as_deref(),
+        Some(node.as_str()),
+        "the stream is attributed to the node"
+    );
+    let _keep = &pki.dir;
+}
+
+#[tokio::test]
+async fn a_sidecar_presenting_a_workload_identity_is_refused_and_counted() {
+    let pki = Pki::new();
+    let backend = Backend::start("pay-a").await;
+    let (server, metrics, addr) = authority(&pki, &backend).await;
+    let workload = pki.issue(&format!("spiffe://{TD}/region/eu/service/pay/instance/i1"));
+    let envoy = Envoy::start(sidecar(addr, "impostor", workload)).await;
+    envoy
+        .wait_until("the refusal counted", PATIENCE, async || {
+            metrics.rejected(
+                RejectReason::WrongKind,
+                waymark_certs::metrics::RejectSource::Peer,
+            ) >= 1
+        })
+        .await;
+    assert!(server.sync_state().is_empty(), "no stream was opened");
+    assert_eq!(
+        envoy.cluster_endpoints("pay").await,
+        None,
+        "nothing was served"
+    );
+}
