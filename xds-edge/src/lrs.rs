@@ -365,6 +365,7 @@ struct Inner {
     config: LrsConfig,
     sink: Arc<dyn LoadSink>,
     stats: LrsStats,
+    clusters: tokio::sync::watch::Sender<Arc<Vec<String>>>,
 }
 
 /// The LRS server. Cheap to clone; every clone feeds the same sink.
@@ -382,6 +383,7 @@ impl LrsServer {
             config,
             sink,
             stats: LrsStats::default(),
+            clusters: tokio::sync::watch::Sender::new(Arc::new(Vec::new())),
         };
         Self {
             inner: Arc::new(inner),
@@ -398,12 +400,30 @@ impl LrsServer {
         &self.inner.stats
     }
 
-    /// The response that starts reporting: every cluster, per endpoint, at our interval.
+    /// Name the clusters to report on (the services this server's ADS serves); every
+    /// stream is sent a new response at once. Envoy 1.40 fixes the set of clusters a
+    /// `send_all_clusters` response covers when it arrives, so clusters CDS delivers later
+    /// are never reported: naming them is what makes their reports flow.
+    pub fn set_clusters(&self, mut clusters: Vec<String>) {
+        clusters.sort();
+        clusters.dedup();
+        self.inner.clusters.send_if_modified(|current| {
+            let changed = **current != clusters;
+            if changed {
+                *current = Arc::new(clusters);
+            }
+            changed
+        });
+    }
+
+    /// The response that starts reporting: the named clusters (every cluster Envoy knows
+    /// when none are named yet), per endpoint, at our interval.
     pub fn first_response(&self) -> LoadStatsResponse {
+        let clusters = self.inner.clusters.borrow().clone();
         let interval = self.inner.config.interval;
         LoadStatsResponse {
-            clusters: Vec::new(),
-            send_all_clusters: true,
+            clusters: clusters.to_vec(),
+            send_all_clusters: clusters.is_empty(),
             load_reporting_interval: Some(PbDuration {
                 seconds: i64::try_from(interval.as_secs()).unwrap_or(i64::MAX),
                 nanos: i32::try_from(interval.subsec_nanos()).expect("sub-second nanos fit in i32"),
@@ -476,8 +496,16 @@ impl LrsServer {
         mut inbound: Streaming<LoadStatsRequest>,
         tx: mpsc::Sender<Result<LoadStatsResponse, Status>>,
     ) {
+        let mut clusters = self.inner.clusters.subscribe();
+        clusters.mark_unchanged();
         loop {
             tokio::select! {
+                Ok(()) = clusters.changed() => {
+                    // The cluster list changed: restart Envoy's reporting period with it.
+                    if tx.send(Ok(self.first_response())).await.is_err() {
+                        return;
+                    }
+                }
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => self.handle_request(&node, &req),
                     Ok(None) => return,

@@ -34,7 +34,7 @@ use waymark_core::model::ZoneName;
 
 use crate::admission::{AdmissionConfig, AdmissionController, Admit};
 use crate::protocol::{Ack, DeltaState, SotwState};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Resources, Snapshot};
 use crate::sync::{ClientSync, SyncRegistry};
 use crate::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
 
@@ -301,7 +301,7 @@ impl AggregatedDiscoveryService for XdsServer {
         let (tx, rx) = mpsc::channel(self.inner.config.response_buffer);
         let span =
             tracing::info_span!("xds_stream", node_id = %node.id, stream_id, protocol = "sotw");
-        let stream = SotwStream::new(self.inner.clone(), stream_id, &node, tx);
+        let stream = ProtocolStream::<SotwState>::new(self.inner.clone(), stream_id, &node, tx);
         tokio::spawn(stream.run(first, inbound).instrument(span));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -319,7 +319,7 @@ impl AggregatedDiscoveryService for XdsServer {
         let (tx, rx) = mpsc::channel(self.inner.config.response_buffer);
         let span =
             tracing::info_span!("xds_stream", node_id = %node.id, stream_id, protocol = "delta");
-        let stream = DeltaStream::new(self.inner.clone(), stream_id, &node, tx);
+        let stream = ProtocolStream::<DeltaState>::new(self.inner.clone(), stream_id, &node, tx);
         tokio::spawn(stream.run(first, inbound).instrument(span));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -428,17 +428,102 @@ impl<T> Drop for StreamCore<T> {
 /// the listeners and routes that point at them (make before break).
 const TYPE_ORDER: [&str; 4] = [TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE];
 
-struct DeltaStream {
-    core: StreamCore<DeltaDiscoveryResponse>,
-    states: BTreeMap<String, DeltaState>,
+/// What differs between the Delta and State-of-the-World protocols, for the stream driver.
+trait Flavor: Default + Send + 'static {
+    type Request: Send + 'static;
+    type Response: Send + 'static;
+    /// For logs.
+    const NAME: &'static str;
+    fn type_url(req: &Self::Request) -> &str;
+    fn handle_request(&mut self, req: &Self::Request) -> Ack;
+    /// SotW ignores a request with a stale nonce entirely; Delta still applies its
+    /// subscription changes.
+    fn answers(ack: &Ack) -> bool;
+    fn next_response(
+        &mut self,
+        type_url: &str,
+        resources: &Resources,
+        version: &str,
+        nonce: String,
+    ) -> Option<Self::Response>;
+    /// (version, nonce, resources the client now holds) for the sync registry.
+    fn sent(&self, resp: &Self::Response) -> (String, String, usize);
 }
 
-impl DeltaStream {
+impl Flavor for DeltaState {
+    type Request = DeltaDiscoveryRequest;
+    type Response = DeltaDiscoveryResponse;
+    const NAME: &'static str = "delta";
+    fn type_url(req: &Self::Request) -> &str {
+        &req.type_url
+    }
+    fn handle_request(&mut self, req: &Self::Request) -> Ack {
+        DeltaState::handle_request(self, req)
+    }
+    fn answers(_: &Ack) -> bool {
+        true
+    }
+    fn next_response(
+        &mut self,
+        type_url: &str,
+        resources: &Resources,
+        version: &str,
+        nonce: String,
+    ) -> Option<Self::Response> {
+        DeltaState::next_response(self, type_url, resources, version, nonce)
+    }
+    fn sent(&self, resp: &Self::Response) -> (String, String, usize) {
+        (
+            resp.system_version_info.clone(),
+            resp.nonce.clone(),
+            self.known.len(),
+        )
+    }
+}
+
+impl Flavor for SotwState {
+    type Request = DiscoveryRequest;
+    type Response = DiscoveryResponse;
+    const NAME: &'static str = "sotw";
+    fn type_url(req: &Self::Request) -> &str {
+        &req.type_url
+    }
+    fn handle_request(&mut self, req: &Self::Request) -> Ack {
+        SotwState::handle_request(self, req)
+    }
+    fn answers(ack: &Ack) -> bool {
+        !matches!(ack, Ack::Stale { .. })
+    }
+    fn next_response(
+        &mut self,
+        type_url: &str,
+        resources: &Resources,
+        version: &str,
+        nonce: String,
+    ) -> Option<Self::Response> {
+        SotwState::next_response(self, type_url, resources, version, nonce)
+    }
+    fn sent(&self, resp: &Self::Response) -> (String, String, usize) {
+        (
+            resp.version_info.clone(),
+            resp.nonce.clone(),
+            resp.resources.len(),
+        )
+    }
+}
+
+/// One stream: its per-type protocol state and the loop that drives it.
+struct ProtocolStream<F: Flavor> {
+    core: StreamCore<F::Response>,
+    states: BTreeMap<String, F>,
+}
+
+impl<F: Flavor> ProtocolStream<F> {
     fn new(
         inner: Arc<Inner>,
         id: u64,
         node: &Node,
-        tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+        tx: mpsc::Sender<Result<F::Response, Status>>,
     ) -> Self {
         Self {
             core: StreamCore::new(inner, id, node, tx),
@@ -446,11 +531,8 @@ impl DeltaStream {
         }
     }
 
-    async fn run(
-        mut self,
-        first: DeltaDiscoveryRequest,
-        mut inbound: Streaming<DeltaDiscoveryRequest>,
-    ) {
+    /// Wake on a request or a new snapshot; answer; end when either side goes away.
+    async fn run(mut self, first: F::Request, mut inbound: Streaming<F::Request>) {
         let mut snapshots = self.core.inner.snapshots.clone();
         snapshots.mark_unchanged();
         let mut next = Some(first);
@@ -478,14 +560,21 @@ impl DeltaStream {
         }
     }
 
-    async fn handle(&mut self, req: DeltaDiscoveryRequest) -> bool {
-        if !self.core.known_type(&req.type_url) {
+    async fn handle(&mut self, req: F::Request) -> bool {
+        let type_url = F::type_url(&req).to_owned();
+        if !self.core.known_type(&type_url) {
             return true;
         }
-        let state = self.states.entry(req.type_url.clone()).or_default();
-        let ack = state.handle_request(&req);
-        self.core.record_ack(&req.type_url, &ack);
-        self.push(&req.type_url).await
+        let ack = self
+            .states
+            .entry(type_url.clone())
+            .or_default()
+            .handle_request(&req);
+        self.core.record_ack(&type_url, &ack);
+        if !F::answers(&ack) {
+            return true;
+        }
+        self.push(&type_url).await
     }
 
     async fn push_all(&mut self) -> bool {
@@ -511,115 +600,14 @@ impl DeltaStream {
         else {
             return true;
         };
-        let held = state.known.len();
+        let (version, nonce, held) = state.sent(&response);
         self.core
             .inner
             .sync
             .lock()
             .expect("sync registry lock")
-            .sent(
-                self.core.id,
-                type_url,
-                &response.system_version_info,
-                &response.nonce,
-                held,
-            );
-        tracing::debug!(xds.type_url = type_url, xds.version = %response.system_version_info, xds.nonce = %response.nonce, resources = response.resources.len(), removed = response.removed_resources.len(), "delta response");
-        self.core.send(response).await
-    }
-}
-
-struct SotwStream {
-    core: StreamCore<DiscoveryResponse>,
-    states: BTreeMap<String, SotwState>,
-}
-
-impl SotwStream {
-    fn new(
-        inner: Arc<Inner>,
-        id: u64,
-        node: &Node,
-        tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
-    ) -> Self {
-        Self {
-            core: StreamCore::new(inner, id, node, tx),
-            states: BTreeMap::new(),
-        }
-    }
-
-    async fn run(mut self, first: DiscoveryRequest, mut inbound: Streaming<DiscoveryRequest>) {
-        let mut snapshots = self.core.inner.snapshots.clone();
-        snapshots.mark_unchanged();
-        let mut next = Some(first);
-        loop {
-            if let Some(req) = next.take()
-                && !self.handle(req).await
-            {
-                return;
-            }
-            tokio::select! {
-                msg = inbound.message() => match msg {
-                    Ok(Some(req)) => next = Some(req),
-                    Ok(None) | Err(_) => return,
-                },
-                changed = snapshots.changed() => {
-                    if changed.is_err() || !self.push_all().await {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
-    async fn handle(&mut self, req: DiscoveryRequest) -> bool {
-        if !self.core.known_type(&req.type_url) {
-            return true;
-        }
-        let state = self.states.entry(req.type_url.clone()).or_default();
-        let ack = state.handle_request(&req);
-        self.core.record_ack(&req.type_url, &ack);
-        if matches!(ack, Ack::Stale { .. }) {
-            return true;
-        }
-        self.push(&req.type_url).await
-    }
-
-    async fn push_all(&mut self) -> bool {
-        for type_url in TYPE_ORDER {
-            if self.states.contains_key(type_url) && !self.push(type_url).await {
-                return false;
-            }
-        }
-        true
-    }
-
-    async fn push(&mut self, type_url: &str) -> bool {
-        let snapshot = self.core.inner.snapshots.borrow().clone();
-        let Some(resources) = snapshot.resources(type_url, self.core.zone.as_ref()) else {
-            return true;
-        };
-        let nonce = self.core.nonce();
-        let Some(state) = self.states.get_mut(type_url) else {
-            return true;
-        };
-        let Some(response) =
-            state.next_response(type_url, resources, &snapshot.version.to_string(), nonce)
-        else {
-            return true;
-        };
-        self.core
-            .inner
-            .sync
-            .lock()
-            .expect("sync registry lock")
-            .sent(
-                self.core.id,
-                type_url,
-                &response.version_info,
-                &response.nonce,
-                response.resources.len(),
-            );
-        tracing::debug!(xds.type_url = type_url, xds.version = %response.version_info, xds.nonce = %response.nonce, resources = response.resources.len(), "sotw response");
+            .sent(self.core.id, type_url, &version, &nonce, held);
+        tracing::debug!(protocol = F::NAME, xds.type_url = type_url, xds.version = %version, xds.nonce = %nonce, held, "response");
         self.core.send(response).await
     }
 }

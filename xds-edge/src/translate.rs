@@ -214,6 +214,12 @@ pub fn load_assignment(released: &ReleasedView) -> ClusterLoadAssignment {
                         },
                     ),
                 ])),
+                // gRPC's xDS client drops a locality without a weight ("assigned no
+                // load"); Envoy ignores locality weights unless the cluster asks for
+                // locality-weighted balancing. The sum keeps both reading the same shares.
+                load_balancing_weight: Some(UInt32Value {
+                    value: locality_weight(&eps),
+                }),
                 lb_endpoints: eps
                     .into_iter()
                     .map(|e| lb_endpoint(e, disregarded))
@@ -228,6 +234,14 @@ pub fn load_assignment(released: &ReleasedView) -> ClusterLoadAssignment {
         endpoints,
         ..Default::default()
     }
+}
+
+/// A locality's weight: its endpoints' weights summed, never zero.
+fn locality_weight(eps: &[&ViewEndpoint]) -> u32 {
+    eps.iter()
+        .map(|e| e.weight.get())
+        .fold(0u32, u32::saturating_add)
+        .max(1)
 }
 
 fn lb_endpoint(e: &ViewEndpoint, disregarded: bool) -> LbEndpoint {

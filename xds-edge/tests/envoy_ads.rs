@@ -478,6 +478,9 @@ async fn envoy_load_reports_arrive_with_per_endpoint_counts() {
     // The LRS server on its own port, as the node agent runs it beside ADS.
     let (reports_tx, mut reports) = tokio::sync::mpsc::channel(64);
     let lrs = LrsServer::new(LrsConfig::default(), Arc::new(ChannelSink::new(reports_tx)));
+    // The clusters our ADS serves are the ones to report on (Envoy does not add clusters
+    // CDS brings later to a send-all-clusters report).
+    lrs.set_clusters(cp.builder.build().clusters.keys().cloned().collect());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let lrs_addr = listener.local_addr().unwrap();
     tokio::spawn(
@@ -512,7 +515,7 @@ async fn envoy_load_reports_arrive_with_per_endpoint_counts() {
     while ok_a + err_b < 40 {
         let report = tokio::time::timeout_at(deadline, reports.recv())
             .await
-            .expect("reports in time")
+            .unwrap_or_else(|_| panic!("reports in time: ok_a {ok_a} err_b {err_b} sent {sent:?}"))
             .unwrap();
         assert_eq!(
             (report.node_id.as_str(), report.zone.as_str()),

@@ -478,8 +478,6 @@ fn released(version: u64, backends: &[&GrpcBackend]) -> ReleasedView {
 }
 
 #[tokio::test]
-#[ignore = "until each EDS locality carries a non-zero load_balancing_weight: grpc drops \
-            localities without one, so xds:///pay never gets an endpoint; run with --ignored"]
 async fn grpcio_resolves_xds_target_balances_and_follows_a_withdrawal() {
     let python = python().await;
     let a = GrpcBackend::start(&python, "pay-a").await;

@@ -331,3 +331,17 @@ fn the_first_response_asks_for_every_cluster_per_endpoint_at_our_interval() {
         })
     );
 }
+
+#[test]
+fn named_clusters_replace_send_all_in_the_response() {
+    // Envoy fixes a send-all-clusters report's set when the response arrives, so clusters
+    // CDS delivers later are only reported once they are named.
+    let (tx, _rx) = mpsc::channel(1);
+    let server = LrsServer::new(LrsConfig::default(), Arc::new(ChannelSink::new(tx)));
+    server.set_clusters(vec!["pay".into(), "cart".into(), "pay".into()]);
+    let r = server.first_response();
+    assert!(!r.send_all_clusters);
+    assert_eq!(r.clusters, vec!["cart".to_owned(), "pay".to_owned()]);
+    server.set_clusters(Vec::new());
+    assert!(server.first_response().send_all_clusters);
+}
