@@ -1,9 +1,12 @@
 //! waymark's cross-region federation.
 //!
-//! Will hold: each region's read-only aggregate as a CRDT (pure merge), the anti-entropy
-//! session (pure), and its driver over mutually authenticated QUIC, plus the
-//! reconciliation log written after a partition heals. A peer region's aggregate only
-//! feeds tier 2 of the views (`waymark_core::assembler::RemoteEndpoint`).
-//!
-//! Nothing is built here yet.
+//! Built: [`aggregate`], each region's read-only aggregate as a CRDT with pure merge,
+//! digest-based anti-entropy and reconciliation records. To come: the anti-entropy
+//! session driver over mutually authenticated QUIC (authority identities only), peer
+//! ages and staleness, the out-of-band region signal and failover controls. A peer
+//! region's aggregate only feeds tier 2 of the views
+//! (`waymark_core::assembler::RemoteEndpoint`).
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
+
+pub mod aggregate;
