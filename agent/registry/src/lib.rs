@@ -1,0 +1,12 @@
+//! waymark-registry: the authority's replicated desired state, as a pure state machine.
+//!
+//! The Raft driver (openraft on redb, in the `waymark` binary) replicates [`state::Stamped`]
+//! commands and applies them here; every replica reaches the same [`state::DesiredState`].
+//! [`assignment`] computes which node agents probe which targets. No I/O, no clocks: the
+//! leader stamps wall-clock time into each command as data.
+#![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
+#![deny(missing_docs)]
+
+pub mod assignment;
+pub mod state;

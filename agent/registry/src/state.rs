@@ -1,0 +1,543 @@
+//! The region's desired state, as the Raft state machine applies it.
+//!
+//! Every change is a [`Command`] stamped by the leader with the wall-clock time as *data*
+//! ([`Stamped::at_ms`]), so every replica applying the same log reaches the same state.
+//! That time is used for one thing only — lease expiry, which is local to the region — and
+//! is clamped so it never runs backwards across leader changes. Refused commands return a
+//! [`RegistryError`] and change nothing; the driver still acknowledges the log entry.
+//!
+//! Ids of registered instances are issued here from a sequence that is part of the state,
+//! so an id is never reused, even after a restart or a leader change. Orchestrated
+//! instances bring their own ids (the pod UID) and are tombstoned when deleted.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+use waymark_core::contract::{ContractError, HealthContract};
+use waymark_core::model::{Address, Instance, InstanceId, Locality, NodeName, Origin, ServiceName};
+use waymark_core::units::Weight;
+
+/// Shortest lease a registration may ask for.
+pub const LEASE_MS_MIN: u64 = 5_000;
+/// Longest lease a registration may ask for.
+pub const LEASE_MS_MAX: u64 = 600_000;
+/// Tombstones kept for orchestrator ids; the oldest are forgotten beyond this.
+pub const TOMBSTONES_MAX: usize = 100_000;
+
+/// A command and the leader's clock when it was proposed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stamped {
+    /// Unix milliseconds, as data; used for leases only.
+    pub at_ms: u64,
+    /// The change.
+    pub command: Command,
+}
+
+/// A change to the desired state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "op")]
+pub enum Command {
+    /// Create or update a service and its health contract (validated here).
+    PutService {
+        /// The service.
+        service: ServiceName,
+        /// The owning team, told about quarantines.
+        owner: String,
+        /// Its health contract.
+        contract: HealthContract,
+    },
+    /// Remove a service with no instances left.
+    RemoveService {
+        /// The service.
+        service: ServiceName,
+    },
+    /// Register an instance of a runtime nothing watches; the id is issued here.
+    Register(Registration),
+    /// Renew a registered instance's lease.
+    Renew {
+        /// The instance.
+        instance: InstanceId,
+    },
+    /// Deregister (graceful shutdown): retired for good.
+    Deregister {
+        /// The instance.
+        instance: InstanceId,
+    },
+    /// Retire every registered instance whose lease has expired (proposed by the leader).
+    ExpireLeases,
+    /// The orchestrator reports an instance (created or changed).
+    Observe {
+        /// The instance, with its orchestrator-given id.
+        instance: Instance,
+    },
+    /// The orchestrator deleted an instance: retired for good.
+    Forget {
+        /// The instance.
+        instance: InstanceId,
+    },
+    /// Replace the prober assignment (computed by the leader from gossip membership).
+    SetAssignment {
+        /// Targets and their probers.
+        assignment: BTreeMap<InstanceId, Vec<NodeName>>,
+    },
+}
+
+/// A registration request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    /// The service.
+    pub service: ServiceName,
+    /// Where it runs.
+    pub locality: Locality,
+    /// Where callers reach it.
+    pub address: Address,
+    /// Its weight.
+    #[serde(default)]
+    pub weight: Weight,
+    /// Labels.
+    #[serde(default)]
+    pub tags: BTreeSet<String>,
+    /// Metadata.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// Requested lease.
+    pub lease_ms: u64,
+}
+
+/// Why an instance left the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetireCause {
+    /// Its lease expired.
+    LeaseExpired,
+    /// It deregistered.
+    Deregistered,
+    /// The orchestrator deleted it.
+    Deleted,
+}
+
+/// What an applied command did, for the driver to feed the evaluator and answer clients.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "result")]
+pub enum Applied {
+    /// A service was created or updated.
+    ServicePut,
+    /// A service was removed.
+    ServiceRemoved,
+    /// An instance was registered with this id, leased until this time.
+    Registered {
+        /// The issued id.
+        instance: InstanceId,
+        /// Lease end, unix ms.
+        expires_at_ms: u64,
+    },
+    /// A lease was renewed.
+    Renewed {
+        /// New lease end, unix ms.
+        expires_at_ms: u64,
+    },
+    /// An orchestrated instance was created or updated.
+    Observed,
+    /// Instances were retired.
+    Retired {
+        /// Which, and why.
+        instances: Vec<(InstanceId, RetireCause)>,
+    },
+    /// The prober assignment was replaced.
+    AssignmentSet,
+}
+
+/// Why a command was refused. Nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// The contract broke a rule; the error names the field.
+    #[error("contract for {service}: {source}")]
+    Contract {
+        /// The service.
+        service: ServiceName,
+        /// What is wrong.
+        #[source]
+        source: ContractError,
+    },
+    /// No such service.
+    #[error("service {service} is not registered")]
+    UnknownService {
+        /// The service.
+        service: ServiceName,
+    },
+    /// The service still has instances.
+    #[error("service {service} still has {count} instances")]
+    ServiceInUse {
+        /// The service.
+        service: ServiceName,
+        /// How many.
+        count: usize,
+    },
+    /// No such live instance.
+    #[error("instance {instance} is not registered")]
+    UnknownInstance {
+        /// The instance.
+        instance: InstanceId,
+    },
+    /// The id was retired; ids are never reused.
+    #[error("instance {instance} was retired and its id cannot be reused")]
+    Retired {
+        /// The instance.
+        instance: InstanceId,
+    },
+    /// Only registered instances have leases.
+    #[error("instance {instance} is not leased (it comes from {origin:?})")]
+    NotLeased {
+        /// The instance.
+        instance: InstanceId,
+        /// Where it came from.
+        origin: Origin,
+    },
+    /// The address cannot be dialled (port 0, an unspecified or multicast IP).
+    #[error("address {address} cannot be dialled")]
+    BadAddress {
+        /// The address.
+        address: Address,
+    },
+    /// Another live instance of the service already has this address.
+    #[error("{address} is already registered as {existing}")]
+    DuplicateAddress {
+        /// The address.
+        address: Address,
+        /// The instance holding it.
+        existing: InstanceId,
+    },
+    /// The requested lease is outside the allowed range.
+    #[error("lease of {lease_ms} ms is outside {LEASE_MS_MIN}..={LEASE_MS_MAX} ms")]
+    BadLease {
+        /// What was asked.
+        lease_ms: u64,
+    },
+    /// An instance cannot move to another service.
+    #[error("instance {instance} belongs to {existing}")]
+    ServiceMismatch {
+        /// The instance.
+        instance: InstanceId,
+        /// Its service.
+        existing: ServiceName,
+    },
+}
+
+/// A service as the registry holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceRecord {
+    /// The owning team.
+    pub owner: String,
+    /// Its validated contract (stored as written).
+    pub contract: HealthContract,
+}
+
+/// An instance as the registry holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceRecord {
+    /// The instance.
+    pub instance: Instance,
+    /// Lease end (unix ms), for registered instances.
+    pub lease_expires_at_ms: Option<u64>,
+    /// The lease length asked for at registration.
+    pub lease_ms: Option<u64>,
+}
+
+/// The desired state. Serializable whole, for Raft snapshots.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredState {
+    services: BTreeMap<ServiceName, ServiceRecord>,
+    instances: BTreeMap<InstanceId, InstanceRecord>,
+    tombstones: BTreeSet<InstanceId>,
+    tombstone_order: VecDeque<InstanceId>,
+    next_seq: u64,
+    clock_ms: u64,
+    assignment: BTreeMap<InstanceId, Vec<NodeName>>,
+}
+
+// === impl DesiredState ===
+
+impl DesiredState {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Apply one command. Deterministic: the same log gives the same state everywhere.
+    pub fn apply(&mut self, stamped: Stamped) -> Result<Applied, RegistryError> {
+        // The clock never runs backwards, whichever leader stamped the entry.
+        self.clock_ms = self.clock_ms.max(stamped.at_ms);
+        match stamped.command {
+            Command::PutService {
+                service,
+                owner,
+                contract,
+            } => self.put_service(service, owner, contract),
+            Command::RemoveService { service } => self.remove_service(service),
+            Command::Register(r) => self.register(r),
+            Command::Renew { instance } => self.renew(instance),
+            Command::Deregister { instance } => {
+                self.retire_one(instance, RetireCause::Deregistered, true)
+            }
+            Command::ExpireLeases => Ok(self.expire()),
+            Command::Observe { instance } => self.observe(instance),
+            Command::Forget { instance } => self.retire_one(instance, RetireCause::Deleted, false),
+            Command::SetAssignment { assignment } => {
+                self.assignment = assignment;
+                Ok(Applied::AssignmentSet)
+            }
+        }
+    }
+
+    /// A service's record.
+    pub fn service(&self, service: &ServiceName) -> Option<&ServiceRecord> {
+        self.services.get(service)
+    }
+
+    /// Every service, in name order.
+    pub fn services(&self) -> impl Iterator<Item = (&ServiceName, &ServiceRecord)> {
+        self.services.iter()
+    }
+
+    /// A live instance's record.
+    pub fn instance(&self, id: &InstanceId) -> Option<&InstanceRecord> {
+        self.instances.get(id)
+    }
+
+    /// Every live instance, in id order.
+    pub fn instances(&self) -> impl Iterator<Item = &InstanceRecord> {
+        self.instances.values()
+    }
+
+    /// Whether an id has been retired.
+    pub fn is_retired(&self, id: &InstanceId) -> bool {
+        self.tombstones.contains(id)
+    }
+
+    /// The probers assigned to a target.
+    pub fn probers(&self, target: &InstanceId) -> &[NodeName] {
+        self.assignment.get(target).map_or(&[], Vec::as_slice)
+    }
+
+    /// The registry's clock (unix ms): the latest stamp applied.
+    pub fn clock_ms(&self) -> u64 {
+        self.clock_ms
+    }
+
+    /// The earliest lease end among live instances: when the leader should propose
+    /// [`Command::ExpireLeases`] next.
+    pub fn next_expiry_ms(&self) -> Option<u64> {
+        self.instances
+            .values()
+            .filter_map(|r| r.lease_expires_at_ms)
+            .min()
+    }
+
+    fn put_service(
+        &mut self,
+        service: ServiceName,
+        owner: String,
+        contract: HealthContract,
+    ) -> Result<Applied, RegistryError> {
+        contract
+            .clone()
+            .validate()
+            .map_err(|source| RegistryError::Contract {
+                service: service.clone(),
+                source,
+            })?;
+        self.services
+            .insert(service, ServiceRecord { owner, contract });
+        Ok(Applied::ServicePut)
+    }
+
+    fn remove_service(&mut self, service: ServiceName) -> Result<Applied, RegistryError> {
+        if !self.services.contains_key(&service) {
+            return Err(RegistryError::UnknownService { service });
+        }
+        let count = self
+            .instances
+            .values()
+            .filter(|r| r.instance.service == service)
+            .count();
+        if count > 0 {
+            return Err(RegistryError::ServiceInUse { service, count });
+        }
+        self.services.remove(&service);
+        Ok(Applied::ServiceRemoved)
+    }
+
+    fn register(&mut self, r: Registration) -> Result<Applied, RegistryError> {
+        if !self.services.contains_key(&r.service) {
+            return Err(RegistryError::UnknownService { service: r.service });
+        }
+        if !(LEASE_MS_MIN..=LEASE_MS_MAX).contains(&r.lease_ms) {
+            return Err(RegistryError::BadLease {
+                lease_ms: r.lease_ms,
+            });
+        }
+        self.check_address(&r.service, &r.address, None)?;
+        self.next_seq += 1;
+        let id = InstanceId::try_new(format!("{}-r{}", r.service, self.next_seq))
+            .expect("service names make valid ids");
+        let expires_at_ms = self.clock_ms + r.lease_ms;
+        let instance = Instance {
+            id: id.clone(),
+            service: r.service,
+            locality: r.locality,
+            address: r.address,
+            origin: Origin::Registered,
+            weight: r.weight,
+            tags: r.tags,
+            metadata: r.metadata,
+        };
+        let record = InstanceRecord {
+            instance,
+            lease_expires_at_ms: Some(expires_at_ms),
+            lease_ms: Some(r.lease_ms),
+        };
+        self.instances.insert(id.clone(), record);
+        Ok(Applied::Registered {
+            instance: id,
+            expires_at_ms,
+        })
+    }
+
+    fn renew(&mut self, id: InstanceId) -> Result<Applied, RegistryError> {
+        let clock = self.clock_ms;
+        let record = self.live_mut(&id)?;
+        let (Some(lease_ms), Some(_)) = (record.lease_ms, record.lease_expires_at_ms) else {
+            return Err(RegistryError::NotLeased {
+                instance: id,
+                origin: record.instance.origin,
+            });
+        };
+        let expires_at_ms = clock + lease_ms;
+        record.lease_expires_at_ms = Some(expires_at_ms);
+        Ok(Applied::Renewed { expires_at_ms })
+    }
+
+    fn observe(&mut self, instance: Instance) -> Result<Applied, RegistryError> {
+        if self.tombstones.contains(&instance.id) {
+            return Err(RegistryError::Retired {
+                instance: instance.id,
+            });
+        }
+        if !self.services.contains_key(&instance.service) {
+            return Err(RegistryError::UnknownService {
+                service: instance.service,
+            });
+        }
+        if let Some(existing) = self.instances.get(&instance.id)
+            && existing.instance.service != instance.service
+        {
+            let existing = existing.instance.service.clone();
+            return Err(RegistryError::ServiceMismatch {
+                instance: instance.id,
+                existing,
+            });
+        }
+        self.check_address(&instance.service, &instance.address, Some(&instance.id))?;
+        let instance = Instance {
+            origin: Origin::Orchestrator,
+            ..instance
+        };
+        let record = InstanceRecord {
+            instance,
+            lease_expires_at_ms: None,
+            lease_ms: None,
+        };
+        self.instances.insert(record.instance.id.clone(), record);
+        Ok(Applied::Observed)
+    }
+
+    fn retire_one(
+        &mut self,
+        id: InstanceId,
+        cause: RetireCause,
+        leased_only: bool,
+    ) -> Result<Applied, RegistryError> {
+        let record = self.live_mut(&id)?;
+        if leased_only && record.lease_ms.is_none() {
+            return Err(RegistryError::NotLeased {
+                instance: id,
+                origin: record.instance.origin,
+            });
+        }
+        self.retire(&id);
+        Ok(Applied::Retired {
+            instances: vec![(id, cause)],
+        })
+    }
+
+    fn expire(&mut self) -> Applied {
+        let clock = self.clock_ms;
+        let expired: Vec<InstanceId> = self
+            .instances
+            .values()
+            .filter(|r| r.lease_expires_at_ms.is_some_and(|t| t <= clock))
+            .map(|r| r.instance.id.clone())
+            .collect();
+        for id in &expired {
+            self.retire(id);
+        }
+        Applied::Retired {
+            instances: expired
+                .into_iter()
+                .map(|id| (id, RetireCause::LeaseExpired))
+                .collect(),
+        }
+    }
+
+    fn retire(&mut self, id: &InstanceId) {
+        self.instances.remove(id);
+        self.assignment.remove(id);
+        if self.tombstone_order.len() >= TOMBSTONES_MAX
+            && let Some(oldest) = self.tombstone_order.pop_front()
+        {
+            self.tombstones.remove(&oldest);
+        }
+        self.tombstones.insert(id.clone());
+        self.tombstone_order.push_back(id.clone());
+    }
+
+    fn live_mut(&mut self, id: &InstanceId) -> Result<&mut InstanceRecord, RegistryError> {
+        if self.tombstones.contains(id) {
+            return Err(RegistryError::Retired {
+                instance: id.clone(),
+            });
+        }
+        self.instances
+            .get_mut(id)
+            .ok_or_else(|| RegistryError::UnknownInstance {
+                instance: id.clone(),
+            })
+    }
+
+    fn check_address(
+        &self,
+        service: &ServiceName,
+        address: &Address,
+        except: Option<&InstanceId>,
+    ) -> Result<(), RegistryError> {
+        if address.port == 0 || address.ip.is_unspecified() || address.ip.is_multicast() {
+            return Err(RegistryError::BadAddress { address: *address });
+        }
+        let clash = self.instances.values().find(|r| {
+            &r.instance.service == service
+                && &r.instance.address == address
+                && Some(&r.instance.id) != except
+        });
+        match clash {
+            Some(r) => Err(RegistryError::DuplicateAddress {
+                address: *address,
+                existing: r.instance.id.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

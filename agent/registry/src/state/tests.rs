@@ -1,0 +1,276 @@
+//! The registry's commands: each refusal changes nothing; ids are never reused.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use proptest::prelude::*;
+use waymark_core::model::{RegionName, ZoneName};
+
+use super::*;
+
+fn svc() -> ServiceName {
+    ServiceName::try_new("pay").unwrap()
+}
+
+fn locality() -> Locality {
+    Locality {
+        region: RegionName::try_new("eu").unwrap(),
+        zone: ZoneName::try_new("a").unwrap(),
+        node: NodeName::try_new("n1").unwrap(),
+    }
+}
+
+fn addr(last: u8) -> Address {
+    Address {
+        ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, last)),
+        port: 8080,
+    }
+}
+
+fn at(at_ms: u64, command: Command) -> Stamped {
+    Stamped { at_ms, command }
+}
+
+fn registration(last: u8) -> Command {
+    Command::Register(Registration {
+        service: svc(),
+        locality: locality(),
+        address: addr(last),
+        weight: Weight::DEFAULT,
+        tags: BTreeSet::new(),
+        metadata: BTreeMap::new(),
+        lease_ms: 30_000,
+    })
+}
+
+fn with_service() -> DesiredState {
+    let mut s = DesiredState::new();
+    let put = Command::PutService {
+        service: svc(),
+        owner: "team-pay".into(),
+        contract: HealthContract::default(),
+    };
+    s.apply(at(1_000, put)).unwrap();
+    s
+}
+
+fn registered(s: &mut DesiredState, at_ms: u64, last: u8) -> InstanceId {
+    match s.apply(at(at_ms, registration(last))).unwrap() {
+        Applied::Registered { instance, .. } => instance,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_registration_is_leased_renewed_and_expires() {
+    let mut s = with_service();
+    let id = registered(&mut s, 10_000, 1);
+    assert_eq!(s.next_expiry_ms(), Some(40_000));
+    assert_eq!(
+        s.apply(at(
+            20_000,
+            Command::Renew {
+                instance: id.clone()
+            }
+        )),
+        Ok(Applied::Renewed {
+            expires_at_ms: 50_000
+        })
+    );
+    assert_eq!(
+        s.apply(at(49_999, Command::ExpireLeases)),
+        Ok(Applied::Retired { instances: vec![] })
+    );
+    let expired = s.apply(at(50_000, Command::ExpireLeases)).unwrap();
+    assert_eq!(
+        expired,
+        Applied::Retired {
+            instances: vec![(id.clone(), RetireCause::LeaseExpired)]
+        }
+    );
+    assert!(s.is_retired(&id));
+    assert_eq!(
+        s.apply(at(
+            50_001,
+            Command::Renew {
+                instance: id.clone()
+            }
+        )),
+        Err(RegistryError::Retired { instance: id })
+    );
+}
+
+#[test]
+fn ids_are_issued_here_and_never_reused() {
+    let mut s = with_service();
+    let first = registered(&mut s, 10_000, 1);
+    s.apply(at(
+        11_000,
+        Command::Deregister {
+            instance: first.clone(),
+        },
+    ))
+    .unwrap();
+    let second = registered(&mut s, 12_000, 1);
+    assert_ne!(first, second, "the same address gets a new id");
+}
+
+#[test]
+fn bad_registrations_are_refused_and_change_nothing() {
+    let mut s = with_service();
+    registered(&mut s, 10_000, 1);
+    let before = s.clone();
+    let mut zero_port = registration(2);
+    if let Command::Register(r) = &mut zero_port {
+        r.address.port = 0;
+    }
+    assert!(matches!(
+        s.apply(at(11_000, zero_port)),
+        Err(RegistryError::BadAddress { .. })
+    ));
+    assert!(matches!(
+        s.apply(at(11_000, registration(1))),
+        Err(RegistryError::DuplicateAddress { .. })
+    ));
+    let mut short = registration(3);
+    if let Command::Register(r) = &mut short {
+        r.lease_ms = 10;
+    }
+    assert_eq!(
+        s.apply(at(11_000, short)),
+        Err(RegistryError::BadLease { lease_ms: 10 })
+    );
+    let unknown = InstanceId::try_new("nope").unwrap();
+    assert!(matches!(
+        s.apply(at(11_000, Command::Renew { instance: unknown })),
+        Err(RegistryError::UnknownInstance { .. })
+    ));
+    let mut s_cmp = s.clone();
+    s_cmp.clock_ms = before.clock_ms;
+    assert_eq!(s_cmp, before, "only the clock moved");
+}
+
+#[test]
+fn a_contract_that_breaks_a_rule_is_refused_with_the_field() {
+    let mut s = DesiredState::new();
+    let mut contract = HealthContract::default();
+    contract.scoring.readmit = contract.scoring.remove;
+    let err = s
+        .apply(at(
+            1,
+            Command::PutService {
+                service: svc(),
+                owner: "t".into(),
+                contract,
+            },
+        ))
+        .unwrap_err();
+    assert!(err.to_string().contains("scoring.readmit"), "{err}");
+    assert!(s.service(&svc()).is_none());
+}
+
+#[test]
+fn a_service_with_instances_cannot_be_removed() {
+    let mut s = with_service();
+    registered(&mut s, 10_000, 1);
+    assert!(matches!(
+        s.apply(at(11_000, Command::RemoveService { service: svc() })),
+        Err(RegistryError::ServiceInUse { count: 1, .. })
+    ));
+}
+
+#[test]
+fn orchestrated_instances_are_observed_forgotten_and_not_leased() {
+    let mut s = with_service();
+    let pod = Instance {
+        id: InstanceId::try_new("pod-7f3a").unwrap(),
+        service: svc(),
+        locality: locality(),
+        address: addr(9),
+        origin: Origin::Orchestrator,
+        weight: Weight::DEFAULT,
+        tags: BTreeSet::new(),
+        metadata: BTreeMap::new(),
+    };
+    s.apply(at(
+        2_000,
+        Command::Observe {
+            instance: pod.clone(),
+        },
+    ))
+    .unwrap();
+    assert!(matches!(
+        s.apply(at(
+            3_000,
+            Command::Renew {
+                instance: pod.id.clone()
+            }
+        )),
+        Err(RegistryError::NotLeased { .. })
+    ));
+    s.apply(at(
+        4_000,
+        Command::Forget {
+            instance: pod.id.clone(),
+        },
+    ))
+    .unwrap();
+    assert_eq!(
+        s.apply(at(
+            5_000,
+            Command::Observe {
+                instance: pod.clone()
+            }
+        )),
+        Err(RegistryError::Retired { instance: pod.id })
+    );
+}
+
+#[test]
+fn the_clock_never_runs_backwards_across_leaders() {
+    let mut s = with_service();
+    registered(&mut s, 100_000, 1);
+    // A new leader whose clock is behind stamps an earlier time: leases still expire on
+    // the registry's clock, which did not go back.
+    s.apply(at(50_000, Command::ExpireLeases)).unwrap();
+    assert_eq!(s.clock_ms(), 100_000);
+    assert_eq!(s.next_expiry_ms(), Some(130_000));
+}
+
+#[test]
+fn commands_survive_the_wire() {
+    let cmd = at(7, registration(4));
+    let back: Stamped = serde_json::from_str(&serde_json::to_string(&cmd).unwrap()).unwrap();
+    assert_eq!(back, cmd);
+}
+
+fn command() -> impl Strategy<Value = (u64, u8, u8)> {
+    (0u64..20_000, 0u8..5, 1u8..6)
+}
+
+proptest! {
+    #[test]
+    fn replicas_applying_the_same_log_agree_and_ids_never_repeat(log in prop::collection::vec(command(), 1..80)) {
+        let mut a = with_service();
+        let mut b = with_service();
+        let mut issued: Vec<InstanceId> = Vec::new();
+        let mut clock = 1_000u64;
+        for (dt, op, last) in log {
+            clock += dt;
+            let live: Vec<InstanceId> = a.instances().map(|r| r.instance.id.clone()).collect();
+            let pick = live.get(usize::from(last) % live.len().max(1)).cloned();
+            let cmd = match (op, pick) {
+                (0, _) | (_, None) => registration(last),
+                (1, Some(id)) => Command::Renew { instance: id },
+                (2, Some(id)) => Command::Deregister { instance: id },
+                _ => Command::ExpireLeases,
+            };
+            let (ra, rb) = (a.apply(at(clock, cmd.clone())), b.apply(at(clock, cmd)));
+            prop_assert_eq!(&ra, &rb);
+            if let Ok(Applied::Registered { instance, .. }) = ra {
+                prop_assert!(!issued.contains(&instance), "id {} reused", instance);
+                issued.push(instance);
+            }
+        }
+        prop_assert_eq!(a, b);
+    }
+}
