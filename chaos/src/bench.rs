@@ -396,6 +396,101 @@ fn clone_limit(
     start.elapsed()
 }
 
+/// The rebuild benchmark's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct RebuildReport {
+    /// Always `"rebuild"`.
+    pub bench: &'static str,
+    /// Services.
+    pub services: usize,
+    /// Instances.
+    pub instances: usize,
+    /// Time to recompute evaluator and assembler state from the desired state.
+    pub rebuild_ms: f64,
+    /// Time to release every view afterwards.
+    pub publish_ms: f64,
+    /// Views released.
+    pub views: usize,
+    /// The floor: cloning every instance record once.
+    pub limit_ms: f64,
+    /// `limit_ms / (rebuild_ms + publish_ms)`.
+    pub ratio: f64,
+    /// The reference recovery time objective (5 minutes at full scale).
+    pub rto_ms: f64,
+}
+
+/// Run the rebuild benchmark: a new leader recomputing and publishing a whole region.
+pub fn rebuild(shape: Shape) -> RebuildReport {
+    use waymark_core::delta::DeltaConfig;
+    use waymark_registry::pipeline::{Output, PipelineConfig, RegionPipeline};
+    use waymark_registry::state::{Command, DesiredState, Stamped};
+    let insts = instances(shape);
+    let mut state = DesiredState::new();
+    for s in 0..shape.services {
+        let put = Command::PutService {
+            service: name(format!("svc{s}")),
+            owner: "bench".into(),
+            contract: HealthContract::default(),
+        };
+        state
+            .apply(Stamped {
+                at_ms: 1,
+                command: put,
+            })
+            .expect("valid service");
+    }
+    for i in &insts {
+        state
+            .apply(Stamped {
+                at_ms: 2,
+                command: Command::Observe {
+                    instance: i.clone(),
+                },
+            })
+            .expect("valid instance");
+    }
+    let zones = (0..shape.zones)
+        .map(|z| name::<ZoneName>(format!("zone-{z}")))
+        .collect();
+    let config = PipelineConfig {
+        region: name("bench".into()),
+        zones,
+        evaluator: EvaluatorConfig::default(),
+        delta: DeltaConfig {
+            admit_releases_per_sec: u32::MAX,
+            ..DeltaConfig::default()
+        },
+    };
+    let now = Instant::now();
+    let timed = Instant::now();
+    let mut pipeline = RegionPipeline::rebuild(config, &state, now);
+    let rebuild_ms = timed.elapsed().as_secs_f64() * 1e3;
+    let timed = Instant::now();
+    let mut versions = waymark_core::view::MonotonicCounter::default();
+    pipeline.handle_timeout(now + waymark_core::defaults::ADMIT_WINDOW, &mut versions);
+    let views = pipeline
+        .take_outputs()
+        .iter()
+        .filter(|o| matches!(o, Output::Release(_)))
+        .count();
+    let publish_ms = timed.elapsed().as_secs_f64() * 1e3;
+    let timed = Instant::now();
+    let copies: Vec<Instance> = state.instances().map(|r| r.instance.clone()).collect();
+    std::hint::black_box(&copies);
+    let limit_ms = timed.elapsed().as_secs_f64() * 1e3;
+    RebuildReport {
+        bench: "rebuild",
+        services: shape.services,
+        instances: insts.len(),
+        rebuild_ms,
+        publish_ms,
+        views,
+        limit_ms,
+        ratio: limit_ms / (rebuild_ms + publish_ms),
+        rto_ms: 300_000.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -416,6 +511,18 @@ mod tests {
             r.transitions
         );
         assert!(r.samples_per_sec > 0.0 && r.limit_samples_per_sec > 0.0);
+    }
+
+    #[test]
+    fn a_small_rebuild_releases_one_view_per_service_and_zone() {
+        let shape = Shape {
+            services: 4,
+            instances: 40,
+            zones: 2,
+            seed: 1,
+        };
+        let r = rebuild(shape);
+        assert_eq!(r.views, 4 * 2);
     }
 
     #[test]

@@ -9,4 +9,5 @@
 #![deny(missing_docs)]
 
 pub mod assignment;
+pub mod pipeline;
 pub mod state;

@@ -87,6 +87,11 @@ enum Bench {
         #[arg(long, default_value_t = 50)]
         endpoints: usize,
     },
+    /// A new leader rebuilding computed state from desired state and publishing every view.
+    Rebuild {
+        #[command(flatten)]
+        shape: ShapeArgs,
+    },
     /// One change, then re-assembly and diff of the affected views, against a plain clone.
     Assemble {
         #[command(flatten)]
@@ -112,6 +117,11 @@ fn main() -> anyhow::Result<()> {
             eprintln!("bench fanout: {subscriptions} Delta streams, {withdrawals} withdrawals of {endpoints} endpoints");
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             serde_json::to_string(&runtime.block_on(waymark_chaos::fanout::run(subscriptions, withdrawals, endpoints))?)
+        }
+        Bench::Rebuild { shape } => {
+            let shape = shape.shape()?;
+            eprintln!("bench rebuild: {} services, {} instances, {} zones", shape.services, shape.instances, shape.zones);
+            serde_json::to_string(&bench::rebuild(shape))
         }
         Bench::Assemble { shape, changes } => {
             let shape = shape.shape()?;

@@ -1,0 +1,220 @@
+//! The leader's pipeline: desired state and evidence in, released views out. Pure.
+//!
+//! Wires the core's three machines the way the authority leader runs them:
+//!
+//! ```text
+//! DesiredState ─┐
+//! samples ──────┼─► Evaluator ─► ViewAssembler ─► DeltaQueues ─► Output::Release
+//! timeouts ─────┘        │              │               └─────► Output::Shed
+//!                        └─► Output::Transition / Quarantine    └─► Output::Alarm
+//! ```
+//!
+//! [`RegionPipeline::rebuild`] is how a new leader recomputes computed state (ADR-02): every
+//! instance enters as `Established` — routed at full weight until evidence speaks — so a
+//! failover alone moves no traffic. (Holding each view exactly as last published, until
+//! fresh evidence has had a contract interval, needs the observed-state snapshot the
+//! followers will carry; until then an instance withdrawn before the failover returns as
+//! `unknown`.)
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use waymark_core::assembler::{self, AssemblerConfig, ServicePolicy, ViewAssembler};
+use waymark_core::audit::TransitionRecord;
+use waymark_core::delta::{self, DeltaConfig, DeltaQueues};
+use waymark_core::evaluator::{
+    self, Admission, Evaluator, EvaluatorConfig, EvaluatorError, QuarantineEvent,
+};
+use waymark_core::model::{Instance, Lifecycle, RegionName, Sample, ZoneName};
+use waymark_core::view::{ReleasedView, VersionSource};
+
+use crate::state::{Applied, DesiredState, RetireCause};
+
+/// What the pipeline needs to know about its region.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// This region.
+    pub region: RegionName,
+    /// Its zones (views are assembled for callers in each).
+    pub zones: BTreeSet<ZoneName>,
+    /// Evaluator limits.
+    pub evaluator: EvaluatorConfig,
+    /// Delta queue pacing.
+    pub delta: DeltaConfig,
+}
+
+/// What the pipeline asks its driver to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Serve this view (to the xDS snapshot builder).
+    Release(Box<ReleasedView>),
+    /// Append to the audit log.
+    Transition(Box<TransitionRecord>),
+    /// Tell the owning team.
+    Quarantine(Box<QuarantineEvent>),
+    /// An alarm or reported signal from the assembler (guard, incident, evacuation).
+    Alarm(assembler::Effect),
+    /// A shed episode started or ended.
+    Shed(delta::Effect),
+}
+
+/// The pipeline. See the module documentation.
+#[derive(Debug)]
+pub struct RegionPipeline {
+    evaluator: Evaluator,
+    assembler: ViewAssembler,
+    queues: DeltaQueues,
+    outputs: Vec<Output>,
+}
+
+impl RegionPipeline {
+    /// Recompute everything from the desired state, as a new leader does.
+    pub fn rebuild(config: PipelineConfig, state: &DesiredState, now: Instant) -> Self {
+        let mut p = Self {
+            evaluator: Evaluator::new(config.evaluator),
+            assembler: ViewAssembler::new(AssemblerConfig::new(config.region, config.zones)),
+            queues: DeltaQueues::new(config.delta),
+            outputs: Vec::new(),
+        };
+        for (name, record) in state.services() {
+            p.put_service(now, name, record);
+        }
+        for record in state.instances() {
+            p.add_instance(now, &record.instance, Admission::Established);
+        }
+        p.pump(now);
+        p
+    }
+
+    /// Follow a command the registry applied.
+    pub fn handle_applied(&mut self, now: Instant, applied: &Applied, state: &DesiredState) {
+        match applied {
+            Applied::ServicePut => {
+                for (name, record) in state.services() {
+                    self.put_service(now, name, record);
+                }
+            }
+            Applied::Registered { instance, .. } => {
+                if let Some(r) = state.instance(instance) {
+                    self.add_instance(now, &r.instance, Admission::New);
+                }
+            }
+            Applied::Observed => {
+                for r in state.instances() {
+                    self.add_instance(now, &r.instance, Admission::New);
+                }
+            }
+            Applied::Retired { instances } => {
+                for (id, cause) in instances {
+                    let event = match cause {
+                        RetireCause::LeaseExpired => Lifecycle::LeaseExpired,
+                        RetireCause::Deregistered => Lifecycle::Deregistered,
+                        RetireCause::Deleted => Lifecycle::Deleted,
+                    };
+                    // An instance the evaluator never saw has nothing to retire.
+                    let _ = self.evaluator.handle_lifecycle(now, id, event);
+                }
+            }
+            Applied::ServiceRemoved | Applied::Renewed { .. } | Applied::AssignmentSet => {}
+        }
+        self.pump(now);
+    }
+
+    /// One attributed sample (the shell has checked identity and assignment).
+    pub fn handle_sample(&mut self, now: Instant, sample: Sample) -> Result<(), EvaluatorError> {
+        let result = self.evaluator.handle_sample(now, sample);
+        self.pump(now);
+        result
+    }
+
+    /// Fire every machine's timers and release what is due.
+    pub fn handle_timeout(&mut self, now: Instant, versions: &mut dyn VersionSource) {
+        self.evaluator.handle_timeout(now);
+        self.assembler.handle_timeout(now);
+        self.pump(now);
+        self.queues.handle_timeout(now, versions);
+        for effect in self.queues.take_effects() {
+            match effect {
+                delta::Effect::Release { view, .. } => self.outputs.push(Output::Release(view)),
+                other => self.outputs.push(Output::Shed(other)),
+            }
+        }
+    }
+
+    /// The earliest time [`RegionPipeline::handle_timeout`] should be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        [
+            self.evaluator.poll_timeout(),
+            self.assembler.poll_timeout(),
+            self.queues.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Drain the outputs produced so far, in order.
+    pub fn take_outputs(&mut self) -> Vec<Output> {
+        std::mem::take(&mut self.outputs)
+    }
+
+    /// The evaluator, for `explain` and counts.
+    pub fn evaluator(&self) -> &Evaluator {
+        &self.evaluator
+    }
+
+    fn put_service(
+        &mut self,
+        now: Instant,
+        name: &waymark_core::model::ServiceName,
+        record: &crate::state::ServiceRecord,
+    ) {
+        let Ok(contract) = record.contract.clone().validate() else {
+            return; // the registry only stores contracts that validated
+        };
+        let policy = ServicePolicy {
+            min_healthy: contract.min_healthy,
+            failover: None,
+        };
+        self.assembler.handle_policy(name, policy);
+        self.evaluator
+            .handle_service(now, name.clone(), record.owner.clone(), contract);
+    }
+
+    fn add_instance(&mut self, now: Instant, instance: &Instance, admission: Admission) {
+        self.assembler.handle_instance(instance);
+        // Already known instances keep their state (the evaluator only updates weight).
+        let _ = self.evaluator.handle_instance(now, instance, admission);
+    }
+
+    /// Move effects downstream: evaluator → assembler → delta queues.
+    fn pump(&mut self, now: Instant) {
+        for effect in self.evaluator.take_effects() {
+            match effect {
+                evaluator::Effect::Eligibility {
+                    instance,
+                    service,
+                    eligibility,
+                } => {
+                    self.assembler
+                        .handle_eligibility(&service, &instance, eligibility);
+                }
+                evaluator::Effect::Retired { instance, service } => {
+                    self.assembler.handle_removed(&service, &instance)
+                }
+                evaluator::Effect::Transition(t) => self.outputs.push(Output::Transition(t)),
+                evaluator::Effect::Quarantined(q) => self.outputs.push(Output::Quarantine(q)),
+            }
+        }
+        self.assembler.assemble();
+        for effect in self.assembler.take_effects() {
+            match effect {
+                assembler::Effect::Target(view) => self.queues.handle_target(now, view),
+                other => self.outputs.push(Output::Alarm(other)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

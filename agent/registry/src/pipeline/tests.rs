@@ -1,0 +1,243 @@
+//! The pipeline end to end, on virtual time: rebuild, withdrawal, and claim 3.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use waymark_core::contract::HealthContract;
+use waymark_core::defaults as d;
+use waymark_core::model::{
+    Address, Health, InstanceId, Locality, NodeName, Observation, Origin, Reporter, ServiceName,
+};
+use waymark_core::units::Weight;
+use waymark_core::view::{EndpointStatus, MonotonicCounter, ViewKey};
+
+use super::*;
+use crate::state::{Command, Stamped};
+
+#[allow(clippy::disallowed_methods)] // the one anchor instant of these tests
+fn t0() -> Instant {
+    Instant::now()
+}
+
+fn zone(z: &str) -> ZoneName {
+    ZoneName::try_new(z).unwrap()
+}
+
+fn pod(i: u8, z: &str) -> Instance {
+    Instance {
+        id: InstanceId::try_new(format!("pay-{z}-{i}")).unwrap(),
+        service: ServiceName::try_new("pay").unwrap(),
+        locality: Locality {
+            region: RegionName::try_new("eu").unwrap(),
+            zone: zone(z),
+            node: NodeName::try_new("n").unwrap(),
+        },
+        address: Address {
+            ip: IpAddr::V4(Ipv4Addr::new(10, 0, i, 1)),
+            port: 8080,
+        },
+        origin: Origin::Orchestrator,
+        weight: Weight::DEFAULT,
+        tags: BTreeSet::new(),
+        metadata: BTreeMap::new(),
+    }
+}
+
+fn region_state() -> DesiredState {
+    let mut s = DesiredState::new();
+    let put = Command::PutService {
+        service: ServiceName::try_new("pay").unwrap(),
+        owner: "team-pay".into(),
+        contract: HealthContract::default(),
+    };
+    s.apply(Stamped {
+        at_ms: 1,
+        command: put,
+    })
+    .unwrap();
+    for (i, z) in [(1, "a"), (2, "a"), (3, "b"), (4, "b")] {
+        s.apply(Stamped {
+            at_ms: 2,
+            command: Command::Observe {
+                instance: pod(i, z),
+            },
+        })
+        .unwrap();
+    }
+    s
+}
+
+fn config() -> PipelineConfig {
+    PipelineConfig {
+        region: RegionName::try_new("eu").unwrap(),
+        zones: [zone("a"), zone("b")].into_iter().collect(),
+        evaluator: EvaluatorConfig::default(),
+        delta: DeltaConfig::default(),
+    }
+}
+
+struct Fx {
+    p: RegionPipeline,
+    versions: MonotonicCounter,
+    start: Instant,
+    now: Instant,
+}
+
+impl Fx {
+    fn new() -> Self {
+        let start = t0();
+        let p = RegionPipeline::rebuild(config(), &region_state(), start);
+        Self {
+            p,
+            versions: MonotonicCounter::default(),
+            start,
+            now: start,
+        }
+    }
+
+    /// Run every timer up to `at` (from the start); return the outputs with their times.
+    fn run_to(&mut self, at: Duration) -> Vec<(Duration, Output)> {
+        let target = self.start + at;
+        let mut out = Vec::new();
+        while let Some(due) = self.p.poll_timeout().filter(|t| *t <= target) {
+            self.now = due.max(self.now);
+            self.p.handle_timeout(self.now, &mut self.versions);
+            out.extend(
+                self.p
+                    .take_outputs()
+                    .into_iter()
+                    .map(|o| (self.now - self.start, o)),
+            );
+        }
+        self.now = target;
+        out
+    }
+
+    fn sample(&mut self, id: &str, observation: Observation) {
+        let sample = Sample {
+            instance: InstanceId::try_new(id).unwrap(),
+            reporter: Reporter::Node(NodeName::try_new("n").unwrap()),
+            observation,
+        };
+        self.p.handle_sample(self.now, sample).unwrap();
+    }
+}
+
+fn releases(out: &[(Duration, Output)], z: &str) -> Vec<(Duration, ReleasedView)> {
+    out.iter()
+        .filter_map(|(t, o)| match o {
+            Output::Release(v) if v.view.key.zone == zone(z) => Some((*t, (**v).clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_rebuilt_region_publishes_every_instance_at_full_weight() {
+    // Goal: a failover alone moves no traffic: everything routed, unknown, full weight.
+    let mut fx = Fx::new();
+    let out = fx.run_to(d::ADMIT_WINDOW);
+    let a = releases(&out, "a");
+    assert_eq!(a.len(), 1);
+    let view = &a[0].1.view;
+    assert_eq!(
+        view.key,
+        ViewKey {
+            service: ServiceName::try_new("pay").unwrap(),
+            zone: zone("a")
+        }
+    );
+    assert_eq!(view.endpoints.len(), 4);
+    assert!(
+        view.endpoints
+            .values()
+            .all(|e| e.status == EndpointStatus::Unknown && e.weight == Weight::DEFAULT)
+    );
+}
+
+#[test]
+fn a_refused_connection_is_released_as_a_withdrawal_within_its_window() {
+    let mut fx = Fx::new();
+    fx.run_to(d::ADMIT_WINDOW);
+    let at = fx.now - fx.start;
+    fx.sample(
+        "pay-a-1",
+        Observation::Probe {
+            health: Health::Refused,
+            detail: None,
+        },
+    );
+    let out = fx.run_to(at + Duration::from_secs(1));
+    let a = releases(&out, "a");
+    assert!(!a.is_empty());
+    let (t, first) = &a[0];
+    assert!(*t - at <= d::WITHDRAW_WINDOW, "took {:?}", *t - at);
+    assert!(
+        !first
+            .view
+            .routes_to(&InstanceId::try_new("pay-a-1").unwrap())
+    );
+    assert!(out.iter().any(|(_, o)| matches!(o, Output::Transition(_))));
+}
+
+#[test]
+fn a_check_failing_every_replica_degrades_the_service_declared_and_alarmed() {
+    // Goal: claim 3, end to end through the pure pipeline.
+    let mut fx = Fx::new();
+    fx.run_to(d::ADMIT_WINDOW);
+    let start = fx.now - fx.start;
+    let mut out = Vec::new();
+    for s in 0..10u64 {
+        for (i, z) in [(1, "a"), (2, "a"), (3, "b"), (4, "b")] {
+            let id = format!("pay-{z}-{i}");
+            fx.sample(
+                &id,
+                Observation::Probe {
+                    health: Health::Fail,
+                    detail: Some("503".into()),
+                },
+            );
+            fx.sample(
+                &id,
+                Observation::Passive {
+                    requests: 100,
+                    errors: 90,
+                },
+            );
+        }
+        out.extend(fx.run_to(start + Duration::from_secs(s + 1)));
+    }
+    let guard = out
+        .iter()
+        .filter(|(_, o)| matches!(o, Output::Alarm(assembler::Effect::GuardEngaged { .. })))
+        .count();
+    assert_eq!(guard, 2, "both zones alarmed");
+    assert!(out.iter().any(|(_, o)| matches!(
+        o,
+        Output::Alarm(assembler::Effect::LastEligibleWithdrawn { .. })
+    )));
+    let last = releases(&out, "a").pop().expect("releases").1;
+    assert_eq!(last.view.endpoints.len(), 4, "the full set is kept");
+    assert!(
+        last.view
+            .endpoints
+            .values()
+            .all(|e| e.status == EndpointStatus::Disregarded)
+    );
+    assert_eq!(
+        last.view.markers.health_disregarded,
+        [zone("a"), zone("b")].into_iter().collect()
+    );
+    // Never, at any release, did a zone route nothing.
+    for z in ["a", "b"] {
+        for (_, r) in releases(&out, z) {
+            for zz in ["a", "b"] {
+                assert!(
+                    r.view.routed_in(&zone(zz)) > 0,
+                    "zone {zz} emptied in a release to {z}"
+                );
+            }
+        }
+    }
+}
