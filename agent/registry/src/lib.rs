@@ -9,5 +9,6 @@
 #![deny(missing_docs)]
 
 pub mod assignment;
+pub mod ingest;
 pub mod pipeline;
 pub mod state;
