@@ -10,3 +10,4 @@
 pub mod bench;
 pub mod fanout;
 pub mod rng;
+pub mod sim;

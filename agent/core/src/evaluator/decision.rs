@@ -115,6 +115,7 @@ fn start_quarantine(state: &mut InstanceState, now: Instant, out: &mut Outputs<'
             instance: state.id.clone(),
             service: state.service.clone(),
             owner,
+            at: now,
             until,
             level: state.flap.level,
             history: state.history.iter().cloned().collect(),

@@ -3,7 +3,7 @@
 //! `InstanceState` owns everything the evaluator knows about an instance. Its two halves
 //! are kept apart on purpose: `update_hysteresis` is the only place the withdrawn/re-entry
 //! state moves, and `decide` is a read-only walk of the decision path in its fixed order:
-//! retired → maintenance → draining → quarantine → hard failure → dependency unreadiness →
+//! retired → maintenance → draining → hard failure → quarantine → dependency unreadiness →
 //! withdrawn (soft) → silence → uncorroborated → dependency weight → passing.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -129,15 +129,17 @@ impl InstanceState {
             };
             return out(Eligibility::Draining { cause }, Rule::Draining);
         }
-        if let Some(until) = self.flap.until.filter(|u| *u > now) {
-            return out(Eligibility::Quarantined { until }, Rule::FlapQuarantine);
-        }
+        // A hard failure outranks quarantine: both keep the instance out, but only a hard
+        // failure tells the fraction guard there is nothing listening to put back.
         if let Some((_, class)) = self.hard {
             let reason = IneligibleReason::HardFailure;
             return out(
                 Eligibility::Ineligible { reason },
                 Rule::HardFailure { class },
             );
+        }
+        if let Some(until) = self.flap.until.filter(|u| *u > now) {
+            return out(Eligibility::Quarantined { until }, Rule::FlapQuarantine);
         }
         if self.dependency_unready() {
             let reason = IneligibleReason::Dependency;

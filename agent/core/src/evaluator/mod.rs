@@ -109,6 +109,8 @@ pub struct QuarantineEvent {
     pub service: ServiceName,
     /// The service's owner.
     pub owner: String,
+    /// When the quarantine began.
+    pub at: Instant,
     /// When the quarantine ends.
     pub until: Instant,
     /// How many quarantines in a row (the backoff level, from 1).
