@@ -6,10 +6,11 @@
 // Test helpers outside #[test] functions unwrap too: a panic is how a test reports.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
+mod support;
+
+use std::net::SocketAddr;
 use std::time::Duration;
+use support::views;
 
 use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
@@ -21,12 +22,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 use tonic::transport::Channel;
-use waymark_core::eligibility::Verdict;
-use waymark_core::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
-use waymark_core::units::Weight;
-use waymark_core::view::{
-    EndpointStatus, Markers, ReleasedView, Tier, Version, View, ViewEndpoint, ViewKey,
-};
+use waymark_core::view::{EndpointStatus, Markers, ReleasedView, ViewEndpoint};
 use waymark_xds::admission::AdmissionConfig;
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT};
 use waymark_xds::{Keepalive, Publisher, ServerConfig, SnapshotBuilder, XdsServer};
@@ -34,41 +30,24 @@ use waymark_xds::{Keepalive, Publisher, ServerConfig, SnapshotBuilder, XdsServer
 const WAIT: Duration = Duration::from_secs(10);
 
 fn endpoint(n: u8) -> ViewEndpoint {
-    ViewEndpoint {
-        instance: InstanceId::try_new(format!("pay-{n}")).unwrap(),
-        address: Address {
-            ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            port: 9000 + u16::from(n),
-        },
-        region: RegionName::try_new("eu").unwrap(),
-        zone: ZoneName::try_new("a").unwrap(),
-        tier: Tier::Local,
-        priority: 0,
-        weight: Weight::DEFAULT,
-        status: EndpointStatus::Eligible,
-        verdict: Verdict::Eligible,
-        tags: Arc::default(),
-        metadata: Arc::default(),
-    }
+    let addr = SocketAddr::from(([127, 0, 0, 1], 9000 + u16::from(n)));
+    views::endpoint(
+        &format!("pay-{n}"),
+        addr,
+        "a",
+        0,
+        100,
+        EndpointStatus::Eligible,
+    )
 }
 
 fn view(version: u64, members: &[u8]) -> ReleasedView {
-    let key = ViewKey {
-        service: ServiceName::try_new("pay").unwrap(),
-        zone: ZoneName::try_new("a").unwrap(),
-    };
-    let endpoints: BTreeMap<_, _> = members
-        .iter()
-        .map(|n| (endpoint(*n).instance.clone(), endpoint(*n)))
-        .collect();
-    ReleasedView {
-        version: Version(version),
-        view: View {
-            key,
-            endpoints,
-            markers: Markers::default(),
-        },
-    }
+    views::released(
+        version,
+        "a",
+        members.iter().map(|n| endpoint(*n)),
+        Markers::default(),
+    )
 }
 
 struct Fixture {

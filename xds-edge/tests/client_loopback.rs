@@ -5,11 +5,14 @@
 //! change notification, so server-side facts are awaited by bounded polling (`server_until`).
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+mod support;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use support::views;
 
 use envoy_types::pb::envoy::config::core::v3::address::Address as AddressKind;
 use envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier;
@@ -24,12 +27,7 @@ use tokio::task::JoinHandle;
 use tokio::time::timeout;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Endpoint, Server};
-use waymark_core::eligibility::Verdict;
-use waymark_core::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
-use waymark_core::units::Weight;
-use waymark_core::view::{
-    EndpointStatus, Markers, ReleasedView, Tier, Version, View, ViewEndpoint, ViewKey,
-};
+use waymark_core::view::{EndpointStatus, Markers, ReleasedView, ViewEndpoint};
 use waymark_xds::admission::AdmissionConfig;
 use waymark_xds::client::{
     Applied, BackoffConfig, ClientConfig, Subscription, Validator, XdsClient,
@@ -45,41 +43,19 @@ const POISON_PORT: u16 = 8009;
 // === fixtures ===
 
 fn ep(n: u8) -> ViewEndpoint {
-    ViewEndpoint {
-        instance: InstanceId::try_new(format!("pay-{n}")).unwrap(),
-        address: Address {
-            ip: IpAddr::V4(Ipv4Addr::new(127, 0, 0, n)),
-            port: 8000 + u16::from(n),
-        },
-        region: RegionName::try_new("eu").unwrap(),
-        zone: ZoneName::try_new("a").unwrap(),
-        tier: Tier::Local,
-        priority: 0,
-        weight: Weight::DEFAULT,
-        status: EndpointStatus::Eligible,
-        verdict: Verdict::Eligible,
-        tags: Arc::default(),
-        metadata: Arc::default(),
-    }
+    let addr = SocketAddr::from(([127, 0, 0, n], 8000 + u16::from(n)));
+    views::endpoint(
+        &format!("pay-{n}"),
+        addr,
+        "a",
+        0,
+        100,
+        EndpointStatus::Eligible,
+    )
 }
 
 fn released(version: u64, eps: &[u8]) -> ReleasedView {
-    let endpoints: BTreeMap<_, _> = eps
-        .iter()
-        .map(|n| ep(*n))
-        .map(|e| (e.instance.clone(), e))
-        .collect();
-    ReleasedView {
-        version: Version(version),
-        view: View {
-            key: ViewKey {
-                service: ServiceName::try_new("pay").unwrap(),
-                zone: ZoneName::try_new("a").unwrap(),
-            },
-            endpoints,
-            markers: Markers::default(),
-        },
-    }
+    views::released(version, "a", eps.iter().map(|n| ep(*n)), Markers::default())
 }
 
 fn node(id: &str) -> Node {

@@ -17,14 +17,10 @@ use std::time::Duration;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::google::protobuf::UInt32Value;
 use prost::Message as _;
-use support::{Backend, Envoy, EnvoyConfig, Route, Xds, XdsMode};
+use support::{Backend, Envoy, EnvoyConfig, Route, Xds, XdsMode, views};
 use tokio::task::JoinHandle;
-use waymark_core::eligibility::Verdict;
-use waymark_core::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
-use waymark_core::units::Weight;
-use waymark_core::view::{
-    EndpointStatus, Markers, ReleasedView, Tier, Version, View, ViewEndpoint, ViewKey,
-};
+use waymark_core::model::{InstanceId, ZoneName};
+use waymark_core::view::{EndpointStatus, Markers, ReleasedView};
 use waymark_xds::snapshot::Encoded;
 use waymark_xds::translate::{TYPE_ENDPOINT, to_any};
 use waymark_xds::{Keepalive, Publisher, ServerConfig, SnapshotBuilder, XdsServer};
@@ -49,45 +45,18 @@ fn member(backend: &Backend, status: EndpointStatus) -> Member<'_> {
 }
 
 fn released(version: u64, members: &[Member<'_>], markers: Markers) -> ReleasedView {
-    let key = ViewKey {
-        service: ServiceName::try_new("pay").unwrap(),
-        zone: ZoneName::try_new("zone-a").unwrap(),
-    };
-    let endpoints: BTreeMap<_, _> = members
-        .iter()
-        .map(|m| {
-            let addr = m.backend.addr();
-            let e = ViewEndpoint {
-                instance: InstanceId::try_new(m.backend.name()).unwrap(),
-                address: Address {
-                    ip: addr.ip(),
-                    port: addr.port(),
-                },
-                region: RegionName::try_new("eu").unwrap(),
-                zone: ZoneName::try_new(if m.priority == 0 { "zone-a" } else { "zone-b" }).unwrap(),
-                tier: if m.priority == 0 {
-                    Tier::Local
-                } else {
-                    Tier::Region
-                },
-                priority: m.priority,
-                weight: Weight::new(m.weight),
-                status: m.status,
-                verdict: Verdict::Eligible,
-                tags: Arc::default(),
-                metadata: Arc::default(),
-            };
-            (e.instance.clone(), e)
-        })
-        .collect();
-    ReleasedView {
-        version: Version(version),
-        view: View {
-            key,
-            endpoints,
-            markers,
-        },
-    }
+    let endpoints = members.iter().map(|m| {
+        let zone = if m.priority == 0 { "zone-a" } else { "zone-b" };
+        views::endpoint(
+            m.backend.name(),
+            m.backend.addr(),
+            zone,
+            m.priority,
+            m.weight,
+            m.status,
+        )
+    });
+    views::released(version, "zone-a", endpoints, markers)
 }
 
 /// Our server on a fixed loopback port, restartable like a process.

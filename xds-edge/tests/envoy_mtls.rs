@@ -7,23 +7,17 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use support::{Backend, Envoy, EnvoyConfig, Route, TlsFiles, Xds, XdsMode};
+use support::{Backend, Envoy, EnvoyConfig, Route, TlsFiles, Xds, XdsMode, views};
 use waymark_certs::layout::PkiDir;
 use waymark_certs::reload::{MaterialPaths, load_material};
 use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
 use waymark_certs::{
     CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, RejectReason, TrustDomain,
 };
-use waymark_core::eligibility::Verdict;
-use waymark_core::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
-use waymark_core::units::Weight;
-use waymark_core::view::{
-    EndpointStatus, Markers, ReleasedView, Tier, Version, View, ViewEndpoint, ViewKey,
-};
+use waymark_core::view::{EndpointStatus, Markers, ReleasedView};
 use waymark_xds::{Keepalive, ServerConfig, SnapshotBuilder, XdsServer};
 
 const TD: &str = "mesh.test";
@@ -60,36 +54,15 @@ impl Pki {
 }
 
 fn view(backend: &Backend) -> ReleasedView {
-    let key = ViewKey {
-        service: ServiceName::try_new("pay").unwrap(),
-        zone: ZoneName::try_new("zone-a").unwrap(),
-    };
-    let addr = backend.addr();
-    let e = ViewEndpoint {
-        instance: InstanceId::try_new(backend.name()).unwrap(),
-        address: Address {
-            ip: addr.ip(),
-            port: addr.port(),
-        },
-        region: RegionName::try_new("eu").unwrap(),
-        zone: ZoneName::try_new("zone-a").unwrap(),
-        tier: Tier::Local,
-        priority: 0,
-        weight: Weight::DEFAULT,
-        status: EndpointStatus::Eligible,
-        verdict: Verdict::Eligible,
-        tags: Arc::default(),
-        metadata: Arc::default(),
-    };
-    let endpoints: BTreeMap<_, _> = [(e.instance.clone(), e)].into_iter().collect();
-    ReleasedView {
-        version: Version(1),
-        view: View {
-            key,
-            endpoints,
-            markers: Markers::default(),
-        },
-    }
+    let e = views::endpoint(
+        backend.name(),
+        backend.addr(),
+        "zone-a",
+        0,
+        100,
+        EndpointStatus::Eligible,
+    );
+    views::released(1, "zone-a", [e], Markers::default())
 }
 
 /// Our server over mutual TLS as an authority member, admitting node identities only.

@@ -18,6 +18,8 @@
 // Test helpers outside #[test] functions unwrap too: a panic is how a test reports.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -25,16 +27,12 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::views;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::task::JoinHandle;
-use waymark_core::eligibility::Verdict;
-use waymark_core::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
-use waymark_core::units::Weight;
-use waymark_core::view::{
-    EndpointStatus, Markers, ReleasedView, Tier, Version, View, ViewEndpoint, ViewKey,
-};
+use waymark_core::view::{EndpointStatus, Markers, ReleasedView};
 use waymark_xds::sync::ClientSync;
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
 use waymark_xds::{Keepalive, Publisher, ServerConfig, SnapshotBuilder, XdsServer};
@@ -441,40 +439,10 @@ impl Drop for ControlPlane {
 
 /// The view of `pay` for callers in `zone-a`: `backends`, all eligible, in that zone.
 fn released(version: u64, backends: &[&GrpcBackend]) -> ReleasedView {
-    let zone = ZoneName::try_new("zone-a").unwrap();
     let endpoints = backends
         .iter()
-        .map(|b| {
-            let e = ViewEndpoint {
-                instance: InstanceId::try_new(&b.name).unwrap(),
-                address: Address {
-                    ip: b.addr.ip(),
-                    port: b.addr.port(),
-                },
-                region: RegionName::try_new("eu").unwrap(),
-                zone: zone.clone(),
-                tier: Tier::Local,
-                priority: 0,
-                weight: Weight::new(100),
-                status: EndpointStatus::Eligible,
-                verdict: Verdict::Eligible,
-                tags: Arc::default(),
-                metadata: Arc::default(),
-            };
-            (e.instance.clone(), e)
-        })
-        .collect();
-    ReleasedView {
-        version: Version(version),
-        view: View {
-            key: ViewKey {
-                service: ServiceName::try_new("pay").unwrap(),
-                zone,
-            },
-            endpoints,
-            markers: Markers::default(),
-        },
-    }
+        .map(|b| views::endpoint(&b.name, b.addr, "zone-a", 0, 100, EndpointStatus::Eligible));
+    views::released(version, "zone-a", endpoints, Markers::default())
 }
 
 #[tokio::test]

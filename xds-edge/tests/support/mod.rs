@@ -19,6 +19,7 @@
 pub mod backend;
 pub mod envoy;
 pub mod http;
+pub mod views;
 
 pub use backend::Backend;
 pub use envoy::{
