@@ -292,34 +292,33 @@ impl AggregatedDiscoveryService for XdsServer {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        let identity = waymark_certs::grpc::peer_identity(&request).map(ToString::to_string);
-        let mut inbound = request.into_inner();
-        let first = self.first(&mut inbound).await?;
-        let node = first.node.clone().unwrap_or_default();
-        self.admit(&node)?;
-        let stream_id = self.open(&node, identity, "sotw");
-        let (tx, rx) = mpsc::channel(self.inner.config.response_buffer);
-        let span =
-            tracing::info_span!("xds_stream", node_id = %node.id, stream_id, protocol = "sotw");
-        let stream = ProtocolStream::<SotwState>::new(self.inner.clone(), stream_id, &node, tx);
-        tokio::spawn(stream.run(first, inbound).instrument(span));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        self.open_stream::<SotwState>(request).await
     }
 
     async fn delta_aggregated_resources(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        self.open_stream::<DeltaState>(request).await
+    }
+}
+
+impl XdsServer {
+    /// Read the first request (it names the node), admit the client, and spawn the stream.
+    async fn open_stream<F: Flavor>(
+        &self,
+        request: Request<Streaming<F::Request>>,
+    ) -> Result<Response<BoxStream<F::Response>>, Status> {
         let identity = waymark_certs::grpc::peer_identity(&request).map(ToString::to_string);
         let mut inbound = request.into_inner();
         let first = self.first(&mut inbound).await?;
-        let node = first.node.clone().unwrap_or_default();
+        let node = F::node(&first).cloned().unwrap_or_default();
         self.admit(&node)?;
-        let stream_id = self.open(&node, identity, "delta");
+        let stream_id = self.open(&node, identity, F::NAME);
         let (tx, rx) = mpsc::channel(self.inner.config.response_buffer);
         let span =
-            tracing::info_span!("xds_stream", node_id = %node.id, stream_id, protocol = "delta");
-        let stream = ProtocolStream::<DeltaState>::new(self.inner.clone(), stream_id, &node, tx);
+            tracing::info_span!("xds_stream", node_id = %node.id, stream_id, protocol = F::NAME);
+        let stream = ProtocolStream::<F>::new(self.inner.clone(), stream_id, &node, tx);
         tokio::spawn(stream.run(first, inbound).instrument(span));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -435,6 +434,7 @@ trait Flavor: Default + Send + 'static {
     /// For logs.
     const NAME: &'static str;
     fn type_url(req: &Self::Request) -> &str;
+    fn node(req: &Self::Request) -> Option<&Node>;
     fn handle_request(&mut self, req: &Self::Request) -> Ack;
     /// SotW ignores a request with a stale nonce entirely; Delta still applies its
     /// subscription changes.
@@ -456,6 +456,9 @@ impl Flavor for DeltaState {
     const NAME: &'static str = "delta";
     fn type_url(req: &Self::Request) -> &str {
         &req.type_url
+    }
+    fn node(req: &Self::Request) -> Option<&Node> {
+        req.node.as_ref()
     }
     fn handle_request(&mut self, req: &Self::Request) -> Ack {
         DeltaState::handle_request(self, req)
@@ -487,6 +490,9 @@ impl Flavor for SotwState {
     const NAME: &'static str = "sotw";
     fn type_url(req: &Self::Request) -> &str {
         &req.type_url
+    }
+    fn node(req: &Self::Request) -> Option<&Node> {
+        req.node.as_ref()
     }
     fn handle_request(&mut self, req: &Self::Request) -> Ack {
         SotwState::handle_request(self, req)
