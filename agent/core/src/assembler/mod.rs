@@ -152,6 +152,9 @@ pub enum Effect {
 #[derive(Debug, Clone)]
 struct Member {
     instance: Arc<Instance>,
+    /// Shared into every view built from this member, so a rebuild copies pointers only.
+    tags: Arc<BTreeSet<String>>,
+    metadata: Arc<BTreeMap<String, String>>,
     eligibility: Option<Eligibility>,
 }
 
@@ -208,17 +211,17 @@ impl ViewAssembler {
     pub fn handle_instance(&mut self, instance: &Instance) {
         self.zones.insert(instance.locality.zone.clone());
         let slot = self.slot(&instance.service);
+        let tags = Arc::new(instance.tags.clone());
+        let metadata = Arc::new(instance.metadata.clone());
         let instance = Arc::new(instance.clone());
-        match slot.members.get_mut(&instance.id) {
-            Some(m) => m.instance = instance,
-            None => {
-                let member = Member {
-                    instance: instance.clone(),
-                    eligibility: None,
-                };
-                slot.members.insert(instance.id.clone(), member);
-            }
-        }
+        let eligibility = slot.members.get(&instance.id).and_then(|m| m.eligibility);
+        let member = Member {
+            instance: instance.clone(),
+            tags,
+            metadata,
+            eligibility,
+        };
+        slot.members.insert(instance.id.clone(), member);
     }
 
     /// The evaluator's verdict for an instance. Unknown instances are ignored (the
@@ -530,17 +533,14 @@ impl ViewAssembler {
             };
             let (weight, rank) = self.shift(zone, caller_moved, tier, weight, slot);
             raw.push((
-                endpoint(&m.instance, tier, weight, status, eligibility.verdict()),
+                endpoint(m, tier, weight, status, eligibility.verdict()),
                 rank,
             ));
         }
         let region_ranks = self.zones.len() as u32 + 2;
         for (region, list) in &slot.remote {
-            let rank = region_ranks
-                + rank_in(
-                    &slot.policy.failover.as_ref().map(|f| f.regions.clone()),
-                    region,
-                );
+            let order = slot.policy.failover.as_ref().map(|f| f.regions.as_slice());
+            let rank = region_ranks + rank_in(order, region);
             for r in list
                 .iter()
                 .filter(|r| r.status.is_routed() || r.status == EndpointStatus::Draining)
@@ -571,10 +571,10 @@ impl ViewAssembler {
         weight: Weight,
         slot: &ServiceSlot,
     ) -> (Weight, u32) {
-        let failover_zones = slot.policy.failover.as_ref().map(|f| f.zones.clone());
+        let failover_zones = slot.policy.failover.as_ref().map(|f| f.zones.as_slice());
         let base_rank = match tier {
             Tier::Local => 0,
-            _ => 1 + rank_in(&failover_zones, zone),
+            _ => 1 + rank_in(failover_zones, zone),
         };
         let zone_moved = self.moved(zone);
         if zone_moved == Permille::ONE {
@@ -634,7 +634,7 @@ fn publish(e: &Eligibility, base: Weight, guarded: bool) -> Option<(EndpointStat
     }
 }
 
-fn rank_in<T: PartialEq>(order: &Option<Vec<T>>, item: &T) -> u32 {
+fn rank_in<T: PartialEq>(order: Option<&[T]>, item: &T) -> u32 {
     match order {
         Some(list) => list.iter().position(|x| x == item).unwrap_or(list.len()) as u32,
         None => 0,
@@ -642,12 +642,13 @@ fn rank_in<T: PartialEq>(order: &Option<Vec<T>>, item: &T) -> u32 {
 }
 
 fn endpoint(
-    i: &Instance,
+    m: &Member,
     tier: Tier,
     weight: Weight,
     status: EndpointStatus,
     verdict: Verdict,
 ) -> ViewEndpoint {
+    let i = &m.instance;
     ViewEndpoint {
         instance: i.id.clone(),
         address: i.address,
@@ -658,8 +659,8 @@ fn endpoint(
         weight,
         status,
         verdict,
-        tags: Arc::new(i.tags.clone()),
-        metadata: Arc::new(i.metadata.clone()),
+        tags: m.tags.clone(),
+        metadata: m.metadata.clone(),
     }
 }
 
