@@ -453,16 +453,10 @@ impl Evaluator {
         } = sample;
         let class = observation.class();
         let callers_max = self.config.callers_max;
-        let tombstoned = |t: &BTreeSet<InstanceId>| t.contains(&id);
-        if !self.instances.contains_key(&id) && tombstoned(&self.tombstones) {
-            return Err(EvaluatorError::Retired { instance: id });
-        }
         let (instances, mut out) = self.parts();
-        let state = instances
-            .get_mut(&id)
-            .ok_or_else(|| EvaluatorError::UnknownInstance {
-                instance: id.clone(),
-            })?;
+        let Some(state) = instances.get_mut(&id) else {
+            return Err(self.missing(id));
+        };
         check_attribution(&reporter, class, &id)?;
         if !state.contract.profile.provides(class) {
             return Err(EvaluatorError::ClassNotProvided {
@@ -514,16 +508,20 @@ impl Evaluator {
     }
 
     fn lookup_mut(&mut self, id: &InstanceId) -> Result<&mut InstanceState, EvaluatorError> {
-        if self.tombstones.contains(id) {
-            return Err(EvaluatorError::Retired {
-                instance: id.clone(),
-            });
+        // Retired instances are removed from the map, so a miss is the only case to sort.
+        if !self.instances.contains_key(id) {
+            return Err(self.missing(id.clone()));
         }
-        self.instances
-            .get_mut(id)
-            .ok_or_else(|| EvaluatorError::UnknownInstance {
-                instance: id.clone(),
-            })
+        Ok(self.instances.get_mut(id).expect("checked just above"))
+    }
+
+    /// The error for an id the evaluator does not hold: retired, or never seen.
+    fn missing(&self, instance: InstanceId) -> EvaluatorError {
+        if self.tombstones.contains(&instance) {
+            EvaluatorError::Retired { instance }
+        } else {
+            EvaluatorError::UnknownInstance { instance }
+        }
     }
 
     // --- the decision loop ---
