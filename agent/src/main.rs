@@ -1,8 +1,8 @@
 //! `waymark`: one binary, roles chosen by configuration.
 //!
-//! Will hold the node agent (probing, gossip, last-known-good cache, local xDS/DNS/LRS) and
-//! the authority member (replicated registry, evaluator, xDS tier, policy API), plus the
-//! operator CLI. Today it carries the command surface only; each role lands with its issue.
+//! The node agent (probing, gossip, last-known-good cache, local xDS/DNS/LRS), the authority
+//! member (replicated registry, evaluator, xDS tier, policy API) and the operator CLI. The
+//! roles live in the `waymark_agent` library; this file is the command surface.
 #![forbid(unsafe_code)]
 
 mod certs_cmd;

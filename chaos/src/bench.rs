@@ -445,6 +445,7 @@ pub fn rebuild(shape: Shape) -> RebuildReport {
                 at_ms: 2,
                 command: Command::Observe {
                     instance: i.clone(),
+                    draining: false,
                 },
             })
             .expect("valid instance");

@@ -196,6 +196,7 @@ fn desired(c: &SimConfig, insts: &[Inst]) -> DesiredState {
     for i in insts {
         let observe = Command::Observe {
             instance: i.instance.clone(),
+            draining: false,
         };
         state
             .apply(Stamped {

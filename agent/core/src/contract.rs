@@ -316,6 +316,23 @@ pub enum ContractError {
     },
 }
 
+impl ContractError {
+    /// The contract field at fault, as a dotted path (`dependencies.db`, `probe`, …).
+    pub fn field(&self) -> String {
+        match self {
+            Self::SharedDependencyUnreadiness { name } | Self::DuplicateDependency { name } => {
+                format!("dependencies.{name}")
+            }
+            Self::SignalNotProvided { field, .. }
+            | Self::BelowFloor { field, .. }
+            | Self::Invalid { field, .. } => (*field).to_owned(),
+            Self::ProbeMissing => "probe".to_owned(),
+            Self::NoEvidence => "profile".to_owned(),
+            Self::DampingOverBudget { .. } => "scoring".to_owned(),
+        }
+    }
+}
+
 /// A contract that passed validation. Cheap to clone; per-class cadences are precomputed
 /// because the evaluator consults them on every sample.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -135,7 +135,10 @@ mod tests {
         };
         s.apply(Stamped {
             at_ms: 2,
-            command: Command::Observe { instance: pod },
+            command: Command::Observe {
+                instance: pod,
+                draining: false,
+            },
         })
         .unwrap();
         let assignment = [(id("pod-1"), vec![node("prober-1")])]

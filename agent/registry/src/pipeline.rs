@@ -81,6 +81,19 @@ impl RegionPipeline {
         }
         for record in state.instances() {
             p.add_instance(now, &record.instance, Admission::Established);
+            if record.draining {
+                let _ =
+                    p.evaluator
+                        .handle_lifecycle(now, &record.instance.id, Lifecycle::Terminating);
+            }
+            if let Some(reason) = &record.maintenance {
+                let event = Lifecycle::MaintenanceOn {
+                    reason: reason.clone(),
+                };
+                let _ = p
+                    .evaluator
+                    .handle_lifecycle(now, &record.instance.id, event);
+            }
         }
         p.pump(now);
         p
@@ -99,10 +112,25 @@ impl RegionPipeline {
                     self.add_instance(now, &r.instance, Admission::New);
                 }
             }
-            Applied::Observed => {
-                for r in state.instances() {
+            Applied::Observed { instance, draining } => {
+                if let Some(r) = state.instance(instance) {
                     self.add_instance(now, &r.instance, Admission::New);
+                    let event = if *draining {
+                        Lifecycle::Terminating
+                    } else {
+                        Lifecycle::Serving
+                    };
+                    let _ = self.evaluator.handle_lifecycle(now, instance, event);
                 }
+            }
+            Applied::Maintenance { instance, reason } => {
+                let event = match reason {
+                    Some(reason) => Lifecycle::MaintenanceOn {
+                        reason: reason.clone(),
+                    },
+                    None => Lifecycle::MaintenanceOff,
+                };
+                let _ = self.evaluator.handle_lifecycle(now, instance, event);
             }
             Applied::Retired { instances } => {
                 for (id, cause) in instances {

@@ -69,6 +69,26 @@ pub enum Command {
     Observe {
         /// The instance, with its orchestrator-given id.
         instance: Instance,
+        /// The orchestrator marks it terminating: it drains.
+        #[serde(default)]
+        draining: bool,
+    },
+    /// Policy declares an external endpoint (a third party, governed by passive evidence).
+    DeclareExternal {
+        /// The endpoint; its id is chosen by the operator and never reused.
+        instance: Instance,
+    },
+    /// Policy stops declaring an external endpoint: retired for good.
+    RemoveExternal {
+        /// The endpoint.
+        instance: InstanceId,
+    },
+    /// An operator puts an instance in maintenance (with a reason) or takes it out.
+    Maintenance {
+        /// The instance.
+        instance: InstanceId,
+        /// `Some(reason)` to start, `None` to end.
+        reason: Option<String>,
     },
     /// The orchestrator deleted an instance: retired for good.
     Forget {
@@ -136,8 +156,20 @@ pub enum Applied {
         /// New lease end, unix ms.
         expires_at_ms: u64,
     },
-    /// An orchestrated instance was created or updated.
-    Observed,
+    /// An orchestrated or declared instance was created or updated.
+    Observed {
+        /// The instance.
+        instance: InstanceId,
+        /// Whether it is draining (terminating) now.
+        draining: bool,
+    },
+    /// An instance's maintenance changed.
+    Maintenance {
+        /// The instance.
+        instance: InstanceId,
+        /// The reason, while in maintenance.
+        reason: Option<String>,
+    },
     /// Instances were retired.
     Retired {
         /// Which, and why.
@@ -214,6 +246,14 @@ pub enum RegistryError {
         /// What was asked.
         lease_ms: u64,
     },
+    /// An instance cannot change where it came from (orchestrator, registration, policy).
+    #[error("instance {instance} comes from {origin:?}")]
+    OriginMismatch {
+        /// The instance.
+        instance: InstanceId,
+        /// Where it came from.
+        origin: Origin,
+    },
     /// An instance cannot move to another service.
     #[error("instance {instance} belongs to {existing}")]
     ServiceMismatch {
@@ -242,6 +282,12 @@ pub struct InstanceRecord {
     pub lease_expires_at_ms: Option<u64>,
     /// The lease length asked for at registration.
     pub lease_ms: Option<u64>,
+    /// The orchestrator marks it terminating.
+    #[serde(default)]
+    pub draining: bool,
+    /// An operator's maintenance reason, while in maintenance.
+    #[serde(default)]
+    pub maintenance: Option<String>,
 }
 
 /// The desired state. Serializable whole, for Raft snapshots.
@@ -281,8 +327,21 @@ impl DesiredState {
                 self.retire_one(instance, RetireCause::Deregistered, true)
             }
             Command::ExpireLeases => Ok(self.expire()),
-            Command::Observe { instance } => self.observe(instance),
+            Command::Observe { instance, draining } => {
+                self.observe(instance, Origin::Orchestrator, draining)
+            }
             Command::Forget { instance } => self.retire_one(instance, RetireCause::Deleted, false),
+            Command::DeclareExternal { instance } => {
+                self.observe(instance, Origin::External, false)
+            }
+            Command::RemoveExternal { instance } => {
+                self.retire_one(instance, RetireCause::Deleted, false)
+            }
+            Command::Maintenance { instance, reason } => {
+                let record = self.live_mut(&instance)?;
+                record.maintenance = reason.clone();
+                Ok(Applied::Maintenance { instance, reason })
+            }
             Command::SetAssignment { assignment } => {
                 self.assignment = assignment;
                 Ok(Applied::AssignmentSet)
@@ -396,6 +455,8 @@ impl DesiredState {
             instance,
             lease_expires_at_ms: Some(expires_at_ms),
             lease_ms: Some(r.lease_ms),
+            draining: false,
+            maintenance: None,
         };
         self.instances.insert(id.clone(), record);
         Ok(Applied::Registered {
@@ -418,7 +479,12 @@ impl DesiredState {
         Ok(Applied::Renewed { expires_at_ms })
     }
 
-    fn observe(&mut self, instance: Instance) -> Result<Applied, RegistryError> {
+    fn observe(
+        &mut self,
+        instance: Instance,
+        origin: Origin,
+        draining: bool,
+    ) -> Result<Applied, RegistryError> {
         if self.tombstones.contains(&instance.id) {
             return Err(RegistryError::Retired {
                 instance: instance.id,
@@ -439,17 +505,29 @@ impl DesiredState {
             });
         }
         self.check_address(&instance.service, &instance.address, Some(&instance.id))?;
-        let instance = Instance {
-            origin: Origin::Orchestrator,
-            ..instance
-        };
+        if let Some(existing) = self.instances.get(&instance.id)
+            && existing.instance.origin != origin
+        {
+            return Err(RegistryError::OriginMismatch {
+                instance: instance.id,
+                origin: existing.instance.origin,
+            });
+        }
+        let instance = Instance { origin, ..instance };
+        let id = instance.id.clone();
+        let maintenance = self.instances.get(&id).and_then(|r| r.maintenance.clone());
         let record = InstanceRecord {
             instance,
             lease_expires_at_ms: None,
             lease_ms: None,
+            draining,
+            maintenance,
         };
-        self.instances.insert(record.instance.id.clone(), record);
-        Ok(Applied::Observed)
+        self.instances.insert(id.clone(), record);
+        Ok(Applied::Observed {
+            instance: id,
+            draining,
+        })
     }
 
     fn retire_one(

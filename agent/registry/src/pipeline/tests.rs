@@ -61,6 +61,7 @@ fn region_state() -> DesiredState {
             at_ms: 2,
             command: Command::Observe {
                 instance: pod(i, z),
+                draining: false,
             },
         })
         .unwrap();

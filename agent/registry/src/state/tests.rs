@@ -195,6 +195,7 @@ fn orchestrated_instances_are_observed_forgotten_and_not_leased() {
         2_000,
         Command::Observe {
             instance: pod.clone(),
+            draining: false,
         },
     ))
     .unwrap();
@@ -218,7 +219,8 @@ fn orchestrated_instances_are_observed_forgotten_and_not_leased() {
         s.apply(at(
             5_000,
             Command::Observe {
-                instance: pod.clone()
+                instance: pod.clone(),
+                draining: false,
             }
         )),
         Err(RegistryError::Retired { instance: pod.id })

@@ -1,0 +1,245 @@
+//! What the authority replicates: the registry's desired state, the views the leader
+//! published, and the audit log. Pure and deterministic: every member applying the same log
+//! reaches the same state (openraft's state machine calls [`AuthorityState::apply`]).
+//!
+//! Published views ride the log so that every member's xDS tier serves the same versions,
+//! and so a new leader starts from exactly what clients already hold (ADR-02, ADR-11). A
+//! view's version is `term << 32 | sequence`: the Raft term strictly increases across
+//! leader changes, so a new leader's versions are above anything an old one released, even
+//! one of its entries committed after the election.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+use waymark_core::model::{InstanceId, ServiceName};
+use waymark_core::view::{ReleasedView, Version, VersionSource, ViewKey};
+use waymark_registry::state::{Applied, DesiredState, RegistryError, Stamped};
+
+/// Audit entries kept in the replicated state; older ones remain in each member's export.
+pub const AUDIT_RETAINED: usize = 1_000_000;
+
+/// One entry of the authority's log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Request {
+    /// A change to the desired state.
+    Registry(Stamped),
+    /// Views the leader released, in order.
+    Publish {
+        /// The views.
+        views: Vec<ReleasedView>,
+    },
+    /// Audit records (transitions, overrides granted or refused, denials, policy changes).
+    Audit {
+        /// The records; sequence numbers are assigned on apply.
+        entries: Vec<AuditEntry>,
+    },
+}
+
+/// What applying an entry produced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Response {
+    /// The registry applied or refused the command.
+    Registry {
+        /// The outcome.
+        outcome: Result<Applied, Refusal>,
+    },
+    /// Views were recorded; stale ones (at or below the held version) were skipped.
+    Published {
+        /// How many were newer than what was held.
+        accepted: usize,
+    },
+    /// Audit records were appended, ending at this sequence number.
+    Audited {
+        /// The last sequence number.
+        last_seq: u64,
+    },
+    /// Raft's own entries (blank, membership) carry no request.
+    Empty,
+}
+
+/// A refused registry command, in a form that survives the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    /// A stable machine-readable reason (`unknown_instance`, `bad_lease`, …).
+    pub reason: String,
+    /// The request field at fault, when one is.
+    pub field: Option<String>,
+    /// What is wrong, for people.
+    pub message: String,
+}
+
+impl From<&RegistryError> for Refusal {
+    fn from(e: &RegistryError) -> Self {
+        let (reason, field) = match e {
+            RegistryError::Contract { source, .. } => {
+                ("contract", Some(format!("contract.{}", source.field())))
+            }
+            RegistryError::UnknownService { .. } => ("unknown_service", Some("service".into())),
+            RegistryError::ServiceInUse { .. } => ("service_in_use", Some("service".into())),
+            RegistryError::UnknownInstance { .. } => ("unknown_instance", Some("instance".into())),
+            RegistryError::Retired { .. } => ("retired", Some("instance".into())),
+            RegistryError::NotLeased { .. } => ("not_leased", Some("instance".into())),
+            RegistryError::BadAddress { .. } => ("bad_address", Some("address".into())),
+            RegistryError::DuplicateAddress { .. } => ("duplicate_address", Some("address".into())),
+            RegistryError::BadLease { .. } => ("bad_lease", Some("lease".into())),
+            RegistryError::OriginMismatch { .. } => ("origin_mismatch", Some("instance".into())),
+            RegistryError::ServiceMismatch { .. } => ("service_mismatch", Some("service".into())),
+            _ => ("refused", None),
+        };
+        Self {
+            reason: reason.to_owned(),
+            field,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// What an audit record is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditKind {
+    /// An instance changed verdict.
+    Transition,
+    /// An operator override, granted or refused.
+    Override,
+    /// A request or sample was refused (forged evidence, bad registration, …).
+    Denial,
+    /// A service, contract or policy changed.
+    Policy,
+    /// An instance came or went (registration, lease expiry, orchestrator).
+    Existence,
+    /// An alarm was raised or cleared.
+    Alarm,
+    /// A reconciliation (orchestrator diff, peer region merge).
+    Reconciliation,
+}
+
+/// One audit record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// Position in the log; assigned on apply (0 before).
+    #[serde(default)]
+    pub seq: u64,
+    /// Unix milliseconds, stamped by the member that proposed it.
+    pub at_ms: u64,
+    /// What it is about.
+    pub kind: AuditKind,
+    /// Who did it: an identity (`spiffe://…`), an operator, or `waymark` itself.
+    pub actor: String,
+    /// The service concerned.
+    #[serde(default)]
+    pub service: Option<ServiceName>,
+    /// The instance concerned.
+    #[serde(default)]
+    pub instance: Option<InstanceId>,
+    /// `granted`, `refused`, `applied`, or the new verdict.
+    pub outcome: String,
+    /// Everything else (evidence, justification, error), as JSON.
+    #[serde(default)]
+    pub detail: serde_json::Value,
+}
+
+/// The replicated state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AuthorityState {
+    registry: DesiredState,
+    published: BTreeMap<ViewKey, ReleasedView>,
+    audit: VecDeque<AuditEntry>,
+    audit_seq: u64,
+}
+
+impl AuthorityState {
+    /// Apply one entry. Deterministic.
+    pub fn apply(&mut self, request: Request) -> Response {
+        match request {
+            Request::Registry(stamped) => Response::Registry {
+                outcome: self.registry.apply(stamped).map_err(|e| Refusal::from(&e)),
+            },
+            Request::Publish { views } => {
+                let mut accepted = 0;
+                for view in views {
+                    let key = view.view.key.clone();
+                    let newer = self
+                        .published
+                        .get(&key)
+                        .is_none_or(|held| held.version < view.version);
+                    if newer {
+                        self.published.insert(key, view);
+                        accepted += 1;
+                    }
+                }
+                Response::Published { accepted }
+            }
+            Request::Audit { entries } => {
+                for mut e in entries {
+                    self.audit_seq += 1;
+                    e.seq = self.audit_seq;
+                    self.audit.push_back(e);
+                }
+                while self.audit.len() > AUDIT_RETAINED {
+                    self.audit.pop_front();
+                }
+                Response::Audited {
+                    last_seq: self.audit_seq,
+                }
+            }
+        }
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> &DesiredState {
+        &self.registry
+    }
+
+    /// The last published view per (service, caller zone).
+    pub fn published(&self) -> &BTreeMap<ViewKey, ReleasedView> {
+        &self.published
+    }
+
+    /// The retained audit log, oldest first.
+    pub fn audit(&self) -> &VecDeque<AuditEntry> {
+        &self.audit
+    }
+
+    /// The highest version published so far.
+    pub fn max_version(&self) -> Version {
+        self.published
+            .values()
+            .map(|v| v.version)
+            .max()
+            .unwrap_or(Version(0))
+    }
+}
+
+/// Versions for a leader in `term`: `term << 32 | n`, so every term's versions are above
+/// every earlier term's.
+#[derive(Debug, Clone)]
+pub struct TermVersions {
+    term: u64,
+    seq: u64,
+}
+
+impl TermVersions {
+    /// Versions for this leadership term, starting after `floor` if it is in the same term.
+    pub fn new(term: u64, floor: Version) -> Self {
+        let seq = if floor.0 >> 32 == term {
+            floor.0 & 0xFFFF_FFFF
+        } else {
+            0
+        };
+        Self { term, seq }
+    }
+}
+
+impl VersionSource for TermVersions {
+    fn next_version(&mut self) -> Version {
+        self.seq += 1;
+        Version(self.term << 32 | self.seq)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,111 @@
+use waymark_core::model::{ServiceName, ZoneName};
+use waymark_core::view::{ReleasedView, Version, VersionSource, View, ViewKey};
+use waymark_registry::state::{Command, Stamped};
+
+use super::*;
+
+fn view(service: &str, version: Version) -> ReleasedView {
+    let key = ViewKey {
+        service: service.parse::<ServiceName>().unwrap(),
+        zone: "a".parse::<ZoneName>().unwrap(),
+    };
+    ReleasedView {
+        version,
+        view: View::empty(key),
+    }
+}
+
+#[test]
+fn a_later_term_always_versions_above_an_earlier_one() {
+    let mut old = TermVersions::new(3, Version(0));
+    let mut last = Version(0);
+    for _ in 0..1000 {
+        last = old.next_version();
+    }
+    // The new leader has not even seen the old leader's last versions.
+    let mut new = TermVersions::new(4, Version(3 << 32 | 10));
+    assert!(new.next_version() > last);
+    // Restarting a source within the same term continues above the floor.
+    let mut same = TermVersions::new(3, last);
+    assert!(same.next_version() > last);
+}
+
+#[test]
+fn a_stale_publish_never_replaces_a_newer_view() {
+    let mut s = AuthorityState::default();
+    let r = s.apply(Request::Publish {
+        views: vec![view("pay", Version(5))],
+    });
+    assert_eq!(r, Response::Published { accepted: 1 });
+    let r = s.apply(Request::Publish {
+        views: vec![view("pay", Version(4)), view("pay", Version(5))],
+    });
+    assert_eq!(r, Response::Published { accepted: 0 });
+    assert_eq!(s.max_version(), Version(5));
+    let r = s.apply(Request::Publish {
+        views: vec![view("pay", Version(6))],
+    });
+    assert_eq!(r, Response::Published { accepted: 1 });
+    assert_eq!(s.published().len(), 1);
+}
+
+#[test]
+fn audit_sequence_numbers_are_assigned_on_apply_in_order() {
+    let mut s = AuthorityState::default();
+    let entry = |actor: &str| AuditEntry {
+        seq: 99,
+        at_ms: 1,
+        kind: AuditKind::Override,
+        actor: actor.into(),
+        service: None,
+        instance: None,
+        outcome: "refused".into(),
+        detail: serde_json::Value::Null,
+    };
+    s.apply(Request::Audit {
+        entries: vec![entry("a"), entry("b")],
+    });
+    let r = s.apply(Request::Audit {
+        entries: vec![entry("c")],
+    });
+    assert_eq!(r, Response::Audited { last_seq: 3 });
+    let seqs: Vec<_> = s
+        .audit()
+        .iter()
+        .map(|e| (e.seq, e.actor.as_str()))
+        .collect();
+    assert_eq!(seqs, [(1, "a"), (2, "b"), (3, "c")]);
+}
+
+#[test]
+fn a_refused_command_names_its_field_and_changes_nothing() {
+    let mut s = AuthorityState::default();
+    let before = s.clone();
+    let r = s.apply(Request::Registry(Stamped {
+        at_ms: 10,
+        command: Command::Renew {
+            instance: "pay-r1".parse().unwrap(),
+        },
+    }));
+    let Response::Registry {
+        outcome: Err(refusal),
+    } = r
+    else {
+        panic!("expected a refusal, got {r:?}");
+    };
+    assert_eq!(refusal.reason, "unknown_instance");
+    assert_eq!(refusal.field.as_deref(), Some("instance"));
+    // Only the registry clock moved (it is data, stamped by the leader).
+    assert_eq!(s.published(), before.published());
+    assert_eq!(s.registry().instances().count(), 0);
+}
+
+#[test]
+fn entries_survive_json_round_trip() {
+    let req = Request::Publish {
+        views: vec![view("pay", Version(7))],
+    };
+    let text = serde_json::to_string(&req).unwrap();
+    let back: Request = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, req);
+}

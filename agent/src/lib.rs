@@ -1,0 +1,7 @@
+//! The `waymark` binary's library: the node agent and authority roles, and the operator CLI.
+//!
+//! Shells around the pure cores: tokio, tonic, openraft, redb, axum and kube live here, and
+//! every decision is delegated to `waymark-core` and `waymark-registry`.
+#![forbid(unsafe_code)]
+
+pub mod authority;
