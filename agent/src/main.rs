@@ -7,7 +7,15 @@
 
 mod certs_cmd;
 
+use std::path::PathBuf;
+
+use anyhow::Context as _;
 use clap::Parser;
+use tracing_subscriber::EnvFilter;
+use waymark_agent::authority::config::ConfigFile;
+use waymark_agent::authority::member::Authority;
+use waymark_agent::cli::http::ApiClient;
+use waymark_agent::cli::ops;
 
 /// A health-check and service-discovery plane for Envoy/xDS meshes.
 #[derive(Debug, Parser)]
@@ -17,12 +25,128 @@ struct Cli {
     command: Command,
 }
 
+/// Where the operator commands find an authority member.
+#[derive(Debug, clap::Args)]
+struct ApiArgs {
+    /// Any authority member's HTTP API (followers redirect to the leader).
+    #[arg(
+        long,
+        env = "WAYMARK_API",
+        default_value = "127.0.0.1:8500",
+        global = true
+    )]
+    api: String,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
 #[derive(Debug, clap::Subcommand)]
 enum Command {
     /// Print the platform defaults the evaluator and assembler start from.
     Defaults,
     /// Run the estate's CA: init, issue, inspect.
     Certs(certs_cmd::CertsArgs),
+    /// Run an authority member.
+    Authority {
+        /// The configuration file (TOML).
+        #[arg(long, env = "WAYMARK_CONFIG")]
+        config: PathBuf,
+        /// Print the effective configuration and exit.
+        #[arg(long)]
+        print_config: bool,
+    },
+    /// Operate the authority group.
+    Operator {
+        #[command(subcommand)]
+        command: OperatorCommand,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Services with counts per verdict and guard state.
+    Services {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Why an instance is where it is.
+    Explain {
+        /// The instance id.
+        instance: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// The audit log, as JSON lines.
+    Audit {
+        /// Only this kind (transition, override, denial, policy, existence, alarm,
+        /// reconciliation).
+        #[arg(long)]
+        kind: Option<String>,
+        /// Only this service.
+        #[arg(long)]
+        service: Option<String>,
+        /// Only this instance.
+        #[arg(long)]
+        instance: Option<String>,
+        /// Only records after this sequence number.
+        #[arg(long)]
+        since_seq: Option<u64>,
+        /// At most this many records.
+        #[arg(long)]
+        limit: Option<usize>,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Take an instance out of rotation by hand, or return it (privileged, audited).
+    Override {
+        /// The instance id.
+        instance: String,
+        /// `maintenance_on` or `maintenance_off`.
+        #[arg(long, default_value = "maintenance_on")]
+        action: String,
+        /// Why (required).
+        #[arg(long)]
+        justification: Option<String>,
+        /// Who is acting.
+        #[arg(long, env = "WAYMARK_ACTOR")]
+        actor: Option<String>,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Every xDS client's sync state: versions sent and acknowledged, NACKs.
+    ProxyStatus {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum OperatorCommand {
+    /// The Raft group.
+    Raft {
+        #[command(subcommand)]
+        command: RaftCommand,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum RaftCommand {
+    /// Each member, its role and how far it trails the leader.
+    ListPeers,
+    /// Add a member (learner first, voter once caught up).
+    Join {
+        /// Its id (never reused).
+        #[arg(long)]
+        id: u64,
+        /// Its HTTP listener, host:port.
+        #[arg(long)]
+        addr: String,
+    },
+    /// Remove a member.
+    Remove {
+        /// Its id.
+        #[arg(long)]
+        id: u64,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,5 +158,134 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Certs(args) => certs_cmd::run(args),
+        Command::Authority {
+            config,
+            print_config,
+        } => {
+            let file = ConfigFile::load(&config)?;
+            if print_config {
+                print!("{}", toml::to_string_pretty(&file)?);
+                return Ok(());
+            }
+            init_tracing();
+            runtime()?.block_on(run_authority(file))
+        }
+        other => {
+            let out = runtime()?.block_on(client_command(other))?;
+            print!("{out}");
+            Ok(())
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+}
+
+fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var("WAYMARK_LOG_FORMAT").is_ok_and(|f| f == "json");
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn run_authority(file: ConfigFile) -> anyhow::Result<()> {
+    let member = Authority::start(file.member_config()?).await?;
+    let initial = file.initial_members();
+    if !initial.is_empty() {
+        member.bootstrap(initial).await?;
+    }
+    println!(
+        "authority member {} serving: http {} xds {} ingest {}",
+        file.authority.id,
+        member.http_addr(),
+        member.xds_addr(),
+        member
+            .ingest_addr()
+            .map_or_else(|| "off".to_owned(), |a| a.to_string())
+    );
+    shutdown_signal().await;
+    tracing::info!("stopping");
+    member.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+async fn client_command(command: Command) -> anyhow::Result<String> {
+    match command {
+        Command::Operator { command, api } => {
+            let client = ApiClient::new(&api.api, None);
+            match command {
+                OperatorCommand::Raft { command } => match command {
+                    RaftCommand::ListPeers => ops::list_peers(&client, api.json).await,
+                    RaftCommand::Join { id, addr } => ops::join(&client, id, &addr).await,
+                    RaftCommand::Remove { id } => ops::remove(&client, id).await,
+                },
+            }
+        }
+        Command::Services { api } => ops::services(&ApiClient::new(&api.api, None), api.json).await,
+        Command::Explain { instance, api } => {
+            ops::explain(&ApiClient::new(&api.api, None), &instance, api.json).await
+        }
+        Command::Audit {
+            kind,
+            service,
+            instance,
+            since_seq,
+            limit,
+            api,
+        } => {
+            let query = [
+                ("kind", kind),
+                ("service", service),
+                ("instance", instance),
+                ("since_seq", since_seq.map(|s| s.to_string())),
+                ("limit", limit.map(|l| l.to_string())),
+            ];
+            ops::audit(&ApiClient::new(&api.api, None), &query).await
+        }
+        Command::Override {
+            instance,
+            action,
+            justification,
+            actor,
+            api,
+        } => {
+            let client = ApiClient::new(&api.api, actor);
+            ops::override_instance(&client, &instance, &action, justification.as_deref()).await
+        }
+        Command::ProxyStatus { api } => {
+            ops::proxy_status(&ApiClient::new(&api.api, None), api.json).await
+        }
+        Command::Defaults | Command::Certs(_) | Command::Authority { .. } => {
+            anyhow::bail!("not a client command")
+        }
     }
 }

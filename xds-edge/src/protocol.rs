@@ -139,8 +139,19 @@ impl DeltaState {
         nonce: String,
     ) -> Option<DeltaDiscoveryResponse> {
         let mut out = Vec::new();
+        // A client that reconnects from a member further ahead may hold newer versions
+        // than this server: never send it backwards (ADR-11). Versions that are numbers
+        // are compared; the server catches up and sends once it is ahead again.
+        let newest = resources
+            .values()
+            .filter_map(|e| e.version.parse::<u64>().ok())
+            .max();
         for (name, enc) in resources.iter().filter(|(n, _)| self.subscription.wants(n)) {
-            if self.known.get(name) != Some(&enc.version) {
+            let held = self.known.get(name);
+            if held.is_some_and(|h| is_ahead(h, &enc.version)) {
+                continue;
+            }
+            if held != Some(&enc.version) {
                 out.push(Resource {
                     name: name.clone(),
                     version: enc.version.clone(),
@@ -149,11 +160,17 @@ impl DeltaState {
                 });
             }
         }
+        // A resource this server lacks is removed unless the client's copy is newer than
+        // anything here (then this server is behind, not the resource gone).
         let removed: Vec<String> = self
             .known
-            .keys()
-            .filter(|n| !resources.contains_key(*n))
-            .cloned()
+            .iter()
+            .filter(|(n, _)| !resources.contains_key(*n))
+            .filter(|(_, v)| {
+                let held = v.parse::<u64>().ok();
+                !matches!((held, newest), (Some(h), Some(n)) if h > n)
+            })
+            .map(|(n, _)| n.clone())
             .collect();
         if out.is_empty() && removed.is_empty() {
             return None;
@@ -174,6 +191,14 @@ impl DeltaState {
             ..Default::default()
         })
     }
+}
+
+/// Whether a client holding `held` is ahead of `ours` (both numeric versions).
+fn is_ahead(held: &str, ours: &str) -> bool {
+    matches!(
+        (held.parse::<u64>(), ours.parse::<u64>()),
+        (Ok(h), Ok(o)) if h > o
+    )
 }
 
 // === State of the World ===

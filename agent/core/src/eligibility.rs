@@ -105,6 +105,16 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every verdict, in order.
+    pub const ALL: [Self; 6] = [
+        Self::Eligible,
+        Self::Degraded,
+        Self::Unknown,
+        Self::Ineligible,
+        Self::Quarantined,
+        Self::Draining,
+    ];
+
     /// The name used in logs, metrics and the API.
     pub const fn as_str(self) -> &'static str {
         match self {

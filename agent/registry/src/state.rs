@@ -120,7 +120,8 @@ pub struct Registration {
     /// Metadata.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
-    /// Requested lease.
+    /// Requested lease; 0 (or absent) asks for the platform default.
+    #[serde(default)]
     pub lease_ms: u64,
 }
 
@@ -347,6 +348,11 @@ impl DesiredState {
                 Ok(Applied::AssignmentSet)
             }
         }
+    }
+
+    /// How many targets have probers assigned.
+    pub fn assignment_len(&self) -> usize {
+        self.assignment.len()
     }
 
     /// A service's record.

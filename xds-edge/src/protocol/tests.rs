@@ -294,3 +294,55 @@ fn sotw_a_watch_stays_registered_after_an_immediate_response() {
     let r = s.next_response(TYPE_ENDPOINT, &res(&[("a", "2")]), "2", "n2".into());
     assert!(r.is_some(), "a later change is still delivered");
 }
+
+#[test]
+fn delta_never_sends_a_reconnecting_client_backwards_from_a_lagging_server() {
+    // The client held versions from a member further ahead than this one.
+    let mut s = DeltaState::default();
+    let mut req = delta_req(&[], "");
+    req.initial_resource_versions = [
+        ("a".to_owned(), "10".to_owned()),
+        ("b".to_owned(), "4".to_owned()),
+        ("new".to_owned(), "12".to_owned()),
+    ]
+    .into();
+    s.handle_request(&req);
+    // This server has a older than the client, b newer, and lacks `new` (not yet applied).
+    let r = s
+        .next_response(
+            TYPE_ENDPOINT,
+            &res(&[("a", "9"), ("b", "5")]),
+            "1",
+            "n1".into(),
+        )
+        .unwrap();
+    assert_eq!(
+        names(&r),
+        vec!["b"],
+        "only what is newer than the client's copy"
+    );
+    assert!(
+        r.removed_resources.is_empty(),
+        "a lagging server removes nothing it lacks"
+    );
+    // Once the server catches up, it sends again.
+    let r = s
+        .next_response(
+            TYPE_ENDPOINT,
+            &res(&[("a", "11"), ("b", "5"), ("new", "12")]),
+            "2",
+            "n2".into(),
+        )
+        .unwrap();
+    assert_eq!(names(&r), vec!["a"]);
+    // A resource really gone (the server is past the client's copy) is removed.
+    let r = s
+        .next_response(
+            TYPE_ENDPOINT,
+            &res(&[("a", "13"), ("b", "5")]),
+            "3",
+            "n3".into(),
+        )
+        .unwrap();
+    assert_eq!(r.removed_resources, vec!["new".to_owned()]);
+}

@@ -1,0 +1,966 @@
+//! The query and policy API (HTTP + JSON), described by the OpenAPI document it serves at
+//! `/v1/openapi.json`.
+//!
+//! Every member answers reads from its replicated state. Writes and `explain` (which needs
+//! the leader's evaluator) are answered by the leader; a follower replies
+//! `307 Temporary Redirect` to the leader's same path, which clients follow with the same
+//! method and body. Every refusal is a JSON body `{"error": {"reason", "field", "message"}}`
+//! with a fitting status, a metric, and — for denials — an audit record; it changes nothing.
+//!
+//! Authentication: the API listener is plain HTTP today, and the acting operator is named by
+//! the `x-waymark-actor` header. Bind it to loopback or a management network; the mutual-TLS
+//! listener that takes the actor from the client certificate is the next step.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use prometheus_client::registry::Registry;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use waymark_core::contract::HealthContract;
+use waymark_core::model::{Instance, InstanceId, RegionName, ServiceName};
+use waymark_registry::state::{Applied, Command, Registration, Stamped};
+use waymark_xds::server::XdsServer;
+
+use super::leader::{SharedPipeline, now_ms};
+use super::machine::{AuditEntry, AuditKind, Request, Response as RaftResponse};
+use super::metrics::{AuthorityMetrics, OutcomeLabels, ReasonLabels};
+use super::raft::{RaftNode, WriteError};
+
+/// Overrides one actor may make on one service per window.
+pub const OVERRIDES_PER_WINDOW: usize = 5;
+/// The override rate window.
+pub const OVERRIDE_WINDOW: Duration = Duration::from_secs(600);
+/// Audit records returned by one request at most.
+pub const AUDIT_PAGE_MAX: usize = 10_000;
+/// The header naming the acting operator.
+pub const ACTOR_HEADER: &str = "x-waymark-actor";
+
+/// Shared state of the API handlers.
+#[derive(Clone)]
+pub struct ApiState {
+    raft: RaftNode,
+    pipeline: SharedPipeline,
+    metrics: AuthorityMetrics,
+    xds: XdsServer,
+    registry: Arc<Registry>,
+    region: RegionName,
+    overrides: Arc<Mutex<OverrideLimiter>>,
+    reconciliation: Arc<Mutex<Value>>,
+}
+
+impl std::fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiState")
+            .field("region", &self.region)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiState {
+    /// State for the handlers.
+    pub fn new(
+        raft: RaftNode,
+        pipeline: SharedPipeline,
+        metrics: AuthorityMetrics,
+        xds: XdsServer,
+        registry: Arc<Registry>,
+        region: RegionName,
+    ) -> Self {
+        Self {
+            raft,
+            pipeline,
+            metrics,
+            xds,
+            registry,
+            region,
+            overrides: Arc::default(),
+            reconciliation: Arc::new(Mutex::new(Value::Null)),
+        }
+    }
+
+    /// Where the reconciler publishes its latest diff (JSON) for `/v1/reconciliation`.
+    pub fn reconciliation(&self) -> Arc<Mutex<Value>> {
+        Arc::clone(&self.reconciliation)
+    }
+}
+
+/// The API routes.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/v1/openapi.json", get(openapi))
+        .route("/v1/status", get(status))
+        .route("/v1/operator/raft/peers", get(peers))
+        .route("/v1/operator/raft/members", post(add_member))
+        .route(
+            "/v1/operator/raft/members/{id}",
+            axum::routing::delete(remove_member),
+        )
+        .route("/v1/services", get(services))
+        .route(
+            "/v1/services/{service}",
+            put(put_service).get(get_service).delete(remove_service),
+        )
+        .route("/v1/services/{service}/view", get(service_view))
+        .route("/v1/contracts/validate", post(validate_contract))
+        .route("/v1/instances", post(register).get(instances))
+        .route("/v1/instances/{id}", axum::routing::delete(deregister))
+        .route("/v1/instances/{id}/renew", put(renew))
+        .route("/v1/instances/{id}/explain", get(explain))
+        .route("/v1/external", post(declare_external))
+        .route("/v1/external/{id}", axum::routing::delete(remove_external))
+        .route("/v1/overrides", post(override_instance))
+        .route("/v1/audit", get(audit))
+        .route("/v1/alarms", get(alarms))
+        .route("/v1/reconciliation", get(reconciliation))
+        .route("/v1/proxy-status", get(proxy_status))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// A refusal: status and body.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    reason: String,
+    field: Option<String>,
+    message: String,
+    location: Option<String>,
+}
+
+impl ApiError {
+    fn new(
+        status: StatusCode,
+        reason: &str,
+        field: Option<&str>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            reason: reason.to_owned(),
+            field: field.map(str::to_owned),
+            message: message.into(),
+            location: None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body =
+            json!({"error": {"reason": self.reason, "field": self.field, "message": self.message}});
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(location) = self.location
+            && let Ok(v) = header::HeaderValue::from_str(&location)
+        {
+            response.headers_mut().insert(header::LOCATION, v);
+        }
+        response
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiState {
+    fn refuse(&self, e: ApiError) -> ApiError {
+        self.metrics
+            .api_refusals
+            .get_or_create(&ReasonLabels {
+                reason: e.reason.clone(),
+            })
+            .inc();
+        tracing::info!(reason = %e.reason, field = ?e.field, message = %e.message, "api request refused");
+        e
+    }
+
+    /// Parse a JSON body; a malformed one is refused naming the field where serde can.
+    fn body<T: DeserializeOwned>(&self, bytes: &Bytes) -> ApiResult<T> {
+        serde_json::from_slice(bytes).map_err(|e| {
+            let message = e.to_string();
+            let field = field_of(&message);
+            self.refuse(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "malformed_body",
+                field.as_deref(),
+                message,
+            ))
+        })
+    }
+
+    /// On a follower: redirect to the leader's same path.
+    fn leader_only(&self, uri: &Uri) -> ApiResult<()> {
+        if self.raft.is_leader() {
+            return Ok(());
+        }
+        Err(self.redirect(uri, None))
+    }
+
+    fn redirect(&self, uri: &Uri, known: Option<(u64, super::raft::Member)>) -> ApiError {
+        match known.or_else(|| self.raft.leader()) {
+            Some((id, member)) => {
+                let path = uri.path_and_query().map_or("/", |p| p.as_str());
+                ApiError {
+                    location: Some(format!("http://{}{}", member.api_addr, path)),
+                    ..ApiError::new(
+                        StatusCode::TEMPORARY_REDIRECT,
+                        "not_leader",
+                        None,
+                        format!("member {id} leads; ask it"),
+                    )
+                }
+            }
+            None => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_leader",
+                None,
+                "no leader is known (election in progress); retry",
+            ),
+        }
+    }
+
+    /// Commit a registry command; a refusal is a 4xx naming the field.
+    async fn command(&self, uri: &Uri, command: Command) -> ApiResult<Applied> {
+        let request = Request::Registry(Stamped {
+            at_ms: now_ms(),
+            command,
+        });
+        match self.raft.write(request).await {
+            Ok(RaftResponse::Registry {
+                outcome: Ok(applied),
+            }) => Ok(applied),
+            Ok(RaftResponse::Registry {
+                outcome: Err(refusal),
+            }) => {
+                let status = match refusal.reason.as_str() {
+                    "unknown_service" | "unknown_instance" => StatusCode::NOT_FOUND,
+                    "duplicate_address" | "retired" | "service_in_use" | "origin_mismatch"
+                    | "service_mismatch" => StatusCode::CONFLICT,
+                    _ => StatusCode::UNPROCESSABLE_ENTITY,
+                };
+                Err(self.refuse(ApiError::new(
+                    status,
+                    &refusal.reason,
+                    refusal.field.as_deref(),
+                    refusal.message,
+                )))
+            }
+            Ok(other) => Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "unexpected_response",
+                None,
+                format!("{other:?}"),
+            )),
+            Err(WriteError::NotLeader { leader }) => Err(self.redirect(uri, leader)),
+            Err(e) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_committed",
+                None,
+                format!("the write was not committed: {e}; retry"),
+            )),
+        }
+    }
+
+    async fn audit_write(&self, entry: AuditEntry) -> ApiResult<()> {
+        self.raft
+            .write(Request::Audit {
+                entries: vec![entry],
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not_committed",
+                    None,
+                    format!("the audit record was not committed: {e}; retry"),
+                )
+            })
+    }
+}
+
+/// serde_json names the field in "missing field `x`" and "unknown field `x`".
+fn field_of(message: &str) -> Option<String> {
+    let start = message.find('`')? + 1;
+    let len = message[start..].find('`')?;
+    let field = &message[start..start + len];
+    (message.contains("field")).then(|| field.to_owned())
+}
+
+fn parse_name<T: std::str::FromStr>(s: &str, field: &str) -> ApiResult<T>
+where
+    T::Err: std::fmt::Display,
+{
+    s.parse::<T>().map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_name",
+            Some(field),
+            format!("{field}: {e}"),
+        )
+    })
+}
+
+async fn openapi() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
+}
+
+async fn status(State(s): State<ApiState>) -> impl IntoResponse {
+    let leader = s
+        .raft
+        .leader()
+        .map(|(id, m)| json!({"id": id, "api": m.api_addr}));
+    axum::Json(json!({
+        "region": s.region,
+        "leader": leader,
+        "is_leader": s.raft.is_leader(),
+        "term": s.raft.current_term(),
+    }))
+}
+
+async fn peers(State(s): State<ApiState>) -> impl IntoResponse {
+    axum::Json(s.raft.peers())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddMember {
+    id: u64,
+    addr: String,
+}
+
+async fn add_member(State(s): State<ApiState>, uri: Uri, body: Bytes) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let m: AddMember = s.body(&body)?;
+    if m.addr.parse::<std::net::SocketAddr>().is_err() {
+        return Err(s.refuse(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_address",
+            Some("addr"),
+            "addr: host:port of the member's HTTP listener",
+        )));
+    }
+    let member = super::raft::Member {
+        raft_addr: m.addr.clone(),
+        api_addr: m.addr,
+    };
+    s.raft.add_member(m.id, member).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "membership",
+            Some("id"),
+            e.to_string(),
+        )
+    })?;
+    Ok(axum::Json(s.raft.peers()).into_response())
+}
+
+async fn remove_member(
+    State(s): State<ApiState>,
+    uri: Uri,
+    Path(id): Path<u64>,
+) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    s.raft.remove_member(id).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "membership",
+            Some("id"),
+            e.to_string(),
+        )
+    })?;
+    Ok(axum::Json(s.raft.peers()).into_response())
+}
+
+#[derive(Debug, Serialize)]
+struct ServiceSummary {
+    service: ServiceName,
+    owner: String,
+    instances: usize,
+    verdicts: BTreeMap<String, usize>,
+    health_disregarded: Vec<String>,
+    no_eligible_in_region: bool,
+    version: Option<String>,
+}
+
+async fn services(State(s): State<ApiState>) -> impl IntoResponse {
+    let list: Vec<ServiceSummary> = s.raft.with_state(|state, _| {
+        state
+            .registry()
+            .services()
+            .map(|(name, record)| {
+                let instances = state
+                    .registry()
+                    .instances()
+                    .filter(|i| &i.instance.service == name)
+                    .count();
+                let views: Vec<_> = state
+                    .published()
+                    .iter()
+                    .filter(|(k, _)| &k.service == name)
+                    .map(|(_, v)| v)
+                    .collect();
+                let mut verdicts: BTreeMap<String, usize> = BTreeMap::new();
+                if let Some(v) = views.first() {
+                    for e in v.view.endpoints.values() {
+                        if e.region == s.region {
+                            *verdicts.entry(e.verdict.as_str().to_owned()).or_default() += 1;
+                        }
+                    }
+                }
+                let routed: usize = verdicts.values().sum();
+                if instances > routed {
+                    verdicts.insert("withdrawn".into(), instances - routed);
+                }
+                let mut disregarded: Vec<String> = views
+                    .iter()
+                    .flat_map(|v| {
+                        v.view
+                            .markers
+                            .health_disregarded
+                            .iter()
+                            .map(ToString::to_string)
+                    })
+                    .collect();
+                disregarded.sort();
+                disregarded.dedup();
+                ServiceSummary {
+                    service: name.clone(),
+                    owner: record.owner.clone(),
+                    instances,
+                    verdicts,
+                    health_disregarded: disregarded,
+                    no_eligible_in_region: views
+                        .iter()
+                        .any(|v| v.view.markers.no_eligible_in_region),
+                    version: views.iter().map(|v| v.version).max().map(|v| v.to_string()),
+                }
+            })
+            .collect()
+    });
+    axum::Json(list)
+}
+
+async fn get_service(
+    State(s): State<ApiState>,
+    Path(service): Path<String>,
+) -> ApiResult<Response> {
+    let name: ServiceName = parse_name(&service, "service")?;
+    s.raft.with_state(|state, _| {
+        let record = state.registry().service(&name).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_service",
+                Some("service"),
+                format!("service {name} is not registered"),
+            )
+        })?;
+        Ok(
+            axum::Json(
+                json!({"service": name, "owner": record.owner, "contract": record.contract}),
+            )
+            .into_response(),
+        )
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PutService {
+    owner: String,
+    contract: HealthContract,
+}
+
+async fn put_service(
+    State(s): State<ApiState>,
+    uri: Uri,
+    Path(service): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let service: ServiceName = parse_name(&service, "service").map_err(|e| s.refuse(e))?;
+    let put: PutService = s.body(&body)?;
+    if put.owner.trim().is_empty() {
+        return Err(s.refuse(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "missing_owner",
+            Some("owner"),
+            "owner: a team to tell about quarantines is required",
+        )));
+    }
+    s.command(
+        &uri,
+        Command::PutService {
+            service: service.clone(),
+            owner: put.owner,
+            contract: put.contract,
+        },
+    )
+    .await?;
+    Ok((StatusCode::OK, axum::Json(json!({"service": service}))).into_response())
+}
+
+async fn remove_service(
+    State(s): State<ApiState>,
+    uri: Uri,
+    Path(service): Path<String>,
+) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let service: ServiceName = parse_name(&service, "service").map_err(|e| s.refuse(e))?;
+    s.command(&uri, Command::RemoveService { service }).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn service_view(
+    State(s): State<ApiState>,
+    Path(service): Path<String>,
+) -> ApiResult<Response> {
+    let name: ServiceName = parse_name(&service, "service")?;
+    let views: Vec<_> = s.raft.with_state(|state, _| {
+        state
+            .published()
+            .iter()
+            .filter(|(k, _)| k.service == name)
+            .map(|(_, v)| v.clone())
+            .collect()
+    });
+    Ok(axum::Json(views).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ValidateBody {
+    contract: HealthContract,
+}
+
+async fn validate_contract(State(s): State<ApiState>, body: Bytes) -> ApiResult<Response> {
+    let v: ValidateBody = s.body(&body)?;
+    match v.contract.validate() {
+        Ok(_) => Ok(axum::Json(json!({"valid": true})).into_response()),
+        Err(e) => Err(s.refuse(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "contract",
+            Some(&format!("contract.{}", e.field())),
+            e.to_string(),
+        ))),
+    }
+}
+
+async fn register(State(s): State<ApiState>, uri: Uri, body: Bytes) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let mut registration: Registration = s.body(&body)?;
+    if registration.lease_ms == 0 {
+        registration.lease_ms = waymark_core::defaults::LEASE.as_millis() as u64;
+    }
+    match s.command(&uri, Command::Register(registration)).await? {
+        Applied::Registered {
+            instance,
+            expires_at_ms,
+        } => Ok((
+            StatusCode::CREATED,
+            axum::Json(json!({"instance": instance, "expires_at_ms": expires_at_ms})),
+        )
+            .into_response()),
+        other => Ok(axum::Json(json!({"applied": other})).into_response()),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct InstancesQuery {
+    service: Option<String>,
+}
+
+async fn instances(
+    State(s): State<ApiState>,
+    Query(q): Query<InstancesQuery>,
+) -> impl IntoResponse {
+    let list: Vec<Value> = s.raft.with_state(|state, _| {
+        state
+            .registry()
+            .instances()
+            .filter(|r| {
+                q.service
+                    .as_deref()
+                    .is_none_or(|svc| r.instance.service.as_str() == svc)
+            })
+            .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
+            .collect()
+    });
+    axum::Json(list)
+}
+
+async fn renew(State(s): State<ApiState>, uri: Uri, Path(id): Path<String>) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let instance: InstanceId = parse_name(&id, "instance").map_err(|e| s.refuse(e))?;
+    let applied = s.command(&uri, Command::Renew { instance }).await?;
+    Ok(axum::Json(json!({"applied": applied})).into_response())
+}
+
+async fn deregister(
+    State(s): State<ApiState>,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let instance: InstanceId = parse_name(&id, "instance").map_err(|e| s.refuse(e))?;
+    s.command(&uri, Command::Deregister { instance }).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn declare_external(State(s): State<ApiState>, uri: Uri, body: Bytes) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let instance: Instance = s.body(&body)?;
+    let id = instance.id.clone();
+    s.command(&uri, Command::DeclareExternal { instance })
+        .await?;
+    Ok((StatusCode::CREATED, axum::Json(json!({"instance": id}))).into_response())
+}
+
+async fn remove_external(
+    State(s): State<ApiState>,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let instance: InstanceId = parse_name(&id, "instance").map_err(|e| s.refuse(e))?;
+    s.command(&uri, Command::RemoveExternal { instance })
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn explain(
+    State(s): State<ApiState>,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let instance: InstanceId = parse_name(&id, "instance")?;
+    let now = Instant::now();
+    let explanation = s
+        .pipeline
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .and_then(|p| p.evaluator().explain(now, &instance));
+    let Some(e) = explanation else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_instance",
+            Some("instance"),
+            format!("the evaluator holds no instance {instance}"),
+        ));
+    };
+    let classes: Vec<Value> = e
+        .classes
+        .iter()
+        .map(|c| {
+            json!({
+                "class": c.class, "provided": c.provided, "score": c.score.get(), "silent": c.silent,
+                "age_ms": c.age.map(|a| a.as_millis() as u64),
+                "reporter": c.reporter.as_ref().map(ToString::to_string), "last": c.last,
+            })
+        })
+        .collect();
+    let history: Vec<Value> = e
+        .history
+        .iter()
+        .map(|t| {
+            json!({
+                "ago_ms": now.saturating_duration_since(t.at).as_millis() as u64,
+                "from": t.from.map(|v| v.as_str()), "to": t.to.as_str(), "rule": format!("{:?}", t.rule),
+            })
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "instance": e.instance,
+        "service": e.service,
+        "verdict": e.eligibility.verdict().as_str(),
+        "eligibility": format!("{:?}", e.eligibility),
+        "rule": format!("{:?}", e.rule),
+        "for_ms": e.for_duration.as_millis() as u64,
+        "classes": classes,
+        "dependencies": e.dependencies.iter().map(|(n, st, shared)| json!({"name": n, "status": format!("{st:?}"), "shared": shared})).collect::<Vec<_>>(),
+        "flap_transitions": e.flap_transitions,
+        "quarantine_level": e.quarantine_level,
+        "history": history,
+        "text": e.to_string(),
+    }))
+    .into_response())
+}
+
+/// Per actor × service sliding-window limiter for overrides. Pure; time passed in.
+#[derive(Debug, Default)]
+pub struct OverrideLimiter {
+    recent: BTreeMap<(String, String), VecDeque<Instant>>,
+}
+
+impl OverrideLimiter {
+    /// Whether `actor` may override on `service` at `now`; records it if so.
+    pub fn try_acquire(&mut self, actor: &str, service: &str, now: Instant) -> bool {
+        let q = self
+            .recent
+            .entry((actor.to_owned(), service.to_owned()))
+            .or_default();
+        while q
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) >= OVERRIDE_WINDOW)
+        {
+            q.pop_front();
+        }
+        if q.len() >= OVERRIDES_PER_WINDOW {
+            return false;
+        }
+        q.push_back(now);
+        true
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OverrideBody {
+    instance: InstanceId,
+    /// `maintenance_on` (take it out of rotation by hand) or `maintenance_off`.
+    action: String,
+    justification: Option<String>,
+}
+
+async fn override_instance(
+    State(s): State<ApiState>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let actor = headers
+        .get(ACTOR_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .filter(|a| !a.trim().is_empty());
+    let o: OverrideBody = s.body(&body)?;
+    let service = s.raft.with_state(|st, _| {
+        st.registry()
+            .instance(&o.instance)
+            .map(|r| r.instance.service.clone())
+    });
+    let refusal = match (&actor, &service, o.justification.as_deref().map(str::trim)) {
+        (None, _, _) => Some(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "no_actor",
+            Some(ACTOR_HEADER),
+            "overrides are privileged: name the acting operator",
+        )),
+        (_, None, _) => Some(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_instance",
+            Some("instance"),
+            format!("no live instance {}", o.instance),
+        )),
+        (_, _, None | Some("")) => Some(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "no_justification",
+            Some("justification"),
+            "an override needs a justification",
+        )),
+        _ if !matches!(o.action.as_str(), "maintenance_on" | "maintenance_off") => {
+            Some(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "bad_action",
+                Some("action"),
+                "action: maintenance_on or maintenance_off",
+            ))
+        }
+        (Some(a), Some(svc), _) => {
+            let ok = s
+                .overrides
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .try_acquire(a, svc.as_str(), Instant::now());
+            (!ok).then(|| {
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limited",
+                    None,
+                    format!(
+                        "at most {OVERRIDES_PER_WINDOW} overrides per {} min per actor per service",
+                        OVERRIDE_WINDOW.as_secs() / 60
+                    ),
+                )
+            })
+        }
+    };
+    let outcome = if refusal.is_some() {
+        "refused"
+    } else {
+        "granted"
+    };
+    s.metrics
+        .overrides
+        .get_or_create(&OutcomeLabels {
+            outcome: outcome.into(),
+        })
+        .inc();
+    let audit = AuditEntry {
+        seq: 0,
+        at_ms: now_ms(),
+        kind: AuditKind::Override,
+        actor: actor.clone().unwrap_or_else(|| "anonymous".into()),
+        service: service.clone(),
+        instance: Some(o.instance.clone()),
+        outcome: outcome.into(),
+        detail: json!({
+            "action": o.action,
+            "justification": o.justification,
+            "reason": refusal.as_ref().map(|r| r.reason.clone()),
+        }),
+    };
+    s.audit_write(audit).await?;
+    if let Some(e) = refusal {
+        return Err(s.refuse(e));
+    }
+    let reason = (o.action == "maintenance_on").then(|| {
+        format!(
+            "{} by {}",
+            o.justification.unwrap_or_default(),
+            actor.unwrap_or_default()
+        )
+    });
+    let applied = s
+        .command(
+            &uri,
+            Command::Maintenance {
+                instance: o.instance,
+                reason,
+            },
+        )
+        .await?;
+    Ok(axum::Json(json!({"applied": applied})).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct AuditQuery {
+    kind: Option<AuditKind>,
+    service: Option<String>,
+    instance: Option<String>,
+    since_seq: Option<u64>,
+    limit: Option<usize>,
+}
+
+async fn audit(State(s): State<ApiState>, Query(q): Query<AuditQuery>) -> impl IntoResponse {
+    let limit = q.limit.unwrap_or(1000).min(AUDIT_PAGE_MAX);
+    let lines: String = s.raft.with_state(|state, _| {
+        let mut out = String::new();
+        for e in state
+            .audit()
+            .iter()
+            .filter(|e| q.since_seq.is_none_or(|s| e.seq > s))
+            .filter(|e| q.kind.is_none_or(|k| e.kind == k))
+            .filter(|e| {
+                q.service
+                    .as_deref()
+                    .is_none_or(|svc| e.service.as_ref().is_some_and(|x| x.as_str() == svc))
+            })
+            .filter(|e| {
+                q.instance
+                    .as_deref()
+                    .is_none_or(|i| e.instance.as_ref().is_some_and(|x| x.as_str() == i))
+            })
+            .take(limit)
+        {
+            if let Ok(line) = serde_json::to_string(e) {
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+        out
+    });
+    ([(header::CONTENT_TYPE, "application/jsonl")], lines)
+}
+
+/// Current alarms: the latest alarm record per (service, alarm, zone) that is still raised.
+async fn alarms(State(s): State<ApiState>) -> impl IntoResponse {
+    let raised: Vec<Value> = s.raft.with_state(|state, _| {
+        let mut latest: BTreeMap<(String, String, String), &AuditEntry> = BTreeMap::new();
+        for e in state.audit().iter().filter(|e| e.kind == AuditKind::Alarm) {
+            let family = match e.outcome.as_str() {
+                "guard_engaged" | "guard_released" => "fraction_guard",
+                "last_eligible_withdrawn" | "eligible_restored" => "last_eligible_withdrawn",
+                _ => continue,
+            };
+            let zone = e.detail.get("zone").and_then(Value::as_str).unwrap_or("").to_owned();
+            let service = e.service.as_ref().map(ToString::to_string).unwrap_or_default();
+            latest.insert((service, family.to_owned(), zone), e);
+        }
+        latest
+            .into_iter()
+            .filter(|(_, e)| matches!(e.outcome.as_str(), "guard_engaged" | "last_eligible_withdrawn"))
+            .map(|((service, alarm, zone), e)| json!({"service": service, "alarm": alarm, "zone": (!zone.is_empty()).then_some(zone), "since_ms": e.at_ms, "seq": e.seq, "detail": e.detail}))
+            .collect()
+    });
+    axum::Json(raised)
+}
+
+async fn reconciliation(State(s): State<ApiState>) -> impl IntoResponse {
+    let diff = s
+        .reconciliation
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    axum::Json(diff)
+}
+
+async fn proxy_status(State(s): State<ApiState>) -> impl IntoResponse {
+    let now = Instant::now();
+    let clients: Vec<Value> = s
+        .xds
+        .sync_state()
+        .into_iter()
+        .map(|c| {
+            let types: BTreeMap<String, Value> = c
+                .types
+                .iter()
+                .map(|(t, ty)| {
+                    let short = t.rsplit('.').next().unwrap_or(t).to_owned();
+                    (short, json!({"sent": ty.sent, "acked": ty.acked, "in_sync": ty.sent == ty.acked, "nacks": ty.nacks, "last_nack": ty.last_nack.as_ref().map(|(v, e)| json!({"version": v, "error": e})), "resources": ty.resources}))
+                })
+                .collect();
+            json!({
+                "node": c.node_id, "zone": c.zone, "protocol": c.protocol, "identity": c.identity,
+                "connected_for_ms": now.saturating_duration_since(c.connected_since).as_millis() as u64,
+                "types": types,
+            })
+        })
+        .collect();
+    axum::Json(clients)
+}
+
+async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
+    let stats = s.xds.stats();
+    s.metrics.xds_nacks.set(
+        i64::try_from(stats.nacks.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(i64::MAX),
+    );
+    s.metrics
+        .xds_clients
+        .set(i64::try_from(s.xds.sync_state().len()).unwrap_or(i64::MAX));
+    let mut text = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &s.registry) {
+        return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// The OpenAPI document for this API.
+pub const OPENAPI: &str = include_str!("openapi.json");

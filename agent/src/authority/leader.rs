@@ -1,0 +1,632 @@
+//! The leader's loop: the region pipeline (evaluator → assembler → delta queues) driven by
+//! committed registry changes, admitted evidence and timers; its releases committed to the
+//! log as `Publish` entries, its transitions and alarms as audit records.
+//!
+//! On winning an election the loop rebuilds computed state from the desired state (ADR-02)
+//! and versions from its term (see [`super::machine::TermVersions`]). It then **holds**:
+//! for one contract interval it commits nothing the rebuilt pipeline computes, so clients
+//! keep the views the previous leader published while fresh evidence arrives; at the end
+//! of the hold only views whose content differs from what is published are committed. A
+//! failover alone therefore moves no traffic and sends no client backwards.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+use waymark_core::assembler;
+use waymark_core::audit::TransitionRecord;
+use waymark_core::delta;
+use waymark_core::model::{EvidenceClass, InstanceId, ZoneName};
+use waymark_core::view::{ReleasedView, ViewKey};
+use waymark_registry::assignment::assign;
+use waymark_registry::pipeline::{Output, PipelineConfig, RegionPipeline};
+use waymark_registry::state::{Applied, Command, DesiredState, Stamped};
+
+use super::evidence::{Denial, EvidenceHub};
+use super::machine::{AuditEntry, AuditKind, Request, Response, TermVersions};
+use super::metrics::{AuthorityMetrics, ServiceLabels, VerdictLabels, ZoneLabels};
+use super::raft::{RaftNode, StateEvent, WriteError};
+
+/// The longest a new leader holds the published views.
+pub const HOLD_MAX: Duration = Duration::from_secs(30);
+/// Probers assigned to each target.
+pub const PROBERS_PER_TARGET: usize = 2;
+/// How often verdict counts are refreshed into metrics.
+const COUNTS_EVERY: Duration = Duration::from_secs(2);
+/// How often lease expiry is checked.
+const LEASE_CHECK_EVERY: Duration = Duration::from_millis(500);
+
+/// Unix milliseconds now (stamped into commands as data).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The leader's pipeline, shared with the API for `explain` and counts. `None` when this
+/// member does not lead.
+pub type SharedPipeline = Arc<Mutex<Option<RegionPipeline>>>;
+
+/// What the loop needs.
+#[derive(Debug, Clone)]
+pub struct LeaderContext {
+    /// This member's Raft.
+    pub raft: RaftNode,
+    /// The evidence hub.
+    pub hub: EvidenceHub,
+    /// Metrics.
+    pub metrics: AuthorityMetrics,
+    /// The region's pipeline configuration.
+    pub pipeline: PipelineConfig,
+    /// The pipeline, while leading.
+    pub shared: SharedPipeline,
+}
+
+/// Lead whenever this member is the leader, until Raft stops.
+pub async fn run(ctx: LeaderContext) {
+    let mut metrics_rx = ctx.raft.watch_metrics();
+    loop {
+        let term = loop {
+            let (leading, term) = {
+                let m = metrics_rx.borrow_and_update();
+                (m.state.is_leader(), m.current_term)
+            };
+            ctx.metrics
+                .term
+                .set(i64::try_from(term).unwrap_or(i64::MAX));
+            if leading {
+                break term;
+            }
+            if metrics_rx.changed().await.is_err() {
+                return;
+            }
+        };
+        info!(term, "leading: rebuilding computed state");
+        ctx.metrics.leader.set(1);
+        lead_term(&ctx, term, &mut metrics_rx).await;
+        ctx.hub.follow();
+        *ctx.shared.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        ctx.metrics.leader.set(0);
+        info!(term, "no longer leading");
+    }
+}
+
+/// How long a new leader holds: the longest evidence interval of any contract.
+fn hold_for(registry: &DesiredState) -> Duration {
+    registry
+        .services()
+        .filter_map(|(_, r)| r.contract.clone().validate().ok())
+        .flat_map(|c| {
+            [
+                EvidenceClass::Probe,
+                EvidenceClass::SelfReport,
+                EvidenceClass::Passive,
+            ]
+            .into_iter()
+            .filter(|class| c.profile.provides(*class))
+            .map(|class| c.interval_of(class))
+            .collect::<Vec<_>>()
+        })
+        .max()
+        .unwrap_or(Duration::ZERO)
+        .min(HOLD_MAX)
+}
+
+struct Term<'a> {
+    ctx: &'a LeaderContext,
+    term: u64,
+    versions: TermVersions,
+    hold_until: Instant,
+    held: BTreeMap<ViewKey, ReleasedView>,
+    publish: mpsc::UnboundedSender<Vec<ReleasedView>>,
+    audit: mpsc::UnboundedSender<AuditEntry>,
+    assignment_dirty: bool,
+    lease_write_in_flight: Arc<std::sync::atomic::AtomicBool>,
+}
+
+async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Receiver<Metrics>) {
+    let mut feed = ctx.hub.lead();
+    let mut events = ctx.raft.subscribe();
+    let now = Instant::now();
+    let (mut applied, floor, hold) = ctx.raft.with_state(|s, idx| {
+        let p = RegionPipeline::rebuild(ctx.pipeline.clone(), s.registry(), now);
+        *ctx.shared.lock().unwrap_or_else(PoisonError::into_inner) = Some(p);
+        (idx, s.max_version(), hold_for(s.registry()))
+    });
+    info!(
+        term,
+        hold_ms = hold.as_millis() as u64,
+        "holding published views for fresh evidence"
+    );
+    let (publish, publish_rx) = mpsc::unbounded_channel();
+    let (audit, audit_rx) = mpsc::unbounded_channel();
+    let writers = [
+        tokio::spawn(publisher(ctx.clone(), publish_rx)),
+        tokio::spawn(auditor(ctx.raft.clone(), audit_rx)),
+    ];
+    let mut t = Term {
+        ctx,
+        term,
+        versions: TermVersions::new(term, floor),
+        hold_until: now + hold,
+        held: BTreeMap::new(),
+        publish,
+        audit,
+        assignment_dirty: true,
+        lease_write_in_flight: Arc::default(),
+    };
+    let mut membership = ctx.hub.membership();
+    let mut counts = tokio::time::interval(COUNTS_EVERY);
+    let mut leases = tokio::time::interval(LEASE_CHECK_EVERY);
+    let mut hold_pending = hold > Duration::ZERO;
+    t.drain_outputs(Instant::now());
+    loop {
+        let deadline = {
+            let p = ctx.shared.lock().unwrap_or_else(PoisonError::into_inner);
+            let next = p.as_ref().and_then(RegionPipeline::poll_timeout);
+            let hold = hold_pending.then_some(t.hold_until);
+            [next, hold].into_iter().flatten().min()
+        };
+        let sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = metrics_rx.changed() => {
+                let still = changed.is_ok() && {
+                    let m = metrics_rx.borrow_and_update();
+                    m.state.is_leader() && m.current_term == term
+                };
+                if !still { break; }
+            }
+            Some(sample) = feed.samples.recv() => {
+                let now = Instant::now();
+                t.with_pipeline(|p| {
+                    if let Err(error) = p.handle_sample(now, sample) {
+                        debug!(%error, "sample refused by the evaluator");
+                    }
+                });
+            }
+            Some(denial) = feed.denials.recv() => t.deny(denial),
+            event = events.recv() => match event {
+                Ok(StateEvent::Applied(entry)) => {
+                    if applied.is_some_and(|a| entry.index <= a) { continue; }
+                    applied = Some(entry.index);
+                    if let (Request::Registry(_), Response::Registry { outcome: Ok(done) }) =
+                        (&entry.request, &entry.response)
+                    {
+                        t.follow_registry(done);
+                    }
+                }
+                Ok(_) | Err(RecvError::Lagged(_)) => {
+                    warn!(term, "leader fell behind the log or a snapshot was installed; rebuilding");
+                    let now = Instant::now();
+                    applied = ctx.raft.with_state(|s, idx| {
+                        let p = RegionPipeline::rebuild(ctx.pipeline.clone(), s.registry(), now);
+                        *ctx.shared.lock().unwrap_or_else(PoisonError::into_inner) = Some(p);
+                        idx
+                    });
+                    t.assignment_dirty = true;
+                }
+                Err(RecvError::Closed) => break,
+            },
+            _ = membership.changed() => t.assignment_dirty = true,
+            _ = counts.tick() => t.refresh_counts(),
+            _ = leases.tick() => t.expire_leases(),
+            () = sleep => {
+                let now = Instant::now();
+                let versions = &mut t.versions;
+                t.ctx.shared.lock().unwrap_or_else(PoisonError::into_inner)
+                    .as_mut()
+                    .map(|p| p.handle_timeout(now, versions));
+            }
+        }
+        let now = Instant::now();
+        t.drain_outputs(now);
+        if hold_pending && now >= t.hold_until {
+            hold_pending = false;
+            t.end_hold();
+        }
+        if t.assignment_dirty {
+            t.assignment_dirty = false;
+            t.reassign();
+        }
+    }
+    for w in writers {
+        w.abort();
+    }
+}
+
+type Metrics = openraft::RaftMetrics<u64, super::raft::Member>;
+
+impl Term<'_> {
+    fn with_pipeline<T>(&self, f: impl FnOnce(&mut RegionPipeline) -> T) -> Option<T> {
+        self.ctx
+            .shared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+            .map(f)
+    }
+
+    fn follow_registry(&mut self, done: &Applied) {
+        let now = Instant::now();
+        let shared = &self.ctx.shared;
+        self.ctx.raft.with_state(|s, _| {
+            if let Some(p) = shared
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_mut()
+            {
+                p.handle_applied(now, done, s.registry());
+            }
+            if matches!(done, Applied::AssignmentSet) {
+                self.ctx.hub.refresh_targets(s.registry());
+            }
+        });
+        if matches!(
+            done,
+            Applied::Registered { .. } | Applied::Observed { .. } | Applied::Retired { .. }
+        ) {
+            self.assignment_dirty = true;
+        }
+    }
+
+    fn drain_outputs(&mut self, now: Instant) {
+        let outputs = self
+            .with_pipeline(RegionPipeline::take_outputs)
+            .unwrap_or_default();
+        let mut releases = Vec::new();
+        for output in outputs {
+            match output {
+                Output::Release(view) => {
+                    if now < self.hold_until {
+                        self.held.insert(view.view.key.clone(), *view);
+                    } else {
+                        releases.push(*view);
+                    }
+                }
+                Output::Transition(t) => self.transition(&t),
+                Output::Quarantine(q) => {
+                    self.ctx
+                        .metrics
+                        .quarantines
+                        .get_or_create(&ServiceLabels {
+                            service: q.service.to_string(),
+                        })
+                        .inc();
+                    self.record(AuditEntry {
+                        seq: 0,
+                        at_ms: now_ms(),
+                        kind: AuditKind::Transition,
+                        actor: "waymark".into(),
+                        service: Some(q.service.clone()),
+                        instance: Some(q.instance.clone()),
+                        outcome: "quarantined".into(),
+                        detail: serde_json::json!({
+                            "owner": q.owner,
+                            "level": q.level,
+                            "for_ms": q.until.saturating_duration_since(q.at).as_millis() as u64,
+                        }),
+                    });
+                }
+                Output::Alarm(effect) => self.alarm(effect),
+                Output::Shed(effect) => match effect {
+                    delta::Effect::ShedStarted { window } => {
+                        self.ctx.metrics.shed_episodes.inc();
+                        self.ctx.metrics.shedding.set(1);
+                        info!(window_ms = window.as_millis() as u64, "shedding admissions");
+                    }
+                    delta::Effect::ShedEnded { lasted, deferred } => {
+                        self.ctx.metrics.shedding.set(0);
+                        info!(
+                            lasted_ms = lasted.as_millis() as u64,
+                            deferred, "shedding ended"
+                        );
+                    }
+                    delta::Effect::Release { .. } => {}
+                },
+            }
+        }
+        if !releases.is_empty() {
+            let _ = self.publish.send(releases);
+        }
+    }
+
+    fn end_hold(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        let changed: Vec<ReleasedView> = self.ctx.raft.with_state(|s, _| {
+            held.into_values()
+                .filter(|v| {
+                    s.published()
+                        .get(&v.view.key)
+                        .is_none_or(|p| p.view != v.view)
+                })
+                .collect()
+        });
+        info!(
+            term = self.term,
+            changed = changed.len(),
+            "hold over: publishing computed views"
+        );
+        if !changed.is_empty() {
+            let _ = self.publish.send(changed);
+        }
+    }
+
+    fn transition(&self, t: &TransitionRecord) {
+        let evidence: Vec<serde_json::Value> = t
+            .evidence
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "class": e.class,
+                    "provided": e.provided,
+                    "score": e.score.get(),
+                    "silent": e.silent,
+                    "age_ms": e.age.map(|a| a.as_millis() as u64),
+                    "reporter": e.reporter.as_ref().map(ToString::to_string),
+                    "last": e.last,
+                })
+            })
+            .collect();
+        self.record(AuditEntry {
+            seq: 0,
+            at_ms: now_ms(),
+            kind: AuditKind::Transition,
+            actor: "waymark".into(),
+            service: Some(t.service.clone()),
+            instance: Some(t.instance.clone()),
+            outcome: t.to.as_str().to_owned(),
+            detail: serde_json::json!({
+                "from": t.from.map(|v| v.as_str()),
+                "eligibility": format!("{:?}", t.eligibility),
+                "rule": format!("{:?}", t.rule),
+                "evidence": evidence,
+            }),
+        });
+    }
+
+    fn alarm(&self, effect: assembler::Effect) {
+        let m = &self.ctx.metrics;
+        let (service, outcome, detail) = match &effect {
+            assembler::Effect::GuardEngaged {
+                service,
+                zone,
+                routed,
+                total,
+                floor,
+            } => {
+                m.guard_engaged
+                    .get_or_create(&zone_labels(service, zone))
+                    .set(1);
+                warn!(%service, %zone, routed, total, "fraction guard engaged: health disregarded");
+                (
+                    service.clone(),
+                    "guard_engaged",
+                    serde_json::json!({"zone": zone, "routed": routed, "total": total, "floor_permille": floor.get()}),
+                )
+            }
+            assembler::Effect::GuardReleased { service, zone } => {
+                m.guard_engaged
+                    .get_or_create(&zone_labels(service, zone))
+                    .set(0);
+                info!(%service, %zone, "fraction guard released");
+                (
+                    service.clone(),
+                    "guard_released",
+                    serde_json::json!({"zone": zone}),
+                )
+            }
+            assembler::Effect::LastEligibleWithdrawn { service, region } => {
+                m.last_eligible_withdrawn
+                    .get_or_create(&ServiceLabels {
+                        service: service.to_string(),
+                    })
+                    .set(1);
+                warn!(%service, %region, "last eligible instance in the region withdrawn");
+                (
+                    service.clone(),
+                    "last_eligible_withdrawn",
+                    serde_json::json!({"region": region}),
+                )
+            }
+            assembler::Effect::EligibleRestored { service } => {
+                m.last_eligible_withdrawn
+                    .get_or_create(&ServiceLabels {
+                        service: service.to_string(),
+                    })
+                    .set(0);
+                (
+                    service.clone(),
+                    "eligible_restored",
+                    serde_json::Value::Null,
+                )
+            }
+            assembler::Effect::EvacuationProgress {
+                zone,
+                moved,
+                awaiting_completion,
+            } => {
+                info!(%zone, moved = moved.get(), awaiting_completion, "evacuation step");
+                return;
+            }
+            assembler::Effect::Target(_) => return,
+        };
+        self.record(AuditEntry {
+            seq: 0,
+            at_ms: now_ms(),
+            kind: AuditKind::Alarm,
+            actor: "waymark".into(),
+            service: Some(service),
+            instance: None,
+            outcome: outcome.into(),
+            detail,
+        });
+    }
+
+    fn deny(&self, denial: Denial) {
+        self.record(AuditEntry {
+            seq: 0,
+            at_ms: now_ms(),
+            kind: AuditKind::Denial,
+            actor: denial.reporter.to_string(),
+            service: None,
+            instance: denial.instance.parse::<InstanceId>().ok(),
+            outcome: "refused".into(),
+            detail: serde_json::json!({"reason": denial.reason, "what": "evidence"}),
+        });
+    }
+
+    fn record(&self, entry: AuditEntry) {
+        let _ = self.audit.send(entry);
+    }
+
+    fn refresh_counts(&self) {
+        let m = &self.ctx.metrics;
+        let names: Vec<_> = self
+            .ctx
+            .raft
+            .with_state(|s, _| s.registry().services().map(|(n, _)| n.clone()).collect());
+        self.with_pipeline(|p| {
+            for service in names {
+                let counts = p.evaluator().verdict_counts(&service);
+                for verdict in waymark_core::eligibility::Verdict::ALL {
+                    let n = counts.get(&verdict).copied().unwrap_or(0);
+                    m.instances
+                        .get_or_create(&VerdictLabels {
+                            service: service.to_string(),
+                            verdict: verdict.as_str().to_owned(),
+                        })
+                        .set(i64::try_from(n).unwrap_or(i64::MAX));
+                }
+            }
+        });
+    }
+
+    fn expire_leases(&self) {
+        let due = self.ctx.raft.with_state(|s, _| {
+            s.registry()
+                .next_expiry_ms()
+                .is_some_and(|at| at <= now_ms())
+        });
+        if !due
+            || self
+                .lease_write_in_flight
+                .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            return;
+        }
+        let raft = self.ctx.raft.clone();
+        let flag = Arc::clone(&self.lease_write_in_flight);
+        tokio::spawn(async move {
+            let cmd = Request::Registry(Stamped {
+                at_ms: now_ms(),
+                command: Command::ExpireLeases,
+            });
+            if let Err(error) = raft.write(cmd).await {
+                debug!(%error, "lease expiry not committed");
+            }
+            flag.store(false, std::sync::atomic::Ordering::Release);
+        });
+    }
+
+    /// Recompute prober assignment from connected probers; commit it if it changed.
+    fn reassign(&self) {
+        let probers = self.ctx.hub.probers();
+        let wanted = self.ctx.raft.with_state(|s, _| {
+            let r = s.registry();
+            let targets: Vec<(InstanceId, ZoneName)> = r
+                .instances()
+                .filter(|i| {
+                    r.service(&i.instance.service)
+                        .is_some_and(|s| s.contract.probe.is_some())
+                })
+                .map(|i| (i.instance.id.clone(), i.instance.locality.zone.clone()))
+                .collect();
+            let wanted = assign(&targets, &probers, PROBERS_PER_TARGET);
+            let same = targets
+                .iter()
+                .all(|(id, _)| r.probers(id) == wanted.get(id).map_or(&[][..], Vec::as_slice))
+                && r.assignment_len() == wanted.len();
+            (!same).then_some(wanted)
+        });
+        let Some(assignment) = wanted else {
+            return;
+        };
+        let raft = self.ctx.raft.clone();
+        tokio::spawn(async move {
+            let cmd = Request::Registry(Stamped {
+                at_ms: now_ms(),
+                command: Command::SetAssignment { assignment },
+            });
+            if let Err(error) = raft.write(cmd).await {
+                debug!(%error, "prober assignment not committed");
+            }
+        });
+    }
+}
+
+fn zone_labels(service: &waymark_core::model::ServiceName, zone: &ZoneName) -> ZoneLabels {
+    ZoneLabels {
+        service: service.to_string(),
+        zone: zone.to_string(),
+    }
+}
+
+/// Commits releases in order, coalescing what arrives while a write is in flight (only
+/// the newest content of each view matters: releases are whole views).
+async fn publisher(ctx: LeaderContext, mut rx: mpsc::UnboundedReceiver<Vec<ReleasedView>>) {
+    while let Some(first) = rx.recv().await {
+        let started = Instant::now();
+        let mut batch: BTreeMap<ViewKey, ReleasedView> = BTreeMap::new();
+        for v in first {
+            batch.insert(v.view.key.clone(), v);
+        }
+        while let Ok(more) = rx.try_recv() {
+            for v in more {
+                batch.insert(v.view.key.clone(), v);
+            }
+        }
+        let views: Vec<ReleasedView> = batch.into_values().collect();
+        let n = views.len() as u64;
+        match ctx.raft.write(Request::Publish { views }).await {
+            Ok(_) => {
+                ctx.metrics.views_published.inc_by(n);
+                ctx.metrics
+                    .publish_commit_seconds
+                    .observe(started.elapsed().as_secs_f64());
+            }
+            Err(WriteError::NotLeader { .. }) => {
+                debug!("lost leadership while publishing; the next leader republishes");
+                return;
+            }
+            Err(error) => {
+                warn!(%error, views = n, "publishing views failed");
+                return;
+            }
+        }
+    }
+}
+
+/// Appends audit records in batches.
+async fn auditor(raft: RaftNode, mut rx: mpsc::UnboundedReceiver<AuditEntry>) {
+    while let Some(first) = rx.recv().await {
+        let mut entries = vec![first];
+        while entries.len() < 4096 {
+            match rx.try_recv() {
+                Ok(e) => entries.push(e),
+                Err(_) => break,
+            }
+        }
+        if let Err(error) = raft.write(Request::Audit { entries }).await {
+            debug!(%error, "audit batch not committed (leadership lost)");
+            return;
+        }
+    }
+}

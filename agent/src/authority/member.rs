@@ -1,0 +1,292 @@
+//! One authority member, assembled: Raft on redb, the HTTP server (Raft RPC and the API),
+//! the xDS tier, evidence ingest over mutual TLS, and the leader loop.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use anyhow::Context as _;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tracing::info;
+use waymark_certs::identity::{IdentityKind, KindSet, TrustDomain};
+use waymark_certs::reload::{MaterialPaths, load_material};
+use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
+use waymark_certs::{CertMetrics, PeerPolicy};
+use waymark_core::delta::DeltaConfig;
+use waymark_core::evaluator::EvaluatorConfig;
+use waymark_core::model::{RegionName, ZoneName};
+use waymark_registry::pipeline::PipelineConfig;
+use waymark_xds::server::{Keepalive, ServerConfig, XdsServer};
+
+use super::api::{self, ApiState};
+use super::evidence::EvidenceHub;
+use super::ingest::EvidenceService;
+use super::leader::{self, LeaderContext};
+use super::metrics::AuthorityMetrics;
+use super::raft::{Member, RaftConfig, RaftNode};
+use super::tier;
+
+/// Mutual-TLS material for the member's gRPC listeners.
+#[derive(Debug, Clone)]
+pub struct TlsSettings {
+    /// The estate's trust domain.
+    pub trust_domain: TrustDomain,
+    /// This member's certificate, key and the trust bundle.
+    pub paths: MaterialPaths,
+}
+
+/// How to run one member.
+#[derive(Debug, Clone)]
+pub struct AuthorityConfig {
+    /// Raft member id (unique in the group, never reused).
+    pub id: u64,
+    /// This region.
+    pub region: RegionName,
+    /// Its zones (views are assembled for callers in each).
+    pub zones: BTreeSet<ZoneName>,
+    /// Where Raft and the views live.
+    pub data_dir: PathBuf,
+    /// The HTTP listener: Raft RPC and the query/policy API.
+    pub http: SocketAddr,
+    /// The xDS listener.
+    pub xds: SocketAddr,
+    /// The evidence ingest listener (needs `tls`).
+    pub ingest: Option<SocketAddr>,
+    /// Mutual TLS for xDS and ingest; without it xDS is served in plaintext (loopback
+    /// development only) and ingest is off.
+    pub tls: Option<TlsSettings>,
+}
+
+/// A running member.
+pub struct Authority {
+    raft: RaftNode,
+    http: SocketAddr,
+    xds: SocketAddr,
+    ingest: Option<SocketAddr>,
+    xds_server: XdsServer,
+    metrics: AuthorityMetrics,
+    tasks: Vec<JoinHandle<()>>,
+    hub: EvidenceHub,
+}
+
+impl std::fmt::Debug for Authority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authority")
+            .field("http", &self.http)
+            .field("xds", &self.xds)
+            .field("ingest", &self.ingest)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Authority {
+    /// Open the member's state and start serving. The group still has to be initialised
+    /// (once, on one member) or this member added to an existing group.
+    pub async fn start(config: AuthorityConfig) -> anyhow::Result<Self> {
+        waymark_certs::install_crypto_provider();
+        let http_listener = TcpListener::bind(config.http)
+            .await
+            .with_context(|| format!("binding the HTTP listener on {}", config.http))?;
+        let http = http_listener.local_addr()?;
+        let xds_listener = TcpListener::bind(config.xds)
+            .await
+            .with_context(|| format!("binding the xDS listener on {}", config.xds))?;
+        let xds = xds_listener.local_addr()?;
+        let member = Member {
+            raft_addr: http.to_string(),
+            api_addr: http.to_string(),
+        };
+        let raft = RaftNode::open(RaftConfig::new(
+            config.id,
+            config.data_dir.join("raft"),
+            member,
+        ))
+        .await
+        .context("opening raft")?;
+
+        let metrics = AuthorityMetrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let cert_metrics = CertMetrics::new();
+        cert_metrics.register(&mut registry);
+        let hub = EvidenceHub::new(raft.clone(), metrics.clone());
+        let shared: leader::SharedPipeline = Arc::new(Mutex::new(None));
+
+        let (xds_server, publisher) = XdsServer::new(ServerConfig::default());
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(tier::follow(raft.clone(), publisher)));
+        tasks.push(tokio::spawn(leader::run(LeaderContext {
+            raft: raft.clone(),
+            hub: hub.clone(),
+            metrics: metrics.clone(),
+            pipeline: PipelineConfig {
+                region: config.region.clone(),
+                zones: config.zones.clone(),
+                evaluator: EvaluatorConfig::default(),
+                delta: DeltaConfig::default(),
+            },
+            shared: Arc::clone(&shared),
+        })));
+
+        let tls = match &config.tls {
+            Some(t) => Some(tls_configs(t, &cert_metrics).await?),
+            None => None,
+        };
+        let serving = xds_server.clone();
+        let xds_tls = tls.as_ref().map(|(xds, _)| Arc::clone(xds));
+        tasks.push(tokio::spawn(async move {
+            let never = std::future::pending::<()>();
+            let result = match xds_tls {
+                Some(tls) => {
+                    serving
+                        .serve_tls(xds_listener, tls, Keepalive::default(), never)
+                        .await
+                }
+                None => {
+                    serving
+                        .serve(xds_listener, Keepalive::default(), never)
+                        .await
+                }
+            };
+            if let Err(error) = result {
+                tracing::error!(%error, "xds tier stopped");
+            }
+        }));
+
+        let mut ingest = None;
+        if let (Some(addr), Some((_, ingest_tls))) = (config.ingest, &tls) {
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the ingest listener on {addr}"))?;
+            ingest = Some(listener.local_addr()?);
+            let service = EvidenceService::new(
+                Arc::new(hub.clone()),
+                config.region.clone(),
+                metrics.sessions_unattributed.clone(),
+            );
+            let incoming = waymark_certs::grpc::incoming(
+                listener,
+                Arc::clone(ingest_tls),
+                waymark_certs::grpc::IncomingConfig::default(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let result = tonic::transport::Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming(incoming)
+                    .await;
+                if let Err(error) = result {
+                    tracing::error!(%error, "evidence ingest stopped");
+                }
+            }));
+        }
+
+        let api = ApiState::new(
+            raft.clone(),
+            shared,
+            metrics.clone(),
+            xds_server.clone(),
+            Arc::new(registry),
+            config.region.clone(),
+        );
+        let router = raft.router().merge(api::router(api));
+        tasks.push(tokio::spawn(async move {
+            if let Err(error) = axum::serve(http_listener, router).await {
+                tracing::error!(%error, "http server stopped");
+            }
+        }));
+        info!(id = config.id, %http, %xds, ingest = ?ingest, "authority member serving");
+        Ok(Self {
+            raft,
+            http,
+            xds,
+            ingest,
+            xds_server,
+            metrics,
+            tasks,
+            hub,
+        })
+    }
+
+    /// Make this member the first of a new group with `members` (itself included).
+    pub async fn bootstrap(&self, members: BTreeMap<u64, Member>) -> anyhow::Result<()> {
+        self.raft.initialize(members).await?;
+        Ok(())
+    }
+
+    /// This member's Raft handle.
+    pub fn raft(&self) -> &RaftNode {
+        &self.raft
+    }
+
+    /// The evidence hub (the dev region feeds it in process).
+    pub fn hub(&self) -> &EvidenceHub {
+        &self.hub
+    }
+
+    /// The HTTP address (Raft and API).
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
+    }
+
+    /// The xDS address.
+    pub fn xds_addr(&self) -> SocketAddr {
+        self.xds
+    }
+
+    /// The ingest address, if serving.
+    pub fn ingest_addr(&self) -> Option<SocketAddr> {
+        self.ingest
+    }
+
+    /// The member's `Member` record for joining a group.
+    pub fn member(&self) -> Member {
+        Member {
+            raft_addr: self.http.to_string(),
+            api_addr: self.http.to_string(),
+        }
+    }
+
+    /// The xDS server (sync state, stats).
+    pub fn xds_server(&self) -> &XdsServer {
+        &self.xds_server
+    }
+
+    /// Metrics.
+    pub fn metrics(&self) -> &AuthorityMetrics {
+        &self.metrics
+    }
+
+    /// Stop everything (as a crash would, minus the process exit).
+    pub async fn shutdown(self) {
+        self.raft.shutdown().await;
+        for t in self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Server configs for xDS (nodes and workloads) and ingest (nodes and workloads).
+async fn tls_configs(
+    t: &TlsSettings,
+    metrics: &CertMetrics,
+) -> anyhow::Result<(Arc<rustls::ServerConfig>, Arc<rustls::ServerConfig>)> {
+    let own = PeerPolicy {
+        trust_domain: t.trust_domain.clone(),
+        accepted: KindSet::only(IdentityKind::Authority),
+    };
+    let material = load_material(&t.paths, &own, SystemTime::now())
+        .await
+        .context("loading this member's certificate")?;
+    let live = LiveMaterial::new(material);
+    let peers = PeerPolicy {
+        trust_domain: t.trust_domain.clone(),
+        accepted: KindSet::only(IdentityKind::Node).with(IdentityKind::Workload),
+    };
+    let xds = server_config(&live, peers.clone(), metrics.clone(), &[ALPN_H2])?;
+    let ingest = server_config(&live, peers, metrics.clone(), &[ALPN_H2])?;
+    Ok((Arc::new(xds), Arc::new(ingest)))
+}

@@ -1,0 +1,213 @@
+//! The authority's Prometheus metrics (`waymark_*`): alarms, reported signals, ingest and
+//! the log. Names follow Prometheus conventions (base units, counters end in `_total`) and
+//! the exposition is linted with `promtool check metrics` in the tests.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// `service` and `zone`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ZoneLabels {
+    /// The service.
+    pub service: String,
+    /// The callers' zone.
+    pub zone: String,
+}
+
+/// `service`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ServiceLabels {
+    /// The service.
+    pub service: String,
+}
+
+/// `service` and `verdict`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct VerdictLabels {
+    /// The service.
+    pub service: String,
+    /// The coarse verdict (`eligible`, `unknown`, …).
+    pub verdict: String,
+}
+
+/// `reason`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// A stable reason label.
+    pub reason: String,
+}
+
+/// `outcome`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `granted` or `refused`.
+    pub outcome: String,
+}
+
+/// Every metric the authority reports.
+#[derive(Debug, Clone)]
+pub struct AuthorityMetrics {
+    /// Alarm: 1 while a zone's fraction guard is engaged (health disregarded).
+    pub guard_engaged: Family<ZoneLabels, Gauge>,
+    /// Alarm: 1 while the last eligible instance of a service in the region is withdrawn.
+    pub last_eligible_withdrawn: Family<ServiceLabels, Gauge>,
+    /// Alarm: releases whose withdrawal took longer than the budget to be acknowledged by
+    /// the subscribed clients.
+    pub withdrawal_over_budget: Counter,
+    /// Alarm: clients whose acknowledged view is older than the staleness threshold.
+    pub clients_stale: Gauge,
+    /// Instances per service and verdict.
+    pub instances: Family<VerdictLabels, Gauge>,
+    /// Quarantine events.
+    pub quarantines: Family<ServiceLabels, Counter>,
+    /// Shed episodes started.
+    pub shed_episodes: Counter,
+    /// 1 while admissions are being shed.
+    pub shedding: Gauge,
+    /// Samples admitted to the evaluator.
+    pub samples_accepted: Counter,
+    /// Samples refused at ingest, by reason.
+    pub samples_refused: Family<ReasonLabels, Counter>,
+    /// Evidence sessions refused because the peer could not be attributed.
+    pub sessions_unattributed: Counter,
+    /// Views committed to the log by this leader.
+    pub views_published: Counter,
+    /// Time from a release to its commit.
+    pub publish_commit_seconds: Histogram,
+    /// Overrides, granted or refused.
+    pub overrides: Family<OutcomeLabels, Counter>,
+    /// API requests refused as malformed or invalid, by reason.
+    pub api_refusals: Family<ReasonLabels, Counter>,
+    /// 1 on the leader.
+    pub leader: Gauge,
+    /// The current Raft term.
+    pub term: Gauge,
+    /// NACKs received by the xDS tier.
+    pub xds_nacks: Gauge,
+    /// Clients subscribed to the xDS tier.
+    pub xds_clients: Gauge,
+}
+
+impl Default for AuthorityMetrics {
+    fn default() -> Self {
+        Self {
+            guard_engaged: Family::default(),
+            last_eligible_withdrawn: Family::default(),
+            withdrawal_over_budget: Counter::default(),
+            clients_stale: Gauge::default(),
+            instances: Family::default(),
+            quarantines: Family::default(),
+            shed_episodes: Counter::default(),
+            shedding: Gauge::default(),
+            samples_accepted: Counter::default(),
+            samples_refused: Family::default(),
+            sessions_unattributed: Counter::default(),
+            views_published: Counter::default(),
+            publish_commit_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            overrides: Family::default(),
+            api_refusals: Family::default(),
+            leader: Gauge::default(),
+            term: Gauge::default(),
+            xds_nacks: Gauge::default(),
+            xds_clients: Gauge::default(),
+        }
+    }
+}
+
+impl AuthorityMetrics {
+    /// Register everything under `waymark_`.
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("waymark");
+        r.register(
+            "alarm_fraction_guard_engaged",
+            "1 while a zone's health is disregarded because too few instances would remain",
+            self.guard_engaged.clone(),
+        );
+        r.register(
+            "alarm_last_eligible_withdrawn",
+            "1 while the last eligible instance of a service in this region is withdrawn",
+            self.last_eligible_withdrawn.clone(),
+        );
+        r.register(
+            "alarm_withdrawal_over_budget",
+            "Withdrawals not acknowledged by subscribed clients within the propagation budget",
+            self.withdrawal_over_budget.clone(),
+        );
+        r.register(
+            "alarm_clients_stale",
+            "Subscribed clients whose acknowledged view is older than the staleness threshold",
+            self.clients_stale.clone(),
+        );
+        r.register(
+            "instances",
+            "Instances per service and verdict",
+            self.instances.clone(),
+        );
+        r.register(
+            "quarantine_events",
+            "Instances quarantined for flapping",
+            self.quarantines.clone(),
+        );
+        r.register(
+            "shed_episodes",
+            "Episodes in which admissions were shed to keep withdrawals within budget",
+            self.shed_episodes.clone(),
+        );
+        r.register(
+            "shedding",
+            "1 while admissions are being shed",
+            self.shedding.clone(),
+        );
+        r.register(
+            "ingest_samples_accepted",
+            "Evidence samples admitted to the evaluator",
+            self.samples_accepted.clone(),
+        );
+        r.register(
+            "ingest_samples_refused",
+            "Evidence samples refused at ingest, by reason",
+            self.samples_refused.clone(),
+        );
+        r.register(
+            "ingest_sessions_unattributed",
+            "Evidence sessions refused because the peer had no usable identity",
+            self.sessions_unattributed.clone(),
+        );
+        r.register(
+            "views_published",
+            "Views this member committed to the log as leader",
+            self.views_published.clone(),
+        );
+        r.register(
+            "publish_commit_seconds",
+            "Time from a view's release to its commit in the log",
+            self.publish_commit_seconds.clone(),
+        );
+        r.register(
+            "overrides",
+            "Operator overrides, granted or refused",
+            self.overrides.clone(),
+        );
+        r.register(
+            "api_refusals",
+            "API requests refused, by reason",
+            self.api_refusals.clone(),
+        );
+        r.register("leader", "1 on the Raft leader", self.leader.clone());
+        r.register("raft_term", "The current Raft term", self.term.clone());
+        r.register(
+            "xds_nacks",
+            "NACKs received by this member's xDS tier",
+            self.xds_nacks.clone(),
+        );
+        r.register(
+            "xds_clients",
+            "Clients subscribed to this member's xDS tier",
+            self.xds_clients.clone(),
+        );
+    }
+}

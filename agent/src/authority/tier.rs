@@ -1,0 +1,72 @@
+//! The xDS tier every member runs: it serves exactly the views the log committed.
+//!
+//! Views reach the tier only through committed `Publish` entries, so every member serves
+//! the same content at the same versions, and a client that reconnects to another member
+//! never sees its version go backwards (ADR-11). The builder refuses a view that is not
+//! newer than the one held, as a second line of defence.
+
+use tokio::sync::broadcast::error::RecvError;
+use tracing::{debug, warn};
+use waymark_xds::server::Publisher;
+use waymark_xds::snapshot::SnapshotBuilder;
+
+use super::machine::{Request, Response};
+use super::raft::{RaftNode, StateEvent};
+
+/// Follow the log and publish snapshots until the node's event channel closes.
+pub async fn follow(raft: RaftNode, publisher: Publisher) {
+    let mut events = raft.subscribe();
+    let mut builder = SnapshotBuilder::new();
+    let mut applied = resync(&raft, &mut builder, &publisher);
+    loop {
+        match events.recv().await {
+            Ok(StateEvent::Applied(entry)) => {
+                if applied.is_some_and(|a| entry.index <= a) {
+                    continue;
+                }
+                applied = Some(entry.index);
+                if let (Request::Publish { views }, Response::Published { accepted }) =
+                    (&entry.request, &entry.response)
+                {
+                    if *accepted == 0 {
+                        continue;
+                    }
+                    let mut changed = false;
+                    for view in views {
+                        changed |= builder.handle_release(view);
+                    }
+                    if changed {
+                        debug!(
+                            index = entry.index,
+                            views = views.len(),
+                            "publishing committed views"
+                        );
+                        publisher.publish(builder.build());
+                    }
+                }
+            }
+            Ok(StateEvent::SnapshotInstalled { .. }) => {
+                applied = resync(&raft, &mut builder, &publisher);
+            }
+            Err(RecvError::Lagged(missed)) => {
+                warn!(missed, "xds tier fell behind the log; resyncing from state");
+                applied = resync(&raft, &mut builder, &publisher);
+            }
+            Err(RecvError::Closed) => break,
+        }
+    }
+}
+
+/// Load every published view from the state; returns the index it reflects.
+fn resync(raft: &RaftNode, builder: &mut SnapshotBuilder, publisher: &Publisher) -> Option<u64> {
+    raft.with_state(|state, applied| {
+        let mut changed = false;
+        for view in state.published().values() {
+            changed |= builder.handle_release(view);
+        }
+        if changed {
+            publisher.publish(builder.build());
+        }
+        applied
+    })
+}
