@@ -940,7 +940,7 @@ async fn proxy_status(State(s): State<ApiState>) -> impl IntoResponse {
     axum::Json(clients)
 }
 
-async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
+async fn metrics(State(s): State<ApiState>, headers: HeaderMap) -> impl IntoResponse {
     let stats = s.xds.stats();
     s.metrics.xds_nacks.set(
         i64::try_from(stats.nacks.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(i64::MAX),
@@ -952,14 +952,18 @@ async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
     if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &s.registry) {
         return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
     }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    let openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("application/openmetrics-text"));
+    if openmetrics {
+        let ct = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+        ([(header::CONTENT_TYPE, ct)], text).into_response()
+    } else {
+        let ct = "text/plain; version=0.0.4; charset=utf-8";
+        let body = super::metrics::to_prometheus_text(&text);
+        ([(header::CONTENT_TYPE, ct)], body).into_response()
+    }
 }
 
 /// The OpenAPI document for this API.

@@ -549,7 +549,8 @@ impl Term<'_> {
                 })
                 .map(|i| (i.instance.id.clone(), i.instance.locality.zone.clone()))
                 .collect();
-            let wanted = assign(&targets, &probers, PROBERS_PER_TARGET);
+            let mut wanted = assign(&targets, &probers, PROBERS_PER_TARGET);
+            wanted.retain(|_, p| !p.is_empty());
             let same = targets
                 .iter()
                 .all(|(id, _)| r.probers(id) == wanted.get(id).map_or(&[][..], Vec::as_slice))

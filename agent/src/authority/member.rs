@@ -63,6 +63,7 @@ pub struct AuthorityConfig {
 
 /// A running member.
 pub struct Authority {
+    id: u64,
     raft: RaftNode,
     http: SocketAddr,
     xds: SocketAddr,
@@ -200,6 +201,7 @@ impl Authority {
         }));
         info!(id = config.id, %http, %xds, ingest = ?ingest, "authority member serving");
         Ok(Self {
+            id: config.id,
             raft,
             http,
             xds,
@@ -212,7 +214,15 @@ impl Authority {
     }
 
     /// Make this member the first of a new group with `members` (itself included).
+    ///
+    /// Only the lowest id of the initial voters initialises, and only once: the others
+    /// learn the group from it, so there is a single first election instead of a race.
     pub async fn bootstrap(&self, members: BTreeMap<u64, Member>) -> anyhow::Result<()> {
+        let initialised = self.raft.watch_metrics().borrow().last_log_index.is_some();
+        let first = members.keys().next() == Some(&self.id);
+        if initialised || !first {
+            return Ok(());
+        }
         self.raft.initialize(members).await?;
         Ok(())
     }

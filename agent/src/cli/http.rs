@@ -77,7 +77,7 @@ impl ApiClient {
         }
     }
 
-    /// Send a request, following redirects with the same method and body.
+    /// Send a request with a JSON body, following redirects with the same method and body.
     pub async fn send(
         &self,
         method: Method,
@@ -85,13 +85,25 @@ impl ApiClient {
         body: Option<&serde_json::Value>,
     ) -> anyhow::Result<ApiResponse> {
         let bytes = match body {
-            Some(b) => Bytes::from(serde_json::to_vec(b)?),
-            None => Bytes::new(),
+            Some(b) => Some(Bytes::from(serde_json::to_vec(b)?)),
+            None => None,
         };
+        self.send_bytes(method, path, bytes).await
+    }
+
+    /// Send a request with a body as given (which may be malformed: tests use this).
+    pub async fn send_bytes(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Bytes>,
+    ) -> anyhow::Result<ApiResponse> {
+        let has_body = body.is_some();
+        let bytes = body.unwrap_or_default();
         let mut url = format!("{}{path}", self.base);
         for _ in 0..=REDIRECTS_MAX {
             let mut req = Request::builder().method(method.clone()).uri(&url);
-            if body.is_some() {
+            if has_body {
                 req = req.header(header::CONTENT_TYPE, "application/json");
             }
             if let Some(actor) = &self.actor {

@@ -1,0 +1,363 @@
+//! The query and policy API of a real single-member authority: what it answers, how it
+//! refuses bad input (a status, a JSON body naming the field, a metric, an audit record
+//! for denials, and no change to state), its OpenAPI document, its Prometheus exposition
+//! (linted by `promtool`), and the CLI wrappers.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+use waymark_agent::authority::member::{Authority, AuthorityConfig};
+use waymark_agent::cli::http::ApiClient;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn single_member(dir: &std::path::Path) -> Authority {
+    waymark_certs::install_crypto_provider();
+    let a = Authority::start(AuthorityConfig {
+        id: 1,
+        region: "eu".parse().unwrap(),
+        zones: ["a".parse().unwrap(), "b".parse().unwrap()].into(),
+        data_dir: PathBuf::from(dir),
+        http: "127.0.0.1:0".parse().unwrap(),
+        xds: "127.0.0.1:0".parse().unwrap(),
+        ingest: None,
+        tls: None,
+    })
+    .await
+    .unwrap();
+    a.bootstrap(BTreeMap::from([(1, a.member())]))
+        .await
+        .unwrap();
+    let mut m = a.raft().watch_metrics();
+    tokio::time::timeout(WAIT, m.wait_for(|m| m.state.is_leader()))
+        .await
+        .unwrap()
+        .unwrap();
+    a
+}
+
+/// Sends and returns (status, body as JSON).
+async fn call(
+    api: &ApiClient,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let r = api.send(method, path, body.as_ref()).await.unwrap();
+    let v = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+    (r.status, v)
+}
+
+async fn raw(api: &ApiClient, method: Method, path: &str, body: &str) -> (StatusCode, Value) {
+    let r = api
+        .send_bytes(method, path, Some(bytes::Bytes::from(body.to_owned())))
+        .await
+        .unwrap();
+    (
+        r.status,
+        serde_json::from_slice(&r.body).unwrap_or(Value::Null),
+    )
+}
+
+fn refusal(v: &Value) -> (String, Option<String>) {
+    (
+        v["error"]["reason"].as_str().unwrap_or_default().to_owned(),
+        v["error"]["field"].as_str().map(str::to_owned),
+    )
+}
+
+fn registration(ip: &str, lease_ms: u64) -> Value {
+    json!({
+        "service": "pay",
+        "locality": {"region": "eu", "zone": "a", "node": "n1"},
+        "address": {"ip": ip, "port": 8080},
+        "lease_ms": lease_ms,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = single_member(dir.path()).await;
+    let api = ApiClient::new(&a.http_addr().to_string(), None);
+
+    // A contract that breaks a rule is refused naming the field, and not stored.
+    let bad =
+        json!({"owner": "payments", "contract": {"probe": {"kind": "tcp", "interval": "10ms"}}});
+    let (status, body) = call(&api, Method::PUT, "/v1/services/pay", Some(bad)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(
+        refusal(&body).1.as_deref(),
+        Some("contract.probe.interval"),
+        "{body}"
+    );
+    let (status, _) = call(&api, Method::GET, "/v1/services/pay", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // Malformed and mistyped bodies name what is wrong.
+    let (status, body) = raw(&api, Method::PUT, "/v1/services/pay", "{not json").await;
+    assert_eq!(
+        (status, refusal(&body).0.as_str()),
+        (StatusCode::BAD_REQUEST, "malformed_body")
+    );
+    let (status, body) = raw(&api, Method::PUT, "/v1/services/pay", r#"{"contract": {}}"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(refusal(&body).1.as_deref(), Some("owner"), "{body}");
+    let (status, body) = raw(
+        &api,
+        Method::PUT,
+        "/v1/services/pay",
+        r#"{"owner": "x", "contract": {}, "colour": 1}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(refusal(&body).1.as_deref(), Some("colour"), "{body}");
+
+    let ok = json!({"owner": "payments", "contract": {}});
+    let (status, _) = call(&api, Method::PUT, "/v1/services/pay", Some(ok)).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // Registration: issued ids, and refusals that change nothing.
+    let (status, body) = call(
+        &api,
+        Method::POST,
+        "/v1/instances",
+        Some(registration("10.0.0.1", 0)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["instance"].as_str().unwrap().to_owned();
+    for (reg, want_status, want_field) in [
+        (registration("10.0.0.1", 0), StatusCode::CONFLICT, "address"),
+        (
+            registration("0.0.0.0", 0),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "address",
+        ),
+        (
+            registration("10.0.0.2", 10),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "lease",
+        ),
+    ] {
+        let (status, body) = call(&api, Method::POST, "/v1/instances", Some(reg)).await;
+        assert_eq!(status, want_status, "{body}");
+        assert_eq!(refusal(&body).1.as_deref(), Some(want_field), "{body}");
+    }
+    let (status, body) = call(&api, Method::PUT, "/v1/instances/pay-r77/renew", None).await;
+    assert_eq!(
+        (status, refusal(&body).0.as_str()),
+        (StatusCode::NOT_FOUND, "unknown_instance")
+    );
+    let (_, list) = call(&api, Method::GET, "/v1/instances", None).await;
+    assert_eq!(
+        list.as_array().unwrap().len(),
+        1,
+        "a refusal changed state: {list}"
+    );
+    let (status, _) = call(
+        &api,
+        Method::PUT,
+        &format!("/v1/instances/{id}/renew"),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+
+    // Overrides: privileged, justified, rate-limited, audited either way.
+    let o =
+        |j: Option<&str>| json!({"instance": id, "action": "maintenance_on", "justification": j});
+    let (status, _) = call(&api, Method::POST, "/v1/overrides", Some(o(Some("disk")))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "no actor named");
+    let ops = ApiClient::new(&a.http_addr().to_string(), Some("alice".into()));
+    let (status, body) = call(&ops, Method::POST, "/v1/overrides", Some(o(None))).await;
+    assert_eq!(
+        (status, refusal(&body).1.as_deref()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("justification"))
+    );
+    let mut granted = 0;
+    let mut limited = 0;
+    for _ in 0..7 {
+        let (status, _) = call(
+            &ops,
+            Method::POST,
+            "/v1/overrides",
+            Some(o(Some("disk failing"))),
+        )
+        .await;
+        match status {
+            StatusCode::OK => granted += 1,
+            StatusCode::TOO_MANY_REQUESTS => limited += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!((granted, limited), (5, 2));
+    let audit = api
+        .send(Method::GET, "/v1/audit?kind=override", None)
+        .await
+        .unwrap();
+    let lines: Vec<Value> = String::from_utf8_lossy(&audit.body)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let outcomes: Vec<&str> = lines
+        .iter()
+        .map(|l| l["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes.iter().filter(|o| **o == "granted").count(), 5);
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == "refused").count(),
+        4,
+        "{outcomes:?}"
+    );
+    assert!(lines.iter().any(|l| l["actor"] == "alice"));
+
+    // The maintenance override takes it out of rotation; explain says why.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, e) = call(
+            &api,
+            Method::GET,
+            &format!("/v1/instances/{id}/explain"),
+            None,
+        )
+        .await;
+        if e["verdict"] == "draining"
+            || e["eligibility"]
+                .as_str()
+                .is_some_and(|s| s.contains("Maintenance"))
+        {
+            assert!(e["text"].as_str().unwrap().contains(&id), "{e}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "override not applied: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Services and views: counts per verdict, a view per caller zone with its markers.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, views) = call(&api, Method::GET, "/v1/services/pay/view", None).await;
+        let zones: BTreeSet<String> = views
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["view"]["key"]["zone"].as_str().unwrap().to_owned())
+            .collect();
+        if zones.len() == 2 {
+            assert!(views[0]["view"]["markers"].is_object());
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no views: {views}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, services) = call(&api, Method::GET, "/v1/services", None).await;
+    assert_eq!(services[0]["service"], "pay");
+    assert_eq!(services[0]["instances"], 1);
+
+    // The OpenAPI document parses and documents every route served.
+    let (status, doc) = call(&api, Method::GET, "/v1/openapi.json", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let paths: BTreeSet<&str> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    for p in [
+        "/v1/status",
+        "/v1/operator/raft/peers",
+        "/v1/operator/raft/members",
+        "/v1/services",
+        "/v1/services/{service}",
+        "/v1/services/{service}/view",
+        "/v1/contracts/validate",
+        "/v1/instances",
+        "/v1/instances/{id}",
+        "/v1/instances/{id}/renew",
+        "/v1/instances/{id}/explain",
+        "/v1/external",
+        "/v1/overrides",
+        "/v1/audit",
+        "/v1/alarms",
+        "/v1/reconciliation",
+        "/v1/proxy-status",
+        "/metrics",
+    ] {
+        assert!(paths.contains(p), "{p} is served but not documented");
+    }
+
+    // The exposition passes promtool and carries the alarms and signals.
+    // Verdict counts are refreshed every couple of seconds: wait for the first.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let text = loop {
+        let metrics = api.send(Method::GET, "/metrics", None).await.unwrap();
+        let text = String::from_utf8(metrics.body.to_vec()).unwrap();
+        if text.contains("waymark_instances{") {
+            break text;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no verdict counts");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for name in [
+        "waymark_api_refusals_total",
+        "waymark_overrides_total",
+        "waymark_leader",
+        "waymark_instances",
+    ] {
+        assert!(text.contains(name), "{name} missing");
+    }
+    let mut lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian `prometheus`) is installed by scripts/test");
+    {
+        use std::io::Write;
+        lint.stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    let out = lint.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The CLI wrappers read the same API.
+    let bin = env!("CARGO_BIN_EXE_waymark");
+    let base = a.http_addr().to_string();
+    let run = |args: &[&str]| {
+        let out = Command::new(bin)
+            .args(args)
+            .args(["--api", &base])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let peers = run(&["operator", "raft", "list-peers"]);
+    assert!(peers.contains("leader"), "{peers}");
+    assert!(run(&["services"]).contains("pay"));
+    assert!(run(&["explain", &id]).contains(&id));
+    assert!(run(&["audit", "--kind", "override"]).contains("alice"));
+    let _ = run(&["proxy-status"]);
+    a.shutdown().await;
+}

@@ -1,0 +1,297 @@
+//! Evidence ingest over mutual TLS against a real single-member authority: every sample is
+//! attributed by the connection's certificate; a probe about a target the node is not
+//! assigned, a self-report about another instance, and anything from an identity that may
+//! not report are refused, counted and audited — never applied.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use http::Method;
+use serde_json::json;
+use tonic::transport::Endpoint;
+use waymark_agent::authority::ingest::{AgentMessage, AuthorityMessage, ClientSession, WireSample};
+use waymark_agent::authority::member::{Authority, AuthorityConfig, TlsSettings};
+use waymark_agent::cli::http::ApiClient;
+use waymark_certs::grpc::TlsConnector;
+use waymark_certs::layout::PkiDir;
+use waymark_certs::reload::{MaterialPaths, load_material};
+use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config};
+use waymark_certs::{CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, TrustDomain};
+use waymark_core::model::{Health, Observation, SelfReport};
+
+const TD: &str = "waymark.test";
+const WAIT: Duration = Duration::from_secs(20);
+
+struct Pki {
+    _dir: tempfile::TempDir,
+    pki: PkiDir,
+    td: TrustDomain,
+}
+
+impl Pki {
+    fn new(td: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = PkiDir::new(dir.path().join("pki"));
+        let td = TrustDomain::new(td).unwrap();
+        pki.init(
+            &td,
+            &[Name::new("eu").unwrap(), Name::new("us").unwrap()],
+            SystemTime::now(),
+        )
+        .unwrap();
+        Self { _dir: dir, pki, td }
+    }
+
+    fn issue(&self, path: &str) -> MaterialPaths {
+        let identity = Identity::parse(&format!("spiffe://{}/{path}", self.td.as_str())).unwrap();
+        let (_, paths) = self
+            .pki
+            .issue(
+                &identity,
+                Some(&Name::new("eu").unwrap()),
+                Duration::from_secs(24 * 3600),
+                None,
+                SystemTime::now(),
+            )
+            .unwrap();
+        MaterialPaths {
+            cert_chain: paths.fullchain,
+            key: paths.key,
+            bundle: self.pki.bundle(),
+        }
+    }
+}
+
+async fn session(pki: &Pki, who: &str, addr: SocketAddr) -> Result<ClientSession, tonic::Status> {
+    let paths = pki.issue(who);
+    let own = PeerPolicy {
+        trust_domain: pki.td.clone(),
+        accepted: KindSet::ALL,
+    };
+    let material = load_material(&paths, &own, SystemTime::now())
+        .await
+        .unwrap();
+    let servers = PeerPolicy {
+        trust_domain: TrustDomain::new(TD).unwrap(),
+        accepted: KindSet::only(IdentityKind::Authority),
+    };
+    let config = client_config(
+        &LiveMaterial::new(material),
+        servers,
+        CertMetrics::new(),
+        &[ALPN_H2],
+    )
+    .unwrap();
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_with_connector(TlsConnector::new(Arc::new(config)))
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    ClientSession::open(channel).await
+}
+
+async fn next_message(s: &mut ClientSession) -> Result<AuthorityMessage, tonic::Status> {
+    tokio::time::timeout(WAIT, s.inbound.next())
+        .await
+        .expect("no message in time")
+        .expect("stream ended")
+}
+
+/// Sends one batch and returns (accepted, refusal reasons).
+async fn report(s: &mut ClientSession, samples: Vec<WireSample>) -> (u64, Vec<String>) {
+    s.send(AgentMessage::Samples { samples }).await.unwrap();
+    loop {
+        match next_message(s).await.unwrap() {
+            AuthorityMessage::Ack { accepted, refused } => {
+                return (accepted, refused.into_iter().map(|r| r.reason).collect());
+            }
+            AuthorityMessage::Assignment { .. } => continue,
+        }
+    }
+}
+
+fn probe(instance: &str, health: Health) -> WireSample {
+    WireSample {
+        instance: instance.parse().unwrap(),
+        observation: Observation::Probe {
+            health,
+            detail: Some("HTTP 200".into()),
+        },
+    }
+}
+
+fn ready(instance: &str) -> WireSample {
+    WireSample {
+        instance: instance.parse().unwrap(),
+        observation: Observation::SelfReport(SelfReport::Ready),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted_and_audited() {
+    waymark_certs::install_crypto_provider();
+    let pki = Pki::new(TD);
+    let data = tempfile::tempdir().unwrap();
+    let authority = Authority::start(AuthorityConfig {
+        id: 1,
+        region: "eu".parse().unwrap(),
+        zones: ["a".parse().unwrap()].into(),
+        data_dir: PathBuf::from(data.path()),
+        http: "127.0.0.1:0".parse().unwrap(),
+        xds: "127.0.0.1:0".parse().unwrap(),
+        ingest: Some("127.0.0.1:0".parse().unwrap()),
+        tls: Some(TlsSettings {
+            trust_domain: TrustDomain::new(TD).unwrap(),
+            paths: pki.issue("region/eu/authority/a1"),
+        }),
+    })
+    .await
+    .unwrap();
+    authority
+        .bootstrap(BTreeMap::from([(1, authority.member())]))
+        .await
+        .unwrap();
+    let mut leader = authority.raft().watch_metrics();
+    tokio::time::timeout(WAIT, leader.wait_for(|m| m.state.is_leader()))
+        .await
+        .unwrap()
+        .unwrap();
+    let api = ApiClient::new(&authority.http_addr().to_string(), None);
+    api.send(
+        Method::PUT,
+        "/v1/services/pay",
+        Some(&json!({"owner": "payments", "contract": {}})),
+    )
+    .await
+    .unwrap()
+    .json()
+    .unwrap();
+    let mut ids = Vec::new();
+    for host in 1..=2 {
+        let r = api
+            .send(
+                Method::POST,
+                "/v1/instances",
+                Some(&json!({
+                    "service": "pay",
+                    "locality": {"region": "eu", "zone": "a", "node": "n1"},
+                    "address": {"ip": format!("10.0.0.{host}"), "port": 8080},
+                })),
+            )
+            .await
+            .unwrap()
+            .json()
+            .unwrap();
+        ids.push(r["instance"].as_str().unwrap().to_owned());
+    }
+    let ingest = authority.ingest_addr().unwrap();
+
+    // n1 says hello and is assigned both targets (it is the only prober in its zone).
+    let mut n1 = session(&pki, "region/eu/node/n1", ingest).await.unwrap();
+    n1.send(AgentMessage::Hello {
+        zone: "a".parse().unwrap(),
+    })
+    .await
+    .unwrap();
+    loop {
+        if let AuthorityMessage::Assignment { targets } = next_message(&mut n1).await.unwrap()
+            && targets.len() == 2
+        {
+            assert!(targets.iter().all(|t| t.service.as_str() == "pay"));
+            break;
+        }
+    }
+    let (accepted, refused) = report(&mut n1, vec![probe(&ids[0], Health::Pass)]).await;
+    assert_eq!((accepted, refused), (1, vec![]));
+    // A probe of nothing the registry holds.
+    let (_, refused) = report(&mut n1, vec![probe("pay-r99", Health::Fail)]).await;
+    assert_eq!(refused, ["unknown_target"]);
+    // A node may not speak for a workload.
+    let (_, refused) = report(&mut n1, vec![ready(&ids[0])]).await;
+    assert_eq!(refused, ["not_attributable"]);
+
+    // n2 is a valid node of the region but not assigned: its probe is refused.
+    let mut n2 = session(&pki, "region/eu/node/n2", ingest).await.unwrap();
+    let (accepted, refused) = report(&mut n2, vec![probe(&ids[1], Health::Refused)]).await;
+    assert_eq!((accepted, refused), (0, vec!["not_assigned".to_owned()]));
+
+    // A workload speaks only about itself.
+    let mut w = session(
+        &pki,
+        &format!("region/eu/service/pay/instance/{}", ids[0]),
+        ingest,
+    )
+    .await
+    .unwrap();
+    let (accepted, refused) = report(&mut w, vec![ready(&ids[1]), ready(&ids[0])]).await;
+    assert_eq!(
+        (accepted, refused),
+        (1, vec!["not_attributable".to_owned()])
+    );
+
+    // A node of another region cannot be attributed here: the session is refused.
+    let mut far = session(&pki, "region/us/node/n9", ingest).await;
+    let refused_far = match &mut far {
+        Ok(s) => {
+            s.send(AgentMessage::Samples {
+                samples: vec![probe(&ids[0], Health::Fail)],
+            })
+            .await
+            .ok();
+            next_message(s).await.err()
+        }
+        Err(e) => Some(e.clone()),
+    };
+    assert!(
+        refused_far.is_some(),
+        "a foreign region's node was admitted"
+    );
+
+    // A certificate from another trust domain never completes the handshake.
+    let other = Pki::new("elsewhere.test");
+    assert!(session(&other, "region/eu/node/n1", ingest).await.is_err());
+
+    // Counted by reason, and the denials are in the audit log with the reporter.
+    let metrics = api.send(Method::GET, "/metrics", None).await.unwrap();
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    for (reason, n) in [
+        ("not_assigned", 1),
+        ("not_attributable", 2),
+        ("unknown_target", 1),
+    ] {
+        let line = format!("waymark_ingest_samples_refused_total{{reason=\"{reason}\"}} {n}");
+        assert!(text.contains(&line), "missing `{line}` in\n{text}");
+    }
+    assert!(
+        text.contains("waymark_ingest_samples_accepted_total 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("waymark_ingest_sessions_unattributed_total 1"),
+        "{text}"
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let r = api
+            .send(Method::GET, "/v1/audit?kind=denial", None)
+            .await
+            .unwrap();
+        let lines = String::from_utf8_lossy(&r.body).into_owned();
+        if lines.lines().count() >= 4 {
+            assert!(lines.contains("node/n2"), "{lines}");
+            assert!(lines.contains("not_assigned"), "{lines}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "denials not audited: {lines}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    authority.shutdown().await;
+}
