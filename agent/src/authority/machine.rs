@@ -19,6 +19,8 @@ use waymark_registry::state::{Applied, DesiredState, RegistryError, Stamped};
 pub const AUDIT_RETAINED: usize = 1_000_000;
 
 /// One entry of the authority's log.
+// Entries live serialized in the log; the in-memory size of one variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Request {
@@ -146,6 +148,8 @@ pub struct AuditEntry {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AuthorityState {
     registry: DesiredState,
+    /// Keyed by view; serialized as a list (JSON map keys must be strings).
+    #[serde(with = "published_as_list")]
     published: BTreeMap<ViewKey, ReleasedView>,
     audit: VecDeque<AuditEntry>,
     audit_seq: u64,
@@ -211,6 +215,27 @@ impl AuthorityState {
             .map(|v| v.version)
             .max()
             .unwrap_or(Version(0))
+    }
+}
+
+mod published_as_list {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+    use waymark_core::view::{ReleasedView, ViewKey};
+
+    pub(super) fn serialize<S: Serializer>(
+        map: &BTreeMap<ViewKey, ReleasedView>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_seq(map.values())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<ViewKey, ReleasedView>, D::Error> {
+        let list = Vec::<ReleasedView>::deserialize(d)?;
+        Ok(list.into_iter().map(|v| (v.view.key.clone(), v)).collect())
     }
 }
 

@@ -109,3 +109,15 @@ fn entries_survive_json_round_trip() {
     let back: Request = serde_json::from_str(&text).unwrap();
     assert_eq!(back, req);
 }
+
+#[test]
+fn a_state_with_published_views_survives_a_json_snapshot() {
+    let mut s = AuthorityState::default();
+    s.apply(Request::Publish {
+        views: vec![view("pay", Version(5)), view("ledger", Version(9))],
+    });
+    let text = serde_json::to_vec(&s).unwrap();
+    let back: AuthorityState = serde_json::from_slice(&text).unwrap();
+    assert_eq!(back, s);
+    assert_eq!(back.max_version(), Version(9));
+}

@@ -1,0 +1,316 @@
+//! Raft RPCs between authority members over HTTP/1.1 + JSON.
+//!
+//! ```text
+//! POST /raft/append    AppendEntriesRequest    -> Result<AppendEntriesResponse, RaftError>
+//! POST /raft/vote      VoteRequest             -> Result<VoteResponse, RaftError>
+//! POST /raft/snapshot  InstallSnapshotRequest  -> Result<InstallSnapshotResponse, RaftError<_, InstallSnapshotError>>
+//! ```
+//!
+//! The server side is [`router`], which the member merges into its HTTP server. The client
+//! side is [`HttpNetworkFactory`], generic over a hyper connector so that a TLS connector
+//! (mutual TLS between members, a later step) slots in through
+//! [`HttpNetworkFactory::with_connector`] with the `https` scheme; the plain
+//! [`HttpConnector`] is used until then.
+//!
+//! Errors follow openraft's actions: a refused connection or an unexpected HTTP status is
+//! `Unreachable` (openraft backs off), a request that outlives its soft TTL is `Timeout`, a
+//! 413 on append is `PayloadTooLarge` (openraft sends fewer entries), other transport or
+//! decoding failures are `Network` (retry), and an error the peer's Raft returned is
+//! `RemoteError`.
+
+use std::fmt::{self, Debug};
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::routing::post;
+use axum::{Json, Router};
+use bytes::Bytes;
+use http::uri::Scheme;
+use http::{Method, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util_client::client::legacy::Client;
+use hyper_util_client::client::legacy::connect::{Connect, HttpConnector};
+use hyper_util_client::rt::TokioExecutor;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Timeout,
+    Unreachable,
+};
+use openraft::network::RPCOption;
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{RPCTypes, Raft, RaftNetwork, RaftNetworkFactory};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{Member, TypeConfig};
+
+/// Path of the AppendEntries RPC.
+pub const APPEND_PATH: &str = "/raft/append";
+/// Path of the RequestVote RPC.
+pub const VOTE_PATH: &str = "/raft/vote";
+/// Path of the InstallSnapshot RPC (one chunk per request).
+pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
+/// Largest accepted RPC body. Snapshot chunks are configured well below this.
+pub const BODY_LIMIT_BYTES: usize = 64 * 1024 * 1024;
+
+type NodeId = u64;
+
+/// The `/raft/*` routes serving `raft`.
+pub(super) fn router(raft: Raft<TypeConfig>) -> Router {
+    Router::new()
+        .route(APPEND_PATH, post(append))
+        .route(VOTE_PATH, post(vote))
+        .route(SNAPSHOT_PATH, post(snapshot))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        .with_state(raft)
+}
+
+async fn append(
+    State(raft): State<Raft<TypeConfig>>,
+    Json(rpc): Json<AppendEntriesRequest<TypeConfig>>,
+) -> Json<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>> {
+    Json(raft.append_entries(rpc).await)
+}
+
+async fn vote(
+    State(raft): State<Raft<TypeConfig>>,
+    Json(rpc): Json<VoteRequest<NodeId>>,
+) -> Json<Result<VoteResponse<NodeId>, RaftError<NodeId>>> {
+    Json(raft.vote(rpc).await)
+}
+
+async fn snapshot(
+    State(raft): State<Raft<TypeConfig>>,
+    Json(rpc): Json<InstallSnapshotRequest<TypeConfig>>,
+) -> Json<Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>> {
+    Json(raft.install_snapshot(rpc).await)
+}
+
+// === impl HttpNetworkFactory ===
+
+/// Makes an [`HttpPeer`] client per peer; all share one connection pool.
+pub struct HttpNetworkFactory<C = HttpConnector> {
+    id: NodeId,
+    client: Client<C, Full<Bytes>>,
+    scheme: Scheme,
+}
+
+impl HttpNetworkFactory<HttpConnector> {
+    /// Plain HTTP from member `id`.
+    pub fn new(id: NodeId) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        // Connecting is bounded separately so a black-holed peer fails fast even when the
+        // RPC's TTL is long (snapshots).
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        Self::with_connector(id, connector, Scheme::HTTP)
+    }
+}
+
+impl<C> HttpNetworkFactory<C>
+where
+    C: Connect + Clone + Send + Sync + 'static,
+{
+    /// Use `connector` (e.g. a TLS connector) and `scheme` (`https` with TLS) for every peer.
+    pub fn with_connector(id: NodeId, connector: C, scheme: Scheme) -> Self {
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Self { id, client, scheme }
+    }
+}
+
+impl<C> Debug for HttpNetworkFactory<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpNetworkFactory")
+            .field("id", &self.id)
+            .field("scheme", &self.scheme)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> RaftNetworkFactory<TypeConfig> for HttpNetworkFactory<C>
+where
+    C: Connect + Clone + Send + Sync + 'static,
+{
+    type Network = HttpPeer<C>;
+
+    async fn new_client(&mut self, target: NodeId, node: &Member) -> Self::Network {
+        HttpPeer {
+            id: self.id,
+            target,
+            member: node.clone(),
+            base: format!("{}://{}", self.scheme, node.raft_addr),
+            client: self.client.clone(),
+        }
+    }
+}
+
+// === impl HttpPeer ===
+
+/// The client for one peer.
+pub struct HttpPeer<C = HttpConnector> {
+    id: NodeId,
+    target: NodeId,
+    member: Member,
+    base: String,
+    client: Client<C, Full<Bytes>>,
+}
+
+impl<C> Debug for HttpPeer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpPeer")
+            .field("target", &self.target)
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why one call failed before a Raft answer came back.
+#[derive(Debug, thiserror::Error)]
+enum CallError {
+    #[error("cannot encode request")]
+    Encode(#[source] serde_json::Error),
+    #[error("bad peer address")]
+    Request(#[source] http::Error),
+    #[error("cannot connect")]
+    Connect(#[source] hyper_util_client::client::legacy::Error),
+    #[error("request failed")]
+    Transport(#[source] hyper_util_client::client::legacy::Error),
+    #[error("reading response failed")]
+    Body(#[source] hyper::Error),
+    #[error("peer answered http {0}")]
+    Status(StatusCode),
+    #[error("cannot decode response")]
+    Decode(#[source] serde_json::Error),
+    #[error("timed out")]
+    Timeout(Duration),
+}
+
+impl<C> HttpPeer<C>
+where
+    C: Connect + Clone + Send + Sync + 'static,
+{
+    async fn call<Q, A>(&self, path: &str, body: &Q, ttl: Duration) -> Result<A, CallError>
+    where
+        Q: Serialize,
+        A: DeserializeOwned,
+    {
+        let body = serde_json::to_vec(body).map_err(CallError::Encode)?;
+        let request = http::Request::builder()
+            .method(Method::POST)
+            .uri(format!("{}{}", self.base, path))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(CallError::Request)?;
+        let exchange = async {
+            let response = self.client.request(request).await.map_err(|e| {
+                if e.is_connect() {
+                    CallError::Connect(e)
+                } else {
+                    CallError::Transport(e)
+                }
+            })?;
+            let status = response.status();
+            if !status.is_success() {
+                return Err(CallError::Status(status));
+            }
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(CallError::Body)?
+                .to_bytes();
+            serde_json::from_slice(&bytes).map_err(CallError::Decode)
+        };
+        tokio::time::timeout(ttl, exchange)
+            .await
+            .map_err(|_| CallError::Timeout(ttl))?
+    }
+
+    /// Map a failed call to the error openraft acts on.
+    fn rpc_error<E: std::error::Error>(
+        &self,
+        action: RPCTypes,
+        e: CallError,
+    ) -> RPCError<NodeId, Member, E> {
+        tracing::debug!(peer = self.target, rpc = %action, error = %e, "raft rpc failed");
+        match e {
+            CallError::Timeout(timeout) => RPCError::Timeout(Timeout {
+                action,
+                id: self.id,
+                target: self.target,
+                timeout,
+            }),
+            CallError::Connect(_) | CallError::Status(_) => {
+                RPCError::Unreachable(Unreachable::new(&e))
+            }
+            CallError::Encode(_)
+            | CallError::Request(_)
+            | CallError::Transport(_)
+            | CallError::Body(_)
+            | CallError::Decode(_) => RPCError::Network(NetworkError::new(&e)),
+        }
+    }
+
+    fn remote<E: std::error::Error>(&self, e: E) -> RPCError<NodeId, Member, E> {
+        RPCError::RemoteError(RemoteError::new_with_node(
+            self.target,
+            self.member.clone(),
+            e,
+        ))
+    }
+}
+
+impl<C> RaftNetwork<TypeConfig> for HttpPeer<C>
+where
+    C: Connect + Clone + Send + Sync + 'static,
+{
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
+        let sent = rpc.entries.len();
+        let answer: Result<_, RaftError<NodeId>> = self
+            .call(APPEND_PATH, &rpc, option.soft_ttl())
+            .await
+            .map_err(|e| match e {
+                CallError::Status(StatusCode::PAYLOAD_TOO_LARGE) => {
+                    let hint = u64::try_from(sent / 2).unwrap_or(u64::MAX).max(1);
+                    RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(hint))
+                }
+                e => self.rpc_error(RPCTypes::AppendEntries, e),
+            })?;
+        answer.map_err(|e| self.remote(e))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, Member, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        let answer: Result<_, RaftError<NodeId, InstallSnapshotError>> = self
+            .call(SNAPSHOT_PATH, &rpc, option.soft_ttl())
+            .await
+            .map_err(|e| self.rpc_error(RPCTypes::InstallSnapshot, e))?;
+        answer.map_err(|e| self.remote(e))
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Member, RaftError<NodeId>>> {
+        let answer: Result<_, RaftError<NodeId>> = self
+            .call(VOTE_PATH, &rpc, option.soft_ttl())
+            .await
+            .map_err(|e| self.rpc_error(RPCTypes::Vote, e))?;
+        answer.map_err(|e| self.remote(e))
+    }
+}

@@ -1,0 +1,638 @@
+//! Durable Raft storage on redb: the log, the vote, the committed index and the latest
+//! snapshot live in one redb file (`raft.redb`) in the member's data directory.
+//!
+//! The state machine itself ([`AuthorityState`]) is held in memory. It is rebuilt on start
+//! from the persisted snapshot plus the committed log tail, which openraft re-applies
+//! because [`RaftLogStorage::save_committed`] is implemented.
+//!
+//! redb is blocking and every commit syncs to disk, so each call runs on tokio's blocking
+//! pool. Durability, per operation:
+//! - `append`, `save_vote`, `save_committed`, `truncate`, `purge`: durable (redb commit with
+//!   `Durability::Immediate`) before the call returns or the flush callback fires;
+//! - `install_snapshot`, `build_snapshot`: the snapshot is durable before the call returns.
+
+use std::fmt::{self, Debug};
+use std::io::Cursor;
+use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
+use openraft::{
+    Entry, EntryPayload, LogId, LogState, OptionalSend, RaftLogReader, RaftSnapshotBuilder,
+    Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
+};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::{broadcast, watch};
+
+use super::{Member, TypeConfig};
+use crate::authority::machine::{AuthorityState, Request, Response};
+
+/// The database file inside the member's data directory.
+pub const DB_FILE: &str = "raft.redb";
+
+/// Log entries by index, each a JSON-encoded `openraft::Entry`.
+const LOGS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("raft_logs");
+/// Small records by name, JSON-encoded: see the `KEY_*` constants.
+const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("raft_meta");
+
+const KEY_VOTE: &str = "vote";
+const KEY_COMMITTED: &str = "committed";
+const KEY_PURGED: &str = "last_purged";
+const KEY_SNAPSHOT_META: &str = "snapshot_meta";
+const KEY_SNAPSHOT_DATA: &str = "snapshot_data";
+
+type NodeId = u64;
+type StorageResult<T> = Result<T, StorageError<NodeId>>;
+
+/// Something the state machine did, for modules that follow the replicated state.
+///
+/// Sent on a bounded broadcast channel. A subscriber that lags behind gets
+/// `RecvError::Lagged` and must resync from [`super::RaftNode::with_state`], as it must
+/// after [`StateEvent::SnapshotInstalled`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum StateEvent {
+    /// A normal log entry was applied.
+    Applied(Arc<AppliedEntry>),
+    /// The whole state was replaced by a snapshot whose last entry has this index.
+    SnapshotInstalled {
+        /// The snapshot's last log index.
+        index: u64,
+    },
+}
+
+/// One applied normal entry and what it produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AppliedEntry {
+    /// The entry's log index.
+    pub index: u64,
+    /// The term of the leader that proposed it.
+    pub term: u64,
+    /// The request.
+    pub request: Request,
+    /// What applying it produced.
+    pub response: Response,
+}
+
+/// Why the store could not be opened or used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The data directory could not be created. Nothing was opened; fix the path or its
+    /// permissions.
+    #[error("cannot create raft data directory {path}")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// redb failed (open, transaction, table or commit). The database may be locked by
+    /// another process or damaged.
+    #[error("raft database error")]
+    Db(#[from] redb::Error),
+    /// A stored record did not decode. The file is damaged or from an incompatible version.
+    #[error("raft record does not decode")]
+    Codec(#[from] serde_json::Error),
+    /// The blocking task running the operation panicked or was cancelled.
+    #[error("raft storage task failed")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> Self {
+                Self::Db(e.into())
+            }
+        }
+    )*};
+}
+from_redb!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+/// The replicated state as the rest of the member sees it, plus what was last applied.
+///
+/// Lock order: `state` before `applied`. The applier changes both while holding the
+/// `state` write lock, so anyone holding a `state` lock sees a matching `applied`.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub(crate) state: Arc<RwLock<AuthorityState>>,
+    pub(crate) applied: Arc<Mutex<AppliedMeta>>,
+    /// Changes (closes) once the database is closed, i.e. once openraft's tasks have all
+    /// let go of it.
+    pub(crate) closed: watch::Receiver<()>,
+}
+
+/// The last applied log id and membership.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AppliedMeta {
+    pub(crate) last_applied: Option<LogId<NodeId>>,
+    pub(crate) membership: StoredMembership<NodeId, Member>,
+}
+
+/// Open (or create) the store in `dir`, loading the persisted snapshot into memory.
+pub(crate) fn open(
+    dir: &Path,
+    events: broadcast::Sender<StateEvent>,
+) -> Result<(LogStore, StateMachineStore, Shared), StoreError> {
+    std::fs::create_dir_all(dir).map_err(|source| StoreError::Dir {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let (closed_tx, closed) = watch::channel(());
+    let db = Arc::new(Db {
+        db: Database::create(dir.join(DB_FILE))?,
+        _closed: closed_tx,
+    });
+    let txn = db.db.begin_write()?;
+    txn.open_table(LOGS)?;
+    txn.open_table(META)?;
+    txn.commit()?;
+
+    let (state, applied) = match load_snapshot(&db.db)? {
+        Some((meta, data)) => {
+            let state: AuthorityState = serde_json::from_slice(&data)?;
+            let applied = AppliedMeta {
+                last_applied: meta.last_log_id,
+                membership: meta.last_membership,
+            };
+            (state, applied)
+        }
+        None => (AuthorityState::default(), AppliedMeta::default()),
+    };
+    tracing::info!(
+        dir = %dir.display(),
+        snapshot_index = ?applied.last_applied.map(|l| l.index),
+        "raft store opened"
+    );
+    let shared = Shared {
+        state: Arc::new(RwLock::new(state)),
+        applied: Arc::new(Mutex::new(applied)),
+        closed,
+    };
+    let log = LogStore { db: db.clone() };
+    let sm = StateMachineStore {
+        db,
+        shared: shared.clone(),
+        events,
+    };
+    Ok((log, sm, shared))
+}
+
+/// The open database. Fields drop in order: the database closes (releasing its file
+/// lock) before `_closed` drops and wakes whoever waits for the close.
+pub(crate) struct Db {
+    db: Database,
+    _closed: watch::Sender<()>,
+}
+
+/// Run a redb operation on the blocking pool.
+async fn blocking<T, F>(db: &Arc<Db>, f: F) -> Result<T, StoreError>
+where
+    F: FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
+    T: Send + 'static,
+{
+    let db = Arc::clone(db);
+    tokio::task::spawn_blocking(move || f(&db.db)).await?
+}
+
+fn get_meta<T: serde::de::DeserializeOwned>(
+    db: &Database,
+    key: &str,
+) -> Result<Option<T>, StoreError> {
+    let txn = db.begin_read()?;
+    let table = txn.open_table(META)?;
+    let Some(raw) = table.get(key)? else {
+        return Ok(None);
+    };
+    Ok(Some(serde_json::from_slice(raw.value())?))
+}
+
+fn put_meta<T: serde::Serialize>(db: &Database, key: &str, value: &T) -> Result<(), StoreError> {
+    let bytes = serde_json::to_vec(value)?;
+    let txn = db.begin_write()?;
+    {
+        let mut table = txn.open_table(META)?;
+        table.insert(key, bytes.as_slice())?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+type StoredSnapshot = (SnapshotMeta<NodeId, Member>, Vec<u8>);
+
+fn load_snapshot(db: &Database) -> Result<Option<StoredSnapshot>, StoreError> {
+    let txn = db.begin_read()?;
+    let table = txn.open_table(META)?;
+    let (Some(meta), Some(data)) = (table.get(KEY_SNAPSHOT_META)?, table.get(KEY_SNAPSHOT_DATA)?)
+    else {
+        return Ok(None);
+    };
+    let meta = serde_json::from_slice(meta.value())?;
+    Ok(Some((meta, data.value().to_vec())))
+}
+
+fn save_snapshot(
+    db: &Database,
+    meta: &SnapshotMeta<NodeId, Member>,
+    data: &[u8],
+) -> Result<(), StoreError> {
+    let meta = serde_json::to_vec(meta)?;
+    let txn = db.begin_write()?;
+    {
+        let mut table = txn.open_table(META)?;
+        table.insert(KEY_SNAPSHOT_META, meta.as_slice())?;
+        table.insert(KEY_SNAPSHOT_DATA, data)?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+// === impl LogStore ===
+
+/// The Raft log, vote and committed index. Cheap to clone; clones share the database.
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<Db>,
+}
+
+impl Debug for LogStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogStore").finish_non_exhaustive()
+    }
+}
+
+fn read_entries(
+    db: &Database,
+    range: (Bound<u64>, Bound<u64>),
+) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
+    let txn = db.begin_read()?;
+    let table = txn.open_table(LOGS)?;
+    let mut out = Vec::new();
+    for item in table.range::<u64>(range)? {
+        let (_, raw) = item?;
+        out.push(serde_json::from_slice(raw.value())?);
+    }
+    Ok(out)
+}
+
+fn is_empty_range(range: &(Bound<u64>, Bound<u64>)) -> bool {
+    let start = match range.0 {
+        Bound::Included(s) => s,
+        Bound::Excluded(s) => match s.checked_add(1) {
+            Some(s) => s,
+            None => return true,
+        },
+        Bound::Unbounded => 0,
+    };
+    match range.1 {
+        Bound::Included(e) => start > e,
+        Bound::Excluded(e) => start >= e,
+        Bound::Unbounded => false,
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
+        let range = (range.start_bound().cloned(), range.end_bound().cloned());
+        if is_empty_range(&range) {
+            return Ok(Vec::new());
+        }
+        blocking(&self.db, move |db| read_entries(db, range))
+            .await
+            .map_err(|e| StorageIOError::read_logs(&e).into())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
+        blocking(&self.db, |db| {
+            let purged: Option<LogId<NodeId>> = get_meta(db, KEY_PURGED)?;
+            let txn = db.begin_read()?;
+            let table = txn.open_table(LOGS)?;
+            let last = match table.last()? {
+                Some((_, raw)) => {
+                    let entry: Entry<TypeConfig> = serde_json::from_slice(raw.value())?;
+                    Some(entry.log_id)
+                }
+                None => purged,
+            };
+            Ok(LogState {
+                last_purged_log_id: purged,
+                last_log_id: last,
+            })
+        })
+        .await
+        .map_err(|e| StorageIOError::read_logs(&e).into())
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
+        let vote = *vote;
+        blocking(&self.db, move |db| put_meta(db, KEY_VOTE, &vote))
+            .await
+            .map_err(|e| StorageIOError::write_vote(&e).into())
+    }
+
+    async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
+        blocking(&self.db, |db| get_meta(db, KEY_VOTE))
+            .await
+            .map_err(|e| StorageIOError::read_vote(&e).into())
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
+        blocking(&self.db, move |db| put_meta(db, KEY_COMMITTED, &committed))
+            .await
+            .map_err(|e| StorageIOError::write(&e).into())
+    }
+
+    async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
+        blocking(&self.db, |db| {
+            Ok(get_meta::<Option<LogId<NodeId>>>(db, KEY_COMMITTED)?.flatten())
+        })
+        .await
+        .map_err(|e| StorageIOError::read(&e).into())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        // Encode here so the blocking closure owns plain bytes.
+        let mut encoded = Vec::new();
+        for entry in entries {
+            let bytes = serde_json::to_vec(&entry)
+                .map_err(|e| StorageIOError::write_log_entry(entry.log_id, &e))?;
+            encoded.push((entry.log_id.index, bytes));
+        }
+        blocking(&self.db, move |db| {
+            let txn = db.begin_write()?;
+            {
+                let mut table = txn.open_table(LOGS)?;
+                for (index, bytes) in &encoded {
+                    table.insert(*index, bytes.as_slice())?;
+                }
+            }
+            txn.commit()?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| StorageIOError::write_logs(&e))?;
+        // The commit above is durable: only now may openraft count these entries.
+        callback.log_io_completed(Ok(()));
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        tracing::debug!(index = log_id.index, "raft log truncate");
+        blocking(&self.db, move |db| {
+            let txn = db.begin_write()?;
+            {
+                let mut table = txn.open_table(LOGS)?;
+                table.retain_in(log_id.index.., |_, _| false)?;
+            }
+            txn.commit()?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| StorageIOError::write_logs(&e).into())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        tracing::debug!(index = log_id.index, "raft log purge");
+        blocking(&self.db, move |db| {
+            let purged = serde_json::to_vec(&Some(log_id))?;
+            let txn = db.begin_write()?;
+            {
+                // Record the purge point first, in the same transaction: the log state
+                // must never claim entries that are gone.
+                let mut meta = txn.open_table(META)?;
+                meta.insert(KEY_PURGED, purged.as_slice())?;
+                let mut table = txn.open_table(LOGS)?;
+                table.retain_in(..=log_id.index, |_, _| false)?;
+            }
+            txn.commit()?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| StorageIOError::write_logs(&e).into())
+    }
+}
+
+// === impl StateMachineStore ===
+
+/// The state machine: [`AuthorityState`] in memory, snapshots in redb.
+pub struct StateMachineStore {
+    db: Arc<Db>,
+    shared: Shared,
+    events: broadcast::Sender<StateEvent>,
+}
+
+impl Debug for StateMachineStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StateMachineStore")
+            .field("applied", &self.shared.applied_meta().last_applied)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(crate) fn applied_meta(&self) -> AppliedMeta {
+        self.applied
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl StateMachineStore {
+    /// Apply a batch under one write lock; returns the responses and the events to send.
+    fn apply_batch(
+        &self,
+        entries: impl Iterator<Item = Entry<TypeConfig>>,
+    ) -> (Vec<Response>, Vec<AppliedEntry>) {
+        let mut responses = Vec::new();
+        let mut events = Vec::new();
+        let mut state = self
+            .shared
+            .state
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut applied = self
+            .shared
+            .applied
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for entry in entries {
+            applied.last_applied = Some(entry.log_id);
+            match entry.payload {
+                EntryPayload::Blank => responses.push(Response::Empty),
+                EntryPayload::Normal(request) => {
+                    let response = state.apply(request.clone());
+                    events.push(AppliedEntry {
+                        index: entry.log_id.index,
+                        term: entry.log_id.leader_id.term,
+                        request,
+                        response: response.clone(),
+                    });
+                    responses.push(response);
+                }
+                EntryPayload::Membership(m) => {
+                    applied.membership = StoredMembership::new(Some(entry.log_id), m);
+                    responses.push(Response::Empty);
+                }
+            }
+        }
+        (responses, events)
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> StorageResult<(Option<LogId<NodeId>>, StoredMembership<NodeId, Member>)> {
+        let meta = self.shared.applied_meta();
+        Ok((meta.last_applied, meta.membership))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> StorageResult<Vec<Response>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let (responses, events) = self.apply_batch(entries.into_iter());
+        for event in events {
+            // No receiver is fine: nobody follows the state yet.
+            let _ = self.events.send(StateEvent::Applied(Arc::new(event)));
+        }
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder {
+            db: self.db.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<Cursor<Vec<u8>>>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, Member>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> StorageResult<()> {
+        let data = snapshot.into_inner();
+        let state: AuthorityState = serde_json::from_slice(&data)
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
+        let stored = meta.clone();
+        blocking(&self.db, move |db| save_snapshot(db, &stored, &data))
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        {
+            let mut guard = self
+                .shared
+                .state
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            let mut applied = self
+                .shared
+                .applied
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            *guard = state;
+            applied.last_applied = meta.last_log_id;
+            applied.membership = meta.last_membership.clone();
+        }
+        let index = meta.last_log_id.map_or(0, |l| l.index);
+        tracing::info!(index, snapshot_id = %meta.snapshot_id, "raft snapshot installed");
+        let _ = self.events.send(StateEvent::SnapshotInstalled { index });
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
+        let stored = blocking(&self.db, load_snapshot)
+            .await
+            .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        Ok(stored.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        }))
+    }
+}
+
+// === impl SnapshotBuilder ===
+
+/// Builds a snapshot of the state as of the last applied entry.
+pub struct SnapshotBuilder {
+    db: Arc<Db>,
+    shared: Shared,
+}
+
+impl Debug for SnapshotBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SnapshotBuilder").finish_non_exhaustive()
+    }
+}
+
+/// Serialize the state and its matching metadata, consistently (see [`Shared`]).
+fn encode_state(shared: &Shared) -> Result<(AppliedMeta, Vec<u8>), serde_json::Error> {
+    let state = shared.state.read().unwrap_or_else(PoisonError::into_inner);
+    let applied = shared.applied_meta();
+    let bytes = serde_json::to_vec(&*state)?;
+    Ok((applied, bytes))
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
+        let shared = self.shared.clone();
+        // Serializing the whole state is CPU work and holds the read lock (blocking
+        // appliers), so it runs off the async workers.
+        let (meta, data) = blocking(&self.db, move |db| {
+            let (applied, data) = encode_state(&shared)?;
+            let snapshot_id = match applied.last_applied {
+                Some(l) => format!("{}-{}", l.leader_id.term, l.index),
+                None => "empty".to_owned(),
+            };
+            let meta = SnapshotMeta {
+                last_log_id: applied.last_applied,
+                last_membership: applied.membership,
+                snapshot_id,
+            };
+            save_snapshot(db, &meta, &data)?;
+            Ok((meta, data))
+        })
+        .await
+        .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        tracing::info!(
+            index = ?meta.last_log_id.map(|l| l.index),
+            size_bytes = data.len(),
+            "raft snapshot built"
+        );
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}

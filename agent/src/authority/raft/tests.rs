@@ -1,0 +1,389 @@
+//! The Raft layer: storage conformance and durability, and real clusters on loopback.
+//!
+//! Cluster tests run on real time and real sockets (openraft's timers need it) with short
+//! heartbeats and elections, and wait on metrics rather than sleeping.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+use openraft::testing::{StoreBuilder, Suite};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, StorageError, Vote};
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use waymark_core::contract::HealthContract;
+use waymark_core::model::ServiceName;
+use waymark_registry::state::{Command, Stamped};
+
+use super::*;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+// === storage ===
+
+struct RedbBuilder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for RedbBuilder {
+    async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<u64>> {
+        let dir = TempDir::new().unwrap();
+        let (events, _) = broadcast::channel(16);
+        let (log, sm, _) = store::open(dir.path(), events).unwrap();
+        Ok((dir, log, sm))
+    }
+}
+
+#[test]
+fn redb_store_passes_openraft_conformance_suite() {
+    Suite::test_all(RedbBuilder).unwrap();
+}
+
+fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
+    Entry {
+        log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+        payload: EntryPayload::Blank,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reopened_store_keeps_vote_purge_and_truncate() {
+    // Goal: everything the log store acknowledged is there after a reopen.
+    let dir = TempDir::new().unwrap();
+    {
+        let (events, _) = broadcast::channel(16);
+        let (mut log, _, _) = store::open(dir.path(), events).unwrap();
+        log.save_vote(&Vote::new(3, 2)).await.unwrap();
+        log.blocking_append((1..=10).map(|i| blank(1, i)))
+            .await
+            .unwrap();
+        log.purge(LogId::new(CommittedLeaderId::new(1, 1), 3))
+            .await
+            .unwrap();
+        log.truncate(LogId::new(CommittedLeaderId::new(1, 1), 8))
+            .await
+            .unwrap();
+        log.save_committed(Some(LogId::new(CommittedLeaderId::new(1, 1), 6)))
+            .await
+            .unwrap();
+    }
+    let (events, _) = broadcast::channel(16);
+    let (mut log, _, _) = store::open(dir.path(), events).unwrap();
+    assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(3, 2)));
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(3));
+    assert_eq!(state.last_log_id.map(|l| l.index), Some(7));
+    assert_eq!(
+        log.read_committed().await.unwrap().map(|l| l.index),
+        Some(6)
+    );
+    let indexes: Vec<u64> = log
+        .try_get_log_entries(0..100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.log_id.index)
+        .collect();
+    assert_eq!(indexes, [4, 5, 6, 7]);
+}
+
+#[test]
+fn a_state_with_published_views_encodes_as_a_snapshot() {
+    // Goal: snapshot encoding (serde_json) covers every part of the state.
+    use waymark_core::model::ZoneName;
+    use waymark_core::view::{ReleasedView, Version, View, ViewKey};
+    let mut state = AuthorityState::default();
+    let key = ViewKey {
+        service: ServiceName::try_new("pay").unwrap(),
+        zone: ZoneName::try_new("a").unwrap(),
+    };
+    state.apply(Request::Publish {
+        views: vec![ReleasedView {
+            version: Version(1),
+            view: View::empty(key),
+        }],
+    });
+    let bytes = serde_json::to_vec(&state).unwrap();
+    let back: AuthorityState = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(back, state);
+}
+
+// === clusters on loopback ===
+
+/// One member: its Raft and the HTTP server serving its `/raft/*` routes.
+struct TestMember {
+    id: u64,
+    addr: SocketAddr,
+    node: RaftNode,
+    stop: oneshot::Sender<()>,
+    server: JoinHandle<()>,
+}
+
+async fn start(id: u64, root: &Path, addr: Option<SocketAddr>, snapshot_every: u64) -> TestMember {
+    let bind = addr.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap());
+    let listener = TcpListener::bind(bind).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let member = Member {
+        raft_addr: addr.to_string(),
+        api_addr: addr.to_string(),
+    };
+    let mut config = RaftConfig::new(id, root.join(format!("m{id}")), member);
+    config.heartbeat = Duration::from_millis(50);
+    config.election_min = Duration::from_millis(300);
+    config.election_max = Duration::from_millis(600);
+    config.snapshot_every = snapshot_every;
+    config.logs_kept_after_snapshot = 0;
+    let node = RaftNode::open(config).await.unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let serve = axum::serve(listener, node.router()).with_graceful_shutdown(async {
+        let _ = stopped.await;
+    });
+    let server = tokio::spawn(async move {
+        let _ = serve.await;
+    });
+    TestMember {
+        id,
+        addr,
+        node,
+        stop,
+        server,
+    }
+}
+
+impl TestMember {
+    fn member(&self) -> Member {
+        let addr = self.addr.to_string();
+        Member {
+            raft_addr: addr.clone(),
+            api_addr: addr,
+        }
+    }
+
+    /// Like a process exit: Raft stops and the server closes its connections.
+    async fn stop(self) {
+        self.node.shutdown().await;
+        let _ = self.stop.send(());
+        let mut server = self.server;
+        if tokio::time::timeout(Duration::from_secs(2), &mut server)
+            .await
+            .is_err()
+        {
+            server.abort();
+        }
+    }
+
+    async fn applied_at_least(&self, index: u64) {
+        self.node
+            .raft
+            .wait(Some(WAIT))
+            .applied_index_at_least(Some(index), "applied")
+            .await
+            .unwrap();
+    }
+
+    /// What the state reflects. (openraft's metrics trail the state machine a little: a
+    /// write returns once applied, before the metrics say so.)
+    fn last_applied(&self) -> u64 {
+        self.node.with_state(|_, applied| applied.unwrap_or(0))
+    }
+
+    fn state(&self) -> AuthorityState {
+        self.node.state().read().unwrap().clone()
+    }
+
+    /// Assert this member's state equals `want`, with a short message when it does not.
+    fn assert_state(&self, want: &AuthorityState) {
+        let (got, applied) = self.node.with_state(|s, applied| (s.clone(), applied));
+        if &got != want {
+            let names = |s: &AuthorityState| -> Vec<String> {
+                s.registry()
+                    .services()
+                    .map(|(n, _)| n.to_string())
+                    .collect()
+            };
+            let m = self.node.watch_metrics().borrow().clone();
+            panic!(
+                "member {} (applied {applied:?}, metrics {m}) diverged: clock {} vs {}, services {:?} vs {:?}",
+                self.id,
+                got.registry().clock_ms(),
+                want.registry().clock_ms(),
+                names(&got),
+                names(want),
+            );
+        }
+    }
+}
+
+fn put_service(i: u64) -> Request {
+    Request::Registry(Stamped {
+        at_ms: 1_000 + i,
+        command: Command::PutService {
+            service: ServiceName::try_new(format!("svc-{i}")).unwrap(),
+            owner: "team".into(),
+            contract: HealthContract::default(),
+        },
+    })
+}
+
+async fn write_all(node: &RaftNode, range: std::ops::Range<u64>) {
+    for i in range {
+        let response = node.write(put_service(i)).await.unwrap();
+        assert!(
+            matches!(response, Response::Registry { outcome: Ok(_) }),
+            "{response:?}"
+        );
+    }
+}
+
+/// Wait until one of `members` is the leader all of them agree on, other than `not`.
+async fn agreed_leader(members: &[&TestMember], not: Option<u64>) -> u64 {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let leaders: Vec<_> = members.iter().map(|m| m.node.leader()).collect();
+        if let Some(Some((id, _))) = leaders.first() {
+            let agreed = leaders.iter().all(|l| l.as_ref().map(|l| l.0) == Some(*id));
+            let leading = members.iter().any(|m| m.id == *id && m.node.is_leader());
+            if agreed && leading && Some(*id) != not {
+                return *id;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no leader: {leaders:?}"
+        );
+        // Any member's metrics change (term, leader) is what we wait for.
+        let mut watch = members[0].node.watch_metrics();
+        let _ = tokio::time::timeout(Duration::from_millis(100), watch.changed()).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_member_restarts_with_identical_state() {
+    // Goal: a restarted member comes back from its redb dir with snapshot, log and vote.
+    let root = TempDir::new().unwrap();
+    let one = start(1, root.path(), None, 10).await;
+    one.node
+        .initialize(BTreeMap::from([(1, one.member())]))
+        .await
+        .unwrap();
+    // Initializing twice is harmless.
+    one.node
+        .initialize(BTreeMap::from([(1, one.member())]))
+        .await
+        .unwrap();
+    agreed_leader(&[&one], None).await;
+    write_all(&one.node, 0..25).await;
+    let before = one.state();
+    let applied = one.last_applied();
+    let term = one.node.current_term();
+    let addr = one.addr;
+    one.stop().await;
+
+    let one = start(1, root.path(), Some(addr), 10).await;
+    // The snapshot alone is loaded before Raft replays the committed tail.
+    assert!(one.node.with_state(|_, applied| applied).is_some());
+    one.applied_at_least(applied).await;
+    one.assert_state(&before);
+    assert!(one.node.current_term() >= term);
+    assert!(
+        one.node.watch_metrics().borrow().snapshot.is_some(),
+        "a snapshot was persisted"
+    );
+    // And it still takes writes.
+    agreed_leader(&[&one], None).await;
+    write_all(&one.node, 25..30).await;
+    assert_eq!(one.state().registry().services().count(), 30);
+    one.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_member_cluster_survives_losing_its_leader() {
+    // Goal: all members converge; after the leader stops a new one takes writes, and the
+    // old leader restarts from its dir and catches up (by snapshot, as logs are purged).
+    let root = TempDir::new().unwrap();
+    let mut members = Vec::new();
+    for id in 1..=3 {
+        members.push(start(id, root.path(), None, 20).await);
+    }
+    members[0]
+        .node
+        .initialize(BTreeMap::from([(1, members[0].member())]))
+        .await
+        .unwrap();
+    agreed_leader(&[&members[0]], None).await;
+    for m in &members[1..] {
+        members[0].node.add_member(m.id, m.member()).await.unwrap();
+    }
+    let mut events = members[2].node.subscribe();
+    write_all(&members[0].node, 0..50).await;
+    let last = members[0].last_applied();
+    for m in &members {
+        m.applied_at_least(last).await;
+    }
+    let state = members[0].state();
+    assert_eq!(state.registry().services().count(), 50);
+    for m in &members[1..] {
+        m.assert_state(&state);
+    }
+    // Followers publish what they apply.
+    let mut seen = 0;
+    while let Ok(StateEvent::Applied(entry)) = events.try_recv() {
+        assert!(matches!(entry.request, Request::Registry(_)));
+        seen += 1;
+    }
+    assert_eq!(seen, 50);
+
+    let peers = members[0].node.peers();
+    assert_eq!(peers.len(), 3);
+    assert_eq!(
+        peers.iter().filter(|p| p.role == PeerRole::Leader).count(),
+        1
+    );
+    assert!(peers.iter().all(|p| p.role != PeerRole::Learner));
+    // A follower knows its own progress, not others' lag.
+    let follower_view = members[1].node.peers();
+    assert!(follower_view.iter().all(|p| p.lag.is_none()));
+
+    // Stop the leader.
+    let old = agreed_leader(&[&members[0], &members[1], &members[2]], None).await;
+    let at = members.iter().position(|m| m.id == old).unwrap();
+    let stopped = members.remove(at);
+    let (old_id, old_addr) = (stopped.id, stopped.addr);
+    stopped.stop().await;
+
+    let new = agreed_leader(&[&members[0], &members[1]], Some(old_id)).await;
+    let leader = members.iter().find(|m| m.id == new).unwrap();
+    let follower = members.iter().find(|m| m.id != new).unwrap();
+    match follower.node.write(put_service(999)).await {
+        Err(WriteError::NotLeader {
+            leader: Some((id, _)),
+        }) => assert_eq!(id, new),
+        other => panic!("{other:?}"),
+    }
+    write_all(&leader.node, 50..80).await;
+    leader.node.ensure_linearizable().await.unwrap();
+    let last = leader.last_applied();
+
+    // The old leader restarts on its dir and catches up.
+    let back = start(old_id, root.path(), Some(old_addr), 20).await;
+    let mut back_events = back.node.subscribe();
+    back.applied_at_least(last).await;
+    let state = leader.state();
+    assert_eq!(state.registry().services().count(), 80);
+    for m in members.iter().chain([&back]) {
+        m.applied_at_least(last).await;
+        m.assert_state(&state);
+    }
+    let mut resynced = false;
+    while let Ok(event) = back_events.try_recv() {
+        resynced |= matches!(event, StateEvent::SnapshotInstalled { .. });
+    }
+    assert!(resynced, "the restarted member was sent a snapshot");
+
+    back.stop().await;
+    for m in members {
+        m.stop().await;
+    }
+}
