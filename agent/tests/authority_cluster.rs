@@ -200,7 +200,7 @@ async fn writer(apis: Vec<ApiClient>, acked: Arc<Mutex<Acked>>, stop: watch::Rec
     while !*stop.borrow() {
         let api = &apis[next_api % apis.len()];
         n += 1;
-        let result = if n % 3 == 0 && !acked.lock().unwrap().leases.is_empty() {
+        let result = if n.is_multiple_of(3) && !acked.lock().unwrap().leases.is_empty() {
             let ids: Vec<String> = acked.lock().unwrap().leases.keys().cloned().collect();
             let id = ids[(n as usize / 3) % ids.len()].clone();
             api.send(Method::PUT, &format!("/v1/instances/{id}/renew"), None)
@@ -212,7 +212,7 @@ async fn writer(apis: Vec<ApiClient>, acked: Arc<Mutex<Acked>>, stop: watch::Rec
         } else {
             let body = json!({
                 "service": "pay",
-                "locality": {"region": "eu", "zone": if n % 2 == 0 { "a" } else { "b" }, "node": "n1"},
+                "locality": {"region": "eu", "zone": if n.is_multiple_of(2) { "a" } else { "b" }, "node": "n1"},
                 "address": {"ip": format!("10.1.{}.{}", n / 250, n % 250 + 1), "port": 8080},
                 "lease_ms": 600_000,
             });

@@ -114,7 +114,7 @@ impl EvidenceHub {
                 per_node.entry(node.clone()).or_default().push(ProbeTarget {
                     instance: i.id.clone(),
                     service: i.service.clone(),
-                    address: i.address.clone(),
+                    address: i.address,
                     probe: probe.clone(),
                 });
             }

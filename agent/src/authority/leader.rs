@@ -221,9 +221,9 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
             () = sleep => {
                 let now = Instant::now();
                 let versions = &mut t.versions;
-                t.ctx.shared.lock().unwrap_or_else(PoisonError::into_inner)
-                    .as_mut()
-                    .map(|p| p.handle_timeout(now, versions));
+                if let Some(p) = t.ctx.shared.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
+                    p.handle_timeout(now, versions);
+                }
             }
         }
         let now = Instant::now();

@@ -1,4 +1,14 @@
 //! The authority member: replicated desired state (openraft on redb), the leader's
 //! pipeline, the xDS tier, evidence ingest, reconcilers and the query/policy API.
 
+pub mod api;
+pub mod config;
+pub mod evidence;
+pub mod ingest;
+pub mod kube;
+pub mod leader;
 pub mod machine;
+pub mod member;
+pub mod metrics;
+pub mod raft;
+pub mod tier;
