@@ -27,6 +27,7 @@ async fn single_member(dir: &std::path::Path) -> Authority {
         xds: "127.0.0.1:0".parse().unwrap(),
         ingest: None,
         tls: None,
+        kubernetes: None,
     })
     .await
     .unwrap();

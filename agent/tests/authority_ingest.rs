@@ -149,6 +149,7 @@ async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted
             trust_domain: TrustDomain::new(TD).unwrap(),
             paths: pki.issue("region/eu/authority/a1"),
         }),
+        kubernetes: None,
     })
     .await
     .unwrap();

@@ -15,6 +15,10 @@
 //! id = 1
 //! addr = "10.0.0.1:8500"
 //!
+//! # Existence from Kubernetes (omit api_url inside a cluster).
+//! [authority.kubernetes]
+//! cluster = "eks-eu-west-1"
+//!
 //! [authority.tls]
 //! trust_domain = "example.org"
 //! cert_chain = "/etc/waymark/tls/fullchain.pem"
@@ -31,6 +35,7 @@ use waymark_certs::TrustDomain;
 use waymark_certs::reload::MaterialPaths;
 use waymark_core::model::{RegionName, ZoneName};
 
+use super::existence::KubeSettings;
 use super::member::{AuthorityConfig, TlsSettings};
 use super::raft::Member;
 
@@ -70,6 +75,9 @@ pub struct AuthoritySection {
     /// Mutual TLS for xDS and ingest.
     #[serde(default)]
     pub tls: Option<TlsSection>,
+    /// Existence from Kubernetes EndpointSlices.
+    #[serde(default)]
+    pub kubernetes: Option<KubeSettings>,
 }
 
 /// One initial voter.
@@ -232,6 +240,7 @@ impl ConfigFile {
             xds: a.xds,
             ingest: a.ingest,
             tls,
+            kubernetes: a.kubernetes.clone(),
         })
     }
 

@@ -24,7 +24,9 @@ use waymark_xds::server::{Keepalive, ServerConfig, XdsServer};
 
 use super::api::{self, ApiState};
 use super::evidence::EvidenceHub;
+use super::existence::{self, KubeSettings};
 use super::ingest::EvidenceService;
+use super::kube::metrics::KubeMetrics;
 use super::leader::{self, LeaderContext};
 use super::metrics::AuthorityMetrics;
 use super::raft::{Member, RaftConfig, RaftNode};
@@ -59,6 +61,8 @@ pub struct AuthorityConfig {
     /// Mutual TLS for xDS and ingest; without it xDS is served in plaintext (loopback
     /// development only) and ingest is off.
     pub tls: Option<TlsSettings>,
+    /// Existence from Kubernetes EndpointSlices, reconciled while this member leads.
+    pub kubernetes: Option<KubeSettings>,
 }
 
 /// A running member.
@@ -114,6 +118,11 @@ impl Authority {
         metrics.register(&mut registry);
         let cert_metrics = CertMetrics::new();
         cert_metrics.register(&mut registry);
+        let kube_metrics = config.kubernetes.as_ref().map(|_| {
+            let m = KubeMetrics::new();
+            m.register(&mut registry);
+            m
+        });
         let hub = EvidenceHub::new(raft.clone(), metrics.clone());
         let shared: leader::SharedPipeline = Arc::new(Mutex::new(None));
 
@@ -193,6 +202,15 @@ impl Authority {
             Arc::new(registry),
             config.region.clone(),
         );
+        if let (Some(kube), Some(kube_metrics)) = (config.kubernetes.clone(), kube_metrics) {
+            tasks.push(tokio::spawn(existence::run_kube(
+                raft.clone(),
+                kube,
+                config.region.clone(),
+                kube_metrics,
+                api.reconciliation(),
+            )));
+        }
         let router = raft.router().merge(api::router(api));
         tasks.push(tokio::spawn(async move {
             if let Err(error) = axum::serve(http_listener, router).await {

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod config;
 pub mod evidence;
+pub mod existence;
 pub mod ingest;
 pub mod kube;
 pub mod leader;

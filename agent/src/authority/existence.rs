@@ -1,0 +1,136 @@
+//! Existence on the leader: the Kubernetes reconciler runs while this member leads and
+//! proposes its commands through Raft; its latest diff is served by the API.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+use waymark_core::model::{NodeName, ZoneName};
+use waymark_registry::state::{Applied, Command, DesiredState, Stamped};
+
+use super::kube::diff::{AddressFamily, DiffConfig};
+use super::kube::metrics::KubeMetrics;
+use super::kube::{KubeReconciler, KubeReconcilerConfig, Propose, ProposeError};
+use super::leader::now_ms;
+use super::machine::{Request, Response};
+use super::raft::RaftNode;
+
+/// Where the Kubernetes API is and what to reconcile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeSettings {
+    /// The API server's URL; absent inside a cluster (the service account is used).
+    #[serde(default)]
+    pub api_url: Option<String>,
+    /// This cluster's name (scopes which instances this reconciler may forget).
+    pub cluster: String,
+    /// One namespace only; absent for all.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Zone for endpoints that carry none (default `unknown`).
+    #[serde(default)]
+    pub default_zone: Option<ZoneName>,
+}
+
+/// Proposes commands through this member's Raft (only the leader's succeed).
+#[derive(Debug, Clone)]
+pub struct RaftProposer {
+    raft: RaftNode,
+}
+
+impl Propose for RaftProposer {
+    fn read_registry<R>(&self, read: impl FnOnce(&DesiredState) -> R) -> R {
+        self.raft.with_state(|s, _| read(s.registry()))
+    }
+
+    fn propose(
+        &self,
+        command: Command,
+    ) -> impl Future<Output = Result<Applied, ProposeError>> + Send {
+        let raft = self.raft.clone();
+        async move {
+            let request = Request::Registry(Stamped {
+                at_ms: now_ms(),
+                command,
+            });
+            match raft.write(request).await {
+                Ok(Response::Registry { outcome }) => outcome.map_err(ProposeError::Refused),
+                Ok(other) => Err(ProposeError::Unavailable(
+                    format!("unexpected response {other:?}").into(),
+                )),
+                Err(e) => Err(ProposeError::Unavailable(Box::new(e))),
+            }
+        }
+    }
+}
+
+/// Run the reconciler whenever this member leads; publish its status as JSON into `diff`.
+pub async fn run_kube(
+    raft: RaftNode,
+    settings: KubeSettings,
+    region: waymark_core::model::RegionName,
+    metrics: KubeMetrics,
+    diff: Arc<Mutex<serde_json::Value>>,
+) {
+    let (Ok(unknown_zone), Ok(unknown_node)) =
+        (ZoneName::try_new("unknown"), NodeName::try_new("unknown"))
+    else {
+        return;
+    };
+    let mut leadership = raft.watch_metrics();
+    loop {
+        if leadership.wait_for(|m| m.state.is_leader()).await.is_err() {
+            return;
+        }
+        let client = match client(&settings).await {
+            Ok(c) => c,
+            Err(error) => {
+                warn!(%error, "kubernetes client unavailable; existence from Kubernetes paused");
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                continue;
+            }
+        };
+        let config = KubeReconcilerConfig::new(DiffConfig {
+            region: region.clone(),
+            cluster: settings.cluster.clone(),
+            namespace: settings.namespace.clone(),
+            default_zone: settings
+                .default_zone
+                .clone()
+                .unwrap_or_else(|| unknown_zone.clone()),
+            unknown_node: unknown_node.clone(),
+            address_family: AddressFamily::IPv4,
+        });
+        info!(cluster = %settings.cluster, "leading: reconciling Kubernetes EndpointSlices");
+        let proposer = Arc::new(RaftProposer { raft: raft.clone() });
+        let reconciler = KubeReconciler::spawn(client, proposer, config, metrics.clone());
+        let mut status = reconciler.status();
+        loop {
+            tokio::select! {
+                changed = status.changed() => {
+                    if changed.is_err() { break; }
+                    let s = status.borrow_and_update().clone();
+                    let json = serde_json::to_value(&*s).unwrap_or(serde_json::Value::Null);
+                    *diff.lock().unwrap_or_else(PoisonError::into_inner) = json;
+                }
+                lost = leadership.wait_for(|m| !m.state.is_leader()) => {
+                    if lost.is_err() { reconciler.shutdown(); return; }
+                    break;
+                }
+            }
+        }
+        info!("no longer leading: kubernetes reconciler stopped");
+        reconciler.shutdown();
+    }
+}
+
+async fn client(settings: &KubeSettings) -> anyhow::Result<::kube::Client> {
+    match &settings.api_url {
+        Some(url) => {
+            let config = ::kube::Config::new(url.parse()?);
+            Ok(::kube::Client::try_from(config)?)
+        }
+        None => Ok(::kube::Client::try_default().await?),
+    }
+}
