@@ -263,6 +263,68 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
     assert_eq!(services[0]["service"], "pay");
     assert_eq!(services[0]["instances"], 1);
 
+    // Routing policy and zone evacuation: privileged, checked before commit, audited.
+    let policy = json!({"min_healthy_override": 700, "failover_zones": ["b", "a"]});
+    let (status, _) = call(
+        &api,
+        Method::PUT,
+        "/v1/services/pay/policy",
+        Some(policy.clone()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, body) = call(&ops, Method::PUT, "/v1/services/pay/policy", Some(policy)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, held) = call(&api, Method::GET, "/v1/services/pay/policy", None).await;
+    assert_eq!(held["min_healthy_override"], 700);
+    let bad = json!({"min_healthy_override": 0});
+    let (status, body) = call(&ops, Method::PUT, "/v1/services/pay/policy", Some(bad)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let evacuate = json!({"action": "evacuate", "manual": true});
+    let (status, body) = call(
+        &ops,
+        Method::POST,
+        "/v1/zones/a/evacuation",
+        Some(evacuate.clone()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = call(&ops, Method::POST, "/v1/zones/b/evacuation", Some(evacuate)).await;
+    assert_eq!(
+        (status, refusal(&body).0.as_str()),
+        (StatusCode::CONFLICT, "evacuation"),
+        "evacuating the last zone must be refused: {body}"
+    );
+    let (status, _) = call(
+        &ops,
+        Method::POST,
+        "/v1/zones/a/evacuation",
+        Some(json!({"action": "complete_shift_back"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "nothing awaits completion");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, zones) = call(&api, Method::GET, "/v1/zones", None).await;
+        if zones["evacuations"]["a"]["moved"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "evacuation progress not recorded: {zones}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let policy_audit = api
+        .send(Method::GET, "/v1/audit?kind=policy", None)
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&policy_audit.body).into_owned();
+    assert!(
+        text.contains("\"refused\"") && text.contains("\"granted\""),
+        "{text}"
+    );
+
     // The OpenAPI document parses and documents every route served.
     let (status, doc) = call(&api, Method::GET, "/v1/openapi.json", None).await;
     assert_eq!(status, StatusCode::OK);
@@ -279,6 +341,9 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
         "/v1/services",
         "/v1/services/{service}",
         "/v1/services/{service}/view",
+        "/v1/services/{service}/policy",
+        "/v1/zones",
+        "/v1/zones/{zone}/evacuation",
         "/v1/contracts/validate",
         "/v1/instances",
         "/v1/instances/{id}",

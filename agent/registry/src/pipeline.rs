@@ -19,7 +19,10 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use waymark_core::assembler::{self, AssemblerConfig, ServicePolicy, ViewAssembler};
+use waymark_core::assembler::{
+    self, AssemblerConfig, Direction, EvacuationCommand, EvacuationError, FailoverOrder,
+    ServicePolicy, ViewAssembler,
+};
 use waymark_core::audit::TransitionRecord;
 use waymark_core::delta::{self, DeltaConfig, DeltaQueues};
 use waymark_core::evaluator::{
@@ -28,7 +31,9 @@ use waymark_core::evaluator::{
 use waymark_core::model::{Instance, Lifecycle, RegionName, Sample, ZoneName};
 use waymark_core::view::{ReleasedView, VersionSource};
 
-use crate::state::{Applied, DesiredState, RetireCause};
+use crate::state::{
+    Applied, DesiredState, EvacuationIntent, EvacuationRecord, RetireCause, ServicePolicyRecord,
+};
 
 /// What the pipeline needs to know about its region.
 #[derive(Debug, Clone)]
@@ -56,6 +61,22 @@ pub enum Output {
     Alarm(assembler::Effect),
     /// A shed episode started or ended.
     Shed(delta::Effect),
+    /// A committed evacuation intent could not be carried out (checked before commit, so
+    /// only a race with another intent gets here).
+    EvacuationRefused {
+        /// The zone.
+        zone: ZoneName,
+        /// Why.
+        error: EvacuationError,
+    },
+}
+
+fn evacuation_command(intent: EvacuationIntent) -> EvacuationCommand {
+    match intent {
+        EvacuationIntent::Evacuate { manual } => EvacuationCommand::Evacuate { manual },
+        EvacuationIntent::ShiftBack => EvacuationCommand::ShiftBack,
+        EvacuationIntent::CompleteShiftBack => EvacuationCommand::CompleteShiftBack,
+    }
 }
 
 /// The pipeline. See the module documentation.
@@ -77,7 +98,22 @@ impl RegionPipeline {
             outputs: Vec::new(),
         };
         for (name, record) in state.services() {
-            p.put_service(now, name, record);
+            p.put_service(now, name, record, state.policy(name));
+        }
+        for (zone, e) in state.evacuations() {
+            let direction = if e.back {
+                Direction::Back
+            } else {
+                Direction::Out
+            };
+            p.assembler.restore_evacuation(
+                now,
+                zone,
+                e.moved,
+                direction,
+                e.manual,
+                e.awaiting_completion,
+            );
         }
         for record in state.instances() {
             p.add_instance(now, &record.instance, Admission::Established);
@@ -104,7 +140,7 @@ impl RegionPipeline {
         match applied {
             Applied::ServicePut => {
                 for (name, record) in state.services() {
-                    self.put_service(now, name, record);
+                    self.put_service(now, name, record, state.policy(name));
                 }
             }
             Applied::Registered { instance, .. } => {
@@ -143,7 +179,24 @@ impl RegionPipeline {
                     let _ = self.evaluator.handle_lifecycle(now, id, event);
                 }
             }
-            Applied::ServiceRemoved | Applied::Renewed { .. } | Applied::AssignmentSet => {}
+            Applied::PolicySet { service } => {
+                if let Some(record) = state.service(service) {
+                    self.put_service(now, service, record, state.policy(service));
+                }
+            }
+            Applied::Evacuation { zone, intent } => {
+                let command = evacuation_command(*intent);
+                if let Err(error) = self.assembler.handle_evacuation(now, zone, command) {
+                    self.outputs.push(Output::EvacuationRefused {
+                        zone: zone.clone(),
+                        error,
+                    });
+                }
+            }
+            Applied::ServiceRemoved
+            | Applied::Renewed { .. }
+            | Applied::AssignmentSet
+            | Applied::EvacuationProgress => {}
         }
         self.pump(now);
     }
@@ -186,6 +239,26 @@ impl RegionPipeline {
         std::mem::take(&mut self.outputs)
     }
 
+    /// Whether an evacuation intent would be accepted now (checked before it is committed).
+    pub fn check_evacuation(
+        &self,
+        zone: &ZoneName,
+        intent: EvacuationIntent,
+    ) -> Result<(), EvacuationError> {
+        self.assembler
+            .check_evacuation(zone, evacuation_command(intent))
+    }
+
+    /// A zone's evacuation as it stands, for the leader to record.
+    pub fn evacuation_record(&self, zone: &ZoneName) -> Option<EvacuationRecord> {
+        self.assembler.evacuation(zone).map(|e| EvacuationRecord {
+            moved: e.moved,
+            back: e.direction == Direction::Back,
+            manual: e.manual,
+            awaiting_completion: e.awaiting_completion,
+        })
+    }
+
     /// The evaluator, for `explain` and counts.
     pub fn evaluator(&self) -> &Evaluator {
         &self.evaluator
@@ -196,13 +269,22 @@ impl RegionPipeline {
         now: Instant,
         name: &waymark_core::model::ServiceName,
         record: &crate::state::ServiceRecord,
+        policy: Option<&ServicePolicyRecord>,
     ) {
         let Ok(contract) = record.contract.clone().validate() else {
             return; // the registry only stores contracts that validated
         };
+        let failover = policy
+            .filter(|p| !p.failover_zones.is_empty() || !p.failover_regions.is_empty())
+            .map(|p| FailoverOrder {
+                zones: p.failover_zones.clone(),
+                regions: p.failover_regions.clone(),
+            });
         let policy = ServicePolicy {
-            min_healthy: contract.min_healthy,
-            failover: None,
+            min_healthy: policy
+                .and_then(|p| p.min_healthy_override)
+                .unwrap_or(contract.min_healthy),
+            failover,
         };
         self.assembler.handle_policy(name, policy);
         self.evaluator

@@ -14,7 +14,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use waymark_core::contract::{ContractError, HealthContract};
-use waymark_core::model::{Address, Instance, InstanceId, Locality, NodeName, Origin, ServiceName};
+use waymark_core::model::{
+    Address, Instance, InstanceId, Locality, NodeName, Origin, RegionName, ServiceName, ZoneName,
+};
+use waymark_core::units::Permille;
 use waymark_core::units::Weight;
 
 /// Shortest lease a registration may ask for.
@@ -95,6 +98,27 @@ pub enum Command {
         /// The instance.
         instance: InstanceId,
     },
+    /// Set a service's routing policy (fraction override, failover order, who may resolve it).
+    SetPolicy {
+        /// The service.
+        service: ServiceName,
+        /// The policy.
+        policy: ServicePolicyRecord,
+    },
+    /// An operator evacuates a zone, shifts it back, or completes a manual shift-back.
+    Evacuation {
+        /// The zone.
+        zone: ZoneName,
+        /// What to do.
+        intent: EvacuationIntent,
+    },
+    /// The leader records an evacuation's progress, so a new leader resumes it where it was.
+    EvacuationProgress {
+        /// The zone.
+        zone: ZoneName,
+        /// Where it stands; `None` once it is over.
+        progress: Option<EvacuationRecord>,
+    },
     /// Replace the prober assignment (computed by the leader from gossip membership).
     SetAssignment {
         /// Targets and their probers.
@@ -123,6 +147,55 @@ pub struct Registration {
     /// Requested lease; 0 (or absent) asks for the platform default.
     #[serde(default)]
     pub lease_ms: u64,
+}
+
+/// A service's routing policy, beside its health contract.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServicePolicyRecord {
+    /// Overrides the contract's minimum healthy fraction per zone (ADR-08), e.g. during an
+    /// incident. Permille, 1..=1000.
+    #[serde(default)]
+    pub min_healthy_override: Option<Permille>,
+    /// Zones of this region, most preferred first (the priorities follow).
+    #[serde(default)]
+    pub failover_zones: Vec<ZoneName>,
+    /// Peer regions, most preferred first.
+    #[serde(default)]
+    pub failover_regions: Vec<RegionName>,
+    /// Services whose workloads may resolve this one; absent means everyone (ADR-15).
+    #[serde(default)]
+    pub allowed_callers: Option<BTreeSet<ServiceName>>,
+}
+
+/// What an operator asks of a zone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "action")]
+pub enum EvacuationIntent {
+    /// Move traffic away, in steps. `manual` marks an operator's failover: its shift-back
+    /// waits for explicit completion.
+    Evacuate {
+        /// Whether shift-back needs explicit completion.
+        #[serde(default)]
+        manual: bool,
+    },
+    /// Bring traffic back, in steps.
+    ShiftBack,
+    /// Finish a manual shift-back holding at its last step.
+    CompleteShiftBack,
+}
+
+/// An evacuation's progress, as the leader last recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvacuationRecord {
+    /// Share of the zone's traffic moved away.
+    pub moved: Permille,
+    /// Moving traffic back (`true`) or away.
+    pub back: bool,
+    /// Started by a manual failover.
+    pub manual: bool,
+    /// Holding at its last step for an operator's completion.
+    pub awaiting_completion: bool,
 }
 
 /// Why an instance left the registry.
@@ -178,6 +251,20 @@ pub enum Applied {
     },
     /// The prober assignment was replaced.
     AssignmentSet,
+    /// A service's policy was set.
+    PolicySet {
+        /// The service.
+        service: ServiceName,
+    },
+    /// An operator's evacuation intent was recorded (the leader's assembler acts on it).
+    Evacuation {
+        /// The zone.
+        zone: ZoneName,
+        /// What was asked.
+        intent: EvacuationIntent,
+    },
+    /// An evacuation's progress was recorded.
+    EvacuationProgress,
 }
 
 /// Why a command was refused. Nothing changed.
@@ -247,6 +334,14 @@ pub enum RegistryError {
         /// What was asked.
         lease_ms: u64,
     },
+    /// A policy value is out of range.
+    #[error("policy.{field}: {reason}")]
+    BadPolicy {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// An instance cannot change where it came from (orchestrator, registration, policy).
     #[error("instance {instance} comes from {origin:?}")]
     OriginMismatch {
@@ -301,6 +396,10 @@ pub struct DesiredState {
     next_seq: u64,
     clock_ms: u64,
     assignment: BTreeMap<InstanceId, Vec<NodeName>>,
+    #[serde(default)]
+    policies: BTreeMap<ServiceName, ServicePolicyRecord>,
+    #[serde(default)]
+    evacuations: BTreeMap<ZoneName, EvacuationRecord>,
 }
 
 // === impl DesiredState ===
@@ -343,11 +442,49 @@ impl DesiredState {
                 record.maintenance = reason.clone();
                 Ok(Applied::Maintenance { instance, reason })
             }
+            Command::SetPolicy { service, policy } => {
+                if !self.services.contains_key(&service) {
+                    return Err(RegistryError::UnknownService { service });
+                }
+                if policy
+                    .min_healthy_override
+                    .is_some_and(|p| p.get() == 0 || p.get() > 1000)
+                {
+                    return Err(RegistryError::BadPolicy {
+                        field: "min_healthy_override",
+                        reason: "a fraction in permille, 1..=1000".into(),
+                    });
+                }
+                self.policies.insert(service.clone(), policy);
+                Ok(Applied::PolicySet { service })
+            }
+            Command::Evacuation { zone, intent } => Ok(Applied::Evacuation { zone, intent }),
+            Command::EvacuationProgress { zone, progress } => {
+                match progress {
+                    Some(p) => {
+                        self.evacuations.insert(zone, p);
+                    }
+                    None => {
+                        self.evacuations.remove(&zone);
+                    }
+                }
+                Ok(Applied::EvacuationProgress)
+            }
             Command::SetAssignment { assignment } => {
                 self.assignment = assignment;
                 Ok(Applied::AssignmentSet)
             }
         }
+    }
+
+    /// A service's policy (the default when none was set).
+    pub fn policy(&self, service: &ServiceName) -> Option<&ServicePolicyRecord> {
+        self.policies.get(service)
+    }
+
+    /// Evacuations in progress, as last recorded.
+    pub fn evacuations(&self) -> &BTreeMap<ZoneName, EvacuationRecord> {
+        &self.evacuations
     }
 
     /// How many targets have probers assigned.
@@ -430,6 +567,7 @@ impl DesiredState {
             return Err(RegistryError::ServiceInUse { service, count });
         }
         self.services.remove(&service);
+        self.policies.remove(&service);
         Ok(Applied::ServiceRemoved)
     }
 

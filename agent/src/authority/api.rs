@@ -26,8 +26,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use waymark_core::contract::HealthContract;
-use waymark_core::model::{Instance, InstanceId, RegionName, ServiceName};
-use waymark_registry::state::{Applied, Command, Registration, Stamped};
+use waymark_core::model::{Instance, InstanceId, RegionName, ServiceName, ZoneName};
+use waymark_registry::state::{
+    Applied, Command, EvacuationIntent, Registration, ServicePolicyRecord, Stamped,
+};
 use waymark_xds::server::XdsServer;
 
 use super::leader::{SharedPipeline, now_ms};
@@ -110,6 +112,12 @@ pub fn router(state: ApiState) -> Router {
             put(put_service).get(get_service).delete(remove_service),
         )
         .route("/v1/services/{service}/view", get(service_view))
+        .route(
+            "/v1/services/{service}/policy",
+            put(put_policy).get(get_policy),
+        )
+        .route("/v1/zones", get(zones))
+        .route("/v1/zones/{zone}/evacuation", post(evacuation))
         .route("/v1/contracts/validate", post(validate_contract))
         .route("/v1/instances", post(register).get(instances))
         .route("/v1/instances/{id}", axum::routing::delete(deregister))
@@ -534,6 +542,140 @@ async fn service_view(
     Ok(axum::Json(views).into_response())
 }
 
+async fn get_policy(State(s): State<ApiState>, Path(service): Path<String>) -> ApiResult<Response> {
+    let name: ServiceName = parse_name(&service, "service")?;
+    s.raft.with_state(|state, _| {
+        if state.registry().service(&name).is_none() {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_service",
+                Some("service"),
+                format!("service {name} is not registered"),
+            ));
+        }
+        let policy = state.registry().policy(&name).cloned().unwrap_or_default();
+        Ok(axum::Json(policy).into_response())
+    })
+}
+
+async fn put_policy(
+    State(s): State<ApiState>,
+    uri: Uri,
+    headers: HeaderMap,
+    Path(service): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let service: ServiceName = parse_name(&service, "service").map_err(|e| s.refuse(e))?;
+    let actor = actor_of(&headers).ok_or_else(|| {
+        s.refuse(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "no_actor",
+            Some(ACTOR_HEADER),
+            "policy changes are privileged: name the acting operator",
+        ))
+    })?;
+    let policy: ServicePolicyRecord = s.body(&body)?;
+    let detail = serde_json::to_value(&policy).unwrap_or(Value::Null);
+    let result = s
+        .command(
+            &uri,
+            Command::SetPolicy {
+                service: service.clone(),
+                policy,
+            },
+        )
+        .await;
+    s.audit_write(AuditEntry {
+        seq: 0,
+        at_ms: now_ms(),
+        kind: AuditKind::Policy,
+        actor,
+        service: Some(service.clone()),
+        instance: None,
+        outcome: if result.is_ok() { "applied" } else { "refused" }.into(),
+        detail,
+    })
+    .await?;
+    result?;
+    Ok(axum::Json(json!({"service": service})).into_response())
+}
+
+async fn zones(State(s): State<ApiState>) -> impl IntoResponse {
+    let evacuations = s
+        .raft
+        .with_state(|state, _| state.registry().evacuations().clone());
+    axum::Json(json!({"evacuations": evacuations}))
+}
+
+async fn evacuation(
+    State(s): State<ApiState>,
+    uri: Uri,
+    headers: HeaderMap,
+    Path(zone): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let zone: ZoneName = parse_name(&zone, "zone").map_err(|e| s.refuse(e))?;
+    let actor = actor_of(&headers).ok_or_else(|| {
+        s.refuse(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "no_actor",
+            Some(ACTOR_HEADER),
+            "evacuations are privileged: name the acting operator",
+        ))
+    })?;
+    let intent: EvacuationIntent = s.body(&body)?;
+    let check = s
+        .pipeline
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .map(|p| p.check_evacuation(&zone, intent));
+    let refusal = match check {
+        Some(Ok(())) => None,
+        Some(Err(e)) => Some(ApiError::new(
+            StatusCode::CONFLICT,
+            "evacuation",
+            Some("zone"),
+            e.to_string(),
+        )),
+        None => Some(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            None,
+            "the leader is still rebuilding; retry",
+        )),
+    };
+    s.audit_write(AuditEntry {
+        seq: 0,
+        at_ms: now_ms(),
+        kind: AuditKind::Policy,
+        actor,
+        service: None,
+        instance: None,
+        outcome: if refusal.is_some() { "refused" } else { "granted" }.into(),
+        detail: json!({"zone": zone, "intent": intent, "reason": refusal.as_ref().map(|r| r.message.clone())}),
+    })
+    .await?;
+    if let Some(e) = refusal {
+        return Err(s.refuse(e));
+    }
+    let applied = s
+        .command(&uri, Command::Evacuation { zone, intent })
+        .await?;
+    Ok(axum::Json(json!({"applied": applied})).into_response())
+}
+
+fn actor_of(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(ACTOR_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_owned)
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ValidateBody {
@@ -738,11 +880,7 @@ async fn override_instance(
     body: Bytes,
 ) -> ApiResult<Response> {
     s.leader_only(&uri)?;
-    let actor = headers
-        .get(ACTOR_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .filter(|a| !a.trim().is_empty());
+    let actor = actor_of(&headers);
     let o: OverrideBody = s.body(&body)?;
     let service = s.raft.with_state(|st, _| {
         st.registry()

@@ -316,6 +316,19 @@ impl Term<'_> {
                     });
                 }
                 Output::Alarm(effect) => self.alarm(effect),
+                Output::EvacuationRefused { zone, error } => {
+                    warn!(%zone, %error, "committed evacuation intent refused by the assembler");
+                    self.record(AuditEntry {
+                        seq: 0,
+                        at_ms: now_ms(),
+                        kind: AuditKind::Policy,
+                        actor: "waymark".into(),
+                        service: None,
+                        instance: None,
+                        outcome: "refused".into(),
+                        detail: serde_json::json!({"zone": zone, "error": error.to_string()}),
+                    });
+                }
                 Output::Shed(effect) => match effect {
                     delta::Effect::ShedStarted { window } => {
                         self.ctx.metrics.shed_episodes.inc();
@@ -454,6 +467,19 @@ impl Term<'_> {
                 awaiting_completion,
             } => {
                 info!(%zone, moved = moved.get(), awaiting_completion, "evacuation step");
+                // Recorded in the log so a new leader resumes from here, not from zero.
+                let progress = self.with_pipeline(|p| p.evacuation_record(zone)).flatten();
+                let raft = self.ctx.raft.clone();
+                let zone = zone.clone();
+                tokio::spawn(async move {
+                    let cmd = Request::Registry(Stamped {
+                        at_ms: now_ms(),
+                        command: Command::EvacuationProgress { zone, progress },
+                    });
+                    if let Err(error) = raft.write(cmd).await {
+                        debug!(%error, "evacuation progress not committed");
+                    }
+                });
                 return;
             }
             assembler::Effect::Target(_) => return,

@@ -329,6 +329,76 @@ impl ViewAssembler {
         Ok(())
     }
 
+    /// Whether [`ViewAssembler::handle_evacuation`] would accept `command`, without acting.
+    pub fn check_evacuation(
+        &self,
+        zone: &ZoneName,
+        command: EvacuationCommand,
+    ) -> Result<(), EvacuationError> {
+        let name = || zone.to_string();
+        if !self.zones.contains(zone) {
+            return Err(EvacuationError::UnknownZone { zone: name() });
+        }
+        match command {
+            EvacuationCommand::Evacuate { .. } => {
+                let others_home = self
+                    .zones
+                    .iter()
+                    .any(|z| z != zone && !self.evacuations.contains_key(z));
+                if others_home {
+                    Ok(())
+                } else {
+                    Err(EvacuationError::LastZone { zone: name() })
+                }
+            }
+            EvacuationCommand::ShiftBack => self
+                .evacuations
+                .get(zone)
+                .map(|_| ())
+                .ok_or_else(|| EvacuationError::NotEvacuated { zone: name() }),
+            EvacuationCommand::CompleteShiftBack => match self.evacuations.get(zone) {
+                None => Err(EvacuationError::NotEvacuated { zone: name() }),
+                Some(e) if !e.awaiting_completion => {
+                    Err(EvacuationError::NotAwaitingCompletion { zone: name() })
+                }
+                Some(_) => Ok(()),
+            },
+        }
+    }
+
+    /// Resume an evacuation where a previous leader left it (from the replicated record):
+    /// the share already moved stays moved, and stepping continues from there.
+    pub fn restore_evacuation(
+        &mut self,
+        now: Instant,
+        zone: &ZoneName,
+        moved: Permille,
+        direction: Direction,
+        manual: bool,
+        awaiting_completion: bool,
+    ) {
+        if !self.zones.contains(zone) {
+            return;
+        }
+        let settled = awaiting_completion
+            || match direction {
+                Direction::Out => moved == Permille::ONE,
+                Direction::Back => moved == Permille::ZERO,
+            };
+        let next_step = (!settled).then(|| now + self.config.evacuation_step_interval);
+        self.evacuations.insert(
+            zone.clone(),
+            Evacuation {
+                moved,
+                direction,
+                manual,
+                awaiting_completion,
+                next_step,
+            },
+        );
+        self.evacuation_changed(zone);
+    }
+
     /// Take the evacuation steps due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         let (step, interval) = (

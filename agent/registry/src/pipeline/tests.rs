@@ -242,3 +242,86 @@ fn a_check_failing_every_replica_degrades_the_service_declared_and_alarmed() {
         }
     }
 }
+
+#[test]
+fn an_evacuation_resumes_where_the_previous_leader_left_it() {
+    let now = t0();
+    let mut state = region_state();
+    let mut old = RegionPipeline::rebuild(config(), &state, now);
+    let intent = EvacuationIntent::Evacuate { manual: true };
+    assert!(old.check_evacuation(&zone("a"), intent).is_ok());
+    let applied = state
+        .apply(Stamped {
+            at_ms: 3,
+            command: Command::Evacuation {
+                zone: zone("a"),
+                intent,
+            },
+        })
+        .unwrap();
+    old.handle_applied(now, &applied, &state);
+    // Two steps out, recorded as the leader records them.
+    let mut versions = MonotonicCounter::default();
+    let later = now + d::EVACUATION_STEP_INTERVAL;
+    old.handle_timeout(later, &mut versions);
+    let record = old.evacuation_record(&zone("a")).unwrap();
+    assert_eq!(
+        u32::from(record.moved.get()),
+        2 * u32::from(d::EVACUATION_STEP.get())
+    );
+    state
+        .apply(Stamped {
+            at_ms: 4,
+            command: Command::EvacuationProgress {
+                zone: zone("a"),
+                progress: Some(record),
+            },
+        })
+        .unwrap();
+    // A new leader rebuilds: the share already moved stays moved.
+    let new = RegionPipeline::rebuild(config(), &state, later);
+    assert_eq!(new.evacuation_record(&zone("a")), Some(record));
+    // Evacuating the other zone too would leave none: refused before commit.
+    assert!(
+        new.check_evacuation(&zone("b"), EvacuationIntent::Evacuate { manual: false })
+            .is_err()
+    );
+    assert!(
+        new.check_evacuation(&zone("a"), EvacuationIntent::CompleteShiftBack)
+            .is_err(),
+        "nothing is awaiting completion yet"
+    );
+}
+
+#[test]
+fn a_fraction_override_replaces_the_contracts_floor() {
+    let now = t0();
+    let mut state = region_state();
+    let policy = crate::state::ServicePolicyRecord {
+        min_healthy_override: Some(waymark_core::units::Permille::saturating(1000)),
+        ..Default::default()
+    };
+    let mut p = RegionPipeline::rebuild(config(), &state, now);
+    let applied = state
+        .apply(Stamped {
+            at_ms: 3,
+            command: Command::SetPolicy {
+                service: ServiceName::try_new("pay").unwrap(),
+                policy,
+            },
+        })
+        .unwrap();
+    p.handle_applied(now, &applied, &state);
+    let mut versions = MonotonicCounter::default();
+    p.handle_timeout(now + d::ADMIT_WINDOW, &mut versions);
+    let floors: Vec<u32> = p
+        .take_outputs()
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Release(v) => v.view.markers.zone_floor.get(&zone("a")).copied(),
+            _ => None,
+        })
+        .collect();
+    // With a floor of 100%, both instances of zone a are its floor.
+    assert!(floors.contains(&2), "floors released: {floors:?}");
+}
