@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
-use waymark_core::contract::{ContractError, HealthContract};
+use waymark_core::contract::{CapabilityProfile, ContractError, HealthContract};
 use waymark_core::model::{
     Address, Instance, InstanceId, Locality, NodeName, Origin, RegionName, ServiceName, ZoneName,
 };
@@ -432,6 +432,21 @@ impl DesiredState {
             }
             Command::Forget { instance } => self.retire_one(instance, RetireCause::Deleted, false),
             Command::DeclareExternal { instance } => {
+                // A third party gives no readiness signal: its service must say so, so the
+                // evaluator never waits for probes or self-reports that cannot come.
+                let profile = self
+                    .services
+                    .get(&instance.service)
+                    .map(|s| s.contract.profile);
+                if profile.is_some_and(|p| p != CapabilityProfile::NO_READINESS) {
+                    return Err(RegistryError::BadPolicy {
+                        field: "contract.profile",
+                        reason: format!(
+                            "external endpoints of {} need the no_readiness profile",
+                            instance.service
+                        ),
+                    });
+                }
                 self.observe(instance, Origin::External, false)
             }
             Command::RemoveExternal { instance } => {

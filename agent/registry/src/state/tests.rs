@@ -276,3 +276,56 @@ proptest! {
         prop_assert_eq!(a, b);
     }
 }
+
+#[test]
+fn external_endpoints_need_a_service_without_readiness_signals() {
+    let external = |id: &str, last: u8| Instance {
+        id: InstanceId::try_new(id).unwrap(),
+        service: svc(),
+        locality: locality(),
+        address: addr(last),
+        origin: Origin::Orchestrator, // the registry sets the origin
+        weight: Weight::DEFAULT,
+        tags: BTreeSet::new(),
+        metadata: BTreeMap::new(),
+    };
+    let mut s = with_service();
+    let before = s.clone();
+    let refused = s.apply(at(
+        10,
+        Command::DeclareExternal {
+            instance: external("acme-1", 9),
+        },
+    ));
+    assert!(matches!(
+        refused,
+        Err(RegistryError::BadPolicy {
+            field: "contract.profile",
+            ..
+        })
+    ));
+    assert_eq!(s.instances().count(), before.instances().count());
+    s.apply(at(
+        11,
+        Command::PutService {
+            service: svc(),
+            owner: "partners".into(),
+            contract: HealthContract {
+                profile: CapabilityProfile::NO_READINESS,
+                probe: None,
+                ..HealthContract::default()
+            },
+        },
+    ))
+    .unwrap();
+    s.apply(at(
+        12,
+        Command::DeclareExternal {
+            instance: external("acme-1", 9),
+        },
+    ))
+    .unwrap();
+    let record = s.instance(&InstanceId::try_new("acme-1").unwrap()).unwrap();
+    assert_eq!(record.instance.origin, Origin::External);
+    assert_eq!(record.lease_expires_at_ms, None);
+}
