@@ -167,6 +167,10 @@ impl Authority {
             }
         }));
 
+        tasks.push(tokio::spawn(super::staleness::run(
+            xds_server.clone(),
+            metrics.clone(),
+        )));
         let mut ingest = None;
         if let (Some(addr), Some((_, ingest_tls))) = (config.ingest, &tls) {
             let listener = TcpListener::bind(addr)

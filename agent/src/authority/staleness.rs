@@ -1,0 +1,172 @@
+//! Propagation signals from the xDS tier's per-client sync state: a release that a client
+//! has not acknowledged within the withdrawal budget counts as over budget (once per client
+//! and version), and a client whose acknowledged view has lagged what it was sent for longer
+//! than the staleness threshold counts as stale.
+//!
+//! The judgement is a pure function of (what was sent, what was acknowledged, when that
+//! difference was first seen, now), so it is tested without a server.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use waymark_xds::sync::ClientSync;
+
+use super::metrics::AuthorityMetrics;
+
+/// A client lagging this long is stale.
+pub const STALE_AFTER: Duration = Duration::from_secs(30);
+/// How often the tier is sampled.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// Tracks, per (stream, type), the version sent but not yet acknowledged and since when.
+#[derive(Debug, Default)]
+pub struct Lag {
+    pending: BTreeMap<(u64, String), Pending>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    /// The unacknowledged version and when it was first seen sent.
+    version: String,
+    version_since: Instant,
+    /// When the client first fell behind (kept while newer versions pile up).
+    episode_since: Instant,
+    over_budget: bool,
+}
+
+/// What one sample found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LagReport {
+    /// Releases newly past the withdrawal budget without an ACK.
+    pub newly_over_budget: u64,
+    /// Clients lagging longer than [`STALE_AFTER`].
+    pub stale_clients: u64,
+}
+
+impl Lag {
+    /// Take one sample of every client's sync state at `now`.
+    pub fn sample(&mut self, clients: &[ClientSync], now: Instant, budget: Duration) -> LagReport {
+        let mut report = LagReport::default();
+        let mut seen = BTreeMap::new();
+        let mut stale_streams = std::collections::BTreeSet::new();
+        for c in clients {
+            for (type_url, t) in &c.types {
+                let key = (c.stream_id, type_url.clone());
+                let Some(sent) = t.sent.as_ref().filter(|s| t.acked.as_ref() != Some(s)) else {
+                    continue;
+                };
+                let mut entry = match self.pending.remove(&key) {
+                    Some(p) if &p.version == sent => p,
+                    // A newer release: its own budget starts now; the lag episode goes on.
+                    Some(p) => Pending {
+                        version: sent.clone(),
+                        version_since: now,
+                        episode_since: p.episode_since,
+                        over_budget: false,
+                    },
+                    None => Pending {
+                        version: sent.clone(),
+                        version_since: now,
+                        episode_since: now,
+                        over_budget: false,
+                    },
+                };
+                if now.saturating_duration_since(entry.version_since) >= budget
+                    && !entry.over_budget
+                {
+                    entry.over_budget = true;
+                    report.newly_over_budget += 1;
+                }
+                if now.saturating_duration_since(entry.episode_since) >= STALE_AFTER {
+                    stale_streams.insert(c.stream_id);
+                }
+                seen.insert(key, entry);
+            }
+        }
+        self.pending = seen;
+        report.stale_clients = stale_streams.len() as u64;
+        report
+    }
+}
+
+/// Sample the tier every second into the alarm metrics, until the task is aborted.
+pub async fn run(xds: waymark_xds::server::XdsServer, metrics: AuthorityMetrics) {
+    let mut lag = Lag::default();
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    loop {
+        tick.tick().await;
+        let report = lag.sample(
+            &xds.sync_state(),
+            Instant::now(),
+            waymark_core::defaults::WITHDRAWAL_BUDGET_P99,
+        );
+        metrics
+            .withdrawal_over_budget
+            .inc_by(report.newly_over_budget);
+        metrics
+            .clients_stale
+            .set(i64::try_from(report.stale_clients).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use waymark_xds::sync::TypeSync;
+
+    use super::*;
+
+    fn client(stream: u64, sent: &str, acked: Option<&str>, now: Instant) -> ClientSync {
+        ClientSync {
+            node_id: format!("n{stream}"),
+            zone: "a".into(),
+            stream_id: stream,
+            protocol: "delta",
+            identity: None,
+            connected_since: now,
+            types: BTreeMap::from([(
+                "eds".to_owned(),
+                TypeSync {
+                    sent: Some(sent.into()),
+                    acked: acked.map(Into::into),
+                    ..TypeSync::default()
+                },
+            )]),
+        }
+    }
+
+    #[test]
+    fn an_unacknowledged_release_is_over_budget_once_and_stale_later() {
+        let t0 = Instant::now();
+        let budget = Duration::from_secs(5);
+        let mut lag = Lag::default();
+        let fine = client(1, "7", Some("7"), t0);
+        let slow = |sent: &str| client(2, sent, Some("6"), t0);
+        assert_eq!(
+            lag.sample(&[fine.clone(), slow("7")], t0, budget),
+            LagReport::default()
+        );
+        let r = lag.sample(&[fine.clone(), slow("7")], t0 + budget, budget);
+        assert_eq!(r.newly_over_budget, 1);
+        // Counted once per release: a newer one gets its own budget.
+        let r = lag.sample(
+            &[fine.clone(), slow("7")],
+            t0 + Duration::from_secs(6),
+            budget,
+        );
+        assert_eq!(r.newly_over_budget, 0);
+        let t8 = t0 + Duration::from_secs(7);
+        let r = lag.sample(&[fine.clone(), slow("8")], t8, budget);
+        assert_eq!(r.newly_over_budget, 0);
+        let r = lag.sample(&[fine.clone(), slow("8")], t8 + budget, budget);
+        assert_eq!(r.newly_over_budget, 1);
+        // Behind since t0: stale once the episode passes the threshold.
+        let r = lag.sample(&[fine.clone(), slow("9")], t0 + STALE_AFTER, budget);
+        assert_eq!(r.stale_clients, 1);
+        // It catches up: nothing pending, nothing stale.
+        let caught = client(2, "9", Some("9"), t0);
+        let r = lag.sample(&[fine, caught], t0 + STALE_AFTER + budget, budget);
+        assert_eq!(r, LagReport::default());
+    }
+}
