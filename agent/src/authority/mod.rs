@@ -13,3 +13,4 @@ pub mod member;
 pub mod metrics;
 pub mod raft;
 pub mod tier;
+pub mod staleness;
