@@ -16,7 +16,7 @@
 //! followers will carry; until then an instance withdrawn before the failover returns as
 //! `unknown`.)
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use waymark_core::assembler::{
@@ -26,9 +26,9 @@ use waymark_core::assembler::{
 use waymark_core::audit::TransitionRecord;
 use waymark_core::delta::{self, DeltaConfig, DeltaQueues};
 use waymark_core::evaluator::{
-    self, Admission, Evaluator, EvaluatorConfig, EvaluatorError, QuarantineEvent,
+    self, Admission, Evaluator, EvaluatorConfig, EvaluatorError, ObservedInstance, QuarantineEvent,
 };
-use waymark_core::model::{Instance, Lifecycle, RegionName, Sample, ZoneName};
+use waymark_core::model::{Instance, InstanceId, Lifecycle, RegionName, Sample, ZoneName};
 use waymark_core::view::{ReleasedView, VersionSource};
 
 use crate::state::{
@@ -257,6 +257,25 @@ impl RegionPipeline {
             manual: e.manual,
             awaiting_completion: e.awaiting_completion,
         })
+    }
+
+    /// The evaluator's observed state, for the snapshot the leader replicates.
+    pub fn observed(&self, now: Instant) -> BTreeMap<InstanceId, ObservedInstance> {
+        self.evaluator.observed(now)
+    }
+
+    /// Resume from an observed-state snapshot taken `age` ago (a new leader, after
+    /// [`RegionPipeline::rebuild`]). Instances the registry no longer holds are skipped.
+    pub fn restore_observed(
+        &mut self,
+        now: Instant,
+        snapshot: &BTreeMap<InstanceId, ObservedInstance>,
+        age: std::time::Duration,
+    ) {
+        for (id, observed) in snapshot {
+            let _ = self.evaluator.restore_observed(now, id, observed, age);
+        }
+        self.pump(now);
     }
 
     /// The evaluator, for `explain` and counts.

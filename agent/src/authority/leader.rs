@@ -36,6 +36,9 @@ pub const HOLD_MAX: Duration = Duration::from_secs(30);
 pub const PROBERS_PER_TARGET: usize = 2;
 /// How often verdict counts are refreshed into metrics.
 const COUNTS_EVERY: Duration = Duration::from_secs(2);
+/// How often the observed-state snapshot is replicated (the design asks for at least
+/// every 60 s).
+pub const OBSERVED_EVERY: Duration = Duration::from_secs(30);
 /// How often lease expiry is checked.
 const LEASE_CHECK_EVERY: Duration = Duration::from_millis(500);
 
@@ -132,7 +135,16 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
     let mut events = ctx.raft.subscribe();
     let now = Instant::now();
     let (mut applied, floor, hold) = ctx.raft.with_state(|s, idx| {
-        let p = RegionPipeline::rebuild(ctx.pipeline.clone(), s.registry(), now);
+        let mut p = RegionPipeline::rebuild(ctx.pipeline.clone(), s.registry(), now);
+        if let Some((at_ms, snapshot)) = s.observed() {
+            let age = Duration::from_millis(now_ms().saturating_sub(*at_ms));
+            info!(
+                instances = snapshot.len(),
+                age_ms = age.as_millis() as u64,
+                "resuming from the observed-state snapshot"
+            );
+            p.restore_observed(now, snapshot, age);
+        }
         *ctx.shared.lock().unwrap_or_else(PoisonError::into_inner) = Some(p);
         (idx, s.max_version(), hold_for(s.registry()))
     });
@@ -161,6 +173,8 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
     let mut membership = ctx.hub.membership();
     let mut counts = tokio::time::interval(COUNTS_EVERY);
     let mut leases = tokio::time::interval(LEASE_CHECK_EVERY);
+    let mut observed =
+        tokio::time::interval_at(tokio::time::Instant::now() + OBSERVED_EVERY, OBSERVED_EVERY);
     let mut hold_pending = hold > Duration::ZERO;
     t.drain_outputs(Instant::now());
     loop {
@@ -218,6 +232,7 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
             _ = membership.changed() => t.assignment_dirty = true,
             _ = counts.tick() => t.refresh_counts(),
             _ = leases.tick() => t.expire_leases(),
+            _ = observed.tick() => t.snapshot_observed(),
             () = sleep => {
                 let now = Instant::now();
                 let versions = &mut t.versions;
@@ -531,6 +546,22 @@ impl Term<'_> {
                         })
                         .set(i64::try_from(n).unwrap_or(i64::MAX));
                 }
+            }
+        });
+    }
+
+    fn snapshot_observed(&self) {
+        let Some(instances) = self.with_pipeline(|p| p.observed(Instant::now())) else {
+            return;
+        };
+        let raft = self.ctx.raft.clone();
+        tokio::spawn(async move {
+            let request = Request::Observed {
+                at_ms: now_ms(),
+                instances,
+            };
+            if let Err(error) = raft.write(request).await {
+                debug!(%error, "observed-state snapshot not committed");
             }
         });
     }

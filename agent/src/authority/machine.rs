@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
+use waymark_core::evaluator::ObservedInstance;
 use waymark_core::model::{InstanceId, ServiceName};
 use waymark_core::view::{ReleasedView, Version, VersionSource, ViewKey};
 use waymark_registry::state::{Applied, DesiredState, RegistryError, Stamped};
@@ -30,6 +31,14 @@ pub enum Request {
     Publish {
         /// The views.
         views: Vec<ReleasedView>,
+    },
+    /// The leader's observed-state snapshot (scores, hard latches, quarantines), replacing
+    /// the previous one; a new leader resumes from it (ADR-02).
+    Observed {
+        /// Unix milliseconds when it was taken.
+        at_ms: u64,
+        /// Per instance.
+        instances: BTreeMap<InstanceId, ObservedInstance>,
     },
     /// Audit records (transitions, overrides granted or refused, denials, policy changes).
     Audit {
@@ -57,6 +66,8 @@ pub enum Response {
         /// The last sequence number.
         last_seq: u64,
     },
+    /// The observed-state snapshot was replaced.
+    ObservedSaved,
     /// Raft's own entries (blank, membership) carry no request.
     Empty,
 }
@@ -153,6 +164,8 @@ pub struct AuthorityState {
     published: BTreeMap<ViewKey, ReleasedView>,
     audit: VecDeque<AuditEntry>,
     audit_seq: u64,
+    #[serde(default)]
+    observed: Option<(u64, BTreeMap<InstanceId, ObservedInstance>)>,
 }
 
 impl AuthorityState {
@@ -176,6 +189,10 @@ impl AuthorityState {
                     }
                 }
                 Response::Published { accepted }
+            }
+            Request::Observed { at_ms, instances } => {
+                self.observed = Some((at_ms, instances));
+                Response::ObservedSaved
             }
             Request::Audit { entries } => {
                 for mut e in entries {
@@ -201,6 +218,11 @@ impl AuthorityState {
     /// The last published view per (service, caller zone).
     pub fn published(&self) -> &BTreeMap<ViewKey, ReleasedView> {
         &self.published
+    }
+
+    /// The last observed-state snapshot and when it was taken (unix ms).
+    pub fn observed(&self) -> Option<&(u64, BTreeMap<InstanceId, ObservedInstance>)> {
+        self.observed.as_ref()
     }
 
     /// The retained audit log, oldest first.

@@ -215,6 +215,29 @@ pub struct EvaluatorStats {
     pub quarantines: u64,
 }
 
+/// What the leader keeps of one instance's evaluation in the observed-state snapshot it
+/// replicates to followers (ADR-02): enough for a new leader to resume the verdict —
+/// scores, the hard latch, soft withdrawal and quarantine — instead of starting every
+/// instance afresh. Times are ages relative to the snapshot, never instants.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ObservedInstance {
+    /// Per class (probe, self-report, passive): the failure score and the age of its last
+    /// sample in milliseconds, for classes that have spoken.
+    pub classes: [Option<(Permille, u64)>; 3],
+    /// A hard failure is latched.
+    #[serde(default)]
+    pub hard: bool,
+    /// Withdrawn by the soft path, by this rule.
+    #[serde(default)]
+    pub withdrawn: Option<Rule>,
+    /// Quarantines served without a reset (the backoff level).
+    #[serde(default)]
+    pub quarantine_level: u32,
+    /// Time left in the current quarantine, in milliseconds.
+    #[serde(default)]
+    pub quarantine_left_ms: Option<u64>,
+}
+
 /// The evaluator. See the module documentation.
 #[derive(Debug)]
 pub struct Evaluator {
@@ -338,6 +361,77 @@ impl Evaluator {
     /// Drain the effects produced so far, in order.
     pub fn take_effects(&mut self) -> Vec<Effect> {
         std::mem::take(&mut self.effects)
+    }
+
+    /// The observed state of every instance with something worth keeping, at `now`.
+    pub fn observed(&self, now: Instant) -> BTreeMap<InstanceId, ObservedInstance> {
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.instances
+            .iter()
+            .filter_map(|(id, s)| {
+                let classes = std::array::from_fn(|i| {
+                    let c = &s.classes[i];
+                    c.last_at.map(|at| {
+                        (
+                            Permille::saturating((c.score.clamp(0.0, 1.0) * 1000.0).round() as u32),
+                            ms(now.saturating_duration_since(at)),
+                        )
+                    })
+                });
+                let o = ObservedInstance {
+                    classes,
+                    hard: s.hard.is_some(),
+                    withdrawn: s.withdrawn,
+                    quarantine_level: s.flap.level,
+                    quarantine_left_ms: s
+                        .flap
+                        .until
+                        .filter(|u| *u > now)
+                        .map(|u| ms(u.saturating_duration_since(now))),
+                };
+                let worth = o.classes.iter().any(Option::is_some)
+                    || o.hard
+                    || o.withdrawn.is_some()
+                    || o.quarantine_level > 0;
+                worth.then(|| (id.clone(), o))
+            })
+            .collect()
+    }
+
+    /// Resume an instance from an observed-state snapshot taken `age` before `now` (a new
+    /// leader, after [`Evaluator::handle_instance`] with [`Admission::Established`]).
+    pub fn restore_observed(
+        &mut self,
+        now: Instant,
+        id: &InstanceId,
+        observed: &ObservedInstance,
+        age: std::time::Duration,
+    ) -> Result<(), EvaluatorError> {
+        self.advance(now);
+        let Some(state) = self.instances.get_mut(id) else {
+            return self.count(Err(EvaluatorError::UnknownInstance {
+                instance: id.clone(),
+            }));
+        };
+        for (class, saved) in state.classes.iter_mut().zip(&observed.classes) {
+            if let Some((score, last_ms)) = saved {
+                class.score = f64::from(score.get()) / 1000.0;
+                let since = std::time::Duration::from_millis(*last_ms) + age;
+                class.last_at = Some(now.checked_sub(since).unwrap_or(now));
+            }
+        }
+        if observed.hard {
+            state.hard = Some((now, None));
+        }
+        state.withdrawn = observed.withdrawn;
+        state.flap.level = observed.quarantine_level;
+        state.flap.until = observed
+            .quarantine_left_ms
+            .map(std::time::Duration::from_millis)
+            .and_then(|left| left.checked_sub(age))
+            .map(|left| now + left);
+        self.reevaluate(now, id);
+        Ok(())
     }
 
     /// The current eligibility of an instance.

@@ -722,3 +722,81 @@ fn a_contract_change_reevaluates_the_service() {
     );
     assert_eq!(fx.verdict(), Verdict::Ineligible);
 }
+
+/// A second evaluator, as a new leader builds it: every instance established, then the
+/// observed-state snapshot restored `age` after it was taken.
+fn successor(fx: &Fx, age: Duration) -> Evaluator {
+    let snapshot = fx.ev.observed(fx.now);
+    let now = fx.now + age;
+    let mut ev = Evaluator::new(EvaluatorConfig::default());
+    ev.handle_service(now, svc("pay"), "team-pay".into(), ValidContract::default());
+    let inst = instance("pay", "pay-1", "a", 1);
+    ev.handle_instance(now, &inst, Admission::Established)
+        .unwrap();
+    for (id, o) in &snapshot {
+        ev.restore_observed(now, id, o, age).unwrap();
+    }
+    ev
+}
+
+#[test]
+fn a_new_leader_resumes_a_quarantine_from_the_observed_snapshot() {
+    // Goal: ADR-02 — a failover does not release a quarantined instance early.
+    let mut fx = Fx::default();
+    fx.healthy(0, 2);
+    let mut t = 2;
+    for _ in 0..2 {
+        t = flap_once(&mut fx, t);
+    }
+    fx.ev.take_effects();
+    fx.probe(secs(t), Health::Refused);
+    let event = quarantine_event(&mut fx).expect("quarantined");
+    fx.probe(secs(t + 1), Health::Pass);
+    fx.passive(secs(t + 1), 1, 0);
+    assert!(matches!(fx.eligibility(), Eligibility::Quarantined { .. }));
+    let age = Duration::from_secs(5);
+    let mut ev = successor(&fx, age);
+    let restored = ev.eligibility(&fx.id).unwrap();
+    assert!(
+        matches!(restored, Eligibility::Quarantined { .. }),
+        "restored as {restored:?}"
+    );
+    // It is released when the original quarantine ends (less the snapshot's age), not
+    // a whole quarantine later, nor at once.
+    let left = event.until - (fx.now);
+    let now = fx.now + age;
+    let release = now + left.saturating_sub(age);
+    ev.handle_timeout(release - Duration::from_millis(1));
+    assert!(!ev.eligibility(&fx.id).unwrap().is_routed());
+    while let Some(due) = ev.poll_timeout().filter(|d| *d <= release + secs(1)) {
+        ev.handle_timeout(due);
+    }
+    let _ = ev.handle_sample(release + secs(1), probe(&fx.id, Health::Pass));
+    assert!(
+        !matches!(
+            ev.eligibility(&fx.id).unwrap(),
+            Eligibility::Quarantined { .. }
+        ),
+        "still quarantined after it should have ended"
+    );
+}
+
+#[test]
+fn a_new_leader_keeps_a_hard_failure_out_until_evidence_clears_it() {
+    let mut fx = Fx::default();
+    fx.healthy(0, 2);
+    fx.probe(secs(2), Health::Refused);
+    assert!(!fx.eligibility().is_routed());
+    let mut ev = successor(&fx, Duration::from_secs(1));
+    assert_eq!(
+        ev.eligibility(&fx.id).unwrap(),
+        Eligibility::Ineligible {
+            reason: IneligibleReason::HardFailure
+        }
+    );
+    // An instance with nothing observed stays established (routed at full weight).
+    let fresh = Fx::default();
+    let ev2 = successor(&fresh, Duration::from_secs(1));
+    assert!(ev2.eligibility(&fresh.id).unwrap().is_routed());
+    let _ = &mut ev;
+}

@@ -121,3 +121,31 @@ fn a_state_with_published_views_survives_a_json_snapshot() {
     assert_eq!(back, s);
     assert_eq!(back.max_version(), Version(9));
 }
+
+#[test]
+fn the_observed_snapshot_is_replaced_whole_and_survives_a_json_snapshot() {
+    use waymark_core::evaluator::ObservedInstance;
+    use waymark_core::units::Permille;
+    let observed = |level| ObservedInstance {
+        classes: [Some((Permille::saturating(900), 1200)), None, None],
+        hard: true,
+        withdrawn: None,
+        quarantine_level: level,
+        quarantine_left_ms: Some(30_000),
+    };
+    let mut s = AuthorityState::default();
+    let id: waymark_core::model::InstanceId = "pay-r1".parse().unwrap();
+    s.apply(Request::Observed {
+        at_ms: 10,
+        instances: [(id.clone(), observed(1))].into(),
+    });
+    let r = s.apply(Request::Observed {
+        at_ms: 20,
+        instances: [(id.clone(), observed(2))].into(),
+    });
+    assert_eq!(r, Response::ObservedSaved);
+    let (at, map) = s.observed().unwrap();
+    assert_eq!((*at, map[&id].quarantine_level), (20, 2));
+    let back: AuthorityState = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+    assert_eq!(back, s);
+}
