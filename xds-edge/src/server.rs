@@ -49,6 +49,9 @@ pub struct ServerConfig {
     pub first_request_timeout: Duration,
     /// Reconnection admission.
     pub admission: AdmissionConfig,
+    /// Which resources each client may see (resolution authorisation); `None` serves
+    /// everything to everyone.
+    pub filter: Option<ResourceFilter>,
 }
 
 impl Default for ServerConfig {
@@ -58,7 +61,42 @@ impl Default for ServerConfig {
             send_timeout: Duration::from_secs(30),
             first_request_timeout: Duration::from_secs(15),
             admission: AdmissionConfig::default(),
+            filter: None,
         }
+    }
+}
+
+/// Decides, per stream, whether a client may see a resource: called with the client's
+/// verified identity (`None` without mutual TLS), its node id, the type URL and the
+/// resource name. A resource it may not see is simply absent from its responses.
+#[derive(Clone)]
+pub struct ResourceFilter(Arc<ResourceFilterFn>);
+
+type ResourceFilterFn = dyn Fn(&ClientRef<'_>, &str, &str) -> bool + Send + Sync;
+
+/// Who is asking, for a [`ResourceFilter`].
+#[derive(Debug, Clone, Copy)]
+pub struct ClientRef<'a> {
+    /// The verified identity (`spiffe://…`), when the stream is mutual TLS.
+    pub identity: Option<&'a str>,
+    /// The Envoy node id the client declared.
+    pub node_id: &'a str,
+}
+
+impl ResourceFilter {
+    /// A filter from a function of (client, type URL, resource name).
+    pub fn new(f: impl Fn(&ClientRef<'_>, &str, &str) -> bool + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    fn allows(&self, client: &ClientRef<'_>, type_url: &str, name: &str) -> bool {
+        (self.0)(client, type_url, name)
+    }
+}
+
+impl std::fmt::Debug for ResourceFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ResourceFilter(…)")
     }
 }
 
@@ -314,11 +352,13 @@ impl XdsServer {
         let first = self.first(&mut inbound).await?;
         let node = F::node(&first).cloned().unwrap_or_default();
         self.admit(&node)?;
+        let identity_for_filter = identity.clone();
         let stream_id = self.open(&node, identity, F::NAME);
         let (tx, rx) = mpsc::channel(self.inner.config.response_buffer);
         let span =
             tracing::info_span!("xds_stream", node_id = %node.id, stream_id, protocol = F::NAME);
-        let stream = ProtocolStream::<F>::new(self.inner.clone(), stream_id, &node, tx);
+        let mut stream = ProtocolStream::<F>::new(self.inner.clone(), stream_id, &node, tx);
+        stream.core.identity = identity_for_filter;
         tokio::spawn(stream.run(first, inbound).instrument(span));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -329,6 +369,8 @@ struct StreamCore<T> {
     inner: Arc<Inner>,
     id: u64,
     zone: Option<ZoneName>,
+    node_id: String,
+    identity: Option<String>,
     tx: mpsc::Sender<Result<T, Status>>,
     nonces: u64,
 }
@@ -343,6 +385,8 @@ impl<T> StreamCore<T> {
             inner,
             id,
             zone,
+            node_id: node.id.clone(),
+            identity: None,
             tx,
             nonces: 0,
         }
@@ -596,6 +640,22 @@ impl<F: Flavor> ProtocolStream<F> {
         let snapshot = self.core.inner.snapshots.borrow().clone();
         let Some(resources) = snapshot.resources(type_url, self.core.zone.as_ref()) else {
             return true;
+        };
+        let filtered;
+        let resources = match &self.core.inner.config.filter {
+            None => resources,
+            Some(filter) => {
+                let client = ClientRef {
+                    identity: self.core.identity.as_deref(),
+                    node_id: &self.core.node_id,
+                };
+                filtered = resources
+                    .iter()
+                    .filter(|(name, _)| filter.allows(&client, type_url, name))
+                    .map(|(n, e)| (n.clone(), e.clone()))
+                    .collect();
+                &filtered
+            }
         };
         let nonce = self.core.nonce();
         let Some(state) = self.states.get_mut(type_url) else {

@@ -575,3 +575,38 @@ async fn a_black_holed_connection_is_detected_by_keepalive_and_the_client_reconn
     // shutdown until the server's own keepalive gives up on it.
     drop(proxy);
 }
+
+#[tokio::test]
+async fn a_resource_filter_hides_a_service_from_clients_it_does_not_admit() {
+    // Resolution authorisation: only `web-*` nodes may see `pay`.
+    let filter = waymark_xds::server::ResourceFilter::new(|client, _type_url, name| {
+        name != "pay" || client.node_id.starts_with("web-")
+    });
+    let config = ServerConfig {
+        filter: Some(filter),
+        ..ServerConfig::default()
+    };
+    let (mut server, addr) = Running::start("127.0.0.1:0".parse().unwrap(), config).await;
+    server.release(&released(1, &[1, 2]));
+    // A second service everyone may see, so the refused client gets a CDS response.
+    let mut ledger = released(1, &[3]);
+    ledger.view.key.service = "ledger".parse().unwrap();
+    server.release(&ledger);
+    let (_web, mut web_rx) = client(addr, "web-1", ClientConfig::default());
+    let (_batch, mut batch_rx) = client(addr, "batch-1", ClientConfig::default());
+    until(&mut web_rx, "web sees pay", |a| endpoint_ports(a).is_some()).await;
+    let batch = until(&mut batch_rx, "batch gets the ledger cluster", |a| {
+        a.resources(TYPE_CLUSTER)
+            .is_some_and(|c| c.contains_key("ledger"))
+    })
+    .await;
+    assert!(
+        batch
+            .resources(TYPE_CLUSTER)
+            .is_none_or(|c| !c.contains_key("pay")),
+        "a client the filter refuses sees the cluster: {}",
+        summary(&batch)
+    );
+    assert!(endpoint_ports(&batch).is_none());
+    server.stop().await;
+}

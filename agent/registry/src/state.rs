@@ -497,6 +497,11 @@ impl DesiredState {
         self.policies.get(service)
     }
 
+    /// Every service policy that was set.
+    pub fn policies(&self) -> impl Iterator<Item = (&ServiceName, &ServicePolicyRecord)> {
+        self.policies.iter()
+    }
+
     /// Evacuations in progress, as last recorded.
     pub fn evacuations(&self) -> &BTreeMap<ZoneName, EvacuationRecord> {
         &self.evacuations

@@ -126,9 +126,15 @@ impl Authority {
         let hub = EvidenceHub::new(raft.clone(), metrics.clone());
         let shared: leader::SharedPipeline = Arc::new(Mutex::new(None));
 
-        let (xds_server, publisher) = XdsServer::new(ServerConfig::default());
+        let callers = Arc::new(arc_swap::ArcSwap::from_pointee(
+            super::authorize::CallerPolicy::new(),
+        ));
+        let (xds_server, publisher) = XdsServer::new(ServerConfig {
+            filter: Some(super::authorize::filter(Arc::clone(&callers))),
+            ..ServerConfig::default()
+        });
         let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(tier::follow(raft.clone(), publisher)));
+        tasks.push(tokio::spawn(tier::follow(raft.clone(), publisher, callers)));
         tasks.push(tokio::spawn(leader::run(LeaderContext {
             raft: raft.clone(),
             hub: hub.clone(),

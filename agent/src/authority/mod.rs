@@ -2,6 +2,7 @@
 //! pipeline, the xDS tier, evidence ingest, reconcilers and the query/policy API.
 
 pub mod api;
+pub mod authorize;
 pub mod config;
 pub mod evidence;
 pub mod existence;
@@ -12,5 +13,5 @@ pub mod machine;
 pub mod member;
 pub mod metrics;
 pub mod raft;
-pub mod tier;
 pub mod staleness;
+pub mod tier;

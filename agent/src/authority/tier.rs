@@ -5,19 +5,26 @@
 //! never sees its version go backwards (ADR-11). The builder refuses a view that is not
 //! newer than the one held, as a second line of defence.
 
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use tokio::sync::broadcast::error::RecvError;
 use tracing::{debug, warn};
+use waymark_registry::state::{Command, Stamped};
 use waymark_xds::server::Publisher;
 use waymark_xds::snapshot::SnapshotBuilder;
 
+use super::authorize::{self, CallerPolicy};
 use super::machine::{Request, Response};
 use super::raft::{RaftNode, StateEvent};
 
-/// Follow the log and publish snapshots until the node's event channel closes.
-pub async fn follow(raft: RaftNode, publisher: Publisher) {
+/// Follow the log and publish snapshots until the node's event channel closes; keep the
+/// resolution-authorisation policy the xDS filter reads in step with the registry.
+pub async fn follow(raft: RaftNode, publisher: Publisher, callers: Arc<ArcSwap<CallerPolicy>>) {
     let mut events = raft.subscribe();
     let mut builder = SnapshotBuilder::new();
     let mut applied = resync(&raft, &mut builder, &publisher);
+    refresh_callers(&raft, &callers, &publisher, &builder);
     loop {
         match events.recv().await {
             Ok(StateEvent::Applied(entry)) => {
@@ -25,6 +32,13 @@ pub async fn follow(raft: RaftNode, publisher: Publisher) {
                     continue;
                 }
                 applied = Some(entry.index);
+                if let Request::Registry(Stamped {
+                    command: Command::SetPolicy { .. },
+                    ..
+                }) = &entry.request
+                {
+                    refresh_callers(&raft, &callers, &publisher, &builder);
+                }
                 if let (Request::Publish { views }, Response::Published { accepted }) =
                     (&entry.request, &entry.response)
                 {
@@ -47,13 +61,29 @@ pub async fn follow(raft: RaftNode, publisher: Publisher) {
             }
             Ok(StateEvent::SnapshotInstalled { .. }) => {
                 applied = resync(&raft, &mut builder, &publisher);
+                refresh_callers(&raft, &callers, &publisher, &builder);
             }
             Err(RecvError::Lagged(missed)) => {
                 warn!(missed, "xds tier fell behind the log; resyncing from state");
                 applied = resync(&raft, &mut builder, &publisher);
+                refresh_callers(&raft, &callers, &publisher, &builder);
             }
             Err(RecvError::Closed) => break,
         }
+    }
+}
+
+/// Reload the caller policy; republish so open streams are filtered by the new one.
+fn refresh_callers(
+    raft: &RaftNode,
+    callers: &ArcSwap<CallerPolicy>,
+    publisher: &Publisher,
+    builder: &SnapshotBuilder,
+) {
+    let policy = raft.with_state(|s, _| authorize::from_registry(s.registry()));
+    if **callers.load() != policy {
+        callers.store(Arc::new(policy));
+        publisher.publish(builder.build());
     }
 }
 
