@@ -1,2 +1,36 @@
-//! waymark-resolver: in-process resolution from the local agent's views.
+//! waymark-resolver: in-process service resolution for callers without an Envoy sidecar.
+//!
+//! A [`Resolver`] subscribes to the local waymark node agent over Delta xDS (CDS wildcard,
+//! EDS for the services asked for), translates each applied `ClusterLoadAssignment` into an
+//! immutable [`Table`], persists it to a cache file, and only then serves it. Reads are
+//! lock-free: an `ArcSwap<Table>` load and a hash lookup (see [`bench`] for the figures).
+//!
+//! ```text
+//! agent ──Delta xDS──► ClientState ──Table::update──► cache file ──► ArcSwap<Table> ◄── resolve
+//! cache file (at start) ─────────────────────────────────────────────┘
+//! ```
+//!
+//! The client contract of ADR-01, as this crate enforces it:
+//! - the last-known-good view is authoritative: it is loaded from disk at start and served
+//!   at once, and kept through any agent outage (its age is reported, [`Resolver::age`]);
+//! - "resolved to empty" ([`Resolution::Empty`]) and "could not resolve"
+//!   ([`Resolution::Unknown`]) are different answers, and an error never yields an empty
+//!   set: a malformed update is rejected whole (NACKed, counted; the previous table stays),
+//!   a removed resource keeps its previous set, a corrupt cache file is never served.
+//!
+//! Invariants checked by `tests/props.rs`: whatever sequence of valid and malformed updates
+//! arrives, a service resolves to `Empty` only if the latest valid update holding it said it
+//! had no routable endpoint.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
+#![deny(missing_docs)]
+
+pub mod bench;
+pub mod cache;
+mod resolver;
+mod table;
+
+pub use resolver::{Resolver, ResolverConfig, ResolverError, ResolverStats};
+pub use table::{
+    Endpoint, Resolution, ServiceEndpoints, Table, TableError, service_endpoints, translate,
+};

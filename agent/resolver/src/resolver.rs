@@ -1,0 +1,544 @@
+//! [`Resolver`]: the lock-free read side and the task that keeps it current.
+//!
+//! ```text
+//! cache file ──load──► ArcSwap<Table> ◄──store── Shared::apply ◄── driver task
+//!                          │  ▲                       │              ▲   │
+//!                 resolve ─┘  └─ (readers: load+get)   └─persist─► file  │   └─ACK/NACK─► agent
+//!                                                                 DeltaDiscoveryResponse
+//! ```
+//!
+//! The driver task owns `waymark_xds`'s pure [`ClientState`] and [`Backoff`] (the same
+//! machines `XdsClient` runs) rather than an `XdsClient`, because the resolver must know
+//! when its stream is down (`XdsClient` publishes stream opens but not stream loss) and
+//! wants to persist an update *before* acknowledging it. Readers never take a lock: a
+//! read is `ArcSwap::load` plus a hash lookup. Writers (the task, or [`Resolver::apply`])
+//! are serialised by a mutex readers never touch.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+};
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint;
+use tracing::Instrument as _;
+use waymark_xds::client::{Applied, Backoff, ClientConfig, ClientState, Subscription, retry_hint};
+use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT};
+
+use crate::cache;
+use crate::table::{Resolution, Table, TableError};
+
+/// How to reach the agent and where to keep the last-known-good view.
+#[derive(Debug, Clone)]
+pub struct ResolverConfig {
+    /// The local agent's xDS address, e.g. `http://127.0.0.1:18000`.
+    pub agent: String,
+    /// This caller's node id (shown in the agent's sync state).
+    pub node_id: String,
+    /// This caller's zone: the agent serves the view for it (tier 0 = this zone).
+    pub zone: String,
+    /// Services to subscribe to from the start; more with [`Resolver::subscribe`].
+    pub services: Vec<String>,
+    /// Where to persist every applied view; `None` keeps nothing across restarts.
+    pub cache_file: Option<PathBuf>,
+    /// Backoff, keepalive and buffer settings of the xDS stream. Its `validator` is
+    /// replaced by the resolver's own (which NACKs assignments it cannot translate).
+    pub xds: ClientConfig,
+}
+
+impl ResolverConfig {
+    /// A config with no services, no cache file and default stream settings.
+    pub fn new(
+        agent: impl Into<String>,
+        node_id: impl Into<String>,
+        zone: impl Into<String>,
+    ) -> Self {
+        Self {
+            agent: agent.into(),
+            node_id: node_id.into(),
+            zone: zone.into(),
+            services: Vec::new(),
+            cache_file: None,
+            xds: ClientConfig::default(),
+        }
+    }
+}
+
+/// Errors from the resolver handle.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResolverError {
+    /// `agent` is not a valid URI. Nothing was started; fix the configuration.
+    #[error("agent address {agent} is invalid")]
+    InvalidAgent {
+        /// The address given.
+        agent: String,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The resolver has no stream task (built with `from_table`) or the task is gone.
+    /// Resolution keeps answering from the current table.
+    #[error("resolver has no running subscription")]
+    NotConnected,
+}
+
+/// Counters, as a snapshot (exported by the embedding process as metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ResolverStats {
+    /// Updates applied to the table (including those only re-confirming it).
+    pub updates: u64,
+    /// Updates rejected whole, by the table or by the xDS layer (NACK).
+    pub rejected: u64,
+    /// Cache files discarded at start because they were corrupt.
+    pub cache_corrupt: u64,
+    /// Applied updates that could not be persisted (served anyway; see [`Resolver::apply`]).
+    pub persist_failures: u64,
+    /// xDS streams opened.
+    pub streams: u64,
+}
+
+/// In-process resolution from the local agent's views. See the crate documentation.
+#[derive(Debug)]
+pub struct Resolver {
+    shared: Arc<Shared>,
+    commands: Option<mpsc::Sender<String>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    table: ArcSwap<Table>,
+    /// Serialises writers; the read path never touches it.
+    write: Mutex<()>,
+    cache_file: Option<PathBuf>,
+    connected: AtomicBool,
+    /// When the last stream ended (unix ms; 0 = never).
+    disconnected_unix_ms: AtomicU64,
+    updates: AtomicU64,
+    rejected: AtomicU64,
+    cache_corrupt: AtomicU64,
+    persist_failures: AtomicU64,
+    streams: AtomicU64,
+}
+
+// === impl Resolver ===
+
+impl Resolver {
+    /// Start resolving: load the cache file (served at once, before the agent answers),
+    /// then subscribe to the agent on the current tokio runtime (CDS wildcard, EDS for
+    /// `config.services`), reconnecting with jittered backoff until dropped. A corrupt
+    /// cache file is logged at `error`, counted, and never served.
+    ///
+    /// Must be called within a tokio runtime. Reads the cache file synchronously (small).
+    pub fn connect(config: ResolverConfig) -> Result<Self, ResolverError> {
+        let endpoint = Endpoint::from_shared(config.agent.clone()).map_err(|source| {
+            ResolverError::InvalidAgent {
+                agent: config.agent.clone(),
+                source,
+            }
+        })?;
+        let shared = Arc::new(Shared::new(config.cache_file.clone()));
+        shared.load_cache();
+        let endpoint = endpoint
+            .http2_keep_alive_interval(config.xds.keepalive_interval)
+            .keep_alive_timeout(config.xds.keepalive_timeout)
+            .keep_alive_while_idle(true)
+            .connect_timeout(config.xds.connect_timeout);
+        let names = config.services.iter().cloned().collect();
+        let subscriptions = [
+            (TYPE_CLUSTER.to_owned(), wildcard()),
+            (
+                TYPE_ENDPOINT.to_owned(),
+                Subscription {
+                    wildcard: false,
+                    names,
+                },
+            ),
+        ];
+        let state = ClientState::new(subscriptions).with_validator(Arc::new(|type_url, any| {
+            crate::table::validate(type_url, any)
+        }));
+        let request_buffer = config.xds.request_buffer.max(1);
+        let (commands, commands_rx) = mpsc::channel(request_buffer);
+        let node = Node {
+            id: config.node_id.clone(),
+            locality: Some(Locality {
+                zone: config.zone.clone(),
+                ..Default::default()
+            }),
+            user_agent_name: "waymark-resolver".to_owned(),
+            ..Default::default()
+        };
+        let seed = config.xds.seed ^ fnv1a(config.node_id.as_bytes());
+        let driver = Driver {
+            state,
+            endpoint,
+            node,
+            backoff: Backoff::new(config.xds.backoff.clone(), seed),
+            commands: commands_rx,
+            shared: shared.clone(),
+            request_buffer,
+        };
+        let span = tracing::info_span!("resolver", node_id = %config.node_id);
+        let task = tokio::spawn(driver.run().instrument(span));
+        Ok(Self {
+            shared,
+            commands: Some(commands),
+            task: Some(task),
+        })
+    }
+
+    /// A resolver serving `table` and nothing else: no stream, no cache. For tests, tools
+    /// and callers that feed [`Resolver::apply`] themselves.
+    pub fn from_table(table: Table) -> Self {
+        let shared = Shared::new(None);
+        shared.table.store(Arc::new(table));
+        Self {
+            shared: Arc::new(shared),
+            commands: None,
+            task: None,
+        }
+    }
+
+    /// Resolve `service` from the current table. Lock-free: one `ArcSwap` load and one hash
+    /// lookup; never blocks and never waits for the agent.
+    #[inline]
+    pub fn resolve(&self, service: &str) -> Resolution {
+        self.shared.table.load().resolve(service)
+    }
+
+    /// Swap in a whole table (the bench's writer), bypassing translation and the cache.
+    pub(crate) fn replace_table(&self, table: Table) {
+        let _writer = self
+            .shared
+            .write
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.shared.table.store(Arc::new(table));
+    }
+
+    /// The current table (for listing or diagnostics).
+    pub fn table(&self) -> Arc<Table> {
+        self.shared.table.load_full()
+    }
+
+    /// Apply an update: build the next table, persist it (if a cache file is configured),
+    /// then serve it. A malformed update is rejected whole and counted; the previous table
+    /// stays. If persisting fails the table is still served (routing from the freshest view
+    /// matters more than the file; a restart would then start from an older view) and the
+    /// failure is logged at `error` and counted. Blocking (file write and fsync).
+    pub fn apply(&self, applied: &Applied) -> Result<(), TableError> {
+        self.shared.apply(applied, unix_ms_now())
+    }
+
+    /// Add `service` to the EDS subscription (sent at once on an open stream, and on every
+    /// reconnect). Until the agent answers, the service resolves as before (`Unknown`, or
+    /// what the cache held).
+    pub async fn subscribe(&self, service: &str) -> Result<(), ResolverError> {
+        let commands = self.commands.as_ref().ok_or(ResolverError::NotConnected)?;
+        commands
+            .send(service.to_owned())
+            .await
+            .map_err(|_| ResolverError::NotConnected)
+    }
+
+    /// How stale the answer for `service` may be: zero while the stream to the agent is up
+    /// and the agent holds the service; otherwise the time since it was last known current
+    /// (the stream's end, or the last update holding it, or — after a restart — the time
+    /// recorded in the cache file). `None` if the service is not in the table.
+    pub fn age(&self, service: &str) -> Option<Duration> {
+        let (confirmed, upstream) = self.shared.table.load().confirmed(service)?;
+        let since = if upstream {
+            if self.is_connected() {
+                return Some(Duration::ZERO);
+            }
+            confirmed.max(self.shared.disconnected_unix_ms.load(Ordering::Acquire))
+        } else {
+            confirmed
+        };
+        Some(Duration::from_millis(unix_ms_now().saturating_sub(since)))
+    }
+
+    /// Whether a stream to the agent is open now.
+    pub fn is_connected(&self) -> bool {
+        self.shared.connected.load(Ordering::Acquire)
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> ResolverStats {
+        let s = &self.shared;
+        ResolverStats {
+            updates: s.updates.load(Ordering::Relaxed),
+            rejected: s.rejected.load(Ordering::Relaxed),
+            cache_corrupt: s.cache_corrupt.load(Ordering::Relaxed),
+            persist_failures: s.persist_failures.load(Ordering::Relaxed),
+            streams: s.streams.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+// === impl Shared ===
+
+impl Shared {
+    fn new(cache_file: Option<PathBuf>) -> Self {
+        Self {
+            table: ArcSwap::from_pointee(Table::default()),
+            write: Mutex::new(()),
+            cache_file,
+            connected: AtomicBool::new(false),
+            disconnected_unix_ms: AtomicU64::new(0),
+            updates: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            cache_corrupt: AtomicU64::new(0),
+            persist_failures: AtomicU64::new(0),
+            streams: AtomicU64::new(0),
+        }
+    }
+
+    fn load_cache(&self) {
+        let Some(path) = &self.cache_file else { return };
+        match cache::load(path) {
+            Ok(Some(table)) => {
+                tracing::info!(path = %path.display(), services = table.len(), "serving the cached view");
+                self.table.store(Arc::new(table));
+            }
+            Ok(None) => tracing::info!(path = %path.display(), "no cached view yet"),
+            Err(error) => {
+                self.cache_corrupt.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(path = %path.display(), error = %error, "cached view discarded; resolving nothing until the agent answers");
+            }
+        }
+    }
+
+    fn apply(&self, applied: &Applied, now_unix_ms: u64) -> Result<(), TableError> {
+        let _writer = self
+            .write
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let next = match self.table.load().update(applied, now_unix_ms) {
+            Ok(next) => next,
+            Err(error) => {
+                self.rejected.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %error, "update rejected; serving the previous view");
+                return Err(error);
+            }
+        };
+        if let Some(path) = &self.cache_file
+            && let Err(error) = cache::store(path, &next)
+        {
+            self.persist_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(path = %path.display(), error = %error, "view not persisted; serving it anyway");
+        }
+        self.table.store(Arc::new(next));
+        self.updates.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+// === the stream task ===
+
+/// How a stream ended; `None` from [`Driver::run_stream`] means the handle is gone.
+struct Ended {
+    lived: Duration,
+    error: StreamError,
+}
+
+/// Why a stream ended. Every variant keeps the table; the task backs off and reconnects.
+#[derive(Debug, thiserror::Error)]
+enum StreamError {
+    #[error("connect failed")]
+    Connect(#[source] tonic::transport::Error),
+    #[error("stream failed")]
+    Status(#[source] tonic::Status),
+    #[error("stream closed")]
+    Closed,
+}
+
+struct Driver {
+    state: ClientState,
+    endpoint: Endpoint,
+    node: Node,
+    backoff: Backoff,
+    commands: mpsc::Receiver<String>,
+    shared: Arc<Shared>,
+    request_buffer: usize,
+}
+
+impl Driver {
+    async fn run(mut self) {
+        while let Some(ended) = self.run_stream().await {
+            if self.shared.connected.swap(false, Ordering::AcqRel) {
+                self.shared
+                    .disconnected_unix_ms
+                    .store(unix_ms_now(), Ordering::Release);
+            }
+            let hint = match &ended.error {
+                StreamError::Status(status) => retry_hint(status),
+                _ => None,
+            };
+            let delay = self.backoff.next_delay(ended.lived, hint);
+            tracing::info!(
+                error = %ended.error,
+                lived_ms = ended.lived.as_millis() as u64,
+                backoff_ms = delay.as_millis() as u64,
+                "agent stream ended; serving the last view and reconnecting after backoff"
+            );
+            if !self.wait(delay).await {
+                return;
+            }
+        }
+    }
+
+    /// Sleep for `delay`, still taking subscriptions; `false` if the handle is gone.
+    async fn wait(&mut self, delay: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + delay;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => return true,
+                command = self.commands.recv() => match command {
+                    // Not connected: the next stream's initial requests carry it.
+                    Some(service) => { let _ = self.subscribe(service); }
+                    None => return false,
+                },
+            }
+        }
+    }
+
+    async fn run_stream(&mut self) -> Option<Ended> {
+        let failed = |error| {
+            Some(Ended {
+                lived: Duration::ZERO,
+                error,
+            })
+        };
+        let channel = match self.endpoint.connect().await {
+            Ok(c) => c,
+            Err(e) => return failed(StreamError::Connect(e)),
+        };
+        let (tx, rx) = mpsc::channel(self.request_buffer);
+        let initial = self.state.initial_requests(&self.node);
+        let outbound = tokio_stream::iter(initial).chain(ReceiverStream::new(rx));
+        let mut client = AggregatedDiscoveryServiceClient::new(channel);
+        let mut inbound = match client.delta_aggregated_resources(outbound).await {
+            Ok(response) => response.into_inner(),
+            Err(status) => return failed(StreamError::Status(status)),
+        };
+        let opened = tokio::time::Instant::now();
+        self.state.handle_stream_opened();
+        self.shared.streams.fetch_add(1, Ordering::Relaxed);
+        self.shared.connected.store(true, Ordering::Release);
+        tracing::info!("agent stream opened");
+        // What we hold is current again (the server was told our versions): re-stamp it.
+        self.apply().await;
+        let error = loop {
+            tokio::select! {
+                msg = inbound.message() => match msg {
+                    Ok(Some(resp)) => {
+                        if !self.handle_response(resp, &tx).await {
+                            break StreamError::Closed;
+                        }
+                    }
+                    Ok(None) => break StreamError::Closed,
+                    Err(status) => break StreamError::Status(status),
+                },
+                command = self.commands.recv() => match command {
+                    Some(service) => {
+                        if let Some(req) = self.subscribe(service)
+                            && tx.send(req).await.is_err()
+                        {
+                            break StreamError::Closed;
+                        }
+                    }
+                    None => return None,
+                },
+            }
+        };
+        Some(Ended {
+            lived: opened.elapsed(),
+            error,
+        })
+    }
+
+    /// Apply (persist, then serve) or reject, then answer; `false` if the answer could not
+    /// be sent. The ACK goes out only once the view is on disk.
+    async fn handle_response(
+        &mut self,
+        resp: DeltaDiscoveryResponse,
+        tx: &mpsc::Sender<DeltaDiscoveryRequest>,
+    ) -> bool {
+        let type_url = resp.type_url.clone();
+        let version = resp.system_version_info.clone();
+        let answer = match self.state.handle_response(resp) {
+            Ok(ack) => {
+                tracing::debug!(xds.type_url = %type_url, xds.version = %version, "xds response applied");
+                self.apply().await;
+                ack
+            }
+            Err(nack) => {
+                self.shared.rejected.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(xds.type_url = %type_url, xds.version = %version, error = %nack.error, "xds response rejected; serving the previous view");
+                nack.request
+            }
+        };
+        tx.send(answer).await.is_ok()
+    }
+
+    /// Rebuild, persist and serve from the client state, off the async workers (fsync).
+    async fn apply(&self) {
+        let applied = self.state.applied();
+        let shared = self.shared.clone();
+        let now = unix_ms_now();
+        // The table error is logged and counted inside; the task only propagates a panic.
+        if let Err(join) = tokio::task::spawn_blocking(move || shared.apply(&applied, now)).await
+            && join.is_panic()
+        {
+            std::panic::resume_unwind(join.into_panic());
+        }
+    }
+
+    fn subscribe(&mut self, service: String) -> Option<DeltaDiscoveryRequest> {
+        let subscription = Subscription {
+            wildcard: false,
+            names: [service].into_iter().collect(),
+        };
+        self.state.subscribe(TYPE_ENDPOINT, subscription)
+    }
+}
+
+fn wildcard() -> Subscription {
+    Subscription {
+        wildcard: true,
+        names: Default::default(),
+    }
+}
+
+/// Wall-clock now as data (ages and cache stamps only; never used to order events).
+fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
