@@ -400,7 +400,23 @@ pub struct DesiredState {
     policies: BTreeMap<ServiceName, ServicePolicyRecord>,
     #[serde(default)]
     evacuations: BTreeMap<ZoneName, EvacuationRecord>,
+    /// Derived: live instances by (service, address), for the duplicate check. Not
+    /// serialized; rebuilt on first use after a snapshot is decoded.
+    #[serde(skip)]
+    by_address: AddressIndex,
 }
+
+/// Derived data, equal whenever the state it derives from is: ignored by `PartialEq`.
+#[derive(Debug, Clone, Default)]
+struct AddressIndex(Option<BTreeMap<(ServiceName, Address), InstanceId>>);
+
+impl PartialEq for AddressIndex {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for AddressIndex {}
 
 // === impl DesiredState ===
 
@@ -622,7 +638,7 @@ impl DesiredState {
             draining: false,
             maintenance: None,
         };
-        self.instances.insert(id.clone(), record);
+        self.insert_instance(record);
         Ok(Applied::Registered {
             instance: id,
             expires_at_ms,
@@ -687,7 +703,7 @@ impl DesiredState {
             draining,
             maintenance,
         };
-        self.instances.insert(id.clone(), record);
+        self.insert_instance(record);
         Ok(Applied::Observed {
             instance: id,
             draining,
@@ -733,7 +749,10 @@ impl DesiredState {
     }
 
     fn retire(&mut self, id: &InstanceId) {
-        self.instances.remove(id);
+        if let Some(r) = self.instances.remove(id) {
+            self.index()
+                .remove(&(r.instance.service, r.instance.address));
+        }
         self.assignment.remove(id);
         if self.tombstone_order.len() >= TOMBSTONES_MAX
             && let Some(oldest) = self.tombstone_order.pop_front()
@@ -758,7 +777,7 @@ impl DesiredState {
     }
 
     fn check_address(
-        &self,
+        &mut self,
         service: &ServiceName,
         address: &Address,
         except: Option<&InstanceId>,
@@ -766,18 +785,46 @@ impl DesiredState {
         if address.port == 0 || address.ip.is_unspecified() || address.ip.is_multicast() {
             return Err(RegistryError::BadAddress { address: *address });
         }
-        let clash = self.instances.values().find(|r| {
-            &r.instance.service == service
-                && &r.instance.address == address
-                && Some(&r.instance.id) != except
-        });
+        let clash = self
+            .index()
+            .get(&(service.clone(), *address))
+            .filter(|id| Some(*id) != except)
+            .cloned();
         match clash {
-            Some(r) => Err(RegistryError::DuplicateAddress {
+            Some(existing) => Err(RegistryError::DuplicateAddress {
                 address: *address,
-                existing: r.instance.id.clone(),
+                existing,
             }),
             None => Ok(()),
         }
+    }
+
+    /// The address index, rebuilt from the instances when it is missing (after decoding).
+    fn index(&mut self) -> &mut BTreeMap<(ServiceName, Address), InstanceId> {
+        let instances = &self.instances;
+        self.by_address.0.get_or_insert_with(|| {
+            instances
+                .values()
+                .map(|r| {
+                    (
+                        (r.instance.service.clone(), r.instance.address),
+                        r.instance.id.clone(),
+                    )
+                })
+                .collect()
+        })
+    }
+
+    fn insert_instance(&mut self, record: InstanceRecord) {
+        let id = record.instance.id.clone();
+        let key = (record.instance.service.clone(), record.instance.address);
+        if let Some(old) = self.instances.insert(id.clone(), record) {
+            let old_key = (old.instance.service, old.instance.address);
+            if self.index().get(&old_key) == Some(&id) {
+                self.index().remove(&old_key);
+            }
+        }
+        self.index().insert(key, id);
     }
 }
 

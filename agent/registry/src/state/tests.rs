@@ -329,3 +329,19 @@ fn external_endpoints_need_a_service_without_readiness_signals() {
     assert_eq!(record.instance.origin, Origin::External);
     assert_eq!(record.lease_expires_at_ms, None);
 }
+
+#[test]
+fn a_decoded_state_still_refuses_duplicate_addresses_and_frees_retired_ones() {
+    let mut s = with_service();
+    let id = registered(&mut s, 10, 1);
+    let text = serde_json::to_string(&s).unwrap();
+    let mut back: DesiredState = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, s);
+    assert!(matches!(
+        back.apply(at(11, registration(1))),
+        Err(RegistryError::DuplicateAddress { existing, .. }) if existing == id
+    ));
+    back.apply(at(12, Command::Deregister { instance: id }))
+        .unwrap();
+    back.apply(at(13, registration(1))).unwrap();
+}
