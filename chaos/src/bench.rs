@@ -7,6 +7,9 @@
 //! - `assemble`: one eligibility change, then re-assembly of the affected service's views
 //!   and their diffs, against a plain clone of the same views — the least work any
 //!   copy-on-write publication must do per change.
+//! - `rebuild`: a new authority leader taking over a region — snapshot decode, pipeline
+//!   rebuild, release of every view, the `Publish` entry's encoding and an xDS snapshot
+//!   build — against cloning every instance record once, and against the reference RTO.
 //!
 //! Times are read here, in the shell; the cores receive them as values.
 
@@ -41,15 +44,30 @@ pub struct Shape {
     pub seed: u64,
 }
 
+// === impl Shape ===
+
+impl Shape {
+    /// The prototype's scale: 40 services, 2,000 instances, 3 zones.
+    pub const PROTOTYPE: Self = Self {
+        services: 40,
+        instances: 2_000,
+        zones: 3,
+        seed: 42,
+    };
+
+    /// The reference estate's region: 450 services, 60,000 instances, 3 zones.
+    pub const REFERENCE: Self = Self {
+        services: 450,
+        instances: 60_000,
+        zones: 3,
+        seed: 42,
+    };
+}
+
 impl Default for Shape {
-    /// The prototype scale: 40 services, 2,000 instances, 3 zones.
+    /// [`Shape::PROTOTYPE`].
     fn default() -> Self {
-        Self {
-            services: 40,
-            instances: 2_000,
-            zones: 3,
-            seed: 42,
-        }
+        Self::PROTOTYPE
     }
 }
 
@@ -396,7 +414,8 @@ fn clone_limit(
     start.elapsed()
 }
 
-/// The rebuild benchmark's figures.
+/// The rebuild benchmark's figures at one size: what a new authority leader does, stage by
+/// stage, each timed on its own (see [`rebuild`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct RebuildReport {
     /// Always `"rebuild"`.
@@ -405,55 +424,182 @@ pub struct RebuildReport {
     pub services: usize,
     /// Instances.
     pub instances: usize,
-    /// Time to recompute evaluator and assembler state from the desired state.
-    pub rebuild_ms: f64,
-    /// Time to release every view afterwards.
-    pub publish_ms: f64,
-    /// Views released.
+    /// Zones.
+    pub zones: usize,
+    /// Views released (one per service and caller zone).
     pub views: usize,
+    /// The replicated state's JSON encoding (the Raft snapshot), in bytes.
+    pub snapshot_bytes: usize,
+    /// Stage 1: decoding that snapshot into an `AuthorityState`.
+    pub snapshot_decode_ms: f64,
+    /// Stage 2: recomputing evaluator and assembler state from the decoded registry.
+    pub rebuild_ms: f64,
+    /// Stage 3: releasing every view.
+    pub publish_ms: f64,
+    /// The JSON encoding of the `Publish` log entry carrying every view, in bytes.
+    pub commit_bytes: usize,
+    /// Stage 4: encoding that entry.
+    pub commit_encode_ms: f64,
+    /// Stage 5: one xDS tier taking every released view and building its snapshot.
+    pub xds_build_ms: f64,
+    /// The sum of the five stages.
+    pub total_ms: f64,
     /// The floor: cloning every instance record once.
     pub limit_ms: f64,
-    /// `limit_ms / (rebuild_ms + publish_ms)`.
+    /// `limit_ms / total_ms`.
     pub ratio: f64,
     /// The reference recovery time objective (5 minutes at full scale).
     pub rto_ms: f64,
+    /// `rto_ms / total_ms`: how many times over the whole recovery fits in the objective.
+    pub rto_ratio: f64,
 }
 
-/// Run the rebuild benchmark: a new leader recomputing and publishing a whole region.
+/// The rebuild benchmark over several sizes: what `waymark-drill bench rebuild` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct RebuildSummary {
+    /// Always `"rebuild"`.
+    pub bench: &'static str,
+    /// One report per size, in the order run.
+    pub sizes: Vec<RebuildReport>,
+    /// The largest size's `ratio` (0 when no size ran).
+    pub ratio: f64,
+    /// The largest size's `rto_ratio` (0 when no size ran).
+    pub rto_ratio: f64,
+}
+
+// === impl RebuildSummary ===
+
+impl RebuildSummary {
+    /// Summarise reports; the headline figures are the largest size's (most instances).
+    pub fn new(sizes: Vec<RebuildReport>) -> Self {
+        let largest = sizes.iter().max_by_key(|r| (r.instances, r.services));
+        let (ratio, rto_ratio) = largest.map_or((0.0, 0.0), |r| (r.ratio, r.rto_ratio));
+        Self {
+            bench: "rebuild",
+            sizes,
+            ratio,
+            rto_ratio,
+        }
+    }
+}
+
+/// The reference recovery time objective: a region recovers within 5 minutes.
+pub const REBUILD_RTO_MS: f64 = 300_000.0;
+
+/// The term of the leader whose views the snapshot holds; the new leader's is the next.
+const OLD_TERM: u64 = 1;
+
+/// Run the rebuild benchmark: what a new authority leader does, at one size.
+///
+/// Untimed setup: an `AuthorityState` whose registry holds the shape's services and
+/// instances (applied as `Request::Registry` entries) and whose published views come from
+/// a first pipeline run (applied as one `Request::Publish`), encoded once as JSON. Timed,
+/// stage by stage, as `authority::leader` and `authority::tier` do it: decode the snapshot;
+/// rebuild the pipeline from its registry; release every view; encode them as one
+/// `Publish` entry; feed them to an xDS `SnapshotBuilder` and build. Releases are not
+/// rate-limited here, so the figure is compute, not admission pacing; every view is
+/// committed, the worst case of the leader's hold (which commits only views that differ).
 pub fn rebuild(shape: Shape) -> RebuildReport {
+    let run = rebuild_run(shape);
+    debug_assert!(run.decoded == run.state, "the snapshot round-trips");
+    run.report
+}
+
+/// One run of the rebuild benchmark, with the state before encoding and after decoding.
+struct RebuildRun {
+    report: RebuildReport,
+    state: waymark_agent::authority::machine::AuthorityState,
+    decoded: waymark_agent::authority::machine::AuthorityState,
+}
+
+fn rebuild_run(shape: Shape) -> RebuildRun {
+    use waymark_agent::authority::machine::{AuthorityState, TermVersions};
+    use waymark_registry::pipeline::RegionPipeline;
+
+    let config = rebuild_config(shape);
+    let state = replicated_state(shape, &config);
+    let snapshot = serde_json::to_vec(&state).expect("the replicated state encodes as JSON");
+    let (decoded, snapshot_decode_ms) = timed(|| {
+        serde_json::from_slice::<AuthorityState>(&snapshot)
+            .expect("the snapshot just encoded decodes")
+    });
+    let snapshot_bytes = snapshot.len();
+    drop(snapshot);
+    let now = Instant::now();
+    let (mut pipeline, rebuild_ms) =
+        timed(|| RegionPipeline::rebuild(config, decoded.registry(), now));
+    let mut versions = TermVersions::new(OLD_TERM + 1, decoded.max_version());
+    let (views, publish_ms) = timed(|| release_all(&mut pipeline, now, &mut versions));
+    drop(pipeline);
+    let released = views.len();
+    let (commit_bytes, commit_encode_ms, xds_build_ms) = commit_and_serve(views);
+    let (copies, limit_ms) = timed(|| {
+        decoded
+            .registry()
+            .instances()
+            .map(|r| r.instance.clone())
+            .collect::<Vec<Instance>>()
+    });
+    drop(copies);
+    let total_ms = snapshot_decode_ms + rebuild_ms + publish_ms + commit_encode_ms + xds_build_ms;
+    let report = RebuildReport {
+        bench: "rebuild",
+        services: shape.services,
+        instances: decoded.registry().instances().count(),
+        zones: shape.zones,
+        views: released,
+        snapshot_bytes,
+        snapshot_decode_ms,
+        rebuild_ms,
+        publish_ms,
+        commit_bytes,
+        commit_encode_ms,
+        xds_build_ms,
+        total_ms,
+        limit_ms,
+        ratio: limit_ms / total_ms,
+        rto_ms: REBUILD_RTO_MS,
+        rto_ratio: REBUILD_RTO_MS / total_ms,
+    };
+    RebuildRun {
+        report,
+        state,
+        decoded,
+    }
+}
+
+/// Stages 4 and 5: encode the views as one `Publish` entry, then build one member's xDS
+/// snapshot from them. Returns the entry's size and the two stages' times.
+fn commit_and_serve(views: Vec<waymark_core::view::ReleasedView>) -> (usize, f64, f64) {
+    use waymark_agent::authority::machine::Request;
+    use waymark_xds::snapshot::SnapshotBuilder;
+
+    let commit = Request::Publish { views };
+    let (entry, commit_encode_ms) =
+        timed(|| serde_json::to_vec(&commit).expect("a publish entry encodes as JSON"));
+    let commit_bytes = entry.len();
+    drop(entry);
+    let Request::Publish { views } = &commit else {
+        unreachable!("built as a publish entry above")
+    };
+    let (xds, xds_build_ms) = timed(|| {
+        let mut builder = SnapshotBuilder::new();
+        for view in views {
+            builder.handle_release(view);
+        }
+        builder.build()
+    });
+    drop(xds);
+    (commit_bytes, commit_encode_ms, xds_build_ms)
+}
+
+/// The pipeline as the leader runs it, except that releases are not rate-limited.
+fn rebuild_config(shape: Shape) -> waymark_registry::pipeline::PipelineConfig {
     use waymark_core::delta::DeltaConfig;
-    use waymark_registry::pipeline::{Output, PipelineConfig, RegionPipeline};
-    use waymark_registry::state::{Command, DesiredState, Stamped};
-    let insts = instances(shape);
-    let mut state = DesiredState::new();
-    for s in 0..shape.services {
-        let put = Command::PutService {
-            service: name(format!("svc{s}")),
-            owner: "bench".into(),
-            contract: HealthContract::default(),
-        };
-        state
-            .apply(Stamped {
-                at_ms: 1,
-                command: put,
-            })
-            .expect("valid service");
-    }
-    for i in &insts {
-        state
-            .apply(Stamped {
-                at_ms: 2,
-                command: Command::Observe {
-                    instance: i.clone(),
-                    draining: false,
-                },
-            })
-            .expect("valid instance");
-    }
     let zones = (0..shape.zones)
         .map(|z| name::<ZoneName>(format!("zone-{z}")))
         .collect();
-    let config = PipelineConfig {
+    waymark_registry::pipeline::PipelineConfig {
         region: name("bench".into()),
         zones,
         evaluator: EvaluatorConfig::default(),
@@ -461,35 +607,75 @@ pub fn rebuild(shape: Shape) -> RebuildReport {
             admit_releases_per_sec: u32::MAX,
             ..DeltaConfig::default()
         },
-    };
-    let now = Instant::now();
-    let timed = Instant::now();
-    let mut pipeline = RegionPipeline::rebuild(config, &state, now);
-    let rebuild_ms = timed.elapsed().as_secs_f64() * 1e3;
-    let timed = Instant::now();
-    let mut versions = waymark_core::view::MonotonicCounter::default();
-    pipeline.handle_timeout(now + waymark_core::defaults::ADMIT_WINDOW, &mut versions);
-    let views = pipeline
-        .take_outputs()
-        .iter()
-        .filter(|o| matches!(o, Output::Release(_)))
-        .count();
-    let publish_ms = timed.elapsed().as_secs_f64() * 1e3;
-    let timed = Instant::now();
-    let copies: Vec<Instance> = state.instances().map(|r| r.instance.clone()).collect();
-    std::hint::black_box(&copies);
-    let limit_ms = timed.elapsed().as_secs_f64() * 1e3;
-    RebuildReport {
-        bench: "rebuild",
-        services: shape.services,
-        instances: insts.len(),
-        rebuild_ms,
-        publish_ms,
-        views,
-        limit_ms,
-        ratio: limit_ms / (rebuild_ms + publish_ms),
-        rto_ms: 300_000.0,
     }
+}
+
+/// The authority's replicated state as a new leader finds it: the registry built through
+/// the log, and the views the previous leader (term [`OLD_TERM`]) published.
+fn replicated_state(
+    shape: Shape,
+    config: &waymark_registry::pipeline::PipelineConfig,
+) -> waymark_agent::authority::machine::AuthorityState {
+    use waymark_agent::authority::machine::{AuthorityState, Request, Response, TermVersions};
+    use waymark_core::view::Version;
+    use waymark_registry::pipeline::RegionPipeline;
+    use waymark_registry::state::{Command, Stamped};
+
+    let services = (0..shape.services).map(|s| Stamped {
+        at_ms: 1,
+        command: Command::PutService {
+            service: name(format!("svc{s}")),
+            owner: "bench".into(),
+            contract: HealthContract::default(),
+        },
+    });
+    let observed = instances(shape).into_iter().map(|instance| Stamped {
+        at_ms: 2,
+        command: Command::Observe {
+            instance,
+            draining: false,
+        },
+    });
+    let mut state = AuthorityState::default();
+    for stamped in services.chain(observed) {
+        let response = state.apply(Request::Registry(stamped));
+        assert!(
+            matches!(response, Response::Registry { outcome: Ok(_) }),
+            "generated registry entries are valid: {response:?}"
+        );
+    }
+    let now = Instant::now();
+    let mut pipeline = RegionPipeline::rebuild(config.clone(), state.registry(), now);
+    let mut versions = TermVersions::new(OLD_TERM, Version(0));
+    let views = release_all(&mut pipeline, now, &mut versions);
+    state.apply(Request::Publish { views });
+    state
+}
+
+/// Release every view a freshly rebuilt pipeline holds, as the leader's first timer does.
+fn release_all(
+    pipeline: &mut waymark_registry::pipeline::RegionPipeline,
+    now: Instant,
+    versions: &mut dyn waymark_core::view::VersionSource,
+) -> Vec<waymark_core::view::ReleasedView> {
+    use waymark_registry::pipeline::Output;
+    pipeline.handle_timeout(now + waymark_core::defaults::ADMIT_WINDOW, versions);
+    pipeline
+        .take_outputs()
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Release(view) => Some(*view),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Run `f`; return its result and the milliseconds it took. The result is dropped by the
+/// caller, outside the measurement.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
+    let start = Instant::now();
+    let out = std::hint::black_box(f());
+    (out, start.elapsed().as_secs_f64() * 1e3)
 }
 
 #[cfg(test)]
@@ -524,6 +710,38 @@ mod tests {
         };
         let r = rebuild(shape);
         assert_eq!(r.views, 4 * 2);
+    }
+
+    #[test]
+    fn a_small_rebuild_times_every_stage_and_its_snapshot_round_trips() {
+        let shape = Shape {
+            services: 4,
+            instances: 40,
+            zones: 2,
+            seed: 1,
+        };
+        let run = rebuild_run(shape);
+        assert_eq!(run.decoded, run.state);
+        assert_eq!(run.state.published().len(), 4 * 2, "the old leader's views");
+        let r = run.report;
+        let stages = [
+            ("snapshot_decode_ms", r.snapshot_decode_ms),
+            ("rebuild_ms", r.rebuild_ms),
+            ("publish_ms", r.publish_ms),
+            ("commit_encode_ms", r.commit_encode_ms),
+            ("xds_build_ms", r.xds_build_ms),
+        ];
+        for (stage, ms) in stages {
+            assert!(ms > 0.0, "{stage} was timed: {ms}");
+        }
+        let sum: f64 = stages.iter().map(|(_, ms)| ms).sum();
+        assert!(
+            (r.total_ms - sum).abs() < 1e-9,
+            "total is the sum of the stages"
+        );
+        assert!(r.snapshot_bytes > 0 && r.commit_bytes > 0);
+        assert!(r.limit_ms > 0.0 && r.ratio > 0.0);
+        assert_eq!(r.rto_ratio, r.rto_ms / r.total_ms);
     }
 
     #[test]

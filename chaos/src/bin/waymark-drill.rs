@@ -62,8 +62,67 @@ impl ShapeArgs {
     }
 }
 
+/// The rebuild benchmark's sizes: both reference sizes, or the one given.
+#[derive(Debug, clap::Args)]
+struct RebuildArgs {
+    /// Services; with `--instances`, runs only this size [default: 40 and 450].
+    #[arg(long)]
+    services: Option<usize>,
+    /// Instances in total; with `--services`, runs only this size [default: 2,000 and 60,000].
+    #[arg(long)]
+    instances: Option<usize>,
+    /// Zones.
+    #[arg(long, default_value_t = 3)]
+    zones: usize,
+    /// Seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+impl RebuildArgs {
+    /// The prototype and the reference estate, or the one size given; a missing count is
+    /// the prototype's.
+    fn shapes(&self) -> anyhow::Result<Vec<Shape>> {
+        let sizes = if self.services.is_none() && self.instances.is_none() {
+            vec![Shape::PROTOTYPE, Shape::REFERENCE]
+        } else {
+            let p = Shape::PROTOTYPE;
+            vec![Shape {
+                services: self.services.unwrap_or(p.services),
+                instances: self.instances.unwrap_or(p.instances),
+                ..p
+            }]
+        };
+        sizes
+            .into_iter()
+            .map(|s| {
+                let args = ShapeArgs {
+                    services: s.services,
+                    instances: s.instances,
+                    zones: self.zones,
+                    seed: self.seed,
+                };
+                args.shape()
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Bench {
+    /// In-process resolution (the resolver library) under concurrent view swaps, against a
+    /// bare hash lookup of the same data.
+    Resolve {
+        /// Reader threads.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// View swaps per second asked of the writer.
+        #[arg(long, default_value_t = 1_000)]
+        updates_per_sec: u64,
+        /// How long to measure, in seconds.
+        #[arg(long, default_value_t = 4)]
+        seconds: u64,
+    },
     /// Samples through the evaluator on one thread, against a bare EWMA update.
     Evaluator {
         #[command(flatten)]
@@ -87,10 +146,11 @@ enum Bench {
         #[arg(long, default_value_t = 50)]
         endpoints: usize,
     },
-    /// A new leader rebuilding computed state from desired state and publishing every view.
+    /// A new leader decoding the snapshot, rebuilding computed state, releasing, committing
+    /// and serving every view; at the prototype and the reference size unless sized.
     Rebuild {
         #[command(flatten)]
-        shape: ShapeArgs,
+        shape: RebuildArgs,
     },
     /// One change, then re-assembly and diff of the affected views, against a plain clone.
     Assemble {
@@ -106,6 +166,19 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let Command::Bench { which } = cli.command;
     let json = match which {
+        Bench::Resolve {
+            threads,
+            updates_per_sec,
+            seconds,
+        } => {
+            anyhow::ensure!(threads > 0 && seconds > 0, "--threads and --seconds must be positive");
+            eprintln!("bench resolve: {threads} readers, {updates_per_sec} swaps/s asked, {seconds} s");
+            serde_json::to_string(&waymark_resolver::bench::run(
+                threads,
+                updates_per_sec,
+                std::time::Duration::from_secs(seconds),
+            ))
+        }
         Bench::Evaluator { shape, samples, failing_permille } => {
             let shape = shape.shape()?;
             anyhow::ensure!(samples > 0, "--samples must be positive");
@@ -119,9 +192,12 @@ fn main() -> anyhow::Result<()> {
             serde_json::to_string(&runtime.block_on(waymark_chaos::fanout::run(subscriptions, withdrawals, endpoints))?)
         }
         Bench::Rebuild { shape } => {
-            let shape = shape.shape()?;
-            eprintln!("bench rebuild: {} services, {} instances, {} zones", shape.services, shape.instances, shape.zones);
-            serde_json::to_string(&bench::rebuild(shape))
+            let mut sizes = Vec::new();
+            for shape in shape.shapes()? {
+                eprintln!("bench rebuild: {} services x {} instances x {} zones", shape.services, shape.instances, shape.zones);
+                sizes.push(bench::rebuild(shape));
+            }
+            serde_json::to_string(&bench::RebuildSummary::new(sizes))
         }
         Bench::Assemble { shape, changes } => {
             let shape = shape.shape()?;
