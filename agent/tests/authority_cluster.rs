@@ -22,7 +22,7 @@ use waymark_xds::client::{Applied, Subscription, XdsClient};
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT};
 
 const KILLS: usize = 4;
-const WAIT: Duration = Duration::from_secs(60);
+const WAIT: Duration = Duration::from_secs(120);
 
 struct Member {
     id: u64,
