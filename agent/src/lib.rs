@@ -6,3 +6,4 @@
 
 pub mod authority;
 pub mod cli;
+pub mod node;

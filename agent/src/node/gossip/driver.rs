@@ -1,0 +1,267 @@
+//! The task that owns foca, the UDP socket and the keyring.
+//!
+//! One loop: wait for a command, a datagram or the next timer → feed foca → drain its
+//! runtime (seal and send, schedule timers, handle notifications) → republish membership if
+//! it changed.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, PostcardCodec, Timer};
+use rand::rngs::SmallRng;
+use ring::rand::SystemRandom;
+use tokio::net::UdpSocket;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::{Instant, sleep_until};
+use tracing::{debug, info, trace, warn};
+
+use super::codec::{self, Keyring, OpenError};
+use super::identity::GossipId;
+use super::membership::{ChangeDetector, Liveness, MemberState, counts, snapshot};
+use super::metrics::{Direction, DropReason, GossipMetrics};
+
+pub(super) type GossipFoca = Foca<GossipId, PostcardCodec, SmallRng, NoCustomBroadcast>;
+
+/// What the [`super::Gossip`] handle asks of the driver.
+pub(super) enum Command {
+    /// Seal with and accept a new keyring from now on; acknowledged once in force.
+    SetKeyring(Keyring, oneshot::Sender<()>),
+    /// Tell the pool we are leaving, flush, stop; acknowledged after the flush.
+    Leave(oneshot::Sender<()>),
+    /// Stop without telling anyone; peers will find out by probing.
+    Shutdown,
+}
+
+pub(super) struct Driver {
+    pub(super) foca: GossipFoca,
+    pub(super) runtime: AccumulatingRuntime<GossipId>,
+    pub(super) socket: UdpSocket,
+    pub(super) keyring: Keyring,
+    pub(super) random: SystemRandom,
+    pub(super) seeds: Vec<SocketAddr>,
+    pub(super) announce_period: Duration,
+    pub(super) commands: mpsc::Receiver<Command>,
+    pub(super) members_tx: watch::Sender<Vec<MemberState>>,
+    pub(super) metrics: GossipMetrics,
+    /// Largest datagram we accept: foca's packet limit plus the envelope.
+    pub(super) datagram_len_max: usize,
+}
+
+/// The driver's mutable loop state, kept apart from its wiring.
+struct Loop {
+    // A min-heap by deadline, then by foca's own timer order. Its size is bounded by foca:
+    // one entry per periodic kind, per probe in flight and per suspect or down member.
+    timers: BinaryHeap<Reverse<(Instant, Timer<GossipId>)>>,
+    /// When to announce to the seeds again; `None` once joined.
+    next_announce: Option<Instant>,
+    detector: ChangeDetector,
+    recv_buf: Vec<u8>,
+    plain_buf: Vec<u8>,
+    seal_buf: Vec<u8>,
+}
+
+enum Wake {
+    Command(Option<Command>),
+    Datagram(io::Result<(usize, SocketAddr)>),
+    Timers,
+    Announce,
+}
+
+// === impl Driver ===
+
+impl Driver {
+    pub(super) async fn run(mut self) {
+        let mut state = Loop {
+            timers: BinaryHeap::new(),
+            next_announce: None,
+            detector: ChangeDetector::default(),
+            // One spare byte tells an oversized datagram from one that just fits.
+            recv_buf: vec![0; self.datagram_len_max + 1],
+            plain_buf: Vec::with_capacity(self.datagram_len_max),
+            seal_buf: Vec::with_capacity(self.datagram_len_max),
+        };
+        info!(seeds = self.seeds.len(), "gossip started");
+        self.announce_to_seeds(&mut state, Instant::now());
+        self.drain(&mut state).await;
+        loop {
+            let wake = self.wait(&mut state).await;
+            let now = Instant::now();
+            match wake {
+                Wake::Command(None | Some(Command::Shutdown)) => {
+                    self.mark_local_down();
+                    info!("gossip stopped");
+                    return;
+                }
+                Wake::Command(Some(Command::Leave(done))) => {
+                    if let Err(error) = self.foca.leave_cluster(&mut self.runtime) {
+                        warn!(%error, "gossip leave failed");
+                    }
+                    self.drain(&mut state).await;
+                    self.mark_local_down();
+                    info!("gossip left the pool");
+                    let _ignored = done.send(());
+                    return;
+                }
+                Wake::Command(Some(Command::SetKeyring(keyring, done))) => {
+                    info!(
+                        primary = %keyring.primary().id(),
+                        keys = keyring.keys().count(),
+                        "gossip keyring replaced"
+                    );
+                    self.keyring = keyring;
+                    let _ignored = done.send(());
+                }
+                Wake::Datagram(Ok((len, from))) => self.handle_datagram(&mut state, len, from),
+                Wake::Datagram(Err(error)) => debug!(%error, "gossip receive failed"),
+                Wake::Timers => self.handle_timers(&mut state, now),
+                Wake::Announce => self.announce_to_seeds(&mut state, now),
+            }
+            self.drain(&mut state).await;
+        }
+    }
+
+    async fn wait(&mut self, state: &mut Loop) -> Wake {
+        let timer_at = state.timers.peek().map(|Reverse((at, _))| *at);
+        tokio::select! {
+            command = self.commands.recv() => Wake::Command(command),
+            received = self.socket.recv_from(&mut state.recv_buf) => Wake::Datagram(received),
+            () = sleep_until_some(timer_at) => Wake::Timers,
+            () = sleep_until_some(state.next_announce) => Wake::Announce,
+        }
+    }
+
+    fn handle_datagram(&mut self, state: &mut Loop, len: usize, from: SocketAddr) {
+        self.metrics.count_packet(Direction::In);
+        if len > self.datagram_len_max {
+            self.drop_datagram(DropReason::Malformed, from);
+            return;
+        }
+        let opened = codec::open(&self.keyring, &state.recv_buf[..len], &mut state.plain_buf);
+        let plaintext = match opened {
+            Ok(plaintext) => plaintext,
+            Err(OpenError::Auth) => return self.drop_datagram(DropReason::Auth, from),
+            Err(OpenError::Malformed) => return self.drop_datagram(DropReason::Malformed, from),
+        };
+        match self.foca.handle_data(plaintext, &mut self.runtime) {
+            Ok(()) => {}
+            Err(
+                foca::Error::Decode(_) | foca::Error::MalformedPacket | foca::Error::DataTooBig,
+            ) => {
+                self.drop_datagram(DropReason::Malformed, from);
+            }
+            Err(error) => debug!(peer = %from, %error, "gossip datagram refused by foca"),
+        }
+    }
+
+    fn drop_datagram(&self, reason: DropReason, from: SocketAddr) {
+        self.metrics.count_dropped(reason);
+        debug!(peer = %from, ?reason, "gossip datagram dropped");
+    }
+
+    fn handle_timers(&mut self, state: &mut Loop, now: Instant) {
+        while let Some(Reverse((at, _))) = state.timers.peek() {
+            if *at > now {
+                break;
+            }
+            let Some(Reverse((_, timer))) = state.timers.pop() else {
+                break;
+            };
+            if let Err(error) = self.foca.handle_timer(timer, &mut self.runtime) {
+                warn!(%error, "gossip timer failed");
+            }
+        }
+    }
+
+    fn announce_to_seeds(&mut self, state: &mut Loop, now: Instant) {
+        let local = self.foca.identity().addr;
+        for seed in self.seeds.iter().filter(|s| **s != local) {
+            trace!(%seed, "gossip announce");
+            if let Err(error) = self.foca.announce(GossipId::seed(*seed), &mut self.runtime) {
+                debug!(%seed, %error, "gossip announce failed");
+            }
+        }
+        let has_seeds = self.seeds.iter().any(|s| *s != local);
+        state.next_announce = has_seeds.then(|| now + self.announce_period);
+    }
+
+    /// Executes everything foca asked for during the last interaction.
+    async fn drain(&mut self, state: &mut Loop) {
+        while let Some((to, data)) = self.runtime.to_send() {
+            self.send(state, to.addr, &data).await;
+        }
+        let now = Instant::now();
+        while let Some((after, timer)) = self.runtime.to_schedule() {
+            state.timers.push(Reverse((now + after, timer)));
+        }
+        while let Some(notification) = self.runtime.to_notify() {
+            self.handle_notification(state, notification, now);
+        }
+        debug_assert_eq!(self.runtime.backlog(), 0, "notifications never call foca");
+        let local = self.foca.identity();
+        if state
+            .detector
+            .update(local, self.foca.iter_membership_state())
+        {
+            let members = snapshot(local, self.foca.iter_membership_state());
+            let (alive, suspect, down) = counts(&members);
+            self.metrics.set_members(alive, suspect, down);
+            debug!(alive, suspect, down, "gossip membership changed");
+            self.members_tx.send_replace(members);
+        }
+    }
+
+    async fn send(&self, state: &mut Loop, to: SocketAddr, data: &[u8]) {
+        if let Err(error) = codec::seal(&self.keyring, &self.random, data, &mut state.seal_buf) {
+            warn!(peer = %to, %error, "gossip seal failed");
+            return;
+        }
+        match self.socket.send_to(&state.seal_buf, to).await {
+            Ok(_) => self.metrics.count_packet(Direction::Out),
+            Err(error) => debug!(peer = %to, %error, "gossip send failed"),
+        }
+    }
+
+    fn handle_notification(
+        &self,
+        state: &mut Loop,
+        notification: OwnedNotification<GossipId>,
+        now: Instant,
+    ) {
+        match notification {
+            OwnedNotification::MemberUp(member) => info!(%member, "gossip member up"),
+            OwnedNotification::MemberDown(member) => info!(%member, "gossip member down"),
+            OwnedNotification::Rename(old, new) => debug!(%old, %new, "gossip member renamed"),
+            OwnedNotification::Active => {
+                state.next_announce = None;
+                info!("gossip joined");
+            }
+            OwnedNotification::Idle => {
+                // Everyone else is gone: go back to the seeds until someone answers.
+                state.next_announce = Some(now);
+                warn!("gossip pool idle");
+            }
+            OwnedNotification::Defunct => warn!("gossip identity declared down"),
+            OwnedNotification::Rejoin(identity) => info!(%identity, "gossip rejoined"),
+            #[allow(unreachable_patterns)]
+            _ => {}
+        }
+    }
+
+    fn mark_local_down(&self) {
+        self.members_tx.send_modify(|members| {
+            for member in members.iter_mut().filter(|m| m.local) {
+                member.state = Liveness::Down;
+            }
+        });
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

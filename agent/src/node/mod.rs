@@ -1,0 +1,2 @@
+pub mod gossip;
+pub mod probe;
