@@ -28,6 +28,7 @@ async fn single_member(dir: &std::path::Path) -> Authority {
         ingest: None,
         tls: None,
         kubernetes: None,
+        gossip: None,
     })
     .await
     .unwrap();

@@ -150,6 +150,7 @@ async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted
             paths: pki.issue("region/eu/authority/a1"),
         }),
         kubernetes: None,
+        gossip: None,
     })
     .await
     .unwrap();
@@ -293,6 +294,126 @@ async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted
             "denials not audited: {lines}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    authority.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gossip_membership_decides_which_connected_nodes_probe() {
+    use waymark_agent::authority::member::GossipSettings;
+    use waymark_agent::node::gossip::{Gossip, GossipConfig, GossipId, Key, Keyring, Role};
+    waymark_certs::install_crypto_provider();
+    let pki = Pki::new(TD);
+    let data = tempfile::tempdir().unwrap();
+    let keyring = Keyring::single(Key::from_bytes(&[9; 32]));
+    let gossip_addr = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let authority = Authority::start(AuthorityConfig {
+        id: 1,
+        region: "eu".parse().unwrap(),
+        zones: ["a".parse().unwrap()].into(),
+        data_dir: PathBuf::from(data.path()),
+        http: "127.0.0.1:0".parse().unwrap(),
+        xds: "127.0.0.1:0".parse().unwrap(),
+        ingest: Some("127.0.0.1:0".parse().unwrap()),
+        tls: Some(TlsSettings {
+            trust_domain: TrustDomain::new(TD).unwrap(),
+            paths: pki.issue("region/eu/authority/a1"),
+        }),
+        kubernetes: None,
+        gossip: Some(GossipSettings {
+            bind: gossip_addr,
+            zone: "a".parse().unwrap(),
+            seeds: vec![],
+            keyring: keyring.clone(),
+        }),
+    })
+    .await
+    .unwrap();
+    authority
+        .bootstrap(BTreeMap::from([(1, authority.member())]))
+        .await
+        .unwrap();
+    let mut leader = authority.raft().watch_metrics();
+    tokio::time::timeout(WAIT, leader.wait_for(|m| m.state.is_leader()))
+        .await
+        .unwrap()
+        .unwrap();
+    let api = ApiClient::new(&authority.http_addr().to_string(), None);
+    api.send(
+        Method::PUT,
+        "/v1/services/pay",
+        Some(&json!({"owner": "payments", "contract": {}})),
+    )
+    .await
+    .unwrap()
+    .json()
+    .unwrap();
+    api.send(
+        Method::POST,
+        "/v1/instances",
+        Some(&json!({
+            "service": "pay",
+            "locality": {"region": "eu", "zone": "a", "node": "n1"},
+            "address": {"ip": "10.0.0.1", "port": 8080},
+        })),
+    )
+    .await
+    .unwrap()
+    .json()
+    .unwrap();
+    let ingest = authority.ingest_addr().unwrap();
+
+    // n1 joins the region's gossip pool; n2 connects to ingest but never gossips.
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let n1_addr = socket.local_addr().unwrap();
+    let id = GossipId::new(
+        "n1".parse().unwrap(),
+        n1_addr,
+        "a".parse().unwrap(),
+        Role::Agent,
+    );
+    let mut gc = GossipConfig::new(n1_addr, id, keyring);
+    gc.seeds = vec![gossip_addr];
+    let n1_gossip = Gossip::start_with_socket(gc, socket).unwrap();
+    let mut seen = authority.gossip().unwrap().subscribe();
+    tokio::time::timeout(
+        WAIT,
+        seen.wait_for(|m| m.iter().any(|m| m.id.name.as_str() == "n1")),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+
+    let hello = AgentMessage::Hello {
+        zone: "a".parse().unwrap(),
+    };
+    let mut n1 = session(&pki, "region/eu/node/n1", ingest).await.unwrap();
+    n1.send(hello.clone()).await.unwrap();
+    let mut n2 = session(&pki, "region/eu/node/n2", ingest).await.unwrap();
+    n2.send(hello).await.unwrap();
+    // n1 (alive in gossip) is assigned the target; n2 (connected, not a member) is not.
+    loop {
+        if let AuthorityMessage::Assignment { targets } = next_message(&mut n1).await.unwrap()
+            && targets.len() == 1
+        {
+            break;
+        }
+    }
+    match next_message(&mut n2).await.unwrap() {
+        AuthorityMessage::Assignment { targets } => assert!(targets.is_empty()),
+        other => panic!("unexpected {other:?}"),
+    }
+    // n1 leaves the pool: its targets are taken away while its session stays open.
+    n1_gossip.leave().await.unwrap();
+    loop {
+        if let AuthorityMessage::Assignment { targets } = next_message(&mut n1).await.unwrap()
+            && targets.is_empty()
+        {
+            break;
+        }
     }
     authority.shutdown().await;
 }

@@ -116,6 +116,7 @@ async fn published_views_follow_the_orchestrator() {
             namespace: None,
             default_zone: None,
         }),
+        gossip: None,
     })
     .await
     .unwrap();

@@ -19,6 +19,13 @@
 //! [authority.kubernetes]
 //! cluster = "eks-eu-west-1"
 //!
+//! # Prober liveness from the region's gossip pool.
+//! [authority.gossip]
+//! bind = "10.0.0.1:7946"
+//! zone = "a"
+//! seeds = ["10.0.0.2:7946"]
+//! keys = ["<64 hex characters>"]
+//!
 //! [authority.tls]
 //! trust_domain = "example.org"
 //! cert_chain = "/etc/waymark/tls/fullchain.pem"
@@ -36,8 +43,9 @@ use waymark_certs::reload::MaterialPaths;
 use waymark_core::model::{RegionName, ZoneName};
 
 use super::existence::KubeSettings;
-use super::member::{AuthorityConfig, TlsSettings};
+use super::member::{AuthorityConfig, GossipSettings, TlsSettings};
 use super::raft::Member;
+use crate::node::gossip::{Key, Keyring};
 
 /// The file's shape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -78,6 +86,24 @@ pub struct AuthoritySection {
     /// Existence from Kubernetes EndpointSlices.
     #[serde(default)]
     pub kubernetes: Option<KubeSettings>,
+    /// The region's gossip pool (prober liveness).
+    #[serde(default)]
+    pub gossip: Option<GossipSection>,
+}
+
+/// `[authority.gossip]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GossipSection {
+    /// UDP address to bind and advertise.
+    pub bind: SocketAddr,
+    /// This member's zone.
+    pub zone: ZoneName,
+    /// Members to join through.
+    #[serde(default)]
+    pub seeds: Vec<SocketAddr>,
+    /// Region keys (hex or base64, 32 bytes); the first seals, every one opens.
+    pub keys: Vec<String>,
 }
 
 /// One initial voter.
@@ -231,6 +257,28 @@ impl ConfigFile {
             }),
             None => None,
         };
+        let gossip = match &a.gossip {
+            None => None,
+            Some(g) => {
+                let mut keys = g.keys.iter().map(|k| {
+                    Key::parse(k).map_err(|e| ConfigError::Invalid {
+                        field: "authority.gossip.keys",
+                        message: e.to_string(),
+                    })
+                });
+                let primary = keys.next().ok_or(ConfigError::Invalid {
+                    field: "authority.gossip.keys",
+                    message: "at least one region key".into(),
+                })??;
+                let others = keys.collect::<Result<Vec<_>, _>>()?;
+                Some(GossipSettings {
+                    bind: g.bind,
+                    zone: g.zone.clone(),
+                    seeds: g.seeds.clone(),
+                    keyring: Keyring::new(primary, others),
+                })
+            }
+        };
         Ok(AuthorityConfig {
             id: a.id,
             region: a.region.clone(),
@@ -241,6 +289,7 @@ impl ConfigFile {
             ingest: a.ingest,
             tls,
             kubernetes: a.kubernetes.clone(),
+            gossip,
         })
     }
 

@@ -17,6 +17,7 @@ use waymark_registry::state::DesiredState;
 use super::ingest::{Ack, EvidenceSink, ProbeTarget, RefusedSample, WireSample};
 use super::metrics::{AuthorityMetrics, ReasonLabels};
 use super::raft::RaftNode;
+use crate::node::gossip::{Liveness, MemberState, Role};
 
 /// Samples queued between ingest and the leader's pipeline before new ones are refused.
 pub const QUEUE_LEN: usize = 65_536;
@@ -56,6 +57,8 @@ pub struct EvidenceHub {
     metrics: AuthorityMetrics,
     inner: Arc<Mutex<Inner>>,
     membership: watch::Sender<u64>,
+    /// Live agents per gossip, when this member gossips: only they are assigned targets.
+    gossip: Option<watch::Receiver<Vec<MemberState>>>,
 }
 
 impl EvidenceHub {
@@ -66,7 +69,22 @@ impl EvidenceHub {
             metrics,
             inner: Arc::default(),
             membership: watch::Sender::new(0),
+            gossip: None,
         }
+    }
+
+    /// Take prober liveness from gossip: a connected node is assigned targets only while
+    /// gossip holds it alive, and every membership change triggers a reassignment.
+    pub fn with_gossip(mut self, members: watch::Receiver<Vec<MemberState>>) -> Self {
+        let mut changes = members.clone();
+        let notify = self.membership.clone();
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                notify.send_modify(|n| *n += 1);
+            }
+        });
+        self.gossip = Some(members);
+        self
     }
 
     /// Start feeding a leader; the previous feed (if any) is closed.
@@ -87,9 +105,17 @@ impl EvidenceHub {
 
     /// Probers currently connected, with their zones.
     pub fn probers(&self) -> Vec<(NodeName, ZoneName)> {
+        let alive: Option<std::collections::BTreeSet<NodeName>> = self.gossip.as_ref().map(|g| {
+            g.borrow()
+                .iter()
+                .filter(|m| m.state == Liveness::Alive && m.id.role == Role::Agent)
+                .map(|m| m.id.name.clone())
+                .collect()
+        });
         self.lock()
             .probers
             .iter()
+            .filter(|(n, _)| alive.as_ref().is_none_or(|a| a.contains(*n)))
             .map(|(n, (z, _))| (n.clone(), z.clone()))
             .collect()
     }

@@ -18,7 +18,7 @@ use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
 use waymark_certs::{CertMetrics, PeerPolicy};
 use waymark_core::delta::DeltaConfig;
 use waymark_core::evaluator::EvaluatorConfig;
-use waymark_core::model::{RegionName, ZoneName};
+use waymark_core::model::{NodeName, RegionName, ZoneName};
 use waymark_registry::pipeline::PipelineConfig;
 use waymark_xds::server::{Keepalive, ServerConfig, XdsServer};
 
@@ -31,6 +31,7 @@ use super::leader::{self, LeaderContext};
 use super::metrics::AuthorityMetrics;
 use super::raft::{Member, RaftConfig, RaftNode};
 use super::tier;
+use crate::node::gossip::{Gossip, GossipConfig, GossipId, Keyring, Role};
 
 /// Mutual-TLS material for the member's gRPC listeners.
 #[derive(Debug, Clone)]
@@ -63,6 +64,21 @@ pub struct AuthorityConfig {
     pub tls: Option<TlsSettings>,
     /// Existence from Kubernetes EndpointSlices, reconciled while this member leads.
     pub kubernetes: Option<KubeSettings>,
+    /// Gossip membership with the region's node agents (prober liveness).
+    pub gossip: Option<GossipSettings>,
+}
+
+/// This member's place in the region's gossip pool.
+#[derive(Debug, Clone)]
+pub struct GossipSettings {
+    /// UDP address to bind and advertise.
+    pub bind: SocketAddr,
+    /// The member's zone.
+    pub zone: ZoneName,
+    /// Members to join through.
+    pub seeds: Vec<SocketAddr>,
+    /// The region keyring.
+    pub keyring: Keyring,
 }
 
 /// A running member.
@@ -76,6 +92,7 @@ pub struct Authority {
     metrics: AuthorityMetrics,
     tasks: Vec<JoinHandle<()>>,
     hub: EvidenceHub,
+    gossip: Option<Gossip>,
 }
 
 impl std::fmt::Debug for Authority {
@@ -123,7 +140,19 @@ impl Authority {
             m.register(&mut registry);
             m
         });
-        let hub = EvidenceHub::new(raft.clone(), metrics.clone());
+        let mut gossip = None;
+        let mut hub = EvidenceHub::new(raft.clone(), metrics.clone());
+        if let Some(g) = &config.gossip {
+            let name = NodeName::try_new(format!("authority-{}", config.id))
+                .map_err(|e| anyhow::anyhow!("gossip name: {e}"))?;
+            let identity = GossipId::new(name, g.bind, g.zone.clone(), Role::Authority);
+            let mut gc = GossipConfig::new(g.bind, identity, g.keyring.clone());
+            gc.seeds = g.seeds.clone();
+            gc.metrics.register(&mut registry);
+            let started = Gossip::start(gc).await.context("starting gossip")?;
+            hub = hub.with_gossip(started.subscribe());
+            gossip = Some(started);
+        }
         let shared: leader::SharedPipeline = Arc::new(Mutex::new(None));
 
         let callers = Arc::new(arc_swap::ArcSwap::from_pointee(
@@ -238,6 +267,7 @@ impl Authority {
             metrics,
             tasks,
             hub,
+            gossip,
         })
     }
 
@@ -298,8 +328,16 @@ impl Authority {
         &self.metrics
     }
 
+    /// The gossip member, when this member gossips.
+    pub fn gossip(&self) -> Option<&Gossip> {
+        self.gossip.as_ref()
+    }
+
     /// Stop everything (as a crash would, minus the process exit).
     pub async fn shutdown(self) {
+        if let Some(g) = self.gossip {
+            let _ = g.leave().await;
+        }
         self.raft.shutdown().await;
         for t in self.tasks {
             t.abort();
