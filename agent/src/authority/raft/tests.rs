@@ -382,6 +382,14 @@ async fn a_three_member_cluster_survives_losing_its_leader() {
     }
     assert!(resynced, "the restarted member was sent a snapshot");
 
+    // Remove the restarted member: the group is two voters, and writes still commit.
+    leader.node.remove_member(old_id).await.unwrap();
+    let peers = leader.node.peers();
+    assert_eq!(peers.len(), 2, "{peers:?}");
+    assert!(peers.iter().all(|p| p.id != old_id));
+    write_all(&leader.node, 80..85).await;
+    assert_eq!(leader.state().registry().services().count(), 85);
+
     back.stop().await;
     for m in members {
         m.stop().await;
