@@ -132,16 +132,19 @@ fn ready(instance: &str) -> WireSample {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted_and_audited() {
+/// A single-member authority with evidence ingest over mutual TLS, leading, with service
+/// `pay` registered.
+async fn leading_authority(
+    pki: &Pki,
+    data: &std::path::Path,
+    gossip: Option<waymark_agent::authority::member::GossipSettings>,
+) -> (Authority, ApiClient) {
     waymark_certs::install_crypto_provider();
-    let pki = Pki::new(TD);
-    let data = tempfile::tempdir().unwrap();
     let authority = Authority::start(AuthorityConfig {
         id: 1,
         region: "eu".parse().unwrap(),
         zones: ["a".parse().unwrap()].into(),
-        data_dir: PathBuf::from(data.path()),
+        data_dir: PathBuf::from(data),
         http: "127.0.0.1:0".parse().unwrap(),
         xds: "127.0.0.1:0".parse().unwrap(),
         ingest: Some("127.0.0.1:0".parse().unwrap()),
@@ -150,7 +153,7 @@ async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted
             paths: pki.issue("region/eu/authority/a1"),
         }),
         kubernetes: None,
-        gossip: None,
+        gossip,
     })
     .await
     .unwrap();
@@ -173,24 +176,34 @@ async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted
     .unwrap()
     .json()
     .unwrap();
-    let mut ids = Vec::new();
-    for host in 1..=2 {
-        let r = api
-            .send(
-                Method::POST,
-                "/v1/instances",
-                Some(&json!({
-                    "service": "pay",
-                    "locality": {"region": "eu", "zone": "a", "node": "n1"},
-                    "address": {"ip": format!("10.0.0.{host}"), "port": 8080},
-                })),
-            )
-            .await
-            .unwrap()
-            .json()
-            .unwrap();
-        ids.push(r["instance"].as_str().unwrap().to_owned());
-    }
+    (authority, api)
+}
+
+/// Registers an instance of `pay` at 10.0.0.`host`; returns its id.
+async fn register(api: &ApiClient, host: u8) -> String {
+    let r = api
+        .send(
+            Method::POST,
+            "/v1/instances",
+            Some(&json!({
+                "service": "pay",
+                "locality": {"region": "eu", "zone": "a", "node": "n1"},
+                "address": {"ip": format!("10.0.0.{host}"), "port": 8080},
+            })),
+        )
+        .await
+        .unwrap()
+        .json()
+        .unwrap();
+    r["instance"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted_and_audited() {
+    let pki = Pki::new(TD);
+    let data = tempfile::tempdir().unwrap();
+    let (authority, api) = leading_authority(&pki, data.path(), None).await;
+    let ids = vec![register(&api, 1).await, register(&api, 2).await];
     let ingest = authority.ingest_addr().unwrap();
 
     // n1 says hello and is assigned both targets (it is the only prober in its zone).
@@ -302,7 +315,6 @@ async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted
 async fn gossip_membership_decides_which_connected_nodes_probe() {
     use waymark_agent::authority::member::GossipSettings;
     use waymark_agent::node::gossip::{Gossip, GossipConfig, GossipId, Key, Keyring, Role};
-    waymark_certs::install_crypto_provider();
     let pki = Pki::new(TD);
     let data = tempfile::tempdir().unwrap();
     let keyring = Keyring::single(Key::from_bytes(&[9; 32]));
@@ -310,60 +322,14 @@ async fn gossip_membership_decides_which_connected_nodes_probe() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let authority = Authority::start(AuthorityConfig {
-        id: 1,
-        region: "eu".parse().unwrap(),
-        zones: ["a".parse().unwrap()].into(),
-        data_dir: PathBuf::from(data.path()),
-        http: "127.0.0.1:0".parse().unwrap(),
-        xds: "127.0.0.1:0".parse().unwrap(),
-        ingest: Some("127.0.0.1:0".parse().unwrap()),
-        tls: Some(TlsSettings {
-            trust_domain: TrustDomain::new(TD).unwrap(),
-            paths: pki.issue("region/eu/authority/a1"),
-        }),
-        kubernetes: None,
-        gossip: Some(GossipSettings {
-            bind: gossip_addr,
-            zone: "a".parse().unwrap(),
-            seeds: vec![],
-            keyring: keyring.clone(),
-        }),
-    })
-    .await
-    .unwrap();
-    authority
-        .bootstrap(BTreeMap::from([(1, authority.member())]))
-        .await
-        .unwrap();
-    let mut leader = authority.raft().watch_metrics();
-    tokio::time::timeout(WAIT, leader.wait_for(|m| m.state.is_leader()))
-        .await
-        .unwrap()
-        .unwrap();
-    let api = ApiClient::new(&authority.http_addr().to_string(), None);
-    api.send(
-        Method::PUT,
-        "/v1/services/pay",
-        Some(&json!({"owner": "payments", "contract": {}})),
-    )
-    .await
-    .unwrap()
-    .json()
-    .unwrap();
-    api.send(
-        Method::POST,
-        "/v1/instances",
-        Some(&json!({
-            "service": "pay",
-            "locality": {"region": "eu", "zone": "a", "node": "n1"},
-            "address": {"ip": "10.0.0.1", "port": 8080},
-        })),
-    )
-    .await
-    .unwrap()
-    .json()
-    .unwrap();
+    let gossip = GossipSettings {
+        bind: gossip_addr,
+        zone: "a".parse().unwrap(),
+        seeds: vec![],
+        keyring: keyring.clone(),
+    };
+    let (authority, api) = leading_authority(&pki, data.path(), Some(gossip)).await;
+    register(&api, 1).await;
     let ingest = authority.ingest_addr().unwrap();
 
     // n1 joins the region's gossip pool; n2 connects to ingest but never gossips.

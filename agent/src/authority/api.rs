@@ -276,6 +276,18 @@ impl ApiState {
         }
     }
 
+    /// The acting operator of a privileged request, or a refusal saying what needs one.
+    fn privileged_actor(&self, headers: &HeaderMap, what: &str) -> ApiResult<String> {
+        actor_of(headers).ok_or_else(|| {
+            self.refuse(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "no_actor",
+                Some(ACTOR_HEADER),
+                format!("{what} are privileged: name the acting operator"),
+            ))
+        })
+    }
+
     async fn audit_write(&self, entry: AuditEntry) -> ApiResult<()> {
         self.raft
             .write(Request::Audit {
@@ -567,14 +579,7 @@ async fn put_policy(
 ) -> ApiResult<Response> {
     s.leader_only(&uri)?;
     let service: ServiceName = parse_name(&service, "service").map_err(|e| s.refuse(e))?;
-    let actor = actor_of(&headers).ok_or_else(|| {
-        s.refuse(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "no_actor",
-            Some(ACTOR_HEADER),
-            "policy changes are privileged: name the acting operator",
-        ))
-    })?;
+    let actor = s.privileged_actor(&headers, "policy changes")?;
     let policy: ServicePolicyRecord = s.body(&body)?;
     let detail = serde_json::to_value(&policy).unwrap_or(Value::Null);
     let result = s
@@ -617,14 +622,7 @@ async fn evacuation(
 ) -> ApiResult<Response> {
     s.leader_only(&uri)?;
     let zone: ZoneName = parse_name(&zone, "zone").map_err(|e| s.refuse(e))?;
-    let actor = actor_of(&headers).ok_or_else(|| {
-        s.refuse(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "no_actor",
-            Some(ACTOR_HEADER),
-            "evacuations are privileged: name the acting operator",
-        ))
-    })?;
+    let actor = s.privileged_actor(&headers, "evacuations")?;
     let intent: EvacuationIntent = s.body(&body)?;
     let check = s
         .pipeline
