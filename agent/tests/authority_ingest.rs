@@ -203,7 +203,7 @@ async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted
     let pki = Pki::new(TD);
     let data = tempfile::tempdir().unwrap();
     let (authority, api) = leading_authority(&pki, data.path(), None).await;
-    let ids = vec![register(&api, 1).await, register(&api, 2).await];
+    let ids = [register(&api, 1).await, register(&api, 2).await];
     let ingest = authority.ingest_addr().unwrap();
 
     // n1 says hello and is assigned both targets (it is the only prober in its zone).
