@@ -16,6 +16,7 @@ use waymark_agent::authority::config::ConfigFile;
 use waymark_agent::authority::member::Authority;
 use waymark_agent::cli::http::ApiClient;
 use waymark_agent::cli::ops;
+use waymark_agent::node::config::{AgentFile, Overrides};
 
 /// A health-check and service-discovery plane for Envoy/xDS meshes.
 #[derive(Debug, Parser)]
@@ -55,6 +56,28 @@ enum Command {
         /// Print the effective configuration and exit.
         #[arg(long)]
         print_config: bool,
+    },
+    /// The node agent. Today: check a configuration (`--print-config`); the role itself is
+    /// being built (see the README's status table).
+    Agent {
+        /// The configuration file (TOML).
+        #[arg(long, env = "WAYMARK_AGENT_CONFIG")]
+        config: PathBuf,
+        /// Print the effective configuration (file, then environment, then flags) and exit.
+        #[arg(long)]
+        print_config: bool,
+        /// Override the node name.
+        #[arg(long)]
+        name: Option<String>,
+        /// Override the zone.
+        #[arg(long)]
+        zone: Option<String>,
+        /// Override the data directory.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Override the upstream authority xDS addresses (repeatable).
+        #[arg(long)]
+        upstream: Vec<String>,
     },
     /// Operate the authority group.
     Operator {
@@ -170,6 +193,29 @@ fn main() -> anyhow::Result<()> {
             init_tracing();
             runtime()?.block_on(run_authority(file))
         }
+        Command::Agent {
+            config,
+            print_config,
+            name,
+            zone,
+            data_dir,
+            upstream,
+        } => {
+            let flags = Overrides {
+                name,
+                zone,
+                data_dir,
+                upstream,
+            };
+            let file = AgentFile::load(&config, std::env::vars(), &flags)?;
+            if print_config {
+                print!("{}", file.to_toml()?);
+                return Ok(());
+            }
+            anyhow::bail!(
+                "the node agent role is not built yet; `--print-config` checks this configuration"
+            )
+        }
         other => {
             let out = runtime()?.block_on(client_command(other))?;
             print!("{out}");
@@ -284,7 +330,10 @@ async fn client_command(command: Command) -> anyhow::Result<String> {
         Command::ProxyStatus { api } => {
             ops::proxy_status(&ApiClient::new(&api.api, None), api.json).await
         }
-        Command::Defaults | Command::Certs(_) | Command::Authority { .. } => {
+        Command::Defaults
+        | Command::Certs(_)
+        | Command::Authority { .. }
+        | Command::Agent { .. } => {
             anyhow::bail!("not a client command")
         }
     }

@@ -1,2 +1,3 @@
+pub mod config;
 pub mod gossip;
 pub mod probe;

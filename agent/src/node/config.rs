@@ -1,0 +1,391 @@
+//! The node agent's configuration: a TOML file, then environment variables, then flags
+//! (each later source wins), checked as a whole before anything starts. Durations are
+//! human strings (`"30s"`, `"250ms"`). `waymark agent --config FILE --print-config` prints
+//! the effective result.
+//!
+//! Environment overrides use the `WAYMARK_AGENT_` prefix and the key's path in capitals:
+//! `WAYMARK_AGENT_NAME`, `WAYMARK_AGENT_ZONE`, `WAYMARK_AGENT_DATA_DIR`,
+//! `WAYMARK_AGENT_UPSTREAM` (comma-separated), `WAYMARK_AGENT_LISTEN_XDS`,
+//! `WAYMARK_AGENT_LISTEN_DNS`, `WAYMARK_AGENT_LISTEN_HTTP`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use waymark_core::model::{NodeName, RegionName, ZoneName};
+
+/// The file's shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentFile {
+    /// The node agent role.
+    pub agent: AgentConfig,
+}
+
+/// `[agent]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// This node's name (its identity is `spiffe://<td>/region/<region>/node/<name>`).
+    pub name: NodeName,
+    /// Its region.
+    pub region: RegionName,
+    /// Its zone.
+    pub zone: ZoneName,
+    /// Where the last-known-good cache (sled) lives.
+    pub data_dir: PathBuf,
+    /// Authority members' xDS listeners; any one will do (jittered reconnect).
+    pub upstream: Vec<String>,
+    /// Authority members' evidence-ingest listeners.
+    #[serde(default)]
+    pub ingest: Vec<String>,
+    /// Local listeners.
+    #[serde(default)]
+    pub listen: Listen,
+    /// Client-side bounds applied before serving.
+    #[serde(default)]
+    pub bounds: Bounds,
+    /// Folder of service definitions for runtimes nothing watches (registered with a lease,
+    /// renewed, deregistered on SIGTERM).
+    #[serde(default)]
+    pub services_dir: Option<PathBuf>,
+    /// The region's gossip pool.
+    #[serde(default)]
+    pub gossip: Option<Gossip>,
+    /// Mutual TLS material.
+    #[serde(default)]
+    pub tls: Option<Tls>,
+}
+
+/// `[agent.listen]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Listen {
+    /// xDS and LRS for the host's sidecars.
+    pub xds: SocketAddr,
+    /// DNS (UDP and TCP).
+    pub dns: SocketAddr,
+    /// The local HTTP API, `/livez`, `/readyz`, `/metrics`.
+    pub http: SocketAddr,
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Self {
+            xds: SocketAddr::from(([127, 0, 0, 1], 18000)),
+            dns: SocketAddr::from(([127, 0, 0, 1], 8600)),
+            http: SocketAddr::from(([127, 0, 0, 1], 8400)),
+        }
+    }
+}
+
+/// `[agent.bounds]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Bounds {
+    /// Share of a service's endpoints that may be removed per window, in permille.
+    pub shrink_max_permille: u16,
+    /// The window.
+    #[serde(with = "waymark_core::duration_str")]
+    pub shrink_window: Duration,
+    /// Envoy's `max_ejection_percent` in the served clusters.
+    pub max_ejection_percent: u8,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            shrink_max_permille: 300,
+            shrink_window: Duration::from_secs(10),
+            max_ejection_percent: 30,
+        }
+    }
+}
+
+/// `[agent.gossip]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gossip {
+    /// UDP address to bind and advertise.
+    pub bind: SocketAddr,
+    /// Members to join through.
+    #[serde(default)]
+    pub seeds: Vec<SocketAddr>,
+    /// Region keys (hex or base64); the first seals, every one opens.
+    pub keys: Vec<String>,
+}
+
+/// `[agent.tls]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tls {
+    /// The estate's trust domain.
+    pub trust_domain: String,
+    /// Leaf + intermediates.
+    pub cert_chain: PathBuf,
+    /// Private key.
+    pub key: PathBuf,
+    /// Trust bundle.
+    pub bundle: PathBuf,
+}
+
+/// Flag overrides (the last source).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `--name`.
+    pub name: Option<String>,
+    /// `--zone`.
+    pub zone: Option<String>,
+    /// `--data-dir`.
+    pub data_dir: Option<PathBuf>,
+    /// `--upstream` (repeatable).
+    pub upstream: Vec<String>,
+}
+
+/// Why a configuration was refused; the message names the key.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentConfigError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Not TOML of the expected shape.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (names the key).
+        message: String,
+    },
+    /// A value is wrong.
+    #[error("{key}: {message}")]
+    Invalid {
+        /// The key (or environment variable).
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl AgentFile {
+    /// Read `path`, apply `env` (e.g. `std::env::vars()`), then `flags`, and check.
+    pub fn load(
+        path: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &Overrides,
+    ) -> Result<Self, AgentConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| AgentConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut file: Self = toml::from_str(&text).map_err(|e| AgentConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        file.apply_env(env)?;
+        file.apply_flags(flags)?;
+        file.check()?;
+        Ok(file)
+    }
+
+    fn apply_env(
+        &mut self,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(), AgentConfigError> {
+        let vars: BTreeMap<String, String> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("WAYMARK_AGENT_"))
+            .collect();
+        let a = &mut self.agent;
+        for (key, value) in &vars {
+            let bad = |message: String| AgentConfigError::Invalid {
+                key: key.clone(),
+                message,
+            };
+            match key.as_str() {
+                "WAYMARK_AGENT_NAME" => a.name = value.parse().map_err(|e| bad(format!("{e}")))?,
+                "WAYMARK_AGENT_ZONE" => a.zone = value.parse().map_err(|e| bad(format!("{e}")))?,
+                "WAYMARK_AGENT_DATA_DIR" => a.data_dir = PathBuf::from(value),
+                "WAYMARK_AGENT_UPSTREAM" => {
+                    a.upstream = value.split(',').map(|s| s.trim().to_owned()).collect();
+                }
+                "WAYMARK_AGENT_LISTEN_XDS" => {
+                    a.listen.xds = value.parse().map_err(|e| bad(format!("{e}")))?;
+                }
+                "WAYMARK_AGENT_LISTEN_DNS" => {
+                    a.listen.dns = value.parse().map_err(|e| bad(format!("{e}")))?;
+                }
+                "WAYMARK_AGENT_LISTEN_HTTP" => {
+                    a.listen.http = value.parse().map_err(|e| bad(format!("{e}")))?;
+                }
+                _ => return Err(bad("not a setting the agent knows".into())),
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_flags(&mut self, flags: &Overrides) -> Result<(), AgentConfigError> {
+        let a = &mut self.agent;
+        let bad = |key: &str, e: String| AgentConfigError::Invalid {
+            key: key.to_owned(),
+            message: e,
+        };
+        if let Some(n) = &flags.name {
+            a.name = n.parse().map_err(|e| bad("--name", format!("{e}")))?;
+        }
+        if let Some(z) = &flags.zone {
+            a.zone = z.parse().map_err(|e| bad("--zone", format!("{e}")))?;
+        }
+        if let Some(d) = &flags.data_dir {
+            a.data_dir = d.clone();
+        }
+        if !flags.upstream.is_empty() {
+            a.upstream = flags.upstream.clone();
+        }
+        Ok(())
+    }
+
+    fn check(&self) -> Result<(), AgentConfigError> {
+        let a = &self.agent;
+        let bad = |key: &str, message: &str| AgentConfigError::Invalid {
+            key: key.to_owned(),
+            message: message.to_owned(),
+        };
+        if a.upstream.is_empty() {
+            return Err(bad("agent.upstream", "at least one authority xDS address"));
+        }
+        for u in a.upstream.iter().chain(&a.ingest) {
+            if u.parse::<SocketAddr>().is_err() && !u.contains(':') {
+                return Err(bad("agent.upstream", "host:port"));
+            }
+        }
+        if !(1..=1000).contains(&a.bounds.shrink_max_permille) {
+            return Err(bad("agent.bounds.shrink_max_permille", "1..=1000"));
+        }
+        if a.bounds.shrink_window.is_zero() {
+            return Err(bad("agent.bounds.shrink_window", "must be positive"));
+        }
+        if a.bounds.max_ejection_percent > 100 {
+            return Err(bad("agent.bounds.max_ejection_percent", "0..=100"));
+        }
+        if let Some(g) = &a.gossip {
+            if g.keys.is_empty() {
+                return Err(bad("agent.gossip.keys", "at least one region key"));
+            }
+            for k in &g.keys {
+                crate::node::gossip::Key::parse(k).map_err(|e| AgentConfigError::Invalid {
+                    key: "agent.gossip.keys".into(),
+                    message: e.to_string(),
+                })?;
+            }
+        }
+        if !a.ingest.is_empty() && a.tls.is_none() {
+            return Err(bad(
+                "agent.ingest",
+                "evidence is attributed by certificate: [agent.tls] is required",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The effective configuration as TOML (what `--print-config` prints).
+    pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string_pretty(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[agent]
+name = "n1"
+region = "eu"
+zone = "a"
+data_dir = "/var/lib/waymark/agent"
+upstream = ["10.0.0.1:18000"]
+"#;
+
+    fn load(
+        text: &str,
+        env: &[(&str, &str)],
+        flags: &Overrides,
+    ) -> Result<AgentFile, AgentConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, text).unwrap();
+        let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
+        AgentFile::load(&path, env, flags)
+    }
+
+    #[test]
+    fn defaults_then_environment_then_flags() {
+        let f = load(MINIMAL, &[], &Overrides::default()).unwrap();
+        assert_eq!(f.agent.bounds, Bounds::default());
+        assert_eq!(f.agent.listen, Listen::default());
+        let flags = Overrides {
+            zone: Some("c".into()),
+            ..Overrides::default()
+        };
+        let env = [
+            ("WAYMARK_AGENT_ZONE", "b"),
+            ("WAYMARK_AGENT_NAME", "n9"),
+            ("PATH", "/bin"),
+        ];
+        let f = load(MINIMAL, &env, &flags).unwrap();
+        assert_eq!(f.agent.name.as_str(), "n9", "environment over the file");
+        assert_eq!(f.agent.zone.as_str(), "c", "flags over the environment");
+        // What --print-config prints parses back to the same configuration.
+        let again: AgentFile = toml::from_str(&f.to_toml().unwrap()).unwrap();
+        assert_eq!(again, f);
+    }
+
+    #[test]
+    fn bad_input_names_the_key() {
+        let cases = [
+            (
+                MINIMAL.replace("upstream = [\"10.0.0.1:18000\"]", "upstream = []"),
+                "agent.upstream",
+            ),
+            (format!("{MINIMAL}colour = 1\n"), "colour"),
+            (
+                format!("{MINIMAL}[agent.bounds]\nshrink_window = \"ten\"\n"),
+                "shrink_window",
+            ),
+            (
+                format!("{MINIMAL}[agent.bounds]\nshrink_max_permille = 0\n"),
+                "shrink_max_permille",
+            ),
+            (
+                format!("{MINIMAL}[agent.gossip]\nbind = \"127.0.0.1:7946\"\nkeys = [\"zz\"]\n"),
+                "agent.gossip.keys",
+            ),
+            (
+                format!("{MINIMAL}ingest = [\"10.0.0.1:8502\"]\n"),
+                "agent.ingest",
+            ),
+        ];
+        for (text, key) in cases {
+            let e = load(&text, &[], &Overrides::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{e} should name {key}");
+        }
+        let e = load(
+            MINIMAL,
+            &[("WAYMARK_AGENT_COLOUR", "x")],
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("WAYMARK_AGENT_COLOUR"), "{e}");
+    }
+}
