@@ -1077,13 +1077,7 @@ async fn proxy_status(State(s): State<ApiState>) -> impl IntoResponse {
 }
 
 async fn metrics(State(s): State<ApiState>, headers: HeaderMap) -> impl IntoResponse {
-    let stats = s.xds.stats();
-    s.metrics.xds_nacks.set(
-        i64::try_from(stats.nacks.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(i64::MAX),
-    );
-    s.metrics
-        .xds_clients
-        .set(i64::try_from(s.xds.sync_state().len()).unwrap_or(i64::MAX));
+    // The xDS tier's gauges are sampled once a second by `staleness::run`, not per scrape.
     let mut text = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &s.registry) {
         return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();

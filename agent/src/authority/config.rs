@@ -45,7 +45,7 @@ use waymark_core::model::{RegionName, ZoneName};
 use super::existence::KubeSettings;
 use super::member::{AuthorityConfig, GossipSettings, TlsSettings};
 use super::raft::Member;
-use crate::node::gossip::{Key, Keyring};
+use crate::node::gossip::Keyring;
 
 /// The file's shape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -260,22 +260,15 @@ impl ConfigFile {
         let gossip = match &a.gossip {
             None => None,
             Some(g) => {
-                let mut keys = g.keys.iter().map(|k| {
-                    Key::parse(k).map_err(|e| ConfigError::Invalid {
-                        field: "authority.gossip.keys",
-                        message: e.to_string(),
-                    })
-                });
-                let primary = keys.next().ok_or(ConfigError::Invalid {
+                let keyring = Keyring::parse(&g.keys).map_err(|e| ConfigError::Invalid {
                     field: "authority.gossip.keys",
-                    message: "at least one region key".into(),
-                })??;
-                let others = keys.collect::<Result<Vec<_>, _>>()?;
+                    message: e.to_string(),
+                })?;
                 Some(GossipSettings {
                     bind: g.bind,
                     zone: g.zone.clone(),
                     seeds: g.seeds.clone(),
-                    keyring: Keyring::new(primary, others),
+                    keyring,
                 })
             }
         };

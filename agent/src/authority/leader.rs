@@ -26,7 +26,7 @@ use waymark_registry::pipeline::{Output, PipelineConfig, RegionPipeline};
 use waymark_registry::state::{Applied, Command, DesiredState, Stamped};
 
 use super::evidence::{Denial, EvidenceHub};
-use super::machine::{AuditEntry, AuditKind, Request, Response, TermVersions};
+use super::machine::{AuditEntry, AuditKind, AuthorityState, Request, Response, TermVersions};
 use super::metrics::{AuthorityMetrics, ServiceLabels, VerdictLabels, ZoneLabels};
 use super::raft::{RaftNode, StateEvent, WriteError};
 
@@ -39,6 +39,8 @@ const COUNTS_EVERY: Duration = Duration::from_secs(2);
 /// How often the observed-state snapshot is replicated (the design asks for at least
 /// every 60 s).
 pub const OBSERVED_EVERY: Duration = Duration::from_secs(30);
+/// Prober assignment is recomputed at most this often (it walks every target).
+const REASSIGN_EVERY: Duration = Duration::from_millis(500);
 /// How often lease expiry is checked.
 const LEASE_CHECK_EVERY: Duration = Duration::from_millis(500);
 
@@ -135,17 +137,7 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
     let mut events = ctx.raft.subscribe();
     let now = Instant::now();
     let (mut applied, floor, hold) = ctx.raft.with_state(|s, idx| {
-        let mut p = RegionPipeline::rebuild(ctx.pipeline.clone(), s.registry(), now);
-        if let Some((at_ms, snapshot)) = s.observed() {
-            let age = Duration::from_millis(now_ms().saturating_sub(*at_ms));
-            info!(
-                instances = snapshot.len(),
-                age_ms = age.as_millis() as u64,
-                "resuming from the observed-state snapshot"
-            );
-            p.restore_observed(now, snapshot, age);
-        }
-        *ctx.shared.lock().unwrap_or_else(PoisonError::into_inner) = Some(p);
+        install_pipeline(ctx, s, now);
         (idx, s.max_version(), hold_for(s.registry()))
     });
     info!(
@@ -173,6 +165,7 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
     let mut membership = ctx.hub.membership();
     let mut counts = tokio::time::interval(COUNTS_EVERY);
     let mut leases = tokio::time::interval(LEASE_CHECK_EVERY);
+    let mut reassign = tokio::time::interval(REASSIGN_EVERY);
     let mut observed =
         tokio::time::interval_at(tokio::time::Instant::now() + OBSERVED_EVERY, OBSERVED_EVERY);
     let mut hold_pending = hold > Duration::ZERO;
@@ -221,8 +214,7 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
                     warn!(term, "leader fell behind the log or a snapshot was installed; rebuilding");
                     let now = Instant::now();
                     applied = ctx.raft.with_state(|s, idx| {
-                        let p = RegionPipeline::rebuild(ctx.pipeline.clone(), s.registry(), now);
-                        *ctx.shared.lock().unwrap_or_else(PoisonError::into_inner) = Some(p);
+                        install_pipeline(ctx, s, now);
                         idx
                     });
                     t.assignment_dirty = true;
@@ -232,6 +224,11 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
             _ = membership.changed() => t.assignment_dirty = true,
             _ = counts.tick() => t.refresh_counts(),
             _ = leases.tick() => t.expire_leases(),
+            _ = reassign.tick() => {
+                if std::mem::take(&mut t.assignment_dirty) {
+                    t.reassign();
+                }
+            }
             _ = observed.tick() => t.snapshot_observed(),
             () = sleep => {
                 let now = Instant::now();
@@ -247,10 +244,6 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
             hold_pending = false;
             t.end_hold();
         }
-        if t.assignment_dirty {
-            t.assignment_dirty = false;
-            t.reassign();
-        }
     }
     for w in writers {
         w.abort();
@@ -258,6 +251,22 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
 }
 
 type Metrics = openraft::RaftMetrics<u64, super::raft::Member>;
+
+/// Recompute the pipeline from the desired state, resume it from the observed-state
+/// snapshot, and make it the one the loop and the API use.
+fn install_pipeline(ctx: &LeaderContext, s: &AuthorityState, now: Instant) {
+    let mut p = RegionPipeline::rebuild(ctx.pipeline.clone(), s.registry(), now);
+    if let Some((at_ms, snapshot)) = s.observed() {
+        let age = Duration::from_millis(now_ms().saturating_sub(*at_ms));
+        info!(
+            instances = snapshot.len(),
+            age_ms = age.as_millis() as u64,
+            "resuming from the observed-state snapshot"
+        );
+        p.restore_observed(now, snapshot, age);
+    }
+    *ctx.shared.lock().unwrap_or_else(PoisonError::into_inner) = Some(p);
+}
 
 impl Term<'_> {
     fn with_pipeline<T>(&self, f: impl FnOnce(&mut RegionPipeline) -> T) -> Option<T> {

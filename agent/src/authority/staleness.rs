@@ -89,17 +89,26 @@ impl Lag {
     }
 }
 
-/// Sample the tier every second into the alarm metrics, until the task is aborted.
+/// Sample the tier every second into the alarm metrics and the tier's gauges (clients,
+/// NACKs), until the task is aborted.
 pub async fn run(xds: waymark_xds::server::XdsServer, metrics: AuthorityMetrics) {
     let mut lag = Lag::default();
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     loop {
         tick.tick().await;
+        let clients = xds.sync_state();
         let report = lag.sample(
-            &xds.sync_state(),
+            &clients,
             Instant::now(),
             waymark_core::defaults::WITHDRAWAL_BUDGET_P99,
         );
+        let nacks = xds.stats().nacks.load(std::sync::atomic::Ordering::Relaxed);
+        metrics
+            .xds_nacks
+            .set(i64::try_from(nacks).unwrap_or(i64::MAX));
+        metrics
+            .xds_clients
+            .set(i64::try_from(clients.len()).unwrap_or(i64::MAX));
         metrics
             .withdrawal_over_budget
             .inc_by(report.newly_over_budget);

@@ -117,19 +117,8 @@ pub struct Gossip {
     pub keys: Vec<String>,
 }
 
-/// `[agent.tls]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Tls {
-    /// The estate's trust domain.
-    pub trust_domain: String,
-    /// Leaf + intermediates.
-    pub cert_chain: PathBuf,
-    /// Private key.
-    pub key: PathBuf,
-    /// Trust bundle.
-    pub bundle: PathBuf,
-}
+/// `[agent.tls]`: the same files as the authority's.
+pub use crate::authority::config::TlsSection as Tls;
 
 /// Flag overrides (the last source).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -276,15 +265,12 @@ impl AgentFile {
             return Err(bad("agent.bounds.max_ejection_percent", "0..=100"));
         }
         if let Some(g) = &a.gossip {
-            if g.keys.is_empty() {
-                return Err(bad("agent.gossip.keys", "at least one region key"));
-            }
-            for k in &g.keys {
-                crate::node::gossip::Key::parse(k).map_err(|e| AgentConfigError::Invalid {
+            crate::node::gossip::Keyring::parse(&g.keys).map_err(|e| {
+                AgentConfigError::Invalid {
                     key: "agent.gossip.keys".into(),
                     message: e.to_string(),
-                })?;
-            }
+                }
+            })?;
         }
         if !a.ingest.is_empty() && a.tls.is_none() {
             return Err(bad(

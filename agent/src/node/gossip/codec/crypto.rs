@@ -38,6 +38,9 @@ pub enum KeyError {
     /// The system random source failed. Nothing was created; retry, or check the host.
     #[error("system random source failed")]
     Random,
+    /// A keyring was given no key at all. Supply at least the primary.
+    #[error("at least one region key is required")]
+    Empty,
 }
 
 /// A key's public fingerprint: the first 8 bytes of a SHA-256 over a label and the key.
@@ -166,6 +169,13 @@ impl fmt::Debug for Key {
 // === impl Keyring ===
 
 impl Keyring {
+    /// A keyring from configured key texts (hex or base64): the first seals, every one opens.
+    pub fn parse(keys: &[impl AsRef<str>]) -> Result<Self, KeyError> {
+        let mut parsed = keys.iter().map(|k| Key::parse(k.as_ref()));
+        let primary = parsed.next().ok_or(KeyError::Empty)??;
+        Ok(Self::new(primary, parsed.collect::<Result<_, _>>()?))
+    }
+
     /// A keyring sealing with `primary` and also opening with `others` (duplicates dropped).
     pub fn new(primary: Key, others: Vec<Key>) -> Self {
         let mut kept: Vec<Key> = Vec::with_capacity(others.len());
