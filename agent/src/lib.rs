@@ -6,4 +6,5 @@
 
 pub mod authority;
 pub mod cli;
+pub mod dev;
 pub mod node;

@@ -1,0 +1,1 @@
+//! Demo backends for `waymark dev` and the drills.
