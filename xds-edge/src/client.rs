@@ -47,6 +47,12 @@ const RETRY_PUSHBACK: &str = "grpc-retry-pushback-ms";
 /// whole response. Runs on the client task, so it must be quick.
 pub type Validator = Arc<dyn Fn(&str, &Any) -> Result<(), String> + Send + Sync>;
 
+/// Makes an accepted response durable before it is acknowledged (the node agent's
+/// last-known-good cache): called with each response that passed validation, on a blocking
+/// thread; `Ok` means durable. On `Err(reason)` nothing of the response is applied and it
+/// is NACKed with the reason, so the server's view of what this client holds stays true.
+pub type Persist = Arc<dyn Fn(&DeltaDiscoveryResponse) -> Result<(), String> + Send + Sync>;
+
 /// The resources applied for one type.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AppliedType {
@@ -69,6 +75,8 @@ pub struct Applied {
     pub last_nack: Option<(String, String)>,
     /// Streams opened since the client started (1 after the first connect).
     pub streams: u64,
+    /// A stream is open now.
+    pub connected: bool,
 }
 
 impl Applied {
@@ -122,6 +130,12 @@ pub enum ResponseError {
         /// The validator's reason.
         reason: String,
     },
+    /// The response could not be made durable (see [`Persist`]).
+    #[error("response not persisted: {reason}")]
+    NotPersisted {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// A rejected response: the NACK to send and why.
@@ -143,6 +157,7 @@ pub struct ClientState {
     nacks: u64,
     last_nack: Option<(String, String)>,
     streams: u64,
+    connected: bool,
 }
 
 // === impl ClientState ===
@@ -159,6 +174,13 @@ impl ClientState {
     /// Refuse, with a NACK, any response holding a resource `validator` rejects.
     pub fn with_validator(mut self, validator: Validator) -> Self {
         self.validator = Some(validator);
+        self
+    }
+
+    /// Start from resources held before (loaded from a cache): they are named in the
+    /// initial requests, so the server sends only what changed and removes what is gone.
+    pub fn with_applied(mut self, types: BTreeMap<String, AppliedType>) -> Self {
+        self.applied = types.into_iter().map(|(t, a)| (t, Arc::new(a))).collect();
         self
     }
 
@@ -232,19 +254,7 @@ impl ClientState {
         resp: DeltaDiscoveryResponse,
     ) -> Result<DeltaDiscoveryRequest, Box<Nack>> {
         if let Err(error) = self.check(&resp) {
-            self.nacks += 1;
-            self.last_nack = Some((resp.type_url.clone(), error.to_string()));
-            let request = DeltaDiscoveryRequest {
-                type_url: resp.type_url,
-                response_nonce: resp.nonce,
-                error_detail: Some(RpcStatus {
-                    code: CODE_INVALID_ARGUMENT,
-                    message: error.to_string(),
-                    details: Vec::new(),
-                }),
-                ..Default::default()
-            };
-            return Err(Box::new(Nack { request, error }));
+            return Err(self.reject(&resp, error));
         }
         let applied = Arc::make_mut(self.applied.entry(resp.type_url.clone()).or_default());
         for name in &resp.removed_resources {
@@ -265,9 +275,37 @@ impl ClientState {
         })
     }
 
+    /// Refuse `resp` for `error`: nothing is applied; the NACK to send.
+    pub fn reject(&mut self, resp: &DeltaDiscoveryResponse, error: ResponseError) -> Box<Nack> {
+        self.nacks += 1;
+        self.last_nack = Some((resp.type_url.clone(), error.to_string()));
+        let request = DeltaDiscoveryRequest {
+            type_url: resp.type_url.clone(),
+            response_nonce: resp.nonce.clone(),
+            error_detail: Some(RpcStatus {
+                code: CODE_INVALID_ARGUMENT,
+                message: error.to_string(),
+                details: Vec::new(),
+            }),
+            ..Default::default()
+        };
+        Box::new(Nack { request, error })
+    }
+
+    /// Whether `resp` would be applied (the checks of [`ClientState::handle_response`]).
+    pub fn precheck(&self, resp: &DeltaDiscoveryResponse) -> Result<(), ResponseError> {
+        self.check(resp)
+    }
+
     /// A stream opened (counted in [`Applied::streams`]).
     pub fn handle_stream_opened(&mut self) {
         self.streams += 1;
+        self.connected = true;
+    }
+
+    /// The stream ended; what is applied stays.
+    pub fn handle_stream_closed(&mut self) {
+        self.connected = false;
     }
 
     /// Everything applied, for publishing. Cheap: resources are shared per type.
@@ -278,6 +316,7 @@ impl ClientState {
             nacks: self.nacks,
             last_nack: self.last_nack.clone(),
             streams: self.streams,
+            connected: self.connected,
         }
     }
 
@@ -457,6 +496,13 @@ pub struct ClientConfig {
     pub request_buffer: usize,
     /// Refuses resources the caller cannot use (NACK).
     pub validator: Option<Validator>,
+    /// Makes each accepted response durable before it is ACKed.
+    pub persist: Option<Persist>,
+    /// Resources held before this client started (from a cache), by type URL.
+    pub initial: BTreeMap<String, AppliedType>,
+    /// Mutual TLS towards the server (build it with `waymark_certs::tls::client_config`);
+    /// `None` is plain text (loopback and tests).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ClientConfig {
@@ -469,6 +515,9 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(5),
             request_buffer: 16,
             validator: None,
+            persist: None,
+            initial: BTreeMap::new(),
+            tls: None,
         }
     }
 }
@@ -483,6 +532,9 @@ impl std::fmt::Debug for ClientConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_buffer", &self.request_buffer)
             .field("validator", &self.validator.as_ref().map(|_| "…"))
+            .field("persist", &self.persist.as_ref().map(|_| "…"))
+            .field("initial", &self.initial.keys().collect::<Vec<_>>())
+            .field("tls", &self.tls.is_some())
             .finish()
     }
 }
@@ -529,12 +581,33 @@ impl XdsClient {
         node: Node,
         subscriptions: impl IntoIterator<Item = (String, Subscription)>,
     ) -> (Self, watch::Receiver<Arc<Applied>>) {
-        let endpoint = endpoint
-            .http2_keep_alive_interval(config.keepalive_interval)
-            .keep_alive_timeout(config.keepalive_timeout)
-            .keep_alive_while_idle(true)
-            .connect_timeout(config.connect_timeout);
-        let mut state = ClientState::new(subscriptions);
+        Self::connect_any(config, vec![endpoint], node, subscriptions)
+    }
+
+    /// Like [`XdsClient::connect_with`], over several equivalent servers (the members of an
+    /// authority): it starts at one chosen by the seed and moves to the next after every
+    /// stream that ends or fails, so a dead member costs one backoff, not an outage.
+    ///
+    /// # Panics
+    /// If `endpoints` is empty.
+    pub fn connect_any(
+        config: ClientConfig,
+        endpoints: Vec<Endpoint>,
+        node: Node,
+        subscriptions: impl IntoIterator<Item = (String, Subscription)>,
+    ) -> (Self, watch::Receiver<Arc<Applied>>) {
+        assert!(!endpoints.is_empty(), "an xds client needs a server");
+        let endpoints: Vec<Endpoint> = endpoints
+            .into_iter()
+            .map(|e| {
+                e.http2_keep_alive_interval(config.keepalive_interval)
+                    .keep_alive_timeout(config.keepalive_timeout)
+                    .keep_alive_while_idle(true)
+                    .connect_timeout(config.connect_timeout)
+            })
+            .collect();
+        let next_endpoint = (config.seed % endpoints.len() as u64) as usize;
+        let mut state = ClientState::new(subscriptions).with_applied(config.initial.clone());
         if let Some(v) = config.validator.clone() {
             state = state.with_validator(v);
         }
@@ -543,12 +616,15 @@ impl XdsClient {
         let span = tracing::info_span!("xds_client", node_id = %node.id);
         let driver = Driver {
             state,
-            endpoint,
+            endpoints,
+            next_endpoint,
+            tls: config.tls.clone(),
             node,
             backoff: Backoff::new(config.backoff.clone(), config.seed),
             commands: commands_rx,
             publish,
             request_buffer: config.request_buffer.max(1),
+            persist: config.persist.clone(),
         };
         let task = tokio::spawn(driver.run().instrument(span));
         (Self { commands, task }, applied)
@@ -601,12 +677,15 @@ struct Ended {
 /// The task owning a client's state: one stream at a time, reconnecting with backoff.
 struct Driver {
     state: ClientState,
-    endpoint: Endpoint,
+    endpoints: Vec<Endpoint>,
+    next_endpoint: usize,
+    tls: Option<Arc<rustls::ClientConfig>>,
     node: Node,
     backoff: Backoff,
     commands: mpsc::Receiver<Command>,
     publish: watch::Sender<Arc<Applied>>,
     request_buffer: usize,
+    persist: Option<Persist>,
 }
 
 impl Driver {
@@ -654,7 +733,16 @@ impl Driver {
                 error,
             })
         };
-        let channel: Channel = match self.endpoint.connect().await {
+        let endpoint = self.endpoints[self.next_endpoint % self.endpoints.len()].clone();
+        self.next_endpoint = (self.next_endpoint + 1) % self.endpoints.len();
+        let connected = match &self.tls {
+            Some(tls) => {
+                let connector = waymark_certs::grpc::TlsConnector::new(Arc::clone(tls));
+                endpoint.connect_with_connector(connector).await
+            }
+            None => endpoint.connect().await,
+        };
+        let channel: Channel = match connected {
             Ok(c) => c,
             Err(e) => return failed(StreamError::Connect(e)),
         };
@@ -693,6 +781,8 @@ impl Driver {
                 },
             }
         };
+        self.state.handle_stream_closed();
+        self.publish();
         Some(Ended {
             lived: opened.elapsed(),
             error,
@@ -709,6 +799,15 @@ impl Driver {
         let version = resp.system_version_info.clone();
         let nonce = resp.nonce.clone();
         let (upserts, removals) = (resp.resources.len(), resp.removed_resources.len());
+        let resp = match self.persist(resp).await {
+            Ok(resp) => resp,
+            Err(nack) => {
+                tracing::error!(xds.type_url = %type_url, xds.version = %version, xds.nonce = %nonce, error = %nack.error, "xds response not persisted; rejected");
+                let sent = tx.send(nack.request).await.is_ok();
+                self.publish();
+                return sent;
+            }
+        };
         let answer = match self.state.handle_response(resp) {
             Ok(ack) => {
                 tracing::debug!(xds.type_url = %type_url, xds.version = %version, xds.nonce = %nonce, upserts, removals, "xds response applied");
@@ -724,6 +823,32 @@ impl Driver {
         }
         self.publish();
         true
+    }
+
+    /// Make an acceptable response durable before it is applied and ACKed. A response the
+    /// checks refuse is passed through (it is NACKed without touching the store).
+    async fn persist(
+        &mut self,
+        resp: DeltaDiscoveryResponse,
+    ) -> Result<DeltaDiscoveryResponse, Box<Nack>> {
+        let Some(persist) = self.persist.clone() else {
+            return Ok(resp);
+        };
+        if self.state.precheck(&resp).is_err() {
+            return Ok(resp);
+        }
+        let resp = Arc::new(resp);
+        let job = Arc::clone(&resp);
+        let outcome = tokio::task::spawn_blocking(move || persist(&job))
+            .await
+            .unwrap_or_else(|e| Err(format!("persist task failed: {e}")));
+        let resp = Arc::try_unwrap(resp).unwrap_or_else(|shared| (*shared).clone());
+        match outcome {
+            Ok(()) => Ok(resp),
+            Err(reason) => Err(self
+                .state
+                .reject(&resp, ResponseError::NotPersisted { reason })),
+        }
     }
 
     fn handle_command(&mut self, command: Command) -> Option<DeltaDiscoveryRequest> {

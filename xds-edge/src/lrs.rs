@@ -27,13 +27,15 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::address::Address as AddressKind;
 use envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier;
-use envoy_types::pb::envoy::config::core::v3::{Address, Node};
-use envoy_types::pb::envoy::config::endpoint::v3::UpstreamEndpointStats;
+use envoy_types::pb::envoy::config::core::v3::{Address, Metadata, Node};
+use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, UpstreamEndpointStats};
 use envoy_types::pb::envoy::service::load_stats::v3::load_reporting_service_server::{
     LoadReportingService, LoadReportingServiceServer,
 };
 use envoy_types::pb::envoy::service::load_stats::v3::{LoadStatsRequest, LoadStatsResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::google::protobuf::value::Kind;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -41,6 +43,8 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 use waymark_core::model::{InstanceId, NameError, NodeName, Observation, Reporter, Sample};
 use waymark_core::view::View;
+
+use crate::translate::METADATA_NAMESPACE;
 
 /// The reporting interval asked of Envoy unless configured otherwise.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
@@ -307,14 +311,62 @@ impl AddressBook {
     /// Add a view's endpoints (e.g. every zone's view of every service in force).
     pub fn insert_view(&mut self, view: &View) {
         for e in view.endpoints.values() {
-            let addr = SocketAddr::new(e.address.ip, e.address.port);
-            let entry = self
-                .by_address
-                .entry(addr)
-                .or_insert_with(|| Some(e.instance.clone()));
-            if entry.as_ref() != Some(&e.instance) {
-                *entry = None;
+            self.insert(SocketAddr::new(e.address.ip, e.address.port), &e.instance);
+        }
+    }
+
+    /// Say `instance` is at `address`; if another instance is already known there, the
+    /// address becomes ambiguous (and stays so).
+    pub fn insert(&mut self, address: SocketAddr, instance: &InstanceId) {
+        self.insert_entry(address, Some(instance));
+    }
+
+    /// Add an EDS resource's endpoints, identified by the `instance` key that
+    /// [`translate::load_assignment`](crate::translate::load_assignment) writes into each
+    /// endpoint's `filter_metadata["waymark"]`. Returns how many endpoints were skipped:
+    /// no such key, a key that is not a valid instance id, or a non-IP address.
+    pub fn insert_assignment(&mut self, assignment: &ClusterLoadAssignment) -> usize {
+        let mut skipped = 0;
+        let cluster = &assignment.cluster_name;
+        for lb in assignment.endpoints.iter().flat_map(|l| &l.lb_endpoints) {
+            let address = match &lb.host_identifier {
+                Some(HostIdentifier::Endpoint(e)) => socket_addr(cluster, e.address.as_ref()).ok(),
+                _ => None,
+            };
+            match (address, metadata_instance(lb.metadata.as_ref())) {
+                (Some(address), Some(instance)) => self.insert(address, &instance),
+                _ => skipped += 1,
             }
+        }
+        skipped
+    }
+
+    /// Add every entry of `other`, as if each of its views had been inserted here: an
+    /// address the two books disagree on, or that either holds as ambiguous, is ambiguous.
+    pub fn merge(&mut self, other: &AddressBook) {
+        for (address, instance) in &other.by_address {
+            self.insert_entry(*address, instance.as_ref());
+        }
+    }
+
+    /// Addresses known, ambiguous ones included.
+    pub fn len(&self) -> usize {
+        self.by_address.len()
+    }
+
+    /// Whether no address is known.
+    pub fn is_empty(&self) -> bool {
+        self.by_address.is_empty()
+    }
+
+    /// `None` inserts an ambiguous entry.
+    fn insert_entry(&mut self, address: SocketAddr, instance: Option<&InstanceId>) {
+        let entry = self
+            .by_address
+            .entry(address)
+            .or_insert_with(|| instance.cloned());
+        if entry.as_ref() != instance {
+            *entry = None;
         }
     }
 
@@ -341,6 +393,19 @@ impl AddressBook {
         }
         let unmapped = loads.len() - samples.len();
         (samples, unmapped)
+    }
+}
+
+/// The instance id in an endpoint's waymark metadata, if it carries a valid one.
+fn metadata_instance(metadata: Option<&Metadata>) -> Option<InstanceId> {
+    let value = metadata?
+        .filter_metadata
+        .get(METADATA_NAMESPACE)?
+        .fields
+        .get("instance")?;
+    match &value.kind {
+        Some(Kind::StringValue(s)) => InstanceId::try_new(s).ok(),
+        _ => None,
     }
 }
 

@@ -59,9 +59,15 @@ impl Snapshot {
             TYPE_LISTENER => Some(&self.listeners),
             TYPE_ROUTE => Some(&self.routes),
             TYPE_ENDPOINT => {
+                // A server with views for one zone only (a node agent serving its host)
+                // serves them to every caller, whatever zone it declared, or none.
+                let only = (self.endpoints.len() == 1)
+                    .then(|| self.endpoints.values().next())
+                    .flatten();
                 let zone = zone.or_else(|| self.endpoints.keys().next());
                 Some(
                     zone.and_then(|z| self.endpoints.get(z))
+                        .or(only)
                         .unwrap_or_else(|| EMPTY.get_or_init(BTreeMap::new)),
                 )
             }

@@ -17,7 +17,8 @@
 //!   Status: eligible, degraded and disregarded → `HEALTHY`; unknown → `UNKNOWN` (Envoy
 //!   routes to it, on purpose); draining → `DRAINING`; withdrawn instances are absent.
 //! - waymark's markers ride in `filter_metadata["waymark"]`: per endpoint the instance id,
-//!   verdict and status; per locality the view version and `health_disregarded`.
+//!   verdict, status and tags (a list of strings); per locality the view version and
+//!   `health_disregarded`.
 
 use std::collections::BTreeMap;
 
@@ -48,7 +49,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 };
 use envoy_types::pb::envoy::r#type::v3::Percent;
 use envoy_types::pb::google::protobuf::{
-    Any, Duration as PbDuration, Struct, UInt32Value, Value, value::Kind,
+    Any, Duration as PbDuration, ListValue, Struct, UInt32Value, Value, value::Kind,
 };
 use waymark_core::model::ServiceName;
 use waymark_core::view::{EndpointStatus, ReleasedView, ViewEndpoint};
@@ -282,6 +283,7 @@ fn lb_endpoint(e: &ViewEndpoint, disregarded: bool) -> LbEndpoint {
             ("instance", string(e.instance.as_str())),
             ("verdict", string(e.verdict.as_str())),
             ("status", string(status_str(e.status))),
+            ("tags", string_list(e.tags.iter())),
         ])),
     }
 }
@@ -307,6 +309,15 @@ pub fn pb_duration(d: std::time::Duration) -> PbDuration {
 fn string(s: &str) -> Value {
     Value {
         kind: Some(Kind::StringValue(s.to_owned())),
+    }
+}
+
+/// A `ListValue` of strings, in the iterator's order.
+fn string_list<'a>(items: impl Iterator<Item = &'a String>) -> Value {
+    Value {
+        kind: Some(Kind::ListValue(ListValue {
+            values: items.map(|s| string(s)).collect(),
+        })),
     }
 }
 

@@ -64,6 +64,18 @@ pub trait ViewStore: Send + Sync {
     fn remove(&self, type_url: &str, name: &str) -> Result<(), StoreError>;
     /// Every intact record, and the keys of those that are not.
     fn load(&self) -> Result<Loaded, StoreError>;
+    /// Persist `puts` and `removes` (type URL, name) as one unit, durable on `Ok`: a crash
+    /// leaves all of them or none. The default applies them one by one (for backends
+    /// without batches; not atomic across records).
+    fn write_batch(&self, puts: &[Record], removes: &[(String, String)]) -> Result<(), StoreError> {
+        for r in puts {
+            self.put(r)?;
+        }
+        for (t, n) in removes {
+            self.remove(t, n)?;
+        }
+        Ok(())
+    }
 }
 
 const MAGIC: u32 = 0x574d_4c31; // "WML1"
@@ -172,6 +184,19 @@ impl ViewStore for SledViewStore {
         Ok(())
     }
 
+    fn write_batch(&self, puts: &[Record], removes: &[(String, String)]) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for r in puts {
+            batch.insert(key(&r.type_url, &r.name).as_bytes(), encode(r));
+        }
+        for (t, n) in removes {
+            batch.remove(key(t, n).as_bytes());
+        }
+        self.db.apply_batch(batch).map_err(backend)?;
+        self.db.flush().map_err(backend)?;
+        Ok(())
+    }
+
     fn load(&self) -> Result<Loaded, StoreError> {
         let mut loaded = Loaded::default();
         for item in self.db.iter() {
@@ -266,6 +291,14 @@ mod tests {
             store.load().unwrap().records,
             vec![record("pay", "2", b"two")]
         );
+        let removes = [("type.googleapis.com/x.Y".to_owned(), "pay".to_owned())];
+        store
+            .write_batch(&[record("cart", "5", b"five")], &removes)
+            .unwrap();
+        assert_eq!(
+            store.load().unwrap().records,
+            vec![record("cart", "5", b"five")]
+        );
     }
 
     #[test]
@@ -283,7 +316,7 @@ mod tests {
         let reopened = SledViewStore::open(dir.path()).unwrap();
         assert_eq!(
             reopened.load().unwrap().records,
-            vec![record("pay", "2", b"two")]
+            vec![record("cart", "5", b"five")]
         );
     }
 
