@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
-use waymark_core::model::{NodeName, Reporter, Sample, ZoneName};
+use waymark_core::model::{EvidenceClass, NodeName, Reporter, Sample, ZoneName};
 use waymark_registry::ingest::admit;
 use waymark_registry::state::DesiredState;
 
@@ -221,6 +221,40 @@ impl EvidenceSink for EvidenceHub {
     }
 
     fn ingest(&self, reporter: &Reporter, samples: Vec<WireSample>) -> Result<Ack, Status> {
+        let tagged = samples.into_iter().map(|w| (reporter.clone(), w)).collect();
+        self.ingest_as(reporter, tagged, |_, _| None)
+    }
+
+    fn ingest_relayed(&self, node: &NodeName, samples: Vec<WireSample>) -> Result<Ack, Status> {
+        let relay = Reporter::Node(node.clone());
+        let tagged = samples
+            .into_iter()
+            .map(|w| (Reporter::Instance(w.instance.clone()), w))
+            .collect();
+        // A node relays self-reports only, and only for instances on its own host.
+        self.ingest_as(&relay, tagged, |state, sample| {
+            if sample.observation.class() != EvidenceClass::SelfReport {
+                return Some("not_attributable");
+            }
+            match state.instance(&sample.instance) {
+                Some(rec) if &rec.instance.locality.node == node => None,
+                Some(_) => Some("not_on_relaying_node"),
+                None => None, // `admit` names it
+            }
+        })
+    }
+}
+
+impl EvidenceHub {
+    /// Admit `samples`, each with its own reporter, after `precheck` (a refusal label or
+    /// `None`); denials are recorded against `session`, the connection's identity.
+    fn ingest_as(
+        &self,
+        session: &Reporter,
+        samples: Vec<(Reporter, WireSample)>,
+        precheck: impl Fn(&DesiredState, &Sample) -> Option<&'static str>,
+    ) -> Result<Ack, Status> {
+        let reporter = session;
         let Some((tx, denials)) = self.lock().feed.clone() else {
             return Err(self.not_leader());
         };
@@ -246,12 +280,16 @@ impl EvidenceSink for EvidenceHub {
         let admitted: Vec<Sample> = self.raft.with_state(|state, _| {
             samples
                 .into_iter()
-                .filter_map(|w| {
+                .filter_map(|(who, w)| {
                     let sample = Sample {
                         instance: w.instance,
-                        reporter: reporter.clone(),
+                        reporter: who,
                         observation: w.observation,
                     };
+                    if let Some(reason) = precheck(state.registry(), &sample) {
+                        refuse(&sample.instance, reason);
+                        return None;
+                    }
                     match admit(state.registry(), &sample) {
                         Ok(()) => Some(sample),
                         Err(e) => {

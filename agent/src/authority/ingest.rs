@@ -54,6 +54,13 @@ pub enum AgentMessage {
         /// The samples.
         samples: Vec<WireSample>,
     },
+    /// Self-reports a node agent received from workloads on its host, each verified by the
+    /// agent against the workload's own mutual-TLS identity and about that workload only.
+    /// The authority admits one only if the instance runs on the relaying node.
+    Relayed {
+        /// The self-reports.
+        samples: Vec<WireSample>,
+    },
 }
 
 /// One sample as sent: about which instance, and what was observed.
@@ -118,6 +125,8 @@ pub trait EvidenceSink: Send + Sync + 'static {
     /// Admit what may be admitted, refuse the rest. `Err` ends the session (e.g. this
     /// member is not the leader: the status says which member is).
     fn ingest(&self, reporter: &Reporter, samples: Vec<WireSample>) -> Result<Ack, Status>;
+    /// Self-reports relayed by `node` (see [`AgentMessage::Relayed`]).
+    fn ingest_relayed(&self, node: &NodeName, samples: Vec<WireSample>) -> Result<Ack, Status>;
 }
 
 /// The outcome of one batch.
@@ -256,6 +265,42 @@ impl EvidenceService {
                                     .await
                                     .is_err()
                                 {
+                                    break;
+                                }
+                            }
+                            Err(status) => {
+                                let _ = tx.send(Err(status)).await;
+                                break;
+                            }
+                        }
+                    }
+                    AgentMessage::Samples { samples } | AgentMessage::Relayed { samples }
+                        if samples.len() > BATCH_MAX =>
+                    {
+                        let _ = tx
+                            .send(Err(Status::invalid_argument(format!(
+                                "samples: {} in one message, at most {BATCH_MAX}",
+                                samples.len()
+                            ))))
+                            .await;
+                        break;
+                    }
+                    AgentMessage::Relayed { samples } => {
+                        let Reporter::Node(node) = &reporter else {
+                            let _ = tx
+                                .send(Err(Status::permission_denied(
+                                    "only node agents relay self-reports",
+                                )))
+                                .await;
+                            break;
+                        };
+                        match sink.ingest_relayed(node, samples) {
+                            Ok(ack) => {
+                                let msg = AuthorityMessage::Ack {
+                                    accepted: ack.accepted,
+                                    refused: ack.refused,
+                                };
+                                if tx.send(Ok(msg)).await.is_err() {
                                     break;
                                 }
                             }

@@ -145,11 +145,16 @@ impl Authority {
         if let Some(g) = &config.gossip {
             let name = NodeName::try_new(format!("authority-{}", config.id))
                 .map_err(|e| anyhow::anyhow!("gossip name: {e}"))?;
-            let identity = GossipId::new(name, g.bind, g.zone.clone(), Role::Authority);
-            let mut gc = GossipConfig::new(g.bind, identity, g.keyring.clone());
+            // Bound first, so port 0 works: the identity carries the address peers use.
+            let socket = tokio::net::UdpSocket::bind(g.bind)
+                .await
+                .with_context(|| format!("binding gossip on {}", g.bind))?;
+            let addr = socket.local_addr()?;
+            let identity = GossipId::new(name, addr, g.zone.clone(), Role::Authority);
+            let mut gc = GossipConfig::new(addr, identity, g.keyring.clone());
             gc.seeds = g.seeds.clone();
             gc.metrics.register(&mut registry);
-            let started = Gossip::start(gc).await.context("starting gossip")?;
+            let started = Gossip::start_with_socket(gc, socket).context("starting gossip")?;
             hub = hub.with_gossip(started.subscribe());
             gossip = Some(started);
         }
