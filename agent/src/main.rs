@@ -16,6 +16,7 @@ use waymark_agent::authority::config::ConfigFile;
 use waymark_agent::authority::member::Authority;
 use waymark_agent::cli::http::ApiClient;
 use waymark_agent::cli::ops;
+use waymark_agent::node::NodeAgent;
 use waymark_agent::node::config::{AgentFile, Overrides};
 
 /// A health-check and service-discovery plane for Envoy/xDS meshes.
@@ -57,8 +58,8 @@ enum Command {
         #[arg(long)]
         print_config: bool,
     },
-    /// The node agent. Today: check a configuration (`--print-config`); the role itself is
-    /// being built (see the README's status table).
+    /// The node agent: probes, gossip, the last-known-good cache, and local xDS, LRS, DNS
+    /// and HTTP for this host's sidecars.
     Agent {
         /// The configuration file (TOML).
         #[arg(long, env = "WAYMARK_AGENT_CONFIG")]
@@ -78,6 +79,18 @@ enum Command {
         /// Override the upstream authority xDS addresses (repeatable).
         #[arg(long)]
         upstream: Vec<String>,
+    },
+    /// A whole region in one process: a single-member authority, a node agent and demo
+    /// backends, state in a local folder. Prints every listener and what to try.
+    Dev(waymark_agent::dev::DevArgs),
+    /// The gossip pool as a node agent sees it.
+    Members {
+        /// The agent's HTTP API.
+        #[arg(long, env = "WAYMARK_AGENT_API", default_value = "127.0.0.1:8400")]
+        agent: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Operate the authority group.
     Operator {
@@ -212,9 +225,12 @@ fn main() -> anyhow::Result<()> {
                 print!("{}", file.to_toml()?);
                 return Ok(());
             }
-            anyhow::bail!(
-                "the node agent role is not built yet; `--print-config` checks this configuration"
-            )
+            init_tracing();
+            runtime()?.block_on(run_agent(file))
+        }
+        Command::Dev(args) => {
+            init_tracing();
+            runtime()?.block_on(waymark_agent::dev::run(args, shutdown_signal()))
         }
         other => {
             let out = runtime()?.block_on(client_command(other))?;
@@ -263,6 +279,41 @@ async fn run_authority(file: ConfigFile) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn run_agent(file: AgentFile) -> anyhow::Result<()> {
+    let agent = NodeAgent::start(file.agent).await?;
+    let b = agent.bound();
+    println!(
+        "node agent serving: xds {} dns {} http {}{}",
+        b.xds,
+        b.dns,
+        b.http,
+        b.gossip.map(|g| format!(" gossip {g}")).unwrap_or_default()
+    );
+    #[cfg(unix)]
+    {
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("installing the SIGHUP handler")?;
+        let stop = shutdown_signal();
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => break,
+                _ = hup.recv() => {
+                    tracing::info!("SIGHUP: reloading service definitions and certificates");
+                    if let Err(e) = agent.reload().await {
+                        tracing::error!(error = %format!("{e:#}"), "reload refused; nothing changed");
+                    }
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    shutdown_signal().await;
+    tracing::info!("stopping: deregistering, leaving gossip, closing listeners");
+    agent.shutdown().await;
+    Ok(())
+}
+
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
@@ -296,6 +347,7 @@ async fn client_command(command: Command) -> anyhow::Result<String> {
                 },
             }
         }
+        Command::Members { agent, json } => ops::members(&ApiClient::new(&agent, None), json).await,
         Command::Services { api } => ops::services(&ApiClient::new(&api.api, None), api.json).await,
         Command::Explain { instance, api } => {
             ops::explain(&ApiClient::new(&api.api, None), &instance, api.json).await
@@ -333,6 +385,7 @@ async fn client_command(command: Command) -> anyhow::Result<String> {
         Command::Defaults
         | Command::Certs(_)
         | Command::Authority { .. }
+        | Command::Dev(_)
         | Command::Agent { .. } => {
             anyhow::bail!("not a client command")
         }

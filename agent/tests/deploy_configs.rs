@@ -56,3 +56,37 @@ fn a_bad_configuration_is_refused_naming_the_key() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("agent.upstream"));
 }
+
+#[test]
+fn example_service_definitions_parse() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agent/services.d");
+    let defs = waymark_agent::node::registration::read_definitions(&dir).unwrap();
+    assert!(!defs.is_empty(), "no example service definitions");
+}
+
+#[path = "../../xds-edge/tests/support/mod.rs"]
+mod support;
+
+#[test]
+fn every_envoy_bootstrap_validates() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/envoy");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let out = Command::new(support::envoy_bin())
+                .args(["--mode", "validate", "-c"])
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{} does not validate:\n{}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 1, "no Envoy bootstraps found");
+}

@@ -212,3 +212,33 @@ pub async fn proxy_status(api: &ApiClient, as_json: bool) -> anyhow::Result<Stri
         rows,
     ))
 }
+
+/// `waymark members`: the gossip pool as a node agent sees it.
+pub async fn members(agent: &ApiClient, as_json: bool) -> anyhow::Result<String> {
+    let body = agent.get_json("/v1/members").await?;
+    if as_json {
+        return Ok(format!("{body:#}\n"));
+    }
+    let rows = body["members"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|m| {
+                    let name = if m["local"].as_bool() == Some(true) {
+                        format!("{} (this node)", s(&m["name"]))
+                    } else {
+                        s(&m["name"])
+                    };
+                    vec![
+                        name,
+                        s(&m["addr"]),
+                        s(&m["zone"]),
+                        s(&m["role"]),
+                        s(&m["state"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(table(&["NAME", "ADDRESS", "ZONE", "ROLE", "STATE"], rows))
+}

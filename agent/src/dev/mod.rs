@@ -1,2 +1,425 @@
 //! `waymark dev`: a whole region in one process, and the demo backends it runs.
+//!
+//! Nothing here is simulated: a single-member authority (Raft on redb, the evaluator, the
+//! xDS tier, evidence ingest over mutual TLS), a node agent (sled cache, bounds, local xDS,
+//! DNS, LRS, gossip, probing) and demo backends on real loopback sockets, with a dev CA
+//! written to the state folder. Only the topology is small: three zones on one host, one
+//! agent probing everything (prober assignment falls back to any live agent when a zone
+//! has none).
+
 pub mod backends;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+use http::Method;
+use serde_json::json;
+use waymark_certs::layout::PkiDir;
+use waymark_certs::reload::MaterialPaths;
+use waymark_certs::{Identity, Name, TrustDomain};
+use waymark_core::model::{InstanceId, SelfReport};
+
+use self::backends::{BackendOptions, BackendSpec, Backends, SelfReportFn};
+use crate::authority::member::{Authority, AuthorityConfig, GossipSettings, TlsSettings};
+use crate::cli::http::ApiClient;
+use crate::node::NodeAgent;
+use crate::node::config::{AgentConfig, Bounds, Gossip as GossipSection, Listen, Tls};
+use crate::node::gossip::Keyring;
+
+const TRUST_DOMAIN: &str = "dev.waymark";
+const REGION: &str = "dev";
+const NODE: &str = "dev-node";
+const ZONES: [&str; 3] = ["az1", "az2", "az3"];
+
+/// `waymark dev` flags. Every listener is on loopback; port 0 picks a free one.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DevArgs {
+    /// Where state lives (Raft log, the agent's cache, the dev CA).
+    #[arg(long, default_value = ".waymark-dev")]
+    pub dir: PathBuf,
+    /// The authority's HTTP API (what the CLI talks to).
+    #[arg(long, default_value = "127.0.0.1:8500")]
+    pub api: SocketAddr,
+    /// The node agent's xDS/LRS listener (what the host's Envoys connect to).
+    #[arg(long, default_value = "127.0.0.1:18000")]
+    pub xds: SocketAddr,
+    /// The node agent's DNS listener.
+    #[arg(long, default_value = "127.0.0.1:8600")]
+    pub dns: SocketAddr,
+    /// The node agent's HTTP API.
+    #[arg(long, default_value = "127.0.0.1:8400")]
+    pub agent_api: SocketAddr,
+    /// The demo backends' control API.
+    #[arg(long, default_value = "127.0.0.1:8300")]
+    pub backends_api: SocketAddr,
+}
+
+/// The demo services: (name, instances per zone, probe, shared dependency). Every one
+/// declares `db`, so `degraded-dependency` works on any demo backend.
+const SERVICES: [(&str, usize, &str, Option<&str>); 3] = [
+    ("web", 2, "http", Some("db")),
+    ("checkout", 1, "http", Some("db")),
+    ("inventory", 1, "tcp", Some("db")),
+];
+
+/// Run the dev region until `shutdown` resolves.
+pub async fn run(
+    args: DevArgs,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let dev = DevRegion::start(args).await?;
+    print!("{}", dev.guide());
+    shutdown.await;
+    tracing::info!("stopping the dev region");
+    dev.stop().await;
+    Ok(())
+}
+
+/// A running dev region.
+pub struct DevRegion {
+    authority: Authority,
+    agent: NodeAgent,
+    backends: Arc<Backends>,
+    instances: Arc<Mutex<BTreeMap<String, InstanceId>>>,
+    renewals: tokio::task::JoinHandle<()>,
+    control: tokio::task::JoinHandle<()>,
+    backends_api: SocketAddr,
+}
+
+impl DevRegion {
+    /// Start everything; returns once services are declared and backends registered.
+    pub async fn start(args: DevArgs) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&args.dir)
+            .with_context(|| format!("creating {}", args.dir.display()))?;
+        let pki = dev_pki(&args.dir.join("pki"))?;
+        let keyring = dev_keyring(&args.dir.join("gossip.key"))?;
+
+        let zones = ZONES.iter().map(|z| z.parse()).collect::<Result<_, _>>()?;
+        let authority = Authority::start(AuthorityConfig {
+            id: 1,
+            region: REGION.parse()?,
+            zones,
+            data_dir: args.dir.join("authority"),
+            http: args.api,
+            xds: "127.0.0.1:0".parse()?,
+            ingest: Some("127.0.0.1:0".parse()?),
+            tls: Some(TlsSettings {
+                trust_domain: TrustDomain::new(TRUST_DOMAIN)?,
+                paths: pki.authority.clone(),
+            }),
+            kubernetes: None,
+            gossip: Some(GossipSettings {
+                bind: "127.0.0.1:0".parse()?,
+                zone: ZONES[0].parse()?,
+                seeds: Vec::new(),
+                keyring: Keyring::parse(std::slice::from_ref(&keyring))?,
+            }),
+        })
+        .await
+        .context("starting the authority")?;
+        authority
+            .bootstrap(BTreeMap::from([(1, authority.member())]))
+            .await?;
+        let mut m = authority.raft().watch_metrics();
+        tokio::time::timeout(Duration::from_secs(30), m.wait_for(|m| m.state.is_leader()))
+            .await
+            .context("the authority did not become leader")??;
+        let api = ApiClient::new(
+            &authority.http_addr().to_string(),
+            Some("waymark-dev".into()),
+        );
+        for (name, _, probe, dependency) in SERVICES {
+            let probe = match probe {
+                "http" => {
+                    json!({"kind": "http", "path": "/healthz", "interval": "1s", "timeout": "500ms"})
+                }
+                _ => json!({"kind": "tcp", "interval": "1s", "timeout": "500ms"}),
+            };
+            let dependencies: Vec<_> = dependency
+                .map(|d| json!({"name": d, "shared": true, "authority": "weight_reduction"}))
+                .into_iter()
+                .collect();
+            let body = json!({
+                "owner": "dev",
+                "contract": {
+                    "profile": {"probe": true, "self_report": true, "passive": true},
+                    "probe": probe,
+                    "dependencies": dependencies,
+                    "self_report_interval": "5s",
+                },
+            });
+            api.send(Method::PUT, &format!("/v1/services/{name}"), Some(&body))
+                .await?
+                .json()
+                .with_context(|| format!("declaring service {name}"))?;
+        }
+
+        let gossip_seed = authority
+            .gossip()
+            .map(|g| g.local_addr())
+            .context("the authority has no gossip")?;
+        let agent = NodeAgent::start(AgentConfig {
+            name: NODE.parse()?,
+            region: REGION.parse()?,
+            zone: ZONES[0].parse()?,
+            data_dir: args.dir.join("agent"),
+            upstream: vec![authority.xds_addr().to_string()],
+            ingest: authority
+                .ingest_addr()
+                .map(|a| vec![a.to_string()])
+                .unwrap_or_default(),
+            api: vec![authority.http_addr().to_string()],
+            listen: Listen {
+                xds: args.xds,
+                dns: args.dns,
+                http: args.agent_api,
+                local_plaintext: true,
+            },
+            bounds: Bounds::default(),
+            services_dir: None,
+            gossip: Some(GossipSection {
+                bind: "127.0.0.1:0".parse()?,
+                seeds: vec![gossip_seed],
+                keys: vec![keyring],
+            }),
+            tls: Some(pki.node.clone()),
+        })
+        .await
+        .context("starting the node agent")?;
+
+        // Backends report about themselves through the agent, under their issued ids.
+        let instances: Arc<Mutex<BTreeMap<String, InstanceId>>> = Arc::default();
+        let relay = agent.self_report_relay();
+        let ids = Arc::clone(&instances);
+        let self_report: SelfReportFn = Arc::new(move |name: &str, report: SelfReport| {
+            let id = ids
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(name)
+                .cloned();
+            if let Some(id) = id {
+                relay(id, report);
+            }
+        });
+        let mut specs = Vec::new();
+        for (service, per_zone, _, _) in SERVICES {
+            for zone in ZONES {
+                for i in 1..=per_zone {
+                    specs.push(BackendSpec {
+                        instance: format!("{service}-{zone}-{i}"),
+                        service: service.to_owned(),
+                        zone: zone.to_owned(),
+                        bind: "127.0.0.1:0".parse()?,
+                    });
+                }
+            }
+        }
+        let backends = Arc::new(
+            Backends::start(specs.clone(), BackendOptions::default(), self_report)
+                .context("starting the demo backends")?,
+        );
+        let addresses = backends.addresses();
+        for spec in &specs {
+            let address = addresses[&spec.instance];
+            let body = json!({
+                "service": spec.service,
+                "locality": {"region": REGION, "zone": spec.zone, "node": NODE},
+                "address": {"ip": address.ip().to_string(), "port": address.port()},
+                "tags": [spec.instance],
+                "lease_ms": 30_000,
+            });
+            let v = api
+                .send(Method::POST, "/v1/instances", Some(&body))
+                .await?
+                .json()
+                .with_context(|| format!("registering {}", spec.instance))?;
+            let id: InstanceId = v["instance"]
+                .as_str()
+                .context("registration answered without an instance id")?
+                .parse()?;
+            instances
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(spec.instance.clone(), id);
+        }
+        let renewals = tokio::spawn(renew(api, Arc::clone(&instances)));
+
+        let listener = tokio::net::TcpListener::bind(args.backends_api)
+            .await
+            .with_context(|| format!("binding the backends API on {}", args.backends_api))?;
+        let backends_api = listener.local_addr()?;
+        let router = Arc::clone(&backends).router();
+        let control = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, router).await {
+                tracing::error!(error = %e, "backends API failed");
+            }
+        });
+        Ok(Self {
+            authority,
+            agent,
+            backends,
+            instances,
+            renewals,
+            control,
+            backends_api,
+        })
+    }
+
+    /// The authority (for tests).
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
+    /// The node agent (for tests).
+    pub fn agent(&self) -> &NodeAgent {
+        &self.agent
+    }
+
+    /// The demo backends' control API.
+    pub fn backends_api(&self) -> SocketAddr {
+        self.backends_api
+    }
+
+    /// Demo backend name → issued instance id.
+    pub fn instances(&self) -> BTreeMap<String, InstanceId> {
+        self.instances
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Every listener and what to try.
+    pub fn guide(&self) -> String {
+        let api = self.authority.http_addr();
+        let b = self.agent.bound();
+        let backends = self.backends_api;
+        format!(
+            "\
+waymark dev: one region ({REGION}), zones {zones}, state in this folder's .waymark-dev (or --dir)
+
+  authority API      http://{api}        (WAYMARK_API={api})
+  authority xDS      {xds} (mutual TLS; the agent's upstream)
+  node agent xDS     {axds}   (plain text on loopback: point Envoy here)
+  node agent DNS     {dns}   (udp+tcp)
+  node agent API     http://{ahttp}
+  demo backends API  http://{backends}
+
+try this:
+  waymark services --api {api}
+  curl -s http://{ahttp}/v1/view
+  dig @{dip} -p {dport} web.service.waymark. SRV +short
+  waymark members --agent {ahttp}
+  curl -s http://{backends}/v1/dev/backends
+  curl -s -X PUT http://{backends}/v1/dev/backends/web-az1-1/mode -d '{{\"mode\":\"fail-hard\"}}'
+       (modes: healthy, fail-hard, slow, flap, not-ready, degraded-dependency)
+  waymark explain <instance> --api {api}      (instance ids: waymark services / the view)
+  envoy -c deploy/envoy/dev.yaml               (then: curl http://127.0.0.1:10000/)
+",
+            zones = ZONES.join(", "),
+            xds = self.authority.xds_addr(),
+            axds = b.xds,
+            dns = b.dns,
+            dip = b.dns.ip(),
+            dport = b.dns.port(),
+            ahttp = b.http,
+        )
+    }
+
+    /// Stop: deregister the demo instances, then the agent, then the authority.
+    pub async fn stop(self) {
+        self.renewals.abort();
+        let api = ApiClient::new(
+            &self.authority.http_addr().to_string(),
+            Some("waymark-dev".into()),
+        );
+        for id in self.instances().values() {
+            let _ = api
+                .send(Method::DELETE, &format!("/v1/instances/{id}"), None)
+                .await;
+        }
+        self.control.abort();
+        self.backends.shutdown().await;
+        self.agent.shutdown().await;
+        self.authority.shutdown().await;
+    }
+}
+
+/// Keep the demo instances' leases.
+async fn renew(api: ApiClient, instances: Arc<Mutex<BTreeMap<String, InstanceId>>>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let ids: Vec<InstanceId> = instances
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        for id in ids {
+            if let Err(e) = api
+                .send(Method::PUT, &format!("/v1/instances/{id}/renew"), None)
+                .await
+                .and_then(|r| r.json())
+            {
+                tracing::warn!(instance = %id, error = %e, "renewal failed");
+            }
+        }
+    }
+}
+
+/// Certificates for the dev region, created once in `dir`.
+struct DevPki {
+    authority: MaterialPaths,
+    node: Tls,
+}
+
+fn dev_pki(dir: &std::path::Path) -> anyhow::Result<DevPki> {
+    let td = TrustDomain::new(TRUST_DOMAIN)?;
+    let pki = PkiDir::new(dir.to_path_buf());
+    let now = SystemTime::now();
+    pki.init(&td, &[Name::new(REGION)?], now)
+        .context("creating the dev CA")?;
+    let issue = |path: &str| -> anyhow::Result<MaterialPaths> {
+        let identity = Identity::parse(&format!("spiffe://{TRUST_DOMAIN}/{path}"))?;
+        // Re-issued at every start: a dev folder may sit for weeks.
+        let (_, paths) = pki.issue(
+            &identity,
+            None,
+            Duration::from_secs(7 * 24 * 3600),
+            None,
+            now,
+        )?;
+        Ok(MaterialPaths {
+            cert_chain: paths.fullchain,
+            key: paths.key,
+            bundle: pki.bundle(),
+        })
+    };
+    let authority = issue(&format!("region/{REGION}/authority/a1"))?;
+    let node = issue(&format!("region/{REGION}/node/{NODE}"))?;
+    Ok(DevPki {
+        authority,
+        node: Tls {
+            trust_domain: TRUST_DOMAIN.into(),
+            cert_chain: node.cert_chain,
+            key: node.key,
+            bundle: node.bundle,
+        },
+    })
+}
+
+/// The region's gossip key, created once (hex).
+fn dev_keyring(path: &std::path::Path) -> anyhow::Result<String> {
+    if let Ok(k) = std::fs::read_to_string(path) {
+        return Ok(k.trim().to_owned());
+    }
+    let mut key = [0u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut key)
+        .map_err(|_| anyhow::anyhow!("no randomness for the gossip key"))?;
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(path, &hex).with_context(|| format!("writing {}", path.display()))?;
+    Ok(hex)
+}

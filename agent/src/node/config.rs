@@ -41,6 +41,9 @@ pub struct AgentConfig {
     /// Authority members' evidence-ingest listeners.
     #[serde(default)]
     pub ingest: Vec<String>,
+    /// Authority members' HTTP API (for the registrations of `services_dir`).
+    #[serde(default)]
+    pub api: Vec<String>,
     /// Local listeners.
     #[serde(default)]
     pub listen: Listen,
@@ -69,6 +72,9 @@ pub struct Listen {
     pub dns: SocketAddr,
     /// The local HTTP API, `/livez`, `/readyz`, `/metrics`.
     pub http: SocketAddr,
+    /// Serve the host's sidecars in plain text even with `[agent.tls]` (loopback
+    /// development only; upstream stays mutual TLS).
+    pub local_plaintext: bool,
 }
 
 impl Default for Listen {
@@ -77,6 +83,7 @@ impl Default for Listen {
             xds: SocketAddr::from(([127, 0, 0, 1], 18000)),
             dns: SocketAddr::from(([127, 0, 0, 1], 8600)),
             http: SocketAddr::from(([127, 0, 0, 1], 8400)),
+            local_plaintext: false,
         }
     }
 }

@@ -1,6 +1,16 @@
 //! The node agent role: one per host.
+pub mod agent;
+mod api;
+pub mod cache;
 pub mod config;
 pub mod dns;
 pub mod gossip;
 pub mod lrs;
+pub mod metrics;
 pub mod probe;
+pub mod registration;
+pub mod selfreport;
+pub mod session;
+pub mod view;
+
+pub use agent::{Bound, NodeAgent, ViewStatus};

@@ -1,1 +1,0 @@
-//! Demo backends for `waymark dev` and the drills.

@@ -1,0 +1,773 @@
+//! The node agent process: the shells around [`LocalView`] (ADR-01, 04, 05, 10, 13, 15).
+//!
+//! ```text
+//!  authority xDS ──► XdsClient ──persist (sled batch)──► ACK
+//!                        │ applied
+//!                        ▼
+//!                   LocalView (bounds) ──► local xDS/LRS server ──► host's Envoys
+//!                        │            └──► DNS table, LRS address book
+//!  authority ingest ◄── session ◄── prober, LRS forwarder, relayed self-reports
+//!  gossip pool ◄──► foca over sealed UDP
+//! ```
+//!
+//! Start order matters: the cache is loaded and served before anything dials out, so a
+//! sidecar restarted during an outage gets its view at once. Stop order too: service
+//! definitions are deregistered before the local listeners close.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context as _;
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
+use prometheus_client::registry::Registry;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tonic::transport::Endpoint;
+use waymark_certs::CertMetrics;
+use waymark_certs::PeerPolicy;
+use waymark_certs::identity::{IdentityKind, KindSet, TrustDomain};
+use waymark_certs::reload::{MaterialPaths, Reloader, WatchHandle, load_material};
+use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config, server_config};
+use waymark_core::bounds::BoundsConfig;
+use waymark_core::model::{InstanceId, NodeName, SelfReport};
+use waymark_core::units::Permille;
+use waymark_lkg::{SledViewStore, ViewStore};
+use waymark_xds::client::{Applied, ClientConfig, Subscription, XdsClient};
+use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
+use waymark_xds::{Keepalive, Publisher, ServerConfig, XdsServer};
+
+use super::cache;
+use super::config::AgentConfig;
+use super::dns::{DnsConfig, DnsServer, DnsTable};
+use super::gossip::{Gossip, GossipConfig, GossipId, Keyring, MemberState, Role};
+use super::lrs::{LrsForwardConfig, LrsForwarder};
+use super::metrics::{AgentMetrics, RefusalLabels, ServiceLabels};
+use super::probe::{Prober, ProberConfig};
+use super::session::{self, SessionConfig};
+use super::view::{Changes, LocalView, ServiceState};
+use crate::authority::ingest::{AgentMessage, WireSample};
+use waymark_core::model::Observation;
+
+/// What the HTTP API and tests read about the served view.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ViewStatus {
+    /// The upstream xDS stream is open.
+    pub upstream_connected: bool,
+    /// Where the view came from at start: `cache` or `empty`.
+    pub started_from: &'static str,
+    /// Seconds since the upstream last confirmed the view.
+    pub age_seconds: f64,
+    /// Per service.
+    pub services: Vec<ServiceStatus>,
+}
+
+/// One service's served view.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ServiceStatus {
+    /// The service.
+    pub service: String,
+    /// The upstream's version of its assignment.
+    pub upstream_version: String,
+    /// The version served to sidecars.
+    pub served_version: u64,
+    /// Endpoints served.
+    pub endpoints: usize,
+    /// Withdrawn upstream but still served (shrink cap).
+    pub held_back: usize,
+    /// The upstream asked for an empty set; the previous one is kept.
+    pub refused_empty: bool,
+    /// The upstream's assignment could not be decoded; the previous one is kept.
+    pub undecodable: bool,
+}
+
+/// Shared between the tasks and the API.
+pub(crate) struct Shared {
+    pub(crate) view: Mutex<LocalView>,
+    pub(crate) store: Arc<dyn ViewStore>,
+    pub(crate) high_water: std::sync::atomic::AtomicU64,
+    pub(crate) publisher: Publisher,
+    pub(crate) dns: Arc<ArcSwap<DnsTable>>,
+    pub(crate) lrs: LrsForwarder,
+    pub(crate) metrics: AgentMetrics,
+    pub(crate) registry: Mutex<Registry>,
+    pub(crate) connected: watch::Receiver<bool>,
+    pub(crate) confirmed_at: Mutex<SystemTime>,
+    pub(crate) started_from: &'static str,
+    pub(crate) gossip: Option<watch::Receiver<Vec<MemberState>>>,
+    pub(crate) outbound: mpsc::Sender<AgentMessage>,
+    pub(crate) heartbeat: Mutex<Instant>,
+    pub(crate) name: NodeName,
+}
+
+impl Shared {
+    fn lock_view(&self) -> std::sync::MutexGuard<'_, LocalView> {
+        self.view.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Publish the view to sidecars, DNS and the LRS address book.
+    fn publish(&self, view: &LocalView, changes: &Changes) {
+        for name in &changes.refused {
+            let reason = view
+                .states()
+                .find(|(n, _)| *n == name)
+                .map_or("removed", |(_, s)| {
+                    if s.undecodable {
+                        "undecodable"
+                    } else {
+                        "empty"
+                    }
+                });
+            self.metrics
+                .views_refused
+                .get_or_create(&RefusalLabels {
+                    service: name.clone(),
+                    reason: reason.to_owned(),
+                })
+                .inc();
+        }
+        if changes.is_empty() {
+            return;
+        }
+        let snapshot = view.snapshot();
+        // Durable before served: a restarted agent must serve above any version a
+        // sidecar already holds.
+        let hw = self.high_water.load(std::sync::atomic::Ordering::SeqCst);
+        if snapshot.version > hw {
+            match cache::served_high_water(self.store.as_ref(), snapshot.version) {
+                Ok(()) => self
+                    .high_water
+                    .store(snapshot.version, std::sync::atomic::Ordering::SeqCst),
+                Err(e) => {
+                    tracing::error!(error = %e, version = snapshot.version, "cannot record the served version; not serving it");
+                    return;
+                }
+            }
+        }
+        self.publisher.publish(snapshot);
+        let assignments: Vec<_> = view.assignments().cloned().collect();
+        self.dns
+            .store(Arc::new(DnsTable::build(assignments.iter())));
+        self.lrs.set_assignments(assignments.iter());
+        for (name, s) in view.states() {
+            self.metrics
+                .held_back_endpoints
+                .get_or_create(&ServiceLabels {
+                    service: name.clone(),
+                })
+                .set(s.held_back as i64);
+        }
+        self.metrics.views_published.inc();
+    }
+
+    /// The served view, for the API.
+    pub(crate) fn status(&self) -> ViewStatus {
+        let view = self.lock_view();
+        let age = SystemTime::now()
+            .duration_since(
+                *self
+                    .confirmed_at
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner),
+            )
+            .unwrap_or_default()
+            .as_secs_f64();
+        ViewStatus {
+            upstream_connected: *self.connected.borrow(),
+            started_from: self.started_from,
+            age_seconds: age,
+            services: view
+                .states()
+                .map(|(n, s): (&String, &ServiceState)| ServiceStatus {
+                    service: n.clone(),
+                    upstream_version: s.upstream_version.clone(),
+                    served_version: s.served_version,
+                    endpoints: s.endpoints,
+                    held_back: s.held_back,
+                    refused_empty: s.refused_empty,
+                    undecodable: s.undecodable,
+                })
+                .collect(),
+        }
+    }
+
+    /// Gossip members, if this agent gossips.
+    pub(crate) fn members(&self) -> Option<Vec<MemberState>> {
+        self.gossip.as_ref().map(|g| g.borrow().clone())
+    }
+
+    /// The Prometheus text exposition.
+    pub(crate) fn metrics_text(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+
+    /// The main loop ticked recently (liveness is process-internal only).
+    pub(crate) fn alive(&self) -> bool {
+        self.heartbeat
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .elapsed()
+            < Duration::from_secs(10)
+    }
+}
+
+/// Local listeners as bound (port 0 resolved).
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// xDS and LRS for the host's sidecars.
+    pub xds: SocketAddr,
+    /// DNS (UDP and TCP).
+    pub dns: SocketAddr,
+    /// HTTP API.
+    pub http: SocketAddr,
+    /// Gossip (UDP), if any.
+    pub gossip: Option<SocketAddr>,
+}
+
+/// A running node agent.
+pub struct NodeAgent {
+    shared: Arc<Shared>,
+    bound: Bound,
+    tasks: Vec<JoinHandle<()>>,
+    gossip: Option<Gossip>,
+    shutdown: watch::Sender<bool>,
+    _client: XdsClient,
+    _dns: DnsServer,
+    registrations: Option<super::registration::Registrations>,
+    reloader: Option<Arc<Reloader>>,
+    _cert_watch: Option<WatchHandle>,
+}
+
+impl NodeAgent {
+    /// Start the agent: load and serve the cache, then connect upstream.
+    pub async fn start(config: AgentConfig) -> anyhow::Result<Self> {
+        let mut registry = Registry::default();
+        let metrics = AgentMetrics::default();
+        metrics.register(&mut registry);
+        let (shutdown, shutdown_rx) = watch::channel(false);
+
+        // 1. The cache, served before anything else.
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("creating {}", config.data_dir.display()))?;
+        let store: Arc<dyn ViewStore> = Arc::new(
+            SledViewStore::open(&config.data_dir.join("lkg"))
+                .context("opening the last-known-good cache")?,
+        );
+        let loaded = cache::load(store.as_ref()).context("loading the last-known-good cache")?;
+        metrics.lkg_loaded_records.set(loaded.records as i64);
+        metrics.lkg_corrupt_records.inc_by(loaded.corrupt as u64);
+        if loaded.corrupt > 0 {
+            tracing::error!(
+                corrupt = loaded.corrupt,
+                "corrupted cache records discarded"
+            );
+        }
+        let bounds = BoundsConfig {
+            shrink_max: Permille::saturating(u32::from(config.bounds.shrink_max_permille)),
+            shrink_window: config.bounds.shrink_window,
+        };
+        let mut view = LocalView::new(
+            config.zone.clone(),
+            bounds,
+            u32::from(config.bounds.max_ejection_percent),
+        );
+        let started_from = if loaded.records > 0 { "cache" } else { "empty" };
+        let restored = view.restore(
+            loaded.upstream.clone(),
+            loaded.served_high_water,
+            Instant::now(),
+        );
+        tracing::info!(
+            records = loaded.records,
+            services = restored.services.len(),
+            "last-known-good view loaded"
+        );
+
+        // 2. TLS material, if any.
+        let tls = match &config.tls {
+            Some(t) => Some(tls_configs(t).await?),
+            None => None,
+        };
+
+        // 3. The local xDS + LRS server, serving the cache at once.
+        let (xds, publisher) = XdsServer::new(ServerConfig::default());
+        let (lrs_tx, mut lrs_rx) = mpsc::channel::<Vec<WireSample>>(16);
+        let lrs = LrsForwarder::start(LrsForwardConfig::default(), lrs_tx, &mut registry);
+        let dns_table = Arc::new(ArcSwap::from_pointee(DnsTable::default()));
+        let (outbound_tx, outbound_rx) = mpsc::channel::<AgentMessage>(256);
+        let (connected_tx, connected_rx) = watch::channel(false);
+        let confirmed_at = loaded.confirmed_at.unwrap_or_else(SystemTime::now);
+
+        let mut gossip = None;
+        let mut gossip_rx = None;
+        let mut gossip_addr = None;
+        if let Some(g) = &config.gossip {
+            let keyring = Keyring::parse(&g.keys).context("agent.gossip.keys")?;
+            // Bound first, so port 0 works: the identity carries the address peers use.
+            let socket = tokio::net::UdpSocket::bind(g.bind)
+                .await
+                .with_context(|| format!("binding gossip on {}", g.bind))?;
+            let addr = socket.local_addr()?;
+            let identity =
+                GossipId::new(config.name.clone(), addr, config.zone.clone(), Role::Agent);
+            let mut gc = GossipConfig::new(addr, identity, keyring);
+            gc.seeds = g.seeds.clone();
+            gc.metrics.register(&mut registry);
+            let started = Gossip::start_with_socket(gc, socket).context("starting gossip")?;
+            gossip_rx = Some(started.subscribe());
+            gossip_addr = Some(started.local_addr());
+            gossip = Some(started);
+        }
+
+        let shared = Arc::new(Shared {
+            view: Mutex::new(view),
+            store: Arc::clone(&store),
+            high_water: std::sync::atomic::AtomicU64::new(loaded.served_high_water),
+            publisher,
+            dns: Arc::clone(&dns_table),
+            lrs,
+            metrics: metrics.clone(),
+            registry: Mutex::new(Registry::default()),
+            connected: connected_rx,
+            confirmed_at: Mutex::new(confirmed_at),
+            started_from,
+            gossip: gossip_rx,
+            outbound: outbound_tx.clone(),
+            heartbeat: Mutex::new(Instant::now()),
+            name: config.name.clone(),
+        });
+        {
+            let v = shared.lock_view();
+            let mut all = restored.clone();
+            all.other = all.other.max(1); // publish even an empty view: sidecars get an answer
+            shared.publish(&v, &all);
+        }
+
+        let mut tasks = Vec::new();
+        let xds_listener = tokio::net::TcpListener::bind(config.listen.xds)
+            .await
+            .with_context(|| format!("binding xDS on {}", config.listen.xds))?;
+        let xds_addr = xds_listener.local_addr()?;
+        {
+            let mut stop = shutdown_rx.clone();
+            let router = tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(Keepalive::default().interval))
+                .http2_keepalive_timeout(Some(Keepalive::default().timeout))
+                .add_service(xds.service())
+                .add_service(shared.lrs.service())
+                .add_service(crate::authority::ingest::EvidenceService::new(
+                    Arc::new(super::selfreport::LocalRelay::new(
+                        outbound_tx.clone(),
+                        metrics.clone(),
+                    )),
+                    config.region.clone(),
+                    metrics.self_reports_refused.clone(),
+                ));
+            let stop_fut = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            let server_tls = tls
+                .as_ref()
+                .filter(|_| !config.listen.local_plaintext)
+                .map(|t| Arc::clone(&t.server));
+            tasks.push(tokio::spawn(async move {
+                let result = match server_tls {
+                    Some(cfg) => {
+                        let incoming = waymark_certs::grpc::incoming(
+                            xds_listener,
+                            cfg,
+                            waymark_certs::grpc::IncomingConfig::default(),
+                        );
+                        router
+                            .serve_with_incoming_shutdown(incoming, stop_fut)
+                            .await
+                    }
+                    None => {
+                        router
+                            .serve_with_incoming_shutdown(
+                                tokio_stream::wrappers::TcpListenerStream::new(xds_listener),
+                                stop_fut,
+                            )
+                            .await
+                    }
+                };
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "local xDS server failed");
+                }
+            }));
+        }
+
+        // 4. DNS.
+        let dns = DnsServer::start(
+            DnsConfig {
+                bind: config.listen.dns,
+                ..DnsConfig::default()
+            },
+            Arc::clone(&dns_table),
+            &mut registry,
+        )
+        .context("starting DNS")?;
+        let dns_addr = dns.local_addr();
+
+        // 5. Upstream: persisted before acknowledged; starts from the cache.
+        let seed = seed_of(config.name.as_str());
+        let client_config = ClientConfig {
+            seed,
+            persist: Some(cache::persist(Arc::clone(&store))),
+            initial: cache::initial(&loaded.upstream),
+            tls: tls.as_ref().map(|t| Arc::clone(&t.upstream)),
+            ..ClientConfig::default()
+        };
+        // `http://` even over TLS: the client's connector does the handshake.
+        let endpoints = config
+            .upstream
+            .iter()
+            .map(|u| Endpoint::from_shared(format!("http://{u}")))
+            .collect::<Result<Vec<_>, _>>()
+            .context("agent.upstream")?;
+        anyhow::ensure!(
+            !endpoints.is_empty(),
+            "agent.upstream: at least one authority member"
+        );
+        let node = Node {
+            id: config.name.to_string(),
+            cluster: config.region.to_string(),
+            locality: Some(Locality {
+                region: config.region.to_string(),
+                zone: config.zone.to_string(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let subs = [TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE].map(|t| {
+            (
+                t.to_owned(),
+                Subscription {
+                    wildcard: true,
+                    ..Default::default()
+                },
+            )
+        });
+        let (client, applied) = XdsClient::connect_any(client_config, endpoints, node, subs);
+        tasks.push(tokio::spawn(apply_loop(
+            Arc::clone(&shared),
+            applied,
+            connected_tx,
+            shutdown_rx.clone(),
+        )));
+
+        // 6. Evidence: prober, LRS forwarding, relayed self-reports, one session.
+        let (probe_tx, probe_rx) = mpsc::channel::<WireSample>(1024);
+        let (prober, prober_task) = Prober::start(
+            ProberConfig {
+                seed: Some(seed),
+                ..ProberConfig::default()
+            },
+            probe_tx,
+        );
+        prober.register(&mut registry);
+        tasks.push(prober_task);
+        {
+            let outbound = outbound_tx.clone();
+            let metrics = metrics.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(samples) = lrs_rx.recv().await {
+                    if outbound
+                        .try_send(AgentMessage::Samples { samples })
+                        .is_err()
+                    {
+                        metrics.evidence_dropped.inc();
+                    }
+                }
+            }));
+        }
+        let session_config = SessionConfig {
+            members: config.ingest.clone(),
+            zone: config.zone.clone(),
+            tls: tls.as_ref().map(|t| Arc::clone(&t.upstream)),
+            seed,
+        };
+        tasks.push(tokio::spawn(session::run(
+            session_config,
+            prober,
+            probe_rx,
+            outbound_rx,
+            metrics.clone(),
+        )));
+
+        // 7. The HTTP API.
+        let http_listener = tokio::net::TcpListener::bind(config.listen.http)
+            .await
+            .with_context(|| format!("binding HTTP on {}", config.listen.http))?;
+        let http_addr = http_listener.local_addr()?;
+        {
+            let app = super::api::router(Arc::clone(&shared));
+            let mut stop = shutdown_rx.clone();
+            tasks.push(tokio::spawn(async move {
+                let served = axum::serve(http_listener, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "agent HTTP API failed");
+                }
+            }));
+        }
+
+        // 8. Service definitions for runtimes nothing watches.
+        let registrations = match &config.services_dir {
+            Some(dir) => Some(
+                super::registration::Registrations::start(dir, &config, http_client_for(&config))
+                    .await
+                    .context("agent.services_dir")?,
+            ),
+            None => None,
+        };
+
+        // Certificates are re-read when their files change (and on SIGHUP).
+        let reloader = tls.as_ref().map(|t| Arc::clone(&t.reloader));
+        let cert_watch = match &reloader {
+            Some(r) => match r.watch() {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot watch certificate files; reload on SIGHUP only");
+                    None
+                }
+            },
+            None => None,
+        };
+
+        *shared
+            .registry
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = registry;
+        tracing::info!(xds = %xds_addr, dns = %dns_addr, http = %http_addr, "node agent serving");
+        Ok(Self {
+            shared,
+            bound: Bound {
+                xds: xds_addr,
+                dns: dns_addr,
+                http: http_addr,
+                gossip: gossip_addr,
+            },
+            tasks,
+            gossip,
+            shutdown,
+            _client: client,
+            _dns: dns,
+            registrations,
+            reloader,
+            _cert_watch: cert_watch,
+        })
+    }
+
+    /// SIGHUP: re-read service definitions and certificate files. What fails to parse
+    /// changes nothing and is reported.
+    pub async fn reload(&self) -> anyhow::Result<()> {
+        if let Some(r) = &self.reloader {
+            let event = r.reload_now().await;
+            tracing::info!(?event, "certificates reloaded");
+        }
+        if let Some(r) = &self.registrations {
+            r.reload().await?;
+        }
+        Ok(())
+    }
+
+    /// Where the listeners are.
+    pub fn bound(&self) -> Bound {
+        self.bound
+    }
+
+    /// The served view.
+    pub fn status(&self) -> ViewStatus {
+        self.shared.status()
+    }
+
+    /// Relay a self-report from a workload this process trusts (the demo backends of
+    /// `waymark dev`, which run inside it). Workloads elsewhere report over mutual TLS.
+    pub fn relay_self_report(&self, instance: InstanceId, report: SelfReport) {
+        let message = AgentMessage::Relayed {
+            samples: vec![WireSample {
+                instance,
+                observation: Observation::SelfReport(report),
+            }],
+        };
+        if self.shared.outbound.try_send(message).is_err() {
+            self.shared.metrics.evidence_dropped.inc();
+        }
+    }
+
+    /// A handle that relays self-reports (see [`NodeAgent::relay_self_report`]).
+    pub fn self_report_relay(&self) -> impl Fn(InstanceId, SelfReport) + Send + Sync + 'static {
+        let outbound = self.shared.outbound.clone();
+        let metrics = self.shared.metrics.clone();
+        move |instance, report| {
+            let message = AgentMessage::Relayed {
+                samples: vec![WireSample {
+                    instance,
+                    observation: Observation::SelfReport(report),
+                }],
+            };
+            if outbound.try_send(message).is_err() {
+                metrics.evidence_dropped.inc();
+            }
+        }
+    }
+
+    /// Stop: deregister service definitions first, then leave gossip, then close the
+    /// listeners.
+    pub async fn shutdown(mut self) {
+        if let Some(r) = self.registrations.take() {
+            r.deregister_all().await;
+        }
+        if let Some(g) = self.gossip.take() {
+            let _ = g.leave().await;
+        }
+        let _ = self.shutdown.send(true);
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Apply every upstream change; release held-back removals on time; keep the staleness
+/// metrics current.
+async fn apply_loop(
+    shared: Arc<Shared>,
+    mut applied: watch::Receiver<Arc<Applied>>,
+    connected: watch::Sender<bool>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let due = shared.lock_view().poll_timeout();
+        let timer = async {
+            match due {
+                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = applied.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let state = applied.borrow_and_update().clone();
+                connected.send_replace(state.connected);
+                shared.metrics.upstream_connected.set(i64::from(state.connected));
+                shared.metrics.upstream_nacks.set(state.nacks as i64);
+                let mut view = shared.lock_view();
+                let changes = view.apply(&state.types, Instant::now());
+                if !changes.is_empty() || !changes.refused.is_empty() {
+                    tracing::info!(services = changes.services.len(), other = changes.other, refused = changes.refused.len(), "upstream view applied");
+                }
+                shared.publish(&view, &changes);
+                if state.connected {
+                    *shared.confirmed_at.lock().unwrap_or_else(PoisonError::into_inner) = SystemTime::now();
+                }
+            }
+            () = timer => {
+                let mut view = shared.lock_view();
+                let changes = view.handle_timeout(Instant::now());
+                shared.publish(&view, &changes);
+            }
+            _ = tick.tick() => {
+                *shared.heartbeat.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+                if *connected.borrow() {
+                    *shared.confirmed_at.lock().unwrap_or_else(PoisonError::into_inner) = SystemTime::now();
+                }
+                refresh_staleness(&shared);
+            }
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+fn refresh_staleness(shared: &Shared) {
+    let confirmed = *shared
+        .confirmed_at
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let age = SystemTime::now()
+        .duration_since(confirmed)
+        .unwrap_or_default()
+        .as_secs_f64();
+    shared.metrics.lkg_age_seconds.set(age);
+    let view = shared.lock_view();
+    for (name, s) in view.states() {
+        // A service whose upstream view is refused is as old as its last accepted one;
+        // the agent does not track that separately, so it is reported no younger than the
+        // cache.
+        let _ = s;
+        shared
+            .metrics
+            .view_age_seconds
+            .get_or_create(&ServiceLabels {
+                service: name.clone(),
+            })
+            .set(age);
+    }
+}
+
+/// TLS configs: the server side for sidecars and workloads, the client side towards the
+/// authority.
+struct AgentTls {
+    server: Arc<rustls::ServerConfig>,
+    upstream: Arc<rustls::ClientConfig>,
+    reloader: Arc<Reloader>,
+}
+
+async fn tls_configs(t: &super::config::Tls) -> anyhow::Result<AgentTls> {
+    let trust_domain = TrustDomain::new(&t.trust_domain)
+        .map_err(|e| anyhow::anyhow!("agent.tls.trust_domain: {e}"))?;
+    let own = PeerPolicy {
+        trust_domain: trust_domain.clone(),
+        accepted: KindSet::only(IdentityKind::Node),
+    };
+    let paths = MaterialPaths {
+        cert_chain: t.cert_chain.clone(),
+        key: t.key.clone(),
+        bundle: t.bundle.clone(),
+    };
+    let material = load_material(&paths, &own, SystemTime::now())
+        .await
+        .context("loading this node's certificate")?;
+    let live = LiveMaterial::new(material);
+    let metrics = CertMetrics::new();
+    let reloader = Reloader::new(paths, Arc::clone(&live), own, metrics.clone());
+    let sidecars = PeerPolicy {
+        trust_domain: trust_domain.clone(),
+        accepted: KindSet::only(IdentityKind::Workload),
+    };
+    let server = server_config(&live, sidecars, metrics.clone(), &[ALPN_H2])?;
+    let authorities = PeerPolicy {
+        trust_domain,
+        accepted: KindSet::only(IdentityKind::Authority),
+    };
+    let upstream = client_config(&live, authorities, metrics, &[ALPN_H2])?;
+    Ok(AgentTls {
+        server: Arc::new(server),
+        upstream: Arc::new(upstream),
+        reloader,
+    })
+}
+
+fn http_client_for(config: &AgentConfig) -> super::registration::ApiTarget {
+    super::registration::ApiTarget {
+        members: config.api.clone(),
+    }
+}
+
+/// A stable per-node seed for jitter (FNV-1a of the name).
+fn seed_of(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

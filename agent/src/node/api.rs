@@ -1,0 +1,93 @@
+//! The node agent's local HTTP API.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /livez` | the agent's own loop is turning (process-internal only: a dead authority never fails it) |
+//! | `GET /readyz` | a view is loaded and served locally (instance-local only) |
+//! | `GET /metrics` | Prometheus text exposition |
+//! | `GET /v1/view` | the served view per service: versions, held-back endpoints, refusals, age |
+//! | `GET /v1/members` | the gossip pool as this agent sees it |
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+
+use super::agent::Shared;
+
+pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
+    axum::Router::new()
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/v1/view", get(view))
+        .route("/v1/members", get(members))
+        .with_state(shared)
+}
+
+async fn livez(State(s): State<Arc<Shared>>) -> Response {
+    if s.alive() {
+        (StatusCode::OK, "alive\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the agent's loop has stalled\n",
+        )
+            .into_response()
+    }
+}
+
+async fn readyz(State(s): State<Arc<Shared>>) -> Response {
+    // Ready as soon as something is served: the cache counts (that is the point of it).
+    let status = s.status();
+    if status.services.is_empty() && !status.upstream_connected {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no view yet: the cache was empty and the upstream has not answered\n",
+        )
+            .into_response()
+    } else {
+        (StatusCode::OK, "ready\n").into_response()
+    }
+}
+
+async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics_text(),
+    )
+        .into_response()
+}
+
+async fn view(State(s): State<Arc<Shared>>) -> Response {
+    axum::Json(s.status()).into_response()
+}
+
+async fn members(State(s): State<Arc<Shared>>) -> Response {
+    match s.members() {
+        Some(list) => {
+            let members: Vec<_> = list
+                .iter()
+                .map(|m| {
+                    json!({
+                        "name": m.id.name.as_str(),
+                        "addr": m.id.addr.to_string(),
+                        "zone": m.id.zone.as_str(),
+                        "role": format!("{:?}", m.id.role).to_lowercase(),
+                        "state": format!("{:?}", m.state).to_lowercase(),
+                        "local": m.local,
+                    })
+                })
+                .collect();
+            axum::Json(json!({"node": s.name.as_str(), "members": members})).into_response()
+        }
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"error": {"reason": "no_gossip", "message": "this agent is not in a gossip pool (no [agent.gossip])"}})),
+        )
+            .into_response(),
+    }
+}

@@ -1,1 +1,0 @@
-//! DNS over the last-known-good view (filled in by the DNS work).

@@ -1,1 +1,0 @@
-//! Load reports from the host's Envoys, aggregated and forwarded as passive evidence.

@@ -1,0 +1,135 @@
+//! `waymark dev` as a newcomer uses it: the whole region starts in one process, every
+//! demo instance becomes eligible from real probes and self-reports, and switching demo
+//! backends over the control API produces the verdicts the README promises.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use http::Method;
+use serde_json::{Value, json};
+use waymark_agent::cli::http::ApiClient;
+use waymark_agent::dev::{DevArgs, DevRegion};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn verdicts(api: &ApiClient, service: &str) -> Value {
+    let list = api.get_json("/v1/services").await.unwrap();
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["service"] == service)
+        .map(|s| s["verdicts"].clone())
+        .unwrap_or(Value::Null)
+}
+
+async fn explain(api: &ApiClient, instance: &str) -> Value {
+    api.get_json(&format!("/v1/instances/{instance}/explain"))
+        .await
+        .unwrap()
+}
+
+/// Polls `check` until it returns `Some`, at most [`WAIT`].
+async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn set_mode(control: &ApiClient, backend: &str, mode: &str) {
+    let r = control
+        .send(
+            Method::PUT,
+            &format!("/v1/dev/backends/{backend}/mode"),
+            Some(&json!({ "mode": mode })),
+        )
+        .await
+        .unwrap();
+    assert!(r.status.is_success(), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dev_region_shows_every_verdict() {
+    waymark_certs::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let any = "127.0.0.1:0".parse().unwrap();
+    let dev = DevRegion::start(DevArgs {
+        dir: dir.path().to_path_buf(),
+        api: any,
+        xds: any,
+        dns: any,
+        agent_api: any,
+        backends_api: any,
+    })
+    .await
+    .unwrap();
+    let api = ApiClient::new(&dev.authority().http_addr().to_string(), None);
+    let control = ApiClient::new(&dev.backends_api().to_string(), None);
+    let agent = ApiClient::new(&dev.agent().bound().http.to_string(), None);
+    let guide = dev.guide();
+    for listener in [
+        dev.authority().http_addr().to_string(),
+        dev.agent().bound().xds.to_string(),
+        dev.backends_api().to_string(),
+    ] {
+        assert!(
+            guide.contains(&listener),
+            "the guide names {listener}:\n{guide}"
+        );
+    }
+
+    // Every instance becomes eligible from evidence alone (probes, self-reports).
+    for (service, n) in [("web", 6), ("checkout", 3), ("inventory", 3)] {
+        until(&format!("{service}: {n} eligible"), async || {
+            (verdicts(&api, service).await["eligible"] == n).then_some(())
+        })
+        .await;
+    }
+    // The node agent serves it, and is in the gossip pool with the authority.
+    let view = agent.get_json("/v1/view").await.unwrap();
+    assert_eq!(view["upstream_connected"], true, "{view}");
+    let members = agent.get_json("/v1/members").await.unwrap();
+    assert_eq!(members["members"].as_array().unwrap().len(), 2, "{members}");
+
+    let ids = dev.instances();
+    // A hard failure withdraws the instance.
+    set_mode(&control, "web-az1-1", "fail-hard").await;
+    let id = ids["web-az1-1"].to_string();
+    until("web-az1-1 ineligible (hard failure)", async || {
+        let e = explain(&api, &id).await;
+        (e["verdict"] == "ineligible").then_some(())
+    })
+    .await;
+    // A degraded shared dependency lowers weight, it does not withdraw.
+    set_mode(&control, "checkout-az2-1", "degraded-dependency").await;
+    let id = ids["checkout-az2-1"].to_string();
+    until("checkout-az2-1 degraded", async || {
+        let e = explain(&api, &id).await;
+        (e["verdict"] == "degraded").then_some(())
+    })
+    .await;
+    // Back to healthy: it returns.
+    set_mode(&control, "web-az1-1", "healthy").await;
+    let id = ids["web-az1-1"].to_string();
+    until("web-az1-1 eligible again", async || {
+        let e = explain(&api, &id).await;
+        (e["verdict"] == "eligible").then_some(())
+    })
+    .await;
+    // An unknown backend is refused by name.
+    let r = control
+        .send(
+            Method::PUT,
+            "/v1/dev/backends/nope/mode",
+            Some(&json!({"mode": "slow"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, http::StatusCode::NOT_FOUND);
+
+    dev.stop().await;
+}

@@ -1,0 +1,205 @@
+//! Service definitions for unwatched runtimes: a real `waymark agent` process registers each
+//! definition in its `services_dir` with a lease, renews it, and on SIGTERM deregisters it
+//! before it exits (the instance is gone at once, long before its lease would expire).
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use http::Method;
+use serde_json::{Value, json};
+use waymark_agent::authority::member::{Authority, AuthorityConfig};
+use waymark_agent::cli::http::ApiClient;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn billing(api: &ApiClient) -> Option<Value> {
+    let list = api.get_json("/v1/instances?service=billing").await.unwrap();
+    list.as_array().unwrap().first().cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn definitions_are_registered_renewed_and_deregistered_on_sigterm() {
+    waymark_certs::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let auth = Authority::start(AuthorityConfig {
+        id: 1,
+        region: "r1".parse().unwrap(),
+        zones: ["z1".parse().unwrap()].into(),
+        data_dir: dir.path().join("authority"),
+        http: "127.0.0.1:0".parse().unwrap(),
+        xds: "127.0.0.1:0".parse().unwrap(),
+        ingest: None,
+        tls: None,
+        kubernetes: None,
+        gossip: None,
+    })
+    .await
+    .unwrap();
+    auth.bootstrap(BTreeMap::from([(1, auth.member())]))
+        .await
+        .unwrap();
+    let mut m = auth.raft().watch_metrics();
+    tokio::time::timeout(WAIT, m.wait_for(|m| m.state.is_leader()))
+        .await
+        .unwrap()
+        .unwrap();
+    let api = ApiClient::new(&auth.http_addr().to_string(), None);
+    let r = api
+        .send(
+            Method::PUT,
+            "/v1/services/billing",
+            Some(&json!({"owner": "billing", "contract": {}})),
+        )
+        .await
+        .unwrap();
+    assert!(r.status.is_success(), "{r:?}");
+
+    let services = dir.path().join("services.d");
+    std::fs::create_dir_all(&services).unwrap();
+    std::fs::write(
+        services.join("billing.toml"),
+        "name = \"billing\"\naddress = \"10.0.3.7\"\nport = 8080\ntags = [\"v2\"]\nlease = \"6s\"\n",
+    )
+    .unwrap();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[agent]
+name = "vm-1"
+region = "r1"
+zone = "z1"
+data_dir = "{data}"
+upstream = ["{xds}"]
+api = ["{http}"]
+services_dir = "{services}"
+
+[agent.listen]
+xds = "127.0.0.1:{p1}"
+dns = "127.0.0.1:{p2}"
+http = "127.0.0.1:{p3}"
+"#,
+            data = dir.path().join("agent").display(),
+            xds = auth.xds_addr(),
+            http = auth.http_addr(),
+            services = services.display(),
+            p1 = free_port(),
+            p2 = free_port(),
+            p3 = free_port(),
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_waymark"))
+        .args(["agent", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let log_of = || std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
+
+    // Registered, with the agent's locality and the definition's tags.
+    let deadline = Instant::now() + WAIT;
+    let first = loop {
+        if let Some(v) = billing(&api).await {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "never registered:\n{}", log_of());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(first["instance"]["locality"]["node"], "vm-1", "{first}");
+    assert_eq!(first["instance"]["locality"]["zone"], "z1", "{first}");
+    assert_eq!(first["instance"]["tags"], json!(["v2"]), "{first}");
+    let id = first["instance"]["id"].clone();
+
+    // Renewed: the same instance's lease moves forward.
+    let expires = first["lease_expires_at_ms"].as_u64().unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let now = billing(&api).await.expect("kept registered");
+        assert_eq!(now["instance"]["id"], id, "the same instance, renewed");
+        if now["lease_expires_at_ms"].as_u64().unwrap() > expires {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never renewed:\n{}", log_of());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // SIGHUP after the definition changed: the old instance goes, a new one comes (ids are
+    // never reused). A broken file next to it changes nothing.
+    let pid = agent.id().to_string();
+    std::fs::write(
+        services.join("billing.toml"),
+        "name = \"billing\"\naddress = \"10.0.3.7\"\nport = 8081\nlease = \"6s\"\n",
+    )
+    .unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + WAIT;
+    let moved = loop {
+        if let Some(v) = billing(&api).await
+            && v["instance"]["address"]["port"] == 8081
+        {
+            break v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP not applied:\n{}",
+            log_of()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_ne!(
+        moved["instance"]["id"], id,
+        "a changed definition is a new instance"
+    );
+    let list = api.get_json("/v1/instances?service=billing").await.unwrap();
+    assert_eq!(
+        list.as_array().unwrap().len(),
+        1,
+        "the old one is gone: {list}"
+    );
+    std::fs::write(services.join("broken.toml"), "name = 3\n").unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+
+    // SIGTERM: deregistered before the process exits.
+    let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(status.success());
+    let exited = agent.wait().unwrap();
+    assert!(
+        exited.success(),
+        "the agent stops cleanly on SIGTERM: {exited:?}"
+    );
+    let gone = billing(&api).await;
+    assert!(
+        gone.is_none(),
+        "deregistered on SIGTERM, not left to expire: {gone:?}\n{}",
+        log_of()
+    );
+    auth.shutdown().await;
+}

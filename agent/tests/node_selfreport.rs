@@ -1,0 +1,261 @@
+//! A workload's self-report, through its node agent, over mutual TLS both hops: the
+//! workload's certificate is the reporter; the agent refuses anything not about that
+//! workload and relays the rest; the authority admits a relayed report only for an
+//! instance on the relaying node, and `explain` attributes it to the instance.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::StreamExt;
+use http::Method;
+use serde_json::json;
+use tonic::transport::Endpoint;
+use waymark_agent::authority::ingest::{AgentMessage, AuthorityMessage, ClientSession, WireSample};
+use waymark_agent::authority::member::{Authority, AuthorityConfig, TlsSettings};
+use waymark_agent::cli::http::ApiClient;
+use waymark_agent::node::NodeAgent;
+use waymark_agent::node::config::{AgentConfig, Bounds, Listen, Tls};
+use waymark_certs::grpc::TlsConnector;
+use waymark_certs::layout::PkiDir;
+use waymark_certs::reload::{MaterialPaths, load_material};
+use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config};
+use waymark_certs::{CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, TrustDomain};
+use waymark_core::model::{Observation, SelfReport};
+
+const TD: &str = "waymark.test";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn issue(pki: &PkiDir, path: &str) -> MaterialPaths {
+    let identity = Identity::parse(&format!("spiffe://{TD}/{path}")).unwrap();
+    let region = Name::new("eu").unwrap();
+    let (_, paths) = pki
+        .issue(
+            &identity,
+            Some(&region),
+            Duration::from_secs(24 * 3600),
+            None,
+            SystemTime::now(),
+        )
+        .unwrap();
+    MaterialPaths {
+        cert_chain: paths.fullchain,
+        key: paths.key,
+        bundle: pki.bundle(),
+    }
+}
+
+/// A workload's evidence session to its node agent.
+async fn workload_session(pki: &PkiDir, who: &str, agent: SocketAddr) -> ClientSession {
+    let paths = issue(pki, who);
+    let own = PeerPolicy {
+        trust_domain: TrustDomain::new(TD).unwrap(),
+        accepted: KindSet::ALL,
+    };
+    let material = load_material(&paths, &own, SystemTime::now())
+        .await
+        .unwrap();
+    let agents = PeerPolicy {
+        trust_domain: TrustDomain::new(TD).unwrap(),
+        accepted: KindSet::only(IdentityKind::Node),
+    };
+    let config = client_config(
+        &LiveMaterial::new(material),
+        agents,
+        CertMetrics::new(),
+        &[ALPN_H2],
+    )
+    .unwrap();
+    let channel = Endpoint::from_shared(format!("http://{agent}"))
+        .unwrap()
+        .connect_with_connector(TlsConnector::new(std::sync::Arc::new(config)))
+        .await
+        .unwrap();
+    ClientSession::open(channel).await.unwrap()
+}
+
+async fn ack(s: &mut ClientSession) -> (u64, Vec<String>) {
+    loop {
+        let msg = tokio::time::timeout(WAIT, s.inbound.next())
+            .await
+            .expect("an answer in time")
+            .expect("stream open")
+            .unwrap();
+        if let AuthorityMessage::Ack { accepted, refused } = msg {
+            return (accepted, refused.into_iter().map(|r| r.reason).collect());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_reports_about_itself_through_its_agent() {
+    waymark_certs::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = PkiDir::new(dir.path().join("pki"));
+    pki.init(
+        &TrustDomain::new(TD).unwrap(),
+        &[Name::new("eu").unwrap()],
+        SystemTime::now(),
+    )
+    .unwrap();
+
+    let authority = Authority::start(AuthorityConfig {
+        id: 1,
+        region: "eu".parse().unwrap(),
+        zones: ["a".parse().unwrap()].into(),
+        data_dir: dir.path().join("authority"),
+        http: "127.0.0.1:0".parse().unwrap(),
+        xds: "127.0.0.1:0".parse().unwrap(),
+        ingest: Some("127.0.0.1:0".parse().unwrap()),
+        tls: Some(TlsSettings {
+            trust_domain: TrustDomain::new(TD).unwrap(),
+            paths: issue(&pki, "region/eu/authority/a1"),
+        }),
+        kubernetes: None,
+        gossip: None,
+    })
+    .await
+    .unwrap();
+    authority
+        .bootstrap(BTreeMap::from([(1, authority.member())]))
+        .await
+        .unwrap();
+    let mut m = authority.raft().watch_metrics();
+    tokio::time::timeout(WAIT, m.wait_for(|m| m.state.is_leader()))
+        .await
+        .unwrap()
+        .unwrap();
+    let api = ApiClient::new(&authority.http_addr().to_string(), None);
+    let contract = json!({"owner": "payments", "contract": {
+        "profile": {"probe": true, "self_report": true, "passive": true}
+    }});
+    let r = api
+        .send(Method::PUT, "/v1/services/pay", Some(&contract))
+        .await
+        .unwrap();
+    assert!(r.status.is_success(), "{r:?}");
+    let mut ids = Vec::new();
+    for (node, port) in [("n1", 8080), ("n2", 8081)] {
+        let reg = json!({
+            "service": "pay",
+            "locality": {"region": "eu", "zone": "a", "node": node},
+            "address": {"ip": "10.0.0.1", "port": port},
+        });
+        let v = api
+            .send(Method::POST, "/v1/instances", Some(&reg))
+            .await
+            .unwrap()
+            .json()
+            .unwrap();
+        ids.push(v["instance"].as_str().unwrap().to_owned());
+    }
+    let (on_n1, on_n2) = (ids[0].clone(), ids[1].clone());
+
+    let node = issue(&pki, "region/eu/node/n1");
+    let agent = NodeAgent::start(AgentConfig {
+        name: "n1".parse().unwrap(),
+        region: "eu".parse().unwrap(),
+        zone: "a".parse().unwrap(),
+        data_dir: dir.path().join("agent"),
+        upstream: vec![authority.xds_addr().to_string()],
+        ingest: vec![authority.ingest_addr().unwrap().to_string()],
+        api: Vec::new(),
+        listen: Listen {
+            xds: "127.0.0.1:0".parse().unwrap(),
+            dns: "127.0.0.1:0".parse().unwrap(),
+            http: "127.0.0.1:0".parse().unwrap(),
+            local_plaintext: false,
+        },
+        bounds: Bounds::default(),
+        services_dir: None,
+        gossip: None,
+        tls: Some(Tls {
+            trust_domain: TD.into(),
+            cert_chain: node.cert_chain,
+            key: node.key,
+            bundle: node.bundle,
+        }),
+    })
+    .await
+    .unwrap();
+
+    // The workload on n1 reports; a report about another instance is refused at the agent.
+    let mut s = workload_session(
+        &pki,
+        &format!("region/eu/service/pay/instance/{on_n1}"),
+        agent.bound().xds,
+    )
+    .await;
+    let not_ready = Observation::SelfReport(SelfReport::NotReady {
+        detail: "warming caches".into(),
+    });
+    let about = |id: &str| WireSample {
+        instance: id.parse().unwrap(),
+        observation: not_ready.clone(),
+    };
+    s.send(AgentMessage::Samples {
+        samples: vec![about(&on_n1), about(&on_n2)],
+    })
+    .await
+    .unwrap();
+    let (accepted, refused) = ack(&mut s).await;
+    assert_eq!(accepted, 1);
+    assert_eq!(refused, vec!["not_about_itself".to_owned()]);
+
+    // The authority attributes the relayed report to the instance itself.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let e = api
+            .get_json(&format!("/v1/instances/{on_n1}/explain"))
+            .await
+            .unwrap();
+        let sr = e["classes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["class"] == "self_report")
+            .cloned()
+            .unwrap();
+        if sr["reporter"] == format!("instance/{on_n1}") {
+            assert!(sr["last"].to_string().contains("warming caches"), "{sr}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never attributed: {e}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A workload on another node, relayed through n1, is refused by the authority: the
+    // agent relays it (the identity is the instance's), the authority checks the node.
+    let mut far = workload_session(
+        &pki,
+        &format!("region/eu/service/pay/instance/{on_n2}"),
+        agent.bound().xds,
+    )
+    .await;
+    far.send(AgentMessage::Samples {
+        samples: vec![about(&on_n2)],
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        ack(&mut far).await.0,
+        1,
+        "the agent relays what is about the sender"
+    );
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let audit = api
+            .get_json("/v1/audit?kind=denial")
+            .await
+            .unwrap()
+            .to_string();
+        if audit.contains("not_on_relaying_node") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no denial audited: {audit}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    agent.shutdown().await;
+    authority.shutdown().await;
+}
