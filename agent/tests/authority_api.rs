@@ -4,43 +4,22 @@
 //! (linted by `promtool`), and the CLI wrappers.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+mod common;
+
+use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
-use waymark_agent::authority::member::{Authority, AuthorityConfig};
+use waymark_agent::authority::member::Authority;
 use waymark_agent::cli::http::ApiClient;
 
 const WAIT: Duration = Duration::from_secs(20);
 
 async fn single_member(dir: &std::path::Path) -> Authority {
-    waymark_certs::install_crypto_provider();
-    let a = Authority::start(AuthorityConfig {
-        id: 1,
-        region: "eu".parse().unwrap(),
-        zones: ["a".parse().unwrap(), "b".parse().unwrap()].into(),
-        data_dir: PathBuf::from(dir),
-        http: "127.0.0.1:0".parse().unwrap(),
-        xds: "127.0.0.1:0".parse().unwrap(),
-        ingest: None,
-        tls: None,
-        kubernetes: None,
-        gossip: None,
-    })
-    .await
-    .unwrap();
-    a.bootstrap(BTreeMap::from([(1, a.member())]))
-        .await
-        .unwrap();
-    let mut m = a.raft().watch_metrics();
-    tokio::time::timeout(WAIT, m.wait_for(|m| m.state.is_leader()))
-        .await
-        .unwrap()
-        .unwrap();
-    a
+    let any = "127.0.0.1:0".parse().unwrap();
+    common::single_member(common::plain(dir, "eu", &["a", "b"], any)).await
 }
 
 /// Sends and returns (status, body as JSON).

@@ -10,11 +10,14 @@
 //! 5. the authority returns: the agent reconnects and nothing regresses.
 #![allow(clippy::unwrap_used)]
 
+mod common;
 #[path = "../../xds-edge/tests/support/mod.rs"]
 mod support;
 
+use common::free_port;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -22,44 +25,15 @@ use std::time::Duration;
 use http::Method;
 use serde_json::{Value, json};
 use support::{Backend, Envoy, EnvoyConfig, Route, Xds, XdsMode, eventually};
-use waymark_agent::authority::member::{Authority, AuthorityConfig};
+use waymark_agent::authority::member::Authority;
 use waymark_agent::cli::http::ApiClient;
 
 const WAIT: Duration = Duration::from_secs(60);
 const BACKENDS: usize = 10;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn authority(dir: &Path, xds: u16) -> Authority {
-    let a = Authority::start(AuthorityConfig {
-        id: 1,
-        region: "r1".parse().unwrap(),
-        zones: ["z1".parse().unwrap()].into(),
-        data_dir: dir.to_path_buf(),
-        http: "127.0.0.1:0".parse().unwrap(),
-        xds: SocketAddr::from(([127, 0, 0, 1], xds)),
-        ingest: None,
-        tls: None,
-        kubernetes: None,
-        gossip: None,
-    })
-    .await
-    .unwrap();
-    a.bootstrap(BTreeMap::from([(1, a.member())]))
-        .await
-        .unwrap();
-    let mut m = a.raft().watch_metrics();
-    tokio::time::timeout(WAIT, m.wait_for(|m| m.state.is_leader()))
-        .await
-        .unwrap()
-        .unwrap();
-    a
+    let xds = SocketAddr::from(([127, 0, 0, 1], xds));
+    common::single_member(common::plain(dir, "r1", &["z1"], xds)).await
 }
 
 struct Agent {

@@ -11,8 +11,10 @@
 //! content that version had. 100 rounds by default (`WAYMARK_CRASH_ROUNDS`).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -33,17 +35,11 @@ use waymark_xds::snapshot::{Encoded, Snapshot};
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, cluster, to_any};
 use waymark_xds::{Keepalive, ServerConfig, XdsServer};
 
+use common::free_port;
+
 const SERVICES: [&str; 4] = ["pay", "cart", "search", "auth"];
 const NODE: &str = "crash-node";
 const WAIT: Duration = Duration::from_secs(30);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn zone() -> ZoneName {
     ZoneName::try_new("z1").unwrap()

@@ -3,25 +3,18 @@
 //! before it exits (the instance is gone at once, long before its lease would expire).
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
-use std::net::TcpListener;
+mod common;
+
+use common::free_port;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use http::Method;
 use serde_json::{Value, json};
-use waymark_agent::authority::member::{Authority, AuthorityConfig};
 use waymark_agent::cli::http::ApiClient;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 async fn billing(api: &ApiClient) -> Option<Value> {
     let list = api.get_json("/v1/instances?service=billing").await.unwrap();
@@ -32,28 +25,13 @@ async fn billing(api: &ApiClient) -> Option<Value> {
 async fn definitions_are_registered_renewed_and_deregistered_on_sigterm() {
     waymark_certs::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
-    let auth = Authority::start(AuthorityConfig {
-        id: 1,
-        region: "r1".parse().unwrap(),
-        zones: ["z1".parse().unwrap()].into(),
-        data_dir: dir.path().join("authority"),
-        http: "127.0.0.1:0".parse().unwrap(),
-        xds: "127.0.0.1:0".parse().unwrap(),
-        ingest: None,
-        tls: None,
-        kubernetes: None,
-        gossip: None,
-    })
-    .await
-    .unwrap();
-    auth.bootstrap(BTreeMap::from([(1, auth.member())]))
-        .await
-        .unwrap();
-    let mut m = auth.raft().watch_metrics();
-    tokio::time::timeout(WAIT, m.wait_for(|m| m.state.is_leader()))
-        .await
-        .unwrap()
-        .unwrap();
+    let config = common::plain(
+        &dir.path().join("authority"),
+        "r1",
+        &["z1"],
+        "127.0.0.1:0".parse().unwrap(),
+    );
+    let auth = common::single_member(config).await;
     let api = ApiClient::new(&auth.http_addr().to_string(), None);
     let r = api
         .send(

@@ -333,3 +333,41 @@ fn metadata<const N: usize>(fields: [(&str, Value); N]) -> Metadata {
 
 #[cfg(test)]
 mod tests;
+
+// === Reading what `load_assignment` wrote ===
+
+/// An endpoint's IP and port, as [`load_assignment`] writes them; why not, for anything
+/// else (a pipe, a hostname, port 0). Callers decide whether that refuses the whole
+/// assignment (the resolver) or skips the endpoint (DNS).
+pub fn endpoint_socket(lb: &LbEndpoint) -> Result<(std::net::IpAddr, u16), &'static str> {
+    let Some(HostIdentifier::Endpoint(endpoint)) = &lb.host_identifier else {
+        return Err("no endpoint");
+    };
+    let Some(address::Address::SocketAddress(sa)) =
+        endpoint.address.as_ref().and_then(|a| a.address.as_ref())
+    else {
+        return Err("no socket address");
+    };
+    let ip: std::net::IpAddr = sa.address.parse().map_err(|_| "address is not an IP")?;
+    let port = match sa.port_specifier {
+        Some(socket_address::PortSpecifier::PortValue(p)) => {
+            u16::try_from(p).map_err(|_| "port out of range")?
+        }
+        _ => return Err("no port"),
+    };
+    if port == 0 {
+        return Err("port is zero");
+    }
+    Ok((ip, port))
+}
+
+/// A field of waymark's metadata namespace ([`METADATA_NAMESPACE`]), if present.
+pub fn metadata_field<'m>(metadata: Option<&'m Metadata>, key: &str) -> Option<&'m Kind> {
+    metadata?
+        .filter_metadata
+        .get(METADATA_NAMESPACE)?
+        .fields
+        .get(key)?
+        .kind
+        .as_ref()
+}

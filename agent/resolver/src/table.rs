@@ -23,18 +23,15 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::config::core::v3::address::Address as AddressKind;
-use envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier;
 use envoy_types::pb::envoy::config::core::v3::{HealthStatus, Metadata};
-use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
-use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, LbEndpoint};
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::google::protobuf::value::Kind;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
 use waymark_core::view::EndpointStatus;
 use waymark_xds::client::Applied;
-use waymark_xds::translate::{METADATA_NAMESPACE, TYPE_ENDPOINT};
+use waymark_xds::translate::{TYPE_ENDPOINT, endpoint_socket, metadata_field};
 
 /// The answer to "where do I send a request for this service?".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -318,7 +315,7 @@ pub fn translate(
             };
             let disregarded = disregarded || flag(lb.metadata.as_ref(), "health_disregarded");
             out.health_disregarded |= disregarded;
-            let (address, port) = socket(lb).map_err(invalid)?;
+            let (address, port) = endpoint_socket(lb).map_err(invalid)?;
             let weight = lb.load_balancing_weight.map_or(1, |w| w.value);
             if weight == 0 {
                 return Err(invalid("load_balancing_weight is zero"));
@@ -372,42 +369,12 @@ fn routable(
     }
 }
 
-fn socket(lb: &LbEndpoint) -> Result<(IpAddr, u16), &'static str> {
-    let Some(HostIdentifier::Endpoint(endpoint)) = &lb.host_identifier else {
-        return Err("no endpoint");
-    };
-    let Some(AddressKind::SocketAddress(sa)) =
-        endpoint.address.as_ref().and_then(|a| a.address.as_ref())
-    else {
-        return Err("no socket address");
-    };
-    let address: IpAddr = sa.address.parse().map_err(|_| "address is not an IP")?;
-    let port = match sa.port_specifier {
-        Some(PortSpecifier::PortValue(p)) => u16::try_from(p).map_err(|_| "port out of range")?,
-        _ => return Err("no port"),
-    };
-    if port == 0 {
-        return Err("port is zero");
-    }
-    Ok((address, port))
-}
-
-fn field<'a>(metadata: Option<&'a Metadata>, key: &str) -> Option<&'a Kind> {
-    metadata?
-        .filter_metadata
-        .get(METADATA_NAMESPACE)?
-        .fields
-        .get(key)?
-        .kind
-        .as_ref()
-}
-
 fn flag(metadata: Option<&Metadata>, key: &str) -> bool {
-    matches!(field(metadata, key), Some(Kind::BoolValue(true)))
+    matches!(metadata_field(metadata, key), Some(Kind::BoolValue(true)))
 }
 
 fn text<'a>(metadata: Option<&'a Metadata>, key: &str) -> Option<&'a str> {
-    match field(metadata, key) {
+    match metadata_field(metadata, key) {
         Some(Kind::StringValue(s)) => Some(s.as_str()),
         _ => None,
     }

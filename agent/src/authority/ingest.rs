@@ -294,46 +294,13 @@ impl EvidenceService {
                                 .await;
                             break;
                         };
-                        match sink.ingest_relayed(node, samples) {
-                            Ok(ack) => {
-                                let msg = AuthorityMessage::Ack {
-                                    accepted: ack.accepted,
-                                    refused: ack.refused,
-                                };
-                                if tx.send(Ok(msg)).await.is_err() {
-                                    break;
-                                }
-                            }
-                            Err(status) => {
-                                let _ = tx.send(Err(status)).await;
-                                break;
-                            }
+                        if !answer(&tx, sink.ingest_relayed(node, samples)).await {
+                            break;
                         }
                     }
                     AgentMessage::Samples { samples } => {
-                        if samples.len() > BATCH_MAX {
-                            let _ = tx
-                                .send(Err(Status::invalid_argument(format!(
-                                    "samples: {} in one message, at most {BATCH_MAX}",
-                                    samples.len()
-                                ))))
-                                .await;
+                        if !answer(&tx, sink.ingest(&reporter, samples)).await {
                             break;
-                        }
-                        match sink.ingest(&reporter, samples) {
-                            Ok(ack) => {
-                                let msg = AuthorityMessage::Ack {
-                                    accepted: ack.accepted,
-                                    refused: ack.refused,
-                                };
-                                if tx.send(Ok(msg)).await.is_err() {
-                                    break;
-                                }
-                            }
-                            Err(status) => {
-                                let _ = tx.send(Err(status)).await;
-                                break;
-                            }
                         }
                     }
                 }
@@ -401,6 +368,27 @@ where
                     .apply_max_message_size_config(Some(16 << 20), Some(16 << 20));
             Ok(grpc.streaming(SessionMethod(service), request).await)
         })
+    }
+}
+
+/// Send a batch's outcome: its acknowledgement, or the status that ends the session.
+/// `false` when the session is over.
+async fn answer(
+    tx: &mpsc::Sender<Result<AuthorityMessage, Status>>,
+    outcome: Result<Ack, Status>,
+) -> bool {
+    match outcome {
+        Ok(ack) => {
+            let msg = AuthorityMessage::Ack {
+                accepted: ack.accepted,
+                refused: ack.refused,
+            };
+            tx.send(Ok(msg)).await.is_ok()
+        }
+        Err(status) => {
+            let _ = tx.send(Err(status)).await;
+            false
+        }
     }
 }
 

@@ -20,10 +20,10 @@ use std::time::Instant;
 
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, OutlierDetection};
 use envoy_types::pb::envoy::config::core::v3::{
-    ConfigSource, SelfConfigSource, address, config_source::ConfigSourceSpecifier, socket_address,
+    ConfigSource, SelfConfigSource, config_source::ConfigSourceSpecifier,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
-    ClusterLoadAssignment, LbEndpoint, LocalityLbEndpoints, lb_endpoint::HostIdentifier,
+    ClusterLoadAssignment, LbEndpoint, LocalityLbEndpoints,
 };
 use envoy_types::pb::google::protobuf::{Any, UInt32Value};
 use prost::Message as _;
@@ -422,19 +422,8 @@ fn endpoints(
 
 /// `ip:port` of an endpoint, when it has a socket address.
 pub fn endpoint_key(lb: &LbEndpoint) -> Option<String> {
-    let Some(HostIdentifier::Endpoint(ep)) = &lb.host_identifier else {
-        return None;
-    };
-    let Some(address::Address::SocketAddress(sa)) = ep.address.as_ref()?.address.as_ref() else {
-        return None;
-    };
-    let Some(socket_address::PortSpecifier::PortValue(port)) = sa.port_specifier else {
-        return None;
-    };
-    Some(match sa.address.parse::<std::net::IpAddr>() {
-        Ok(ip) => std::net::SocketAddr::new(ip, port as u16).to_string(),
-        Err(_) => format!("{}:{port}", sa.address),
-    })
+    let (ip, port) = waymark_xds::translate::endpoint_socket(lb).ok()?;
+    Some(std::net::SocketAddr::new(ip, port).to_string())
 }
 
 /// Mirror `fresh` into `target` (transformed), returning how many entries changed.

@@ -1,7 +1,10 @@
 use std::time::Duration;
 
-use envoy_types::pb::envoy::config::core::v3::{Address as EnvoyAddress, Locality, SocketAddress};
+use envoy_types::pb::envoy::config::core::v3::{
+    Address as EnvoyAddress, Locality, SocketAddress, address, socket_address,
+};
 use envoy_types::pb::envoy::config::endpoint::v3::Endpoint;
+use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
 use waymark_core::units::Permille;
 
 use super::*;

@@ -40,16 +40,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use envoy_types::pb::envoy::config::core::v3::address::Address as AddressKind;
-use envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier;
 use envoy_types::pb::envoy::config::core::v3::{HealthStatus, Metadata};
-use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
 use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, LbEndpoint};
 use envoy_types::pb::google::protobuf::value::Kind;
 use hickory_proto::rr::rdata::{A, AAAA, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use tracing::debug;
-use waymark_xds::translate::METADATA_NAMESPACE;
+use waymark_xds::translate::{endpoint_socket, metadata_field};
 
 use super::origin::{DnsOrigin, parse_hex_label};
 
@@ -163,7 +160,7 @@ impl DnsTable {
                     .map(|l| l.zone.to_ascii_lowercase())
                     .unwrap_or_default();
                 for lb in locality.lb_endpoints.iter().filter(|lb| is_routed(lb)) {
-                    match socket(lb) {
+                    match endpoint_socket(lb) {
                         Ok((ip, port)) => endpoints.push(DnsEndpoint {
                             priority: locality.priority,
                             ip,
@@ -424,39 +421,9 @@ fn weight(lb: &LbEndpoint) -> u32 {
     lb.load_balancing_weight.map_or(1, |w| w.value)
 }
 
-fn socket(lb: &LbEndpoint) -> Result<(IpAddr, u16), &'static str> {
-    let Some(HostIdentifier::Endpoint(endpoint)) = &lb.host_identifier else {
-        return Err("no endpoint");
-    };
-    let Some(AddressKind::SocketAddress(sa)) =
-        endpoint.address.as_ref().and_then(|a| a.address.as_ref())
-    else {
-        return Err("no socket address");
-    };
-    let ip: IpAddr = sa.address.parse().map_err(|_| "address is not an IP")?;
-    let port = match sa.port_specifier {
-        Some(PortSpecifier::PortValue(p)) => u16::try_from(p).map_err(|_| "port out of range")?,
-        _ => return Err("no port"),
-    };
-    if port == 0 {
-        return Err("port is zero");
-    }
-    Ok((ip, port))
-}
-
-fn field<'m>(metadata: Option<&'m Metadata>, key: &str) -> Option<&'m Kind> {
-    metadata?
-        .filter_metadata
-        .get(METADATA_NAMESPACE)?
-        .fields
-        .get(key)?
-        .kind
-        .as_ref()
-}
-
 /// waymark's `tags` label: lower-case, sorted, without duplicates; none when absent.
 fn tags(metadata: Option<&Metadata>) -> Vec<String> {
-    let Some(Kind::ListValue(list)) = field(metadata, "tags") else {
+    let Some(Kind::ListValue(list)) = metadata_field(metadata, "tags") else {
         return Vec::new();
     };
     let tags: BTreeSet<String> = list
@@ -472,7 +439,7 @@ fn tags(metadata: Option<&Metadata>) -> Vec<String> {
 
 /// A locality's `view_version` label; 0 when absent or not a number.
 fn view_version(metadata: Option<&Metadata>) -> u64 {
-    match field(metadata, "view_version") {
+    match metadata_field(metadata, "view_version") {
         Some(Kind::StringValue(s)) => s.parse().unwrap_or(0),
         _ => 0,
     }

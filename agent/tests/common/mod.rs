@@ -1,0 +1,56 @@
+//! Shared by the agent's integration tests: a free port, and a single-member authority
+//! that is leading before the test goes on. Each test file that needs it declares
+//! `mod common;` and uses a part of it.
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::time::Duration;
+
+use waymark_agent::authority::member::{Authority, AuthorityConfig};
+
+/// How long a single member may take to lead.
+pub const LEAD_WAIT: Duration = Duration::from_secs(60);
+
+/// A port nothing listens on now (the listener is dropped before returning).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A plain-text member (no TLS, ingest, Kubernetes or gossip) of `region` with `zones`,
+/// storing in `dir`, its xDS on `xds` (port 0 picks one).
+pub fn plain(dir: &Path, region: &str, zones: &[&str], xds: SocketAddr) -> AuthorityConfig {
+    AuthorityConfig {
+        id: 1,
+        region: region.parse().unwrap(),
+        zones: zones.iter().map(|z| z.parse().unwrap()).collect(),
+        data_dir: dir.to_path_buf(),
+        http: "127.0.0.1:0".parse().unwrap(),
+        xds,
+        ingest: None,
+        tls: None,
+        kubernetes: None,
+        gossip: None,
+    }
+}
+
+/// Start `config` as the only member (bootstrapping it the first time) and wait until it
+/// leads.
+pub async fn single_member(config: AuthorityConfig) -> Authority {
+    waymark_certs::install_crypto_provider();
+    let a = Authority::start(config).await.unwrap();
+    a.bootstrap(BTreeMap::from([(1, a.member())]))
+        .await
+        .unwrap();
+    let mut m = a.raft().watch_metrics();
+    tokio::time::timeout(LEAD_WAIT, m.wait_for(|m| m.state.is_leader()))
+        .await
+        .expect("the single member leads")
+        .unwrap();
+    a
+}
