@@ -1,7 +1,16 @@
 //! `waymark dev` as a newcomer uses it: the whole region starts in one process, every
-//! demo instance becomes eligible from real probes and self-reports, and switching demo
-//! backends over the control API produces the verdicts the README promises.
+//! demo instance becomes eligible from real probes and self-reports, a real Envoy started
+//! with `deploy/envoy/dev.yaml` (as the README says) routes a request to a demo backend, and
+//! switching demo backends over the control API produces the verdicts the README promises.
+//!
+//! The agent's xDS listener is on the bootstrap's port (18000) and Envoy's listener and
+//! admin on 10000 and 9901, so this test runs alone (nextest group `processes`).
 #![allow(clippy::unwrap_used)]
+
+#[path = "../../xds-edge/tests/support/mod.rs"]
+mod support;
+
+use std::process::{Command, Stdio};
 
 use std::time::{Duration, Instant};
 
@@ -60,7 +69,8 @@ async fn the_dev_region_shows_every_verdict() {
     let dev = DevRegion::start(DevArgs {
         dir: dir.path().to_path_buf(),
         api: any,
-        xds: any,
+        // The port deploy/envoy/dev.yaml dials.
+        xds: "127.0.0.1:18000".parse().unwrap(),
         dns: any,
         agent_api: any,
         backends_api: any,
@@ -89,6 +99,37 @@ async fn the_dev_region_shows_every_verdict() {
         })
         .await;
     }
+    // The README's sidecar: a real Envoy from deploy/envoy/dev.yaml routes to a web backend.
+    let bootstrap =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/envoy/dev.yaml");
+    let mut envoy = Command::new(support::envoy_bin())
+        .args(["-c"])
+        .arg(&bootstrap)
+        .args([
+            "--disable-hot-restart",
+            "--concurrency",
+            "1",
+            "-l",
+            "warning",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("envoy.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let listener = "127.0.0.1:10000".parse().unwrap();
+    let body = until(
+        "Envoy routes to a demo backend",
+        async || match support::http::get(listener, "/").await {
+            Ok(r) if r.status == 200 => Some(r.body),
+            _ => None,
+        },
+    )
+    .await;
+    let _ = envoy.kill();
+    let _ = envoy.wait();
+    assert!(body.contains("\"service\":\"web\""), "{body}");
+
     // The node agent serves it, and is in the gossip pool with the authority.
     let view = agent.get_json("/v1/view").await.unwrap();
     assert_eq!(view["upstream_connected"], true, "{view}");
