@@ -360,28 +360,7 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
     ] {
         assert!(text.contains(name), "{name} missing");
     }
-    let mut lint = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian `prometheus`) is installed by scripts/test");
-    {
-        use std::io::Write;
-        lint.stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-    }
-    let out = lint.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::promtool_check(&text);
 
     // The CLI wrappers read the same API.
     let bin = env!("CARGO_BIN_EXE_waymark");

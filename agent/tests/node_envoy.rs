@@ -250,6 +250,23 @@ async fn envoy_routes_through_the_agent_across_outages_and_withdrawals() {
     assert_eq!(envoy_ports(&envoy).await, all);
     assert_eq!(dig_ports(agent.dns, false), all);
     assert_eq!(dig_ports(agent.dns, true), all);
+    // Staleness and the compatibility surfaces are exposed, in a format promtool accepts.
+    let metrics = ApiClient::new(&agent.http.to_string(), None)
+        .send(Method::GET, "/metrics", None)
+        .await
+        .unwrap();
+    let text = String::from_utf8(metrics.body.to_vec()).unwrap();
+    for name in [
+        "waymark_agent_upstream_connected 1",
+        "waymark_agent_lkg_age_seconds",
+        "waymark_agent_view_age_seconds{service=\"web\"}",
+        "waymark_agent_held_back_endpoints",
+        "waymark_dns_queries_total",
+        "waymark_lrs_",
+    ] {
+        assert!(text.contains(name), "{name} missing from /metrics:\n{text}");
+    }
+    common::promtool_check(&text);
     let dump = envoy.config_dump().await.to_string();
     assert!(
         dump.contains("\"max_ejection_percent\":20"),

@@ -197,12 +197,12 @@ impl Shared {
         self.gossip.as_ref().map(|g| g.borrow().clone())
     }
 
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition (0.0.4, what `promtool` and most scrapers read).
     pub(crate) fn metrics_text(&self) -> String {
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
         let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
-        out
+        crate::authority::metrics::to_prometheus_text(&out)
     }
 
     /// The main loop ticked recently (liveness is process-internal only).
@@ -700,12 +700,11 @@ fn refresh_staleness(shared: &Shared) {
         .unwrap_or_default()
         .as_secs_f64();
     shared.metrics.lkg_age_seconds.set(age);
+    // Every service's view is as old as the last upstream confirmation: the agent does not
+    // age a service whose upstream view it refused separately (that refusal is its own
+    // metric, `waymark_agent_views_refused`).
     let view = shared.lock_view();
-    for (name, s) in view.states() {
-        // A service whose upstream view is refused is as old as its last accepted one;
-        // the agent does not track that separately, so it is reported no younger than the
-        // cache.
-        let _ = s;
+    for (name, _) in view.states() {
         shared
             .metrics
             .view_age_seconds

@@ -54,3 +54,28 @@ pub async fn single_member(config: AuthorityConfig) -> Authority {
         .unwrap();
     a
 }
+
+/// `promtool check metrics` on an exposition; panics with promtool's complaint.
+pub fn promtool_check(text: &str) {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let mut lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian `prometheus`) is installed by scripts/test");
+    lint.stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = lint.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
