@@ -6,7 +6,11 @@
 //! Environment overrides use the `WAYMARK_AGENT_` prefix and the key's path in capitals:
 //! `WAYMARK_AGENT_NAME`, `WAYMARK_AGENT_ZONE`, `WAYMARK_AGENT_DATA_DIR`,
 //! `WAYMARK_AGENT_UPSTREAM` (comma-separated), `WAYMARK_AGENT_LISTEN_XDS`,
-//! `WAYMARK_AGENT_LISTEN_DNS`, `WAYMARK_AGENT_LISTEN_HTTP`.
+//! `WAYMARK_AGENT_LISTEN_DNS`, `WAYMARK_AGENT_LISTEN_HTTP`, `WAYMARK_AGENT_GOSSIP_BIND`,
+//! `WAYMARK_AGENT_GOSSIP_KEYS` (comma-separated; whitespace around each is dropped, as a
+//! key read from a mounted secret ends in a newline). `WAYMARK_AGENT_CONFIG` and
+//! `WAYMARK_AGENT_API` belong to the command line and are left alone; any other
+//! `WAYMARK_AGENT_*` is refused by name.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -221,6 +225,21 @@ impl AgentFile {
                 "WAYMARK_AGENT_LISTEN_HTTP" => {
                     a.listen.http = value.parse().map_err(|e| bad(format!("{e}")))?;
                 }
+                "WAYMARK_AGENT_GOSSIP_BIND" => {
+                    let bind = value.parse().map_err(|e| bad(format!("{e}")))?;
+                    gossip_section(a).bind = bind;
+                }
+                "WAYMARK_AGENT_GOSSIP_KEYS" => {
+                    // Often read from a mounted secret: surrounding whitespace is not key.
+                    gossip_section(a).keys = value
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|k| !k.is_empty())
+                        .map(str::to_owned)
+                        .collect();
+                }
+                // The command line's own variables (`--config`, `waymark members --agent`).
+                "WAYMARK_AGENT_CONFIG" | "WAYMARK_AGENT_API" => {}
                 _ => return Err(bad("not a setting the agent knows".into())),
             }
         }
@@ -292,6 +311,16 @@ impl AgentFile {
     pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
         toml::to_string_pretty(self)
     }
+}
+
+/// `[agent.gossip]`, created empty when the environment is the first to name it (the
+/// check afterwards refuses it unless bind and keys were both given).
+fn gossip_section(a: &mut AgentConfig) -> &mut Gossip {
+    a.gossip.get_or_insert_with(|| Gossip {
+        bind: SocketAddr::from(([0, 0, 0, 0], 7946)),
+        seeds: Vec::new(),
+        keys: Vec::new(),
+    })
 }
 
 #[cfg(test)]
@@ -380,5 +409,30 @@ upstream = ["10.0.0.1:18000"]
         .unwrap_err()
         .to_string();
         assert!(e.contains("WAYMARK_AGENT_COLOUR"), "{e}");
+    }
+
+    #[test]
+    fn gossip_from_the_environment_and_the_command_lines_own_variables() {
+        let key = "0e6f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7";
+        let keys = format!(" {key}\n");
+        let env = [
+            ("WAYMARK_AGENT_GOSSIP_BIND", "10.0.1.17:7946"),
+            ("WAYMARK_AGENT_GOSSIP_KEYS", keys.as_str()),
+            ("WAYMARK_AGENT_CONFIG", "/etc/waymark/agent.toml"),
+            ("WAYMARK_AGENT_API", "127.0.0.1:8400"),
+        ];
+        let f = load(MINIMAL, &env, &Overrides::default()).unwrap();
+        let g = f.agent.gossip.unwrap();
+        assert_eq!(g.bind, "10.0.1.17:7946".parse().unwrap());
+        assert_eq!(g.keys, vec![key.to_owned()]);
+        // A bind without keys is a gossip section that cannot open a packet: refused.
+        let e = load(
+            MINIMAL,
+            &[("WAYMARK_AGENT_GOSSIP_BIND", "10.0.1.17:7946")],
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("agent.gossip.keys"), "{e}");
     }
 }

@@ -54,6 +54,9 @@ pub struct ServiceDefinition {
     pub lease: Duration,
 }
 
+/// How long one deregistration may take when the agent stops.
+pub const DEREGISTER_TIMEOUT: Duration = Duration::from_secs(5);
+
 fn default_lease() -> Duration {
     waymark_core::defaults::LEASE
 }
@@ -176,22 +179,22 @@ impl Registrations {
             .clone()
     }
 
-    /// Stop renewing and deregister everything held.
+    /// Stop renewing and deregister everything held, each call bounded by
+    /// [`DEREGISTER_TIMEOUT`] (an unreachable authority must not hold the stop: the lease
+    /// expires anyway).
     pub async fn deregister_all(self) {
         self.task.abort();
         let held = self.held();
         for (path, instance) in held {
-            match call(
-                &self.api,
-                Method::DELETE,
-                &format!("/v1/instances/{instance}"),
-                None,
-            )
-            .await
-            {
-                Ok(_) => tracing::info!(file = %path.display(), %instance, "deregistered"),
-                Err(e) => {
+            let route = format!("/v1/instances/{instance}");
+            let call = call(&self.api, Method::DELETE, &route, None);
+            match tokio::time::timeout(DEREGISTER_TIMEOUT, call).await {
+                Ok(Ok(_)) => tracing::info!(file = %path.display(), %instance, "deregistered"),
+                Ok(Err(e)) => {
                     tracing::warn!(file = %path.display(), %instance, error = %e, "deregistration failed; the lease will expire")
+                }
+                Err(_) => {
+                    tracing::warn!(file = %path.display(), %instance, "deregistration timed out; the lease will expire")
                 }
             }
         }
