@@ -6,6 +6,7 @@ pub mod authorize;
 pub mod config;
 pub mod evidence;
 pub mod existence;
+pub mod federation;
 pub mod ingest;
 pub mod kube;
 pub mod leader;

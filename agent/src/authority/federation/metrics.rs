@@ -1,0 +1,177 @@
+//! Federation metrics (`waymark_federation_*`). Created once per process and registered
+//! once, so a node can be shut down and started again with the same series.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Why a connection or message from a peer was refused (`reason` label of
+/// `waymark_federation_refused_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RefusalReason {
+    /// Our verifier refused the peer's certificate in the handshake (wrong kind, trust
+    /// domain, CA, expiry …; the precise reason is in `waymark_certs_rejected_total`).
+    Tls,
+    /// An authority of our own region connected: federation is between regions only.
+    OwnRegion,
+    /// An authority of a region that is not a configured peer connected.
+    UnknownRegion,
+    /// A configured peer dialled us although, by the ordering rule, we dial it.
+    WrongDirection,
+    /// The server we dialled is an authority of another region than the one configured
+    /// at that address.
+    UnexpectedRegion,
+    /// A frame above `message_bytes_max` arrived (or would have been sent).
+    FrameTooLarge,
+    /// A frame was not a federation message.
+    BadFrame,
+    /// A batch of entries contradicted what we hold (two contents under one version).
+    ConflictingVersion,
+    /// Too many handshakes or queued connections at once.
+    Busy,
+}
+
+impl RefusalReason {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tls => "tls",
+            Self::OwnRegion => "own_region",
+            Self::UnknownRegion => "unknown_region",
+            Self::WrongDirection => "wrong_direction",
+            Self::UnexpectedRegion => "unexpected_region",
+            Self::FrameTooLarge => "frame_too_large",
+            Self::BadFrame => "bad_frame",
+            Self::ConflictingVersion => "conflicting_version",
+            Self::Busy => "busy",
+        }
+    }
+}
+
+impl std::fmt::Display for RefusalReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `peer`: the peer region.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct PeerLabels {
+    pub(crate) peer: String,
+}
+
+/// `peer`, `direction` (`sent`/`received`), `kind` (`digest`/`entries`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct MessageLabels {
+    pub(crate) peer: String,
+    pub(crate) direction: &'static str,
+    pub(crate) kind: &'static str,
+}
+
+/// `reason`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct ReasonLabels {
+    pub(crate) reason: &'static str,
+}
+
+/// Every federation metric. Cheap to clone (shared series).
+#[derive(Debug, Clone, Default)]
+pub struct FederationMetrics {
+    pub(crate) connected: Family<PeerLabels, Gauge>,
+    pub(crate) age_seconds: Family<PeerLabels, Gauge<f64, AtomicU64>>,
+    pub(crate) stale: Family<PeerLabels, Gauge>,
+    pub(crate) messages: Family<MessageLabels, Counter>,
+    pub(crate) refused: Family<ReasonLabels, Counter>,
+    pub(crate) reconciliations: Family<PeerLabels, Counter>,
+    pub(crate) reconciliations_dropped: Counter,
+}
+
+impl FederationMetrics {
+    /// Fresh, unregistered metrics.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers every series under `waymark_federation_`. Call once per registry.
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("waymark_federation");
+        r.register(
+            "peer_connected",
+            "1 while the link to a peer region is up",
+            self.connected.clone(),
+        );
+        r.register(
+            "peer_age_seconds",
+            "Time since the peer region last spoke (absent until it first does)",
+            self.age_seconds.clone(),
+        );
+        r.register(
+            "peer_stale",
+            "1 while the peer region has been silent longer than the staleness threshold",
+            self.stale.clone(),
+        );
+        r.register(
+            "messages",
+            "Anti-entropy messages by peer, direction and kind",
+            self.messages.clone(),
+        );
+        r.register(
+            "refused",
+            "Connections and messages from peers refused, by reason",
+            self.refused.clone(),
+        );
+        r.register(
+            "reconciliations",
+            "Merges from a peer that changed our aggregates (each yields a record)",
+            self.reconciliations.clone(),
+        );
+        r.register(
+            "reconciliations_dropped",
+            "Reconciliation records dropped because nobody took them in time",
+            self.reconciliations_dropped.clone(),
+        );
+    }
+
+    /// Refusals counted for `reason` so far.
+    pub fn refused(&self, reason: RefusalReason) -> u64 {
+        self.refused
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .get()
+    }
+
+    /// Reconciliation records produced from `peer`'s entries so far.
+    pub fn reconciliations(&self, peer: &str) -> u64 {
+        self.reconciliations.get_or_create(&peer_labels(peer)).get()
+    }
+
+    pub(crate) fn count_refused(&self, reason: RefusalReason) {
+        self.refused
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn count_message(&self, peer: &str, direction: &'static str, kind: &'static str) {
+        self.messages
+            .get_or_create(&MessageLabels {
+                peer: peer.to_owned(),
+                direction,
+                kind,
+            })
+            .inc();
+    }
+}
+
+pub(crate) fn peer_labels(peer: &str) -> PeerLabels {
+    PeerLabels {
+        peer: peer.to_owned(),
+    }
+}

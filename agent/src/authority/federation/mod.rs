@@ -1,0 +1,381 @@
+//! The federation driver: the pure anti-entropy [`Session`]s of `waymark-federation` over
+//! mutually authenticated QUIC, one link per peer region.
+//!
+//! ```text
+//!            ┌── peer task (eu→us) ── Session ── 1 bidi stream ── QUIC ─┐
+//! Endpoint ──┤                                                          ├── peers
+//!  (bind)    └── accept loop ── admit(identity) ──► peer task (eu←ap) ──┘
+//!                      │ merges                          │ records
+//!                      ▼                                 ▼
+//!              SharedAggregates              take_reconciliations()
+//! ```
+//!
+//! - **Who dials.** Of two regions, the one whose name sorts lower dials; the other only
+//!   accepts. So there is exactly one link per pair and no duplicate to resolve. An
+//!   acceptor replaces its link when the same peer connects again (it restarted).
+//! - **Who is admitted.** Both directions require an authority identity of our trust
+//!   domain (rustls verifier, [`PeerPolicy`]); then the peer's region must be a configured
+//!   peer that dials us (acceptor) or the region configured at the dialled address (dialer).
+//!   Anything else is closed with an application error and counted by [`RefusalReason`].
+//! - **Bounded bandwidth.** A message carries at most `entries_per_message` entries and at
+//!   most `message_bytes_max` bytes; the Session queues at most `outbox_max` messages
+//!   (dropping the oldest, which the next digest round recomputes); the driver holds one
+//!   message, hands one to the writer and the writer has one on the wire.
+//! - **Staleness.** A peer's age is [`Session::age`]; beyond `stale_after` it is reported
+//!   stale. Its entries stay in the aggregates: losing a link never removes anything.
+//! - **Reconnects** use full-jitter backoff (250 ms doubling to 30 s by default), seeded.
+
+#![deny(missing_docs)]
+
+mod metrics;
+mod peer;
+mod wire;
+
+pub use metrics::{FederationMetrics, RefusalReason};
+pub use wire::FrameError;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::task::JoinSet;
+use tracing::Instrument as _;
+use waymark_certs::quic::{QuicConfigError, quic_client_config, quic_server_config};
+use waymark_certs::tls::LiveMaterial;
+use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
+use waymark_core::model::{RegionName, ServiceName};
+use waymark_federation::aggregate::{ReconciliationRecord, RegionAggregates};
+use waymark_federation::session::{Session, SessionConfig};
+use waymark_xds::client::BackoffConfig;
+
+/// This region's view of every region's aggregates, shared with the authority. The lock is
+/// held only for a merge or a digest, never across an await.
+pub type SharedAggregates = Arc<Mutex<RegionAggregates>>;
+
+/// How a region federates.
+#[derive(Debug, Clone)]
+pub struct FederationConfig {
+    /// This region.
+    pub region: RegionName,
+    /// The UDP address to serve and dial from (port 0 picks one; see
+    /// [`FederationNode::local_addr`]).
+    pub bind: SocketAddr,
+    /// The peer regions, one entry each.
+    pub peers: Vec<PeerConfig>,
+    /// Digest pacing and the per-message and outbox limits.
+    pub session: SessionConfig,
+    /// Redial backoff (full jitter).
+    pub reconnect: BackoffConfig,
+    /// Seeds the backoff jitter (mixed with each peer's name).
+    pub seed: u64,
+    /// A peer silent this long is reported stale (its entries are kept).
+    pub stale_after: Duration,
+    /// A link silent this long is dropped (keep-alives go at a third of it); also bounds a
+    /// dial to an unreachable peer.
+    pub idle_timeout: Duration,
+    /// Largest frame accepted or sent, in bytes of JSON.
+    pub message_bytes_max: NonZeroU32,
+    /// Reconciliation records held until [`FederationNode::take_reconciliations`]; beyond
+    /// it the oldest is dropped and counted.
+    pub reconciliations_max: NonZeroUsize,
+}
+
+/// One peer region and where its authority's federation endpoint listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// The peer region.
+    pub region: RegionName,
+    /// Its federation endpoint (dialled only if our region name sorts lower).
+    pub addr: SocketAddr,
+}
+
+/// The TLS material a federation endpoint presents and verifies with.
+#[derive(Debug, Clone)]
+pub struct FederationTls {
+    /// Our authority certificate, key and trust bundle (reloaded in place).
+    pub live: Arc<LiveMaterial>,
+    /// The estate's trust domain: peers elsewhere are refused.
+    pub trust_domain: TrustDomain,
+    /// Where the verifier counts refused certificates (shared with the process's other
+    /// TLS ports; the caller registers it).
+    pub metrics: CertMetrics,
+}
+
+/// Why a federation node could not start. Nothing is running; fix the cause and start again.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FederationError {
+    /// A peer is this region, or is listed twice. Fix the configuration.
+    #[error("peer region {region} is this region or is listed twice")]
+    BadPeer {
+        /// The offending peer.
+        region: RegionName,
+    },
+    /// The idle timeout cannot be expressed in QUIC. Use a shorter one.
+    #[error("idle timeout {idle_timeout:?} is out of range")]
+    IdleTimeout {
+        /// The configured value.
+        idle_timeout: Duration,
+    },
+    /// The TLS material could not be turned into QUIC configs (a programming error in how
+    /// the rustls config was assembled).
+    #[error("cannot build the quic tls configs")]
+    Tls(#[from] QuicConfigError),
+    /// The UDP socket could not be bound. Check the address (and that a previous node on
+    /// the same port has shut down).
+    #[error("cannot bind the federation endpoint to {addr}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Whether we dial a peer or wait for it to dial us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkRole {
+    /// Our region name sorts lower: we dial.
+    Dial,
+    /// Our region name sorts higher: the peer dials us.
+    Accept,
+}
+
+/// One peer link as the authority reports it (`waymark federation status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PeerStatus {
+    /// The peer region.
+    pub region: RegionName,
+    /// Its configured address.
+    pub addr: SocketAddr,
+    /// Who dials.
+    pub role: LinkRole,
+    /// Whether the link is up now.
+    pub connected: bool,
+    /// Time since the peer last spoke; `None` if it has not since this node started.
+    #[serde(rename = "age_ms", serialize_with = "as_millis")]
+    pub age: Option<Duration>,
+    /// Silent longer than `stale_after` (or never heard): its entries are kept, marked stale.
+    pub stale: bool,
+    /// Why the link last ended or was refused, if it did.
+    pub last_error: Option<String>,
+    /// The versions we hold of the peer region's aggregates, by service.
+    pub versions: BTreeMap<ServiceName, u64>,
+}
+
+/// A running federation endpoint: one QUIC endpoint, one task per peer, an accept loop.
+/// Dropping it stops the tasks; [`FederationNode::shutdown`] also waits for the endpoint to
+/// close, so the port can be bound again.
+#[derive(Debug)]
+pub struct FederationNode {
+    ctx: Arc<peer::Ctx>,
+    peers: Vec<peer::PeerHandle>,
+    local_addr: SocketAddr,
+    tasks: JoinSet<()>,
+}
+
+// === impl FederationConfig ===
+
+impl FederationConfig {
+    /// Defaults: 5 s digests of at most 256 entries, 60 s staleness, 10 s idle timeout,
+    /// 1 MiB frames, 1,024 held reconciliation records.
+    pub fn new(region: RegionName, bind: SocketAddr, peers: Vec<PeerConfig>) -> Self {
+        Self {
+            region,
+            bind,
+            peers,
+            session: SessionConfig::default(),
+            reconnect: BackoffConfig::default(),
+            seed: 0,
+            stale_after: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(10),
+            message_bytes_max: NonZeroU32::new(1 << 20).expect("1 MiB is not zero"),
+            reconciliations_max: NonZeroUsize::new(1_024).expect("1024 is not zero"),
+        }
+    }
+
+    fn validate(&self) -> Result<(), FederationError> {
+        let mut seen = BTreeSet::new();
+        for p in &self.peers {
+            if p.region == self.region || !seen.insert(&p.region) {
+                return Err(FederationError::BadPeer {
+                    region: p.region.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+// === impl FederationNode ===
+
+impl FederationNode {
+    /// Binds the endpoint and starts every peer link. Must run inside a tokio runtime.
+    pub fn start(
+        config: FederationConfig,
+        tls: FederationTls,
+        aggregates: SharedAggregates,
+        metrics: FederationMetrics,
+    ) -> Result<Self, FederationError> {
+        config.validate()?;
+        let endpoint = bind(&config, &tls)?;
+        let local_addr = endpoint
+            .local_addr()
+            .map_err(|source| FederationError::Bind {
+                addr: config.bind,
+                source,
+            })?;
+        let ctx = Arc::new(peer::Ctx {
+            local: config.region.clone(),
+            trust_domain: tls.trust_domain,
+            endpoint,
+            aggregates,
+            metrics,
+            records: Mutex::new(VecDeque::new()),
+            config: config.clone(),
+        });
+        let mut tasks = JoinSet::new();
+        let mut peers = Vec::new();
+        let mut acceptors = BTreeMap::new();
+        for p in &config.peers {
+            let (handle, role) = peer::PeerHandle::new(&ctx, p);
+            // Every configured peer has a series from the start, down until a link is up.
+            ctx.metrics
+                .connected
+                .get_or_create(&metrics::peer_labels(p.region.as_str()))
+                .set(0);
+            if let Some(tx) = handle.incoming.clone() {
+                acceptors.insert(p.region.clone(), tx);
+            }
+            let span = tracing::info_span!("fed_session", region = %config.region, peer_region = %p.region);
+            tasks.spawn(peer::run(ctx.clone(), handle.clone(), role).instrument(span));
+            peers.push(handle);
+        }
+        let span = tracing::info_span!("fed_accept", region = %config.region, %local_addr);
+        tasks.spawn(peer::accept_loop(ctx.clone(), acceptors).instrument(span.clone()));
+        tasks.spawn(peer::refresh_loop(ctx.clone(), peers.clone()).instrument(span));
+        tracing::info!(region = %config.region, %local_addr, peers = config.peers.len(), "federation endpoint started");
+        Ok(Self {
+            ctx,
+            peers,
+            local_addr,
+            tasks,
+        })
+    }
+
+    /// The bound UDP address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Every peer link, in configuration order.
+    pub fn status(&self) -> Vec<PeerStatus> {
+        let digest = lock(&self.ctx.aggregates).digest();
+        let now = tokio::time::Instant::now().into_std();
+        self.peers
+            .iter()
+            .map(|h| {
+                let shared = lock(&h.shared);
+                let versions = digest
+                    .iter()
+                    .filter(|((region, _), _)| *region == h.region)
+                    .map(|((_, service), v)| (service.clone(), *v))
+                    .collect();
+                PeerStatus {
+                    region: h.region.clone(),
+                    addr: h.addr,
+                    role: h.role,
+                    connected: shared.connected,
+                    age: shared.session.age(now),
+                    stale: shared.session.is_stale(now, self.ctx.config.stale_after),
+                    last_error: shared.last_error.clone(),
+                    versions,
+                }
+            })
+            .collect()
+    }
+
+    /// Reconciliation records produced since the last call, oldest first: every merge
+    /// from a peer that changed our aggregates, with what each side held.
+    pub fn take_reconciliations(&self) -> Vec<ReconciliationRecord> {
+        lock(&self.ctx.records).drain(..).collect()
+    }
+
+    /// Stops every link (peers see an application close), closes the endpoint and waits
+    /// until it is idle, so the same port can be bound by a new node.
+    pub async fn shutdown(mut self) {
+        self.tasks.shutdown().await;
+        self.ctx
+            .endpoint
+            .close(wire::CLOSE_SHUTDOWN, b"federation node shutting down");
+        self.ctx.endpoint.wait_idle().await;
+        for h in &self.peers {
+            lock(&h.shared).connected = false;
+            self.ctx
+                .metrics
+                .connected
+                .get_or_create(&metrics::peer_labels(h.region.as_str()))
+                .set(0);
+        }
+        tracing::info!(region = %self.ctx.local, "federation endpoint stopped");
+    }
+}
+
+fn bind(
+    config: &FederationConfig,
+    tls: &FederationTls,
+) -> Result<quinn::Endpoint, FederationError> {
+    let policy = PeerPolicy {
+        trust_domain: tls.trust_domain.clone(),
+        accepted: KindSet::only(IdentityKind::Authority),
+    };
+    let idle = quinn::IdleTimeout::try_from(config.idle_timeout).map_err(|_| {
+        FederationError::IdleTimeout {
+            idle_timeout: config.idle_timeout,
+        }
+    })?;
+    // Peers dial us and open the one stream; we never let a peer open a stream on a link
+    // we dialled, nor more than one on a link it dialled.
+    let transport = |bidi: u32| {
+        let mut t = quinn::TransportConfig::default();
+        t.max_idle_timeout(Some(idle))
+            .keep_alive_interval(Some(config.idle_timeout / 3))
+            .max_concurrent_bidi_streams(bidi.into())
+            .max_concurrent_uni_streams(0u32.into());
+        Arc::new(t)
+    };
+    let mut server = quic_server_config(&tls.live, policy.clone(), tls.metrics.clone())?;
+    server.transport_config(transport(1));
+    let mut client = quic_client_config(&tls.live, policy, tls.metrics.clone())?;
+    client.transport_config(transport(0));
+    let mut endpoint =
+        quinn::Endpoint::server(server, config.bind).map_err(|source| FederationError::Bind {
+            addr: config.bind,
+            source,
+        })?;
+    endpoint.set_default_client_config(client);
+    Ok(endpoint)
+}
+
+/// Locks a mutex whose holders never panic mid-update (each critical section is a single
+/// call into a pure core), so a poisoned lock still holds consistent data.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn as_millis<S: serde::Serializer>(age: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match age {
+        Some(d) => s.serialize_some(&u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        None => s.serialize_none(),
+    }
+}
+
+/// A new session for a peer, not yet connected.
+fn new_session(config: &FederationConfig, peer: &RegionName) -> Session {
+    Session::new(config.session.clone(), config.region.clone(), peer.clone())
+}

@@ -1,0 +1,580 @@
+//! Federation over real QUIC on loopback: three regions (ap, eu, us), each a
+//! `FederationNode` with its own authority certificate from one PKI, converge; a region cut
+//! off (its endpoint stopped) is kept and marked stale by the others, and on restart the
+//! links recover with a reconciliation record; connections from certificates of the wrong
+//! kind or trust domain, and authorities of the wrong region, are refused and counted.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+use waymark_agent::authority::federation::{
+    FederationConfig, FederationError, FederationMetrics, FederationNode, FederationTls,
+    PeerConfig, RefusalReason, SharedAggregates,
+};
+use waymark_certs::ca::{IssuedLeaf, LeafSan, LeafSpec};
+use waymark_certs::error::PemPart;
+use waymark_certs::layout::PkiDir;
+use waymark_certs::material::{MaterialPem, parse_certs, parse_key, validate_material};
+use waymark_certs::metrics::RejectSource;
+use waymark_certs::quic::{ALPN_WAYMARK, quic_client_config};
+use waymark_certs::tls::LiveMaterial;
+use waymark_certs::verify::PeerVerifier;
+use waymark_certs::{
+    CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, RejectReason, TrustDomain,
+};
+use waymark_core::eligibility::Verdict;
+use waymark_core::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
+use waymark_core::units::Weight;
+use waymark_core::view::EndpointStatus;
+use waymark_federation::aggregate::{
+    AggregateEndpoint, Entry, Outcome, ReconciliationRecord, RegionAggregates, ServiceAggregate,
+};
+use waymark_federation::session::SessionConfig;
+use waymark_xds::client::BackoffConfig;
+
+const TD: &str = "waymark.test";
+/// The longest any expected state may take to appear.
+const WAIT: Duration = Duration::from_secs(30);
+/// How often a bounded wait re-checks its condition.
+const POLL: Duration = Duration::from_millis(25);
+/// A peer this silent is stale (short, so the test sees it).
+const STALE_AFTER: Duration = Duration::from_secs(1);
+/// Acceptors never dial, so the address they are configured with for a dialling peer is
+/// only reported; the dialling peer may not be bound yet when they start.
+const NOT_DIALLED: &str = "127.0.0.1:9";
+
+// === the PKI ===
+
+struct Pki {
+    _dir: tempfile::TempDir,
+    pki: PkiDir,
+    td: TrustDomain,
+}
+
+impl Pki {
+    fn new(td: &str, regions: &[&str]) -> Self {
+        waymark_certs::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        let pki = PkiDir::new(dir.path().join("pki"));
+        let td = TrustDomain::new(td).unwrap();
+        let regions: Vec<Name> = regions.iter().map(|r| Name::new(r).unwrap()).collect();
+        pki.init(&td, &regions, SystemTime::now()).unwrap();
+        Self { _dir: dir, pki, td }
+    }
+
+    /// Issues `spiffe://<td>/<path>` from its region's intermediate.
+    fn leaf(&self, path: &str) -> IssuedLeaf {
+        let identity = Identity::parse(&format!("spiffe://{}/{path}", self.td)).unwrap();
+        let (leaf, _) = self
+            .pki
+            .issue(
+                &identity,
+                None,
+                Duration::from_secs(24 * 3600),
+                None,
+                SystemTime::now(),
+            )
+            .unwrap();
+        leaf
+    }
+
+    fn bundle(&self) -> String {
+        std::fs::read_to_string(self.pki.bundle()).unwrap()
+    }
+
+    fn live(&self, path: &str) -> Arc<LiveMaterial> {
+        let leaf = self.leaf(path);
+        let bundle = self.bundle();
+        let fullchain = leaf.fullchain_pem();
+        let pem = MaterialPem {
+            cert_chain: fullchain.as_bytes(),
+            key: leaf.key_pem.as_bytes(),
+            bundle: bundle.as_bytes(),
+        };
+        let own = PeerPolicy {
+            trust_domain: self.td.clone(),
+            accepted: KindSet::ALL,
+        };
+        LiveMaterial::new(validate_material(pem, &own, SystemTime::now()).unwrap())
+    }
+}
+
+fn authorities() -> PeerPolicy {
+    PeerPolicy {
+        trust_domain: TrustDomain::new(TD).unwrap(),
+        accepted: KindSet::only(IdentityKind::Authority),
+    }
+}
+
+// === aggregates ===
+
+fn region(s: &str) -> RegionName {
+    RegionName::try_new(s).unwrap()
+}
+
+fn service(s: &str) -> ServiceName {
+    ServiceName::try_new(s).unwrap()
+}
+
+/// `region`'s aggregate of `svc` at `version`: one endpoint whose port encodes the version.
+fn entry(r: &str, svc: &str, version: u64) -> Entry {
+    let port = 8_000 + u16::try_from(version).unwrap();
+    let endpoint = AggregateEndpoint {
+        instance: InstanceId::try_new(format!("{r}-{svc}-1")).unwrap(),
+        address: Address {
+            ip: "10.0.0.1".parse().unwrap(),
+            port,
+        },
+        zone: ZoneName::try_new(format!("{r}-a")).unwrap(),
+        weight: Weight::DEFAULT,
+        status: EndpointStatus::Eligible,
+        verdict: Verdict::Eligible,
+    };
+    Entry {
+        region: region(r),
+        service: service(svc),
+        version,
+        aggregate: Arc::new(ServiceAggregate {
+            endpoints: vec![endpoint],
+        }),
+    }
+}
+
+type Versions = BTreeMap<(RegionName, ServiceName), u64>;
+
+fn versions(list: &[(&str, &str, u64)]) -> Versions {
+    list.iter()
+        .map(|(r, s, v)| ((region(r), service(s)), *v))
+        .collect()
+}
+
+// === one region ===
+
+struct Fed {
+    name: &'static str,
+    aggregates: SharedAggregates,
+    metrics: FederationMetrics,
+    certs: CertMetrics,
+    config: FederationConfig,
+    live: Arc<LiveMaterial>,
+    node: Option<FederationNode>,
+}
+
+impl Fed {
+    /// Starts `name` on 127.0.0.1:0 with its own authority certificate, having published
+    /// version 1 of `cart` and `pay`.
+    fn start(pki: &Pki, name: &'static str, peers: &[(&str, SocketAddr)]) -> Self {
+        let mut aggregates = RegionAggregates::new();
+        for svc in ["cart", "pay"] {
+            aggregates.publish_local(entry(name, svc, 1)).unwrap();
+        }
+        let peers = peers
+            .iter()
+            .map(|(r, addr)| PeerConfig {
+                region: region(r),
+                addr: *addr,
+            })
+            .collect();
+        let mut config = FederationConfig::new(region(name), "127.0.0.1:0".parse().unwrap(), peers);
+        config.session = SessionConfig {
+            digest_interval: Duration::from_millis(100),
+            // One entry per message, so every sync takes several bounded messages.
+            entries_per_message: 1,
+            outbox_max: 16,
+        };
+        config.reconnect = BackoffConfig {
+            base: Duration::from_millis(50),
+            cap: Duration::from_millis(500),
+            healthy_after: Duration::from_secs(1),
+        };
+        config.seed = 7;
+        config.stale_after = STALE_AFTER;
+        config.idle_timeout = Duration::from_secs(3);
+        config.message_bytes_max = NonZeroU32::new(64 * 1024).unwrap();
+        let mut fed = Self {
+            name,
+            aggregates: Arc::new(Mutex::new(aggregates)),
+            metrics: FederationMetrics::new(),
+            certs: CertMetrics::new(),
+            config,
+            live: pki.live(&format!("region/{name}/authority/a1")),
+            node: None,
+        };
+        fed.node = Some(fed.try_start().unwrap());
+        fed
+    }
+
+    fn try_start(&self) -> Result<FederationNode, FederationError> {
+        let tls = FederationTls {
+            live: self.live.clone(),
+            trust_domain: TrustDomain::new(TD).unwrap(),
+            metrics: self.certs.clone(),
+        };
+        FederationNode::start(
+            self.config.clone(),
+            tls,
+            self.aggregates.clone(),
+            self.metrics.clone(),
+        )
+    }
+
+    fn node(&self) -> &FederationNode {
+        self.node.as_ref().expect("running")
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.node().local_addr()
+    }
+
+    fn digest(&self) -> Versions {
+        self.aggregates.lock().unwrap().digest()
+    }
+
+    fn publish(&self, svc: &str, version: u64) {
+        self.aggregates
+            .lock()
+            .unwrap()
+            .publish_local(entry(self.name, svc, version))
+            .unwrap();
+    }
+
+    /// Stops the endpoint (a partition, as the peers see it); the aggregates stay.
+    async fn stop(&mut self) -> SocketAddr {
+        let node = self.node.take().expect("running");
+        let addr = node.local_addr();
+        node.shutdown().await;
+        addr
+    }
+
+    /// Starts again on `addr` (the port is free once `shutdown` returned; retried briefly
+    /// in case the kernel has not released it yet).
+    async fn restart(&mut self, addr: SocketAddr) {
+        self.config.bind = addr;
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match self.try_start() {
+                Ok(node) => break self.node = Some(node),
+                Err(FederationError::Bind { .. }) if Instant::now() < deadline => {
+                    tokio::time::sleep(POLL).await;
+                }
+                Err(e) => panic!("{} did not restart: {e}", self.name),
+            }
+        }
+    }
+
+    fn peer(&self, peer: &str) -> waymark_agent::authority::federation::PeerStatus {
+        self.node()
+            .status()
+            .into_iter()
+            .find(|s| s.region == region(peer))
+            .expect("configured peer")
+    }
+}
+
+/// ap < eu < us: the lower name dials, so `us` starts first, then `eu`, then `ap`.
+fn three_regions(pki: &Pki) -> (Fed, Fed, Fed) {
+    let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
+    let us = Fed::start(pki, "us", &[("ap", unused), ("eu", unused)]);
+    let eu = Fed::start(pki, "eu", &[("ap", unused), ("us", us.addr())]);
+    let ap = Fed::start(pki, "ap", &[("eu", eu.addr()), ("us", us.addr())]);
+    (ap, eu, us)
+}
+
+/// The Prometheus text exposition of one node's federation metrics, as the authority
+/// serves it.
+fn exposition(metrics: &FederationMetrics) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    waymark_agent::authority::metrics::to_prometheus_text(&text)
+}
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+async fn converge(feds: &[&Fed], expected: &Versions) {
+    wait_until("every region holds every region's entries", || {
+        feds.iter().all(|f| f.digest() == *expected)
+    })
+    .await;
+}
+
+fn all_v1() -> Versions {
+    versions(&[
+        ("ap", "cart", 1),
+        ("ap", "pay", 1),
+        ("eu", "cart", 1),
+        ("eu", "pay", 1),
+        ("us", "cart", 1),
+        ("us", "pay", 1),
+    ])
+}
+
+// === tests ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_regions_converge_over_mutually_authenticated_quic() {
+    // Goal: each region's own entries reach the other two over real QUIC links.
+    let pki = Pki::new(TD, &["ap", "eu", "us"]);
+    let (ap, eu, us) = three_regions(&pki);
+    converge(&[&ap, &eu, &us], &all_v1()).await;
+    wait_until("every link reports connected and fresh", || {
+        [
+            (&ap, ["eu", "us"]),
+            (&eu, ["ap", "us"]),
+            (&us, ["ap", "eu"]),
+        ]
+        .iter()
+        .all(|(f, peers)| {
+            peers.iter().all(|p| {
+                let s = f.peer(p);
+                s.connected && !s.stale && s.age.is_some()
+            })
+        })
+    })
+    .await;
+    let status = eu.peer("ap");
+    assert_eq!(
+        status.versions,
+        BTreeMap::from([(service("cart"), 1), (service("pay"), 1)])
+    );
+    assert!(serde_json::to_value(&status).unwrap()["age_ms"].is_u64());
+    for f in [&ap, &eu, &us] {
+        assert_eq!(f.metrics.refused(RefusalReason::Tls), 0, "{}", f.name);
+    }
+    wait_until("eu's gauges show ap connected, fresh and aged", || {
+        let text = exposition(&eu.metrics);
+        text.contains("waymark_federation_peer_connected{peer=\"ap\"} 1")
+            && text.contains("waymark_federation_peer_stale{peer=\"ap\"} 0")
+            && text.contains("waymark_federation_peer_age_seconds{peer=\"ap\"}")
+    })
+    .await;
+    let text = exposition(&eu.metrics);
+    for series in [
+        "waymark_federation_messages_total{peer=\"ap\",direction=\"received\",kind=\"entries\"}",
+        "waymark_federation_messages_total{peer=\"us\",direction=\"sent\",kind=\"digest\"}",
+        "waymark_federation_reconciliations_total{peer=\"ap\"}",
+    ] {
+        assert!(text.contains(series), "{series} missing from:\n{text}");
+    }
+    common::promtool_check(&text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_region_is_kept_stale_and_reconciled_when_it_returns() {
+    // Goal: stopping ap's endpoint leaves every region's own entries alone, keeps ap's
+    // entries (stale) in eu and us; on restart the divergence is reconciled and recorded.
+    let pki = Pki::new(TD, &["ap", "eu", "us"]);
+    let (mut ap, eu, us) = three_regions(&pki);
+    converge(&[&ap, &eu, &us], &all_v1()).await;
+    for f in [&ap, &eu, &us] {
+        f.node().take_reconciliations();
+    }
+
+    let ap_addr = ap.stop().await;
+    wait_until("eu and us report ap disconnected and stale", || {
+        [&eu, &us].iter().all(|f| {
+            let s = f.peer("ap");
+            !s.connected && s.stale && s.last_error.is_some()
+        })
+    })
+    .await;
+    wait_until("eu's gauges show ap stale", || {
+        exposition(&eu.metrics).contains("waymark_federation_peer_stale{peer=\"ap\"} 1")
+    })
+    .await;
+    for f in [&eu, &us] {
+        assert_eq!(f.digest(), all_v1(), "{}: kept, not dropped", f.name);
+        assert!(!f.peer(if f.name == "eu" { "us" } else { "eu" }).stale);
+    }
+
+    // While partitioned both sides move on: eu publishes cart v2 (reaching us), and ap,
+    // its aggregates still in memory, publishes its own cart v2.
+    eu.publish("cart", 2);
+    ap.publish("cart", 2);
+    let mut eu_us = all_v1();
+    eu_us.insert((region("eu"), service("cart")), 2);
+    converge(&[&eu, &us], &eu_us).await;
+    assert_eq!(ap.digest()[&(region("eu"), service("cart"))], 1);
+
+    ap.restart(ap_addr).await;
+    let mut healed = eu_us.clone();
+    healed.insert((region("ap"), service("cart")), 2);
+    converge(&[&ap, &eu, &us], &healed).await;
+    wait_until("eu and us report ap connected and fresh again", || {
+        [&eu, &us].iter().all(|f| {
+            let s = f.peer("ap");
+            s.connected && !s.stale
+        })
+    })
+    .await;
+
+    // ap took eu's newer cart and eu took ap's: both recorded, with both versions. (Either
+    // may have arrived relayed through us, so the record's peer is not asserted.)
+    let ap_records = ap.node().take_reconciliations();
+    let eu_records = eu.node().take_reconciliations();
+    let took = |records: &[ReconciliationRecord], r: &str| {
+        records.iter().any(|rec| {
+            rec.peer.is_some()
+                && rec.changed().any(|e| {
+                    e.region == region(r)
+                        && e.service == service("cart")
+                        && e.ours == Some(1)
+                        && e.theirs == 2
+                        && e.outcome == Outcome::TookTheirs
+                })
+        })
+    };
+    assert!(
+        took(&ap_records, "eu"),
+        "ap's record of eu's cart 1 → 2: {ap_records:#?}"
+    );
+    assert!(
+        took(&eu_records, "ap"),
+        "eu's record of ap's cart 1 → 2: {eu_records:#?}"
+    );
+    assert!(eu.metrics.reconciliations("ap") + eu.metrics.reconciliations("us") >= 1);
+}
+
+/// A raw client presenting `leaf` (any kind, any CA), trusting servers of our estate.
+fn raw_client(pki: &Pki, leaf: &IssuedLeaf) -> quinn::ClientConfig {
+    let chain = parse_certs(leaf.fullchain_pem().as_bytes(), PemPart::Certificate).unwrap();
+    let key = parse_key(leaf.key_pem.as_bytes()).unwrap();
+    // Trust our estate's root through a verifier reading any of our live materials.
+    let roots = pki.live("region/eu/node/verifier");
+    let verifier = PeerVerifier::new(roots, authorities(), CertMetrics::new());
+    let mut tls = rustls::ClientConfig::builder_with_provider(waymark_certs::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    tls.alpn_protocols = vec![ALPN_WAYMARK.to_vec()];
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    quinn::ClientConfig::new(Arc::new(crypto))
+}
+
+/// Dials `addr`, opens the stream, sends a digest frame and waits for the first byte back.
+async fn try_federate(addr: SocketAddr, config: quinn::ClientConfig) -> anyhow::Result<()> {
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
+    endpoint.set_default_client_config(config);
+    let conn = endpoint.connect(addr, "federation.invalid")?.await?;
+    let (mut send, mut recv) = conn.open_bi().await?;
+    let body = br#"{"kind":"digest","versions":[]}"#;
+    send.write_all(&u32::try_from(body.len())?.to_be_bytes())
+        .await?;
+    send.write_all(body).await?;
+    let mut prefix = [0u8; 4];
+    recv.read_exact(&mut prefix).await?;
+    conn.close(0u32.into(), b"done");
+    endpoint.wait_idle().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_of_the_wrong_kind_or_trust_domain_are_refused() {
+    // Goal: only authority certificates of our trust domain complete a federation link.
+    let pki = Pki::new(TD, &["ap", "eu", "us"]);
+    let other = Pki::new("elsewhere.test", &["ap"]);
+    let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
+    let eu = Fed::start(&pki, "eu", &[("ap", unused)]);
+    let hour = Duration::from_secs(3600);
+    let now = SystemTime::now();
+    let foreign_san = pki
+        .pki
+        .load_region(&Name::new("ap").unwrap())
+        .unwrap()
+        .issue_unchecked(LeafSpec {
+            sans: vec![LeafSan::Uri(
+                "spiffe://elsewhere.test/region/ap/authority/a1".into(),
+            )],
+            not_before: now - hour,
+            not_after: now + hour,
+        })
+        .unwrap();
+    let cases = [
+        (
+            "node",
+            pki.leaf("region/ap/node/n1"),
+            Some(RejectReason::WrongKind),
+        ),
+        (
+            "workload",
+            pki.leaf("region/ap/service/cart/instance/i1"),
+            Some(RejectReason::WrongKind),
+        ),
+        (
+            "authority of another trust domain, signed by our CA",
+            foreign_san,
+            Some(RejectReason::WrongTrustDomain),
+        ),
+        (
+            "authority of another estate's CA",
+            other.leaf("region/ap/authority/a1"),
+            None,
+        ),
+    ];
+    for (name, leaf, reason) in cases {
+        let refused_before = eu.metrics.refused(RefusalReason::Tls);
+        let rejected_before = reason.map(|r| eu.certs.rejected(r, RejectSource::Peer));
+        let result = tokio::time::timeout(WAIT, try_federate(eu.addr(), raw_client(&pki, &leaf)))
+            .await
+            .expect("refused in time, not hung");
+        assert!(result.is_err(), "{name}: a link was established");
+        wait_until(&format!("{name}: the refusal is counted"), || {
+            eu.metrics.refused(RefusalReason::Tls) == refused_before + 1
+        })
+        .await;
+        if let (Some(reason), Some(before)) = (reason, rejected_before) {
+            assert_eq!(
+                eu.certs.rejected(reason, RejectSource::Peer),
+                before + 1,
+                "{name}: counted as {reason}"
+            );
+        }
+    }
+    assert!(
+        eu.peer("ap").age.is_none(),
+        "no rogue client was heard as ap"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorities_of_our_own_an_unknown_or_the_dialled_region_are_refused() {
+    // Goal: a valid authority certificate is not enough; its region must be a peer that
+    // dials us. Each refusal closes the connection with an application error and counts.
+    let pki = Pki::new(TD, &["ap", "eu", "sa", "us"]);
+    let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
+    let eu = Fed::start(&pki, "eu", &[("ap", unused), ("us", unused)]);
+    let cases = [
+        ("region/eu/authority/a2", RefusalReason::OwnRegion),
+        ("region/sa/authority/a1", RefusalReason::UnknownRegion),
+        ("region/us/authority/a1", RefusalReason::WrongDirection),
+    ];
+    for (path, reason) in cases {
+        let config =
+            quic_client_config(&pki.live(path), authorities(), CertMetrics::new()).unwrap();
+        let result = tokio::time::timeout(WAIT, try_federate(eu.addr(), config))
+            .await
+            .expect("refused in time, not hung");
+        let err = format!("{:#}", result.expect_err(path));
+        let close = format!("closed by peer: {} (code 1)", reason.as_str());
+        assert!(err.contains(&close), "{path}: not closed as refused: {err}");
+        assert_eq!(eu.metrics.refused(reason), 1, "{path}: counted as {reason}");
+    }
+    assert_eq!(eu.metrics.refused(RefusalReason::Tls), 0);
+}
