@@ -305,6 +305,29 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
         "{text}"
     );
 
+    // Liveness and readiness are the member's own business.
+    for route in ["/livez", "/readyz"] {
+        let r = api.send(Method::GET, route, None).await.unwrap();
+        assert_eq!(r.status, StatusCode::OK, "{route}: {r:?}");
+    }
+    // A member that has applied nothing yet (never initialised) is alive but not ready.
+    let fresh_dir = tempfile::tempdir().unwrap();
+    let any = "127.0.0.1:0".parse().unwrap();
+    let fresh = waymark_agent::authority::member::Authority::start(common::plain(
+        fresh_dir.path(),
+        "eu",
+        &["a"],
+        any,
+    ))
+    .await
+    .unwrap();
+    let fresh_api = ApiClient::new(&fresh.http_addr().to_string(), None);
+    let live = fresh_api.send(Method::GET, "/livez", None).await.unwrap();
+    assert_eq!(live.status, StatusCode::OK);
+    let ready = fresh_api.send(Method::GET, "/readyz", None).await.unwrap();
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "{ready:?}");
+    fresh.shutdown().await;
+
     // The OpenAPI document parses and documents every route served.
     let (status, doc) = call(&api, Method::GET, "/v1/openapi.json", None).await;
     assert_eq!(status, StatusCode::OK);
@@ -315,6 +338,8 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
         .map(String::as_str)
         .collect();
     for p in [
+        "/livez",
+        "/readyz",
         "/v1/status",
         "/v1/operator/raft/peers",
         "/v1/operator/raft/members",

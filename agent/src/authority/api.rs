@@ -99,6 +99,8 @@ impl ApiState {
 pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/openapi.json", get(openapi))
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
         .route("/v1/status", get(status))
         .route("/v1/operator/raft/peers", get(peers))
         .route("/v1/operator/raft/members", post(add_member))
@@ -330,6 +332,42 @@ where
 
 async fn openapi() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
+}
+
+/// Liveness, process-internal only: this handler runs and the Raft core is running. No
+/// peer, leader or quorum is consulted, so a partition never restarts a member.
+async fn livez(State(s): State<ApiState>) -> Response {
+    if s.raft.watch_metrics().has_changed().is_ok() {
+        (StatusCode::OK, "alive\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the Raft core has stopped\n",
+        )
+            .into_response()
+    }
+}
+
+/// Readiness, member-local only: the Raft core runs and this member has applied committed
+/// state, so its xDS tier and reads serve it. A leader or quorum is not required — a
+/// member cut off from the others still serves what it has.
+async fn readyz(State(s): State<ApiState>) -> Response {
+    let metrics = s.raft.watch_metrics();
+    if metrics.has_changed().is_err() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the Raft core has stopped\n",
+        )
+            .into_response();
+    }
+    if metrics.borrow().last_applied.is_none() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no committed state applied yet (not initialised, or still joining)\n",
+        )
+            .into_response();
+    }
+    (StatusCode::OK, "ready\n").into_response()
 }
 
 async fn status(State(s): State<ApiState>) -> impl IntoResponse {
