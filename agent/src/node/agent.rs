@@ -146,10 +146,9 @@ impl Shared {
             }
         }
         self.publisher.publish(snapshot);
-        let assignments: Vec<_> = view.assignments().cloned().collect();
         self.dns
-            .store(Arc::new(DnsTable::build(assignments.iter())));
-        self.lrs.set_assignments(assignments.iter());
+            .store(Arc::new(DnsTable::build(view.assignments())));
+        self.lrs.set_assignments(view.assignments());
         for (name, s) in view.states() {
             self.metrics
                 .held_back_endpoints
@@ -589,21 +588,9 @@ impl NodeAgent {
         self.shared.status()
     }
 
-    /// Relay a self-report from a workload this process trusts (the demo backends of
-    /// `waymark dev`, which run inside it). Workloads elsewhere report over mutual TLS.
-    pub fn relay_self_report(&self, instance: InstanceId, report: SelfReport) {
-        let message = AgentMessage::Relayed {
-            samples: vec![WireSample {
-                instance,
-                observation: Observation::SelfReport(report),
-            }],
-        };
-        if self.shared.outbound.try_send(message).is_err() {
-            self.shared.metrics.evidence_dropped.inc();
-        }
-    }
-
-    /// A handle that relays self-reports (see [`NodeAgent::relay_self_report`]).
+    /// A handle that relays self-reports from workloads this process trusts (the demo
+    /// backends of `waymark dev`, which run inside it). Workloads elsewhere report over
+    /// mutual TLS to the agent's evidence service.
     pub fn self_report_relay(&self) -> impl Fn(InstanceId, SelfReport) + Send + Sync + 'static {
         let outbound = self.shared.outbound.clone();
         let metrics = self.shared.metrics.clone();

@@ -145,17 +145,16 @@ impl LocalView {
                 }
             });
         }
-        let fresh_eds = upstream
-            .get(TYPE_ENDPOINT)
-            .map(|t| t.resources.clone())
-            .unwrap_or_default();
-        let held_eds = self
+        // Shared, not copied: the payloads are only read here.
+        let fresh = upstream.get(TYPE_ENDPOINT).cloned().unwrap_or_default();
+        let held = self
             .upstream
             .get(TYPE_ENDPOINT)
-            .map(|t| t.resources.clone())
+            .cloned()
             .unwrap_or_default();
+        let (fresh_eds, held_eds) = (&fresh.resources, &held.resources);
         self.upstream = upstream.clone();
-        for (name, (version, any)) in &fresh_eds {
+        for (name, (version, any)) in fresh_eds {
             if held_eds.get(name).is_some_and(|(v, _)| v == version)
                 && self.served.contains_key(name)
             {
