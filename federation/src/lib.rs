@@ -2,13 +2,15 @@
 //!
 //! Built: [`aggregate`], each region's read-only aggregate as a CRDT with pure merge,
 //! digest-based anti-entropy and reconciliation records; [`session`], the sans-I/O
-//! anti-entropy session with one peer (digests, bounded entry messages, peer age). To
-//! come: the session's driver over mutually authenticated QUIC (authority identities only), peer
-//! ages and staleness, the out-of-band region signal and failover controls. A peer
-//! region's aggregate only feeds tier 2 of the views
-//! (`waymark_core::assembler::RemoteEndpoint`).
+//! anti-entropy session with one peer (digests, bounded entry messages, peer age);
+//! [`local`], this region's aggregate derived from its published views; [`signal`], the
+//! out-of-band front-door signal that region failover follows. The QUIC driver lives in the
+//! authority shell (`waymark_agent::authority::federation`). A peer region's aggregate
+//! only feeds tier 2 of the views (`waymark_core::assembler::RemoteEndpoint`).
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
 pub mod aggregate;
+pub mod local;
 pub mod session;
+pub mod signal;
