@@ -292,13 +292,7 @@ impl ViewAssembler {
                     return Err(EvacuationError::LastZone { zone: name() });
                 }
                 match self.evacuations.get_mut(zone) {
-                    Some(e) => {
-                        e.direction = Direction::Out;
-                        e.manual |= manual;
-                        e.awaiting_completion = false;
-                        e.next_step = None;
-                        e.step(now, step, interval);
-                    }
+                    Some(e) => e.move_out(now, manual, step, interval),
                     None => {
                         self.evacuations
                             .insert(zone.clone(), Evacuation::start(now, manual, step, interval));
@@ -310,9 +304,11 @@ impl ViewAssembler {
                     .evacuations
                     .get_mut(zone)
                     .ok_or_else(|| EvacuationError::NotEvacuated { zone: name() })?;
-                e.direction = Direction::Back;
-                e.next_step = None;
-                e.step(now, step, interval);
+                e.move_back(now, step, interval);
+                if e.is_home() {
+                    // An automatic evacuation one step out is home after one step back.
+                    self.evacuations.remove(zone);
+                }
             }
             EvacuationCommand::CompleteShiftBack => {
                 let e = self
@@ -380,22 +376,9 @@ impl ViewAssembler {
         if !self.zones.contains(zone) {
             return;
         }
-        let settled = awaiting_completion
-            || match direction {
-                Direction::Out => moved == Permille::ONE,
-                Direction::Back => moved == Permille::ZERO,
-            };
-        let next_step = (!settled).then(|| now + self.config.evacuation_step_interval);
-        self.evacuations.insert(
-            zone.clone(),
-            Evacuation {
-                moved,
-                direction,
-                manual,
-                awaiting_completion,
-                next_step,
-            },
-        );
+        let interval = self.config.evacuation_step_interval;
+        let e = Evacuation::restored(now, moved, direction, manual, awaiting_completion, interval);
+        self.evacuations.insert(zone.clone(), e);
         self.evacuation_changed(zone);
     }
 
