@@ -506,6 +506,16 @@ impl Term<'_> {
                 });
                 return;
             }
+            assembler::Effect::RegionFailoverProgress {
+                region,
+                moved,
+                awaiting_completion,
+            } => {
+                // Not yet committed as progress: until it is, a new leader restarts the
+                // failover from the last recorded step.
+                info!(peer_region = %region, moved = moved.get(), awaiting_completion, "region failover step");
+                return;
+            }
             assembler::Effect::Target(_) => return,
         };
         self.record(AuditEntry {

@@ -11,6 +11,7 @@
 //! moved keeps the pending step. Reversing takes its first step at once (it returns no
 //! more than was there a moment before), then waits an interval like any other step.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::units::Permille;
@@ -205,4 +206,23 @@ impl Evacuation {
     pub(crate) fn is_home(&self) -> bool {
         self.direction == Direction::Back && self.moved == Permille::ZERO
     }
+}
+
+/// Take the steps due at `now` across one kind of target; returns the targets whose share
+/// changed, in key order. Those that came home are removed.
+pub(crate) fn step_due<K: Ord + Clone>(
+    evacuations: &mut BTreeMap<K, Evacuation>,
+    now: Instant,
+    step: Permille,
+    interval: Duration,
+) -> Vec<K> {
+    let mut changed = Vec::new();
+    evacuations.retain(|key, e| {
+        if !e.step(now, step, interval) {
+            return true;
+        }
+        changed.push(key.clone());
+        !e.is_home()
+    });
+    changed
 }
