@@ -106,6 +106,11 @@ pub const ADMIT_RELEASES_PER_SEC: u32 = 2_000;
 pub const EVACUATION_STEP: Permille = Permille::saturating(250);
 /// ... one step per this interval.
 pub const EVACUATION_STEP_INTERVAL: Duration = Duration::from_secs(30);
+/// Region failover moves a peer region's tier-2 share in steps of this. The same as a
+/// zone's until drills show a region's recovery needs a gentler ramp; kept apart so it can.
+pub const REGION_FAILOVER_STEP: Permille = EVACUATION_STEP;
+/// ... one step per this interval.
+pub const REGION_FAILOVER_STEP_INTERVAL: Duration = EVACUATION_STEP_INTERVAL;
 
 // --- Platform floors (contracts below them are rejected) ---
 

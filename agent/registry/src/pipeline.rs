@@ -15,24 +15,31 @@
 //! fresh evidence has had a contract interval, needs the observed-state snapshot the
 //! followers will carry; until then an instance withdrawn before the failover returns as
 //! `unknown`.)
+//!
+//! Peer regions' aggregates arrive through [`RegionPipeline::handle_remote`] as tier 2.
+//! Zone evacuations and region failovers are desired state: the registry records the intent
+//! and the leader's periodic progress records, and `rebuild` resumes both where they stood.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use waymark_core::assembler::{
     self, AssemblerConfig, Direction, EvacuationCommand, EvacuationError, FailoverOrder,
-    ServicePolicy, ViewAssembler,
+    RemoteEndpoint, ServicePolicy, ViewAssembler,
 };
 use waymark_core::audit::TransitionRecord;
 use waymark_core::delta::{self, DeltaConfig, DeltaQueues};
 use waymark_core::evaluator::{
     self, Admission, Evaluator, EvaluatorConfig, EvaluatorError, ObservedInstance, QuarantineEvent,
 };
-use waymark_core::model::{Instance, InstanceId, Lifecycle, RegionName, Sample, ZoneName};
+use waymark_core::model::{
+    Instance, InstanceId, Lifecycle, RegionName, Sample, ServiceName, ZoneName,
+};
 use waymark_core::view::{ReleasedView, VersionSource};
 
 use crate::state::{
-    Applied, DesiredState, EvacuationIntent, EvacuationRecord, RetireCause, ServicePolicyRecord,
+    Applied, DesiredState, EvacuationIntent, EvacuationRecord, RegionFailoverIntent,
+    RegionFailoverRecord, RetireCause, ServicePolicyRecord,
 };
 
 /// What the pipeline needs to know about its region.
@@ -69,6 +76,30 @@ pub enum Output {
         /// Why.
         error: EvacuationError,
     },
+    /// A committed region failover intent could not be carried out (checked before commit,
+    /// so only a race with another intent gets here).
+    RegionFailoverRefused {
+        /// The peer region.
+        region: RegionName,
+        /// Why.
+        error: EvacuationError,
+    },
+}
+
+fn region_failover_command(intent: RegionFailoverIntent) -> EvacuationCommand {
+    match intent {
+        RegionFailoverIntent::Failover { manual } => EvacuationCommand::Evacuate { manual },
+        RegionFailoverIntent::ShiftBack => EvacuationCommand::ShiftBack,
+        RegionFailoverIntent::CompleteShiftBack => EvacuationCommand::CompleteShiftBack,
+    }
+}
+
+/// Who asked for a region failover's last accepted command, and why: carried into its
+/// progress records so the question survives a change of leader.
+#[derive(Debug, Clone)]
+struct Provenance {
+    actor: String,
+    reason: String,
 }
 
 fn evacuation_command(intent: EvacuationIntent) -> EvacuationCommand {
@@ -85,6 +116,8 @@ pub struct RegionPipeline {
     evaluator: Evaluator,
     assembler: ViewAssembler,
     queues: DeltaQueues,
+    /// One entry per region the assembler has a failover for.
+    failover_provenance: BTreeMap<RegionName, Provenance>,
     outputs: Vec<Output>,
 }
 
@@ -95,6 +128,7 @@ impl RegionPipeline {
             evaluator: Evaluator::new(config.evaluator),
             assembler: ViewAssembler::new(AssemblerConfig::new(config.region, config.zones)),
             queues: DeltaQueues::new(config.delta),
+            failover_provenance: BTreeMap::new(),
             outputs: Vec::new(),
         };
         for (name, record) in state.services() {
@@ -115,6 +149,7 @@ impl RegionPipeline {
                 e.awaiting_completion,
             );
         }
+        p.restore_region_failovers(now, state);
         for record in state.instances() {
             p.add_instance(now, &record.instance, Admission::Established);
             if record.draining {
@@ -193,11 +228,47 @@ impl RegionPipeline {
                     });
                 }
             }
+            Applied::RegionFailover {
+                region,
+                intent,
+                actor,
+                reason,
+            } => {
+                let command = region_failover_command(*intent);
+                match self.assembler.handle_region_failover(now, region, command) {
+                    Ok(()) => {
+                        let provenance = Provenance {
+                            actor: actor.clone(),
+                            reason: reason.clone(),
+                        };
+                        self.failover_provenance.insert(region.clone(), provenance);
+                    }
+                    Err(error) => self.outputs.push(Output::RegionFailoverRefused {
+                        region: region.clone(),
+                        error,
+                    }),
+                }
+            }
             Applied::ServiceRemoved
             | Applied::Renewed { .. }
             | Applied::AssignmentSet
-            | Applied::EvacuationProgress => {}
+            | Applied::EvacuationProgress
+            | Applied::RegionFailoverProgress => {}
         }
+        self.pump(now);
+    }
+
+    /// A peer region's endpoints for a service, from its read-only aggregate (tier 2);
+    /// replaces what that region sent before, and an empty list forgets the region for the
+    /// service. The service's views are rebuilt at once and queued like any other change.
+    pub fn handle_remote(
+        &mut self,
+        now: Instant,
+        service: &ServiceName,
+        region: RegionName,
+        endpoints: Vec<RemoteEndpoint>,
+    ) {
+        self.assembler.handle_remote(service, region, endpoints);
         self.pump(now);
     }
 
@@ -259,6 +330,32 @@ impl RegionPipeline {
         })
     }
 
+    /// Whether a region failover intent would be accepted now (checked before it is
+    /// committed). Failing over this region itself is refused.
+    pub fn check_region_failover(
+        &self,
+        region: &RegionName,
+        intent: RegionFailoverIntent,
+    ) -> Result<(), EvacuationError> {
+        self.assembler
+            .check_region_failover(region, region_failover_command(intent))
+    }
+
+    /// A region failover as it stands, with who last moved it and why, for the leader to
+    /// record; `None` once it is over.
+    pub fn region_failover_record(&self, region: &RegionName) -> Option<RegionFailoverRecord> {
+        let e = self.assembler.region_failover(region)?;
+        let provenance = self.failover_provenance.get(region);
+        Some(RegionFailoverRecord {
+            moved: e.moved,
+            back: e.direction == Direction::Back,
+            manual: e.manual,
+            awaiting_completion: e.awaiting_completion,
+            actor: provenance.map(|p| p.actor.clone()).unwrap_or_default(),
+            reason: provenance.map(|p| p.reason.clone()).unwrap_or_default(),
+        })
+    }
+
     /// The evaluator's observed state, for the snapshot the leader replicates.
     pub fn observed(&self, now: Instant) -> BTreeMap<InstanceId, ObservedInstance> {
         self.evaluator.observed(now)
@@ -283,10 +380,35 @@ impl RegionPipeline {
         &self.evaluator
     }
 
+    fn restore_region_failovers(&mut self, now: Instant, state: &DesiredState) {
+        for (region, r) in state.region_failovers() {
+            let direction = if r.back {
+                Direction::Back
+            } else {
+                Direction::Out
+            };
+            self.assembler.restore_region_failover(
+                now,
+                region,
+                r.moved,
+                direction,
+                r.manual,
+                r.awaiting_completion,
+            );
+            if self.assembler.region_failover(region).is_some() {
+                let provenance = Provenance {
+                    actor: r.actor.clone(),
+                    reason: r.reason.clone(),
+                };
+                self.failover_provenance.insert(region.clone(), provenance);
+            }
+        }
+    }
+
     fn put_service(
         &mut self,
         now: Instant,
-        name: &waymark_core::model::ServiceName,
+        name: &ServiceName,
         record: &crate::state::ServiceRecord,
         policy: Option<&ServicePolicyRecord>,
     ) {
@@ -339,6 +461,12 @@ impl RegionPipeline {
         for effect in self.assembler.take_effects() {
             match effect {
                 assembler::Effect::Target(view) => self.queues.handle_target(now, view),
+                assembler::Effect::RegionFailoverProgress { ref region, .. } => {
+                    if self.assembler.region_failover(region).is_none() {
+                        self.failover_provenance.remove(region);
+                    }
+                    self.outputs.push(Output::Alarm(effect));
+                }
                 other => self.outputs.push(Output::Alarm(other)),
             }
         }

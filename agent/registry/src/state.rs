@@ -26,6 +26,8 @@ pub const LEASE_MS_MIN: u64 = 5_000;
 pub const LEASE_MS_MAX: u64 = 600_000;
 /// Tombstones kept for orchestrator ids; the oldest are forgotten beyond this.
 pub const TOMBSTONES_MAX: usize = 100_000;
+/// Longest actor or reason a region failover command may carry, in bytes.
+pub const JUSTIFICATION_LEN_MAX: usize = 1_024;
 
 /// A command and the leader's clock when it was proposed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,6 +121,27 @@ pub enum Command {
         /// Where it stands; `None` once it is over.
         progress: Option<EvacuationRecord>,
     },
+    /// Shift this region's tier-2 preference away from a peer region, shift it back, or
+    /// complete a manual shift-back (ADR-14). Proposed by an operator's routing control or
+    /// by the out-of-band failover signal; either way it names who asked and why.
+    RegionFailover {
+        /// The peer region.
+        region: RegionName,
+        /// What to do.
+        intent: RegionFailoverIntent,
+        /// Who asked: an operator's identity, or the failover signal's. Not empty.
+        actor: String,
+        /// Why: kept with the failover so whoever finds it still in place can ask. Not
+        /// empty.
+        reason: String,
+    },
+    /// The leader records a region failover's progress, so a new leader resumes it.
+    RegionFailoverProgress {
+        /// The peer region.
+        region: RegionName,
+        /// Where it stands; `None` once it is over.
+        progress: Option<RegionFailoverRecord>,
+    },
     /// Replace the prober assignment (computed by the leader from gossip membership).
     SetAssignment {
         /// Targets and their probers.
@@ -198,6 +221,42 @@ pub struct EvacuationRecord {
     pub awaiting_completion: bool,
 }
 
+/// What is asked of a peer region's share of this region's tier-2 traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "action")]
+pub enum RegionFailoverIntent {
+    /// Move the peer region's share away, in steps. `manual` marks an operator's failover:
+    /// its shift-back waits for explicit completion.
+    Failover {
+        /// Whether shift-back needs explicit completion.
+        #[serde(default)]
+        manual: bool,
+    },
+    /// Bring the share back, in steps.
+    ShiftBack,
+    /// Finish a manual shift-back holding at its last step.
+    CompleteShiftBack,
+}
+
+/// A region failover's progress, as the leader last recorded it, and who last moved it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionFailoverRecord {
+    /// Share of the peer region's tier-2 traffic moved away.
+    pub moved: Permille,
+    /// Moving traffic back (`true`) or away.
+    pub back: bool,
+    /// Started by a manual failover.
+    pub manual: bool,
+    /// Holding at its last step for an operator's completion.
+    pub awaiting_completion: bool,
+    /// Who asked for the last accepted command.
+    #[serde(default)]
+    pub actor: String,
+    /// Why they asked.
+    #[serde(default)]
+    pub reason: String,
+}
+
 /// Why an instance left the registry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -265,6 +324,19 @@ pub enum Applied {
     },
     /// An evacuation's progress was recorded.
     EvacuationProgress,
+    /// A region failover intent was recorded (the leader's assembler acts on it).
+    RegionFailover {
+        /// The peer region.
+        region: RegionName,
+        /// What was asked.
+        intent: RegionFailoverIntent,
+        /// Who asked.
+        actor: String,
+        /// Why.
+        reason: String,
+    },
+    /// A region failover's progress was recorded.
+    RegionFailoverProgress,
 }
 
 /// Why a command was refused. Nothing changed.
@@ -350,6 +422,14 @@ pub enum RegistryError {
         /// Where it came from.
         origin: Origin,
     },
+    /// A command that must say who asked and why does not, or says it at unbounded length.
+    #[error("{field}: {reason}")]
+    BadJustification {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// An instance cannot move to another service.
     #[error("instance {instance} belongs to {existing}")]
     ServiceMismatch {
@@ -400,6 +480,8 @@ pub struct DesiredState {
     policies: BTreeMap<ServiceName, ServicePolicyRecord>,
     #[serde(default)]
     evacuations: BTreeMap<ZoneName, EvacuationRecord>,
+    #[serde(default)]
+    region_failovers: BTreeMap<RegionName, RegionFailoverRecord>,
     /// Derived: live instances by (service, address), for the duplicate check. Not
     /// serialized; rebuilt on first use after a snapshot is decoded.
     #[serde(skip)]
@@ -501,6 +583,32 @@ impl DesiredState {
                 }
                 Ok(Applied::EvacuationProgress)
             }
+            Command::RegionFailover {
+                region,
+                intent,
+                actor,
+                reason,
+            } => {
+                justified("actor", &actor)?;
+                justified("reason", &reason)?;
+                Ok(Applied::RegionFailover {
+                    region,
+                    intent,
+                    actor,
+                    reason,
+                })
+            }
+            Command::RegionFailoverProgress { region, progress } => {
+                match progress {
+                    Some(p) => {
+                        self.region_failovers.insert(region, p);
+                    }
+                    None => {
+                        self.region_failovers.remove(&region);
+                    }
+                }
+                Ok(Applied::RegionFailoverProgress)
+            }
             Command::SetAssignment { assignment } => {
                 self.assignment = assignment;
                 Ok(Applied::AssignmentSet)
@@ -521,6 +629,11 @@ impl DesiredState {
     /// Evacuations in progress, as last recorded.
     pub fn evacuations(&self) -> &BTreeMap<ZoneName, EvacuationRecord> {
         &self.evacuations
+    }
+
+    /// Region failovers in progress, as last recorded.
+    pub fn region_failovers(&self) -> &BTreeMap<RegionName, RegionFailoverRecord> {
+        &self.region_failovers
     }
 
     /// How many targets have probers assigned.
@@ -826,6 +939,23 @@ impl DesiredState {
         }
         self.index().insert(key, id);
     }
+}
+
+/// A privileged command's actor or reason: present, and bounded.
+fn justified(field: &'static str, text: &str) -> Result<(), RegistryError> {
+    if text.trim().is_empty() {
+        return Err(RegistryError::BadJustification {
+            field,
+            reason: "must not be empty",
+        });
+    }
+    if text.len() > JUSTIFICATION_LEN_MAX {
+        return Err(RegistryError::BadJustification {
+            field,
+            reason: "longer than JUSTIFICATION_LEN_MAX bytes",
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

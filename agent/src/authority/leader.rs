@@ -353,6 +353,9 @@ impl Term<'_> {
                         detail: serde_json::json!({"zone": zone, "error": error.to_string()}),
                     });
                 }
+                Output::RegionFailoverRefused { region, error } => {
+                    warn!(peer_region = %region, %error, "committed region failover intent refused by the assembler");
+                }
                 Output::Shed(effect) => match effect {
                     delta::Effect::ShedStarted { window } => {
                         self.ctx.metrics.shed_episodes.inc();
@@ -504,6 +507,16 @@ impl Term<'_> {
                         debug!(%error, "evacuation progress not committed");
                     }
                 });
+                return;
+            }
+            assembler::Effect::RegionFailoverProgress {
+                region,
+                moved,
+                awaiting_completion,
+            } => {
+                // Not yet committed as `Command::RegionFailoverProgress`: until the shell
+                // records it, a new leader does not resume the failover.
+                info!(peer_region = %region, moved = moved.get(), awaiting_completion, "region failover step");
                 return;
             }
             assembler::Effect::Target(_) => return,

@@ -1,11 +1,17 @@
-//! Zone evacuation and shift-back: reversible, rate-capped preference shifts (ADR-13).
+//! Evacuation and shift-back: reversible, rate-capped preference shifts (ADR-13).
 //!
-//! An evacuation moves a zone's share of traffic away in steps of
-//! [`EVACUATION_STEP`](crate::defaults::EVACUATION_STEP), one per step interval, never all
-//! at once; shift-back returns it the same way. A *manual* failover's shift-back stops one
-//! step short of home and waits for an operator's explicit completion, because the moment
-//! everything is allowed back at once is how a recovered zone is knocked over again.
+//! One step machine serves two targets: a zone of this region (zone evacuation) and a peer
+//! region (region failover, ADR-14). An evacuation moves the target's share of traffic away
+//! in steps of a configured size, one per step interval, never all at once; shift-back
+//! returns it the same way. A *manual* failover's shift-back stops one step short of home
+//! and waits for an operator's explicit completion, because the moment everything is
+//! allowed back at once is how a recovered target is knocked over again.
+//!
+//! Repeating a command never skips the cap: asking again in the direction already being
+//! moved keeps the pending step. Reversing takes its first step at once (it returns no
+//! more than was there a moment before), then waits an interval like any other step.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::units::Permille;
@@ -13,16 +19,16 @@ use crate::units::Permille;
 /// Which way an evacuation is moving.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
-    /// Moving traffic away from the zone.
+    /// Moving traffic away from the target.
     Out,
     /// Bringing traffic back.
     Back,
 }
 
-/// One zone's evacuation.
+/// One zone's evacuation, or one peer region's failover.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evacuation {
-    /// Share of the zone's traffic moved away so far.
+    /// Share of the target's traffic moved away so far.
     pub moved: Permille,
     /// Which way it is moving.
     pub direction: Direction,
@@ -37,7 +43,8 @@ pub struct Evacuation {
 /// What an operator (or the failover signal) asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EvacuationCommand {
-    /// Start (or resume) moving traffic away. `manual` marks an operator's failover.
+    /// Start (or resume) moving traffic away from a zone or peer region. `manual` marks an
+    /// operator's failover.
     Evacuate {
         /// Whether shift-back will need explicit completion.
         manual: bool,
@@ -48,7 +55,8 @@ pub enum EvacuationCommand {
     CompleteShiftBack,
 }
 
-/// Why an evacuation command was refused. Nothing changed.
+/// Why an evacuation or region failover command was refused. Nothing changed: the caller
+/// should report the refusal (and audit it) rather than retry the same command.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum EvacuationError {
@@ -76,6 +84,25 @@ pub enum EvacuationError {
         /// The zone.
         zone: String,
     },
+    /// A region cannot fail over away from itself: its own zones are moved by zone
+    /// evacuation instead.
+    #[error("region {region} is this region; evacuate its zones instead")]
+    OwnRegion {
+        /// The region.
+        region: String,
+    },
+    /// The peer region is not failed over, so there is nothing to shift back or complete.
+    #[error("region {region} is not failed over")]
+    RegionNotFailedOver {
+        /// The region.
+        region: String,
+    },
+    /// Completion was asked for a region shift-back that is not holding at its last step.
+    #[error("region {region} is not waiting for shift-back completion")]
+    RegionNotAwaitingCompletion {
+        /// The region.
+        region: String,
+    },
 }
 
 impl Evacuation {
@@ -90,6 +117,60 @@ impl Evacuation {
         };
         e.step(now, step, interval);
         e
+    }
+
+    /// Resumed from a replicated record, as a new leader does: the share already moved
+    /// stays moved, and the next step (if any) waits one interval.
+    pub(crate) fn restored(
+        now: Instant,
+        moved: Permille,
+        direction: Direction,
+        manual: bool,
+        awaiting_completion: bool,
+        interval: Duration,
+    ) -> Self {
+        let settled = awaiting_completion
+            || match direction {
+                Direction::Out => moved == Permille::ONE,
+                Direction::Back => moved == Permille::ZERO,
+            };
+        Self {
+            moved,
+            direction,
+            manual,
+            awaiting_completion,
+            next_step: (!settled).then(|| now + interval),
+        }
+    }
+
+    /// Move (or keep moving) traffic away. Reversing a shift-back steps at once; already
+    /// moving away keeps the pending step, so a repeated command cannot skip the cap.
+    pub(crate) fn move_out(
+        &mut self,
+        now: Instant,
+        manual: bool,
+        step: Permille,
+        interval: Duration,
+    ) {
+        self.manual |= manual;
+        if self.direction == Direction::Out {
+            return;
+        }
+        self.direction = Direction::Out;
+        self.awaiting_completion = false;
+        self.next_step = None;
+        self.step(now, step, interval);
+    }
+
+    /// Bring (or keep bringing) traffic back. Reversing steps at once; already moving back
+    /// keeps the pending step (or the hold for completion).
+    pub(crate) fn move_back(&mut self, now: Instant, step: Permille, interval: Duration) {
+        if self.direction == Direction::Back {
+            return;
+        }
+        self.direction = Direction::Back;
+        self.next_step = None;
+        self.step(now, step, interval);
     }
 
     /// Take one step if one is due; returns whether the share changed.
@@ -125,4 +206,23 @@ impl Evacuation {
     pub(crate) fn is_home(&self) -> bool {
         self.direction == Direction::Back && self.moved == Permille::ZERO
     }
+}
+
+/// Take the steps due at `now` across one kind of target; returns the targets whose share
+/// changed, in key order. Those that came home are removed.
+pub(crate) fn step_due<K: Ord + Clone>(
+    evacuations: &mut BTreeMap<K, Evacuation>,
+    now: Instant,
+    step: Permille,
+    interval: Duration,
+) -> Vec<K> {
+    let mut changed = Vec::new();
+    evacuations.retain(|key, e| {
+        if !e.step(now, step, interval) {
+            return true;
+        }
+        changed.push(key.clone());
+        !e.is_home()
+    });
+    changed
 }

@@ -1,8 +1,9 @@
 //! View assembler: eligibility → per-service, per-caller-zone target views.
 //!
 //! Pure state machine; no I/O. Inputs are existence ([`ViewAssembler::handle_instance`]),
-//! verdicts ([`ViewAssembler::handle_eligibility`]), peer-region aggregates, policy and
-//! evacuation commands; [`ViewAssembler::assemble`] rebuilds only the services touched since
+//! verdicts ([`ViewAssembler::handle_eligibility`]), peer-region aggregates
+//! ([`ViewAssembler::handle_remote`]), policy, zone evacuation and region failover commands;
+//! [`ViewAssembler::assemble`] rebuilds only the services touched since
 //! the last call and emits a [`Effect::Target`] for each view whose content changed. Versions
 //! are not assigned here: the delta queues stamp them when they release (see `delta`).
 //!
@@ -15,10 +16,17 @@
 //! listening to route to). Hard failures still count toward the zone's total, so the alarm
 //! fires.
 //!
-//! Invariant (property tests in `assembler/props.rs`): in every target view, each zone either
-//! routes at least its floor of candidates or is declared `health_disregarded`.
+//! Zone evacuation (tiers 0 and 1) and region failover (tier 2) are preference shifts driven
+//! by one rate-capped step machine (`evacuation`); steps fire in
+//! [`ViewAssembler::handle_timeout`]. Neither ever removes an endpoint from a view.
+//!
+//! Invariants (property tests in `assembler/props.rs`): in every target view, each zone either
+//! routes at least its floor of candidates or is declared `health_disregarded`; region
+//! failover never removes a peer region's endpoint, and its share moves by at most one step
+//! per interval unless an operator completes a shift-back.
 
 mod evacuation;
+mod region_failover;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -43,6 +51,10 @@ pub struct AssemblerConfig {
     pub evacuation_step: Permille,
     /// Time between evacuation steps.
     pub evacuation_step_interval: Duration,
+    /// Share of a peer region's tier-2 traffic a region failover moves per step.
+    pub region_failover_step: Permille,
+    /// Time between region failover steps.
+    pub region_failover_step_interval: Duration,
 }
 
 impl AssemblerConfig {
@@ -53,6 +65,8 @@ impl AssemblerConfig {
             zones: zones.into_iter().collect(),
             evacuation_step: d::EVACUATION_STEP,
             evacuation_step_interval: d::EVACUATION_STEP_INTERVAL,
+            region_failover_step: d::REGION_FAILOVER_STEP,
+            region_failover_step_interval: d::REGION_FAILOVER_STEP_INTERVAL,
         }
     }
 }
@@ -147,6 +161,15 @@ pub enum Effect {
         /// Holding for an operator's completion.
         awaiting_completion: bool,
     },
+    /// A region failover moved a step (or ended: `moved` zero and not awaiting).
+    RegionFailoverProgress {
+        /// The peer region.
+        region: RegionName,
+        /// Share of its tier-2 traffic moved away.
+        moved: Permille,
+        /// Holding for an operator's completion.
+        awaiting_completion: bool,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -175,6 +198,7 @@ pub struct ViewAssembler {
     services: BTreeMap<ServiceName, ServiceSlot>,
     zones: BTreeSet<ZoneName>,
     evacuations: BTreeMap<ZoneName, Evacuation>,
+    region_failovers: BTreeMap<RegionName, Evacuation>,
     dirty: BTreeSet<ServiceName>,
     effects: Vec<Effect>,
 }
@@ -197,6 +221,7 @@ impl ViewAssembler {
             services: BTreeMap::new(),
             zones,
             evacuations: BTreeMap::new(),
+            region_failovers: BTreeMap::new(),
             dirty: BTreeSet::new(),
             effects: Vec::new(),
         }
@@ -252,7 +277,8 @@ impl ViewAssembler {
         }
     }
 
-    /// A peer region's endpoints for a service (replaces what that region sent before).
+    /// A peer region's endpoints for a service (replaces what that region sent before);
+    /// the service's views are rebuilt on the next [`ViewAssembler::assemble`].
     pub fn handle_remote(
         &mut self,
         service: &ServiceName,
@@ -292,13 +318,7 @@ impl ViewAssembler {
                     return Err(EvacuationError::LastZone { zone: name() });
                 }
                 match self.evacuations.get_mut(zone) {
-                    Some(e) => {
-                        e.direction = Direction::Out;
-                        e.manual |= manual;
-                        e.awaiting_completion = false;
-                        e.next_step = None;
-                        e.step(now, step, interval);
-                    }
+                    Some(e) => e.move_out(now, manual, step, interval),
                     None => {
                         self.evacuations
                             .insert(zone.clone(), Evacuation::start(now, manual, step, interval));
@@ -310,9 +330,11 @@ impl ViewAssembler {
                     .evacuations
                     .get_mut(zone)
                     .ok_or_else(|| EvacuationError::NotEvacuated { zone: name() })?;
-                e.direction = Direction::Back;
-                e.next_step = None;
-                e.step(now, step, interval);
+                e.move_back(now, step, interval);
+                if e.is_home() {
+                    // An automatic evacuation one step out is home after one step back.
+                    self.evacuations.remove(zone);
+                }
             }
             EvacuationCommand::CompleteShiftBack => {
                 let e = self
@@ -380,54 +402,35 @@ impl ViewAssembler {
         if !self.zones.contains(zone) {
             return;
         }
-        let settled = awaiting_completion
-            || match direction {
-                Direction::Out => moved == Permille::ONE,
-                Direction::Back => moved == Permille::ZERO,
-            };
-        let next_step = (!settled).then(|| now + self.config.evacuation_step_interval);
-        self.evacuations.insert(
-            zone.clone(),
-            Evacuation {
-                moved,
-                direction,
-                manual,
-                awaiting_completion,
-                next_step,
-            },
-        );
+        let interval = self.config.evacuation_step_interval;
+        let e = Evacuation::restored(now, moved, direction, manual, awaiting_completion, interval);
+        self.evacuations.insert(zone.clone(), e);
         self.evacuation_changed(zone);
     }
 
-    /// Take the evacuation steps due at `now`.
+    /// Take the evacuation and region failover steps due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.step_evacuations(now);
+        self.step_region_failovers(now);
+    }
+
+    /// The next evacuation or region failover step.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.evacuations
+            .values()
+            .chain(self.region_failovers.values())
+            .filter_map(|e| e.next_step)
+            .min()
+    }
+
+    fn step_evacuations(&mut self, now: Instant) {
         let (step, interval) = (
             self.config.evacuation_step,
             self.config.evacuation_step_interval,
         );
-        let due: Vec<ZoneName> = self
-            .evacuations
-            .iter()
-            .filter(|(_, e)| e.next_step.is_some_and(|t| t <= now))
-            .map(|(z, _)| z.clone())
-            .collect();
-        for zone in due {
-            let e = self
-                .evacuations
-                .get_mut(&zone)
-                .expect("due zones come from the map");
-            if e.step(now, step, interval) {
-                if e.is_home() {
-                    self.evacuations.remove(&zone);
-                }
-                self.evacuation_changed(&zone);
-            }
+        for zone in evacuation::step_due(&mut self.evacuations, now, step, interval) {
+            self.evacuation_changed(&zone);
         }
-    }
-
-    /// The next evacuation step.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.evacuations.values().filter_map(|e| e.next_step).min()
     }
 
     /// Rebuild every service touched since the last call; emits effects.
@@ -608,14 +611,16 @@ impl ViewAssembler {
             ));
         }
         let region_ranks = self.zones.len() as u32 + 2;
+        let order = slot.policy.failover.as_ref().map(|f| f.regions.as_slice());
         for (region, list) in &slot.remote {
-            let order = slot.policy.failover.as_ref().map(|f| f.regions.as_slice());
-            let rank = region_ranks + rank_in(order, region);
             for r in list
                 .iter()
                 .filter(|r| r.status.is_routed() || r.status == EndpointStatus::Draining)
             {
-                raw.push((remote_endpoint(r, region), rank));
+                let (weight, rank) = self.remote_shift(region, order, r.weight);
+                let mut e = remote_endpoint(r, region);
+                e.weight = weight;
+                raw.push((e, region_ranks + rank));
             }
         }
         // Envoy wants contiguous priorities from 0: compact the ranks in order.

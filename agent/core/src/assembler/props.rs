@@ -5,6 +5,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::eligibility::{DrainCause, IneligibleReason};
 use crate::testkit::*;
+use crate::view::Tier;
 
 fn eligibility() -> impl Strategy<Value = Eligibility> {
     prop_oneof![
@@ -58,4 +59,116 @@ proptest! {
 
 fn policy_floor(floor: u16) -> Permille {
     Permille::new(floor).unwrap()
+}
+
+/// One input to the region failover property: wait `wait_ms`, then act.
+#[derive(Debug, Clone)]
+enum FailoverOp {
+    /// A command on region `which` (index 3 is this region).
+    Command(usize, EvacuationCommand),
+    /// Only let time pass.
+    Tick,
+}
+
+fn failover_op() -> impl Strategy<Value = (u64, FailoverOp)> {
+    let command = prop_oneof![
+        any::<bool>().prop_map(|manual| EvacuationCommand::Evacuate { manual }),
+        Just(EvacuationCommand::ShiftBack),
+        Just(EvacuationCommand::CompleteShiftBack),
+    ];
+    let op = prop_oneof![
+        2 => (0usize..4, command).prop_map(|(r, c)| FailoverOp::Command(r, c)),
+        3 => Just(FailoverOp::Tick),
+    ];
+    (0u64..45_000, op)
+}
+
+fn remote_status() -> impl Strategy<Value = EndpointStatus> {
+    prop_oneof![
+        3 => Just(EndpointStatus::Eligible),
+        1 => Just(EndpointStatus::Unknown),
+        1 => Just(EndpointStatus::Draining),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn region_failover_never_removes_an_endpoint_and_moves_one_step_per_interval(
+        statuses in prop::collection::vec(remote_status(), 3..9),
+        ops in prop::collection::vec(failover_op(), 1..40),
+    ) {
+        let peers: Vec<RegionName> = ["r0", "r1", "r2"].iter().map(|r| RegionName::try_new(*r).unwrap()).collect();
+        let zones = ["a", "b"];
+        let config = AssemblerConfig::new(region(), zones.iter().map(|z| zone(z)));
+        let (step, interval) = (config.region_failover_step, config.region_failover_step_interval);
+        let mut asm = ViewAssembler::new(config);
+        for (n, z) in zones.iter().enumerate() {
+            let i = instance("pay", &format!("pay-{z}"), z, n as u8);
+            asm.handle_instance(&i);
+            asm.handle_eligibility(&svc("pay"), &i.id, Eligibility::Eligible { weight: Weight::DEFAULT });
+        }
+        let mut remote_ids: Vec<(usize, InstanceId)> = Vec::new();
+        let mut lists: Vec<Vec<RemoteEndpoint>> = vec![Vec::new(); peers.len()];
+        for (n, status) in statuses.iter().enumerate() {
+            let id = iid(&format!("pay-remote-{n}"));
+            lists[n % peers.len()].push(RemoteEndpoint {
+                instance: id.clone(),
+                address: instance("pay", "x", "z", 100 + n as u8).address,
+                zone: zone("z"),
+                weight: Weight::DEFAULT,
+                status: *status,
+                verdict: Verdict::Eligible,
+            });
+            remote_ids.push((n % peers.len(), id));
+        }
+        for (r, list) in peers.iter().zip(lists) {
+            asm.handle_remote(&svc("pay"), r.clone(), list);
+        }
+        let start = crate::testkit::t0();
+        let mut now = start;
+        // Per peer: (time, moved) since the last explicit completion.
+        let mut history: Vec<Vec<(Instant, u16)>> = vec![Vec::new(); peers.len()];
+        for (wait_ms, op) in ops {
+            now += ms(wait_ms);
+            asm.handle_timeout(now);
+            if let FailoverOp::Command(which, command) = op {
+                if which == peers.len() {
+                    prop_assert!(asm.handle_region_failover(now, &region(), command).is_err());
+                } else {
+                    let accepted = asm.handle_region_failover(now, &peers[which], command).is_ok();
+                    if accepted && command == EvacuationCommand::CompleteShiftBack {
+                        history[which].clear();
+                    }
+                }
+            }
+            asm.assemble();
+            for (which, r) in peers.iter().enumerate() {
+                let moved = asm.region_failover(r).map_or(0, |e| e.moved.get());
+                for (then, before) in &history[which] {
+                    let intervals = (now - *then).as_nanos() / interval.as_nanos();
+                    let cap = u128::from(step.get()) * (intervals + 1);
+                    prop_assert!(
+                        u128::from(moved.abs_diff(*before)) <= cap,
+                        "region {} moved {} -> {} in {:?}", r, before, moved, now - *then
+                    );
+                }
+                history[which].push((now, moved));
+            }
+            for caller in zones {
+                let view = asm.target(&ViewKey { service: svc("pay"), zone: zone(caller) }).unwrap();
+                for (which, id) in &remote_ids {
+                    let e = view.endpoints.get(id);
+                    prop_assert!(e.is_some(), "{} of {} left the view", id, peers[*which]);
+                }
+                // A fully moved region ranks after every region still taking its share.
+                let full = |r: &RegionName| asm.region_failover(r).is_some_and(|e| e.moved == Permille::ONE);
+                let remote = view.endpoints.values().filter(|e| e.tier == Tier::Remote);
+                let last_kept = remote.clone().filter(|e| !full(&e.region)).map(|e| e.priority).max();
+                let first_moved = remote.filter(|e| full(&e.region)).map(|e| e.priority).min();
+                if let (Some(kept), Some(moved)) = (last_kept, first_moved) {
+                    prop_assert!(moved > kept, "moved region at {} not after {}", moved, kept);
+                }
+            }
+        }
+    }
 }

@@ -380,3 +380,51 @@ fn the_last_zone_cannot_be_evacuated() {
         .handle_evacuation(now, &zone("q"), EvacuationCommand::ShiftBack);
     assert_eq!(err, Err(EvacuationError::UnknownZone { zone: "q".into() }));
 }
+
+#[test]
+fn a_repeated_shift_back_waits_for_its_interval() {
+    // Goal: ADR-13 — asking again must not return traffic faster than one step per interval.
+    let mut fx = Fx::new(&[("a", 2), ("b", 2)]);
+    let interval = crate::defaults::EVACUATION_STEP_INTERVAL;
+    let out = EvacuationCommand::Evacuate { manual: false };
+    fx.asm.handle_evacuation(fx.now, &zone("a"), out).unwrap();
+    for k in 1..=3 {
+        fx.asm.handle_timeout(fx.now + interval * k);
+    }
+    assert_eq!(fx.asm.evacuation(&zone("a")).unwrap().moved, Permille::ONE);
+    let t = fx.now + interval * 4;
+    for ms_later in 0..3 {
+        fx.asm
+            .handle_evacuation(t + ms(ms_later), &zone("a"), EvacuationCommand::ShiftBack)
+            .unwrap();
+    }
+    assert_eq!(fx.asm.evacuation(&zone("a")).unwrap().moved.get(), 750);
+    assert_eq!(fx.asm.poll_timeout(), Some(t + interval));
+    // The same holds moving away: a repeated evacuate keeps the pending step.
+    fx.asm
+        .handle_evacuation(t + ms(3), &zone("a"), out)
+        .unwrap();
+    fx.asm
+        .handle_evacuation(t + ms(4), &zone("a"), out)
+        .unwrap();
+    assert_eq!(fx.asm.evacuation(&zone("a")).unwrap().moved, Permille::ONE);
+}
+
+#[test]
+fn a_shift_back_that_reaches_home_at_once_ends_the_evacuation() {
+    // Goal: an automatic evacuation one step out is over after one step back.
+    let mut fx = Fx::new(&[("a", 1), ("b", 1)]);
+    let now = fx.now;
+    let out = EvacuationCommand::Evacuate { manual: false };
+    fx.asm.handle_evacuation(now, &zone("a"), out).unwrap();
+    fx.asm
+        .handle_evacuation(now + ms(1), &zone("a"), EvacuationCommand::ShiftBack)
+        .unwrap();
+    assert_eq!(fx.asm.evacuation(&zone("a")), None);
+    fx.asm.assemble();
+    assert!(fx.view("a").markers.evacuating.is_empty());
+    // Zone a is home, so zone b may be evacuated.
+    fx.asm
+        .handle_evacuation(now + ms(2), &zone("b"), out)
+        .unwrap();
+}

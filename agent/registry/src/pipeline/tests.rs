@@ -9,11 +9,11 @@ use waymark_core::defaults as d;
 use waymark_core::model::{
     Address, Health, InstanceId, Locality, NodeName, Observation, Origin, Reporter, ServiceName,
 };
-use waymark_core::units::Weight;
-use waymark_core::view::{EndpointStatus, MonotonicCounter, ViewKey};
+use waymark_core::units::{Permille, Weight};
+use waymark_core::view::{EndpointStatus, MonotonicCounter, Tier, ViewKey};
 
 use super::*;
-use crate::state::{Command, Stamped};
+use crate::state::{Command, RegionFailoverIntent, Stamped};
 
 #[allow(clippy::disallowed_methods)] // the one anchor instant of these tests
 fn t0() -> Instant {
@@ -324,4 +324,215 @@ fn a_fraction_override_replaces_the_contracts_floor() {
         .collect();
     // With a floor of 100%, both instances of zone a are its floor.
     assert!(floors.contains(&2), "floors released: {floors:?}");
+}
+
+// --- tier 2 and region failover ---
+
+const STEP: Duration = d::REGION_FAILOVER_STEP_INTERVAL;
+
+fn peer(name: &str) -> RegionName {
+    RegionName::try_new(name).unwrap()
+}
+
+fn pay() -> ServiceName {
+    ServiceName::try_new("pay").unwrap()
+}
+
+fn remote(id: &str, last: u8) -> RemoteEndpoint {
+    RemoteEndpoint {
+        instance: InstanceId::try_new(id).unwrap(),
+        address: Address {
+            ip: IpAddr::V4(Ipv4Addr::new(10, 9, 0, last)),
+            port: 8080,
+        },
+        zone: zone("z"),
+        weight: Weight::DEFAULT,
+        status: EndpointStatus::Eligible,
+        verdict: waymark_core::eligibility::Verdict::Eligible,
+    }
+}
+
+/// The pipeline with peer regions `us-east` (`pay-us`) and `ap-south` (`pay-ap`) fed in,
+/// and the desired state it was built from.
+fn with_peers() -> (Fx, DesiredState) {
+    let mut fx = Fx::new();
+    let now = fx.now;
+    fx.p.handle_remote(now, &pay(), peer("us-east"), vec![remote("pay-us", 1)]);
+    fx.p.handle_remote(now, &pay(), peer("ap-south"), vec![remote("pay-ap", 2)]);
+    fx.run_to(d::ADMIT_WINDOW);
+    (fx, region_state())
+}
+
+fn failover_command(intent: RegionFailoverIntent) -> Command {
+    Command::RegionFailover {
+        region: peer("us-east"),
+        intent,
+        actor: "ops@example".into(),
+        reason: "us-east front door failing its probe".into(),
+    }
+}
+
+/// Commit `command` and let the pipeline follow it, as the leader does.
+fn commit(fx: &mut Fx, state: &mut DesiredState, command: Command) {
+    let applied = state.apply(Stamped { at_ms: 10, command }).unwrap();
+    let now = fx.now;
+    fx.p.handle_applied(now, &applied, state);
+}
+
+/// (priority, weight) of an endpoint in each release to zone `a`, in order.
+fn placements(out: &[(Duration, Output)], id: &str) -> Vec<(u32, u32)> {
+    let id = InstanceId::try_new(id).unwrap();
+    releases(out, "a")
+        .iter()
+        .filter_map(|(_, r)| r.view.endpoints.get(&id))
+        .map(|e| (e.priority, e.weight.get()))
+        .collect()
+}
+
+#[test]
+fn peer_region_endpoints_reach_the_views_as_tier_two() {
+    let mut fx = Fx::new();
+    fx.run_to(d::ADMIT_WINDOW);
+    let at = fx.now - fx.start;
+    let now = fx.now;
+    fx.p.handle_remote(now, &pay(), peer("us-east"), vec![remote("pay-us", 1)]);
+    let out = fx.run_to(at + d::ADMIT_WINDOW);
+    let a = releases(&out, "a");
+    let last = &a.last().expect("the remote endpoint is released").1.view;
+    let e = &last.endpoints[&InstanceId::try_new("pay-us").unwrap()];
+    assert_eq!(
+        (e.tier, e.priority, &e.region),
+        (Tier::Remote, 2, &peer("us-east"))
+    );
+    // An empty list forgets the region again.
+    let now = fx.now;
+    fx.p.handle_remote(now, &pay(), peer("us-east"), vec![]);
+    let out = fx.run_to(at + d::ADMIT_WINDOW * 3);
+    let last = releases(&out, "a").pop().expect("released again").1;
+    assert_eq!(last.view.endpoints.len(), 4);
+}
+
+#[test]
+fn a_manual_region_failover_steps_weights_down_and_ranks_the_region_last() {
+    // Goal: ADR-13/14 end to end — capped steps over time, never removed, last in the end.
+    let (mut fx, mut state) = with_peers();
+    let intent = RegionFailoverIntent::Failover { manual: true };
+    assert_eq!(fx.p.check_region_failover(&peer("us-east"), intent), Ok(()));
+    let at = fx.now - fx.start;
+    commit(&mut fx, &mut state, failover_command(intent));
+    let out = fx.run_to(at + STEP * 4);
+    assert_eq!(
+        placements(&out, "pay-us"),
+        vec![(2, 75), (2, 50), (2, 25), (3, 100)]
+    );
+    assert!(placements(&out, "pay-ap").iter().all(|p| *p == (2, 100)));
+    // Each step waited its interval.
+    let times: Vec<Duration> = releases(&out, "a").iter().map(|(t, _)| *t).collect();
+    assert!(times.windows(2).all(|w| w[1] - w[0] >= STEP), "{times:?}");
+    let progress: Vec<u16> = out
+        .iter()
+        .filter_map(|(_, o)| match o {
+            Output::Alarm(assembler::Effect::RegionFailoverProgress { moved, .. }) => {
+                Some(moved.get())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(progress, vec![250, 500, 750, 1000]);
+    let record = fx.p.region_failover_record(&peer("us-east")).unwrap();
+    assert_eq!((record.moved, record.manual), (Permille::ONE, true));
+    assert_eq!(record.actor, "ops@example");
+}
+
+#[test]
+fn a_manual_region_shift_back_holds_one_step_short_until_completed() {
+    let (mut fx, mut state) = with_peers();
+    let at = fx.now - fx.start;
+    let out_intent = RegionFailoverIntent::Failover { manual: true };
+    commit(&mut fx, &mut state, failover_command(out_intent));
+    fx.run_to(at + STEP * 4);
+    let back = RegionFailoverIntent::ShiftBack;
+    commit(&mut fx, &mut state, failover_command(back));
+    let out = fx.run_to(at + STEP * 10);
+    assert_eq!(placements(&out, "pay-us"), vec![(2, 25), (2, 50), (2, 75)]);
+    let record = fx.p.region_failover_record(&peer("us-east")).unwrap();
+    assert!(
+        record.awaiting_completion && record.moved.get() == 250,
+        "{record:?}"
+    );
+    assert_eq!(fx.p.poll_timeout(), None, "holding: nothing scheduled");
+    let complete = RegionFailoverIntent::CompleteShiftBack;
+    assert_eq!(
+        fx.p.check_region_failover(&peer("us-east"), complete),
+        Ok(())
+    );
+    commit(&mut fx, &mut state, failover_command(complete));
+    let out = fx.run_to(at + STEP * 11);
+    assert_eq!(placements(&out, "pay-us"), vec![(2, 100)]);
+    assert_eq!(fx.p.region_failover_record(&peer("us-east")), None);
+    assert_eq!(
+        fx.p.check_region_failover(&peer("us-east"), complete),
+        Err(EvacuationError::RegionNotFailedOver {
+            region: "us-east".into()
+        })
+    );
+}
+
+#[test]
+fn a_region_failover_resumes_where_the_previous_leader_left_it() {
+    let now = t0();
+    let mut state = region_state();
+    let mut old = RegionPipeline::rebuild(config(), &state, now);
+    let intent = RegionFailoverIntent::Failover { manual: true };
+    let applied = state
+        .apply(Stamped {
+            at_ms: 3,
+            command: failover_command(intent),
+        })
+        .unwrap();
+    old.handle_applied(now, &applied, &state);
+    let mut versions = MonotonicCounter::default();
+    let later = now + STEP;
+    old.handle_timeout(later, &mut versions);
+    let record = old.region_failover_record(&peer("us-east")).unwrap();
+    assert_eq!(record.moved.get(), 500);
+    assert_eq!(record.reason, "us-east front door failing its probe");
+    state
+        .apply(Stamped {
+            at_ms: 4,
+            command: Command::RegionFailoverProgress {
+                region: peer("us-east"),
+                progress: Some(record.clone()),
+            },
+        })
+        .unwrap();
+    // A new leader rebuilds from the decoded state: the share already moved stays moved.
+    let decoded: DesiredState =
+        serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+    let mut new = RegionPipeline::rebuild(config(), &decoded, later);
+    assert_eq!(new.region_failover_record(&peer("us-east")), Some(record));
+    new.handle_remote(later, &pay(), peer("us-east"), vec![remote("pay-us", 1)]);
+    new.handle_timeout(later + d::ADMIT_WINDOW, &mut versions);
+    let out: Vec<(Duration, Output)> = new
+        .take_outputs()
+        .into_iter()
+        .map(|o| (Duration::ZERO, o))
+        .collect();
+    assert_eq!(placements(&out, "pay-us").last(), Some(&(2, 50)));
+    // And it keeps stepping from there, one interval after the rebuild.
+    new.handle_timeout(later + STEP, &mut versions);
+    let resumed = new.region_failover_record(&peer("us-east")).unwrap();
+    assert_eq!(resumed.moved.get(), 750);
+}
+
+#[test]
+fn this_region_cannot_be_failed_over() {
+    let fx = Fx::new();
+    let intent = RegionFailoverIntent::Failover { manual: false };
+    assert_eq!(
+        fx.p.check_region_failover(&peer("eu"), intent),
+        Err(EvacuationError::OwnRegion {
+            region: "eu".into()
+        })
+    );
 }

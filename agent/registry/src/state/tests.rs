@@ -345,3 +345,89 @@ fn a_decoded_state_still_refuses_duplicate_addresses_and_frees_retired_ones() {
         .unwrap();
     back.apply(at(13, registration(1))).unwrap();
 }
+
+fn peer() -> RegionName {
+    RegionName::try_new("us-east").unwrap()
+}
+
+fn failover(actor: &str, reason: &str) -> Command {
+    Command::RegionFailover {
+        region: peer(),
+        intent: RegionFailoverIntent::Failover { manual: true },
+        actor: actor.into(),
+        reason: reason.into(),
+    }
+}
+
+#[test]
+fn a_region_failover_must_say_who_asked_and_why() {
+    // Goal: ADR-15 — moving a region's traffic is privileged: named and justified, bounded.
+    let mut s = DesiredState::new();
+    let long = "x".repeat(JUSTIFICATION_LEN_MAX + 1);
+    for (actor, reason, field) in [
+        ("", "front door down", "actor"),
+        ("ops", "  ", "reason"),
+        ("ops", long.as_str(), "reason"),
+    ] {
+        let before = s.clone();
+        let err = s.apply(at(5, failover(actor, reason))).unwrap_err();
+        assert!(
+            matches!(err, RegistryError::BadJustification { field: f, .. } if f == field),
+            "{err:?}"
+        );
+        assert_eq!(s.region_failovers(), before.region_failovers());
+    }
+    let applied = s.apply(at(6, failover("ops", "front door down"))).unwrap();
+    assert_eq!(
+        applied,
+        Applied::RegionFailover {
+            region: peer(),
+            intent: RegionFailoverIntent::Failover { manual: true },
+            actor: "ops".into(),
+            reason: "front door down".into(),
+        }
+    );
+    // The intent alone records no progress: the leader's assembler decides what happened.
+    assert!(s.region_failovers().is_empty());
+}
+
+#[test]
+fn region_failover_progress_is_recorded_and_cleared() {
+    let mut s = DesiredState::new();
+    let record = RegionFailoverRecord {
+        moved: Permille::new(500).unwrap(),
+        back: false,
+        manual: true,
+        awaiting_completion: false,
+        actor: "ops".into(),
+        reason: "front door down".into(),
+    };
+    let progress = |progress| Command::RegionFailoverProgress {
+        region: peer(),
+        progress,
+    };
+    s.apply(at(5, progress(Some(record.clone())))).unwrap();
+    assert_eq!(s.region_failovers()[&peer()], record);
+    let text = serde_json::to_string(&s).unwrap();
+    assert_eq!(serde_json::from_str::<DesiredState>(&text).unwrap(), s);
+    s.apply(at(6, progress(None))).unwrap();
+    assert!(s.region_failovers().is_empty());
+}
+
+#[test]
+fn a_snapshot_from_before_region_failover_still_loads() {
+    // Goal: snapshots and log entries already written decode without the new fields.
+    let s = with_service();
+    let mut value = serde_json::to_value(&s).unwrap();
+    value.as_object_mut().unwrap().remove("region_failovers");
+    let back: DesiredState = serde_json::from_value(value).unwrap();
+    assert_eq!(back, s);
+    let record: RegionFailoverRecord = serde_json::from_str(
+        r#"{"moved":250,"back":true,"manual":true,"awaiting_completion":true}"#,
+    )
+    .unwrap();
+    assert_eq!((record.actor.as_str(), record.reason.as_str()), ("", ""));
+    let cmd = at(7, failover("signal", "front door probe failed 3 of 3"));
+    let back: Stamped = serde_json::from_str(&serde_json::to_string(&cmd).unwrap()).unwrap();
+    assert_eq!(back, cmd);
+}
