@@ -820,17 +820,21 @@ fn probes_follow_the_liveness_readiness_split() {
             "start-up waits on liveness, never on the authority"
         );
     }
-    // The authority has no /livez or /readyz yet: every probe asks its own /v1/status.
+    // The authority: the same split, member-local (no peer, leader or quorum asked).
     let sts = m.authority();
     let pod = pod_spec_of_statefulset(&sts);
     let c = only_container(&pod);
-    for (probe, what) in [
-        (&c.liveness_probe, "authority liveness"),
-        (&c.readiness_probe, "authority readiness"),
-        (&c.startup_probe, "authority startup"),
+    for (probe, what, expected) in [
+        (&c.liveness_probe, "authority liveness", "/livez"),
+        (&c.readiness_probe, "authority readiness", "/readyz"),
+        (&c.startup_probe, "authority startup", "/livez"),
     ] {
         let (path, port_name, _) = http_probe(probe, what);
-        assert_eq!((path.as_str(), port_name.as_str()), ("/v1/status", "http"));
+        assert_eq!(
+            (path.as_str(), port_name.as_str()),
+            (expected, "http"),
+            "{what}"
+        );
     }
 }
 
