@@ -7,4 +7,5 @@
 pub mod authority;
 pub mod cli;
 pub mod dev;
+pub mod net;
 pub mod node;

@@ -54,7 +54,8 @@ enum Command {
         /// The configuration file (TOML).
         #[arg(long, env = "WAYMARK_CONFIG")]
         config: PathBuf,
-        /// Print the effective configuration and exit.
+        /// Print the effective configuration (file, then `WAYMARK_AUTHORITY_*` environment)
+        /// and exit.
         #[arg(long)]
         print_config: bool,
     },
@@ -198,7 +199,7 @@ fn main() -> anyhow::Result<()> {
             config,
             print_config,
         } => {
-            let file = ConfigFile::load(&config)?;
+            let file = ConfigFile::load(&config, std::env::vars())?;
             if print_config {
                 print!("{}", toml::to_string_pretty(&file)?);
                 return Ok(());

@@ -411,3 +411,62 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
     let _ = run(&["proxy-status"]);
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joins_under_a_dns_name_and_an_address_that_is_not_host_port_is_refused() {
+    // Goal: StatefulSet members are known by name, not IP; Raft resolves the name when it
+    // connects. What is not host:port is refused naming the field, the group unchanged.
+    let dir = tempfile::tempdir().unwrap();
+    let leader = single_member(dir.path()).await;
+    let api = ApiClient::new(&leader.http_addr().to_string(), None);
+    for bad in [
+        "waymark-authority-1",
+        "bad_name.example:8500",
+        "localhost:0",
+    ] {
+        let (status, v) = call(
+            &api,
+            Method::POST,
+            "/v1/operator/raft/members",
+            Some(json!({"id": 2, "addr": bad})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {v}");
+        assert_eq!(
+            refusal(&v),
+            ("bad_address".to_owned(), Some("addr".to_owned()))
+        );
+    }
+    let (_, peers) = call(&api, Method::GET, "/v1/operator/raft/peers", None).await;
+    assert_eq!(peers.as_array().map(Vec::len), Some(1), "{peers}");
+
+    // A second member, reached as localhost:<port>: it catches up and becomes a voter.
+    let second_dir = tempfile::tempdir().unwrap();
+    let mut config = common::plain(
+        second_dir.path(),
+        "eu",
+        &["a", "b"],
+        "127.0.0.1:0".parse().unwrap(),
+    );
+    config.id = 2;
+    let second = Authority::start(config).await.unwrap();
+    let addr = format!("localhost:{}", second.http_addr().port());
+    let (status, v) = call(
+        &api,
+        Method::POST,
+        "/v1/operator/raft/members",
+        Some(json!({"id": 2, "addr": addr})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let joined = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == 2)
+        .unwrap_or_else(|| panic!("member 2 missing: {v}"));
+    assert_eq!(joined["member"]["raft_addr"], addr.as_str(), "{joined}");
+    assert_eq!(joined["role"], "follower", "{joined}");
+    second.shutdown().await;
+    leader.shutdown().await;
+}

@@ -342,7 +342,7 @@ async fn gossip_membership_decides_which_connected_nodes_probe() {
         Role::Agent,
     );
     let mut gc = GossipConfig::new(n1_addr, id, keyring);
-    gc.seeds = vec![gossip_addr];
+    gc.seeds = vec![gossip_addr.into()];
     let n1_gossip = Gossip::start_with_socket(gc, socket).unwrap();
     let mut seen = authority.gossip().unwrap().subscribe();
     tokio::time::timeout(

@@ -1,8 +1,17 @@
-//! Every example configuration in `deploy/` parses with the binary's own `--print-config`.
+//! Every example configuration in `deploy/` parses with the binary's own `--print-config`;
+//! every Envoy bootstrap passes `envoy --mode validate`, and the sidecar bootstraps connect to
+//! a real `waymark agent` over mutual TLS with certificates from `waymark certs`.
+//! (The Kubernetes manifests and systemd units: `deploy_manifests.rs`.)
 #![allow(clippy::unwrap_used)]
 
-use std::path::Path;
-use std::process::Command;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use http::Method;
+use serde_json::json;
+use waymark_agent::cli::http::ApiClient;
 
 fn print_config(role: &str, file: &Path) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_waymark"))
@@ -67,16 +76,105 @@ fn example_service_definitions_parse() {
 #[path = "../../xds-edge/tests/support/mod.rs"]
 mod support;
 
+/// Where the sidecar bootstraps expect their TLS material and SDS files.
+const SIDECAR_DIR: &str = "/etc/envoy/waymark/";
+const TRUST_DOMAIN: &str = "mesh.example.org";
+const REGION: &str = "eu-west-1";
+
+fn deploy_envoy() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/envoy")
+}
+
+fn waymark(args: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_waymark"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "waymark {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA for `REGION` and one leaf per identity path (`node/n1`, `service/s/instance/i`)
+/// under `dir/issued/<path>/`, made by `waymark certs`.
+fn pki(dir: &Path, leaves: &[&str]) -> PathBuf {
+    let ca = dir.join("ca");
+    let ca_s = ca.to_str().unwrap();
+    waymark(&[
+        "certs",
+        "init",
+        "--dir",
+        ca_s,
+        "--trust-domain",
+        TRUST_DOMAIN,
+        "--region",
+        REGION,
+    ]);
+    for leaf in leaves {
+        let identity = format!("spiffe://{TRUST_DOMAIN}/region/{REGION}/{leaf}");
+        waymark(&["certs", "issue", "--dir", ca_s, "--identity", &identity]);
+    }
+    ca
+}
+
+/// The sidecar's folder as the bootstraps expect it, under `dir`: `sds/` from deploy/envoy
+/// with its paths moved to `dir`, and `tls/` holding `workload`'s certificate and the bundle.
+fn sidecar_dir(dir: &Path, ca: &Path, workload: &str) -> PathBuf {
+    let sds = dir.join("sds");
+    let tls = dir.join("tls");
+    std::fs::create_dir_all(&sds).unwrap();
+    std::fs::create_dir_all(&tls).unwrap();
+    for entry in std::fs::read_dir(deploy_envoy().join("sds")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let moved = moved_to(&text, dir);
+        std::fs::write(sds.join(path.file_name().unwrap()), moved).unwrap();
+    }
+    let issued = ca.join("issued/region").join(REGION).join(workload);
+    for f in ["fullchain.pem", "key.pem"] {
+        std::fs::copy(issued.join(f), tls.join(f)).unwrap();
+    }
+    std::fs::copy(ca.join("bundle.pem"), tls.join("bundle.pem")).unwrap();
+    dir.to_owned()
+}
+
+/// `text` with every path under [`SIDECAR_DIR`] moved under `dir`.
+fn moved_to(text: &str, dir: &Path) -> String {
+    text.replace(SIDECAR_DIR, &format!("{}/", dir.display()))
+}
+
+/// `text` with `from` replaced, which must occur.
+fn replaced(text: &str, from: &str, to: &str, file: &Path) -> String {
+    assert!(
+        text.contains(from),
+        "{} no longer contains `{from}`: update this test",
+        file.display()
+    );
+    text.replace(from, to)
+}
+
 #[test]
 fn every_envoy_bootstrap_validates() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/envoy");
+    let tmp = tempfile::tempdir().unwrap();
+    let ca = pki(tmp.path(), &["service/billing/instance/b1"]);
+    let sidecar = sidecar_dir(
+        &tmp.path().join("sidecar"),
+        &ca,
+        "service/billing/instance/b1",
+    );
     let mut checked = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
+    for entry in std::fs::read_dir(deploy_envoy()).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "yaml") {
+            // The files the bootstrap names exist (Envoy refuses a missing SDS file).
+            let text = moved_to(&std::fs::read_to_string(&path).unwrap(), &sidecar);
+            let copy = tmp.path().join(path.file_name().unwrap());
+            std::fs::write(&copy, text).unwrap();
             let out = Command::new(support::envoy_bin())
                 .args(["--mode", "validate", "-c"])
-                .arg(&path)
+                .arg(&copy)
                 .output()
                 .unwrap();
             assert!(
@@ -88,5 +186,277 @@ fn every_envoy_bootstrap_validates() {
             checked += 1;
         }
     }
-    assert!(checked >= 1, "no Envoy bootstraps found");
+    assert!(checked >= 3, "Envoy bootstraps missing");
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child process killed when dropped; its log is printed if the test is failing.
+struct Running {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            eprintln!("--- {} (last lines)", self.log.display());
+            for line in tail.into_iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+fn spawn(cmd: &mut Command, log: PathBuf) -> Running {
+    let file = std::fs::File::create(&log).unwrap();
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .spawn()
+        .unwrap();
+    Running { child, log }
+}
+
+/// An Envoy admin counter or gauge, or `None` while it does not exist.
+async fn stat(admin: SocketAddr, name: &str) -> Option<u64> {
+    // `^name$`, percent-encoded.
+    let r = support::http::get(admin, &format!("/stats?filter=%5E{name}%24"))
+        .await
+        .ok()?;
+    r.body
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A real `waymark authority` (one member, mutual TLS on xDS) publishing one service,
+/// `payments`, with one instance; returns the process and its xDS address.
+async fn authority_publishing_payments(dir: &Path, ca: &Path) -> (Running, SocketAddr) {
+    let tls = ca.join("issued/region").join(REGION).join("authority/1");
+    let (http, xds) = (free_port(), free_port());
+    let config = dir.join("authority.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[authority]
+id = 1
+region = "{REGION}"
+zones = ["{REGION}a"]
+data_dir = "{data}"
+http = "127.0.0.1:{http}"
+xds = "127.0.0.1:{xds}"
+
+[[authority.members]]
+id = 1
+addr = "127.0.0.1:{http}"
+
+[authority.tls]
+trust_domain = "{TRUST_DOMAIN}"
+cert_chain = "{chain}"
+key = "{key}"
+bundle = "{bundle}"
+"#,
+            data = dir.join("authority-data").display(),
+            chain = tls.join("fullchain.pem").display(),
+            key = tls.join("key.pem").display(),
+            bundle = ca.join("bundle.pem").display(),
+        ),
+    )
+    .unwrap();
+    let process = spawn(
+        Command::new(env!("CARGO_BIN_EXE_waymark"))
+            .args(["authority", "--config"])
+            .arg(&config)
+            .env_clear(),
+        dir.join("authority.log"),
+    );
+    let api_addr = SocketAddr::from(([127, 0, 0, 1], http));
+    support::eventually(
+        "the authority to lead",
+        Duration::from_secs(60),
+        async || {
+            support::http::get(api_addr, "/v1/status")
+                .await
+                .ok()
+                .and_then(|r| serde_json::from_str::<serde_json::Value>(&r.body).ok())
+                .is_some_and(|v| v["is_leader"] == true)
+        },
+    )
+    .await;
+    let api = ApiClient::new(&api_addr.to_string(), Some("test".into()));
+    let put = api
+        .send(
+            Method::PUT,
+            "/v1/services/payments",
+            Some(&json!({"owner": "team-pay", "contract": {}})),
+        )
+        .await
+        .unwrap();
+    assert!(put.status.is_success(), "{put:?}");
+    let registration = json!({
+        "service": "payments",
+        "locality": {"region": REGION, "zone": format!("{REGION}a"), "node": "ip-10-0-1-17"},
+        "address": {"ip": "127.0.0.1", "port": free_port()},
+        "lease_ms": 600_000,
+    });
+    let post = api
+        .send(Method::POST, "/v1/instances", Some(&registration))
+        .await
+        .unwrap();
+    assert!(post.status.is_success(), "{post:?}");
+    (process, SocketAddr::from(([127, 0, 0, 1], xds)))
+}
+
+/// The sidecar bootstraps do what they say against a real agent: the agent's listener
+/// admits the workload certificate Envoy loads over SDS, Envoy admits the agent's node
+/// certificate (trust bundle over SDS, the SAN pinned to the region's node agents), TLS 1.3
+/// with h2, and the agent's CDS reaches Envoy on the ADS stream (`payments`, published by a
+/// real authority over mutual TLS). The Kubernetes bootstrap dials the node-local Service's
+/// name, here 127.0.0.1.
+#[tokio::test(flavor = "multi_thread")]
+async fn sidecar_bootstraps_reach_a_real_agent_over_mutual_tls() {
+    waymark_certs::install_crypto_provider();
+    let tmp = tempfile::tempdir().unwrap();
+    let node = "node/ip-10-0-1-17";
+    let workload = "service/billing/instance/b1";
+    let ca = pki(tmp.path(), &[node, workload, "authority/1"]);
+    let (_authority, upstream) = authority_publishing_payments(tmp.path(), &ca).await;
+    let node_tls = ca.join("issued/region").join(REGION).join(node);
+    let xds = free_port();
+    let http = free_port();
+    let agent_config = tmp.path().join("agent.toml");
+    std::fs::write(
+        &agent_config,
+        format!(
+            r#"[agent]
+name = "ip-10-0-1-17"
+region = "{REGION}"
+zone = "{REGION}a"
+data_dir = "{data}"
+upstream = ["{upstream}"]
+
+[agent.listen]
+xds = "127.0.0.1:{xds}"
+dns = "127.0.0.1:{dns}"
+http = "127.0.0.1:{http}"
+
+[agent.tls]
+trust_domain = "{TRUST_DOMAIN}"
+cert_chain = "{chain}"
+key = "{key}"
+bundle = "{bundle}"
+"#,
+            data = tmp.path().join("agent-data").display(),
+            dns = free_port(),
+            chain = node_tls.join("fullchain.pem").display(),
+            key = node_tls.join("key.pem").display(),
+            bundle = ca.join("bundle.pem").display(),
+        ),
+    )
+    .unwrap();
+    let _agent = spawn(
+        Command::new(env!("CARGO_BIN_EXE_waymark"))
+            .args(["agent", "--config"])
+            .arg(&agent_config)
+            .env_clear(),
+        tmp.path().join("agent.log"),
+    );
+    let agent_http = SocketAddr::from(([127, 0, 0, 1], http));
+    support::eventually(
+        "the agent to serve a view (/readyz)",
+        Duration::from_secs(30),
+        async || {
+            support::http::get(agent_http, "/readyz")
+                .await
+                .is_ok_and(|r| r.status == 200)
+        },
+    )
+    .await;
+
+    for (file, agent_address) in [
+        ("sidecar-vm.yaml", "address: 127.0.0.1, port_value: 18000"),
+        (
+            "sidecar-kubernetes.yaml",
+            "address: waymark-agent.waymark.svc.cluster.local, port_value: 18000",
+        ),
+    ] {
+        let path = deploy_envoy().join(file);
+        let dir = tmp.path().join(file.trim_end_matches(".yaml"));
+        let sidecar = sidecar_dir(&dir, &ca, workload);
+        let mut text = moved_to(&std::fs::read_to_string(&path).unwrap(), &sidecar);
+        text = replaced(
+            &text,
+            agent_address,
+            &format!("address: 127.0.0.1, port_value: {xds}"),
+            &path,
+        );
+        text = replaced(&text, "port_value: 9901", "port_value: 0", &path);
+        text = replaced(&text, "port_value: 10001", "port_value: 0", &path);
+        let bootstrap = dir.join("envoy.yaml");
+        std::fs::write(&bootstrap, text).unwrap();
+        let admin_file = dir.join("admin.address");
+        let _envoy = spawn(
+            Command::new(support::envoy_bin())
+                .arg("-c")
+                .arg(&bootstrap)
+                .arg("--admin-address-path")
+                .arg(&admin_file)
+                .args(["--disable-hot-restart", "--concurrency", "1"])
+                .args([
+                    "--service-node",
+                    "billing-test",
+                    "--service-cluster",
+                    "billing",
+                ]),
+            dir.join("envoy.log"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let admin = loop {
+            let written = std::fs::read_to_string(&admin_file).unwrap_or_default();
+            if let Ok(a) = written.trim().parse::<SocketAddr>() {
+                break a;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{file}: Envoy's admin never came up"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        support::eventually(
+            &format!("{file}: the agent's `payments` cluster over mutual TLS"),
+            Duration::from_secs(30),
+            async || {
+                support::http::get(admin, "/clusters")
+                    .await
+                    .is_ok_and(|r| r.body.contains("payments::"))
+            },
+        )
+        .await;
+        // The certificate Envoy presents is the workload's, loaded over SDS.
+        let certs = support::http::get(admin, "/certs").await.unwrap().body;
+        let identity = format!("spiffe://{TRUST_DOMAIN}/region/{REGION}/{workload}");
+        assert!(
+            certs.contains(&identity),
+            "{file}: /certs lacks {identity}:\n{certs}"
+        );
+        let handshakes = stat(admin, "cluster.waymark_agent.ssl.handshake").await;
+        assert!(handshakes.is_some_and(|n| n >= 1), "{file}: no handshake");
+        assert_eq!(
+            stat(admin, "cluster.waymark_agent.ssl.versions.TLSv1.3").await,
+            handshakes,
+            "{file}: every handshake is TLS 1.3"
+        );
+    }
 }

@@ -50,9 +50,29 @@ async fn member(name: &str, zone: &str, seeds: &[&Gossip], keyring: Keyring) -> 
         Role::Agent,
     );
     let mut config = GossipConfig::new(addr, id, keyring);
-    config.seeds = seeds.iter().map(|g| g.local_addr()).collect();
+    config.seeds = seeds.iter().map(|g| g.local_addr().into()).collect();
     config.protocol = fast_protocol();
     config.announce_period = Duration::from_millis(100);
+    Gossip::start_with_socket(config, socket).unwrap()
+}
+
+/// A member whose seeds are given as text (IP or DNS name).
+async fn member_with_seed_names(name: &str, seeds: &[String], keyring: Keyring) -> Gossip {
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    let id = GossipId::new(
+        NodeName::try_new(name).unwrap(),
+        addr,
+        ZoneName::try_new("z0").unwrap(),
+        Role::Agent,
+    );
+    let mut config = GossipConfig::new(addr, id, keyring);
+    config.seeds = seeds.iter().map(|s| s.parse().unwrap()).collect();
+    config.protocol = fast_protocol();
+    config.announce_period = Duration::from_millis(100);
+    // `.invalid` fails at once where a resolver answers; where none does, this bound
+    // makes it a timeout, which counts the same.
+    config.seed_resolve_timeout = Duration::from_millis(300);
     Gossip::start_with_socket(config, socket).unwrap()
 }
 
@@ -129,6 +149,43 @@ async fn stays_connected(members: &[Gossip], n: usize, period: Duration, phase: 
         let snapshot = receivers[i].borrow_and_update().clone();
         assert_eq!(alive(&snapshot), n, "{phase}: member {i} saw {snapshot:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joins_through_a_seed_name_past_one_that_does_not_resolve() {
+    // Goal: a DNS seed is resolved when used, and a name that does not resolve (a Service
+    // not created yet) is counted without stopping the round for the other seeds.
+    let keyring = Keyring::single(key(1));
+    let first = member("node-0", "z0", &[], keyring.clone()).await;
+    let port = first.local_addr().port();
+    let seeds = ["seed.invalid:7946".to_owned(), format!("localhost:{port}")];
+    let second = member_with_seed_names("node-1", &seeds, keyring).await;
+    let members = [first, second];
+    all_see_alive(&members, 2).await;
+    assert!(
+        members[1].metrics().seed_resolve_failures() >= 1,
+        "the unresolvable seed is counted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_that_does_not_resolve_is_tried_again_every_round_while_gossip_runs() {
+    // Goal: an unresolvable seed never stops the member; each announce round resolves it
+    // again (which is also how a seed name that moved to a new address is followed).
+    let alone = member_with_seed_names(
+        "node-0",
+        &["seed.invalid:7946".to_owned()],
+        Keyring::single(key(1)),
+    )
+    .await;
+    let metrics = alone.metrics().clone();
+    assert!(
+        wait_for_metric(CONVERGE, || metrics.seed_resolve_failures() >= 3).await,
+        "three rounds, three attempts: {}",
+        metrics.seed_resolve_failures()
+    );
+    let snapshot = alone.members();
+    assert_eq!(alive(&snapshot), 1, "still running, alone: {snapshot:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -397,12 +397,14 @@ struct AddMember {
 async fn add_member(State(s): State<ApiState>, uri: Uri, body: Bytes) -> ApiResult<Response> {
     s.leader_only(&uri)?;
     let m: AddMember = s.body(&body)?;
-    if m.addr.parse::<std::net::SocketAddr>().is_err() {
+    // An IP or a DNS name: a StatefulSet member keeps its name, not its IP, across
+    // restarts, and the Raft client resolves the name at each connection.
+    if let Err(e) = m.addr.parse::<crate::net::HostPort>() {
         return Err(s.refuse(ApiError::new(
             StatusCode::BAD_REQUEST,
             "bad_address",
             Some("addr"),
-            "addr: host:port of the member's HTTP listener",
+            format!("addr: host:port of the member's HTTP listener (IP or DNS name): {e}"),
         )));
     }
     let member = super::raft::Member {

@@ -32,6 +32,20 @@
 //! key = "/etc/waymark/tls/key.pem"
 //! bundle = "/etc/waymark/tls/bundle.pem"
 //! ```
+//!
+//! Member addresses and gossip seeds are `host:port` with an IP address or a DNS name
+//! ([`HostPort`]); names are resolved at each use, so a member that comes back under a new IP
+//! is still found.
+//!
+//! Environment overrides, read after the file (the settings that differ per member when one
+//! file serves every member, as a ConfigMap does for a StatefulSet's pods):
+//! `WAYMARK_AUTHORITY_ID` (a number, or a name ending in `-<number>` such as the pod name
+//! `waymark-authority-0`, whose number becomes the id), `WAYMARK_AUTHORITY_GOSSIP_BIND`,
+//! `WAYMARK_AUTHORITY_GOSSIP_ZONE`, `WAYMARK_AUTHORITY_GOSSIP_KEYS` (comma-separated;
+//! whitespace around each is dropped, as a key read from a mounted secret ends in a newline),
+//! `WAYMARK_AUTHORITY_TLS_CERT_CHAIN` and `WAYMARK_AUTHORITY_TLS_KEY` (these two need
+//! `[authority.tls]` in the file for the trust domain and bundle). Any other
+//! `WAYMARK_AUTHORITY_*` is refused by name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -45,7 +59,15 @@ use waymark_core::model::{RegionName, ZoneName};
 use super::existence::KubeSettings;
 use super::member::{AuthorityConfig, GossipSettings, TlsSettings};
 use super::raft::Member;
+use crate::net::HostPort;
 use crate::node::gossip::Keyring;
+
+/// The prefix of the authority's environment overrides.
+const ENV_PREFIX: &str = "WAYMARK_AUTHORITY_";
+
+/// The zone an authority member gossips under when none is configured. Members are never
+/// probers (prober assignment picks agents only), so the zone only labels it in membership.
+pub const GOSSIP_ZONE_UNSET: &str = "none";
 
 /// The file's shape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,11 +119,14 @@ pub struct AuthoritySection {
 pub struct GossipSection {
     /// UDP address to bind and advertise.
     pub bind: SocketAddr,
-    /// This member's zone.
-    pub zone: ZoneName,
-    /// Members to join through.
+    /// This member's zone; optional, as a pod cannot read its node's zone. Without it the
+    /// member gossips under [`GOSSIP_ZONE_UNSET`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<ZoneName>,
+    /// Members to join through, `host:port` (IP or DNS name; a name may stand for several
+    /// members, as a headless Service's does), resolved at each join attempt.
     #[serde(default)]
-    pub seeds: Vec<SocketAddr>,
+    pub seeds: Vec<HostPort>,
     /// Region keys (hex or base64, 32 bytes); the first seals, every one opens.
     pub keys: Vec<String>,
 }
@@ -112,7 +137,8 @@ pub struct GossipSection {
 pub struct MemberEntry {
     /// Its id.
     pub id: u64,
-    /// Its HTTP listener, `host:port`.
+    /// Its HTTP listener, `host:port` (IP or DNS name; a name is resolved at each
+    /// connection, so it may move).
     pub addr: String,
 }
 
@@ -161,21 +187,32 @@ pub enum ConfigError {
     /// A value is wrong.
     #[error("{field}: {message}")]
     Invalid {
-        /// The key.
+        /// The key (or environment variable).
         field: &'static str,
         /// What is wrong.
         message: String,
     },
+    /// A `WAYMARK_AUTHORITY_*` variable that names no setting (a typo would otherwise be
+    /// ignored silently).
+    #[error("{name}: not a setting the authority knows")]
+    UnknownEnv {
+        /// The variable.
+        name: String,
+    },
 }
 
 impl ConfigFile {
-    /// Read and check a file.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+    /// Read `path`, apply the `WAYMARK_AUTHORITY_*` variables of `env` (e.g.
+    /// `std::env::vars()`), and check the result.
+    pub fn load(
+        path: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(&text).map_err(|e| match e {
+        Self::parse(&text, env).map_err(|e| match e {
             ConfigError::Parse { message, .. } => ConfigError::Parse {
                 path: path.to_owned(),
                 message,
@@ -184,14 +221,74 @@ impl ConfigFile {
         })
     }
 
-    /// Parse and check TOML text.
-    pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let file: Self = toml::from_str(text).map_err(|e| ConfigError::Parse {
+    /// Parse TOML text, apply the `WAYMARK_AUTHORITY_*` variables of `env`, and check.
+    pub fn parse(
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut file: Self = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: PathBuf::new(),
             message: e.to_string(),
         })?;
+        file.apply_env(env)?;
         file.check()?;
         Ok(file)
+    }
+
+    fn apply_env(
+        &mut self,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(), ConfigError> {
+        let vars: BTreeMap<String, String> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+            .collect();
+        let a = &mut self.authority;
+        for (key, value) in &vars {
+            match key.as_str() {
+                "WAYMARK_AUTHORITY_ID" => {
+                    a.id = parse_member_id(value).map_err(|message| ConfigError::Invalid {
+                        field: "WAYMARK_AUTHORITY_ID",
+                        message,
+                    })?;
+                }
+                "WAYMARK_AUTHORITY_GOSSIP_BIND" => {
+                    let bind = value
+                        .trim()
+                        .parse()
+                        .map_err(|e: std::net::AddrParseError| ConfigError::Invalid {
+                            field: "WAYMARK_AUTHORITY_GOSSIP_BIND",
+                            message: format!("{value:?}: {e}"),
+                        })?;
+                    gossip_section(a).bind = bind;
+                }
+                "WAYMARK_AUTHORITY_GOSSIP_ZONE" => {
+                    let zone = value.trim().parse().map_err(|e| ConfigError::Invalid {
+                        field: "WAYMARK_AUTHORITY_GOSSIP_ZONE",
+                        message: format!("{e}"),
+                    })?;
+                    gossip_section(a).zone = Some(zone);
+                }
+                "WAYMARK_AUTHORITY_GOSSIP_KEYS" => {
+                    // Often read from a mounted secret: surrounding whitespace is not key.
+                    gossip_section(a).keys = value
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|k| !k.is_empty())
+                        .map(str::to_owned)
+                        .collect();
+                }
+                "WAYMARK_AUTHORITY_TLS_CERT_CHAIN" => {
+                    tls_section(a, "WAYMARK_AUTHORITY_TLS_CERT_CHAIN")?.cert_chain =
+                        PathBuf::from(value);
+                }
+                "WAYMARK_AUTHORITY_TLS_KEY" => {
+                    tls_section(a, "WAYMARK_AUTHORITY_TLS_KEY")?.key = PathBuf::from(value);
+                }
+                _ => return Err(ConfigError::UnknownEnv { name: key.clone() }),
+            }
+        }
+        Ok(())
     }
 
     fn check(&self) -> Result<(), ConfigError> {
@@ -216,10 +313,10 @@ impl ConfigFile {
                     message: format!("id {} listed twice", m.id),
                 });
             }
-            if m.addr.parse::<SocketAddr>().is_err() {
+            if let Err(e) = m.addr.parse::<HostPort>() {
                 return Err(ConfigError::Invalid {
                     field: "authority.members",
-                    message: format!("{}: not host:port", m.addr),
+                    message: format!("{}: {e}", m.addr),
                 });
             }
         }
@@ -232,6 +329,12 @@ impl ConfigFile {
         if let Some(t) = &a.tls {
             TrustDomain::new(&t.trust_domain).map_err(|e| ConfigError::Invalid {
                 field: "authority.tls.trust_domain",
+                message: e.to_string(),
+            })?;
+        }
+        if let Some(g) = &a.gossip {
+            Keyring::parse(&g.keys).map_err(|e| ConfigError::Invalid {
+                field: "authority.gossip.keys",
                 message: e.to_string(),
             })?;
         }
@@ -264,9 +367,14 @@ impl ConfigFile {
                     field: "authority.gossip.keys",
                     message: e.to_string(),
                 })?;
+                let zone = match &g.zone {
+                    Some(zone) => zone.clone(),
+                    None => ZoneName::try_new(GOSSIP_ZONE_UNSET)
+                        .expect("GOSSIP_ZONE_UNSET is a valid zone name"),
+                };
                 Some(GossipSettings {
                     bind: g.bind,
-                    zone: g.zone.clone(),
+                    zone,
                     seeds: g.seeds.clone(),
                     keyring,
                 })
@@ -301,5 +409,257 @@ impl ConfigFile {
                 )
             })
             .collect()
+    }
+}
+
+/// `[authority.gossip]`, created when the environment is the first to name it (the check
+/// afterwards refuses it unless keys were given too).
+fn gossip_section(a: &mut AuthoritySection) -> &mut GossipSection {
+    a.gossip.get_or_insert_with(|| GossipSection {
+        bind: SocketAddr::from(([0, 0, 0, 0], 7946)),
+        zone: None,
+        seeds: Vec::new(),
+        keys: Vec::new(),
+    })
+}
+
+/// `[authority.tls]`, which must come from the file: the environment only names this
+/// member's own certificate and key, not the trust domain or the bundle.
+fn tls_section<'a>(
+    a: &'a mut AuthoritySection,
+    var: &'static str,
+) -> Result<&'a mut TlsSection, ConfigError> {
+    a.tls.as_mut().ok_or(ConfigError::Invalid {
+        field: var,
+        message: "needs [authority.tls] in the file (trust_domain and bundle)".into(),
+    })
+}
+
+/// A member id from `WAYMARK_AUTHORITY_ID`: a number, or a name ending in `-<number>` (a
+/// StatefulSet pod's name or hostname, `waymark-authority-2` → 2), so that the pod-index
+/// label and `metadata.name` both work.
+fn parse_member_id(value: &str) -> Result<u64, String> {
+    let value = value.trim();
+    if let Ok(id) = value.parse::<u64>() {
+        return Ok(id);
+    }
+    match value.rsplit_once('-') {
+        Some((name, index)) if !name.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) => {
+            index
+                .parse::<u64>()
+                .map_err(|e| format!("{value:?}: the index after the last '-': {e}"))
+        }
+        _ => Err(format!(
+            "{value:?}: a member id (a number, or a pod name ending in -<number>)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "0e6f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7";
+
+    /// One file for every member of a StatefulSet: DNS names, per-member settings left to
+    /// the environment.
+    const SHARED: &str = r#"
+[authority]
+id = 0
+region = "eu-west-1"
+zones = ["eu-west-1a", "eu-west-1b"]
+data_dir = "/var/lib/waymark/authority"
+http = "0.0.0.0:8500"
+ingest = "0.0.0.0:8502"
+
+[[authority.members]]
+id = 0
+addr = "waymark-authority-0.waymark-authority.waymark.svc.cluster.local:8500"
+[[authority.members]]
+id = 1
+addr = "waymark-authority-1.waymark-authority.waymark.svc.cluster.local:8500"
+[[authority.members]]
+id = 2
+addr = "10.1.0.12:8500"
+
+[authority.tls]
+trust_domain = "mesh.example.org"
+cert_chain = "/etc/waymark/tls/authority-0.fullchain.pem"
+key = "/etc/waymark/tls/authority-0.key.pem"
+bundle = "/etc/waymark/tls/bundle.pem"
+
+[authority.gossip]
+bind = "0.0.0.0:7946"
+seeds = ["waymark-authority.waymark.svc.cluster.local:7946", "10.1.0.12:7946"]
+keys = []
+"#;
+
+    fn parse(text: &str, env: &[(&str, &str)]) -> Result<ConfigFile, ConfigError> {
+        let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
+        ConfigFile::parse(text, env)
+    }
+
+    fn member_env<'a>(id: &'a str, bind: &'a str, keys: &'a str) -> Vec<(&'a str, &'a str)> {
+        vec![
+            ("WAYMARK_AUTHORITY_ID", id),
+            ("WAYMARK_AUTHORITY_GOSSIP_BIND", bind),
+            ("WAYMARK_AUTHORITY_GOSSIP_KEYS", keys),
+            (
+                "WAYMARK_AUTHORITY_TLS_CERT_CHAIN",
+                "/etc/waymark/tls/authority-1.fullchain.pem",
+            ),
+            (
+                "WAYMARK_AUTHORITY_TLS_KEY",
+                "/etc/waymark/tls/authority-1.key.pem",
+            ),
+            ("PATH", "/bin"),
+        ]
+    }
+
+    #[test]
+    fn the_environment_sets_each_members_own_settings_over_the_shared_file() {
+        let keys = format!("{KEY}\n");
+        let f = parse(SHARED, &member_env("1", "10.1.0.11:7946", &keys)).unwrap();
+        let a = &f.authority;
+        assert_eq!(a.id, 1);
+        let g = a.gossip.as_ref().unwrap();
+        assert_eq!(g.bind, "10.1.0.11:7946".parse().unwrap());
+        assert_eq!(g.keys, vec![KEY.to_owned()], "trimmed");
+        let tls = a.tls.as_ref().unwrap();
+        assert_eq!(
+            tls.cert_chain,
+            Path::new("/etc/waymark/tls/authority-1.fullchain.pem")
+        );
+        assert_eq!(tls.key, Path::new("/etc/waymark/tls/authority-1.key.pem"));
+        assert_eq!(tls.bundle, Path::new("/etc/waymark/tls/bundle.pem"));
+        // What --print-config prints parses back to the same configuration.
+        let printed = toml::to_string_pretty(&f).unwrap();
+        assert_eq!(ConfigFile::parse(&printed, []).unwrap(), f);
+        let settings = f.member_config().unwrap();
+        let gossip = settings.gossip.unwrap();
+        assert_eq!(gossip.zone.as_str(), GOSSIP_ZONE_UNSET);
+        assert_eq!(gossip.seeds.len(), 2);
+        let initial = f.initial_members();
+        assert_eq!(
+            initial[&0].raft_addr,
+            "waymark-authority-0.waymark-authority.waymark.svc.cluster.local:8500"
+        );
+    }
+
+    #[test]
+    fn the_member_id_comes_from_a_number_or_a_pod_name_and_zero_is_an_id() {
+        for (value, id) in [
+            ("0", 0),
+            ("2", 2),
+            (" 1\n", 1),
+            ("waymark-authority-0", 0),
+            ("waymark-authority-2", 2),
+            ("authority-17", 17),
+        ] {
+            assert_eq!(parse_member_id(value), Ok(id), "{value:?}");
+        }
+        for value in [
+            "",
+            "waymark-authority",
+            "waymark-authority-",
+            "-3",
+            "x-1a",
+            "-1",
+        ] {
+            assert!(parse_member_id(value).is_err(), "{value:?}");
+        }
+        let keys = KEY.to_owned();
+        let f = parse(
+            SHARED,
+            &member_env("waymark-authority-0", "10.1.0.10:7946", &keys),
+        );
+        assert_eq!(f.unwrap().authority.id, 0);
+        // An id that is not among the initial voters is refused, as from the file.
+        let e = parse(
+            SHARED,
+            &member_env("waymark-authority-7", "10.1.0.10:7946", &keys),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("authority.members") && e.contains('7'), "{e}");
+        let e = parse(SHARED, &member_env("leader", "10.1.0.10:7946", &keys))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("WAYMARK_AUTHORITY_ID"), "{e}");
+    }
+
+    #[test]
+    fn member_addresses_and_seeds_take_dns_names_and_refuse_what_is_not_host_port() {
+        let keys = KEY.to_owned();
+        let env = member_env("0", "10.1.0.10:7946", &keys);
+        for (from, to, field) in [
+            (
+                "addr = \"10.1.0.12:8500\"",
+                "addr = \"waymark-authority-2\"",
+                "authority.members",
+            ),
+            (
+                "addr = \"10.1.0.12:8500\"",
+                "addr = \"bad_name.example:8500\"",
+                "authority.members",
+            ),
+            ("\"10.1.0.12:7946\"]", "\"10.1.0.12\"]", "seeds"),
+        ] {
+            assert!(SHARED.contains(from));
+            let e = parse(&SHARED.replace(from, to), &env)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(field), "{to}: {e} should name {field}");
+        }
+    }
+
+    #[test]
+    fn bad_or_unknown_environment_is_refused_by_name() {
+        let keys = KEY.to_owned();
+        let mut env = member_env("0", "10.1.0.10:7946", &keys);
+        env.push(("WAYMARK_AUTHORITY_COLOUR", "blue"));
+        let e = parse(SHARED, &env).unwrap_err().to_string();
+        assert!(e.contains("WAYMARK_AUTHORITY_COLOUR"), "{e}");
+
+        let e = parse(SHARED, &member_env("0", "pod-ip:7946", &keys))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("WAYMARK_AUTHORITY_GOSSIP_BIND"), "{e}");
+
+        // Empty keys (a missing Secret) leave a gossip section that cannot open a packet.
+        let e = parse(SHARED, &member_env("0", "10.1.0.10:7946", " \n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("authority.gossip.keys"), "{e}");
+
+        // The certificate paths need the file's [authority.tls] for the rest.
+        let no_tls = r#"
+[authority]
+id = 0
+region = "eu-west-1"
+zones = ["eu-west-1a"]
+data_dir = "/var/lib/waymark/authority"
+"#;
+        let e = parse(no_tls, &[("WAYMARK_AUTHORITY_TLS_KEY", "/k.pem")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("WAYMARK_AUTHORITY_TLS_KEY"), "{e}");
+    }
+
+    #[test]
+    fn gossip_zone_is_optional_and_may_come_from_the_environment() {
+        let keys = KEY.to_owned();
+        let mut env = member_env("0", "10.1.0.10:7946", &keys);
+        env.push(("WAYMARK_AUTHORITY_GOSSIP_ZONE", "eu-west-1b"));
+        let f = parse(SHARED, &env).unwrap();
+        let g = f.member_config().unwrap().gossip.unwrap();
+        assert_eq!(g.zone.as_str(), "eu-west-1b");
+        let with_zone = SHARED.replace(
+            "bind = \"0.0.0.0:7946\"",
+            "bind = \"0.0.0.0:7946\"\nzone = \"eu-west-1a\"",
+        );
+        let f = parse(&with_zone, &member_env("0", "10.1.0.10:7946", &keys)).unwrap();
+        let printed = toml::to_string_pretty(&f).unwrap();
+        assert!(printed.contains("zone = \"eu-west-1a\""), "{printed}");
     }
 }

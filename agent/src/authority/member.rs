@@ -31,6 +31,7 @@ use super::leader::{self, LeaderContext};
 use super::metrics::AuthorityMetrics;
 use super::raft::{Member, RaftConfig, RaftNode};
 use super::tier;
+use crate::net::HostPort;
 use crate::node::gossip::{Gossip, GossipConfig, GossipId, Keyring, Role};
 
 /// Mutual-TLS material for the member's gRPC listeners.
@@ -75,8 +76,8 @@ pub struct GossipSettings {
     pub bind: SocketAddr,
     /// The member's zone.
     pub zone: ZoneName,
-    /// Members to join through.
-    pub seeds: Vec<SocketAddr>,
+    /// Members to join through (IP or DNS name, resolved at each join attempt).
+    pub seeds: Vec<HostPort>,
     /// The region keyring.
     pub keyring: Keyring,
 }

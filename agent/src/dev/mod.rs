@@ -183,7 +183,7 @@ impl DevRegion {
             services_dir: None,
             gossip: Some(GossipSection {
                 bind: "127.0.0.1:0".parse()?,
-                seeds: vec![gossip_seed],
+                seeds: vec![gossip_seed.into()],
                 keys: vec![keyring],
             }),
             tls: Some(pki.node.clone()),

@@ -20,6 +20,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use waymark_core::model::{NodeName, RegionName, ZoneName};
 
+use crate::net::HostPort;
+
 /// The file's shape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -121,9 +123,10 @@ impl Default for Bounds {
 pub struct Gossip {
     /// UDP address to bind and advertise.
     pub bind: SocketAddr,
-    /// Members to join through.
+    /// Members to join through, `host:port` (IP or DNS name; a name may stand for several
+    /// members, as a headless Service's does), resolved at each join attempt.
     #[serde(default)]
-    pub seeds: Vec<SocketAddr>,
+    pub seeds: Vec<HostPort>,
     /// Region keys (hex or base64); the first seals, every one opens.
     pub keys: Vec<String>,
 }
@@ -409,6 +412,46 @@ upstream = ["10.0.0.1:18000"]
         .unwrap_err()
         .to_string();
         assert!(e.contains("WAYMARK_AGENT_COLOUR"), "{e}");
+    }
+
+    #[test]
+    fn gossip_seeds_take_dns_names_and_refuse_what_is_not_host_port() {
+        let with_seeds = |seeds: &str| {
+            format!(
+                "{MINIMAL}[agent.gossip]\nbind = \"10.0.1.17:7946\"\nseeds = {seeds}\nkeys = [\"{}\"]\n",
+                "0e6f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7"
+            )
+        };
+        let f = load(
+            &with_seeds(r#"["waymark-authority.waymark.svc.cluster.local:7946", "10.0.0.2:7946"]"#),
+            &[],
+            &Overrides::default(),
+        )
+        .unwrap();
+        let seeds: Vec<String> = f
+            .agent
+            .gossip
+            .as_ref()
+            .unwrap()
+            .seeds
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            seeds,
+            [
+                "waymark-authority.waymark.svc.cluster.local:7946",
+                "10.0.0.2:7946"
+            ]
+        );
+        let again: AgentFile = toml::from_str(&f.to_toml().unwrap()).unwrap();
+        assert_eq!(again, f, "printed names read back the same");
+        for bad in [r#"["waymark-authority"]"#, r#"["seed_1.example:7946"]"#] {
+            let e = load(&with_seeds(bad), &[], &Overrides::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("seeds"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -3,6 +3,10 @@
 //! One loop: wait for a command, a datagram or the next timer → feed foca → drain its
 //! runtime (seal and send, schedule timers, handle notifications) → republish membership if
 //! it changed.
+//!
+//! Until joined, every announce round resolves the seeds again on a task of its own (at most
+//! one in flight), so a slow resolver never stalls the loop, and a seed name that moved to a
+//! new address is followed.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -15,13 +19,16 @@ use rand::rngs::SmallRng;
 use ring::rand::SystemRandom;
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::{JoinError, JoinHandle};
 use tokio::time::{Instant, sleep_until};
-use tracing::{debug, info, trace, warn};
+use tracing::{Instrument as _, debug, info, trace, warn};
 
 use super::codec::{self, Keyring, OpenError};
 use super::identity::GossipId;
 use super::membership::{ChangeDetector, Liveness, MemberState, counts, snapshot};
 use super::metrics::{Direction, DropReason, GossipMetrics};
+use super::seeds::{self, FailingSeeds, Resolved, SeedChange};
+use crate::net::HostPort;
 
 pub(super) type GossipFoca = Foca<GossipId, PostcardCodec, SmallRng, NoCustomBroadcast>;
 
@@ -41,8 +48,9 @@ pub(super) struct Driver {
     pub(super) socket: UdpSocket,
     pub(super) keyring: Keyring,
     pub(super) random: SystemRandom,
-    pub(super) seeds: Vec<SocketAddr>,
+    pub(super) seeds: Vec<HostPort>,
     pub(super) announce_period: Duration,
+    pub(super) seed_resolve_timeout: Duration,
     pub(super) commands: mpsc::Receiver<Command>,
     pub(super) members_tx: watch::Sender<Vec<MemberState>>,
     pub(super) metrics: GossipMetrics,
@@ -57,6 +65,10 @@ struct Loop {
     timers: BinaryHeap<Reverse<(Instant, Timer<GossipId>)>>,
     /// When to announce to the seeds again; `None` once joined.
     next_announce: Option<Instant>,
+    /// The announce round whose seeds are being resolved, if any (one at a time).
+    resolving: Option<JoinHandle<Vec<Resolved>>>,
+    /// Seeds that did not resolve in the last round.
+    failing: FailingSeeds,
     detector: ChangeDetector,
     recv_buf: Vec<u8>,
     plain_buf: Vec<u8>,
@@ -68,6 +80,7 @@ enum Wake {
     Datagram(io::Result<(usize, SocketAddr)>),
     Timers,
     Announce,
+    Resolved(Result<Vec<Resolved>, JoinError>),
 }
 
 // === impl Driver ===
@@ -77,6 +90,8 @@ impl Driver {
         let mut state = Loop {
             timers: BinaryHeap::new(),
             next_announce: None,
+            resolving: None,
+            failing: FailingSeeds::default(),
             detector: ChangeDetector::default(),
             // One spare byte tells an oversized datagram from one that just fits.
             recv_buf: vec![0; self.datagram_len_max + 1],
@@ -92,6 +107,7 @@ impl Driver {
             match wake {
                 Wake::Command(None | Some(Command::Shutdown)) => {
                     self.mark_local_down();
+                    abort_resolution(&mut state);
                     info!("gossip stopped");
                     return;
                 }
@@ -101,6 +117,7 @@ impl Driver {
                     }
                     self.drain(&mut state).await;
                     self.mark_local_down();
+                    abort_resolution(&mut state);
                     info!("gossip left the pool");
                     let _ignored = done.send(());
                     return;
@@ -118,6 +135,7 @@ impl Driver {
                 Wake::Datagram(Err(error)) => debug!(%error, "gossip receive failed"),
                 Wake::Timers => self.handle_timers(&mut state, now),
                 Wake::Announce => self.announce_to_seeds(&mut state, now),
+                Wake::Resolved(round) => self.handle_resolved(&mut state, round),
             }
             self.drain(&mut state).await;
         }
@@ -130,6 +148,7 @@ impl Driver {
             received = self.socket.recv_from(&mut state.recv_buf) => Wake::Datagram(received),
             () = sleep_until_some(timer_at) => Wake::Timers,
             () = sleep_until_some(state.next_announce) => Wake::Announce,
+            round = resolution(&mut state.resolving) => Wake::Resolved(round),
         }
     }
 
@@ -175,16 +194,59 @@ impl Driver {
         }
     }
 
+    /// Starts an announce round: schedules the next one while announcing can reach anyone,
+    /// and resolves the seeds on a task unless the last round's resolution is still running.
     fn announce_to_seeds(&mut self, state: &mut Loop, now: Instant) {
         let local = self.foca.identity().addr;
-        for seed in self.seeds.iter().filter(|s| **s != local) {
+        let worth = seeds::worth_announcing(&self.seeds, local);
+        state.next_announce = worth.then(|| now + self.announce_period);
+        if !worth || state.resolving.is_some() {
+            return;
+        }
+        let round = seeds::resolve_all(self.seeds.clone(), self.seed_resolve_timeout);
+        state.resolving = Some(tokio::spawn(round.in_current_span()));
+    }
+
+    /// Announces to what the seeds resolved to, unless we joined meanwhile; logs and counts
+    /// the seeds that did not resolve (they are tried again next round).
+    fn handle_resolved(&mut self, state: &mut Loop, round: Result<Vec<Resolved>, JoinError>) {
+        let round = match round {
+            Ok(round) => round,
+            Err(error) => {
+                // The next round starts a new task; nothing else depends on this one.
+                warn!(%error, "gossip seed resolution task failed");
+                return;
+            }
+        };
+        for r in &round {
+            let change = state.failing.record(&r.seed, r.outcome.is_err());
+            match (&r.outcome, change) {
+                (Err(error), change) => {
+                    self.metrics.count_seed_failure(error.reason());
+                    let error = error_chain(error);
+                    if change == SeedChange::StartedFailing {
+                        warn!(seed_addr = %r.seed, %error, "gossip seed does not resolve; retrying every announce");
+                    } else {
+                        debug!(seed_addr = %r.seed, %error, "gossip seed still does not resolve");
+                    }
+                }
+                (Ok(addrs), SeedChange::Recovered) => {
+                    info!(seed_addr = %r.seed, addrs = addrs.len(), "gossip seed resolves again");
+                }
+                (Ok(addrs), _) => trace!(seed_addr = %r.seed, ?addrs, "gossip seed resolved"),
+            }
+        }
+        if state.next_announce.is_none() {
+            // Joined while resolving: announcing now would only add noise.
+            return;
+        }
+        let local = self.foca.identity().addr;
+        for seed in seeds::targets(&round, local) {
             trace!(%seed, "gossip announce");
-            if let Err(error) = self.foca.announce(GossipId::seed(*seed), &mut self.runtime) {
+            if let Err(error) = self.foca.announce(GossipId::seed(seed), &mut self.runtime) {
                 debug!(%seed, %error, "gossip announce failed");
             }
         }
-        let has_seeds = self.seeds.iter().any(|s| *s != local);
-        state.next_announce = has_seeds.then(|| now + self.announce_period);
     }
 
     /// Executes everything foca asked for during the last interaction.
@@ -257,6 +319,38 @@ impl Driver {
             }
         });
     }
+}
+
+/// Waits for the announce round being resolved, if any, and clears it once done.
+async fn resolution(
+    task: &mut Option<JoinHandle<Vec<Resolved>>>,
+) -> Result<Vec<Resolved>, JoinError> {
+    match task {
+        Some(handle) => {
+            let round = handle.await;
+            *task = None;
+            round
+        }
+        None => std::future::pending().await,
+    }
+}
+
+fn abort_resolution(state: &mut Loop) {
+    if let Some(task) = state.resolving.take() {
+        task.abort();
+    }
+}
+
+/// An error and its sources, `outer: inner: …`, for a log field.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
 }
 
 async fn sleep_until_some(at: Option<Instant>) {

@@ -5,6 +5,9 @@
 //! waymark_gossip_packets_total{direction}        datagrams sent (out) and received (in)
 //! waymark_gossip_packets_dropped_total{reason}   datagrams dropped before or by foca:
 //!                                                auth, malformed
+//! waymark_gossip_seed_resolve_failures_total{reason}
+//!                                                seeds that gave no address in an announce
+//!                                                round: lookup, no_address, timeout
 //! ```
 //!
 //! Clones share state: register once with [`GossipMetrics::register`], hand clones around.
@@ -57,6 +60,7 @@ pub struct GossipMetrics {
     members: Family<StateLabels, Gauge>,
     packets: Family<DirectionLabels, Counter>,
     dropped: Family<ReasonLabels, Counter>,
+    seed_failures: Family<ReasonLabels, Counter>,
 }
 
 // === impl GossipMetrics ===
@@ -85,6 +89,29 @@ impl GossipMetrics {
             "Gossip datagrams dropped, by reason",
             self.dropped.clone(),
         );
+        sub.register(
+            "seed_resolve_failures",
+            "Seeds that gave no address in an announce round, by reason",
+            self.seed_failures.clone(),
+        );
+    }
+
+    /// Seed resolutions that failed so far, over every reason.
+    pub fn seed_resolve_failures(&self) -> u64 {
+        ["lookup", "no_address", "timeout"]
+            .into_iter()
+            .map(|reason| {
+                self.seed_failures
+                    .get_or_create(&ReasonLabels { reason })
+                    .get()
+            })
+            .sum()
+    }
+
+    pub(super) fn count_seed_failure(&self, reason: &'static str) {
+        self.seed_failures
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 
     /// Datagrams dropped for `reason` so far.

@@ -19,6 +19,7 @@ mod driver;
 mod identity;
 mod membership;
 mod metrics;
+mod seeds;
 
 #[cfg(test)]
 mod tests;
@@ -35,10 +36,13 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::net::HostPort;
+
 pub use codec::{Key, KeyError, KeyId, Keyring};
 pub use identity::{GossipId, Role};
 pub use membership::{Liveness, MemberState, live_members_by_zone};
 pub use metrics::{Direction, DropReason, GossipMetrics};
+pub use seeds::{SEED_RESOLVE_TIMEOUT, SeedError};
 
 use driver::{Command, Driver};
 
@@ -94,14 +98,17 @@ pub struct GossipConfig {
     pub bind: SocketAddr,
     /// Who we are; `identity.addr` is where peers send to, so it must be reachable.
     pub identity: GossipId,
-    /// Members to announce to until we have joined (our own address is skipped).
-    pub seeds: Vec<SocketAddr>,
+    /// Members to announce to until we have joined (our own address is skipped): IP
+    /// addresses or DNS names, resolved again for every announce round.
+    pub seeds: Vec<HostPort>,
     /// Region keys: seal with the primary, open with any.
     pub keyring: Keyring,
     /// foca's SWIM timings and limits (probe period, suspicion timeout, packet size, …).
     pub protocol: foca::Config,
     /// How often to announce to the seeds again while not joined.
     pub announce_period: Duration,
+    /// How long one seed's name may take to resolve in a round.
+    pub seed_resolve_timeout: Duration,
     /// Capacity of the handle-to-driver command channel.
     pub command_capacity: usize,
     /// Where to count; clones share state.
@@ -130,6 +137,7 @@ impl GossipConfig {
             keyring,
             protocol: foca::Config::new_lan(CLUSTER_SIZE_HINT),
             announce_period: ANNOUNCE_PERIOD,
+            seed_resolve_timeout: SEED_RESOLVE_TIMEOUT,
             command_capacity: COMMAND_CAPACITY,
             metrics: GossipMetrics::new(),
         }
@@ -142,6 +150,8 @@ impl GossipConfig {
             "protocol.max_packet_size does not fit a UDP datagram"
         } else if self.announce_period.is_zero() {
             "announce_period must be positive"
+        } else if self.seed_resolve_timeout.is_zero() {
+            "seed_resolve_timeout must be positive"
         } else if self.command_capacity == 0 {
             "command_capacity must be positive"
         } else {
@@ -195,6 +205,7 @@ impl Gossip {
             random,
             seeds: config.seeds,
             announce_period: config.announce_period,
+            seed_resolve_timeout: config.seed_resolve_timeout,
             commands: commands_rx,
             members_tx,
             metrics: config.metrics.clone(),
