@@ -1,8 +1,10 @@
 //! Federation over real QUIC on loopback: three regions (ap, eu, us), each a
 //! `FederationNode` with its own authority certificate from one PKI, converge; a region cut
 //! off (its endpoint stopped) is kept and marked stale by the others, and on restart the
-//! links recover with a reconciliation record; connections from certificates of the wrong
-//! kind or trust domain, and authorities of the wrong region, are refused and counted.
+//! links recover with a reconciliation record; two regions of two members each keep one link
+//! per pair of members, and a region is stale only once all its members are silent;
+//! connections from certificates of the wrong kind or trust domain, and authorities of the
+//! wrong region or an unconfigured member, are refused and counted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -16,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use waymark_agent::authority::federation::{
     FederationConfig, FederationError, FederationMetrics, FederationNode, FederationTls,
-    PeerConfig, RefusalReason, SharedAggregates,
+    PeerConfig, PeerStatus, RefusalReason, RegionStatus, SharedAggregates,
 };
 use waymark_certs::ca::{IssuedLeaf, LeafSan, LeafSpec};
 use waymark_certs::error::PemPart;
@@ -155,10 +157,12 @@ fn versions(list: &[(&str, &str, u64)]) -> Versions {
         .collect()
 }
 
-// === one region ===
+// === one authority member ===
 
 struct Fed {
+    /// The region.
     name: &'static str,
+    member: &'static str,
     aggregates: SharedAggregates,
     metrics: FederationMetrics,
     certs: CertMetrics,
@@ -168,17 +172,29 @@ struct Fed {
 }
 
 impl Fed {
-    /// Starts `name` on 127.0.0.1:0 with its own authority certificate, having published
-    /// version 1 of `cart` and `pay`.
+    /// Starts member `a1` of region `name`, its peers each their region's member `a1`.
     fn start(pki: &Pki, name: &'static str, peers: &[(&str, SocketAddr)]) -> Self {
+        let peers: Vec<_> = peers.iter().map(|(r, addr)| (*r, "a1", *addr)).collect();
+        Self::member(pki, name, "a1", &peers)
+    }
+
+    /// Starts `member` of region `name` on 127.0.0.1:0 with its own authority certificate,
+    /// having published version 1 of `cart` and `pay`; `peers` are (region, member, addr).
+    fn member(
+        pki: &Pki,
+        name: &'static str,
+        member: &'static str,
+        peers: &[(&str, &str, SocketAddr)],
+    ) -> Self {
         let mut aggregates = RegionAggregates::new();
         for svc in ["cart", "pay"] {
             aggregates.publish_local(entry(name, svc, 1)).unwrap();
         }
         let peers = peers
             .iter()
-            .map(|(r, addr)| PeerConfig {
+            .map(|(r, m, addr)| PeerConfig {
                 region: region(r),
+                member: (*m).to_owned(),
                 addr: *addr,
             })
             .collect();
@@ -200,11 +216,12 @@ impl Fed {
         config.message_bytes_max = NonZeroU32::new(64 * 1024).unwrap();
         let mut fed = Self {
             name,
+            member,
             aggregates: Arc::new(Mutex::new(aggregates)),
             metrics: FederationMetrics::new(),
             certs: CertMetrics::new(),
             config,
-            live: pki.live(&format!("region/{name}/authority/a1")),
+            live: pki.live(&format!("region/{name}/authority/{member}")),
             node: None,
         };
         fed.node = Some(fed.try_start().unwrap());
@@ -264,17 +281,32 @@ impl Fed {
                 Err(FederationError::Bind { .. }) if Instant::now() < deadline => {
                     tokio::time::sleep(POLL).await;
                 }
-                Err(e) => panic!("{} did not restart: {e}", self.name),
+                Err(e) => panic!("{}/{} did not restart: {e}", self.name, self.member),
             }
         }
     }
 
-    fn peer(&self, peer: &str) -> waymark_agent::authority::federation::PeerStatus {
+    /// The link to member `a1` of region `peer`.
+    fn peer(&self, peer: &str) -> PeerStatus {
+        self.link(peer, "a1")
+    }
+
+    /// The link to `member` of region `peer`.
+    fn link(&self, peer: &str, member: &str) -> PeerStatus {
         self.node()
             .status()
             .into_iter()
+            .find(|s| s.region == region(peer) && s.member == member)
+            .expect("configured peer member")
+    }
+
+    /// Region `peer`, summed over its links.
+    fn region(&self, peer: &str) -> RegionStatus {
+        self.node()
+            .regions()
+            .into_iter()
             .find(|s| s.region == region(peer))
-            .expect("configured peer")
+            .expect("configured peer region")
     }
 }
 
@@ -357,16 +389,21 @@ async fn three_regions_converge_over_mutually_authenticated_quic() {
     }
     wait_until("eu's gauges show ap connected, fresh and aged", || {
         let text = exposition(&eu.metrics);
-        text.contains("waymark_federation_peer_connected{peer=\"ap\"} 1")
-            && text.contains("waymark_federation_peer_stale{peer=\"ap\"} 0")
-            && text.contains("waymark_federation_peer_age_seconds{peer=\"ap\"}")
+        text.contains("waymark_federation_peer_connected{peer_region=\"ap\",peer_member=\"a1\"} 1")
+            && text
+                .contains("waymark_federation_peer_stale{peer_region=\"ap\",peer_member=\"a1\"} 0")
+            && text.contains(
+                "waymark_federation_peer_age_seconds{peer_region=\"ap\",peer_member=\"a1\"}",
+            )
+            && text.contains("waymark_federation_region_stale{peer_region=\"ap\"} 0")
+            && text.contains("waymark_federation_region_age_seconds{peer_region=\"ap\"}")
     })
     .await;
     let text = exposition(&eu.metrics);
     for series in [
-        "waymark_federation_messages_total{peer=\"ap\",direction=\"received\",kind=\"entries\"}",
-        "waymark_federation_messages_total{peer=\"us\",direction=\"sent\",kind=\"digest\"}",
-        "waymark_federation_reconciliations_total{peer=\"ap\"}",
+        "waymark_federation_messages_total{peer_region=\"ap\",peer_member=\"a1\",direction=\"received\",kind=\"entries\"}",
+        "waymark_federation_messages_total{peer_region=\"us\",peer_member=\"a1\",direction=\"sent\",kind=\"digest\"}",
+        "waymark_federation_reconciliations_total{peer_region=\"ap\",peer_member=\"a1\"}",
     ] {
         assert!(text.contains(series), "{series} missing from:\n{text}");
     }
@@ -388,12 +425,15 @@ async fn a_partitioned_region_is_kept_stale_and_reconciled_when_it_returns() {
     wait_until("eu and us report ap disconnected and stale", || {
         [&eu, &us].iter().all(|f| {
             let s = f.peer("ap");
-            !s.connected && s.stale && s.last_error.is_some()
+            let r = f.region("ap");
+            !s.connected && s.stale && s.last_error.is_some() && r.stale && r.links_up == 0
         })
     })
     .await;
     wait_until("eu's gauges show ap stale", || {
-        exposition(&eu.metrics).contains("waymark_federation_peer_stale{peer=\"ap\"} 1")
+        let text = exposition(&eu.metrics);
+        text.contains("waymark_federation_peer_stale{peer_region=\"ap\",peer_member=\"a1\"} 1")
+            && text.contains("waymark_federation_region_stale{peer_region=\"ap\"} 1")
     })
     .await;
     for f in [&eu, &us] {
@@ -417,7 +457,7 @@ async fn a_partitioned_region_is_kept_stale_and_reconciled_when_it_returns() {
     wait_until("eu and us report ap connected and fresh again", || {
         [&eu, &us].iter().all(|f| {
             let s = f.peer("ap");
-            s.connected && !s.stale
+            s.connected && !s.stale && !f.region("ap").stale
         })
     })
     .await;
@@ -446,7 +486,7 @@ async fn a_partitioned_region_is_kept_stale_and_reconciled_when_it_returns() {
         took(&eu_records, "ap"),
         "eu's record of ap's cart 1 → 2: {eu_records:#?}"
     );
-    assert!(eu.metrics.reconciliations("ap") + eu.metrics.reconciliations("us") >= 1);
+    assert!(eu.metrics.reconciliations("ap", "a1") + eu.metrics.reconciliations("us", "a1") >= 1);
 }
 
 /// A raw client presenting `leaf` (any kind, any CA), trusting servers of our estate.
@@ -577,4 +617,207 @@ async fn authorities_of_our_own_an_unknown_or_the_dialled_region_are_refused() {
         assert_eq!(eu.metrics.refused(reason), 1, "{path}: counted as {reason}");
     }
     assert_eq!(eu.metrics.refused(RefusalReason::Tls), 0);
+}
+
+/// eu < us, so eu's members dial: us's two members start first, then eu's two, each
+/// configured with both members of the other region. Returns (eu/a1, eu/a2, us/a1, us/a2).
+fn two_regions_of_two_members(pki: &Pki) -> (Fed, Fed, Fed, Fed) {
+    let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
+    let eu_members = [("eu", "a1", unused), ("eu", "a2", unused)];
+    let us_a1 = Fed::member(pki, "us", "a1", &eu_members);
+    let us_a2 = Fed::member(pki, "us", "a2", &eu_members);
+    let us_members = [("us", "a1", us_a1.addr()), ("us", "a2", us_a2.addr())];
+    let eu_a1 = Fed::member(pki, "eu", "a1", &us_members);
+    let eu_a2 = Fed::member(pki, "eu", "a2", &us_members);
+    (eu_a1, eu_a2, us_a1, us_a2)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_when_all_are_silent()
+{
+    // Goal: with two authority members per region, each member keeps its own link to each
+    // peer member (none replaces another), and a peer region stays fresh while any of its
+    // members speaks; once all are silent it is stale and its entries are kept.
+    let pki = Pki::new(TD, &["eu", "us"]);
+    let (eu_a1, eu_a2, mut us_a1, mut us_a2) = two_regions_of_two_members(&pki);
+    let all = [&eu_a1, &eu_a2, &us_a1, &us_a2];
+    let other = |f: &Fed| if f.name == "eu" { "us" } else { "eu" };
+    let v1 = versions(&[
+        ("eu", "cart", 1),
+        ("eu", "pay", 1),
+        ("us", "cart", 1),
+        ("us", "pay", 1),
+    ]);
+    converge(&all, &v1).await;
+    wait_until(
+        "every member has both links to the other region up and fresh",
+        || {
+            all.iter().all(|f| {
+                let r = f.region(other(f));
+                r.links == 2 && r.links_up == 2 && !r.stale
+            })
+        },
+    )
+    .await;
+    for f in all {
+        for link in f.node().status() {
+            assert!(
+                link.connected && link.last_error.is_none(),
+                "{}/{}: link to {}/{} was not steady: {link:?}",
+                f.name,
+                f.member,
+                link.region,
+                link.member
+            );
+        }
+        let region = f.region(other(f));
+        assert_eq!(
+            region.versions,
+            BTreeMap::from([(service("cart"), 1), (service("pay"), 1)])
+        );
+        let json = serde_json::to_value(&region).unwrap();
+        assert!(json["age_ms"].is_u64() && json["links_up"] == 2, "{json}");
+    }
+    wait_until(
+        "eu/a1's gauges show both us links and the us region",
+        || {
+            let text = exposition(&eu_a1.metrics);
+            ["a1", "a2"].iter().all(|m| {
+                text.contains(&format!(
+                    "waymark_federation_peer_connected{{peer_region=\"us\",peer_member=\"{m}\"}} 1"
+                ))
+            }) && text.contains("waymark_federation_region_stale{peer_region=\"us\"} 0")
+        },
+    )
+    .await;
+    common::promtool_check(&exposition(&eu_a1.metrics));
+
+    // us/a1 goes away; us/a2 alone publishes cart v2, which reaches both eu members over
+    // their links to us/a2.
+    us_a1.stop().await;
+    us_a2.publish("cart", 2);
+    let mut v2 = v1.clone();
+    v2.insert((region("us"), service("cart")), 2);
+    converge(&[&eu_a1, &eu_a2, &us_a2], &v2).await;
+    wait_until("eu's links to us/a1 are down and stale", || {
+        [&eu_a1, &eu_a2].iter().all(|f| {
+            let link = f.link("us", "a1");
+            !link.connected && link.stale
+        })
+    })
+    .await;
+    for f in [&eu_a1, &eu_a2] {
+        let r = f.region("us");
+        assert!(
+            !r.stale,
+            "{}/{}: us is fresh through a2: {r:?}",
+            f.name, f.member
+        );
+        assert_eq!((r.links_up, r.links), (1, 2));
+        assert!(r.age.unwrap() <= STALE_AFTER, "{r:?}");
+    }
+    wait_until("eu/a1's gauges show the us/a1 link stale", || {
+        exposition(&eu_a1.metrics)
+            .contains("waymark_federation_peer_stale{peer_region=\"us\",peer_member=\"a1\"} 1")
+    })
+    .await;
+    // Written in the same refresh as the link's gauge above, or a later one.
+    let text = exposition(&eu_a1.metrics);
+    assert!(
+        text.contains("waymark_federation_region_stale{peer_region=\"us\"} 0"),
+        "{text}"
+    );
+
+    // us/a2 goes away too: now the region is stale, and what it published is kept.
+    us_a2.stop().await;
+    wait_until("eu reports us stale with no link up", || {
+        [&eu_a1, &eu_a2].iter().all(|f| {
+            let r = f.region("us");
+            r.stale && r.links_up == 0
+        })
+    })
+    .await;
+    wait_until("eu/a1's gauge shows the us region stale", || {
+        exposition(&eu_a1.metrics).contains("waymark_federation_region_stale{peer_region=\"us\"} 1")
+    })
+    .await;
+    for f in [&eu_a1, &eu_a2] {
+        assert_eq!(f.digest(), v2, "{}/{}: kept, not dropped", f.name, f.member);
+        assert_eq!(
+            f.region("us").versions,
+            BTreeMap::from([(service("cart"), 2), (service("pay"), 1)])
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfigured_member_of_a_peer_region_is_refused_and_the_configured_one_kept() {
+    // Goal: a valid authority of a peer region that is not one of its configured members is
+    // refused as `unknown_member`, and does not disturb the configured member's link.
+    let pki = Pki::new(TD, &["ap", "eu"]);
+    let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
+    let eu = Fed::start(&pki, "eu", &[("ap", unused)]);
+    let ap = Fed::start(&pki, "ap", &[("eu", eu.addr())]);
+    let v1 = versions(&[
+        ("ap", "cart", 1),
+        ("ap", "pay", 1),
+        ("eu", "cart", 1),
+        ("eu", "pay", 1),
+    ]);
+    converge(&[&ap, &eu], &v1).await;
+    wait_until("eu's link to ap/a1 is up", || eu.peer("ap").connected).await;
+
+    let config = quic_client_config(
+        &pki.live("region/ap/authority/a9"),
+        authorities(),
+        CertMetrics::new(),
+    )
+    .unwrap();
+    let result = tokio::time::timeout(WAIT, try_federate(eu.addr(), config))
+        .await
+        .expect("refused in time, not hung");
+    let err = format!("{:#}", result.expect_err("ap/a9 was admitted"));
+    assert!(
+        err.contains("closed by peer: unknown_member (code 1)"),
+        "not closed as refused: {err}"
+    );
+    assert_eq!(eu.metrics.refused(RefusalReason::UnknownMember), 1);
+    let text = exposition(&eu.metrics);
+    assert!(
+        text.contains("waymark_federation_refused_total{reason=\"unknown_member\"} 1"),
+        "{text}"
+    );
+    let link = eu.peer("ap");
+    assert!(
+        link.connected && link.last_error.is_none(),
+        "ap/a1's link was disturbed: {link:?}"
+    );
+    assert_eq!(eu.node().status().len(), 1, "no link was made for ap/a9");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dialled_server_of_the_right_region_but_another_member_is_refused() {
+    // Goal: the dialer checks the member as well as the region: ap is told eu/a1 listens
+    // where eu/a2 does, and refuses that server every time it dials, learning nothing.
+    let pki = Pki::new(TD, &["ap", "eu"]);
+    let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
+    let eu_a2 = Fed::member(&pki, "eu", "a2", &[("ap", "a1", unused)]);
+    let ap = Fed::start(&pki, "ap", &[("eu", eu_a2.addr())]);
+    wait_until("ap has refused eu/a2 on two dials", || {
+        ap.metrics.refused(RefusalReason::UnexpectedMember) >= 2
+    })
+    .await;
+    assert_eq!(ap.metrics.refused(RefusalReason::UnexpectedRegion), 0);
+    let link = ap.peer("eu");
+    assert!(!link.connected && link.age.is_none(), "{link:?}");
+    let error = link.last_error.unwrap_or_default();
+    assert!(
+        error.contains("dialled member a1 of region eu but reached")
+            && error.contains("/region/eu/authority/a2"),
+        "{error}"
+    );
+    assert!(
+        ap.digest().keys().all(|(r, _)| *r == region("ap")),
+        "nothing of eu's reached ap"
+    );
 }

@@ -291,6 +291,16 @@ impl Identity {
         }
     }
 
+    /// The member name, for authority identities only: `<member>` of
+    /// `region/<r>/authority/<member>`. Federation links are per member, so a peer is
+    /// recognised by its region and this name together.
+    pub fn member(&self) -> Option<&Name> {
+        match &self.subject {
+            Subject::Authority { member, .. } => Some(member),
+            Subject::Node { .. } | Subject::Workload { .. } | Subject::Operator { .. } => None,
+        }
+    }
+
     /// The path segments after the trust domain, e.g. `["region", "eu", "node", "n1"]`.
     /// Each is a validated [`Name`] or a fixed keyword, so they are safe as file names.
     pub fn path_segments(&self) -> Vec<&str> {

@@ -34,6 +34,20 @@ fn each_shape_parses_into_its_kind() {
 }
 
 #[test]
+fn only_an_authority_has_a_member() {
+    let authority = id("spiffe://mesh.example/region/eu-1/authority/a2");
+    assert_eq!(authority.member().map(Name::as_str), Some("a2"));
+    assert_eq!(authority.region().map(Name::as_str), Some("eu-1"));
+    for s in [
+        "spiffe://mesh.example/region/eu-1/node/a2",
+        "spiffe://mesh.example/region/eu-1/service/a2/instance/a2",
+        "spiffe://mesh.example/operator/a2",
+    ] {
+        assert_eq!(id(s).member(), None, "{s}");
+    }
+}
+
+#[test]
 fn malformed_identities_are_typed_errors() {
     use IdentityError as E;
     let long = format!("spiffe://td/operator/{}", "a".repeat(IDENTITY_LEN_MAX));

@@ -1,28 +1,37 @@
 //! The federation driver: the pure anti-entropy [`Session`]s of `waymark-federation` over
-//! mutually authenticated QUIC, one link per peer region.
+//! mutually authenticated QUIC, one link per peer authority *member*.
 //!
 //! ```text
-//!            ┌── peer task (eu→us) ── Session ── 1 bidi stream ── QUIC ─┐
-//! Endpoint ──┤                                                          ├── peers
-//!  (bind)    └── accept loop ── admit(identity) ──► peer task (eu←ap) ──┘
+//!            ┌── link task (eu→us/a1) ── Session ── 1 bidi stream ── QUIC ─┐
+//!            ├── link task (eu→us/a2) ── Session ── …                      │
+//! Endpoint ──┤                                                             ├── peer members
+//!  (bind)    └── accept loop ── admit(region, member) ──► link task (eu←ap/a1) ──┘
 //!                      │ merges                          │ records
 //!                      ▼                                 ▼
 //!              SharedAggregates              take_reconciliations()
 //! ```
 //!
-//! - **Who dials.** Of two regions, the one whose name sorts lower dials; the other only
-//!   accepts. So there is exactly one link per pair and no duplicate to resolve. An
-//!   acceptor replaces its link when the same peer connects again (it restarted).
+//! - **Why per member.** Every authority member (3 or 5 per region) runs this endpoint. With
+//!   one link per region, our members dialling one peer member would keep replacing each
+//!   other's link, and losing that one peer member would silence the region. So each member
+//!   keeps a link (and a [`Session`]) to every member of every peer region, and a region is
+//!   fresh while any of its links speaks ([`FederationNode::regions`]).
+//! - **Who dials.** Of two regions, the one whose name sorts lower dials: each of its
+//!   members dials each member of the other. So there is one link per pair of members and
+//!   no duplicate to resolve. An acceptor replaces a link only when the same peer member
+//!   connects again (it restarted).
 //! - **Who is admitted.** Both directions require an authority identity of our trust
-//!   domain (rustls verifier, [`PeerPolicy`]); then the peer's region must be a configured
-//!   peer that dials us (acceptor) or the region configured at the dialled address (dialer).
-//!   Anything else is closed with an application error and counted by [`RefusalReason`].
+//!   domain (rustls verifier, [`PeerPolicy`]); then the peer's region and member must be a
+//!   configured peer that dials us (acceptor) or the ones configured at the dialled address
+//!   (dialer). Anything else is closed with an application error and counted by
+//!   [`RefusalReason`].
 //! - **Bounded bandwidth.** A message carries at most `entries_per_message` entries and at
 //!   most `message_bytes_max` bytes; the Session queues at most `outbox_max` messages
 //!   (dropping the oldest, which the next digest round recomputes); the driver holds one
 //!   message, hands one to the writer and the writer has one on the wire.
-//! - **Staleness.** A peer's age is [`Session::age`]; beyond `stale_after` it is reported
-//!   stale. Its entries stay in the aggregates: losing a link never removes anything.
+//! - **Staleness.** A link's age is [`Session::age`]; beyond `stale_after` it is reported
+//!   stale. A region's age is its youngest link's, and it is stale only when every link is.
+//!   Its entries stay in the aggregates: losing a link never removes anything.
 //! - **Reconnects** use full-jitter backoff (250 ms doubling to 30 s by default), seeded.
 
 #![deny(missing_docs)]
@@ -43,11 +52,12 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::task::JoinSet;
 use tracing::Instrument as _;
+use waymark_certs::identity::IdentityError;
 use waymark_certs::quic::{QuicConfigError, quic_client_config, quic_server_config};
 use waymark_certs::tls::LiveMaterial;
-use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
+use waymark_certs::{CertMetrics, IdentityKind, KindSet, Name, PeerPolicy, TrustDomain};
 use waymark_core::model::{RegionName, ServiceName};
-use waymark_federation::aggregate::{ReconciliationRecord, RegionAggregates};
+use waymark_federation::aggregate::{Digest, ReconciliationRecord, RegionAggregates};
 use waymark_federation::session::{Session, SessionConfig};
 use waymark_xds::client::BackoffConfig;
 
@@ -63,15 +73,16 @@ pub struct FederationConfig {
     /// The UDP address to serve and dial from (port 0 picks one; see
     /// [`FederationNode::local_addr`]).
     pub bind: SocketAddr,
-    /// The peer regions, one entry each.
+    /// The peer authority members, one entry each; a region appears once per member.
     pub peers: Vec<PeerConfig>,
     /// Digest pacing and the per-message and outbox limits.
     pub session: SessionConfig,
     /// Redial backoff (full jitter).
     pub reconnect: BackoffConfig,
-    /// Seeds the backoff jitter (mixed with each peer's name).
+    /// Seeds the backoff jitter (mixed with each peer's region and member).
     pub seed: u64,
-    /// A peer silent this long is reported stale (its entries are kept).
+    /// A link silent this long is reported stale, and a region once all its links are (its
+    /// entries are kept).
     pub stale_after: Duration,
     /// A link silent this long is dropped (keep-alives go at a third of it); also bounds a
     /// dial to an unreachable peer.
@@ -83,11 +94,14 @@ pub struct FederationConfig {
     pub reconciliations_max: NonZeroUsize,
 }
 
-/// One peer region and where its authority's federation endpoint listens.
+/// One member of a peer region's authority and where its federation endpoint listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerConfig {
     /// The peer region.
     pub region: RegionName,
+    /// The member's name: the `<member>` of its identity
+    /// `spiffe://<td>/region/<region>/authority/<member>`.
+    pub member: String,
     /// Its federation endpoint (dialled only if our region name sorts lower).
     pub addr: SocketAddr,
 }
@@ -108,11 +122,25 @@ pub struct FederationTls {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FederationError {
-    /// A peer is this region, or is listed twice. Fix the configuration.
-    #[error("peer region {region} is this region or is listed twice")]
+    /// A peer member is in this region, or is listed twice. Fix the configuration.
+    #[error("peer {member} of region {region} is in this region or is listed twice")]
     BadPeer {
-        /// The offending peer.
+        /// The offending peer's region.
         region: RegionName,
+        /// The offending peer's member.
+        member: String,
+    },
+    /// A peer's member is not a valid identity name, so no certificate could ever carry
+    /// it. Fix the configuration.
+    #[error("peer member {member:?} of region {region} is not a valid name")]
+    BadMember {
+        /// The peer's region.
+        region: RegionName,
+        /// The refused member.
+        member: String,
+        /// Why it is not a name.
+        #[source]
+        source: IdentityError,
     },
     /// The idle timeout cannot be expressed in QUIC. Use a shorter one.
     #[error("idle timeout {idle_timeout:?} is out of range")]
@@ -146,21 +174,24 @@ pub enum LinkRole {
     Accept,
 }
 
-/// One peer link as the authority reports it (`waymark federation status`).
+/// One peer member's link as the authority reports it (`waymark federation status`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PeerStatus {
     /// The peer region.
     pub region: RegionName,
+    /// The peer authority member.
+    pub member: String,
     /// Its configured address.
     pub addr: SocketAddr,
     /// Who dials.
     pub role: LinkRole,
     /// Whether the link is up now.
     pub connected: bool,
-    /// Time since the peer last spoke; `None` if it has not since this node started.
+    /// Time since the peer member last spoke; `None` if it has not since this node started.
     #[serde(rename = "age_ms", serialize_with = "as_millis")]
     pub age: Option<Duration>,
-    /// Silent longer than `stale_after` (or never heard): its entries are kept, marked stale.
+    /// Silent longer than `stale_after` (or never heard). The region may still be fresh
+    /// through another member; see [`RegionStatus`].
     pub stale: bool,
     /// Why the link last ended or was refused, if it did.
     pub last_error: Option<String>,
@@ -168,7 +199,27 @@ pub struct PeerStatus {
     pub versions: BTreeMap<ServiceName, u64>,
 }
 
-/// A running federation endpoint: one QUIC endpoint, one task per peer, an accept loop.
+/// One peer region, summed over its members' links: what tier 2 of the views depends on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RegionStatus {
+    /// The peer region.
+    pub region: RegionName,
+    /// Links to its members that are up now.
+    pub links_up: usize,
+    /// Links configured to its members.
+    pub links: usize,
+    /// Time since the region last spoke through any of its links (the youngest link's
+    /// age); `None` if none has since this node started.
+    #[serde(rename = "age_ms", serialize_with = "as_millis")]
+    pub age: Option<Duration>,
+    /// Every link is stale: the region's entries are kept, marked stale.
+    pub stale: bool,
+    /// The versions we hold of the region's aggregates, by service.
+    pub versions: BTreeMap<ServiceName, u64>,
+}
+
+/// A running federation endpoint: one QUIC endpoint, one task per peer member, an accept
+/// loop.
 /// Dropping it stops the tasks; [`FederationNode::shutdown`] also waits for the endpoint to
 /// close, so the port can be bound again.
 #[derive(Debug)]
@@ -202,9 +253,17 @@ impl FederationConfig {
     fn validate(&self) -> Result<(), FederationError> {
         let mut seen = BTreeSet::new();
         for p in &self.peers {
-            if p.region == self.region || !seen.insert(&p.region) {
+            if let Err(source) = Name::new(&p.member) {
+                return Err(FederationError::BadMember {
+                    region: p.region.clone(),
+                    member: p.member.clone(),
+                    source,
+                });
+            }
+            if p.region == self.region || !seen.insert((&p.region, &p.member)) {
                 return Err(FederationError::BadPeer {
                     region: p.region.clone(),
+                    member: p.member.clone(),
                 });
             }
         }
@@ -215,7 +274,8 @@ impl FederationConfig {
 // === impl FederationNode ===
 
 impl FederationNode {
-    /// Binds the endpoint and starts every peer link. Must run inside a tokio runtime.
+    /// Binds the endpoint and starts a link to every peer member. Must run inside a tokio
+    /// runtime.
     pub fn start(
         config: FederationConfig,
         tls: FederationTls,
@@ -244,15 +304,17 @@ impl FederationNode {
         let mut acceptors = BTreeMap::new();
         for p in &config.peers {
             let (handle, role) = peer::PeerHandle::new(&ctx, p);
-            // Every configured peer has a series from the start, down until a link is up.
-            ctx.metrics
-                .connected
-                .get_or_create(&metrics::peer_labels(p.region.as_str()))
-                .set(0);
+            // Every configured link has a series from the start, down until it is up.
+            ctx.metrics.connected.get_or_create(&handle.labels()).set(0);
             if let Some(tx) = handle.incoming.clone() {
-                acceptors.insert(p.region.clone(), tx);
+                acceptors.insert((p.region.clone(), p.member.clone()), tx);
             }
-            let span = tracing::info_span!("fed_session", region = %config.region, peer_region = %p.region);
+            let span = tracing::info_span!(
+                "fed_session",
+                region = %config.region,
+                peer_region = %p.region,
+                peer_member = %p.member,
+            );
             tasks.spawn(peer::run(ctx.clone(), handle.clone(), role).instrument(span));
             peers.push(handle);
         }
@@ -273,7 +335,7 @@ impl FederationNode {
         self.local_addr
     }
 
-    /// Every peer link, in configuration order.
+    /// Every peer member's link, in configuration order.
     pub fn status(&self) -> Vec<PeerStatus> {
         let digest = lock(&self.ctx.aggregates).digest();
         let now = tokio::time::Instant::now().into_std();
@@ -281,21 +343,35 @@ impl FederationNode {
             .iter()
             .map(|h| {
                 let shared = lock(&h.shared);
-                let versions = digest
-                    .iter()
-                    .filter(|((region, _), _)| *region == h.region)
-                    .map(|((_, service), v)| (service.clone(), *v))
-                    .collect();
                 PeerStatus {
                     region: h.region.clone(),
+                    member: h.member.clone(),
                     addr: h.addr,
                     role: h.role,
                     connected: shared.connected,
                     age: shared.session.age(now),
                     stale: shared.session.is_stale(now, self.ctx.config.stale_after),
                     last_error: shared.last_error.clone(),
-                    versions,
+                    versions: region_versions(&digest, &h.region),
                 }
+            })
+            .collect()
+    }
+
+    /// Every peer region, by name, summed over its members' links: up while any link is,
+    /// aged by its youngest link, stale only when every link is.
+    pub fn regions(&self) -> Vec<RegionStatus> {
+        let digest = lock(&self.ctx.aggregates).digest();
+        let now = tokio::time::Instant::now().into_std();
+        peer::summarise(&self.peers, now, self.ctx.config.stale_after)
+            .into_iter()
+            .map(|(region, s)| RegionStatus {
+                versions: region_versions(&digest, &region),
+                region,
+                links_up: s.links_up,
+                links: s.links,
+                age: s.age,
+                stale: s.stale,
             })
             .collect()
     }
@@ -316,11 +392,7 @@ impl FederationNode {
         self.ctx.endpoint.wait_idle().await;
         for h in &self.peers {
             lock(&h.shared).connected = false;
-            self.ctx
-                .metrics
-                .connected
-                .get_or_create(&metrics::peer_labels(h.region.as_str()))
-                .set(0);
+            self.ctx.metrics.connected.get_or_create(&h.labels()).set(0);
         }
         tracing::info!(region = %self.ctx.local, "federation endpoint stopped");
     }
@@ -375,7 +447,70 @@ fn as_millis<S: serde::Serializer>(age: &Option<Duration>, s: S) -> Result<S::Ok
     }
 }
 
-/// A new session for a peer, not yet connected.
+/// The versions `digest` holds of `region`'s aggregates, by service.
+fn region_versions(digest: &Digest, region: &RegionName) -> BTreeMap<ServiceName, u64> {
+    digest
+        .iter()
+        .filter(|((r, _), _)| r == region)
+        .map(|((_, service), v)| (service.clone(), *v))
+        .collect()
+}
+
+/// A new session for a peer member's link, not yet connected. Its records name the
+/// region: entries belong to regions, whichever member relayed them.
 fn new_session(config: &FederationConfig, peer: &RegionName) -> Session {
     Session::new(config.session.clone(), config.region.clone(), peer.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn config(peers: &[(&str, &str)]) -> FederationConfig {
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let peers = peers
+            .iter()
+            .map(|(region, member)| PeerConfig {
+                region: RegionName::try_new(*region).unwrap(),
+                member: (*member).to_owned(),
+                addr,
+            })
+            .collect();
+        FederationConfig::new(RegionName::try_new("eu").unwrap(), addr, peers)
+    }
+
+    #[test]
+    fn a_region_may_be_listed_once_per_member() {
+        config(&[("us", "a1"), ("us", "a2"), ("ap", "a1")])
+            .validate()
+            .unwrap();
+    }
+
+    #[test]
+    fn a_member_listed_twice_or_in_our_region_is_refused() {
+        for (peers, bad) in [
+            (vec![("us", "a1"), ("us", "a1")], ("us", "a1")),
+            (vec![("us", "a1"), ("eu", "a2")], ("eu", "a2")),
+        ] {
+            let err = config(&peers).validate().unwrap_err();
+            assert!(
+                matches!(&err, FederationError::BadPeer { region, member }
+                    if region.as_str() == bad.0 && member == bad.1),
+                "{peers:?}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_member_no_certificate_could_name_is_refused() {
+        for member in ["", "a/1", ".."] {
+            let err = config(&[("us", member)]).validate().unwrap_err();
+            assert!(
+                matches!(&err, FederationError::BadMember { member: m, .. } if m == member),
+                "{member:?}: {err:?}"
+            );
+        }
+    }
 }

@@ -1,8 +1,10 @@
-//! Per-peer tasks: dial or await the link, run the Session over it, reconnect.
+//! Per-link tasks: dial or await the link to one peer member, run the Session over it,
+//! reconnect; the accept loop that routes admitted connections by (region, member); and the
+//! refresh loop that sums links into regions.
 //!
-//! One task owns one peer's link. The [`Session`] itself sits behind a mutex shared with
-//! [`super::FederationNode::status`], which reads its age; every critical section is one
-//! call into the pure core. Lock order: a peer's `shared` before the aggregates.
+//! One task owns one peer member's link. The [`Session`] itself sits behind a mutex shared
+//! with [`super::FederationNode::status`], which reads its age; every critical section is
+//! one call into the pure core. Lock order: a peer's `shared` before the aggregates.
 //!
 //! A link is three futures raced in one task: the reader (frames → bounded channel), the
 //! writer (bounded channel → stream) and the driver (Session in, Session out, timers).
@@ -18,13 +20,13 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use waymark_certs::quic::peer_identity;
-use waymark_certs::{Identity, IdentityKind, TrustDomain};
+use waymark_certs::{Identity, IdentityKind, Name, TrustDomain};
 use waymark_core::model::RegionName;
 use waymark_federation::aggregate::ReconciliationRecord;
 use waymark_federation::session::{Message, Session};
 use waymark_xds::client::Backoff;
 
-use super::metrics::{FederationMetrics, RefusalReason, peer_labels};
+use super::metrics::{FederationMetrics, LinkLabels, RefusalReason, link_labels, region_labels};
 use super::wire::{self, Frame, FrameError};
 use super::{FederationConfig, LinkRole, PeerConfig, SharedAggregates, lock, new_session};
 
@@ -32,7 +34,8 @@ use super::{FederationConfig, LinkRole, PeerConfig, SharedAggregates, lock, new_
 const HANDSHAKES_MAX: usize = 64;
 /// Connections from one peer queued for its task (a reconnecting peer needs one).
 const QUEUED_CONNECTIONS_MAX: usize = 2;
-/// How often age and staleness gauges are refreshed (status() computes them fresh).
+/// How often age and staleness gauges are refreshed (status() and regions() compute them
+/// fresh).
 const REFRESH_INTERVAL: Duration = Duration::from_millis(500);
 /// The name we dial; ignored by the verifier, which admits servers by identity.
 const SERVER_NAME: &str = "federation.waymark.invalid";
@@ -49,7 +52,7 @@ pub(crate) struct Ctx {
     pub(crate) config: FederationConfig,
 }
 
-/// One peer's state, shared between its task and `status()`.
+/// One link's state, shared between its task and `status()`.
 #[derive(Debug)]
 pub(crate) struct PeerShared {
     pub(crate) session: Session,
@@ -58,15 +61,30 @@ pub(crate) struct PeerShared {
     pub(crate) last_error: Option<String>,
 }
 
-/// What the node keeps of a peer.
+/// What the node keeps of a peer member's link.
 #[derive(Debug, Clone)]
 pub(crate) struct PeerHandle {
     pub(crate) region: RegionName,
+    pub(crate) member: String,
     pub(crate) addr: std::net::SocketAddr,
     pub(crate) role: LinkRole,
     pub(crate) shared: Arc<Mutex<PeerShared>>,
-    /// Where the accept loop hands this peer's connections (acceptors only).
+    /// Where the accept loop hands this peer member's connections (acceptors only).
     pub(crate) incoming: Option<mpsc::Sender<Connection>>,
+}
+
+/// Where the accept loop routes an admitted connection: by the peer's region and member.
+pub(crate) type Acceptors = BTreeMap<(RegionName, String), mpsc::Sender<Connection>>;
+
+/// One peer region summed over its links (see [`summarise`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RegionSummary {
+    pub(crate) links: usize,
+    pub(crate) links_up: usize,
+    /// The youngest link's age.
+    pub(crate) age: Option<Duration>,
+    /// Every link is stale.
+    pub(crate) stale: bool,
 }
 
 /// How a peer task gets its connections.
@@ -85,8 +103,12 @@ enum LinkError {
     Connection(#[from] ConnectionError),
     #[error("peer identity unreadable")]
     Identity(#[from] waymark_certs::CertError),
-    #[error("dialled {expected} but reached {found}")]
-    UnexpectedPeer { expected: RegionName, found: String },
+    #[error("dialled member {expected_member} of region {expected_region} but reached {found}")]
+    UnexpectedPeer {
+        expected_region: RegionName,
+        expected_member: String,
+        found: String,
+    },
     #[error("frame")]
     Frame(#[from] FrameError),
     #[error("stream write failed")]
@@ -113,6 +135,7 @@ impl PeerHandle {
         };
         let handle = Self {
             region: peer.region.clone(),
+            member: peer.member.clone(),
             addr: peer.addr,
             role,
             shared: Arc::new(Mutex::new(shared)),
@@ -120,13 +143,19 @@ impl PeerHandle {
         };
         (handle, task_role)
     }
+
+    /// The labels of this link's series.
+    pub(crate) fn labels(&self) -> LinkLabels {
+        link_labels(self.region.as_str(), &self.member)
+    }
 }
 
-/// The peer's task: obtain a link, run it, record why it ended, back off, again.
+/// The link's task: obtain a connection, run it, record why it ended, back off, again.
 pub(crate) async fn run(ctx: Arc<Ctx>, peer: PeerHandle, mut role: Role) {
-    let seed = ctx.config.seed ^ fnv1a(peer.region.as_str());
+    // The separator cannot occur in a region or member name, so no two links share a seed.
+    let seed = ctx.config.seed ^ fnv1a(&format!("{}/{}", peer.region, peer.member));
     let mut backoff = Backoff::new(ctx.config.reconnect.clone(), seed);
-    let labels = peer_labels(peer.region.as_str());
+    let labels = peer.labels();
     let mut next = None;
     loop {
         let conn = match next.take() {
@@ -170,7 +199,7 @@ pub(crate) async fn run(ctx: Arc<Ctx>, peer: PeerHandle, mut role: Role) {
     }
 }
 
-/// Dials the peer and checks the server is an authority of that region.
+/// Dials the peer member and checks the server is that member of that region.
 async fn dial(ctx: &Ctx, peer: &PeerHandle) -> Result<Connection, LinkError> {
     let conn = match ctx.endpoint.connect(peer.addr, SERVER_NAME)?.await {
         Ok(conn) => conn,
@@ -182,12 +211,18 @@ async fn dial(ctx: &Ctx, peer: &PeerHandle) -> Result<Connection, LinkError> {
         }
     };
     let identity = peer_identity(&conn)?;
-    let region = identity.region().map(|r| r.as_str());
-    if region != Some(peer.region.as_str()) {
-        let reason = RefusalReason::UnexpectedRegion;
+    let region_ok = identity.region().map(Name::as_str) == Some(peer.region.as_str());
+    let member_ok = identity.member().map(Name::as_str) == Some(peer.member.as_str());
+    if !(region_ok && member_ok) {
+        let reason = if region_ok {
+            RefusalReason::UnexpectedMember
+        } else {
+            RefusalReason::UnexpectedRegion
+        };
         refuse(ctx, &conn, &identity, reason);
         return Err(LinkError::UnexpectedPeer {
-            expected: peer.region.clone(),
+            expected_region: peer.region.clone(),
+            expected_member: peer.member.clone(),
             found: identity.to_string(),
         });
     }
@@ -300,7 +335,7 @@ async fn drive(
     mut inbound: mpsc::Receiver<Message>,
     outbound: mpsc::Sender<Frame>,
 ) -> LinkError {
-    let name = peer.region.as_str();
+    let labels = peer.labels();
     let max = ctx.config.message_bytes_max.get();
     {
         let mut shared = lock(&peer.shared);
@@ -323,12 +358,12 @@ async fn drive(
             permit = outbound.reserve(), if !pending.is_empty() => {
                 let Ok(permit) = permit else { return std::future::pending().await };
                 let frame = pending.pop_front().expect("the branch runs only when a frame is pending");
-                ctx.metrics.count_message(name, "sent", frame.kind);
+                ctx.metrics.count_message(&labels, "sent", frame.kind);
                 permit.send(frame);
             }
             message = inbound.recv() => {
                 let Some(message) = message else { return std::future::pending().await };
-                handle_message(ctx, peer, message);
+                handle_message(ctx, peer, &labels, message);
             }
             () = tokio::time::sleep_until(wake_at), if wake.is_some() => {
                 let mut shared = lock(&peer.shared);
@@ -353,10 +388,9 @@ fn encode(ctx: &Ctx, message: Message, max: u32) -> Vec<Frame> {
     frames
 }
 
-fn handle_message(ctx: &Ctx, peer: &PeerHandle, message: Message) {
-    let name = peer.region.as_str();
+fn handle_message(ctx: &Ctx, peer: &PeerHandle, labels: &LinkLabels, message: Message) {
     ctx.metrics
-        .count_message(name, "received", wire::kind_of(&message));
+        .count_message(labels, "received", wire::kind_of(&message));
     let records = {
         let mut shared = lock(&peer.shared);
         let mut aggregates = lock(&ctx.aggregates);
@@ -371,14 +405,15 @@ fn handle_message(ctx: &Ctx, peer: &PeerHandle, message: Message) {
     if records.is_empty() {
         return;
     }
-    let counter = ctx
-        .metrics
-        .reconciliations
-        .get_or_create(&peer_labels(name));
+    let counter = ctx.metrics.reconciliations.get_or_create(labels);
     let mut held = lock(&ctx.records);
     for record in records {
         counter.inc();
+        // The record names the region (entries belong to it); the member that relayed
+        // them is only in the log.
         info!(
+            peer_region = %peer.region,
+            peer_member = %peer.member,
             changed = record.changed().count(),
             entries = record.entries.len(),
             "reconciled entries from peer"
@@ -394,11 +429,8 @@ fn handle_message(ctx: &Ctx, peer: &PeerHandle, message: Message) {
     }
 }
 
-/// Accepts connections and hands each admitted one to its peer's task.
-pub(crate) async fn accept_loop(
-    ctx: Arc<Ctx>,
-    acceptors: BTreeMap<RegionName, mpsc::Sender<Connection>>,
-) {
+/// Accepts connections and hands each admitted one to its peer member's task.
+pub(crate) async fn accept_loop(ctx: Arc<Ctx>, acceptors: Acceptors) {
     let acceptors = Arc::new(acceptors);
     let mut handshakes = JoinSet::new();
     loop {
@@ -418,11 +450,7 @@ pub(crate) async fn accept_loop(
 }
 
 /// Completes a handshake and routes the connection, or closes it with `CLOSE_REFUSED`.
-async fn admit(
-    ctx: Arc<Ctx>,
-    incoming: Incoming,
-    acceptors: Arc<BTreeMap<RegionName, mpsc::Sender<Connection>>>,
-) {
+async fn admit(ctx: Arc<Ctx>, incoming: Incoming, acceptors: Arc<Acceptors>) {
     let remote = incoming.remote_address();
     let conn = match incoming.await {
         Ok(conn) => conn,
@@ -446,31 +474,39 @@ async fn admit(
             return;
         }
     };
-    let region = match identity.region().map(|r| RegionName::try_new(r.as_str())) {
-        Some(Ok(region))
+    let region = identity.region().map(|r| RegionName::try_new(r.as_str()));
+    let key = match (region, identity.member()) {
+        (Some(Ok(region)), Some(member))
             if identity.kind() == IdentityKind::Authority
                 && identity.trust_domain() == &ctx.trust_domain =>
         {
-            region
+            (region, member.as_str().to_owned())
         }
         // The policy admits only authorities of our trust domain; defence in depth.
         _ => return refuse(&ctx, &conn, &identity, RefusalReason::Tls),
     };
-    if region == ctx.local {
+    if key.0 == ctx.local {
         return refuse(&ctx, &conn, &identity, RefusalReason::OwnRegion);
     }
-    let Some(tx) = acceptors.get(&region) else {
-        let configured = ctx.config.peers.iter().any(|p| p.region == region);
-        let reason = if configured {
-            RefusalReason::WrongDirection
-        } else {
-            RefusalReason::UnknownRegion
-        };
+    let Some(tx) = acceptors.get(&key) else {
+        let reason = unrouted(&ctx, &key.0);
         return refuse(&ctx, &conn, &identity, reason);
     };
     debug!(%remote, peer = %identity, "federation peer admitted");
     if tx.try_send(conn.clone()).is_err() {
         refuse(&ctx, &conn, &identity, RefusalReason::Busy);
+    }
+}
+
+/// Why an admitted authority of another region has no link to take its connection.
+fn unrouted(ctx: &Ctx, region: &RegionName) -> RefusalReason {
+    if !ctx.config.peers.iter().any(|p| p.region == *region) {
+        RefusalReason::UnknownRegion
+    } else if ctx.local < *region {
+        // Direction is decided per region, so this holds for every member of it.
+        RefusalReason::WrongDirection
+    } else {
+        RefusalReason::UnknownMember
     }
 }
 
@@ -480,42 +516,113 @@ fn refuse(ctx: &Ctx, conn: &Connection, identity: &Identity, reason: RefusalReas
     conn.close(wire::CLOSE_REFUSED, reason.as_str().as_bytes());
 }
 
-/// Refreshes the age and staleness gauges, and logs staleness transitions.
+/// Refreshes the per-link and per-region age and staleness gauges, and logs staleness
+/// transitions: a region's at `warn`/`info` (the event operators act on), a link's at
+/// `debug` (one member going quiet is routine while another speaks).
 pub(crate) async fn refresh_loop(ctx: Arc<Ctx>, peers: Vec<PeerHandle>) {
     let mut tick = tokio::time::interval(REFRESH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut region_stale: BTreeMap<RegionName, bool> = BTreeMap::new();
     loop {
         tick.tick().await;
         let now = Instant::now().into_std();
         for peer in &peers {
-            let labels = peer_labels(peer.region.as_str());
-            let mut shared = lock(&peer.shared);
-            match shared.session.age(now) {
+            refresh_link(&ctx, peer, now);
+        }
+        for (region, summary) in summarise(&peers, now, ctx.config.stale_after) {
+            let labels = region_labels(region.as_str());
+            match summary.age {
                 Some(age) => {
                     ctx.metrics
-                        .age_seconds
+                        .region_age_seconds
                         .get_or_create(&labels)
                         .set(age.as_secs_f64());
                 }
                 None => {
-                    ctx.metrics.age_seconds.remove(&labels);
+                    ctx.metrics.region_age_seconds.remove(&labels);
                 }
             }
-            let stale = shared.session.is_stale(now, ctx.config.stale_after);
             ctx.metrics
-                .stale
+                .region_stale
                 .get_or_create(&labels)
-                .set(i64::from(stale));
-            if stale != shared.stale {
-                shared.stale = stale;
-                if stale {
-                    warn!(peer_region = %peer.region, "peer region aggregate is stale; entries kept");
-                } else {
-                    info!(peer_region = %peer.region, "peer region aggregate is fresh again");
-                }
+                .set(i64::from(summary.stale));
+            let was = region_stale.insert(region.clone(), summary.stale);
+            if was.unwrap_or(false) == summary.stale {
+                continue;
+            }
+            let (links_up, links) = (summary.links_up, summary.links);
+            if summary.stale {
+                warn!(peer_region = %region, links_up, links, "peer region aggregate is stale; entries kept");
+            } else {
+                info!(peer_region = %region, links_up, links, "peer region aggregate is fresh again");
             }
         }
     }
+}
+
+/// Refreshes one link's gauges.
+fn refresh_link(ctx: &Ctx, peer: &PeerHandle, now: std::time::Instant) {
+    let labels = peer.labels();
+    let mut shared = lock(&peer.shared);
+    match shared.session.age(now) {
+        Some(age) => {
+            ctx.metrics
+                .age_seconds
+                .get_or_create(&labels)
+                .set(age.as_secs_f64());
+        }
+        None => {
+            ctx.metrics.age_seconds.remove(&labels);
+        }
+    }
+    let stale = shared.session.is_stale(now, ctx.config.stale_after);
+    ctx.metrics
+        .stale
+        .get_or_create(&labels)
+        .set(i64::from(stale));
+    if stale != shared.stale {
+        shared.stale = stale;
+        debug!(peer_region = %peer.region, peer_member = %peer.member, stale, "peer member's link staleness changed");
+    }
+}
+
+/// Sums the links into their regions, by region name: a region is aged by its youngest
+/// link (it last spoke through that one) and stale only when every link is.
+pub(crate) fn summarise(
+    peers: &[PeerHandle],
+    now: std::time::Instant,
+    stale_after: Duration,
+) -> BTreeMap<RegionName, RegionSummary> {
+    let links = peers.iter().map(|p| {
+        let shared = lock(&p.shared);
+        (p.region.clone(), shared.connected, shared.session.age(now))
+    });
+    sum_links(links, stale_after)
+}
+
+/// [`summarise`] over plain (region, connected, age) triples.
+fn sum_links(
+    links: impl IntoIterator<Item = (RegionName, bool, Option<Duration>)>,
+    stale_after: Duration,
+) -> BTreeMap<RegionName, RegionSummary> {
+    let mut regions: BTreeMap<RegionName, RegionSummary> = BTreeMap::new();
+    for (region, connected, age) in links {
+        let summary = regions.entry(region).or_insert(RegionSummary {
+            links: 0,
+            links_up: 0,
+            age: None,
+            stale: true,
+        });
+        summary.links += 1;
+        summary.links_up += usize::from(connected);
+        summary.age = match (summary.age, age) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        // The same rule as `Session::is_stale`, so a region is stale iff every link is.
+        summary.stale &= age.is_none_or(|a| a > stale_after);
+    }
+    regions
 }
 
 /// Whether a failed handshake was refused by our own verifier (a locally raised TLS
@@ -540,9 +647,71 @@ fn chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// FNV-1a, to give each peer's backoff its own stream from one seed.
+/// FNV-1a, to give each link's backoff its own stream from one seed.
 fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn region(s: &str) -> RegionName {
+        RegionName::try_new(s).unwrap()
+    }
+
+    const STALE_AFTER: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_region_is_as_young_as_its_youngest_link_and_fresh_while_one_is() {
+        let secs = |s| Some(Duration::from_secs(s));
+        let regions = sum_links(
+            [
+                (region("us"), false, secs(90)),
+                (region("ap"), true, secs(5)),
+                (region("us"), true, secs(3)),
+                (region("us"), false, None),
+            ],
+            STALE_AFTER,
+        );
+        let summary = |links, links_up, age, stale| RegionSummary {
+            links,
+            links_up,
+            age,
+            stale,
+        };
+        assert_eq!(
+            regions,
+            BTreeMap::from([
+                (region("ap"), summary(1, 1, secs(5), false)),
+                (region("us"), summary(3, 1, secs(3), false)),
+            ])
+        );
+    }
+
+    #[test]
+    fn a_region_is_stale_only_when_every_link_is() {
+        let secs = |s| Some(Duration::from_secs(s));
+        let regions = sum_links(
+            [
+                (region("us"), false, secs(61)),
+                (region("us"), false, None),
+                (region("eu"), false, None),
+            ],
+            STALE_AFTER,
+        );
+        assert!(regions[&region("us")].stale);
+        assert_eq!(regions[&region("us")].age, secs(61));
+        assert!(regions[&region("eu")].stale);
+        assert_eq!(regions[&region("eu")].age, None);
+        let at_threshold = sum_links([(region("us"), false, secs(60))], STALE_AFTER);
+        assert!(
+            !at_threshold[&region("us")].stale,
+            "stale is strictly beyond"
+        );
+    }
 }
