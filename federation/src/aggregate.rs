@@ -290,6 +290,10 @@ impl RegionAggregates {
     }
 
     /// A peer region's endpoints for a service, as tier-2 input to the view assembler.
+    ///
+    /// Instance ids are unique within a region, not across regions (each region numbers its
+    /// own registrations), so each is qualified with its region — `<region>:<id>` — before
+    /// it enters a view keyed by instance. An id too long to qualify keeps its own name.
     pub fn remote_endpoints(
         &self,
         region: &RegionName,
@@ -302,7 +306,8 @@ impl RegionAggregates {
             .endpoints
             .iter()
             .map(|e| RemoteEndpoint {
-                instance: e.instance.clone(),
+                instance: InstanceId::try_new(format!("{region}:{}", e.instance))
+                    .unwrap_or_else(|_| e.instance.clone()),
                 address: e.address,
                 zone: e.zone.clone(),
                 weight: e.weight,

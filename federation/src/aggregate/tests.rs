@@ -179,3 +179,19 @@ fn reconciliation_records_what_each_side_held() {
         (6 % 4) as usize
     );
 }
+
+#[test]
+fn remote_endpoints_are_qualified_by_region_so_equal_ids_do_not_collide() {
+    let mut a = RegionAggregates::new();
+    // Both regions number their registrations alike: the same ids in each.
+    a.merge_from(&region(8), &region(9), vec![entry(1, 1, 3), entry(2, 1, 3)])
+        .unwrap();
+    let ids = |r: u8| -> Vec<String> {
+        a.remote_endpoints(&region(r), &service(1))
+            .into_iter()
+            .map(|e| e.instance.to_string())
+            .collect()
+    };
+    assert_eq!(ids(1), ["r1:r1-s1-v3-0", "r1:r1-s1-v3-1", "r1:r1-s1-v3-2"]);
+    assert!(ids(2).iter().all(|id| id.starts_with("r2:")));
+}
