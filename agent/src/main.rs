@@ -154,6 +154,47 @@ enum Command {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Cross-region federation: peer regions, links, reconciliations, failover.
+    Federation {
+        #[command(subcommand)]
+        command: FederationCommand,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum FederationCommand {
+    /// Peer regions (links up, age, staleness, versions held), each link, front doors.
+    Status,
+    /// Every reconciliation after a partition: per entry, what each side held and what won.
+    ReconcileLog {
+        /// Only records after this audit sequence number.
+        #[arg(long)]
+        since_seq: Option<u64>,
+    },
+    /// Region failovers in force: share moved, direction, who asked, awaiting completion.
+    Failovers,
+    /// Shift this region's preference away from a peer region, in capped steps (manual:
+    /// its shift-back waits for `complete-shift-back`). Privileged, audited.
+    Failover(RegionControl),
+    /// Bring preference back to a peer region, in capped steps. Privileged, audited.
+    ShiftBack(RegionControl),
+    /// Finish a manual failover's shift-back, holding at its last step. Privileged, audited.
+    CompleteShiftBack(RegionControl),
+}
+
+#[derive(Debug, clap::Args)]
+struct RegionControl {
+    /// The peer region.
+    #[arg(long)]
+    region: String,
+    /// Why (required; kept with the failover and in the audit log).
+    #[arg(long)]
+    reason: String,
+    /// Who is acting.
+    #[arg(long, env = "WAYMARK_ACTOR")]
+    actor: Option<String>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -382,6 +423,23 @@ async fn client_command(command: Command) -> anyhow::Result<String> {
         }
         Command::ProxyStatus { api } => {
             ops::proxy_status(&ApiClient::new(&api.api, None), api.json).await
+        }
+        Command::Federation { command, api } => {
+            let client = ApiClient::new(&api.api, None);
+            let control = |c: RegionControl, action: &'static str| async move {
+                let client = ApiClient::new(&api.api, c.actor);
+                ops::region_failover(&client, &c.region, action, &c.reason).await
+            };
+            match command {
+                FederationCommand::Status => ops::federation_status(&client, api.json).await,
+                FederationCommand::ReconcileLog { since_seq } => {
+                    ops::reconcile_log(&client, since_seq, api.json).await
+                }
+                FederationCommand::Failovers => ops::region_failovers(&client, api.json).await,
+                FederationCommand::Failover(c) => control(c, "failover").await,
+                FederationCommand::ShiftBack(c) => control(c, "shift_back").await,
+                FederationCommand::CompleteShiftBack(c) => control(c, "complete_shift_back").await,
+            }
         }
         Command::Defaults
         | Command::Certs(_)

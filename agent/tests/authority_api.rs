@@ -360,6 +360,9 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
         "/v1/alarms",
         "/v1/reconciliation",
         "/v1/proxy-status",
+        "/v1/federation/status",
+        "/v1/federation/failovers",
+        "/v1/federation/regions/{region}/failover",
         "/metrics",
     ] {
         assert!(paths.contains(p), "{p} is served but not documented");

@@ -154,6 +154,7 @@ async fn leading_authority(
         }),
         kubernetes: None,
         gossip,
+        federation: None,
     })
     .await
     .unwrap();

@@ -117,6 +117,7 @@ async fn published_views_follow_the_orchestrator() {
             default_zone: None,
         }),
         gossip: None,
+        federation: None,
     })
     .await
     .unwrap();

@@ -28,14 +28,17 @@ use serde_json::{Value, json};
 use waymark_core::contract::HealthContract;
 use waymark_core::model::{Instance, InstanceId, RegionName, ServiceName, ZoneName};
 use waymark_registry::state::{
-    Applied, Command, EvacuationIntent, Registration, ServicePolicyRecord, Stamped,
+    Applied, Command, EvacuationIntent, RegionFailoverIntent, Registration, ServicePolicyRecord,
+    Stamped,
 };
 use waymark_xds::server::XdsServer;
 
+use super::federation::FederationNode;
 use super::leader::{SharedPipeline, now_ms};
 use super::machine::{AuditEntry, AuditKind, Request, Response as RaftResponse};
 use super::metrics::{AuthorityMetrics, OutcomeLabels, ReasonLabels};
 use super::raft::{RaftNode, WriteError};
+use super::regions::{self, RegionsHandle};
 
 /// Overrides one actor may make on one service per window.
 pub const OVERRIDES_PER_WINDOW: usize = 5;
@@ -57,6 +60,8 @@ pub struct ApiState {
     region: RegionName,
     overrides: Arc<Mutex<OverrideLimiter>>,
     reconciliation: Arc<Mutex<Value>>,
+    federation: Option<Arc<FederationNode>>,
+    regions: Option<RegionsHandle>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -86,7 +91,20 @@ impl ApiState {
             region,
             overrides: Arc::default(),
             reconciliation: Arc::new(Mutex::new(Value::Null)),
+            federation: None,
+            regions: None,
         }
+    }
+
+    /// Serve `/v1/federation/*` from this member's federation node.
+    pub fn with_federation(
+        mut self,
+        node: Option<Arc<FederationNode>>,
+        regions: Option<RegionsHandle>,
+    ) -> Self {
+        self.federation = node;
+        self.regions = regions;
+        self
     }
 
     /// Where the reconciler publishes its latest diff (JSON) for `/v1/reconciliation`.
@@ -132,6 +150,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/alarms", get(alarms))
         .route("/v1/reconciliation", get(reconciliation))
         .route("/v1/proxy-status", get(proxy_status))
+        .route("/v1/federation/status", get(federation_status))
+        .route("/v1/federation/failovers", get(region_failovers))
+        .route(
+            "/v1/federation/regions/{region}/failover",
+            post(region_failover),
+        )
         .route("/metrics", get(metrics))
         .with_state(state)
 }
@@ -380,6 +404,29 @@ async fn status(State(s): State<ApiState>) -> impl IntoResponse {
         "leader": leader,
         "is_leader": s.raft.is_leader(),
         "term": s.raft.current_term(),
+    }))
+}
+
+/// This member's federation: per peer region (links up, age, staleness, versions held),
+/// per link, and the front-door signal. Member-local: each member has its own links.
+async fn federation_status(State(s): State<ApiState>) -> impl IntoResponse {
+    let Some(node) = &s.federation else {
+        return axum::Json(json!({"region": s.region, "enabled": false}));
+    };
+    let front_doors = s.regions.as_ref().map(|r| regions::front_doors(&r.signal));
+    let local_versions: BTreeMap<ServiceName, u64> = s
+        .regions
+        .as_ref()
+        .map(|r| regions::versions_of(&r.aggregates, &s.region))
+        .unwrap_or_default();
+    axum::Json(json!({
+        "region": s.region,
+        "enabled": true,
+        "endpoint": node.local_addr(),
+        "local_versions": local_versions,
+        "regions": node.regions(),
+        "links": node.status(),
+        "front_doors": front_doors,
     }))
 }
 
@@ -705,6 +752,120 @@ async fn evacuation(
     Ok(axum::Json(json!({"applied": applied})).into_response())
 }
 
+/// What an operator asks of a peer region's failover.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum FailoverAction {
+    Failover,
+    ShiftBack,
+    CompleteShiftBack,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FailoverBody {
+    action: FailoverAction,
+    reason: String,
+}
+
+/// An operator's region routing control: fail over away from a peer region (manual, so
+/// its shift-back waits for completion), shift back, or complete. Checked against the
+/// leader's assembler before commit; audited whether granted or refused.
+async fn region_failover(
+    State(s): State<ApiState>,
+    uri: Uri,
+    headers: HeaderMap,
+    Path(region): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let region: RegionName = parse_name(&region, "region").map_err(|e| s.refuse(e))?;
+    let actor = s.privileged_actor(&headers, "region failovers")?;
+    let FailoverBody { action, reason } = s.body(&body)?;
+    let intent = match action {
+        FailoverAction::Failover => RegionFailoverIntent::Failover { manual: true },
+        FailoverAction::ShiftBack => RegionFailoverIntent::ShiftBack,
+        FailoverAction::CompleteShiftBack => RegionFailoverIntent::CompleteShiftBack,
+    };
+    let check = s
+        .pipeline
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .map(|p| p.check_region_failover(&region, intent));
+    let refusal = match check {
+        _ if reason.trim().is_empty() => Some(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "no_reason",
+            Some("reason"),
+            "a region failover needs a reason",
+        )),
+        Some(Ok(())) => None,
+        Some(Err(e)) => Some(ApiError::new(
+            StatusCode::CONFLICT,
+            "region_failover",
+            Some("region"),
+            e.to_string(),
+        )),
+        None => Some(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            None,
+            "the leader is still rebuilding; retry",
+        )),
+    };
+    s.audit_write(AuditEntry {
+        seq: 0,
+        at_ms: now_ms(),
+        kind: AuditKind::Policy,
+        actor: actor.clone(),
+        service: None,
+        instance: None,
+        outcome: if refusal.is_some() { "refused" } else { "granted" }.into(),
+        detail: json!({"peer_region": region, "intent": intent, "reason": reason, "error": refusal.as_ref().map(|r| r.message.clone())}),
+    })
+    .await?;
+    if let Some(e) = refusal {
+        return Err(s.refuse(e));
+    }
+    let applied = s
+        .command(
+            &uri,
+            Command::RegionFailover {
+                region,
+                intent,
+                actor,
+                reason,
+            },
+        )
+        .await?;
+    Ok(axum::Json(json!({"applied": applied})).into_response())
+}
+
+/// Region failovers in force, as the log last recorded them (any member answers).
+async fn region_failovers(State(s): State<ApiState>) -> impl IntoResponse {
+    let failovers = s
+        .raft
+        .with_state(|state, _| state.registry().region_failovers().clone());
+    let out: serde_json::Map<String, Value> = failovers
+        .into_iter()
+        .map(|(region, r)| {
+            (
+                region.to_string(),
+                json!({
+                    "moved": r.moved.get(),
+                    "direction": if r.back { "back" } else { "out" },
+                    "manual": r.manual,
+                    "awaiting_completion": r.awaiting_completion,
+                    "actor": r.actor,
+                    "reason": r.reason,
+                }),
+            )
+        })
+        .collect();
+    axum::Json(Value::Object(out))
+}
+
 fn actor_of(headers: &HeaderMap) -> Option<String> {
     headers
         .get(ACTOR_HEADER)
@@ -1022,6 +1183,7 @@ async fn override_instance(
 #[derive(Debug, Deserialize)]
 struct AuditQuery {
     kind: Option<AuditKind>,
+    actor: Option<String>,
     service: Option<String>,
     instance: Option<String>,
     since_seq: Option<u64>,
@@ -1037,6 +1199,7 @@ async fn audit(State(s): State<ApiState>, Query(q): Query<AuditQuery>) -> impl I
             .iter()
             .filter(|e| q.since_seq.is_none_or(|s| e.seq > s))
             .filter(|e| q.kind.is_none_or(|k| e.kind == k))
+            .filter(|e| q.actor.as_deref().is_none_or(|a| e.actor == a))
             .filter(|e| {
                 q.service
                     .as_deref()

@@ -31,6 +31,20 @@
 //! cert_chain = "/etc/waymark/tls/fullchain.pem"
 //! key = "/etc/waymark/tls/key.pem"
 //! bundle = "/etc/waymark/tls/bundle.pem"
+//!
+//! # Cross-region aggregates over QUIC (needs [authority.tls]); one entry per peer member.
+//! [authority.federation]
+//! bind = "0.0.0.0:8503"
+//!
+//! [[authority.federation.peers]]
+//! region = "us-east"
+//! member = "1"
+//! addr = "10.1.0.1:8503"
+//!
+//! # The out-of-band failover signal: the peer region's own front door, probed directly.
+//! [[authority.federation.front_doors]]
+//! region = "us-east"
+//! addrs = ["10.1.9.1:443"]
 //! ```
 //!
 //! Member addresses and gossip seeds are `host:port` with an IP address or a DNS name
@@ -50,15 +64,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use waymark_certs::TrustDomain;
 use waymark_certs::reload::MaterialPaths;
 use waymark_core::model::{RegionName, ZoneName};
+use waymark_federation::signal::SignalConfig;
 
 use super::existence::KubeSettings;
 use super::member::{AuthorityConfig, GossipSettings, TlsSettings};
 use super::raft::Member;
+use super::regions::FederationSettings;
 use crate::net::HostPort;
 use crate::node::gossip::Keyring;
 
@@ -111,6 +128,93 @@ pub struct AuthoritySection {
     /// The region's gossip pool (prober liveness).
     #[serde(default)]
     pub gossip: Option<GossipSection>,
+    /// Cross-region federation (needs `tls`).
+    #[serde(default)]
+    pub federation: Option<FederationSection>,
+}
+
+/// `[authority.federation]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FederationSection {
+    /// UDP address of this member's QUIC endpoint.
+    pub bind: SocketAddr,
+    /// Every member of every peer region.
+    #[serde(default)]
+    pub peers: Vec<FederationPeerEntry>,
+    /// Peer regions' front doors, probed for the failover signal.
+    #[serde(default)]
+    pub front_doors: Vec<FrontDoorEntry>,
+    /// A peer region silent this long is reported stale (its endpoints are kept).
+    #[serde(default = "default_stale_after", with = "waymark_core::duration_str")]
+    pub stale_after: Duration,
+    /// How often each link sends its digest.
+    #[serde(
+        default = "default_digest_interval",
+        with = "waymark_core::duration_str"
+    )]
+    pub digest_interval: Duration,
+    /// How often the front doors are probed.
+    #[serde(
+        default = "default_probe_interval",
+        with = "waymark_core::duration_str"
+    )]
+    pub probe_interval: Duration,
+    /// How long one front-door connection attempt may take.
+    #[serde(default = "default_probe_timeout", with = "waymark_core::duration_str")]
+    pub probe_timeout: Duration,
+    /// Consecutive failed rounds before a region's front door is down.
+    #[serde(default = "default_fail_after")]
+    pub fail_after: u32,
+    /// Consecutive good rounds before it is up again.
+    #[serde(default = "default_recover_after")]
+    pub recover_after: u32,
+}
+
+/// One member of a peer region.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FederationPeerEntry {
+    /// Its region.
+    pub region: RegionName,
+    /// Its member name, as in its certificate (`region/<r>/authority/<member>`).
+    pub member: String,
+    /// Its federation endpoint (UDP).
+    pub addr: SocketAddr,
+}
+
+/// A peer region's front door.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrontDoorEntry {
+    /// The region.
+    pub region: RegionName,
+    /// `host:port` endpoints; a round is good when any accepts a connection.
+    pub addrs: Vec<String>,
+}
+
+fn default_stale_after() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn default_digest_interval() -> Duration {
+    Duration::from_secs(5)
+}
+
+fn default_probe_interval() -> Duration {
+    Duration::from_secs(5)
+}
+
+fn default_probe_timeout() -> Duration {
+    Duration::from_secs(2)
+}
+
+fn default_fail_after() -> u32 {
+    3
+}
+
+fn default_recover_after() -> u32 {
+    5
 }
 
 /// `[authority.gossip]`.
@@ -338,6 +442,9 @@ impl ConfigFile {
                 message: e.to_string(),
             })?;
         }
+        if let Some(f) = &a.federation {
+            check_federation(f, a)?;
+        }
         Ok(())
     }
 
@@ -380,6 +487,19 @@ impl ConfigFile {
                 })
             }
         };
+        let federation = a.federation.as_ref().map(|f| FederationSettings {
+            bind: f.bind,
+            peers: f.peers.clone(),
+            front_doors: f.front_doors.clone(),
+            stale_after: f.stale_after,
+            digest_interval: f.digest_interval,
+            probe_interval: f.probe_interval,
+            probe_timeout: f.probe_timeout,
+            signal: SignalConfig {
+                fail_after: f.fail_after,
+                recover_after: f.recover_after,
+            },
+        });
         Ok(AuthorityConfig {
             id: a.id,
             region: a.region.clone(),
@@ -391,6 +511,7 @@ impl ConfigFile {
             tls,
             kubernetes: a.kubernetes.clone(),
             gossip,
+            federation,
         })
     }
 
@@ -453,6 +574,60 @@ fn parse_member_id(value: &str) -> Result<u64, String> {
             "{value:?}: a member id (a number, or a pod name ending in -<number>)"
         )),
     }
+}
+
+fn check_federation(f: &FederationSection, a: &AuthoritySection) -> Result<(), ConfigError> {
+    let invalid = |field, message: String| Err(ConfigError::Invalid { field, message });
+    if a.tls.is_none() {
+        return invalid(
+            "authority.federation",
+            "federation needs [authority.tls]: peers are admitted by their authority certificate"
+                .into(),
+        );
+    }
+    let mut seen = BTreeSet::new();
+    for p in &f.peers {
+        if p.region == a.region {
+            return invalid(
+                "authority.federation.peers",
+                format!("{} is this region; list only peer regions", p.region),
+            );
+        }
+        if p.member.is_empty() || !seen.insert((&p.region, &p.member)) {
+            return invalid(
+                "authority.federation.peers",
+                format!("{}/{}: empty or listed twice", p.region, p.member),
+            );
+        }
+    }
+    let mut doors = BTreeSet::new();
+    for d in &f.front_doors {
+        if d.region == a.region || !doors.insert(&d.region) {
+            return invalid(
+                "authority.federation.front_doors",
+                format!("{}: this region, or listed twice", d.region),
+            );
+        }
+        if d.addrs.is_empty() || d.addrs.iter().any(|addr| addr.parse::<HostPort>().is_err()) {
+            return invalid(
+                "authority.federation.front_doors",
+                format!("{}: at least one address, each host:port", d.region),
+            );
+        }
+    }
+    if f.fail_after == 0 || f.recover_after == 0 {
+        return invalid(
+            "authority.federation.fail_after",
+            "fail_after and recover_after are at least 1".into(),
+        );
+    }
+    if f.probe_timeout.is_zero() || f.probe_timeout > f.probe_interval {
+        return invalid(
+            "authority.federation.probe_timeout",
+            "above zero and at most probe_interval".into(),
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

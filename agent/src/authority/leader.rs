@@ -9,7 +9,7 @@
 //! of the hold only views whose content differs from what is published are committed. A
 //! failover alone therefore moves no traffic and sends no client backwards.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -19,16 +19,21 @@ use tracing::{debug, info, warn};
 use waymark_core::assembler;
 use waymark_core::audit::TransitionRecord;
 use waymark_core::delta;
-use waymark_core::model::{EvidenceClass, InstanceId, ZoneName};
+use waymark_core::model::{EvidenceClass, InstanceId, RegionName, ServiceName, ZoneName};
 use waymark_core::view::{ReleasedView, ViewKey};
 use waymark_registry::assignment::assign;
 use waymark_registry::pipeline::{Output, PipelineConfig, RegionPipeline};
-use waymark_registry::state::{Applied, Command, DesiredState, Stamped};
+use waymark_registry::state::{
+    Applied, Command, DesiredState, RegionFailoverIntent, RegionFailoverRecord, Stamped,
+};
 
 use super::evidence::{Denial, EvidenceHub};
 use super::machine::{AuditEntry, AuditKind, AuthorityState, Request, Response, TermVersions};
-use super::metrics::{AuthorityMetrics, ServiceLabels, VerdictLabels, ZoneLabels};
+use super::metrics::{
+    AuthorityMetrics, PeerRegionLabels, ServiceLabels, VerdictLabels, ZoneLabels,
+};
 use super::raft::{RaftNode, StateEvent, WriteError};
+use super::regions::RegionsHandle;
 
 /// The longest a new leader holds the published views.
 pub const HOLD_MAX: Duration = Duration::from_secs(30);
@@ -43,6 +48,11 @@ pub const OBSERVED_EVERY: Duration = Duration::from_secs(30);
 const REASSIGN_EVERY: Duration = Duration::from_millis(500);
 /// How often lease expiry is checked.
 const LEASE_CHECK_EVERY: Duration = Duration::from_millis(500);
+/// The actor named on commands the out-of-band region signal proposes.
+pub const SIGNAL_ACTOR: &str = "waymark:region-signal";
+/// How often peer regions' aggregates are checked for changes to feed tier 2 (and the
+/// front-door signal for failovers to follow).
+const REMOTE_EVERY: Duration = Duration::from_millis(250);
 
 /// Unix milliseconds now (stamped into commands as data).
 pub fn now_ms() -> u64 {
@@ -68,6 +78,8 @@ pub struct LeaderContext {
     pub pipeline: PipelineConfig,
     /// The pipeline, while leading.
     pub shared: SharedPipeline,
+    /// Peer regions' aggregates and the front-door signal, when this member federates.
+    pub regions: Option<RegionsHandle>,
 }
 
 /// Lead whenever this member is the leader, until Raft stops.
@@ -130,6 +142,12 @@ struct Term<'a> {
     audit: mpsc::UnboundedSender<AuditEntry>,
     assignment_dirty: bool,
     lease_write_in_flight: Arc<std::sync::atomic::AtomicBool>,
+    /// The version of each peer region's aggregate the pipeline holds as tier 2.
+    remote_fed: BTreeMap<(RegionName, ServiceName), u64>,
+    /// Regions with a signal-driven failover command being committed.
+    failover_in_flight: BTreeSet<RegionName>,
+    /// Where those commands report that they are done.
+    failover_done: mpsc::UnboundedSender<RegionName>,
 }
 
 async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Receiver<Metrics>) {
@@ -147,6 +165,7 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
     );
     let (publish, publish_rx) = mpsc::unbounded_channel();
     let (audit, audit_rx) = mpsc::unbounded_channel();
+    let (failover_done, failover_done_rx) = mpsc::unbounded_channel();
     let writers = [
         tokio::spawn(publisher(ctx.clone(), publish_rx)),
         tokio::spawn(auditor(ctx.raft.clone(), audit_rx)),
@@ -161,14 +180,21 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
         audit,
         assignment_dirty: true,
         lease_write_in_flight: Arc::default(),
+        remote_fed: BTreeMap::new(),
+        failover_in_flight: BTreeSet::new(),
+        failover_done,
     };
+    let mut failover_done_rx = failover_done_rx;
     let mut membership = ctx.hub.membership();
     let mut counts = tokio::time::interval(COUNTS_EVERY);
     let mut leases = tokio::time::interval(LEASE_CHECK_EVERY);
     let mut reassign = tokio::time::interval(REASSIGN_EVERY);
     let mut observed =
         tokio::time::interval_at(tokio::time::Instant::now() + OBSERVED_EVERY, OBSERVED_EVERY);
+    let mut remote = tokio::time::interval(REMOTE_EVERY);
+    remote.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut hold_pending = hold > Duration::ZERO;
+    t.feed_remote();
     t.drain_outputs(Instant::now());
     loop {
         let deadline = {
@@ -200,6 +226,9 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
                 });
             }
             Some(denial) = feed.denials.recv() => t.deny(denial),
+            Some(region) = failover_done_rx.recv() => {
+                t.failover_in_flight.remove(&region);
+            }
             event = events.recv() => match event {
                 Ok(StateEvent::Applied(entry)) => {
                     if applied.is_some_and(|a| entry.index <= a) { continue; }
@@ -218,6 +247,8 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
                         idx
                     });
                     t.assignment_dirty = true;
+                    t.remote_fed.clear();
+                    t.feed_remote();
                 }
                 Err(RecvError::Closed) => break,
             },
@@ -230,6 +261,10 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
                 }
             }
             _ = observed.tick() => t.snapshot_observed(),
+            _ = remote.tick() => {
+                t.feed_remote();
+                t.follow_signal();
+            }
             () = sleep => {
                 let now = Instant::now();
                 let versions = &mut t.versions;
@@ -276,6 +311,130 @@ impl Term<'_> {
             .unwrap_or_else(PoisonError::into_inner)
             .as_mut()
             .map(f)
+    }
+
+    /// Hand the pipeline every peer-region aggregate that changed since it last saw it
+    /// (tier 2). Entries are only ever replaced by newer ones, never dropped: a silent peer
+    /// keeps its last endpoints.
+    fn feed_remote(&mut self) {
+        let Some(regions) = &self.ctx.regions else {
+            return;
+        };
+        let local = &self.ctx.pipeline.region;
+        let changed: Vec<_> = {
+            let held = regions
+                .aggregates
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            held.digest()
+                .into_iter()
+                .filter(|(key, version)| {
+                    &key.0 != local && self.remote_fed.get(key) != Some(version)
+                })
+                .map(|((region, service), version)| {
+                    let endpoints = held.remote_endpoints(&region, &service);
+                    (region, service, version, endpoints)
+                })
+                .collect()
+        };
+        if changed.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let fed = self.with_pipeline(|p| {
+            for (region, service, version, endpoints) in &changed {
+                debug!(peer_region = %region, %service, version, endpoints = endpoints.len(), "tier 2 updated from a peer region");
+                p.handle_remote(now, service, region.clone(), endpoints.clone());
+            }
+        });
+        if fed.is_some() {
+            for (region, service, version, _) in changed {
+                self.remote_fed.insert((region, service), version);
+            }
+        }
+    }
+
+    /// Level-triggered: make the committed region failovers agree with the front-door
+    /// signal. A region whose front door is down and that is not failed over gets an
+    /// automatic failover; a region whose front door answers again and whose failover was
+    /// automatic gets a shift-back (rate-capped by the assembler). A manual failover is an
+    /// operator's and is never touched. One command per region in flight at a time.
+    fn follow_signal(&mut self) {
+        let Some(regions) = &self.ctx.regions else {
+            return;
+        };
+        let doors: Vec<(RegionName, bool)> = regions
+            .signal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .regions()
+            .iter()
+            .map(|(r, d)| (r.clone(), d.up))
+            .collect();
+        for (region, up) in doors {
+            if self.failover_in_flight.contains(&region) {
+                continue;
+            }
+            let record = self
+                .with_pipeline(|p| p.region_failover_record(&region))
+                .flatten();
+            // The signal only ever reverses its own decisions: once an operator has acted
+            // on a region, it is theirs until the failover is over.
+            let ours = |r: &RegionFailoverRecord| !r.manual && r.actor == SIGNAL_ACTOR;
+            let intent = match (&record, up) {
+                (None, false) => RegionFailoverIntent::Failover { manual: false },
+                (Some(r), true) if ours(r) && !r.back => RegionFailoverIntent::ShiftBack,
+                (Some(r), false) if ours(r) && r.back => {
+                    RegionFailoverIntent::Failover { manual: false }
+                }
+                _ => continue,
+            };
+            if self
+                .with_pipeline(|p| p.check_region_failover(&region, intent))
+                .is_none_or(|c| c.is_err())
+            {
+                continue;
+            }
+            let reason = if up {
+                "front door answers again"
+            } else {
+                "front door unreachable"
+            };
+            info!(peer_region = %region, ?intent, reason, "following the out-of-band region signal");
+            self.failover_in_flight.insert(region.clone());
+            let raft = self.ctx.raft.clone();
+            let audit = self.audit.clone();
+            let done = self.failover_done.clone();
+            tokio::spawn(async move {
+                let command = Command::RegionFailover {
+                    region: region.clone(),
+                    intent,
+                    actor: SIGNAL_ACTOR.into(),
+                    reason: reason.into(),
+                };
+                let written = raft
+                    .write(Request::Registry(Stamped {
+                        at_ms: now_ms(),
+                        command,
+                    }))
+                    .await;
+                let outcome = match &written {
+                    Ok(Response::Registry { outcome: Ok(_) }) => "granted",
+                    _ => "refused",
+                };
+                let _ = audit.send(AuditEntry {
+                    seq: 0,
+                    at_ms: now_ms(),
+                    kind: AuditKind::Policy,
+                    actor: SIGNAL_ACTOR.into(),
+                    service: None,
+                    instance: None,
+                    outcome: outcome.into(),
+                    detail: serde_json::json!({"peer_region": region, "intent": intent, "reason": reason}),
+                });
+                let _ = done.send(region);
+            });
+        }
     }
 
     fn follow_registry(&mut self, done: &Applied) {
@@ -355,6 +514,16 @@ impl Term<'_> {
                 }
                 Output::RegionFailoverRefused { region, error } => {
                     warn!(peer_region = %region, %error, "committed region failover intent refused by the assembler");
+                    self.record(AuditEntry {
+                        seq: 0,
+                        at_ms: now_ms(),
+                        kind: AuditKind::Policy,
+                        actor: "waymark".into(),
+                        service: None,
+                        instance: None,
+                        outcome: "refused".into(),
+                        detail: serde_json::json!({"peer_region": region, "error": error.to_string()}),
+                    });
                 }
                 Output::Shed(effect) => match effect {
                     delta::Effect::ShedStarted { window } => {
@@ -514,9 +683,29 @@ impl Term<'_> {
                 moved,
                 awaiting_completion,
             } => {
-                // Not yet committed as `Command::RegionFailoverProgress`: until the shell
-                // records it, a new leader does not resume the failover.
                 info!(peer_region = %region, moved = moved.get(), awaiting_completion, "region failover step");
+                self.ctx
+                    .metrics
+                    .region_failover_moved
+                    .get_or_create(&PeerRegionLabels {
+                        peer_region: region.to_string(),
+                    })
+                    .set(i64::from(moved.get()));
+                // Recorded in the log so a new leader resumes from here, not from zero.
+                let progress = self
+                    .with_pipeline(|p| p.region_failover_record(region))
+                    .flatten();
+                let raft = self.ctx.raft.clone();
+                let region = region.clone();
+                tokio::spawn(async move {
+                    let cmd = Request::Registry(Stamped {
+                        at_ms: now_ms(),
+                        command: Command::RegionFailoverProgress { region, progress },
+                    });
+                    if let Err(error) = raft.write(cmd).await {
+                        debug!(%error, "region failover progress not committed");
+                    }
+                });
                 return;
             }
             assembler::Effect::Target(_) => return,

@@ -19,17 +19,23 @@ use waymark_certs::{CertMetrics, PeerPolicy};
 use waymark_core::delta::DeltaConfig;
 use waymark_core::evaluator::EvaluatorConfig;
 use waymark_core::model::{NodeName, RegionName, ZoneName};
+use waymark_federation::signal::RegionSignal;
 use waymark_registry::pipeline::PipelineConfig;
 use waymark_xds::server::{Keepalive, ServerConfig, XdsServer};
 
 use super::api::{self, ApiState};
 use super::evidence::EvidenceHub;
 use super::existence::{self, KubeSettings};
+use super::federation::{
+    FederationConfig, FederationMetrics, FederationNode, FederationTls, PeerConfig,
+    SharedAggregates,
+};
 use super::ingest::EvidenceService;
 use super::kube::metrics::KubeMetrics;
 use super::leader::{self, LeaderContext};
 use super::metrics::AuthorityMetrics;
 use super::raft::{Member, RaftConfig, RaftNode};
+use super::regions::{self, FederationSettings, RegionMetrics, RegionsHandle, SharedSignal};
 use super::tier;
 use crate::net::HostPort;
 use crate::node::gossip::{Gossip, GossipConfig, GossipId, Keyring, Role};
@@ -67,6 +73,8 @@ pub struct AuthorityConfig {
     pub kubernetes: Option<KubeSettings>,
     /// Gossip membership with the region's node agents (prober liveness).
     pub gossip: Option<GossipSettings>,
+    /// Cross-region federation (needs `tls`).
+    pub federation: Option<FederationSettings>,
 }
 
 /// This member's place in the region's gossip pool.
@@ -94,6 +102,7 @@ pub struct Authority {
     tasks: Vec<JoinHandle<()>>,
     hub: EvidenceHub,
     gossip: Option<Gossip>,
+    federation: Option<Arc<FederationNode>>,
 }
 
 impl std::fmt::Debug for Authority {
@@ -170,25 +179,13 @@ impl Authority {
         });
         let mut tasks = Vec::new();
         tasks.push(tokio::spawn(tier::follow(raft.clone(), publisher, callers)));
-        tasks.push(tokio::spawn(leader::run(LeaderContext {
-            raft: raft.clone(),
-            hub: hub.clone(),
-            metrics: metrics.clone(),
-            pipeline: PipelineConfig {
-                region: config.region.clone(),
-                zones: config.zones.clone(),
-                evaluator: EvaluatorConfig::default(),
-                delta: DeltaConfig::default(),
-            },
-            shared: Arc::clone(&shared),
-        })));
 
         let tls = match &config.tls {
             Some(t) => Some(tls_configs(t, &cert_metrics).await?),
             None => None,
         };
         let serving = xds_server.clone();
-        let xds_tls = tls.as_ref().map(|(xds, _)| Arc::clone(xds));
+        let xds_tls = tls.as_ref().map(|(xds, _, _)| Arc::clone(xds));
         tasks.push(tokio::spawn(async move {
             let never = std::future::pending::<()>();
             let result = match xds_tls {
@@ -213,7 +210,7 @@ impl Authority {
             metrics.clone(),
         )));
         let mut ingest = None;
-        if let (Some(addr), Some((_, ingest_tls))) = (config.ingest, &tls) {
+        if let (Some(addr), Some((_, ingest_tls, _))) = (config.ingest, &tls) {
             let listener = TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding the ingest listener on {addr}"))?;
@@ -239,6 +236,41 @@ impl Authority {
             }));
         }
 
+        let mut federation = None;
+        let mut regions = None;
+        if let Some(f) = &config.federation {
+            let (Some(t), Some((_, _, live))) = (&config.tls, &tls) else {
+                anyhow::bail!("federation needs mutual TLS ([authority.tls])");
+            };
+            let started = start_federation(
+                &config,
+                f,
+                FederationTls {
+                    live: Arc::clone(live),
+                    trust_domain: t.trust_domain.clone(),
+                    metrics: cert_metrics.clone(),
+                },
+                &raft,
+                &mut registry,
+                &mut tasks,
+            )?;
+            regions = Some(started.regions);
+            federation = Some(started.node);
+        }
+        tasks.push(tokio::spawn(leader::run(LeaderContext {
+            raft: raft.clone(),
+            hub: hub.clone(),
+            metrics: metrics.clone(),
+            pipeline: PipelineConfig {
+                region: config.region.clone(),
+                zones: config.zones.clone(),
+                evaluator: EvaluatorConfig::default(),
+                delta: DeltaConfig::default(),
+            },
+            shared: Arc::clone(&shared),
+            regions: regions.clone(),
+        })));
+
         let api = ApiState::new(
             raft.clone(),
             shared,
@@ -246,7 +278,8 @@ impl Authority {
             xds_server.clone(),
             Arc::new(registry),
             config.region.clone(),
-        );
+        )
+        .with_federation(federation.clone(), regions.clone());
         if let (Some(kube), Some(kube_metrics)) = (config.kubernetes.clone(), kube_metrics) {
             tasks.push(tokio::spawn(existence::run_kube(
                 raft.clone(),
@@ -274,6 +307,7 @@ impl Authority {
             tasks,
             hub,
             gossip,
+            federation,
         })
     }
 
@@ -339,23 +373,102 @@ impl Authority {
         self.gossip.as_ref()
     }
 
+    /// The federation endpoint's UDP address, when this member federates.
+    pub fn federation_addr(&self) -> Option<SocketAddr> {
+        self.federation.as_ref().map(|f| f.local_addr())
+    }
+
     /// Stop everything (as a crash would, minus the process exit).
     pub async fn shutdown(self) {
         if let Some(g) = self.gossip {
             let _ = g.leave().await;
         }
         self.raft.shutdown().await;
-        for t in self.tasks {
+        for t in &self.tasks {
             t.abort();
         }
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        // Every task holding the node has ended; close its endpoint so the port is free.
+        if let Some(node) = self.federation.and_then(|f| Arc::try_unwrap(f).ok()) {
+            node.shutdown().await;
+        }
     }
+}
+
+/// What a started federation hands the rest of the member.
+struct StartedFederation {
+    node: Arc<FederationNode>,
+    regions: RegionsHandle,
+}
+
+/// Binds the federation endpoint and starts the tasks around it: local aggregates from
+/// committed views, reconciliation records to the audit log, the front-door probe.
+fn start_federation(
+    config: &AuthorityConfig,
+    f: &FederationSettings,
+    tls: FederationTls,
+    raft: &RaftNode,
+    registry: &mut Registry,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> anyhow::Result<StartedFederation> {
+    let peers = f
+        .peers
+        .iter()
+        .map(|p| PeerConfig {
+            region: p.region.clone(),
+            member: p.member.clone(),
+            addr: p.addr,
+        })
+        .collect();
+    let mut fc = FederationConfig::new(config.region.clone(), f.bind, peers);
+    fc.stale_after = f.stale_after;
+    fc.session.digest_interval = f.digest_interval;
+    fc.seed = config.id;
+    let fed_metrics = FederationMetrics::new();
+    fed_metrics.register(registry);
+    let region_metrics = RegionMetrics::default();
+    region_metrics.register(registry);
+    let aggregates: SharedAggregates = Arc::default();
+    let node = FederationNode::start(fc, tls, Arc::clone(&aggregates), fed_metrics)
+        .context("starting the federation endpoint")?;
+    let node = Arc::new(node);
+    let signal: SharedSignal = Arc::new(Mutex::new(RegionSignal::new(f.signal)));
+    tasks.push(tokio::spawn(regions::publish_local(
+        raft.clone(),
+        config.region.clone(),
+        Arc::clone(&aggregates),
+        region_metrics.clone(),
+    )));
+    tasks.push(tokio::spawn(regions::audit_reconciliations(
+        raft.clone(),
+        Arc::clone(&node),
+        region_metrics.clone(),
+    )));
+    tasks.push(tokio::spawn(regions::probe_front_doors(
+        f.front_doors.clone(),
+        f.probe_interval,
+        f.probe_timeout,
+        Arc::clone(&signal),
+        region_metrics,
+    )));
+    info!(region = %config.region, addr = %node.local_addr(), peers = f.peers.len(), front_doors = f.front_doors.len(), "federating");
+    Ok(StartedFederation {
+        node,
+        regions: RegionsHandle { aggregates, signal },
+    })
 }
 
 /// Server configs for xDS (nodes and workloads) and ingest (nodes and workloads).
 async fn tls_configs(
     t: &TlsSettings,
     metrics: &CertMetrics,
-) -> anyhow::Result<(Arc<rustls::ServerConfig>, Arc<rustls::ServerConfig>)> {
+) -> anyhow::Result<(
+    Arc<rustls::ServerConfig>,
+    Arc<rustls::ServerConfig>,
+    Arc<LiveMaterial>,
+)> {
     let own = PeerPolicy {
         trust_domain: t.trust_domain.clone(),
         accepted: KindSet::only(IdentityKind::Authority),
@@ -370,5 +483,5 @@ async fn tls_configs(
     };
     let xds = server_config(&live, peers.clone(), metrics.clone(), &[ALPN_H2])?;
     let ingest = server_config(&live, peers, metrics.clone(), &[ALPN_H2])?;
-    Ok((Arc::new(xds), Arc::new(ingest)))
+    Ok((Arc::new(xds), Arc::new(ingest), live))
 }

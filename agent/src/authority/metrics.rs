@@ -18,6 +18,13 @@ pub struct ZoneLabels {
     pub zone: String,
 }
 
+/// `peer_region`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct PeerRegionLabels {
+    /// The peer region.
+    pub peer_region: String,
+}
+
 /// `service`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ServiceLabels {
@@ -55,6 +62,8 @@ pub struct AuthorityMetrics {
     pub guard_engaged: Family<ZoneLabels, Gauge>,
     /// Alarm: 1 while the last eligible instance of a service in the region is withdrawn.
     pub last_eligible_withdrawn: Family<ServiceLabels, Gauge>,
+    /// Share (‰) of a peer region's tier-2 preference moved away by a region failover.
+    pub region_failover_moved: Family<PeerRegionLabels, Gauge>,
     /// Alarm: releases whose withdrawal took longer than the budget to be acknowledged by
     /// the subscribed clients.
     pub withdrawal_over_budget: Counter,
@@ -97,6 +106,7 @@ impl Default for AuthorityMetrics {
         Self {
             guard_engaged: Family::default(),
             last_eligible_withdrawn: Family::default(),
+            region_failover_moved: Family::default(),
             withdrawal_over_budget: Counter::default(),
             clients_stale: Gauge::default(),
             instances: Family::default(),
@@ -131,6 +141,11 @@ impl AuthorityMetrics {
             "alarm_last_eligible_withdrawn",
             "1 while the last eligible instance of a service in this region is withdrawn",
             self.last_eligible_withdrawn.clone(),
+        );
+        r.register(
+            "region_failover_moved_permille",
+            "Share (per mille) of a peer region's tier-2 preference moved away by a failover",
+            self.region_failover_moved.clone(),
         );
         r.register(
             "alarm_withdrawal_over_budget",

@@ -14,5 +14,6 @@ pub mod machine;
 pub mod member;
 pub mod metrics;
 pub mod raft;
+pub mod regions;
 pub mod staleness;
 pub mod tier;

@@ -242,3 +242,218 @@ pub async fn members(agent: &ApiClient, as_json: bool) -> anyhow::Result<String>
         .unwrap_or_default();
     Ok(table(&["NAME", "ADDRESS", "ZONE", "ROLE", "STATE"], rows))
 }
+
+/// `waymark federation status`: per peer region, then per link, then the front doors.
+pub async fn federation_status(api: &ApiClient, as_json: bool) -> anyhow::Result<String> {
+    let st = api.get_json("/v1/federation/status").await?;
+    if as_json {
+        return Ok(format!("{st:#}\n"));
+    }
+    if st["enabled"].as_bool() != Some(true) {
+        return Ok(format!(
+            "region {} does not federate (no [authority.federation])\n",
+            s(&st["region"])
+        ));
+    }
+    let regions = st["regions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let versions = r["versions"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(svc, v)| format!("{svc}@{v}"))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default();
+            vec![
+                s(&r["region"]),
+                format!("{}/{}", s(&r["links_up"]), s(&r["links"])),
+                age(&r["age_ms"]),
+                if r["stale"].as_bool() == Some(true) {
+                    "STALE".into()
+                } else {
+                    "fresh".into()
+                },
+                front_door(&st["front_doors"], &r["region"]),
+                if versions.is_empty() {
+                    "-".into()
+                } else {
+                    versions
+                },
+            ]
+        })
+        .collect();
+    let links = st["links"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|l| {
+            vec![
+                s(&l["region"]),
+                s(&l["member"]),
+                s(&l["addr"]),
+                s(&l["role"]),
+                if l["connected"].as_bool() == Some(true) {
+                    "up".into()
+                } else {
+                    "down".into()
+                },
+                age(&l["age_ms"]),
+                s(&l["last_error"]),
+            ]
+        })
+        .collect();
+    let mut out = format!(
+        "region {} federating on {}\n\n",
+        s(&st["region"]),
+        s(&st["endpoint"])
+    );
+    out.push_str(&table(
+        &[
+            "PEER REGION",
+            "LINKS",
+            "AGE",
+            "STATE",
+            "FRONT DOOR",
+            "VERSIONS",
+        ],
+        regions,
+    ));
+    out.push('\n');
+    out.push_str(&table(
+        &[
+            "REGION",
+            "MEMBER",
+            "ADDRESS",
+            "ROLE",
+            "LINK",
+            "AGE",
+            "LAST ERROR",
+        ],
+        links,
+    ));
+    Ok(out)
+}
+
+fn age(ms: &Value) -> String {
+    ms.as_u64().map_or_else(
+        || "never".into(),
+        |ms| format!("{:.1}s", ms as f64 / 1000.0),
+    )
+}
+
+fn front_door(doors: &Value, region: &Value) -> String {
+    match region.as_str().map(|r| &doors[r]) {
+        Some(Value::Object(d)) if d.get("up").and_then(Value::as_bool) == Some(true) => "up".into(),
+        Some(Value::Object(_)) => "DOWN".into(),
+        _ => "-".into(),
+    }
+}
+
+/// `waymark federation reconcile-log`: the audit log's federation reconciliations, one per
+/// line with what each side held.
+pub async fn reconcile_log(
+    api: &ApiClient,
+    since_seq: Option<u64>,
+    as_json: bool,
+) -> anyhow::Result<String> {
+    let mut path = format!(
+        "/v1/audit?kind=reconciliation&actor={}",
+        crate::authority::regions::FEDERATION_ACTOR
+    );
+    if let Some(seq) = since_seq {
+        path.push_str(&format!("&since_seq={seq}"));
+    }
+    let r = api.send(Method::GET, &path, None).await?;
+    if !r.status.is_success() {
+        r.json()?;
+    }
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    if as_json {
+        return Ok(text);
+    }
+    let mut rows = Vec::new();
+    for line in text.lines() {
+        let e: Value = serde_json::from_str(line)?;
+        for entry in e["detail"]["entries"].as_array().into_iter().flatten() {
+            rows.push(vec![
+                s(&e["seq"]),
+                s(&e["detail"]["peer_region"]),
+                format!("{}/{}", s(&entry["region"]), s(&entry["service"])),
+                s(&entry["ours"]),
+                s(&entry["theirs"]),
+                s(&entry["outcome"]),
+            ]);
+        }
+    }
+    Ok(table(
+        &["SEQ", "FROM", "ENTRY", "OURS", "THEIRS", "OUTCOME"],
+        rows,
+    ))
+}
+
+/// `waymark federation failover|shift-back|complete-shift-back`.
+pub async fn region_failover(
+    api: &ApiClient,
+    region: &str,
+    action: &str,
+    reason: &str,
+) -> anyhow::Result<String> {
+    let body = json!({"action": action, "reason": reason});
+    api.send(
+        Method::POST,
+        &format!("/v1/federation/regions/{region}/failover"),
+        Some(&body),
+    )
+    .await?
+    .json()?;
+    Ok(format!("{action} of region {region}: committed\n"))
+}
+
+/// `waymark federation failovers`.
+pub async fn region_failovers(api: &ApiClient, as_json: bool) -> anyhow::Result<String> {
+    let all = api.get_json("/v1/federation/failovers").await?;
+    if as_json {
+        return Ok(format!("{all:#}\n"));
+    }
+    let rows = all
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(region, f)| {
+            vec![
+                region.clone(),
+                format!("{}‰", s(&f["moved"])),
+                s(&f["direction"]),
+                if f["manual"].as_bool() == Some(true) {
+                    "manual".into()
+                } else {
+                    "automatic".into()
+                },
+                if f["awaiting_completion"].as_bool() == Some(true) {
+                    "AWAITING COMPLETION".into()
+                } else {
+                    "-".into()
+                },
+                s(&f["actor"]),
+                s(&f["reason"]),
+            ]
+        })
+        .collect();
+    Ok(table(
+        &[
+            "PEER REGION",
+            "MOVED",
+            "DIRECTION",
+            "KIND",
+            "STATE",
+            "ACTOR",
+            "REASON",
+        ],
+        rows,
+    ))
+}

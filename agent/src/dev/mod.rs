@@ -118,6 +118,7 @@ impl DevRegion {
                 seeds: Vec::new(),
                 keyring: Keyring::parse(std::slice::from_ref(&keyring))?,
             }),
+            federation: None,
         })
         .await
         .context("starting the authority")?;

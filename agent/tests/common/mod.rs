@@ -36,6 +36,7 @@ pub fn plain(dir: &Path, region: &str, zones: &[&str], xds: SocketAddr) -> Autho
         tls: None,
         kubernetes: None,
         gossip: None,
+        federation: None,
     }
 }
 

@@ -1,0 +1,511 @@
+//! Three regions on loopback, each a real `waymark authority` process with its own QUIC
+//! federation endpoint, mutual TLS from one estate CA, and its own Raft files.
+//!
+//! Region `us` is reached by its peers only through a UDP relay the test controls, and its
+//! front door is a TCP listener the test controls. Partitioning `us` drops every datagram
+//! at the relay and closes its front door. Then:
+//! - every region keeps resolving its own services exactly as before;
+//! - `eu` and `ap` keep `us`'s endpoints in their views (tier 2), reported stale, and fail
+//!   over away from `us` automatically (the out-of-band signal, not the registry);
+//! - on heal, `eu` and `ap` record a reconciliation in the audit log naming what each side
+//!   held, the aggregates converge on every region, and the failover shifts back.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use http::Method;
+use serde_json::{Value, json};
+use tokio::net::UdpSocket;
+use waymark_agent::cli::http::ApiClient;
+use waymark_certs::layout::PkiDir;
+use waymark_certs::{Identity, Name, TrustDomain};
+
+use common::free_port;
+
+const TD: &str = "fed.test";
+const REGIONS: [&str; 3] = ["ap", "eu", "us"];
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A UDP relay in front of one federation endpoint: one upstream socket per client, so
+/// replies find their way back. While `blocked`, every datagram both ways is dropped.
+struct Relay {
+    addr: SocketAddr,
+    blocked: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(target: SocketAddr) -> Self {
+        let front = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+        let addr = front.local_addr().unwrap();
+        let blocked = Arc::new(AtomicBool::new(false));
+        let gate = Arc::clone(&blocked);
+        let task = tokio::spawn(async move {
+            let mut upstreams: BTreeMap<SocketAddr, Arc<UdpSocket>> = BTreeMap::new();
+            let mut buf = vec![0u8; 65_536];
+            loop {
+                let Ok((n, client)) = front.recv_from(&mut buf).await else {
+                    return;
+                };
+                if gate.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let up = match upstreams.get(&client) {
+                    Some(up) => Arc::clone(up),
+                    None => {
+                        let up = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+                        up.connect(target).await.unwrap();
+                        let (back, front, gate) =
+                            (Arc::clone(&up), Arc::clone(&front), Arc::clone(&gate));
+                        tokio::spawn(async move {
+                            let mut buf = vec![0u8; 65_536];
+                            loop {
+                                // A datagram sent before the target listened comes back as
+                                // ICMP "refused" on this connected socket: not an end.
+                                let Ok(n) = back.recv(&mut buf).await else {
+                                    continue;
+                                };
+                                if !gate.load(Ordering::SeqCst) {
+                                    let _ = front.send_to(&buf[..n], client).await;
+                                }
+                            }
+                        });
+                        upstreams.insert(client, Arc::clone(&up));
+                        up
+                    }
+                };
+                let _ = up.send(&buf[..n]).await;
+            }
+        });
+        Self {
+            addr,
+            blocked,
+            task,
+        }
+    }
+
+    fn block(&self, blocked: bool) {
+        self.blocked.store(blocked, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A front door that accepts and closes every connection until dropped.
+struct FrontDoor {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FrontDoor {
+    async fn open(addr: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                drop(conn);
+            }
+        });
+        Self { addr, task }
+    }
+}
+
+impl Drop for FrontDoor {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Region {
+    name: &'static str,
+    http: u16,
+    fed: u16,
+    child: Child,
+}
+
+impl Region {
+    fn api(&self) -> ApiClient {
+        ApiClient::new(&format!("127.0.0.1:{}", self.http), None)
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The estate CA and one authority certificate per region, as files.
+fn pki(dir: &Path) -> BTreeMap<&'static str, (PathBuf, PathBuf, PathBuf)> {
+    let pki = PkiDir::new(dir.join("pki"));
+    let td = TrustDomain::new(TD).unwrap();
+    let regions: Vec<Name> = REGIONS.iter().map(|r| Name::new(r).unwrap()).collect();
+    pki.init(&td, &regions, SystemTime::now()).unwrap();
+    REGIONS
+        .iter()
+        .map(|r| {
+            let id = Identity::parse(&format!("spiffe://{TD}/region/{r}/authority/1")).unwrap();
+            let (_, paths) = pki
+                .issue(
+                    &id,
+                    None,
+                    Duration::from_secs(24 * 3600),
+                    None,
+                    SystemTime::now(),
+                )
+                .unwrap();
+            (*r, (paths.fullchain, paths.key, pki.bundle()))
+        })
+        .collect()
+}
+
+/// Writes a region's configuration: its peers at `peer_addr(region)`, `us`'s front door.
+fn config(
+    dir: &Path,
+    name: &str,
+    http: u16,
+    fed: u16,
+    tls: &(PathBuf, PathBuf, PathBuf),
+    peers: &BTreeMap<&str, SocketAddr>,
+    front_door: SocketAddr,
+) -> PathBuf {
+    let mut text = format!(
+        "[authority]\nid = 1\nregion = \"{name}\"\nzones = [\"a\"]\ndata_dir = \"{data}\"\n\
+         http = \"127.0.0.1:{http}\"\nxds = \"127.0.0.1:0\"\n\n\
+         [[authority.members]]\nid = 1\naddr = \"127.0.0.1:{http}\"\n\n\
+         [authority.tls]\ntrust_domain = \"{TD}\"\ncert_chain = \"{chain}\"\nkey = \"{key}\"\nbundle = \"{bundle}\"\n\n\
+         [authority.federation]\nbind = \"127.0.0.1:{fed}\"\nstale_after = \"2s\"\ndigest_interval = \"200ms\"\n\
+         probe_interval = \"300ms\"\nprobe_timeout = \"200ms\"\nfail_after = 2\nrecover_after = 2\n",
+        data = dir.join(name).display(),
+        chain = tls.0.display(),
+        key = tls.1.display(),
+        bundle = tls.2.display(),
+    );
+    for (peer, addr) in peers.iter().filter(|(p, _)| **p != name) {
+        text.push_str(&format!(
+            "\n[[authority.federation.peers]]\nregion = \"{peer}\"\nmember = \"1\"\naddr = \"{addr}\"\n"
+        ));
+    }
+    if name != "us" {
+        text.push_str(&format!(
+            "\n[[authority.federation.front_doors]]\nregion = \"us\"\naddrs = [\"{front_door}\"]\n"
+        ));
+    }
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn spawn(config: &Path, log: &Path) -> Child {
+    let log = std::fs::File::create(log).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_waymark"))
+        .args(["authority", "--config"])
+        .arg(config)
+        .env(
+            "RUST_LOG",
+            std::env::var("WAYMARK_MEMBER_LOG")
+                .unwrap_or_else(|_| "warn,waymark_agent=info".into()),
+        )
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+async fn wait_for<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Registers an instance of `web` in `region` at 10.`octet`.0.`host`.
+async fn register(r: &Region, octet: u8, host: u8) {
+    let body = json!({
+        "service": "web",
+        "locality": {"region": r.name, "zone": "a", "node": format!("{}-n{host}", r.name)},
+        "address": {"ip": format!("10.{octet}.0.{host}"), "port": 8080},
+        "lease_ms": 600_000,
+    });
+    r.api()
+        .send(Method::POST, "/v1/instances", Some(&body))
+        .await
+        .unwrap()
+        .json()
+        .unwrap();
+}
+
+/// The endpoints of `web` as region `r` serves them to callers in zone `a`: address → (region, tier).
+async fn view(r: &Region) -> BTreeMap<String, (String, String)> {
+    let views = r.api().get_json("/v1/services/web/view").await.unwrap();
+    let mut out = BTreeMap::new();
+    for v in views.as_array().into_iter().flatten() {
+        for e in v["view"]["endpoints"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(_, e)| e)
+        {
+            out.insert(
+                e["address"]["ip"].as_str().unwrap().to_owned(),
+                (
+                    e["region"].as_str().unwrap().to_owned(),
+                    e["tier"].as_str().unwrap().to_owned(),
+                ),
+            );
+        }
+    }
+    out
+}
+
+fn local_only(view: &BTreeMap<String, (String, String)>, region: &str) -> BTreeSet<String> {
+    view.iter()
+        .filter(|(_, (r, _))| r == region)
+        .map(|(a, _)| a.clone())
+        .collect()
+}
+
+async fn fed_status(r: &Region) -> Value {
+    r.api().get_json("/v1/federation/status").await.unwrap()
+}
+
+fn peer<'a>(status: &'a Value, region: &str) -> &'a Value {
+    status["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["region"] == region)
+        .unwrap_or_else(|| panic!("no peer {region} in {status:#}"))
+}
+
+/// (region, service) → version held, as one region's status reports it (its own region
+/// included, from its view of itself being the version peers hold of it).
+fn held(status: &Value, region: &str) -> u64 {
+    peer(status, region)["versions"]["web"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+async fn failover(r: &Region, region: &str) -> Value {
+    let st = r.api().get_json("/v1/federation/failovers").await.unwrap();
+    st[region].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcile_on_heal() {
+    waymark_certs::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let certs = pki(dir.path());
+    let ports: BTreeMap<&str, (u16, u16)> = REGIONS
+        .iter()
+        .map(|r| (*r, (free_port(), free_port())))
+        .collect();
+    let us_fed: SocketAddr = format!("127.0.0.1:{}", ports["us"].1).parse().unwrap();
+    let relay = Relay::start(us_fed).await;
+    let peers: BTreeMap<&str, SocketAddr> = REGIONS
+        .iter()
+        .map(|r| {
+            let addr = if *r == "us" {
+                relay.addr
+            } else {
+                format!("127.0.0.1:{}", ports[r].1).parse().unwrap()
+            };
+            (*r, addr)
+        })
+        .collect();
+    let door = FrontDoor::open("127.0.0.1:0".parse().unwrap()).await;
+    let door_addr = door.addr;
+    let regions: Vec<Region> = REGIONS
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let (http, fed) = ports[r];
+            let path = config(dir.path(), r, http, fed, &certs[r], &peers, door_addr);
+            let _ = i;
+            Region {
+                name: r,
+                http,
+                fed,
+                child: spawn(&path, &dir.path().join(format!("{r}.log"))),
+            }
+        })
+        .collect();
+    let [ap, eu, us] = [&regions[0], &regions[1], &regions[2]];
+    for r in &regions {
+        wait_for("a leader", async || {
+            let s = r.api().get_json("/v1/status").await.ok()?;
+            (s["is_leader"].as_bool() == Some(true)).then_some(())
+        })
+        .await;
+        r.api()
+            .send(
+                Method::PUT,
+                "/v1/services/web",
+                Some(&json!({"owner": "web", "contract": {}})),
+            )
+            .await
+            .unwrap()
+            .json()
+            .unwrap();
+    }
+    for (i, r) in regions.iter().enumerate() {
+        for host in 1..=2 {
+            register(r, i as u8 + 1, host).await;
+        }
+    }
+
+    // Converged: every region routes its own two instances at tier 0 and the other four
+    // at tier 2.
+    for r in &regions {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let v = view(r).await;
+            let remote = v.values().filter(|(_, tier)| tier == "remote").count();
+            if v.len() == 6 && remote == 4 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: no tier 2 from both peers: view {v:?}\nviews {:?} {:?} {:?}\nfederation {}",
+                r.name,
+                view(&regions[0]).await,
+                view(&regions[1]).await,
+                view(&regions[2]).await,
+                fed_status(r).await,
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let before: Vec<BTreeSet<String>> = {
+        let mut out = Vec::new();
+        for r in &regions {
+            out.push(local_only(&view(r).await, r.name));
+        }
+        out
+    };
+    assert_eq!(before[2].len(), 2);
+
+    // Partition `us`: datagrams dropped, front door closed.
+    relay.block(true);
+    drop(door);
+    for r in [ap, eu] {
+        wait_for("us reported stale", async || {
+            let st = fed_status(r).await;
+            (peer(&st, "us")["stale"].as_bool() == Some(true)).then_some(())
+        })
+        .await;
+        wait_for("automatic failover away from us", async || {
+            let f = failover(r, "us").await;
+            (f["manual"] == false && f["moved"].as_u64().unwrap_or(0) > 0).then_some(())
+        })
+        .await;
+    }
+    // `us` changes while cut off; nobody else can hear of it.
+    register(us, 3, 3).await;
+    let us_version = wait_for("us publishes its new aggregate", async || {
+        let own = us.api().get_json("/v1/federation/status").await.ok()?;
+        let v = own["local_versions"]["web"].as_u64()?;
+        let view = view(us).await;
+        (local_only(&view, "us").len() == 3).then_some(v)
+    })
+    .await;
+    for (r, own) in regions.iter().zip(&before).take(2) {
+        let v = view(r).await;
+        assert_eq!(
+            &local_only(&v, r.name),
+            own,
+            "{}: own services unchanged",
+            r.name
+        );
+        assert_eq!(
+            local_only(&v, "us").len(),
+            2,
+            "{}: the partitioned region's endpoints are kept",
+            r.name
+        );
+        assert!(held(&fed_status(r).await, "us") < us_version);
+    }
+    assert_eq!(
+        local_only(&view(us).await, "eu").len(),
+        2,
+        "us keeps its peers' endpoints too"
+    );
+
+    // Heal.
+    let door = FrontDoor::open(door_addr).await;
+    relay.block(false);
+    for r in [ap, eu] {
+        wait_for("us fresh and converged", async || {
+            let st = fed_status(r).await;
+            let p = peer(&st, "us");
+            (p["stale"].as_bool() == Some(false) && held(&st, "us") == us_version).then_some(())
+        })
+        .await;
+        let log = wait_for("a reconciliation record for us", async || {
+            let r = r
+                .api()
+                .send(
+                    Method::GET,
+                    "/v1/audit?kind=reconciliation&actor=waymark:federation",
+                    None,
+                )
+                .await
+                .ok()?;
+            let text = String::from_utf8_lossy(&r.body).into_owned();
+            text.lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .find(|e| {
+                    // Delivered by `us` itself or relayed by the other peer, whichever
+                    // came first.
+                    e["detail"]["entries"].as_array().unwrap().iter().any(|x| {
+                        x["region"] == "us"
+                            && x["outcome"] == "took_theirs"
+                            && x["theirs"] == us_version
+                            && x["ours"].as_u64().is_some_and(|o| o < us_version)
+                    })
+                })
+        })
+        .await;
+        assert_eq!(log["actor"], "waymark:federation");
+        wait_for("the new us instance at tier 2", async || {
+            (local_only(&view(r).await, "us").len() == 3).then_some(())
+        })
+        .await;
+        wait_for("shift-back under way", async || {
+            let f = failover(r, "us").await;
+            (f.is_null() || f["direction"] == "back").then_some(())
+        })
+        .await;
+    }
+    // The CLI reads the same log.
+    let out = Command::new(env!("CARGO_BIN_EXE_waymark"))
+        .args(["federation", "reconcile-log", "--api"])
+        .arg(format!("127.0.0.1:{}", eu.http))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("us/web") && l.contains("took_theirs")),
+        "{text}"
+    );
+    let _ = (door, us.fed);
+}
