@@ -507,5 +507,103 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
             .any(|l| l.contains("us/web") && l.contains("took_theirs")),
         "{text}"
     );
+
+    // An operator's routing control, by the CLI: a manual failover away from `ap` on `eu`,
+    // granted and audited with who and why; refusals (own region, completing a shift-back
+    // that is not holding) change nothing and are audited too.
+    let cli = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_waymark"))
+            .arg("federation")
+            .args(args)
+            .args([
+                "--api",
+                &format!("127.0.0.1:{}", eu.http),
+                "--actor",
+                "alice",
+            ])
+            .output()
+            .unwrap()
+    };
+    let ok = cli(&["failover", "--region", "ap", "--reason", "ap drill"]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    // The command is committed at once; its first step's record follows it into the log.
+    let f = wait_for("the manual failover's first step", async || {
+        let f = failover(eu, "ap").await;
+        f.is_object().then_some(f)
+    })
+    .await;
+    assert_eq!(f["manual"], true, "{f}");
+    assert_eq!(f["actor"], "alice");
+    assert_eq!(f["reason"], "ap drill");
+    assert!(f["moved"].as_u64().unwrap() > 0, "{f}");
+    let own = cli(&["failover", "--region", "eu", "--reason", "no"]);
+    assert!(
+        !own.status.success(),
+        "failing over our own region is refused"
+    );
+    let early = cli(&[
+        "complete-shift-back",
+        "--region",
+        "ap",
+        "--reason",
+        "too soon",
+    ]);
+    assert!(
+        !early.status.success(),
+        "nothing is holding for completion yet"
+    );
+    let back = cli(&["shift-back", "--region", "ap", "--reason", "drill over"]);
+    assert!(
+        back.status.success(),
+        "{}",
+        String::from_utf8_lossy(&back.stderr)
+    );
+    wait_for("shifting back", async || {
+        (failover(eu, "ap").await["direction"] == "back").then_some(())
+    })
+    .await;
+    let audit = eu
+        .api()
+        .send(Method::GET, "/v1/audit?kind=policy&actor=alice", None)
+        .await
+        .unwrap();
+    let outcomes: Vec<(String, String)> = String::from_utf8_lossy(&audit.body)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|e| {
+            (
+                e["detail"]["peer_region"].as_str().unwrap().to_owned(),
+                e["outcome"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String)> = [
+        ("ap", "granted"),
+        ("eu", "refused"),
+        ("ap", "refused"),
+        ("ap", "granted"),
+    ]
+    .iter()
+    .map(|(r, o)| ((*r).to_owned(), (*o).to_owned()))
+    .collect();
+    assert_eq!(outcomes, expected);
+    let table = Command::new(env!("CARGO_BIN_EXE_waymark"))
+        .args([
+            "federation",
+            "failovers",
+            "--api",
+            &format!("127.0.0.1:{}", eu.http),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("ap") && text.contains("manual") && text.contains("alice"),
+        "{text}"
+    );
     let _ = (door, us.fed);
 }
