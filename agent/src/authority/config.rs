@@ -837,4 +837,74 @@ data_dir = "/var/lib/waymark/authority"
         let printed = toml::to_string_pretty(&f).unwrap();
         assert!(printed.contains("zone = \"eu-west-1a\""), "{printed}");
     }
+
+    const FEDERATED: &str = r#"
+[authority]
+id = 1
+region = "eu"
+zones = ["a"]
+data_dir = "/var/lib/waymark/authority"
+
+[authority.tls]
+trust_domain = "mesh.example.org"
+cert_chain = "/etc/waymark/tls/fullchain.pem"
+key = "/etc/waymark/tls/key.pem"
+bundle = "/etc/waymark/tls/bundle.pem"
+
+[authority.federation]
+bind = "0.0.0.0:8503"
+stale_after = "30s"
+
+[[authority.federation.peers]]
+region = "us"
+member = "1"
+addr = "10.1.0.1:8503"
+
+[[authority.federation.front_doors]]
+region = "us"
+addrs = ["ingress.us.example.net:443"]
+"#;
+
+    fn refused_field(text: &str) -> &'static str {
+        match parse(text, &[]) {
+            Err(ConfigError::Invalid { field, .. }) => field,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn federation_is_read_with_its_defaults() {
+        let f = parse(FEDERATED, &[]).unwrap();
+        let settings = f.member_config().unwrap().federation.unwrap();
+        assert_eq!(settings.stale_after, Duration::from_secs(30));
+        assert_eq!(settings.digest_interval, Duration::from_secs(5));
+        assert_eq!(settings.signal.fail_after, 3);
+        assert_eq!(settings.peers[0].member, "1");
+        assert_eq!(
+            settings.front_doors[0].addrs,
+            ["ingress.us.example.net:443"]
+        );
+    }
+
+    #[test]
+    fn bad_federation_settings_are_refused_naming_the_key() {
+        let no_tls = FEDERATED.replace("[authority.tls]", "[authority.unused]");
+        assert!(parse(&no_tls, &[]).is_err(), "federation without tls");
+        let own = FEDERATED.replace("region = \"us\"\nmember", "region = \"eu\"\nmember");
+        assert_eq!(refused_field(&own), "authority.federation.peers");
+        let twice = FEDERATED.replace(
+            "[[authority.federation.front_doors]]",
+            "[[authority.federation.peers]]\nregion = \"us\"\nmember = \"1\"\naddr = \"10.1.0.2:8503\"\n\n[[authority.federation.front_doors]]",
+        );
+        assert_eq!(refused_field(&twice), "authority.federation.peers");
+        let door = FEDERATED.replace("ingress.us.example.net:443", "ingress.us.example.net");
+        assert_eq!(refused_field(&door), "authority.federation.front_doors");
+        let timeout = FEDERATED.replace("stale_after = \"30s\"", "probe_timeout = \"10s\"");
+        assert_eq!(
+            refused_field(&timeout),
+            "authority.federation.probe_timeout"
+        );
+        let never = FEDERATED.replace("stale_after = \"30s\"", "fail_after = 0");
+        assert_eq!(refused_field(&never), "authority.federation.fail_after");
+    }
 }
