@@ -5,7 +5,7 @@
 //!            ┌── link task (eu→us/a1) ── Session ── 1 bidi stream ── QUIC ─┐
 //!            ├── link task (eu→us/a2) ── Session ── …                      │
 //! Endpoint ──┤                                                             ├── peer members
-//!  (bind)    └── accept loop ── admit(region, member) ──► link task (eu←ap/a1) ──┘
+//!  (bind)    └── accept loop ── admit(region, member) ─► link (eu←ap/a1) ──┘
 //!                      │ merges                          │ records
 //!                      ▼                                 ▼
 //!              SharedAggregates              take_reconciliations()
