@@ -605,5 +605,26 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
         text.contains("ap") && text.contains("manual") && text.contains("alice"),
         "{text}"
     );
+
+    // Every signal above has a metric, and the exposition lints.
+    let text = String::from_utf8(
+        eu.api()
+            .send(Method::GET, "/metrics", None)
+            .await
+            .unwrap()
+            .body
+            .to_vec(),
+    )
+    .unwrap();
+    common::promtool_check(&text);
+    for series in [
+        "waymark_federation_region_stale{peer_region=\"us\"} 0",
+        "waymark_federation_region_age_seconds{peer_region=\"us\"}",
+        "waymark_federation_front_door_up{peer_region=\"us\"} 1",
+        "waymark_federation_reconciliations_audited_total",
+        "waymark_region_failover_moved_permille{peer_region=\"ap\"}",
+    ] {
+        assert!(text.contains(series), "{series} missing from\n{text}");
+    }
     let _ = (door, us.fed);
 }
