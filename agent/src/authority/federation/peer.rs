@@ -523,6 +523,7 @@ pub(crate) async fn refresh_loop(ctx: Arc<Ctx>, peers: Vec<PeerHandle>) {
     let mut tick = tokio::time::interval(REFRESH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut region_stale: BTreeMap<RegionName, bool> = BTreeMap::new();
+    let started = Instant::now();
     loop {
         tick.tick().await;
         let now = Instant::now().into_std();
@@ -546,6 +547,14 @@ pub(crate) async fn refresh_loop(ctx: Arc<Ctx>, peers: Vec<PeerHandle>) {
                 .region_stale
                 .get_or_create(&labels)
                 .set(i64::from(summary.stale));
+            // A region not heard since start is stale from the first tick; say so only
+            // once it has had `stale_after` to speak, not while its links are dialling.
+            if summary.age.is_none()
+                && !region_stale.contains_key(&region)
+                && started.elapsed() < ctx.config.stale_after
+            {
+                continue;
+            }
             let was = region_stale.insert(region.clone(), summary.stale);
             if was.unwrap_or(false) == summary.stale {
                 continue;
