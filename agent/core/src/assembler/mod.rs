@@ -610,7 +610,7 @@ impl ViewAssembler {
                 rank,
             ));
         }
-        let region_ranks = self.zones.len() as u32 + 2;
+        let region_ranks = local_ranks(&self.zones, slot) + 2;
         let order = slot.policy.failover.as_ref().map(|f| f.regions.as_slice());
         for (region, list) in &slot.remote {
             for r in list
@@ -654,7 +654,7 @@ impl ViewAssembler {
         let zone_moved = self.moved(zone);
         if zone_moved == Permille::ONE {
             // Fully evacuated: failover only, after every other zone of the region.
-            return (weight, self.zones.len() as u32 + 1);
+            return (weight, local_ranks(&self.zones, slot) + 1);
         }
         let kept = Permille::saturating(1000 - u32::from(zone_moved.get()));
         let weight = weight.scale(kept);
@@ -707,6 +707,14 @@ fn publish(e: &Eligibility, base: Weight, guarded: bool) -> Option<(EndpointStat
             guarded.then_some((EndpointStatus::Disregarded, base))
         }
     }
+}
+
+/// How many ranks the region's own zones may take after the caller's: one per zone, or
+/// one per entry of the service's failover order if it names more (an order may name
+/// zones this region does not have), so no zone of the region ever ranks with a peer.
+fn local_ranks(zones: &BTreeSet<ZoneName>, slot: &ServiceSlot) -> u32 {
+    let listed = slot.policy.failover.as_ref().map_or(0, |f| f.zones.len());
+    zones.len().max(listed) as u32
 }
 
 fn rank_in<T: PartialEq>(order: Option<&[T]>, item: &T) -> u32 {

@@ -428,3 +428,39 @@ fn a_shift_back_that_reaches_home_at_once_ends_the_evacuation() {
         .handle_evacuation(now + ms(2), &zone("b"), out)
         .unwrap();
 }
+
+#[test]
+fn a_failover_order_naming_foreign_zones_never_ranks_a_zone_of_the_region_with_a_peer() {
+    let mut fx = Fx::new(&[("a", 1), ("b", 1)]);
+    // The order names zones this region does not have (a copied policy, say): `b` is
+    // fourth in it, which must still come before every peer region.
+    let order = FailoverOrder {
+        zones: vec![zone("x"), zone("y"), zone("z"), zone("b")],
+        regions: vec![],
+    };
+    fx.asm.handle_policy(
+        &svc("pay"),
+        ServicePolicy {
+            failover: Some(order),
+            ..ServicePolicy::default()
+        },
+    );
+    let remote = RemoteEndpoint {
+        instance: iid("pay-x"),
+        address: instance("pay", "pay-x", "z", 99).address,
+        zone: zone("z"),
+        weight: Weight::DEFAULT,
+        status: EndpointStatus::Eligible,
+        verdict: Verdict::Eligible,
+    };
+    let peer = crate::model::RegionName::try_new("us-east").unwrap();
+    fx.asm.handle_remote(&svc("pay"), peer, vec![remote]);
+    fx.asm.assemble();
+    let v = fx.view("a");
+    let prio = |id: &str| v.endpoints[&iid(id)].priority;
+    assert!(
+        prio("pay-a-0") < prio("pay-b-0") && prio("pay-b-0") < prio("pay-x"),
+        "{:?}",
+        (prio("pay-a-0"), prio("pay-b-0"), prio("pay-x"))
+    );
+}
