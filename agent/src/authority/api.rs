@@ -39,6 +39,7 @@ use super::machine::{AuditEntry, AuditKind, Request, Response as RaftResponse};
 use super::metrics::{AuthorityMetrics, OutcomeLabels, ReasonLabels};
 use super::raft::{RaftNode, WriteError};
 use super::regions::{self, RegionsHandle};
+use waymark_registry::pipeline::RegionPipeline;
 
 /// Overrides one actor may make on one service per window.
 pub const OVERRIDES_PER_WINDOW: usize = 5;
@@ -230,6 +231,38 @@ impl ApiState {
     }
 
     /// On a follower: redirect to the leader's same path.
+    /// A routing control checked against the leader's assembler before it is committed:
+    /// the refusal, if any (`409` with the assembler's reason, or `503` while the leader
+    /// is still rebuilding).
+    fn check_with_pipeline<E: std::fmt::Display>(
+        &self,
+        reason: &'static str,
+        field: &'static str,
+        check: impl FnOnce(&RegionPipeline) -> Result<(), E>,
+    ) -> Option<ApiError> {
+        let checked = self
+            .pipeline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(check);
+        match checked {
+            Some(Ok(())) => None,
+            Some(Err(e)) => Some(ApiError::new(
+                StatusCode::CONFLICT,
+                reason,
+                Some(field),
+                e.to_string(),
+            )),
+            None => Some(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_ready",
+                None,
+                "the leader is still rebuilding; retry",
+            )),
+        }
+    }
+
     fn leader_only(&self, uri: &Uri) -> ApiResult<()> {
         if self.raft.is_leader() {
             return Ok(());
@@ -711,27 +744,8 @@ async fn evacuation(
     let zone: ZoneName = parse_name(&zone, "zone").map_err(|e| s.refuse(e))?;
     let actor = s.privileged_actor(&headers, "evacuations")?;
     let intent: EvacuationIntent = s.body(&body)?;
-    let check = s
-        .pipeline
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .as_ref()
-        .map(|p| p.check_evacuation(&zone, intent));
-    let refusal = match check {
-        Some(Ok(())) => None,
-        Some(Err(e)) => Some(ApiError::new(
-            StatusCode::CONFLICT,
-            "evacuation",
-            Some("zone"),
-            e.to_string(),
-        )),
-        None => Some(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
-            None,
-            "the leader is still rebuilding; retry",
-        )),
-    };
+    let refusal =
+        s.check_with_pipeline("evacuation", "zone", |p| p.check_evacuation(&zone, intent));
     s.audit_write(AuditEntry {
         seq: 0,
         at_ms: now_ms(),
@@ -787,32 +801,17 @@ async fn region_failover(
         FailoverAction::ShiftBack => RegionFailoverIntent::ShiftBack,
         FailoverAction::CompleteShiftBack => RegionFailoverIntent::CompleteShiftBack,
     };
-    let check = s
-        .pipeline
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .as_ref()
-        .map(|p| p.check_region_failover(&region, intent));
-    let refusal = match check {
-        _ if reason.trim().is_empty() => Some(ApiError::new(
+    let refusal = if reason.trim().is_empty() {
+        Some(ApiError::new(
             StatusCode::BAD_REQUEST,
             "no_reason",
             Some("reason"),
             "a region failover needs a reason",
-        )),
-        Some(Ok(())) => None,
-        Some(Err(e)) => Some(ApiError::new(
-            StatusCode::CONFLICT,
-            "region_failover",
-            Some("region"),
-            e.to_string(),
-        )),
-        None => Some(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
-            None,
-            "the leader is still rebuilding; retry",
-        )),
+        ))
+    } else {
+        s.check_with_pipeline("region_failover", "region", |p| {
+            p.check_region_failover(&region, intent)
+        })
     };
     s.audit_write(AuditEntry {
         seq: 0,

@@ -663,18 +663,10 @@ impl Term<'_> {
                 awaiting_completion,
             } => {
                 info!(%zone, moved = moved.get(), awaiting_completion, "evacuation step");
-                // Recorded in the log so a new leader resumes from here, not from zero.
                 let progress = self.with_pipeline(|p| p.evacuation_record(zone)).flatten();
-                let raft = self.ctx.raft.clone();
-                let zone = zone.clone();
-                tokio::spawn(async move {
-                    let cmd = Request::Registry(Stamped {
-                        at_ms: now_ms(),
-                        command: Command::EvacuationProgress { zone, progress },
-                    });
-                    if let Err(error) = raft.write(cmd).await {
-                        debug!(%error, "evacuation progress not committed");
-                    }
+                self.record_progress(Command::EvacuationProgress {
+                    zone: zone.clone(),
+                    progress,
                 });
                 return;
             }
@@ -691,20 +683,12 @@ impl Term<'_> {
                         peer_region: region.to_string(),
                     })
                     .set(i64::from(moved.get()));
-                // Recorded in the log so a new leader resumes from here, not from zero.
                 let progress = self
                     .with_pipeline(|p| p.region_failover_record(region))
                     .flatten();
-                let raft = self.ctx.raft.clone();
-                let region = region.clone();
-                tokio::spawn(async move {
-                    let cmd = Request::Registry(Stamped {
-                        at_ms: now_ms(),
-                        command: Command::RegionFailoverProgress { region, progress },
-                    });
-                    if let Err(error) = raft.write(cmd).await {
-                        debug!(%error, "region failover progress not committed");
-                    }
+                self.record_progress(Command::RegionFailoverProgress {
+                    region: region.clone(),
+                    progress,
                 });
                 return;
             }
@@ -719,6 +703,21 @@ impl Term<'_> {
             instance: None,
             outcome: outcome.into(),
             detail,
+        });
+    }
+
+    /// Commit an evacuation's or failover's progress in the background, so a new leader
+    /// resumes from where it stands, not from zero. Lost only with the leadership.
+    fn record_progress(&self, command: Command) {
+        let raft = self.ctx.raft.clone();
+        tokio::spawn(async move {
+            let cmd = Request::Registry(Stamped {
+                at_ms: now_ms(),
+                command,
+            });
+            if let Err(error) = raft.write(cmd).await {
+                debug!(%error, "progress not committed");
+            }
         });
     }
 
