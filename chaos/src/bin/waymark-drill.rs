@@ -55,6 +55,10 @@ enum Drill {
         /// system temp dir).
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
+        /// Break the property on purpose: delete the agent's cache before its restart
+        /// (the verdict must then fail).
+        #[arg(long)]
+        break_cache: bool,
     },
 }
 
@@ -269,8 +273,10 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
             steady,
             rate,
             dir,
+            break_cache,
         } => {
             let mut params = outage::Params::for_scale(scale);
+            params.break_cache = break_cache;
             if let Some(d) = duration {
                 params.outage_s = d.as_secs();
             }

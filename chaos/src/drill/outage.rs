@@ -48,6 +48,9 @@ pub struct Params {
     /// Recorded for uniformity with the other drills: this drill makes no random choice.
     pub seed: u64,
     pub budget: Budget,
+    /// Break the property on purpose: delete the agent's cache before it restarts, to show
+    /// the verdict fails when routing cannot come from disk.
+    pub break_cache: bool,
 }
 
 impl Params {
@@ -70,6 +73,7 @@ impl Params {
                 min_requests: 50,
                 restart_to_serving_ms: 15_000,
             },
+            break_cache: false,
         }
     }
 }
@@ -228,6 +232,11 @@ async fn drive(
     let agent_kill = now_ms();
     agent.kill();
     say(epoch, "agent SIGKILLed; restarting without the authority");
+    if params.break_cache {
+        std::fs::remove_dir_all(agent.data_dir())
+            .with_context(|| format!("deleting {}", agent.data_dir().display()))?;
+        say(epoch, "the agent's cache deleted (--break-cache)");
+    }
     agent.start()?;
     let agent_ready = agent.wait_ready(START_DEADLINE).await;
     let agent_ready_at = now_ms();

@@ -16,6 +16,7 @@ pub struct AgentProc {
     bin: PathBuf,
     config: PathBuf,
     log: PathBuf,
+    data: PathBuf,
     http: SocketAddr,
     xds: SocketAddr,
     proc: Option<Proc>,
@@ -58,6 +59,7 @@ http = "127.0.0.1:{http}"
             bin: bin.to_path_buf(),
             config,
             log: dir.join("agent.log"),
+            data: dir.join("data"),
             http: loopback(http),
             xds: loopback(xds),
             proc: None,
@@ -67,6 +69,11 @@ http = "127.0.0.1:{http}"
     /// The local xDS address (what Envoy dials).
     pub fn xds_addr(&self) -> SocketAddr {
         self.xds
+    }
+
+    /// Where the agent keeps its sled cache.
+    pub fn data_dir(&self) -> &Path {
+        &self.data
     }
 
     /// The agent's HTTP API.
