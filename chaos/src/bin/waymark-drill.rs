@@ -1,11 +1,13 @@
-//! `waymark-drill`: benchmarks today; drills against real processes with their issue.
+//! `waymark-drill`: benchmarks of the pure core, and drills against real processes.
 //!
-//! Every benchmark prints its progress to stderr and, as the last line of stdout, one JSON
-//! object with its figures, the limit it was measured against, and the ratio.
+//! Every benchmark and drill prints its progress to stderr and, as the last line of stdout,
+//! one JSON object: a benchmark's figures, the limit and the ratio; a drill's figures,
+//! parameters and verdict (a failed verdict also exits non-zero).
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use waymark_chaos::bench::{self, Shape};
+use waymark_chaos::drill::{self, Scale, outage};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -24,6 +26,39 @@ enum Command {
     Bench {
         #[command(subcommand)]
         which: Bench,
+    },
+    /// Run one drill against real processes; the last line printed is its JSON report.
+    Run {
+        #[command(subcommand)]
+        which: Drill,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum Drill {
+    /// The whole authority killed under steady traffic; the node agent and Envoy restarted
+    /// mid-outage; the error rate must not move.
+    Outage {
+        /// `short` (60 s outage) or `full` (the claim's 60 minutes).
+        #[arg(long, value_enum, default_value = "full")]
+        scale: Scale,
+        /// Override the outage length (`30s`, `10m`, `1h`).
+        #[arg(long, value_parser = drill::parse_duration)]
+        duration: Option<std::time::Duration>,
+        /// Override the steady traffic before and after the outage.
+        #[arg(long, value_parser = drill::parse_duration)]
+        steady: Option<std::time::Duration>,
+        /// Requests per second through Envoy.
+        #[arg(long)]
+        rate: Option<u32>,
+        /// Where the processes keep state and logs (default: a new folder under the
+        /// system temp dir).
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Break the property on purpose: delete the agent's cache before its restart
+        /// (the verdict must then fail).
+        #[arg(long)]
+        break_cache: bool,
     },
 }
 
@@ -164,7 +199,10 @@ enum Bench {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let Command::Bench { which } = cli.command;
+    let which = match cli.command {
+        Command::Bench { which } => which,
+        Command::Run { which } => return run_drill(which),
+    };
     let json = match which {
         Bench::Resolve {
             threads,
@@ -211,5 +249,68 @@ fn main() -> anyhow::Result<()> {
     }
     .context("encoding the report")?;
     println!("{json}");
+    Ok(())
+}
+
+/// A new run folder under the system temp dir, named after the drill and the time.
+fn default_run_dir(drill: &str) -> std::path::PathBuf {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    std::env::temp_dir()
+        .join("waymark-drill")
+        .join(format!("{drill}-{stamp}-{}", std::process::id()))
+}
+
+fn run_drill(which: Drill) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let (json, pass) = match which {
+        Drill::Outage {
+            scale,
+            duration,
+            steady,
+            rate,
+            dir,
+            break_cache,
+        } => {
+            let mut params = outage::Params::for_scale(scale);
+            params.break_cache = break_cache;
+            if let Some(d) = duration {
+                params.outage_s = d.as_secs();
+            }
+            if let Some(d) = steady {
+                params.baseline_s = d.as_secs();
+                params.after_s = d.as_secs();
+            }
+            if let Some(r) = rate {
+                anyhow::ensure!(r > 0, "--rate must be positive");
+                params.rate = r;
+            }
+            anyhow::ensure!(
+                params.outage_s >= 3 && params.baseline_s >= 1,
+                "the outage must last at least 3 s and the steady phases at least 1 s"
+            );
+            let dir = dir.unwrap_or_else(|| default_run_dir("outage"));
+            eprintln!(
+                "drill outage: authority down {} s, steady {} s before and after, {}/s, state in {}",
+                params.outage_s,
+                params.baseline_s,
+                params.rate,
+                dir.display()
+            );
+            let report = runtime.block_on(outage::run(params, &dir))?;
+            let pass = report.verdict.pass;
+            (serde_json::to_string(&report)?, pass)
+        }
+    };
+    // The child processes are gone by now: every handle was dropped inside `run`.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    println!("{json}");
+    anyhow::ensure!(
+        pass,
+        "the drill's verdict is FAIL (see the report's verdict.failures)"
+    );
     Ok(())
 }

@@ -1,0 +1,124 @@
+//! One `waymark agent` as a child process: plain text on loopback, its sled cache in the
+//! run directory so that a restart serves what the previous process persisted.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use waymark_agent::cli::http::ApiClient;
+
+use super::{Proc, free_port, loopback, wait_serving};
+
+/// A node agent whose ports and data directory survive restarts.
+#[derive(Debug)]
+pub struct AgentProc {
+    bin: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    data: PathBuf,
+    http: SocketAddr,
+    xds: SocketAddr,
+    proc: Option<Proc>,
+}
+
+impl AgentProc {
+    /// Writes the configuration under `dir` for node `name` in `region`/`zone`, subscribing
+    /// to `upstream`; does not start anything.
+    pub fn new(
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        region: &str,
+        zone: &str,
+        upstream: SocketAddr,
+    ) -> anyhow::Result<Self> {
+        let (xds, dns, http) = (free_port()?, free_port()?, free_port()?);
+        std::fs::create_dir_all(dir)?;
+        let config = dir.join("agent.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"[agent]
+name = "{name}"
+region = "{region}"
+zone = "{zone}"
+data_dir = "{data}"
+upstream = ["{upstream}"]
+
+[agent.listen]
+xds = "127.0.0.1:{xds}"
+dns = "127.0.0.1:{dns}"
+http = "127.0.0.1:{http}"
+"#,
+                data = dir.join("data").display()
+            ),
+        )
+        .with_context(|| format!("writing {}", config.display()))?;
+        Ok(Self {
+            bin: bin.to_path_buf(),
+            config,
+            log: dir.join("agent.log"),
+            data: dir.join("data"),
+            http: loopback(http),
+            xds: loopback(xds),
+            proc: None,
+        })
+    }
+
+    /// The local xDS address (what Envoy dials).
+    pub fn xds_addr(&self) -> SocketAddr {
+        self.xds
+    }
+
+    /// Where the agent keeps its sled cache.
+    pub fn data_dir(&self) -> &Path {
+        &self.data
+    }
+
+    /// The agent's HTTP API.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
+    }
+
+    /// Start the process (no wait).
+    pub fn start(&mut self) -> anyhow::Result<()> {
+        let config = self.config.display().to_string();
+        self.proc = Some(Proc::spawn(
+            "agent",
+            &self.bin,
+            ["agent", "--config", config.as_str()],
+            &[("RUST_LOG", "info")],
+            &self.log,
+        )?);
+        Ok(())
+    }
+
+    /// Waits for `/readyz` (a view loaded and served locally), within `deadline`.
+    pub async fn wait_ready(&mut self, deadline: Duration) -> anyhow::Result<()> {
+        let proc = self.proc.as_mut().context("the agent is not running")?;
+        wait_serving(proc, "the agent's /readyz", deadline, self.http, "/readyz").await
+    }
+
+    /// `GET /v1/view`: what the agent serves, where it started from, whether it is connected.
+    pub async fn view(&self) -> anyhow::Result<serde_json::Value> {
+        ApiClient::new(&self.http.to_string(), None)
+            .get_json("/v1/view")
+            .await
+    }
+
+    /// SIGKILL the agent.
+    pub fn kill(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill();
+        }
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self, n: usize) -> String {
+        self.proc
+            .as_ref()
+            .map(|p| p.log_tail(n))
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,209 @@
+//! The shell that runs real processes for the drills: each child has its own log file in
+//! the run directory, is waited on through real signals (HTTP readiness, Envoy's admin API)
+//! with deadlines, and is killed when its handle is dropped.
+//!
+//! What exists: [`authority::AuthorityProc`] (one `waymark authority` member),
+//! [`agent::AgentProc`] (one `waymark agent`), [`envoy::EnvoyProc`] (a real Envoy fed by
+//! the agent over Delta ADS) and [`backends::DemoFleet`] (the dev region's demo backends,
+//! run in this process on real sockets and registered with the authority).
+
+pub mod agent;
+pub mod authority;
+pub mod backends;
+pub mod envoy;
+
+use std::ffi::OsStr;
+use std::fs::OpenOptions;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::traffic;
+
+/// How often [`wait_until`] looks again.
+pub const POLL: Duration = Duration::from_millis(100);
+
+/// A port nothing listens on now (the listener is dropped before returning).
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")
+        .context("binding a probe port")?
+        .local_addr()?
+        .port())
+}
+
+/// `127.0.0.1:port`.
+pub fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// The `waymark` binary: `WAYMARK_BIN`, else next to the running executable (or one folder
+/// up, where a test binary in `target/<profile>/deps` finds it).
+pub fn waymark_bin() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("WAYMARK_BIN").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        anyhow::ensure!(p.is_file(), "WAYMARK_BIN={} is not a file", p.display());
+        return Ok(p);
+    }
+    let exe = std::env::current_exe().context("locating the running executable")?;
+    let mut dir = exe.parent();
+    for _ in 0..2 {
+        let Some(d) = dir else { break };
+        let candidate = d.join("waymark");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        dir = d.parent();
+    }
+    anyhow::bail!(
+        "no waymark binary next to {}: build it (`cargo build -p waymark-agent --bin waymark`) \
+         or set WAYMARK_BIN",
+        exe.display()
+    )
+}
+
+/// The Envoy binary: `ENVOY_BIN` (`./scripts/install-envoy` prints its path).
+pub fn envoy_bin() -> anyhow::Result<PathBuf> {
+    let p = std::env::var_os("ENVOY_BIN")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .context(
+            "ENVOY_BIN is not set: install Envoy with ./scripts/install-envoy, which prints \
+             the binary's path",
+        )?;
+    anyhow::ensure!(p.is_file(), "ENVOY_BIN={} is not a file", p.display());
+    Ok(p)
+}
+
+/// One child process writing stdout and stderr to `log` (appended across restarts).
+/// Dropping it kills the child (SIGKILL) and reaps it.
+#[derive(Debug)]
+pub struct Proc {
+    name: String,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Proc {
+    /// Start `program args…`, its output appended to `log`.
+    pub fn spawn<I, S>(
+        name: &str,
+        program: &Path,
+        args: I,
+        envs: &[(&str, &str)],
+        log: &Path,
+    ) -> anyhow::Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {name} ({})", program.display()))?;
+        Ok(Self {
+            name: name.to_owned(),
+            log: log.to_path_buf(),
+            child: Some(child),
+        })
+    }
+
+    /// The child's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL and reap. Idempotent.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // It may have exited on its own already; either way it is gone after wait.
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Fails if the child has exited (with its log's tail).
+    pub fn check_running(&mut self) -> anyhow::Result<()> {
+        if let Some(c) = self.child.as_mut()
+            && let Some(status) = c.try_wait()?
+        {
+            anyhow::bail!(
+                "{} exited ({status}); log tail:\n{}",
+                self.name,
+                self.log_tail(30)
+            );
+        }
+        Ok(())
+    }
+
+    /// The last `n` lines of the log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `check` every [`POLL`] until it returns `Some`, failing after `deadline`.
+pub async fn wait_until<T>(
+    what: &str,
+    deadline: Duration,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> anyhow::Result<T> {
+    let until = tokio::time::Instant::now() + deadline;
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < until,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// True when `GET path` on `addr` answers 200 within a second.
+pub async fn http_ok(addr: SocketAddr, path: &str) -> bool {
+    traffic::get(addr, path, Duration::from_secs(1))
+        .await
+        .is_ok_and(|r| r.status == 200)
+}
+
+/// Waits until `GET path` on `addr` answers 200, failing at once (with the log's tail) if
+/// `proc` exits first, or after `deadline`.
+pub async fn wait_serving(
+    proc: &mut Proc,
+    what: &str,
+    deadline: Duration,
+    addr: SocketAddr,
+    path: &str,
+) -> anyhow::Result<()> {
+    wait_until(what, deadline, async || {
+        if let Err(e) = proc.check_running() {
+            return Some(Err(e));
+        }
+        http_ok(addr, path).await.then_some(Ok(()))
+    })
+    .await?
+}

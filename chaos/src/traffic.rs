@@ -1,0 +1,220 @@
+//! Traffic through a real listener: a fixed-rate generator recording every request's
+//! outcome with its time since the run started, and the plain HTTP/1.1 GET it sends.
+//!
+//! Each request opens its own connection (`Connection: close`), so a restarted Envoy is
+//! seen at the next request rather than through a pooled connection that happens to live.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// At most this much of a response is read.
+const MAX_RESPONSE: usize = 64 * 1024;
+
+/// One answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub body: String,
+}
+
+/// Why a request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("timed out")]
+    Timeout,
+    #[error("malformed response")]
+    Malformed,
+}
+
+/// `GET path` on `addr` over a fresh HTTP/1.1 connection, within `timeout`.
+pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<Response, GetError> {
+    tokio::time::timeout(timeout, async {
+        let mut s = TcpStream::connect(addr).await.map_err(GetError::Connect)?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await?;
+        let mut buf = Vec::new();
+        (&mut s)
+            .take(MAX_RESPONSE as u64)
+            .read_to_end(&mut buf)
+            .await?;
+        parse(&buf).ok_or(GetError::Malformed)
+    })
+    .await
+    .map_err(|_| GetError::Timeout)?
+}
+
+/// Status and body of a `Connection: close` response (the body is what follows the head).
+fn parse(raw: &[u8]) -> Option<Response> {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head
+        .lines()
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(Response {
+        status,
+        body: body.to_owned(),
+    })
+}
+
+/// What became of one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Answer {
+    /// 2xx, and which backend answered if its body says (`{"instance": …}`).
+    Ok { instance: Option<String> },
+    /// An HTTP answer that is not 2xx (Envoy's 503 "no healthy upstream", a backend's 500).
+    Status { status: u16 },
+    /// The listener refused the connection (nothing listening: Envoy is down).
+    Refused,
+    /// Any other failure: reset, timeout, garbage.
+    Failed,
+}
+
+/// One request: when it was sent (ms since the run started), how long it took, and what
+/// became of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Outcome {
+    pub at_ms: u64,
+    pub latency_ms: u64,
+    pub result: Answer,
+}
+
+impl Outcome {
+    /// Whether the caller got a 2xx.
+    pub fn ok(&self) -> bool {
+        matches!(self.result, Answer::Ok { .. })
+    }
+}
+
+fn classify(r: Result<Response, GetError>) -> Answer {
+    match r {
+        Ok(r) if (200..300).contains(&r.status) => Answer::Ok {
+            instance: serde_json::from_str::<serde_json::Value>(&r.body)
+                .ok()
+                .and_then(|v| v["instance"].as_str().map(str::to_owned)),
+        },
+        Ok(r) => Answer::Status { status: r.status },
+        Err(GetError::Connect(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Answer::Refused
+        }
+        Err(_) => Answer::Failed,
+    }
+}
+
+/// A running generator: `rate` requests per second to `target`, each in its own task so a
+/// slow answer never delays the schedule.
+#[derive(Debug)]
+pub struct Generator {
+    outcomes: Arc<Mutex<Vec<Outcome>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Generator {
+    /// Starts sending `GET /` to `target` at `rate` per second; times are measured from
+    /// `epoch`; each request gives up after `timeout`.
+    pub fn start(target: SocketAddr, rate: u32, timeout: Duration, epoch: Instant) -> Self {
+        let outcomes: Arc<Mutex<Vec<Outcome>>> = Arc::default();
+        let sink = Arc::clone(&outcomes);
+        let period = Duration::from_secs(1) / rate.max(1);
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let sink = Arc::clone(&sink);
+                tokio::spawn(async move {
+                    let sent = Instant::now();
+                    let result = classify(get(target, "/", timeout).await);
+                    let outcome = Outcome {
+                        at_ms: ms(sent.duration_since(epoch)),
+                        latency_ms: ms(sent.elapsed()),
+                        result,
+                    };
+                    sink.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(outcome);
+                });
+            }
+        });
+        Self { outcomes, task }
+    }
+
+    /// How many outcomes are recorded so far.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether nothing is recorded yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Stops sending, waits up to `drain` for requests in flight, and returns every
+    /// outcome ordered by send time.
+    pub async fn stop(self, drain: Duration) -> Vec<Outcome> {
+        self.task.abort();
+        tokio::time::sleep(drain).await;
+        let mut all = self.lock().clone();
+        all.sort_by_key(|o| o.at_ms);
+        all
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Outcome>> {
+        self.outcomes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Whole milliseconds, saturating.
+pub fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn parses_status_and_body() {
+        let r = parse(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 2\r\n\r\nno").unwrap();
+        assert_eq!(r.status, 503);
+        assert_eq!(r.body, "no");
+        assert!(parse(b"garbage").is_none());
+    }
+
+    #[test]
+    fn classifies_who_answered() {
+        let ok = Response {
+            status: 200,
+            body: r#"{"instance":"web-z1-1","service":"web"}"#.into(),
+        };
+        assert_eq!(
+            classify(Ok(ok)),
+            Answer::Ok {
+                instance: Some("web-z1-1".into())
+            }
+        );
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(classify(Err(GetError::Connect(refused))), Answer::Refused);
+        assert_eq!(classify(Err(GetError::Timeout)), Answer::Failed);
+        let unavailable = Response {
+            status: 503,
+            body: String::new(),
+        };
+        assert_eq!(classify(Ok(unavailable)), Answer::Status { status: 503 });
+    }
+}

@@ -1,0 +1,48 @@
+//! `waymark-drill run outage --scale short` with a 24 s outage: real authority, node agent
+//! and Envoy processes, demo backends, steady traffic; the verdict must pass.
+//!
+//! Needs `ENVOY_BIN` (`./scripts/install-envoy` prints it) and the `waymark` binary next to
+//! `waymark-drill` (`cargo build -p waymark-agent --bin waymark`; a workspace-wide
+//! `cargo test` builds it) or `WAYMARK_BIN`. Runs alone: it starts four processes' worth
+//! of work on the machine and measures error rates.
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+#[test]
+fn the_outage_drill_passes_at_short_scale() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
+        .args([
+            "run",
+            "outage",
+            "--scale",
+            "short",
+            "--duration",
+            "24s",
+            "--steady",
+            "10s",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stdout.lines().last().unwrap_or_default();
+    let report: serde_json::Value = serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    assert_eq!(report["verdict"]["pass"], true, "{report:#}\n{stderr}");
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        report["restarts"]["agent_started_from"], "cache",
+        "{report:#}"
+    );
+    assert!(
+        report["during"]["requests"].as_u64().unwrap() > 100,
+        "{report:#}"
+    );
+    let saved = std::fs::read_to_string(dir.path().join("report.json")).unwrap();
+    let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
+    assert_eq!(saved, report);
+}
