@@ -8,18 +8,15 @@ use std::time::Duration;
 use anyhow::Context as _;
 use waymark_agent::cli::http::ApiClient;
 
-use super::{Proc, free_port, loopback, wait_serving};
+use super::{RoleProc, free_port, loopback};
 
 /// A node agent whose ports and data directory survive restarts.
 #[derive(Debug)]
 pub struct AgentProc {
-    bin: PathBuf,
-    config: PathBuf,
-    log: PathBuf,
+    process: RoleProc,
     data: PathBuf,
     http: SocketAddr,
     xds: SocketAddr,
-    proc: Option<Proc>,
 }
 
 impl AgentProc {
@@ -56,13 +53,10 @@ http = "127.0.0.1:{http}"
         )
         .with_context(|| format!("writing {}", config.display()))?;
         Ok(Self {
-            bin: bin.to_path_buf(),
-            config,
-            log: dir.join("agent.log"),
+            process: RoleProc::new("agent", bin, config, dir.join("agent.log"), loopback(http)),
             data: dir.join("data"),
             http: loopback(http),
             xds: loopback(xds),
-            proc: None,
         })
     }
 
@@ -83,21 +77,12 @@ http = "127.0.0.1:{http}"
 
     /// Start the process (no wait).
     pub fn start(&mut self) -> anyhow::Result<()> {
-        let config = self.config.display().to_string();
-        self.proc = Some(Proc::spawn(
-            "agent",
-            &self.bin,
-            ["agent", "--config", config.as_str()],
-            &[("RUST_LOG", "info")],
-            &self.log,
-        )?);
-        Ok(())
+        self.process.start()
     }
 
     /// Waits for `/readyz` (a view loaded and served locally), within `deadline`.
     pub async fn wait_ready(&mut self, deadline: Duration) -> anyhow::Result<()> {
-        let proc = self.proc.as_mut().context("the agent is not running")?;
-        wait_serving(proc, "the agent's /readyz", deadline, self.http, "/readyz").await
+        self.process.wait_ready(deadline).await
     }
 
     /// `GET /v1/view`: what the agent serves, where it started from, whether it is connected.
@@ -109,16 +94,11 @@ http = "127.0.0.1:{http}"
 
     /// SIGKILL the agent.
     pub fn kill(&mut self) {
-        if let Some(mut p) = self.proc.take() {
-            p.kill();
-        }
+        self.process.kill();
     }
 
     /// The last lines of its log.
     pub fn log_tail(&self, n: usize) -> String {
-        self.proc
-            .as_ref()
-            .map(|p| p.log_tail(n))
-            .unwrap_or_default()
+        self.process.log_tail(n)
     }
 }

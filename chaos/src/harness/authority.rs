@@ -3,22 +3,19 @@
 //! from its redb state on every later one.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
 
-use super::{Proc, free_port, loopback, wait_serving};
+use super::{RoleProc, free_port, loopback};
 
 /// A single-member authority whose ports and data directory survive restarts.
 #[derive(Debug)]
 pub struct AuthorityProc {
-    bin: PathBuf,
-    config: PathBuf,
-    log: PathBuf,
+    process: RoleProc,
     http: SocketAddr,
     xds: SocketAddr,
-    proc: Option<Proc>,
 }
 
 impl AuthorityProc {
@@ -48,12 +45,9 @@ addr = "{http}"
         )
         .with_context(|| format!("writing {}", config.display()))?;
         Ok(Self {
-            bin: bin.to_path_buf(),
-            config,
-            log: dir.join("authority.log"),
+            process: RoleProc::new("authority", bin, config, dir.join("authority.log"), http),
             http,
             xds,
-            proc: None,
         })
     }
 
@@ -69,42 +63,21 @@ addr = "{http}"
 
     /// Start the process (no wait).
     pub fn start(&mut self) -> anyhow::Result<()> {
-        let config = self.config.display().to_string();
-        self.proc = Some(Proc::spawn(
-            "authority",
-            &self.bin,
-            ["authority", "--config", config.as_str()],
-            &[("RUST_LOG", "info")],
-            &self.log,
-        )?);
-        Ok(())
+        self.process.start()
     }
 
     /// Waits for `/readyz` (committed state applied), within `deadline`.
     pub async fn wait_ready(&mut self, deadline: Duration) -> anyhow::Result<()> {
-        let proc = self.proc.as_mut().context("the authority is not running")?;
-        wait_serving(
-            proc,
-            "the authority's /readyz",
-            deadline,
-            self.http,
-            "/readyz",
-        )
-        .await
+        self.process.wait_ready(deadline).await
     }
 
     /// SIGKILL the member.
     pub fn kill(&mut self) {
-        if let Some(mut p) = self.proc.take() {
-            p.kill();
-        }
+        self.process.kill();
     }
 
     /// The last lines of its log.
     pub fn log_tail(&self, n: usize) -> String {
-        self.proc
-            .as_ref()
-            .map(|p| p.log_tail(n))
-            .unwrap_or_default()
+        self.process.log_tail(n)
     }
 }

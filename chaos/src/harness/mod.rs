@@ -164,6 +164,78 @@ impl Drop for Proc {
     }
 }
 
+/// A `waymark <role> --config FILE` child whose readiness is its HTTP `/readyz`: what the
+/// authority and agent harnesses share (their configuration files differ, their process
+/// handling does not).
+#[derive(Debug)]
+pub struct RoleProc {
+    role: &'static str,
+    bin: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    http: SocketAddr,
+    proc: Option<Proc>,
+}
+
+impl RoleProc {
+    /// `waymark <role> --config <config>`, logging to `log`, ready when `http` answers
+    /// `/readyz`; not started.
+    pub fn new(
+        role: &'static str,
+        bin: &Path,
+        config: PathBuf,
+        log: PathBuf,
+        http: SocketAddr,
+    ) -> Self {
+        Self {
+            role,
+            bin: bin.to_path_buf(),
+            config,
+            log,
+            http,
+            proc: None,
+        }
+    }
+
+    /// Start the process (no wait).
+    pub fn start(&mut self) -> anyhow::Result<()> {
+        let config = self.config.display().to_string();
+        self.proc = Some(Proc::spawn(
+            self.role,
+            &self.bin,
+            [self.role, "--config", config.as_str()],
+            &[("RUST_LOG", "info")],
+            &self.log,
+        )?);
+        Ok(())
+    }
+
+    /// Waits for `/readyz`, within `deadline`.
+    pub async fn wait_ready(&mut self, deadline: Duration) -> anyhow::Result<()> {
+        let what = format!("the {}'s /readyz", self.role);
+        let proc = self
+            .proc
+            .as_mut()
+            .with_context(|| format!("the {} is not running", self.role))?;
+        wait_serving(proc, &what, deadline, self.http, "/readyz").await
+    }
+
+    /// SIGKILL the process.
+    pub fn kill(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill();
+        }
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self, n: usize) -> String {
+        self.proc
+            .as_ref()
+            .map(|p| p.log_tail(n))
+            .unwrap_or_default()
+    }
+}
+
 /// Polls `check` every [`POLL`] until it returns `Some`, failing after `deadline`.
 pub async fn wait_until<T>(
     what: &str,
