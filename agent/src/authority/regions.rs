@@ -158,7 +158,7 @@ pub async fn publish_local(
                     (&entry.request, &entry.response)
                     && *accepted > 0
                 {
-                    let touched: Vec<ServiceName> =
+                    let touched: BTreeSet<ServiceName> =
                         views.iter().map(|v| v.view.key.service.clone()).collect();
                     raft.with_state(|s, _| {
                         publish(s, &region, &aggregates, &metrics, Some(&touched));
@@ -179,7 +179,7 @@ fn publish(
     region: &RegionName,
     aggregates: &SharedAggregates,
     metrics: &RegionMetrics,
-    only: Option<&[ServiceName]>,
+    only: Option<&BTreeSet<ServiceName>>,
 ) {
     let mut by_service: BTreeMap<&ServiceName, Vec<_>> = BTreeMap::new();
     for (key, view) in state.published() {
