@@ -5,7 +5,9 @@
 //! functions in [`figures`]; each drill's `run` is the shell that drives the processes.
 
 pub mod figures;
+pub mod html;
 pub mod outage;
+pub mod report;
 
 use std::time::Duration;
 

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::Scale;
 use super::figures::{self, Budget, PhaseFigures, Verdict, Window};
+use super::report::{self, Plots, Progress, StateSampler};
 use crate::harness::agent::AgentProc;
 use crate::harness::authority::AuthorityProc;
 use crate::harness::backends::DemoFleet;
@@ -106,6 +107,7 @@ pub struct Report {
     pub envoy_restart: PhaseFigures,
     pub restarts: Restarts,
     pub verdict: Verdict,
+    pub plots: Plots,
 }
 
 /// Phase boundaries.
@@ -118,18 +120,13 @@ pub struct Timeline {
     pub envoy_restart: Window,
 }
 
-/// Progress to stderr, stamped with the run time.
-fn say(epoch: Instant, what: &str) {
-    eprintln!("[{:>7.1}s] outage: {what}", epoch.elapsed().as_secs_f64());
-}
-
 /// Runs the drill in `run_dir` (created if needed).
 pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
     let waymark = waymark_bin()?;
     let envoy = envoy_bin()?;
     std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
-    let setup = Instant::now();
-    say(setup, &format!("run directory {}", run_dir.display()));
+    let setup = Progress::new("outage", Instant::now());
+    setup.say(&format!("run directory {}", run_dir.display()));
 
     let mut authority = AuthorityProc::new(&waymark, &run_dir.join("authority"), REGION, ZONE)?;
     authority.start()?;
@@ -137,10 +134,7 @@ pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
         .wait_ready(START_DEADLINE)
         .await
         .with_context(|| format!("authority log:\n{}", authority.log_tail(30)))?;
-    say(
-        setup,
-        &format!("authority ready on {}", authority.http_addr()),
-    );
+    setup.say(&format!("authority ready on {}", authority.http_addr()));
 
     // Renewed by the fleet; while the authority is down nothing can renew, so a long
     // outage outlives the lease and the authority's restart decides what stands.
@@ -154,7 +148,7 @@ pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
         START_DEADLINE,
     )
     .await?;
-    say(setup, &format!("{} backends registered", fleet.ids().len()));
+    setup.say(&format!("{} backends registered", fleet.ids().len()));
 
     let mut agent = AgentProc::new(
         &waymark,
@@ -169,7 +163,7 @@ pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
         .wait_ready(START_DEADLINE)
         .await
         .with_context(|| format!("agent log:\n{}", agent.log_tail(30)))?;
-    say(setup, "agent ready");
+    setup.say("agent ready");
 
     let mut envoy = EnvoyProc::new(
         &envoy,
@@ -190,13 +184,12 @@ pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
         (envoy.endpoints(SERVICE).await == Some(want)).then_some(())
     })
     .await?;
-    say(setup, &format!("Envoy routing to {want} backends"));
+    setup.say(&format!("Envoy routing to {want} backends"));
 
     let result = drive(&params, &mut authority, &mut agent, &mut envoy, run_dir).await;
     fleet.shutdown().await;
     let report = result?;
-    let text = serde_json::to_string_pretty(&report)?;
-    std::fs::write(run_dir.join("report.json"), text)?;
+    report::finish(run_dir, &report)?;
     Ok(report)
 }
 
@@ -208,41 +201,40 @@ async fn drive(
     envoy: &mut EnvoyProc,
     run_dir: &Path,
 ) -> anyhow::Result<Report> {
-    let epoch = Instant::now();
+    let progress = Progress::new("outage", Instant::now());
+    let epoch = progress.epoch();
+    let sampler = StateSampler::start(vec![authority.http_addr()], vec![SERVICE.to_owned()], epoch);
     let at = |s: u64| epoch + Duration::from_secs(s);
     let now_ms = || ms(epoch.elapsed());
     let listener: SocketAddr = envoy.listener_addr();
     let traffic = Generator::start(listener, params.rate, REQUEST_TIMEOUT, epoch);
-    say(
-        epoch,
-        &format!("traffic at {}/s through {listener}", params.rate),
-    );
+    progress.event(&format!("traffic at {}/s through {listener}", params.rate));
 
     // Phase boundaries are the drill's schedule, not waits for readiness.
     tokio::time::sleep_until(at(params.baseline_s)).await;
     // Stamped before the signal: a request in flight as the process dies belongs to it.
     let outage_start = now_ms();
     authority.kill();
-    say(
-        epoch,
-        &format!("authority SIGKILLed ({} requests so far)", traffic.len()),
-    );
+    progress.event(&format!(
+        "authority SIGKILLed ({} requests so far)",
+        traffic.len()
+    ));
 
     tokio::time::sleep_until(at(params.baseline_s + params.outage_s / 3)).await;
     let agent_kill = now_ms();
     agent.kill();
-    say(epoch, "agent SIGKILLed; restarting without the authority");
+    progress.event("agent SIGKILLed; restarting without the authority");
     if params.break_cache {
         std::fs::remove_dir_all(agent.data_dir())
             .with_context(|| format!("deleting {}", agent.data_dir().display()))?;
-        say(epoch, "the agent's cache deleted (--break-cache)");
+        progress.event("the agent's cache deleted (--break-cache)");
     }
     agent.start()?;
     let agent_ready = agent.wait_ready(START_DEADLINE).await;
     let agent_ready_at = now_ms();
     let view = agent.view().await.ok();
     if let Err(e) = &agent_ready {
-        say(epoch, &format!("agent did not come back: {e:#}"));
+        progress.event(&format!("agent did not come back: {e:#}"));
     }
     let agent_ready_ms = agent_ready.is_ok().then(|| agent_ready_at - agent_kill);
     let started_from = view
@@ -251,31 +243,27 @@ async fn drive(
     let connected = view
         .as_ref()
         .and_then(|v| v["upstream_connected"].as_bool());
-    say(
-        epoch,
-        &format!("agent ready after {agent_ready_ms:?} ms, started from {started_from:?}"),
-    );
+    progress.event(&format!(
+        "agent ready after {agent_ready_ms:?} ms, started from {started_from:?}"
+    ));
 
     tokio::time::sleep_until(at(params.baseline_s + 2 * params.outage_s / 3)).await;
     let envoy_kill = now_ms();
     envoy.kill();
-    say(epoch, "Envoy SIGKILLed; restarting from the agent's cache");
+    progress.event("Envoy SIGKILLed; restarting from the agent's cache");
     envoy.start()?;
     let envoy_routing = envoy.wait_routing(START_DEADLINE).await;
     let envoy_up = now_ms();
     if let Err(e) = &envoy_routing {
-        say(epoch, &format!("Envoy did not route again: {e:#}"));
+        progress.event(&format!("Envoy did not route again: {e:#}"));
     }
     let envoy_routing_ms = envoy_routing.is_ok().then(|| envoy_up - envoy_kill);
-    say(
-        epoch,
-        &format!("Envoy routing after {envoy_routing_ms:?} ms"),
-    );
+    progress.event(&format!("Envoy routing after {envoy_routing_ms:?} ms"));
 
     tokio::time::sleep_until(at(params.baseline_s + params.outage_s)).await;
     let outage_end = now_ms();
     authority.start()?;
-    say(epoch, "authority restarted");
+    progress.event("authority restarted");
     let reconnect = wait_until(
         "the agent reconnects upstream",
         START_DEADLINE,
@@ -289,21 +277,18 @@ async fn drive(
     )
     .await;
     let authority_reconnect_ms = reconnect.is_ok().then(|| now_ms() - outage_end);
-    say(
-        epoch,
-        &format!("agent reconnected upstream after {authority_reconnect_ms:?} ms"),
-    );
+    progress.event(&format!(
+        "agent reconnected upstream after {authority_reconnect_ms:?} ms"
+    ));
 
     tokio::time::sleep_until(at(params.baseline_s + params.outage_s + params.after_s)).await;
     let end = now_ms();
     let outcomes = traffic
         .stop(REQUEST_TIMEOUT + Duration::from_millis(500))
         .await;
-    say(
-        epoch,
-        &format!("traffic stopped: {} requests", outcomes.len()),
-    );
-    write_outcomes(run_dir, &outcomes)?;
+    progress.event(&format!("traffic stopped: {} requests", outcomes.len()));
+    report::write_outcomes(run_dir, &outcomes)?;
+    let states = sampler.stop();
 
     let timeline = Timeline {
         before: Window {
@@ -361,16 +346,11 @@ async fn drive(
             authority_reconnect_ms,
         },
         verdict,
+        plots: Plots {
+            states,
+            errors: report::error_series(&outcomes),
+            distributions: Vec::new(),
+            events: progress.events(),
+        },
     })
-}
-
-/// Every outcome, one JSON object a line, in `<run dir>/outcomes.jsonl`.
-fn write_outcomes(run_dir: &Path, outcomes: &[crate::traffic::Outcome]) -> anyhow::Result<()> {
-    let mut text = String::new();
-    for o in outcomes {
-        text.push_str(&serde_json::to_string(o)?);
-        text.push('\n');
-    }
-    std::fs::write(run_dir.join("outcomes.jsonl"), text)?;
-    Ok(())
 }
