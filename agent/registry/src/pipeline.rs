@@ -251,6 +251,7 @@ impl RegionPipeline {
             }
             Applied::ServiceRemoved
             | Applied::Renewed { .. }
+            | Applied::LeasesRestarted { .. }
             | Applied::AssignmentSet
             | Applied::EvacuationProgress
             | Applied::RegionFailoverProgress => {}
