@@ -32,6 +32,11 @@ enum Command {
         #[command(subcommand)]
         which: Drill,
     },
+    /// Rebuild a run's `report.html` from its `report.json` (a run folder, or the file).
+    Report {
+        /// The run folder (or its report.json).
+        dir: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -202,6 +207,7 @@ fn main() -> anyhow::Result<()> {
     let which = match cli.command {
         Command::Bench { which } => which,
         Command::Run { which } => return run_drill(which),
+        Command::Report { dir } => return rebuild_report(&dir),
     };
     let json = match which {
         Bench::Resolve {
@@ -249,6 +255,29 @@ fn main() -> anyhow::Result<()> {
     }
     .context("encoding the report")?;
     println!("{json}");
+    Ok(())
+}
+
+/// `waymark-drill report DIR`: the page again, from the JSON alone.
+fn rebuild_report(dir: &std::path::Path) -> anyhow::Result<()> {
+    let json = if dir.is_dir() {
+        dir.join("report.json")
+    } else {
+        dir.to_path_buf()
+    };
+    let text =
+        std::fs::read_to_string(&json).with_context(|| format!("reading {}", json.display()))?;
+    let report: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a drill report", json.display()))?;
+    anyhow::ensure!(
+        report["drill"].is_string() && report["verdict"].is_object(),
+        "{} is not a drill report (no drill name or verdict)",
+        json.display()
+    );
+    let page = json.with_file_name("report.html");
+    std::fs::write(&page, drill::html::render(&report))
+        .with_context(|| format!("writing {}", page.display()))?;
+    println!("{}", page.display());
     Ok(())
 }
 
