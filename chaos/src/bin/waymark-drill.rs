@@ -7,7 +7,7 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use waymark_chaos::bench::{self, Shape};
-use waymark_chaos::drill::{self, Scale, outage};
+use waymark_chaos::drill::{self, Scale, hard_vs_grey, outage};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -59,6 +59,23 @@ enum Drill {
         /// (the verdict must then fail).
         #[arg(long)]
         break_cache: bool,
+    },
+    /// One replica killed, another made slow but alive (probe green): the time until the
+    /// callers stop using each; the grey one must be caught by passive evidence.
+    HardVsGrey {
+        /// `short` (3 Envoys, 30 synthetic callers) or `full` (5 Envoys, 1,000).
+        #[arg(long, value_enum, default_value = "full")]
+        scale: Scale,
+        /// Where the processes keep state and logs.
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Chooses which replicas fail.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Break the property on purpose: Envoys without load reporting, so no passive
+        /// evidence reaches the evaluator (the verdict must then fail).
+        #[arg(long)]
+        break_load_reports: bool,
     },
 }
 
@@ -301,6 +318,29 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
                 dir.display()
             );
             let report = runtime.block_on(outage::run(params, &dir))?;
+            let pass = report.verdict.pass;
+            (serde_json::to_string(&report)?, pass)
+        }
+        Drill::HardVsGrey {
+            scale,
+            dir,
+            seed,
+            break_load_reports,
+        } => {
+            let mut params = hard_vs_grey::Params::for_scale(scale);
+            params.break_load_reports = break_load_reports;
+            if let Some(s) = seed {
+                params.seed = s;
+            }
+            let dir = dir.unwrap_or_else(|| default_run_dir("hard-vs-grey"));
+            eprintln!(
+                "drill hard-vs-grey: {} Envoys, {} synthetic callers, {} backends, state in {}",
+                params.envoys,
+                params.envoys * params.subscribers_per_agent,
+                params.backends,
+                dir.display()
+            );
+            let report = runtime.block_on(hard_vs_grey::run(params, &dir))?;
             let pass = report.verdict.pass;
             (serde_json::to_string(&report)?, pass)
         }

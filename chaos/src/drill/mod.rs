@@ -5,6 +5,7 @@
 //! functions in [`figures`]; each drill's `run` is the shell that drives the processes.
 
 pub mod figures;
+pub mod hard_vs_grey;
 pub mod html;
 pub mod outage;
 pub mod report;
