@@ -350,8 +350,7 @@ async fn a_changed_contract_reaches_the_probers_at_once() {
     assert!(r.status.is_success(), "{r:?}");
     let targets = tokio::time::timeout(WAIT, async {
         loop {
-            if let AuthorityMessage::Assignment { targets } = next_message(&mut n1).await.unwrap()
-            {
+            if let AuthorityMessage::Assignment { targets } = next_message(&mut n1).await.unwrap() {
                 return targets;
             }
         }

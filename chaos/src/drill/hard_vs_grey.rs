@@ -26,7 +26,7 @@ use super::report::{self, Distribution, Plots, Progress, StateSampler, quantile}
 use crate::harness::callers::{Stop, ViewLog, Watchers, stop_time};
 use crate::harness::envoy::EnvoyProc;
 use crate::harness::evidence::{
-    EvidenceAgent, EvidenceAuthority, ProbedFleet, RegionPki, get_json, probed_contract,
+    EvidenceAgent, ProbedFleet, Rig, RigSpec, get_json, probed_contract,
 };
 use crate::harness::{envoy_bin, wait_until, waymark_bin};
 use crate::rng::SplitMix64;
@@ -293,107 +293,37 @@ pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
     let progress = Progress::new("hard-vs-grey", Instant::now());
     progress.say(&format!("run directory {}", run_dir.display()));
 
-    let pki = RegionPki::create(&run_dir.join("pki"), REGION, params.seed)?;
-    let mut authority = EvidenceAuthority::new(&waymark, &run_dir.join("authority"), &pki, ZONE, &[])?;
-    authority.start()?;
-    authority
-        .wait_ready(START_DEADLINE)
-        .await
-        .with_context(|| format!("authority log:\n{}", authority.log_tail(30)))?;
-    let api = authority.http_addr();
-    progress.say(&format!("authority ready on {api}"));
-
-    let options = BackendOptions {
-        slow_delay: SLOW_DELAY,
-        ..BackendOptions::default()
+    let spec = RigSpec {
+        region: REGION.to_owned(),
+        zone: ZONE.to_owned(),
+        service: SERVICE.to_owned(),
+        contract: probed_contract(),
+        backends: params.backends,
+        backend_options: BackendOptions {
+            slow_delay: SLOW_DELAY,
+            ..BackendOptions::default()
+        },
+        envoys: params.envoys,
+        load_reports: !params.break_load_reports,
+        authority_env: Vec::new(),
+        seed: params.seed,
+        deadline: START_DEADLINE,
     };
-    let fleet = ProbedFleet::start(
-        api,
-        SERVICE,
-        probed_contract(),
-        params.backends,
-        (REGION, ZONE, "n1"),
-        options,
-        START_DEADLINE,
-    )
-    .await?;
-    let (hard, grey) = pick_two(fleet.ids().keys().cloned().collect(), params.seed);
-    progress.say(&format!(
-        "{} backends registered; {hard} will fail hard, {grey} will turn grey",
-        fleet.ids().len()
-    ));
-
-    let mut agents = Vec::new();
-    for i in 1..=params.envoys {
-        let mut a = EvidenceAgent::new(
-            &waymark,
-            &run_dir.join(format!("agent-{i}")),
-            &pki,
-            &format!("n{i}"),
-            ZONE,
-            &authority,
-        )?;
-        a.start()?;
-        agents.push(a);
-    }
-    for a in &mut agents {
-        a.wait_ready(START_DEADLINE)
-            .await
-            .with_context(|| format!("agent {} log:\n{}", a.name(), a.log_tail(30)))?;
-    }
-    progress.say(&format!("{} agents ready", agents.len()));
-
-    let mut envoys = Vec::new();
-    for (i, a) in agents.iter().enumerate() {
-        let e = EnvoyProc::new(
-            &envoy,
-            &run_dir.join(format!("envoy-{}", i + 1)),
-            &format!("sidecar-{}", i + 1),
-            REGION,
-            ZONE,
-            a.xds_addr(),
-            SERVICE,
-        )?;
-        if !params.break_load_reports {
-            e.report_load()?;
-        }
-        envoys.push(e);
-    }
-    for e in &mut envoys {
-        e.start()?;
-    }
-    for e in &mut envoys {
-        e.wait_routing(START_DEADLINE)
-            .await
-            .with_context(|| format!("envoy log:\n{}", e.log_tail(30)))?;
-    }
-    let want = params.backends as u64;
-    wait_until("every backend eligible from probes", START_DEADLINE, async || {
-        let body = get_json(api, "/v1/services").await?;
-        let counts = report::counts_from_services(&body, &[SERVICE.to_owned()]);
-        (counts.get("eligible") == Some(&want)).then_some(())
-    })
-    .await
-    .with_context(|| format!("authority log:\n{}", authority.log_tail(30)))?;
-    for e in &envoys {
-        wait_until("Envoy holds every backend", START_DEADLINE, async || {
-            (e.endpoints(SERVICE).await == Some(params.backends)).then_some(())
-        })
-        .await?;
-    }
     if params.break_load_reports {
         progress.say("Envoys run WITHOUT load reporting (--break-load-reports)");
     }
-    progress.say(&format!(
-        "{} Envoys routing to {} eligible backends",
-        envoys.len(),
-        params.backends
-    ));
+    let rig = Rig::start(&spec, &waymark, &envoy, run_dir, |l| progress.say(l)).await?;
+    let Rig {
+        authority,
+        fleet,
+        agents,
+        envoys,
+    } = &rig;
+    let api = authority.http_addr();
+    let (hard, grey) = pick_two(fleet.ids().keys().cloned().collect(), params.seed);
+    progress.say(&format!("{hard} will fail hard, {grey} will turn grey"));
 
-    let result = drive(
-        &params, &fleet, &agents, &envoys, api, &hard, &grey, run_dir,
-    )
-    .await;
+    let result = drive(&params, fleet, agents, envoys, api, &hard, &grey, run_dir).await;
     fleet.shutdown().await;
     let report = result?;
     report::finish(run_dir, &report)?;
@@ -445,10 +375,27 @@ async fn drive(
             );
         }
     }
+    // An agent admits new streams at a capped rate (reconnection admission), so the
+    // synthetic callers may take a few seconds to all hold a view.
+    let n = params.backends;
+    wait_until(
+        "every caller holds every backend",
+        START_DEADLINE,
+        async || {
+            watchers
+                .snapshot()
+                .iter()
+                .all(|l| l.at(u64::MAX).values().filter(|s| s.usable).count() == n)
+                .then_some(())
+        },
+    )
+    .await?;
+    progress.event("every caller holds every backend");
     let generators: Vec<Generator> = envoys
         .iter()
         .map(|e| Generator::start(e.listener_addr(), params.rate, REQUEST_TIMEOUT, epoch))
         .collect();
+    let traffic_ms = now_ms();
     progress.event(&format!(
         "traffic at {}/s through each of {} Envoys; {} callers watched",
         params.rate,
@@ -460,7 +407,7 @@ async fn drive(
     let (hard_addr, grey_addr) = (addr(hard), addr(grey));
     let (hard_id, grey_id) = (fleet.ids()[hard].clone(), fleet.ids()[grey].clone());
 
-    tokio::time::sleep_until(epoch + Duration::from_secs(params.baseline_s)).await;
+    tokio::time::sleep(Duration::from_secs(params.baseline_s)).await;
     let fault_ms = now_ms();
     fleet.set_mode(hard, Mode::FailHard)?;
     fleet.set_mode(grey, Mode::Slow)?;
@@ -490,18 +437,22 @@ async fn drive(
             && let Some(e) = get_json(api, &format!("/v1/instances/{hard_id}/explain")).await
             && e["verdict"].as_str().is_some_and(|v| v != "eligible")
         {
-            let rule = format!("{} by {}", e["verdict"], e["rule"]);
+            let rule = format!(
+                "{} by {}",
+                e["verdict"].as_str().unwrap_or("?"),
+                e["rule"].as_str().unwrap_or("?")
+            );
             progress.event(&format!("authority: {hard} {rule} after {since} ms"));
             hard_rule = Some(rule);
         }
         let logs = watchers.snapshot();
         let all = |a: &str, stop| {
-            logs.iter()
-                .all(|l| l.at(fault_ms).get(a).is_none() || stop_time(l, a, fault_ms, stop).is_some())
+            logs.iter().all(|l| {
+                !l.at(fault_ms).get(a).is_some_and(|s| s.usable)
+                    || stop_time(l, a, fault_ms, stop).is_some()
+            })
         };
-        if settled_at.is_none()
-            && all(&hard_addr, Stop::Removed)
-            && all(&grey_addr, Stop::Shifted)
+        if settled_at.is_none() && all(&hard_addr, Stop::Removed) && all(&grey_addr, Stop::Shifted)
         {
             progress.event(&format!("every caller has moved off both after {since} ms"));
             settled_at = Some(Instant::now());
@@ -546,7 +497,7 @@ async fn drive(
     let before = figures::phase(
         &outcomes,
         Window {
-            start_ms: 0,
+            start_ms: traffic_ms,
             end_ms: fault_ms,
         },
         &[],
@@ -555,7 +506,7 @@ async fn drive(
         &outcomes,
         Window {
             start_ms: fault_ms,
-            end_ms: end_ms,
+            end_ms,
         },
         &[],
     );
@@ -625,7 +576,10 @@ mod tests {
     fn quantiles_count_callers_that_never_stopped_as_slowest() {
         let f = callers(&[Some(100), Some(300), Some(200)]);
         assert_eq!((f.callers, f.stopped), (3, 3));
-        assert_eq!((f.p50_ms, f.p99_ms, f.max_ms), (Some(200), Some(300), Some(300)));
+        assert_eq!(
+            (f.p50_ms, f.p99_ms, f.max_ms),
+            (Some(200), Some(300), Some(300))
+        );
         let f = callers(&[Some(100), None]);
         assert_eq!(f.p50_ms, Some(100));
         assert_eq!(f.p99_ms, None);
@@ -634,7 +588,10 @@ mod tests {
     #[test]
     fn explain_answers_are_read_until_the_first_that_is_not_eligible() {
         let mut e = GreyEvidence::default();
-        e.observe(1_000, &serde_json::json!({"verdict": "eligible", "rule": "Passing"}));
+        e.observe(
+            1_000,
+            &serde_json::json!({"verdict": "eligible", "rule": "Passing"}),
+        );
         assert_eq!(e.caught_ms, None);
         let e = caught("Uncorroborated { failing: Passive }", 0);
         assert_eq!(e.caught_ms, Some(4_000));
@@ -646,11 +603,21 @@ mod tests {
     fn the_verdict_holds_both_budgets_and_the_passive_catch() {
         let b = Budget::default();
         let fast = callers(&[Some(500), Some(900)]);
-        let ok = hard_vs_grey_verdict(&fast, &fast, &caught("Uncorroborated { failing: Passive }", 0), &b);
+        let ok = hard_vs_grey_verdict(
+            &fast,
+            &fast,
+            &caught("Uncorroborated { failing: Passive }", 0),
+            &b,
+        );
         assert!(ok.pass, "{ok:?}");
 
         let slow = callers(&[Some(500), Some(b.hard_p99_ms + 1)]);
-        let v = hard_vs_grey_verdict(&slow, &fast, &caught("Uncorroborated { failing: Passive }", 0), &b);
+        let v = hard_vs_grey_verdict(
+            &slow,
+            &fast,
+            &caught("Uncorroborated { failing: Passive }", 0),
+            &b,
+        );
         assert_eq!(v.failures.len(), 1, "{v:?}");
         assert!(v.failures[0].starts_with("hard: p99"), "{v:?}");
 
@@ -660,7 +627,12 @@ mod tests {
         assert_eq!(v.failures.len(), 2, "{v:?}");
 
         // Caught by the probe: not the claim.
-        let v = hard_vs_grey_verdict(&fast, &fast, &caught("Corroborated { failing: Probe, by: Passive }", 900), &b);
+        let v = hard_vs_grey_verdict(
+            &fast,
+            &fast,
+            &caught("Corroborated { failing: Probe, by: Passive }", 900),
+            &b,
+        );
         assert_eq!(v.failures.len(), 2, "{v:?}");
     }
 

@@ -194,7 +194,14 @@ keys = ["{key}"]
     /// Waits for `/readyz`, within `deadline`.
     pub async fn wait_ready(&mut self, deadline: Duration) -> anyhow::Result<()> {
         let proc = self.proc.as_mut().context("the authority is not running")?;
-        wait_serving(proc, "the authority's /readyz", deadline, self.http, "/readyz").await
+        wait_serving(
+            proc,
+            "the authority's /readyz",
+            deadline,
+            self.http,
+            "/readyz",
+        )
+        .await
     }
 
     /// The last lines of its log.
@@ -333,7 +340,9 @@ pub struct ProbedFleet {
 
 impl std::fmt::Debug for ProbedFleet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProbedFleet").field("ids", &self.ids).finish()
+        f.debug_struct("ProbedFleet")
+            .field("ids", &self.ids)
+            .finish()
     }
 }
 
@@ -490,4 +499,146 @@ pub async fn get_json(api: SocketAddr, path: &str) -> Option<Value> {
     (r.status == 200)
         .then(|| serde_json::from_str(&r.body).ok())
         .flatten()
+}
+
+/// What [`Rig::start`] builds.
+#[derive(Debug, Clone)]
+pub struct RigSpec {
+    pub region: String,
+    pub zone: String,
+    pub service: String,
+    /// The service's contract (e.g. [`probed_contract`]).
+    pub contract: Value,
+    /// Demo backends of the service (all in `zone`).
+    pub backends: usize,
+    pub backend_options: BackendOptions,
+    /// Node agents, each with one Envoy.
+    pub envoys: usize,
+    /// Envoys report load to their agent (the deployed bootstraps do).
+    pub load_reports: bool,
+    /// Extra environment for the authority.
+    pub authority_env: Vec<(String, String)>,
+    /// Gossip key and nothing else random.
+    pub seed: u64,
+    /// How long any process may take to become ready.
+    pub deadline: Duration,
+}
+
+/// An evidence-capable region with traffic-ready Envoys: the authority, the fleet under
+/// the spec's contract, one agent and one Envoy per caller host. Every process dies with it.
+#[derive(Debug)]
+pub struct Rig {
+    pub authority: EvidenceAuthority,
+    pub fleet: ProbedFleet,
+    pub agents: Vec<EvidenceAgent>,
+    pub envoys: Vec<super::envoy::EnvoyProc>,
+}
+
+impl Rig {
+    /// Starts everything under `dir` and waits until every backend is eligible from probes
+    /// and every Envoy routes to all of them. `say` gets progress lines.
+    pub async fn start(
+        spec: &RigSpec,
+        waymark: &Path,
+        envoy: &Path,
+        dir: &Path,
+        say: impl Fn(&str),
+    ) -> anyhow::Result<Self> {
+        let d = spec.deadline;
+        let pki = RegionPki::create(&dir.join("pki"), &spec.region, spec.seed)?;
+        let env: Vec<(&str, &str)> = spec
+            .authority_env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let mut authority =
+            EvidenceAuthority::new(waymark, &dir.join("authority"), &pki, &spec.zone, &env)?;
+        authority.start()?;
+        authority
+            .wait_ready(d)
+            .await
+            .with_context(|| format!("authority log:\n{}", authority.log_tail(30)))?;
+        let api = authority.http_addr();
+        say(&format!("authority ready on {api}"));
+        let fleet = ProbedFleet::start(
+            api,
+            &spec.service,
+            spec.contract.clone(),
+            spec.backends,
+            (&spec.region, &spec.zone, "n1"),
+            spec.backend_options.clone(),
+            d,
+        )
+        .await?;
+        say(&format!("{} backends registered", fleet.ids().len()));
+        let mut agents = Vec::new();
+        for i in 1..=spec.envoys {
+            let mut a = EvidenceAgent::new(
+                waymark,
+                &dir.join(format!("agent-{i}")),
+                &pki,
+                &format!("n{i}"),
+                &spec.zone,
+                &authority,
+            )?;
+            a.start()?;
+            agents.push(a);
+        }
+        for a in &mut agents {
+            a.wait_ready(d)
+                .await
+                .with_context(|| format!("agent {} log:\n{}", a.name(), a.log_tail(30)))?;
+        }
+        say(&format!("{} agents ready", agents.len()));
+        let mut envoys = Vec::new();
+        for (i, a) in agents.iter().enumerate() {
+            let e = super::envoy::EnvoyProc::new(
+                envoy,
+                &dir.join(format!("envoy-{}", i + 1)),
+                &format!("sidecar-{}", i + 1),
+                &spec.region,
+                &spec.zone,
+                a.xds_addr(),
+                &spec.service,
+            )?;
+            if spec.load_reports {
+                e.report_load()?;
+            }
+            envoys.push(e);
+        }
+        for e in &mut envoys {
+            e.start()?;
+        }
+        for e in &mut envoys {
+            e.wait_routing(d)
+                .await
+                .with_context(|| format!("envoy log:\n{}", e.log_tail(30)))?;
+        }
+        let want = spec.backends as u64;
+        let services = [spec.service.clone()];
+        wait_until("every backend eligible from probes", d, async || {
+            let body = get_json(api, "/v1/services").await?;
+            let counts = crate::drill::report::counts_from_services(&body, &services);
+            (counts.get("eligible") == Some(&want)).then_some(())
+        })
+        .await
+        .with_context(|| format!("authority log:\n{}", authority.log_tail(30)))?;
+        for e in &envoys {
+            wait_until("Envoy holds every backend", d, async || {
+                (e.endpoints(&spec.service).await == Some(spec.backends)).then_some(())
+            })
+            .await?;
+        }
+        say(&format!(
+            "{} Envoys routing to {} eligible backends",
+            envoys.len(),
+            spec.backends
+        ));
+        Ok(Self {
+            authority,
+            fleet,
+            agents,
+            envoys,
+        })
+    }
 }
