@@ -162,7 +162,8 @@ pub struct GreyEvidence {
     /// The verdict and the rule that fired then.
     pub verdict: Option<String>,
     pub rule: Option<String>,
-    /// Whether the rule names passive evidence as the failing class.
+    /// Whether the rule names passive evidence as the failing class (`failing: Passive`;
+    /// passive merely corroborating a failing probe does not count).
     pub passive_named: bool,
     /// The probe and passive scores then (permille).
     pub probe_score: Option<u16>,
@@ -193,7 +194,7 @@ impl GreyEvidence {
         };
         self.caught_ms = Some(at_ms);
         self.verdict = Some(verdict.to_owned());
-        self.passive_named = rule.contains("Passive");
+        self.passive_named = rule.contains("failing: Passive");
         self.rule = Some(rule);
         self.probe_score = score("probe");
         self.passive_score = score("passive");
