@@ -63,7 +63,7 @@ enum Drill {
     /// One replica killed, another made slow but alive (probe green): the time until the
     /// callers stop using each; the grey one must be caught by passive evidence.
     HardVsGrey {
-        /// `short` (3 Envoys, 30 synthetic callers) or `full` (5 Envoys, 1,000).
+        /// `short` (3 Envoys, 30 synthetic callers) or `full` (5 Envoys, 250).
         #[arg(long, value_enum, default_value = "full")]
         scale: Scale,
         /// Where the processes keep state and logs.
@@ -80,7 +80,7 @@ enum Drill {
     /// A contract whose probe fails every replica pushed under traffic: the service must
     /// degrade with `health_disregarded` declared and the alarm raised, never drain.
     BadHealthCheck {
-        /// `short` (25 s under the bad contract) or `full` (5 minutes, 200 subscribers).
+        /// `short` (25 s under the bad contract) or `full` (5 minutes, 50 subscribers).
         #[arg(long, value_enum, default_value = "full")]
         scale: Scale,
         /// Override how long the bad contract stays in force (`30s`, `10m`).

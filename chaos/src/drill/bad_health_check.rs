@@ -41,6 +41,9 @@ const REGION: &str = "r1";
 const ZONE: &str = "z1";
 const SERVICE: &str = "web";
 const START_DEADLINE: Duration = Duration::from_secs(60);
+/// How long the synthetic callers may take to all hold a view: an agent admits new
+/// streams at a capped rate (reconnection admission), so many subscribers take a while.
+const SUBSCRIBE_DEADLINE: Duration = Duration::from_secs(180);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 const WATCH_EVERY: Duration = Duration::from_millis(100);
 /// How often the authority's view, markers and alarms are read.
@@ -96,7 +99,7 @@ impl Params {
     pub fn for_scale(scale: Scale) -> Self {
         let (backends, subscribers, observe_s) = match scale {
             Scale::Short => (4, 10, 25),
-            Scale::Full => (6, 200, 300),
+            Scale::Full => (6, 50, 300),
         };
         Self {
             scale,
@@ -394,7 +397,7 @@ async fn drive(params: &Params, rig: &Rig, run_dir: &Path) -> anyhow::Result<Rep
     let n = params.backends;
     wait_until(
         "every caller holds every backend",
-        START_DEADLINE,
+        SUBSCRIBE_DEADLINE,
         async || {
             watchers
                 .snapshot()
