@@ -451,13 +451,23 @@ impl Term<'_> {
             {
                 p.handle_applied(now, done, s.registry());
             }
-            if matches!(done, Applied::AssignmentSet) {
+            // A contract change is a change of what the probers check (kind, path,
+            // interval): hand them the new targets at once, not at the next reassignment.
+            if matches!(
+                done,
+                Applied::AssignmentSet | Applied::ServicePut | Applied::ServiceRemoved
+            ) {
                 self.ctx.hub.refresh_targets(s.registry());
             }
         });
+        // A contract that gains or loses its probe changes which instances are targets.
         if matches!(
             done,
-            Applied::Registered { .. } | Applied::Observed { .. } | Applied::Retired { .. }
+            Applied::Registered { .. }
+                | Applied::Observed { .. }
+                | Applied::Retired { .. }
+                | Applied::ServicePut
+                | Applied::ServiceRemoved
         ) {
             self.assignment_dirty = true;
         }

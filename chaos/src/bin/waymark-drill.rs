@@ -7,7 +7,7 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use waymark_chaos::bench::{self, Shape};
-use waymark_chaos::drill::{self, Scale, outage};
+use waymark_chaos::drill::{self, Scale, bad_health_check, hard_vs_grey, outage};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -64,6 +64,40 @@ enum Drill {
         /// (the verdict must then fail).
         #[arg(long)]
         break_cache: bool,
+    },
+    /// One replica killed, another made slow but alive (probe green): the time until the
+    /// callers stop using each; the grey one must be caught by passive evidence.
+    HardVsGrey {
+        /// `short` (3 Envoys, 30 synthetic callers) or `full` (5 Envoys, 250).
+        #[arg(long, value_enum, default_value = "full")]
+        scale: Scale,
+        /// Where the processes keep state and logs.
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Chooses which replicas fail.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Break the property on purpose: Envoys without load reporting, so no passive
+        /// evidence reaches the evaluator (the verdict must then fail).
+        #[arg(long)]
+        break_load_reports: bool,
+    },
+    /// A contract whose probe fails every replica pushed under traffic: the service must
+    /// degrade with `health_disregarded` declared and the alarm raised, never drain.
+    BadHealthCheck {
+        /// `short` (25 s under the bad contract) or `full` (5 minutes, 50 subscribers).
+        #[arg(long, value_enum, default_value = "full")]
+        scale: Scale,
+        /// Override how long the bad contract stays in force (`30s`, `10m`).
+        #[arg(long, value_parser = drill::parse_duration)]
+        duration: Option<std::time::Duration>,
+        /// Where the processes keep state and logs.
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Break the property on purpose: the authority runs without its fraction guard
+        /// (`WAYMARK_UNSAFE_DISABLE_FRACTION_GUARD=1`); the verdict must then fail.
+        #[arg(long)]
+        break_fraction_guard: bool,
     },
 }
 
@@ -330,6 +364,52 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
                 dir.display()
             );
             let report = runtime.block_on(outage::run(params, &dir))?;
+            let pass = report.verdict.pass;
+            (serde_json::to_string(&report)?, pass)
+        }
+        Drill::HardVsGrey {
+            scale,
+            dir,
+            seed,
+            break_load_reports,
+        } => {
+            let mut params = hard_vs_grey::Params::for_scale(scale);
+            params.break_load_reports = break_load_reports;
+            if let Some(s) = seed {
+                params.seed = s;
+            }
+            let dir = dir.unwrap_or_else(|| default_run_dir("hard-vs-grey"));
+            eprintln!(
+                "drill hard-vs-grey: {} Envoys, {} synthetic callers, {} backends, state in {}",
+                params.envoys,
+                params.envoys * params.subscribers_per_agent,
+                params.backends,
+                dir.display()
+            );
+            let report = runtime.block_on(hard_vs_grey::run(params, &dir))?;
+            let pass = report.verdict.pass;
+            (serde_json::to_string(&report)?, pass)
+        }
+        Drill::BadHealthCheck {
+            scale,
+            duration,
+            dir,
+            break_fraction_guard,
+        } => {
+            let mut params = bad_health_check::Params::for_scale(scale);
+            params.break_fraction_guard = break_fraction_guard;
+            if let Some(d) = duration {
+                anyhow::ensure!(d.as_secs() >= 5, "--duration must be at least 5 s");
+                params.observe_s = d.as_secs();
+            }
+            let dir = dir.unwrap_or_else(|| default_run_dir("bad-health-check"));
+            eprintln!(
+                "drill bad-health-check: {} backends, bad contract for {} s, state in {}",
+                params.backends,
+                params.observe_s,
+                dir.display()
+            );
+            let report = runtime.block_on(bad_health_check::run(params, &dir))?;
             let pass = report.verdict.pass;
             (serde_json::to_string(&report)?, pass)
         }
