@@ -1,0 +1,269 @@
+//! Network partitions between real processes: a network namespace joined to the root
+//! namespace by a veth pair, and nftables rules that drop what crosses it.
+//!
+//! ```text
+//!   root namespace                         namespace <tag>
+//!   host_ip (10.a.b.1) ── veth <tag>h ═══ <tag>n ── ns_ip (10.a.b.2)
+//!   input: iifname <tag>h drop             input: iifname <tag>n drop
+//!          (ns → root, while partitioned)         (root → ns, while partitioned)
+//! ```
+//!
+//! Drops are on the receiver's *input* hook: an output-hook drop makes `sendto` fail with
+//! EPERM, which a process sees as an error instead of a lost packet. The root-namespace
+//! rule is scoped to the veth's `iifname`, so no other traffic of the host is touched.
+//! Processes in the root namespace reach the namespace at [`Netns::ns_ip`]; processes
+//! inside it reach the root namespace at [`Netns::host_ip`] (so whatever both sides must
+//! reach binds there, not on 127.0.0.1, which is private to each namespace).
+//!
+//! Names are unique per run (`wm<pid><index>`), so parallel runs do not collide; whatever
+//! an earlier process with the same pid left is removed before creating. [`Drop`] removes
+//! the namespace, the veth pair and the rules, also when the drill fails. Needs root (or
+//! CAP_NET_ADMIN), `ip` (iproute2) and `nft` (nftables): without them creation fails with
+//! a message saying so — a drill that needs a partition never skips.
+
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use anyhow::Context as _;
+
+/// Namespaces created by this process so far (part of each name).
+static CREATED: AtomicU32 = AtomicU32::new(0);
+
+/// One network namespace with a veth pair to the root namespace. See the module docs.
+#[derive(Debug)]
+pub struct Netns {
+    tag: String,
+    host_ip: Ipv4Addr,
+    ns_ip: Ipv4Addr,
+    partitioned: bool,
+}
+
+impl Netns {
+    /// Creates the namespace, the veth pair and their addresses (loopback up inside).
+    pub fn create() -> anyhow::Result<Self> {
+        let index = CREATED.fetch_add(1, Ordering::SeqCst);
+        let pid = std::process::id();
+        let tag = format!("wm{pid:x}{index:x}");
+        anyhow::ensure!(
+            tag.len() <= 14,
+            "namespace tag {tag} too long for a veth name"
+        );
+        let (host_ip, ns_ip) = subnet(pid, index);
+        let ns = Self {
+            tag,
+            host_ip,
+            ns_ip,
+            partitioned: false,
+        };
+        ns.remove_leftovers();
+        ns.build().with_context(|| {
+            format!(
+                "creating network namespace {} (partition drills need root or CAP_NET_ADMIN, \
+                 iproute2's `ip` and nftables' `nft`: apt-get install iproute2 nftables)",
+                ns.tag
+            )
+        })?;
+        Ok(ns)
+    }
+
+    /// The namespace's name (what `ip netns exec` takes).
+    pub fn name(&self) -> &str {
+        &self.tag
+    }
+
+    /// The root namespace's end of the veth: how processes inside reach the root side.
+    pub fn host_ip(&self) -> Ipv4Addr {
+        self.host_ip
+    }
+
+    /// The namespace's own address: how processes in the root namespace reach it.
+    pub fn ns_ip(&self) -> Ipv4Addr {
+        self.ns_ip
+    }
+
+    /// The command prefix that runs a program inside the namespace.
+    pub fn exec_prefix(&self) -> Vec<String> {
+        ["ip", "netns", "exec", &self.tag]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect()
+    }
+
+    /// Whether [`partition`](Self::partition) is in force.
+    pub fn is_partitioned(&self) -> bool {
+        self.partitioned
+    }
+
+    /// Drops every packet crossing the veth, both ways, on each receiver's input hook.
+    /// Established connections are black-holed (no RST), as in a real partition.
+    pub fn partition(&mut self) -> anyhow::Result<()> {
+        if self.partitioned {
+            return Ok(());
+        }
+        let (host_if, ns_if) = (self.host_if(), self.ns_if());
+        nft(None, &drop_ruleset(&self.tag, &host_if)).context("root namespace rule")?;
+        nft(Some(&self.tag), &drop_ruleset(&self.tag, &ns_if)).context("namespace rule")?;
+        self.partitioned = true;
+        Ok(())
+    }
+
+    /// Removes the partition's rules on both sides.
+    pub fn heal(&mut self) -> anyhow::Result<()> {
+        nft(None, &format!("delete table inet {}\n", self.tag)).context("root namespace rule")?;
+        nft(
+            Some(&self.tag),
+            &format!("delete table inet {}\n", self.tag),
+        )
+        .context("namespace rule")?;
+        self.partitioned = false;
+        Ok(())
+    }
+
+    fn host_if(&self) -> String {
+        format!("{}h", self.tag)
+    }
+
+    fn ns_if(&self) -> String {
+        format!("{}n", self.tag)
+    }
+
+    fn build(&self) -> anyhow::Result<()> {
+        let (tag, host_if, ns_if) = (&self.tag, self.host_if(), self.ns_if());
+        let host = format!("{}/30", self.host_ip);
+        let inside = format!("{}/30", self.ns_ip);
+        ip(&["netns", "add", tag])?;
+        ip(&[
+            "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if, "netns", tag,
+        ])?;
+        ip(&["addr", "add", &host, "dev", &host_if])?;
+        ip(&["link", "set", &host_if, "up"])?;
+        ip(&["-n", tag, "addr", "add", &inside, "dev", &ns_if])?;
+        ip(&["-n", tag, "link", "set", &ns_if, "up"])?;
+        ip(&["-n", tag, "link", "set", "lo", "up"])?;
+        // nft must work here too: fail now, not at the partition.
+        nft(
+            None,
+            &format!("add table inet {tag}\ndelete table inet {tag}\n"),
+        )?;
+        Ok(())
+    }
+
+    /// Removes what an earlier process with the same pid left under these names.
+    fn remove_leftovers(&self) {
+        let _ = quiet("nft", &["delete", "table", "inet", &self.tag]);
+        let _ = quiet("ip", &["netns", "del", &self.tag]);
+        let _ = quiet("ip", &["link", "del", &self.host_if()]);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting the namespace destroys its end of the veth and with it the pair; the
+        // link delete is for a namespace that was never created.
+        let _ = quiet("nft", &["delete", "table", "inet", &self.tag]);
+        let _ = quiet("ip", &["netns", "del", &self.tag]);
+        let _ = quiet("ip", &["link", "del", &self.host_if()]);
+    }
+}
+
+/// The /30 of namespace `index` of process `pid`, in 10.64.0.0/10 (away from the usual
+/// 10.0/16 and 10.1/16 of container and VPN setups): (root side, namespace side).
+pub fn subnet(pid: u32, index: u32) -> (Ipv4Addr, Ipv4Addr) {
+    // 20 bits of subnet number (22 host bits of 10.64.0.0/10 in /30s): 17 from the pid,
+    // 3 from the index.
+    let n = ((pid & 0x1_ffff) << 3) | (index & 0x7);
+    let base = (10u32 << 24) | (1 << 22) | (n << 2);
+    (Ipv4Addr::from(base + 1), Ipv4Addr::from(base + 2))
+}
+
+/// An nftables table `tag` dropping everything that arrives on `iface`.
+pub fn drop_ruleset(tag: &str, iface: &str) -> String {
+    format!(
+        "table inet {tag} {{\n  chain input {{\n    type filter hook input priority -10; policy accept;\n    iifname \"{iface}\" drop\n  }}\n}}\n"
+    )
+}
+
+/// `ip ARGS…`, failing with its stderr.
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    run(Command::new("ip").args(args), "ip")
+}
+
+/// `nft -f -` with `script` on stdin, in the root namespace or in `netns`.
+fn nft(netns: Option<&str>, script: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, "nft", "-f", "-"]);
+            c
+        }
+        None => {
+            let mut c = Command::new("nft");
+            c.args(["-f", "-"]);
+            c
+        }
+    };
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running `nft` (nftables installed? apt-get install nftables)")?;
+    child
+        .stdin
+        .take()
+        .context("nft's stdin")?
+        .write_all(script.as_bytes())?;
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "nft ({}) failed ({}): {}\nscript:\n{script}",
+        netns.unwrap_or("root namespace"),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+fn run(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("running `{what}` (is it installed?)"))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+fn quiet(program: &str, args: &[&str]) -> std::io::Result<std::process::Output> {
+    Command::new(program).args(args).output()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subnets_differ_per_namespace_and_per_process() {
+        let (h, n) = subnet(1234, 0);
+        assert_eq!(u32::from(n), u32::from(h) + 1);
+        assert_eq!(u32::from(h) & 3, 1, "{h} is the first host of a /30");
+        assert_ne!(subnet(1234, 1).0, h);
+        assert_ne!(subnet(1235, 0).0, h);
+        assert_eq!(h.octets()[0], 10);
+        assert!((0x40..0x80).contains(&h.octets()[1]), "{h}");
+    }
+
+    #[test]
+    fn the_ruleset_drops_only_on_the_named_interface() {
+        let r = drop_ruleset("wm1", "wm1h");
+        assert!(r.contains("hook input"), "{r}");
+        assert!(r.contains("iifname \"wm1h\" drop"), "{r}");
+        assert!(r.contains("policy accept"), "{r}");
+        assert!(!r.contains("hook output"), "{r}");
+    }
+}
