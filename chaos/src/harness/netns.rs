@@ -3,10 +3,18 @@
 //!
 //! ```text
 //!   root namespace                         namespace <tag>
-//!   host_ip (10.a.b.1) ── veth <tag>h ═══ <tag>n ── ns_ip (10.a.b.2)
-//!   input: iifname <tag>h drop             input: iifname <tag>n drop
+//!   host_ip (10.a.b.1) ── veth <tag>h ═══ <tag>n ── ns_ip (10.a.b.2), more via add_address
+//!   input: iifname <tag>h [ip saddr S] drop input: iifname <tag>n [ip daddr S] drop
 //!          (ns → root, while partitioned)         (root → ns, while partitioned)
 //! ```
+//!
+//! Each namespace has a /28: several addresses inside stand for several hosts, and a
+//! partition may cut the whole namespace or only some of its addresses (traffic between
+//! addresses inside the namespace never crosses the veth, so it is never cut). Mind the
+//! kernel's source-address choice: a connection from inside leaves from the first address
+//! unless the program binds another, so an address cut only isolates programs that bind.
+//! Processes in two namespaces reach each other only through the root namespace, which
+//! does not forward (the host's forwarding settings are left alone).
 //!
 //! Drops are on the receiver's *input* hook: an output-hook drop makes `sendto` fail with
 //! EPERM, which a process sees as an error instead of a lost packet. The root-namespace
@@ -36,7 +44,18 @@ pub struct Netns {
     tag: String,
     host_ip: Ipv4Addr,
     ns_ip: Ipv4Addr,
-    partitioned: bool,
+    /// Every address inside, `ns_ip` first.
+    addrs: Vec<Ipv4Addr>,
+    cut: Option<Cut>,
+}
+
+/// What a partition cuts off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cut {
+    /// Everything crossing the veth.
+    All,
+    /// Only traffic to and from these addresses inside the namespace.
+    Addrs(Vec<Ipv4Addr>),
 }
 
 impl Netns {
@@ -54,9 +73,18 @@ impl Netns {
             tag,
             host_ip,
             ns_ip,
-            partitioned: false,
+            addrs: vec![ns_ip],
+            cut: None,
         };
         ns.remove_leftovers();
+        let taken = Command::new("ip").args(["-4", "-o", "addr"]).output();
+        if let Ok(out) = taken {
+            let text = String::from_utf8_lossy(&out.stdout);
+            anyhow::ensure!(
+                !text.contains(&format!("inet {host_ip}/")),
+                "{host_ip} is already an address of this host: another run's namespace?"
+            );
+        }
         ns.build().with_context(|| {
             format!(
                 "creating network namespace {} (partition drills need root or CAP_NET_ADMIN, \
@@ -82,6 +110,30 @@ impl Netns {
         self.ns_ip
     }
 
+    /// Adds one more address inside the namespace (another "host" there) and returns it.
+    pub fn add_address(&mut self) -> anyhow::Result<Ipv4Addr> {
+        let last = *self
+            .addrs
+            .last()
+            .expect("the namespace has its first address");
+        let next = Ipv4Addr::from(u32::from(last) + 1);
+        anyhow::ensure!(
+            u32::from(next) & 0xf < 0xf,
+            "no address left in the namespace's /28"
+        );
+        ip(&[
+            "-n",
+            &self.tag,
+            "addr",
+            "add",
+            &format!("{next}/28"),
+            "dev",
+            &self.ns_if(),
+        ])?;
+        self.addrs.push(next);
+        Ok(next)
+    }
+
     /// The command prefix that runs a program inside the namespace.
     pub fn exec_prefix(&self) -> Vec<String> {
         ["ip", "netns", "exec", &self.tag]
@@ -90,33 +142,46 @@ impl Netns {
             .collect()
     }
 
-    /// Whether [`partition`](Self::partition) is in force.
-    pub fn is_partitioned(&self) -> bool {
-        self.partitioned
+    /// What is cut off now, if anything.
+    pub fn cut(&self) -> Option<&Cut> {
+        self.cut.as_ref()
     }
 
     /// Drops every packet crossing the veth, both ways, on each receiver's input hook.
     /// Established connections are black-holed (no RST), as in a real partition.
     pub fn partition(&mut self) -> anyhow::Result<()> {
-        if self.partitioned {
-            return Ok(());
-        }
-        let (host_if, ns_if) = (self.host_if(), self.ns_if());
-        nft(None, &drop_ruleset(&self.tag, &host_if)).context("root namespace rule")?;
-        nft(Some(&self.tag), &drop_ruleset(&self.tag, &ns_if)).context("namespace rule")?;
-        self.partitioned = true;
-        Ok(())
+        self.apply(Cut::All)
+    }
+
+    /// Drops only packets to and from `addrs` (addresses inside the namespace), both ways;
+    /// replaces whatever partition was in force.
+    pub fn partition_addrs(&mut self, addrs: &[Ipv4Addr]) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            addrs.iter().all(|a| self.addrs.contains(a)),
+            "{addrs:?} are not all addresses of namespace {}",
+            self.tag
+        );
+        self.apply(Cut::Addrs(addrs.to_vec()))
     }
 
     /// Removes the partition's rules on both sides.
     pub fn heal(&mut self) -> anyhow::Result<()> {
-        nft(None, &format!("delete table inet {}\n", self.tag)).context("root namespace rule")?;
-        nft(
-            Some(&self.tag),
-            &format!("delete table inet {}\n", self.tag),
-        )
-        .context("namespace rule")?;
-        self.partitioned = false;
+        if self.cut.take().is_none() {
+            return Ok(());
+        }
+        let script = format!("delete table inet {}\n", self.tag);
+        nft(None, &script).context("root namespace rule")?;
+        nft(Some(&self.tag), &script).context("namespace rule")?;
+        Ok(())
+    }
+
+    fn apply(&mut self, cut: Cut) -> anyhow::Result<()> {
+        let (host_if, ns_if) = (self.host_if(), self.ns_if());
+        let root = ruleset(&self.tag, &host_if, Side::Root, &cut);
+        let inside = ruleset(&self.tag, &ns_if, Side::Namespace, &cut);
+        nft(None, &root).context("root namespace rule")?;
+        self.cut = Some(cut);
+        nft(Some(&self.tag), &inside).context("namespace rule")?;
         Ok(())
     }
 
@@ -130,8 +195,8 @@ impl Netns {
 
     fn build(&self) -> anyhow::Result<()> {
         let (tag, host_if, ns_if) = (&self.tag, self.host_if(), self.ns_if());
-        let host = format!("{}/30", self.host_ip);
-        let inside = format!("{}/30", self.ns_ip);
+        let host = format!("{}/28", self.host_ip);
+        let inside = format!("{}/28", self.ns_ip);
         ip(&["netns", "add", tag])?;
         ip(&[
             "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if, "netns", tag,
@@ -141,6 +206,17 @@ impl Netns {
         ip(&["-n", tag, "addr", "add", &inside, "dev", &ns_if])?;
         ip(&["-n", tag, "link", "set", &ns_if, "up"])?;
         ip(&["-n", tag, "link", "set", "lo", "up"])?;
+        // Every address of the root namespace (another namespace's root side included) is
+        // reachable from inside, not only this veth's.
+        ip(&[
+            "-n",
+            tag,
+            "route",
+            "add",
+            "default",
+            "via",
+            &self.host_ip.to_string(),
+        ])?;
         // nft must work here too: fail now, not at the partition.
         nft(
             None,
@@ -167,20 +243,44 @@ impl Drop for Netns {
     }
 }
 
-/// The /30 of namespace `index` of process `pid`, in 10.64.0.0/10 (away from the usual
-/// 10.0/16 and 10.1/16 of container and VPN setups): (root side, namespace side).
+/// The /28 of namespace `index` of process `pid`, in 10.64.0.0/10 (away from the usual
+/// 10.0/16 and 10.1/16 of container and VPN setups): (root side, first namespace side).
 pub fn subnet(pid: u32, index: u32) -> (Ipv4Addr, Ipv4Addr) {
-    // 20 bits of subnet number (22 host bits of 10.64.0.0/10 in /30s): 17 from the pid,
+    // 18 bits of subnet number (22 host bits of 10.64.0.0/10 in /28s): 15 from the pid,
     // 3 from the index.
-    let n = ((pid & 0x1_ffff) << 3) | (index & 0x7);
-    let base = (10u32 << 24) | (1 << 22) | (n << 2);
+    let n = ((pid & 0x7fff) << 3) | (index & 0x7);
+    let base = (10u32 << 24) | (1 << 22) | (n << 4);
     (Ipv4Addr::from(base + 1), Ipv4Addr::from(base + 2))
 }
 
-/// An nftables table `tag` dropping everything that arrives on `iface`.
-pub fn drop_ruleset(tag: &str, iface: &str) -> String {
+/// Which side of the veth a ruleset is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The root namespace: drops what arrives from the namespace.
+    Root,
+    /// The namespace: drops what arrives from the root namespace.
+    Namespace,
+}
+
+/// The nftables script that replaces table `tag` with one dropping, on the input hook,
+/// what arrives on `iface` and matches `cut` (for [`Cut::Addrs`]: from those addresses on
+/// the root side, to them on the namespace side).
+pub fn ruleset(tag: &str, iface: &str, side: Side, cut: &Cut) -> String {
+    let matcher = match cut {
+        Cut::All => String::new(),
+        Cut::Addrs(addrs) => {
+            let list: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+            let dir = match side {
+                Side::Root => "saddr",
+                Side::Namespace => "daddr",
+            };
+            format!(" ip {dir} {{ {} }}", list.join(", "))
+        }
+    };
+    // `add` then `delete` makes the delete safe when the table does not exist yet; the
+    // whole script is one transaction.
     format!(
-        "table inet {tag} {{\n  chain input {{\n    type filter hook input priority -10; policy accept;\n    iifname \"{iface}\" drop\n  }}\n}}\n"
+        "add table inet {tag}\ndelete table inet {tag}\ntable inet {tag} {{\n  chain input {{\n    type filter hook input priority -10; policy accept;\n    iifname \"{iface}\"{matcher} drop\n  }}\n}}\n"
     )
 }
 
@@ -251,19 +351,43 @@ mod tests {
     fn subnets_differ_per_namespace_and_per_process() {
         let (h, n) = subnet(1234, 0);
         assert_eq!(u32::from(n), u32::from(h) + 1);
-        assert_eq!(u32::from(h) & 3, 1, "{h} is the first host of a /30");
+        assert_eq!(u32::from(h) & 0xf, 1, "{h} is the first host of a /28");
         assert_ne!(subnet(1234, 1).0, h);
         assert_ne!(subnet(1235, 0).0, h);
         assert_eq!(h.octets()[0], 10);
         assert!((0x40..0x80).contains(&h.octets()[1]), "{h}");
+        let (h, _) = subnet(u32::MAX, 7);
+        assert!((0x40..0x80).contains(&h.octets()[1]), "{h}");
     }
 
     #[test]
-    fn the_ruleset_drops_only_on_the_named_interface() {
-        let r = drop_ruleset("wm1", "wm1h");
+    fn a_whole_namespace_cut_drops_everything_on_the_veth_at_input() {
+        let r = ruleset("wm1", "wm1h", Side::Root, &Cut::All);
         assert!(r.contains("hook input"), "{r}");
         assert!(r.contains("iifname \"wm1h\" drop"), "{r}");
         assert!(r.contains("policy accept"), "{r}");
         assert!(!r.contains("hook output"), "{r}");
+        assert!(
+            r.starts_with("add table inet wm1\ndelete table inet wm1\n"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn an_address_cut_matches_the_source_at_root_and_the_destination_inside() {
+        let cut = Cut::Addrs(vec![
+            Ipv4Addr::new(10, 64, 0, 3),
+            Ipv4Addr::new(10, 64, 0, 4),
+        ]);
+        let root = ruleset("wm1", "wm1h", Side::Root, &cut);
+        assert!(
+            root.contains("iifname \"wm1h\" ip saddr { 10.64.0.3, 10.64.0.4 } drop"),
+            "{root}"
+        );
+        let inside = ruleset("wm1", "wm1n", Side::Namespace, &cut);
+        assert!(
+            inside.contains("iifname \"wm1n\" ip daddr { 10.64.0.3, 10.64.0.4 } drop"),
+            "{inside}"
+        );
     }
 }
