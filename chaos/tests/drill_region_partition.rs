@@ -35,7 +35,6 @@ fn the_region_partition_drill_passes_at_short_scale() {
         );
     }
     assert_eq!(report["envoy_min_endpoints"], 6, "{report:#}");
-    assert_eq!(report["during"]["errors"], 0, "{report:#}");
     let saved = std::fs::read_to_string(dir.path().join("report.json")).unwrap();
     let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
     assert_eq!(saved, report);

@@ -738,6 +738,7 @@ mod tests {
             s(9_500, &[("eligible", 4)]),
             s(13_500, &[("eligible", 2), ("unknown", 2)]),
             s(18_000, &[("eligible", 4)]),
+            s(21_000, &[("eligible", 4)]),
             s(24_000, &[("eligible", 4)]),
             s(26_000, &[("eligible", 4)]),
             s(29_000, &[("eligible", 2), ("unknown", 2)]),
@@ -752,13 +753,13 @@ mod tests {
         let z = window_states(&good_run(), w(10_000, 25_000), 2);
         assert_eq!(z.unknown_after_ms, Some(3_500));
         assert_eq!(z.reprobed_after_ms, Some(8_000));
-        assert_eq!((z.samples, z.max_unknown, z.max_out_of_rotation), (3, 2, 0));
+        assert_eq!((z.samples, z.max_unknown, z.max_out_of_rotation), (4, 2, 0));
         let a = window_states(&good_run(), w(25_000, 40_000), 4);
         assert_eq!(a.unknown_after_ms, Some(5_000));
         assert_eq!(a.reprobed_after_ms, None);
         assert_eq!(eligible_before(&good_run(), 10_000), 4);
         assert_eq!(eligible_after(&good_run(), 40_000, 4), Some(1_000));
-        assert_eq!(eligible_after(&good_run()[..8], 40_000, 4), None);
+        assert_eq!(eligible_after(&good_run()[..9], 40_000, 4), None);
     }
 
     fn judge(samples: &[StateSample], errors: u64, envoy_min: usize, zb: u64) -> Verdict {
@@ -798,7 +799,7 @@ mod tests {
         // What --break-silence produces: the fraction guard keeps the zone routed (traffic
         // fine), but the verdicts say the instances were withdrawn.
         let mut run = good_run();
-        for x in &mut run[5..8] {
+        for x in &mut run[6..9] {
             *x = s(x.t_ms, &[("ineligible", 4)]);
         }
         let v = judge(&run, 0, 4, 80);
@@ -825,7 +826,7 @@ mod tests {
     #[test]
     fn slow_silence_or_no_heal_fail() {
         let mut run = good_run();
-        run.truncate(6);
+        run.truncate(7);
         run.push(s(39_000, &[("unknown", 4)]));
         let v = judge(&run, 0, 4, 80);
         assert!(
