@@ -24,12 +24,14 @@
 //! reach binds there, not on 127.0.0.1, which is private to each namespace).
 //!
 //! Names are unique per run (`wm<pid><index>`), so parallel runs do not collide; whatever
-//! an earlier process with the same pid left is removed before creating. [`Drop`] removes
+//! an earlier process with the same pid left, and whatever runs that no longer exist left
+//! (killed before their `Drop`), is removed before creating. [`Drop`] removes
 //! the namespace, the veth pair and the rules, also when the drill fails. Needs root (or
 //! CAP_NET_ADMIN), `ip` (iproute2) and `nft` (nftables): without them creation fails with
 //! a message saying so — a drill that needs a partition never skips.
 
 use std::net::Ipv4Addr;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -37,6 +39,10 @@ use anyhow::Context as _;
 
 /// Namespaces created by this process so far (part of each name).
 static CREATED: AtomicU32 = AtomicU32::new(0);
+
+/// How many namespaces one process may create: the index is one hex digit of the name and
+/// three bits of the subnet.
+pub const NAMESPACES_MAX: u32 = 8;
 
 /// One network namespace with a veth pair to the root namespace. See the module docs.
 #[derive(Debug)]
@@ -62,12 +68,13 @@ impl Netns {
     /// Creates the namespace, the veth pair and their addresses (loopback up inside).
     pub fn create() -> anyhow::Result<Self> {
         let index = CREATED.fetch_add(1, Ordering::SeqCst);
-        let pid = std::process::id();
-        let tag = format!("wm{pid:x}{index:x}");
         anyhow::ensure!(
-            tag.len() <= 14,
-            "namespace tag {tag} too long for a veth name"
+            index < NAMESPACES_MAX,
+            "at most {NAMESPACES_MAX} namespaces per process (each has its own /28)"
         );
+        let pid = std::process::id();
+        let tag = tag(pid, index);
+        sweep_dead_runs();
         let (host_ip, ns_ip) = subnet(pid, index);
         let ns = Self {
             tag,
@@ -243,6 +250,51 @@ impl Drop for Netns {
     }
 }
 
+/// The name of namespace `index` (< [`NAMESPACES_MAX`]) of process `pid`: `wm`, the pid in
+/// hex, the index (one hex digit). At most 11 characters, so `<tag>h` fits a veth name.
+pub fn tag(pid: u32, index: u32) -> String {
+    debug_assert!(index < NAMESPACES_MAX);
+    format!("wm{pid:x}{index:x}")
+}
+
+/// The pid a [`tag`] was made for, if `name` is one.
+pub fn tag_pid(name: &str) -> Option<u32> {
+    let hex = name.strip_prefix("wm")?;
+    let (pid, index) = hex.split_at(hex.len().checked_sub(1)?);
+    let index = u32::from_str_radix(index, 16).ok()?;
+    (index < NAMESPACES_MAX && !pid.is_empty())
+        .then(|| u32::from_str_radix(pid, 16).ok())
+        .flatten()
+}
+
+/// Removes namespaces, veths and root-namespace tables named by [`tag`] for processes that
+/// no longer run (a drill killed before its `Drop` ran), so they neither pile up nor collide.
+/// A name whose pid runs again is left alone: it may be a live run.
+fn sweep_dead_runs() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+    let tables = Command::new("nft")
+        .args(["list", "tables", "inet"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let names = listed
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .chain(tables.lines().filter_map(|l| l.split_whitespace().nth(2)));
+    let dead: std::collections::BTreeSet<String> = names
+        .filter(|n| tag_pid(n).is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()))
+        .map(str::to_owned)
+        .collect();
+    for name in dead {
+        let _ = quiet("nft", &["delete", "table", "inet", &name]);
+        let _ = quiet("ip", &["netns", "del", &name]);
+        let _ = quiet("ip", &["link", "del", &format!("{name}h")]);
+    }
+}
+
 /// The /28 of namespace `index` of process `pid`, in 10.64.0.0/10 (away from the usual
 /// 10.0/16 and 10.1/16 of container and VPN setups): (root side, first namespace side).
 pub fn subnet(pid: u32, index: u32) -> (Ipv4Addr, Ipv4Addr) {
@@ -346,6 +398,21 @@ fn quiet(program: &str, args: &[&str]) -> std::io::Result<std::process::Output> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tag_names_its_process_and_nothing_else_parses_as_one() {
+        assert_eq!(tag(0x3f2a1, 5), "wm3f2a15");
+        assert_eq!(tag_pid("wm3f2a15"), Some(0x3f2a1));
+        assert_eq!(tag_pid(&tag(u32::MAX, 7)), Some(u32::MAX));
+        assert!(
+            format!("{}h", tag(u32::MAX, 7)).len() <= 15,
+            "the veth name fits"
+        );
+        assert_eq!(tag_pid("wm1"), None);
+        assert_eq!(tag_pid("wm1f8"), None, "index out of range");
+        assert_eq!(tag_pid("cni0"), None);
+        assert_eq!(tag_pid("wmzz1"), None);
+    }
 
     #[test]
     fn subnets_differ_per_namespace_and_per_process() {
