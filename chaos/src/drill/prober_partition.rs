@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 use super::Scale;
 use super::figures::{self, PhaseFigures, Verdict, Window};
-use super::report::{self, Plots, Progress, StateSample, StateSampler};
+use super::report::{self, Distribution, Plots, Progress, StateSample, StateSampler};
 use crate::harness::backends::{DemoFleet, FleetSpec, MAX_LEASE};
 use crate::harness::envoy::EnvoyProc;
 use crate::harness::netns::Netns;
@@ -232,6 +232,22 @@ pub fn eligible_after(samples: &[StateSample], t_ms: u64, total: u64) -> Option<
         .iter()
         .find(|s| s.t_ms >= t_ms && s.counts.get("eligible").copied() == Some(total))
         .map(|s| s.t_ms - t_ms)
+}
+
+/// The recovery times plotted: every prober cut → all unknown; heal → all eligible.
+fn distributions(all_cut: &WindowStates, healed_ms: Option<u64>) -> Vec<Distribution> {
+    let one = |name: &str, v: Option<u64>| Distribution {
+        name: name.to_owned(),
+        unit: "ms".to_owned(),
+        values: v.into_iter().map(|x| x as f64).collect(),
+    };
+    vec![
+        one(
+            "every prober cut off → all unknown",
+            all_cut.unknown_after_ms,
+        ),
+        one("heal → all eligible", healed_ms),
+    ]
 }
 
 /// Everything the verdict weighs.
@@ -656,6 +672,7 @@ async fn drive(
         .collect();
     let eligible_before_cut = eligible_before(&samples, zone_cut_ms);
     let eligible_after_heal_ms = eligible_after(&samples, heal_ms, total);
+    let distributions = distributions(&all_cut_states, eligible_after_heal_ms);
     let verdict = verdict(
         &Observed {
             before: &before,
@@ -700,7 +717,7 @@ async fn drive(
         plots: Plots {
             states: samples,
             errors: report::error_series(&outcomes),
-            distributions: Vec::new(),
+            distributions,
             events: progress.events(),
         },
     })

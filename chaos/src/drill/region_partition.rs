@@ -31,7 +31,7 @@ use waymark_agent::cli::http::ApiClient;
 
 use super::Scale;
 use super::figures::{self, PhaseFigures, Verdict, Window};
-use super::report::{self, Plots, Progress, StateSampler};
+use super::report::{self, Distribution, Plots, Progress, StateSampler};
 use crate::harness::backends::{DemoFleet, FleetSpec, MAX_LEASE};
 use crate::harness::envoy::EnvoyProc;
 use crate::harness::netns::Netns;
@@ -274,6 +274,21 @@ pub fn endpoints_of(views: &Value, region: &str) -> BTreeSet<String> {
         }
     }
     out
+}
+
+/// Per surviving peer: cut → stale, heal → converged (ms).
+fn distributions(peers: &BTreeMap<String, PeerFigures>) -> Vec<Distribution> {
+    let of = |name: &str, pick: fn(&PeerFigures) -> Option<u64>| Distribution {
+        name: name.to_owned(),
+        unit: "ms".to_owned(),
+        values: peers.values().filter_map(pick).map(|v| v as f64).collect(),
+    };
+    vec![
+        of("cut → peer reports it stale", |f| f.stale_after_ms),
+        of("heal → peer reconciled and converged", |f| {
+            f.converged_after_ms
+        }),
+    ]
 }
 
 /// One region of the run.
@@ -710,6 +725,7 @@ async fn drive(
     let during = figures::phase(&outcomes, timeline.during, &[]);
     let after = figures::phase(&outcomes, timeline.after, &[]);
     let expected = REGIONS.len() * params.per_region;
+    let distributions = distributions(&figures);
     let verdict = verdict(
         &before,
         &during,
@@ -740,7 +756,7 @@ async fn drive(
         plots: Plots {
             states,
             errors: report::error_series(&outcomes),
-            distributions: Vec::new(),
+            distributions,
             events: progress.events(),
         },
     })
