@@ -120,14 +120,15 @@ pub struct AuthorityAddrs {
 }
 
 impl AuthorityAddrs {
-    /// Free ports on `ip` (probed on loopback for TCP: a namespace's address has its own
-    /// port space, and the root's host addresses share loopback's in practice).
+    /// Free ports for `ip`: TCP ports probed on loopback, UDP ports on `probe_ip` (an
+    /// address of this namespace). A namespace has a port space of its own, so a port free
+    /// here is free there too.
     pub fn pick(ip: IpAddr, probe_ip: IpAddr) -> anyhow::Result<Self> {
-        let tcp = |_: ()| -> anyhow::Result<SocketAddr> { Ok(SocketAddr::new(ip, free_port()?)) };
+        let tcp = || -> anyhow::Result<SocketAddr> { Ok(SocketAddr::new(ip, free_port()?)) };
         Ok(Self {
-            http: tcp(())?,
-            xds: tcp(())?,
-            ingest: tcp(())?,
+            http: tcp()?,
+            xds: tcp()?,
+            ingest: tcp()?,
             gossip: SocketAddr::new(ip, free_udp_port(probe_ip)?),
             federation: SocketAddr::new(ip, free_udp_port(probe_ip)?),
         })
