@@ -585,6 +585,13 @@ async fn drive(
     );
     let listener = region.envoy.listener_addr();
     let traffic = Generator::start(listener, params.rate, REQUEST_TIMEOUT, epoch);
+    let tally = traffic.tally();
+    let beat = if params.zone_cut_s + params.all_cut_s >= 600 {
+        60
+    } else {
+        10
+    };
+    let _heartbeat = progress.heartbeat(Duration::from_secs(beat), move || tally.line());
     progress.event(&format!("traffic at {}/s through {listener}", params.rate));
     let cut_ids: BTreeMap<String, String> = region.fleets[1].ids().clone();
     let at = |s: u64| epoch + Duration::from_secs(s);

@@ -583,6 +583,9 @@ async fn drive(
     let sampler = StateSampler::start(vec![traffic_api], vec![SERVICE.to_owned()], epoch);
     let listener = estate.envoy.listener_addr();
     let traffic = Generator::start(listener, params.rate, REQUEST_TIMEOUT, epoch);
+    let tally = traffic.tally();
+    let beat = if params.partition_s >= 600 { 60 } else { 10 };
+    let _heartbeat = progress.heartbeat(Duration::from_secs(beat), move || tally.line());
     progress.event(&format!("traffic at {}/s through {listener}", params.rate));
     let view_path = format!("/v1/services/{SERVICE}/view");
     let peers: Vec<&str> = REGIONS.iter().copied().filter(|r| *r != CUT).collect();
