@@ -98,9 +98,11 @@ pub struct Budget {
 impl Params {
     /// The defaults of a scale.
     pub fn for_scale(scale: Scale) -> Self {
-        let (baseline_s, zone_cut_s, all_cut_s, after_s) = match scale {
-            Scale::Short => (10, 15, 15, 10),
-            Scale::Full => (60, 300, 300, 60),
+        // After minutes cut off, an agent's evidence session redials with backoff capped at
+        // 30 s: the full scale's heal budget allows for one capped wait.
+        let (baseline_s, zone_cut_s, all_cut_s, after_s, heal_ms) = match scale {
+            Scale::Short => (10, 15, 15, 10, 30_000),
+            Scale::Full => (60, 300, 300, 60, 45_000),
         };
         Self {
             scale,
@@ -114,7 +116,7 @@ impl Params {
             seed: 1,
             budget: Budget {
                 unknown_within_ms: 10_000,
-                eligible_after_heal_ms: 30_000,
+                eligible_after_heal_ms: heal_ms,
                 error_rate_margin: 0.01,
                 min_requests: 50,
             },

@@ -92,9 +92,11 @@ pub struct Budget {
 impl Params {
     /// The defaults of a scale.
     pub fn for_scale(scale: Scale) -> Self {
-        let (baseline_s, partition_s, after_s) = match scale {
-            Scale::Short => (10, 20, 15),
-            Scale::Full => (60, 300, 60),
+        // After minutes cut off, the QUIC links redial with backoff capped at 30 s: the full
+        // scale's convergence budget allows for one capped wait.
+        let (baseline_s, partition_s, after_s, converge_ms) = match scale {
+            Scale::Short => (10, 20, 15, 15_000),
+            Scale::Full => (60, 300, 60, 45_000),
         };
         Self {
             scale,
@@ -107,7 +109,7 @@ impl Params {
             budget: Budget {
                 stale_after_ms: 2_000,
                 stale_within_ms: 10_000,
-                converge_within_ms: 15_000,
+                converge_within_ms: converge_ms,
                 error_rate_margin: 0.01,
                 min_requests: 50,
             },
