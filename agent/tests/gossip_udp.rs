@@ -200,6 +200,55 @@ async fn five_members_join_through_one_seed_and_all_see_five_alive() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_cut_off_together_find_their_seed_again_soon_after_the_cut_heals() {
+    // Goal: two members that still see each other (never idle) announce to their seed
+    // again once it is down, so a healed partition reconnects within announce periods, not
+    // at foca's periodic announce (30 s here, from the LAN defaults). The cut is a key
+    // change on the seed: neither side can open the other's datagrams.
+    let keyring = Keyring::single(key(5));
+    let members = cluster(3, &keyring).await;
+    all_see_alive(&members, 3).await;
+    let seed = &members[0];
+    seed.set_keyring(Keyring::single(key(6))).await.unwrap();
+    for m in &members[1..] {
+        let mut rx = m.subscribe();
+        wait_for(&mut rx, CONVERGE, "the seed down", |s| {
+            state_of(s, "node-0") == Some(Liveness::Down)
+        })
+        .await;
+    }
+    // And the seed has given both up: nobody on its side will reach out.
+    let mut rx = seed.subscribe();
+    wait_for(&mut rx, CONVERGE, "the seed alone", |s| {
+        ["node-1", "node-2"]
+            .iter()
+            .all(|n| state_of(s, n) == Some(Liveness::Down))
+    })
+    .await;
+    seed.set_keyring(keyring).await.unwrap();
+    let healed = Instant::now();
+    for m in &members[1..] {
+        let mut rx = m.subscribe();
+        wait_for(&mut rx, CONVERGE, "the seed alive again", |s| {
+            state_of(s, "node-0") == Some(Liveness::Alive)
+        })
+        .await;
+    }
+    let mut rx = seed.subscribe();
+    for name in ["node-1", "node-2"] {
+        wait_for(&mut rx, CONVERGE, "the seed sees the member alive", |s| {
+            state_of(s, name) == Some(Liveness::Alive)
+        })
+        .await;
+    }
+    assert!(
+        healed.elapsed() < CONVERGE,
+        "reconnected {:?} after the heal",
+        healed.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_member_goes_down_and_a_leaving_member_goes_down_fast() {
     // Goal: SWIM detects an abrupt stop; a graceful leave is seen without waiting on probes.
     let mut members = cluster(5, &Keyring::single(key(2))).await;

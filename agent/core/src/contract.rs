@@ -227,6 +227,14 @@ pub struct HealthContract {
     pub uncorroborated_weight: Permille,
     /// Weight kept while a dependency is degraded (weight-reduction authority).
     pub dependency_weight: Permille,
+    /// Treat silence as failure: an instance whose every class has gone silent is
+    /// `ineligible(soft_failure)` instead of `unknown`. Off by default, and it should stay
+    /// off: it turns an observer's outage (a prober partition, an ingest outage) into
+    /// withdrawals (ADR-05). It exists for the rare service where serving a dead endpoint
+    /// is worse than serving none (ADR-05, "choose differently when"), and so the
+    /// `prober-partition` drill can show its verdict fail with it on. The fraction guard
+    /// still applies downstream.
+    pub silence_withdraws: bool,
 }
 
 impl Default for HealthContract {
@@ -248,6 +256,7 @@ impl Default for HealthContract {
             min_healthy: d::MIN_HEALTHY,
             uncorroborated_weight: d::UNCORROBORATED_WEIGHT,
             dependency_weight: d::DEPENDENCY_WEIGHT,
+            silence_withdraws: false,
         }
     }
 }

@@ -169,6 +169,12 @@ pub struct FederationSection {
     /// Consecutive good rounds before it is up again.
     #[serde(default = "default_recover_after")]
     pub recover_after: u32,
+    /// **Breaks ADR-14; never set it in production.** Drop a stale peer region's endpoints
+    /// from tier 2 (taken back when it is fresh again), so that losing replication removes
+    /// cross-region capacity instead of only ageing it. Off by default; it exists so the
+    /// `region-partition` drill can show its verdict fail when the property is broken.
+    #[serde(default)]
+    pub drop_stale_peers: bool,
 }
 
 /// One member of a peer region.
@@ -499,6 +505,7 @@ impl ConfigFile {
                 fail_after: f.fail_after,
                 recover_after: f.recover_after,
             },
+            drop_stale_peers: f.drop_stale_peers,
         });
         Ok(AuthorityConfig {
             id: a.id,

@@ -50,6 +50,9 @@ const REASSIGN_EVERY: Duration = Duration::from_millis(500);
 const LEASE_CHECK_EVERY: Duration = Duration::from_millis(500);
 /// The actor named on commands the out-of-band region signal proposes.
 pub const SIGNAL_ACTOR: &str = "waymark:region-signal";
+/// The version recorded for a stale region's entries dropped under `drop_stale_peers`.
+const DROPPED_STALE: u64 = u64::MAX;
+
 /// How often peer regions' aggregates are checked for changes to feed tier 2 (and the
 /// front-door signal for failovers to follow).
 const REMOTE_EVERY: Duration = Duration::from_millis(250);
@@ -324,6 +327,19 @@ impl Term<'_> {
             return;
         };
         let local = &self.ctx.pipeline.region;
+        // The drills' break (`drop_stale_peers`): stale regions are fed as empty, and
+        // marked so that they are fed again once fresh.
+        let stale: BTreeSet<RegionName> =
+            regions
+                .drop_stale
+                .as_ref()
+                .map_or_else(BTreeSet::new, |node| {
+                    node.regions()
+                        .into_iter()
+                        .filter(|r| r.stale)
+                        .map(|r| r.region)
+                        .collect()
+                });
         let changed: Vec<_> = {
             let held = regions
                 .aggregates
@@ -331,11 +347,23 @@ impl Term<'_> {
                 .unwrap_or_else(PoisonError::into_inner);
             held.digest()
                 .into_iter()
+                .map(|(key, version)| {
+                    let version = if stale.contains(&key.0) {
+                        DROPPED_STALE
+                    } else {
+                        version
+                    };
+                    (key, version)
+                })
                 .filter(|(key, version)| {
                     &key.0 != local && self.remote_fed.get(key) != Some(version)
                 })
                 .map(|((region, service), version)| {
-                    let endpoints = held.remote_endpoints(&region, &service);
+                    let endpoints = if version == DROPPED_STALE {
+                        Vec::new()
+                    } else {
+                        held.remote_endpoints(&region, &service)
+                    };
                     (region, service, version, endpoints)
                 })
                 .collect()

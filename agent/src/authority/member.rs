@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tracing::info;
+use tracing::{info, warn};
 use waymark_certs::identity::{IdentityKind, KindSet, TrustDomain};
 use waymark_certs::reload::{MaterialPaths, load_material};
 use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
@@ -455,9 +455,19 @@ fn start_federation(
         region_metrics,
     )));
     info!(region = %config.region, addr = %node.local_addr(), peers = f.peers.len(), front_doors = f.front_doors.len(), "federating");
+    if f.drop_stale_peers {
+        warn!(
+            "drop_stale_peers is set: stale peer regions lose their tier 2 (breaks ADR-14; drills only)"
+        );
+    }
+    let drop_stale = f.drop_stale_peers.then(|| Arc::clone(&node));
     Ok(StartedFederation {
         node,
-        regions: RegionsHandle { aggregates, signal },
+        regions: RegionsHandle {
+            aggregates,
+            signal,
+            drop_stale,
+        },
     })
 }
 

@@ -71,6 +71,9 @@ pub struct FederationSettings {
     pub probe_timeout: Duration,
     /// The signal's thresholds.
     pub signal: SignalConfig,
+    /// Drop a stale peer region's endpoints from tier 2 (breaks ADR-14; for drills only,
+    /// see `FederationSection::drop_stale_peers`).
+    pub drop_stale_peers: bool,
 }
 
 /// The front-door signal, shared by the prober, the leader and the API.
@@ -83,6 +86,9 @@ pub struct RegionsHandle {
     pub aggregates: SharedAggregates,
     /// The front-door signal.
     pub signal: SharedSignal,
+    /// Set only with `drop_stale_peers` (a drill's break): the links, so the leader can
+    /// tell which peer regions are stale and drop their tier 2.
+    pub drop_stale: Option<Arc<FederationNode>>,
 }
 
 /// Region-level federation metrics the QUIC driver does not own.

@@ -7,7 +7,9 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use waymark_chaos::bench::{self, Shape};
-use waymark_chaos::drill::{self, Scale, bad_health_check, hard_vs_grey, outage};
+use waymark_chaos::drill::{
+    self, Scale, bad_health_check, hard_vs_grey, outage, prober_partition, region_partition,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -98,6 +100,55 @@ enum Drill {
         /// (`WAYMARK_UNSAFE_DISABLE_FRACTION_GUARD=1`); the verdict must then fail.
         #[arg(long)]
         break_fraction_guard: bool,
+    },
+    /// The probers of one zone cut off from the authority (a network namespace), then every
+    /// prober: nothing leaves rotation, every instance goes unknown once nobody can probe,
+    /// and returns to eligible on heal.
+    ProberPartition {
+        /// `short` (15 s per phase) or `full` (5 minutes per phase).
+        #[arg(long, value_enum, default_value = "full")]
+        scale: Scale,
+        /// Override how long probers stay cut off, both phases together (`30s`, `10m`).
+        #[arg(long, value_parser = drill::parse_duration)]
+        duration: Option<std::time::Duration>,
+        /// Requests per second through Envoy.
+        #[arg(long)]
+        rate: Option<u32>,
+        /// Seeds the gossip key.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Where the processes keep state and logs (default: a new folder under the
+        /// system temp dir).
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Break the property on purpose: the service's contract reads silence as failure
+        /// (`silence_withdraws`); the verdict must then fail.
+        #[arg(long)]
+        break_silence: bool,
+    },
+    /// One region's authority cut off from its two peers (a network namespace) and healed:
+    /// local routing unchanged everywhere, the peers keep its endpoints at tier 2 and
+    /// report it stale, the reconciliation is logged and the aggregates converge.
+    RegionPartition {
+        /// `short` (20 s partition) or `full` (10 minutes).
+        #[arg(long, value_enum, default_value = "full")]
+        scale: Scale,
+        /// Override how long the region stays cut off (`30s`, `10m`).
+        #[arg(long, value_parser = drill::parse_duration)]
+        duration: Option<std::time::Duration>,
+        /// Requests per second through Envoy.
+        #[arg(long)]
+        rate: Option<u32>,
+        /// Recorded in the report (the drill makes no random choice).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Where the processes keep state and logs.
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Break the property on purpose: peers drop a stale region's endpoints from tier
+        /// 2 (`[authority.federation] drop_stale_peers`); the verdict must then fail.
+        #[arg(long)]
+        break_stale_drop: bool,
     },
 }
 
@@ -410,6 +461,79 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
                 dir.display()
             );
             let report = runtime.block_on(bad_health_check::run(params, &dir))?;
+            let pass = report.verdict.pass;
+            (serde_json::to_string(&report)?, pass)
+        }
+        Drill::ProberPartition {
+            scale,
+            duration,
+            rate,
+            seed,
+            dir,
+            break_silence,
+        } => {
+            let mut params = prober_partition::Params::for_scale(scale);
+            params.break_silence = break_silence;
+            if let Some(d) = duration {
+                // Each phase (one zone cut, every prober cut) lasts half of it.
+                params.zone_cut_s = d.as_secs() / 2;
+                params.all_cut_s = d.as_secs() - d.as_secs() / 2;
+            }
+            if let Some(r) = rate {
+                anyhow::ensure!(r > 0, "--rate must be positive");
+                params.rate = r;
+            }
+            if let Some(s) = seed {
+                params.seed = s;
+            }
+            anyhow::ensure!(
+                params.zone_cut_s >= 5 && params.all_cut_s >= 5,
+                "each partition phase must last at least 5 s"
+            );
+            let dir = dir.unwrap_or_else(|| default_run_dir("prober-partition"));
+            eprintln!(
+                "drill prober-partition: one zone's probers cut off {} s, then every prober {} s, {}/s, state in {}",
+                params.zone_cut_s,
+                params.all_cut_s,
+                params.rate,
+                dir.display()
+            );
+            let report = runtime.block_on(prober_partition::run(params, &dir))?;
+            let pass = report.verdict.pass;
+            (serde_json::to_string(&report)?, pass)
+        }
+        Drill::RegionPartition {
+            scale,
+            duration,
+            rate,
+            seed,
+            dir,
+            break_stale_drop,
+        } => {
+            let mut params = region_partition::Params::for_scale(scale);
+            params.break_stale_drop = break_stale_drop;
+            if let Some(d) = duration {
+                params.partition_s = d.as_secs();
+            }
+            if let Some(r) = rate {
+                anyhow::ensure!(r > 0, "--rate must be positive");
+                params.rate = r;
+            }
+            if let Some(s) = seed {
+                params.seed = s;
+            }
+            anyhow::ensure!(
+                params.partition_s >= 5,
+                "the partition must last at least 5 s"
+            );
+            let dir = dir.unwrap_or_else(|| default_run_dir("region-partition"));
+            eprintln!(
+                "drill region-partition: one region cut off {} s, {}/s, state in {}",
+                params.partition_s,
+                params.rate,
+                dir.display()
+            );
+            let report = runtime.block_on(region_partition::run(params, &dir))?;
             let pass = report.verdict.pass;
             (serde_json::to_string(&report)?, pass)
         }

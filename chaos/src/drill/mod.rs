@@ -9,6 +9,8 @@ pub mod figures;
 pub mod hard_vs_grey;
 pub mod html;
 pub mod outage;
+pub mod prober_partition;
+pub mod region_partition;
 pub mod report;
 
 use std::time::Duration;

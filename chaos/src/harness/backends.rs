@@ -4,7 +4,7 @@
 //! answered; each can be switched to a failure mode.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +29,15 @@ pub struct DemoFleet {
     renewals: tokio::task::JoinHandle<()>,
 }
 
+/// What [`DemoFleet::start_with`] adds to [`DemoFleet::start`].
+#[derive(Debug, Clone)]
+pub struct FleetSpec {
+    /// The service's health contract (JSON, as the API takes it).
+    pub contract: serde_json::Value,
+    /// The address every backend binds.
+    pub bind: IpAddr,
+}
+
 /// The longest lease the authority grants.
 pub const MAX_LEASE: Duration = Duration::from_secs(600);
 
@@ -46,12 +55,31 @@ impl DemoFleet {
         api: SocketAddr,
         service: &str,
         count: usize,
-        (region, zone, node): (&str, &str, &str),
+        locality: (&str, &str, &str),
         lease: Duration,
         deadline: Duration,
     ) -> anyhow::Result<Self> {
+        let spec = FleetSpec {
+            contract: json!({}),
+            bind: IpAddr::from([127, 0, 0, 1]),
+        };
+        Self::start_with(api, service, count, locality, lease, deadline, spec).await
+    }
+
+    /// [`start`](Self::start) with a contract of the drill's choosing (e.g. one with a
+    /// probe, so probers are assigned) and backends bound on `spec.bind` (e.g. an address
+    /// a network namespace can reach).
+    pub async fn start_with(
+        api: SocketAddr,
+        service: &str,
+        count: usize,
+        (region, zone, node): (&str, &str, &str),
+        lease: Duration,
+        deadline: Duration,
+        spec: FleetSpec,
+    ) -> anyhow::Result<Self> {
         let client = ApiClient::new(&api.to_string(), Some(ACTOR.into()));
-        let body = json!({"owner": ACTOR, "contract": {}});
+        let body = json!({"owner": ACTOR, "contract": spec.contract});
         let path = format!("/v1/services/{service}");
         wait_until("the authority accepts a service", deadline, async || {
             client
@@ -67,7 +95,7 @@ impl DemoFleet {
                 instance: format!("{service}-{zone}-{i}"),
                 service: service.to_owned(),
                 zone: zone.to_owned(),
-                bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+                bind: SocketAddr::new(spec.bind, 0),
             })
             .collect();
         // The default contract asks for no self-reports: nothing to relay.

@@ -14,6 +14,8 @@ pub mod backends;
 pub mod callers;
 pub mod envoy;
 pub mod evidence;
+pub mod netns;
+pub mod region;
 
 use std::ffi::OsStr;
 use std::fs::OpenOptions;
@@ -178,6 +180,8 @@ pub struct RoleProc {
     log: PathBuf,
     http: SocketAddr,
     proc: Option<Proc>,
+    /// Runs the process through this command (e.g. `ip netns exec NS`); empty: directly.
+    prefix: Vec<String>,
 }
 
 impl RoleProc {
@@ -197,16 +201,27 @@ impl RoleProc {
             log,
             http,
             proc: None,
+            prefix: Vec::new(),
         }
+    }
+
+    /// Run the process through `prefix` (e.g. [`netns::Netns::exec_prefix`]), which must
+    /// exec the command it is given so that the child's pid is the process's own.
+    pub fn with_prefix(mut self, prefix: Vec<String>) -> Self {
+        self.prefix = prefix;
+        self
     }
 
     /// Start the process (no wait).
     pub fn start(&mut self) -> anyhow::Result<()> {
         let config = self.config.display().to_string();
+        let bin = self.bin.display().to_string();
+        let mut argv: Vec<&str> = self.prefix.iter().map(String::as_str).collect();
+        argv.extend([bin.as_str(), self.role, "--config", config.as_str()]);
         self.proc = Some(Proc::spawn(
             self.role,
-            &self.bin,
-            [self.role, "--config", config.as_str()],
+            Path::new(argv[0]),
+            &argv[1..],
             &[("RUST_LOG", "info")],
             &self.log,
         )?);

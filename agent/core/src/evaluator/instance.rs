@@ -177,11 +177,13 @@ impl InstanceState {
             deadline,
         };
         if self.speaking(now).next().is_none() {
-            let rule = if self.heard_anything() {
-                Rule::Silence
-            } else {
-                Rule::Admitted
-            };
+            let heard = self.heard_anything();
+            if heard && c.silence_withdraws {
+                // The contract's opt-in: silence read as failure (off by default, ADR-05).
+                let reason = IneligibleReason::SoftFailure;
+                return done(Eligibility::Ineligible { reason }, Rule::Silence);
+            }
+            let rule = if heard { Rule::Silence } else { Rule::Admitted };
             return done(Eligibility::Unknown { weight }, rule);
         }
         if let Some(failing) = self.failing(now).next() {

@@ -295,6 +295,31 @@ fn silence_turns_an_eligible_instance_unknown_and_keeps_it_routed() {
 }
 
 #[test]
+fn a_contract_that_opts_in_reads_silence_as_failure_and_evidence_brings_it_back() {
+    // Goal: `silence_withdraws` (off by default) is the only way silence removes, and it
+    // removes exactly when the last class falls silent.
+    let contract = HealthContract {
+        silence_withdraws: true,
+        ..HealthContract::default()
+    }
+    .validate()
+    .unwrap();
+    let mut fx = Fx::new(contract, Admission::Established);
+    fx.healthy(0, 5);
+    assert_eq!(fx.verdict(), Verdict::Eligible);
+    fx.at(secs(60));
+    assert_eq!(
+        fx.eligibility(),
+        Eligibility::Ineligible {
+            reason: IneligibleReason::SoftFailure
+        }
+    );
+    assert_eq!(fx.rule(), Rule::Silence);
+    fx.healthy(61, 62);
+    assert_eq!(fx.verdict(), Verdict::Eligible);
+}
+
+#[test]
 fn silence_after_a_withdrawal_does_not_readmit() {
     let mut fx = Fx::default();
     for s in 0..5 {

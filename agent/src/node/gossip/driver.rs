@@ -7,9 +7,14 @@
 //! Until joined, every announce round resolves the seeds again on a task of its own (at most
 //! one in flight), so a slow resolver never stalls the loop, and a seed name that moved to a
 //! new address is followed.
+//!
+//! A seed declared down also starts the rounds again, until it is back: a group cut off
+//! together (a zone's agents, which still see each other) is never idle, and without this
+//! would only find its seeds again at foca's periodic announce, up to 30 s after the
+//! partition heals — while the authority holds none of them as a live prober.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeSet, BinaryHeap};
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -69,6 +74,10 @@ struct Loop {
     resolving: Option<JoinHandle<Vec<Resolved>>>,
     /// Seeds that did not resolve in the last round.
     failing: FailingSeeds,
+    /// Every address the seeds resolved to so far.
+    seed_addrs: BTreeSet<SocketAddr>,
+    /// Seed addresses whose member is down; announcing goes on while there are any.
+    down_seeds: BTreeSet<SocketAddr>,
     detector: ChangeDetector,
     recv_buf: Vec<u8>,
     plain_buf: Vec<u8>,
@@ -92,6 +101,8 @@ impl Driver {
             next_announce: None,
             resolving: None,
             failing: FailingSeeds::default(),
+            seed_addrs: BTreeSet::new(),
+            down_seeds: BTreeSet::new(),
             detector: ChangeDetector::default(),
             // One spare byte tells an oversized datagram from one that just fits.
             recv_buf: vec![0; self.datagram_len_max + 1],
@@ -236,12 +247,14 @@ impl Driver {
                 (Ok(addrs), _) => trace!(seed_addr = %r.seed, ?addrs, "gossip seed resolved"),
             }
         }
+        let local = self.foca.identity().addr;
+        let targets = seeds::targets(&round, local);
+        state.seed_addrs.extend(targets.iter().copied());
         if state.next_announce.is_none() {
             // Joined while resolving: announcing now would only add noise.
             return;
         }
-        let local = self.foca.identity().addr;
-        for seed in seeds::targets(&round, local) {
+        for seed in targets {
             trace!(%seed, "gossip announce");
             if let Err(error) = self.foca.announce(GossipId::seed(seed), &mut self.runtime) {
                 debug!(%seed, %error, "gossip announce failed");
@@ -293,11 +306,27 @@ impl Driver {
         now: Instant,
     ) {
         match notification {
-            OwnedNotification::MemberUp(member) => info!(%member, "gossip member up"),
-            OwnedNotification::MemberDown(member) => info!(%member, "gossip member down"),
+            OwnedNotification::MemberUp(member) => {
+                info!(%member, "gossip member up");
+                if state.down_seeds.remove(&member.addr) && state.down_seeds.is_empty() {
+                    state.next_announce = None;
+                }
+            }
+            OwnedNotification::MemberDown(member) => {
+                info!(%member, "gossip member down");
+                if state.seed_addrs.contains(&member.addr) {
+                    // Back to the seed until it answers: a partition that healed is found
+                    // within one announce period.
+                    state.down_seeds.insert(member.addr);
+                    state.next_announce.get_or_insert(now);
+                }
+            }
             OwnedNotification::Rename(old, new) => debug!(%old, %new, "gossip member renamed"),
             OwnedNotification::Active => {
-                state.next_announce = None;
+                // Rounds go on while a seed is still down (see `down_seeds`).
+                if state.down_seeds.is_empty() {
+                    state.next_announce = None;
+                }
                 info!("gossip joined");
             }
             OwnedNotification::Idle => {

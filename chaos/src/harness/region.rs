@@ -1,0 +1,441 @@
+//! A region the way production runs one, as child processes: an authority member with
+//! mutual TLS, evidence ingest, gossip and (optionally) federation, and node agents that
+//! probe, gossip and report over mutual TLS — each bound to an address of the drill's
+//! choosing, so that some can run inside a network namespace ([`super::netns`]).
+//!
+//! Certificates come from the `waymark certs` CLI ([`Pki`]); configurations are written
+//! here and run through [`RoleProc`] (so `ip netns exec` can prefix them). The plain
+//! single-member harness is [`super::authority`]; this one is for drills whose property
+//! depends on probing, gossip or federation.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use waymark_agent::cli::http::ApiClient;
+
+use super::{RoleProc, free_port};
+
+/// The estate's CA, made with `waymark certs init`.
+#[derive(Debug, Clone)]
+pub struct Pki {
+    bin: PathBuf,
+    dir: PathBuf,
+    trust_domain: String,
+}
+
+/// A certificate chain, its key and the trust bundle, as files.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub trust_domain: String,
+    pub chain: PathBuf,
+    pub key: PathBuf,
+    pub bundle: PathBuf,
+}
+
+impl Pki {
+    /// `waymark certs init` in `dir` for `regions`.
+    pub fn init(
+        bin: &Path,
+        dir: &Path,
+        trust_domain: &str,
+        regions: &[&str],
+    ) -> anyhow::Result<Self> {
+        let mut cmd = Command::new(bin);
+        cmd.args(["certs", "init", "--dir"])
+            .arg(dir)
+            .args(["--trust-domain", trust_domain]);
+        for r in regions {
+            cmd.args(["--region", r]);
+        }
+        certs_cli(&mut cmd)?;
+        Ok(Self {
+            bin: bin.to_path_buf(),
+            dir: dir.to_path_buf(),
+            trust_domain: trust_domain.to_owned(),
+        })
+    }
+
+    /// `waymark certs issue` for `spiffe://<td>/<path>` (e.g. `region/r1/node/n1`).
+    pub fn issue(&self, path: &str) -> anyhow::Result<TlsFiles> {
+        let out = self.dir.join("issued").join(path);
+        certs_cli(
+            Command::new(&self.bin)
+                .args(["certs", "issue", "--dir"])
+                .arg(&self.dir)
+                .args([
+                    "--identity",
+                    &format!("spiffe://{}/{path}", self.trust_domain),
+                    "--ttl",
+                    "24h",
+                    "--out",
+                ])
+                .arg(&out),
+        )?;
+        Ok(TlsFiles {
+            trust_domain: self.trust_domain.clone(),
+            chain: out.join("fullchain.pem"),
+            key: out.join("key.pem"),
+            bundle: self.dir.join("bundle.pem"),
+        })
+    }
+}
+
+fn certs_cli(cmd: &mut Command) -> anyhow::Result<()> {
+    let out = cmd.output().context("running `waymark certs`")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// A UDP port nothing uses on `ip` now.
+pub fn free_udp_port(ip: IpAddr) -> anyhow::Result<u16> {
+    Ok(UdpSocket::bind((ip, 0))
+        .with_context(|| format!("binding a UDP probe port on {ip}"))?
+        .local_addr()?
+        .port())
+}
+
+/// 32 random-enough bytes as hex, from `seed` (a gossip key for a drill, not a secret).
+pub fn gossip_key(seed: u64) -> String {
+    let mut rng = crate::rng::SplitMix64::new(seed ^ 0x5eed_6055_1900_0001);
+    (0..32).map(|_| format!("{:02x}", rng.below(256))).collect()
+}
+
+/// The addresses of one authority member, chosen before any configuration is written
+/// (peers name each other).
+#[derive(Debug, Clone, Copy)]
+pub struct AuthorityAddrs {
+    pub http: SocketAddr,
+    pub xds: SocketAddr,
+    pub ingest: SocketAddr,
+    pub gossip: SocketAddr,
+    pub federation: SocketAddr,
+}
+
+impl AuthorityAddrs {
+    /// Free ports for `ip`: TCP ports probed on loopback, UDP ports on `probe_ip` (an
+    /// address of this namespace). A namespace has a port space of its own, so a port free
+    /// here is free there too.
+    pub fn pick(ip: IpAddr, probe_ip: IpAddr) -> anyhow::Result<Self> {
+        let tcp = || -> anyhow::Result<SocketAddr> { Ok(SocketAddr::new(ip, free_port()?)) };
+        Ok(Self {
+            http: tcp()?,
+            xds: tcp()?,
+            ingest: tcp()?,
+            gossip: SocketAddr::new(ip, free_udp_port(probe_ip)?),
+            federation: SocketAddr::new(ip, free_udp_port(probe_ip)?),
+        })
+    }
+}
+
+/// Federation settings of one member.
+#[derive(Debug, Clone)]
+pub struct FederationSpec {
+    /// (peer region, member id, address) for every member of every peer region.
+    pub peers: Vec<(String, String, SocketAddr)>,
+    pub stale_after: Duration,
+    pub digest_interval: Duration,
+    /// Extra lines for `[authority.federation]` (a drill's break knob).
+    pub extra: String,
+}
+
+/// What an authority member runs with.
+#[derive(Debug, Clone)]
+pub struct AuthoritySpec {
+    pub region: String,
+    pub zones: Vec<String>,
+    pub tls: TlsFiles,
+    /// `[authority.gossip]` with these keys (the member is never a prober).
+    pub gossip_keys: Option<Vec<String>>,
+    pub federation: Option<FederationSpec>,
+}
+
+/// A single-member authority with TLS, ingest, gossip and federation as asked.
+#[derive(Debug)]
+pub struct RegionAuthority {
+    process: RoleProc,
+    addrs: AuthorityAddrs,
+}
+
+impl RegionAuthority {
+    /// Writes the configuration under `dir`; does not start anything.
+    pub fn new(
+        bin: &Path,
+        dir: &Path,
+        spec: &AuthoritySpec,
+        addrs: AuthorityAddrs,
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let config = dir.join("authority.toml");
+        std::fs::write(&config, authority_toml(spec, &addrs, &dir.join("data")))
+            .with_context(|| format!("writing {}", config.display()))?;
+        Ok(Self {
+            process: RoleProc::new(
+                "authority",
+                bin,
+                config,
+                dir.join("authority.log"),
+                addrs.http,
+            ),
+            addrs,
+        })
+    }
+
+    /// Run it through `prefix` (e.g. inside a network namespace).
+    pub fn with_prefix(mut self, prefix: Vec<String>) -> Self {
+        self.process = self.process.with_prefix(prefix);
+        self
+    }
+
+    /// Its addresses.
+    pub fn addrs(&self) -> AuthorityAddrs {
+        self.addrs
+    }
+
+    /// An API client (actor `waymark-drill`).
+    pub fn api(&self) -> ApiClient {
+        ApiClient::new(&self.addrs.http.to_string(), Some("waymark-drill".into()))
+    }
+
+    /// Start the process (no wait).
+    pub fn start(&mut self) -> anyhow::Result<()> {
+        self.process.start()
+    }
+
+    /// Waits for `/readyz`, within `deadline`.
+    pub async fn wait_ready(&mut self, deadline: Duration) -> anyhow::Result<()> {
+        self.process
+            .wait_ready(deadline)
+            .await
+            .with_context(|| format!("authority log:\n{}", self.process.log_tail(30)))
+    }
+
+    /// SIGKILL it.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self, n: usize) -> String {
+        self.process.log_tail(n)
+    }
+}
+
+/// The `authority.toml` of [`RegionAuthority`].
+pub fn authority_toml(spec: &AuthoritySpec, a: &AuthorityAddrs, data: &Path) -> String {
+    let zones: Vec<String> = spec.zones.iter().map(|z| format!("\"{z}\"")).collect();
+    let mut t = format!(
+        "[authority]\nid = 1\nregion = \"{region}\"\nzones = [{zones}]\ndata_dir = \"{data}\"\n\
+         http = \"{http}\"\nxds = \"{xds}\"\ningest = \"{ingest}\"\n\n\
+         [[authority.members]]\nid = 1\naddr = \"{http}\"\n\n\
+         [authority.tls]\ntrust_domain = \"{td}\"\ncert_chain = \"{chain}\"\nkey = \"{key}\"\nbundle = \"{bundle}\"\n",
+        region = spec.region,
+        zones = zones.join(", "),
+        data = data.display(),
+        http = a.http,
+        xds = a.xds,
+        ingest = a.ingest,
+        td = spec.tls.trust_domain,
+        chain = spec.tls.chain.display(),
+        key = spec.tls.key.display(),
+        bundle = spec.tls.bundle.display(),
+    );
+    if let Some(keys) = &spec.gossip_keys {
+        let keys: Vec<String> = keys.iter().map(|k| format!("\"{k}\"")).collect();
+        let _ = write!(
+            t,
+            "\n[authority.gossip]\nbind = \"{}\"\nkeys = [{}]\n",
+            a.gossip,
+            keys.join(", ")
+        );
+    }
+    if let Some(f) = &spec.federation {
+        let _ = write!(
+            t,
+            "\n[authority.federation]\nbind = \"{}\"\nstale_after = \"{}ms\"\ndigest_interval = \"{}ms\"\n{}",
+            a.federation,
+            f.stale_after.as_millis(),
+            f.digest_interval.as_millis(),
+            f.extra
+        );
+        for (region, member, addr) in &f.peers {
+            let _ = write!(
+                t,
+                "\n[[authority.federation.peers]]\nregion = \"{region}\"\nmember = \"{member}\"\naddr = \"{addr}\"\n"
+            );
+        }
+    }
+    t
+}
+
+/// What a node agent runs with.
+#[derive(Debug, Clone)]
+pub struct AgentSpec {
+    pub name: String,
+    pub region: String,
+    pub zone: String,
+    /// Every listener (xDS, DNS, HTTP, gossip) binds here.
+    pub ip: IpAddr,
+    pub authority: AuthorityAddrs,
+    pub tls: TlsFiles,
+    /// Gossip keys; `None`: no gossip (the agent is then never a prober where the
+    /// authority gossips).
+    pub gossip_keys: Option<Vec<String>>,
+}
+
+/// A node agent with mutual TLS upstream, evidence ingest and gossip.
+#[derive(Debug)]
+pub struct RegionAgent {
+    process: RoleProc,
+    http: SocketAddr,
+    xds: SocketAddr,
+}
+
+impl RegionAgent {
+    /// Writes the configuration under `dir`; does not start anything.
+    pub fn new(bin: &Path, dir: &Path, spec: &AgentSpec) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let http = SocketAddr::new(spec.ip, free_port()?);
+        let xds = SocketAddr::new(spec.ip, free_port()?);
+        let dns = SocketAddr::new(spec.ip, free_port()?);
+        let a = &spec.authority;
+        let mut t = format!(
+            "[agent]\nname = \"{name}\"\nregion = \"{region}\"\nzone = \"{zone}\"\ndata_dir = \"{data}\"\n\
+             upstream = [\"{up}\"]\ningest = [\"{ingest}\"]\napi = [\"{api}\"]\n\n\
+             [agent.listen]\nxds = \"{xds}\"\ndns = \"{dns}\"\nhttp = \"{http}\"\nlocal_plaintext = true\n\n\
+             [agent.tls]\ntrust_domain = \"{td}\"\ncert_chain = \"{chain}\"\nkey = \"{key}\"\nbundle = \"{bundle}\"\n",
+            name = spec.name,
+            region = spec.region,
+            zone = spec.zone,
+            data = dir.join("data").display(),
+            up = a.xds,
+            ingest = a.ingest,
+            api = a.http,
+            td = spec.tls.trust_domain,
+            chain = spec.tls.chain.display(),
+            key = spec.tls.key.display(),
+            bundle = spec.tls.bundle.display(),
+        );
+        if let Some(keys) = &spec.gossip_keys {
+            let keys: Vec<String> = keys.iter().map(|k| format!("\"{k}\"")).collect();
+            // A namespace has its own port space: a port free on loopback is free there.
+            let bind = SocketAddr::new(spec.ip, free_udp_port("127.0.0.1".parse()?)?);
+            let _ = write!(
+                t,
+                "\n[agent.gossip]\nbind = \"{bind}\"\nseeds = [\"{}\"]\nkeys = [{}]\n",
+                a.gossip,
+                keys.join(", ")
+            );
+        }
+        let config = dir.join("agent.toml");
+        std::fs::write(&config, t).with_context(|| format!("writing {}", config.display()))?;
+        Ok(Self {
+            process: RoleProc::new("agent", bin, config, dir.join("agent.log"), http),
+            http,
+            xds,
+        })
+    }
+
+    /// Run it through `prefix` (e.g. inside a network namespace).
+    pub fn with_prefix(mut self, prefix: Vec<String>) -> Self {
+        self.process = self.process.with_prefix(prefix);
+        self
+    }
+
+    /// The local xDS address (what Envoy dials).
+    pub fn xds_addr(&self) -> SocketAddr {
+        self.xds
+    }
+
+    /// The agent's HTTP API.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
+    }
+
+    /// Start the process (no wait).
+    pub fn start(&mut self) -> anyhow::Result<()> {
+        self.process.start()
+    }
+
+    /// Waits for `/readyz`, within `deadline`.
+    pub async fn wait_ready(&mut self, deadline: Duration) -> anyhow::Result<()> {
+        self.process
+            .wait_ready(deadline)
+            .await
+            .with_context(|| format!("agent log:\n{}", self.process.log_tail(30)))
+    }
+
+    /// SIGKILL it.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self, n: usize) -> String {
+        self.process.log_tail(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tls() -> TlsFiles {
+        TlsFiles {
+            trust_domain: "drill.test".into(),
+            chain: "/p/c.pem".into(),
+            key: "/p/k.pem".into(),
+            bundle: "/p/b.pem".into(),
+        }
+    }
+
+    #[test]
+    fn an_authority_config_names_its_federation_peers_and_gossip() {
+        let ip: IpAddr = "10.64.0.1".parse().unwrap();
+        let a = AuthorityAddrs {
+            http: SocketAddr::new(ip, 1),
+            xds: SocketAddr::new(ip, 2),
+            ingest: SocketAddr::new(ip, 3),
+            gossip: SocketAddr::new(ip, 4),
+            federation: SocketAddr::new(ip, 5),
+        };
+        let spec = AuthoritySpec {
+            region: "eu".into(),
+            zones: vec!["a".into(), "b".into()],
+            tls: tls(),
+            gossip_keys: Some(vec!["ab".into()]),
+            federation: Some(FederationSpec {
+                peers: vec![("us".into(), "1".into(), SocketAddr::new(ip, 9))],
+                stale_after: Duration::from_secs(2),
+                digest_interval: Duration::from_millis(200),
+                extra: String::new(),
+            }),
+        };
+        let t = authority_toml(&spec, &a, Path::new("/d"));
+        assert!(t.contains("zones = [\"a\", \"b\"]"), "{t}");
+        assert!(
+            t.contains("[authority.gossip]\nbind = \"10.64.0.1:4\""),
+            "{t}"
+        );
+        assert!(t.contains("stale_after = \"2000ms\""), "{t}");
+        assert!(
+            t.contains("region = \"us\"\nmember = \"1\"\naddr = \"10.64.0.1:9\""),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn gossip_keys_are_64_hex_characters_and_depend_on_the_seed() {
+        let k = gossip_key(1);
+        assert_eq!(k.len(), 64);
+        assert!(k.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(k, gossip_key(2));
+    }
+}

@@ -1,0 +1,48 @@
+//! `waymark-drill run prober-partition --scale short`: real authority, node agents (the
+//! probers of each zone in their own network namespace), Envoy and demo backends; one
+//! zone's probers cut off, then every prober; the verdict must pass.
+//!
+//! Needs root (network namespaces and nftables: `apt-get install nftables`), `ENVOY_BIN`
+//! (`./scripts/install-envoy` prints it) and the `waymark` binary next to `waymark-drill`
+//! (`cargo build -p waymark-agent --bin waymark`) or `WAYMARK_BIN`. Without root or `nft`
+//! the drill fails saying so; it never skips.
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+#[test]
+fn the_prober_partition_drill_passes_at_short_scale() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
+        .args(["run", "prober-partition", "--scale", "short", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stdout.lines().last().unwrap_or_default();
+    let report: serde_json::Value = serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    assert_eq!(report["verdict"]["pass"], true, "{report:#}\n{stderr}");
+    assert!(out.status.success(), "{stderr}");
+    // Nothing left rotation, and with every prober cut off all four went unknown.
+    for phase in ["zone_cut_states", "all_cut_states"] {
+        assert_eq!(report[phase]["max_out_of_rotation"], 0, "{report:#}");
+    }
+    assert_eq!(report["all_cut_states"]["max_unknown"], 4, "{report:#}");
+    assert_eq!(report["envoy_min_endpoints"], 4, "{report:#}");
+    for (name, answers) in report["cut_zone_answers"].as_object().unwrap() {
+        assert!(answers[0].as_u64().unwrap() > 0, "{name}: {report:#}");
+        assert!(answers[1].as_u64().unwrap() > 0, "{name}: {report:#}");
+    }
+    let saved = std::fs::read_to_string(dir.path().join("report.json")).unwrap();
+    let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
+    assert_eq!(saved, report);
+    // The namespaces and rules are gone with the drill.
+    let left = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let name = report["network"]["netns"][0].as_str().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&left.stdout).contains(name),
+        "namespace {name} left behind"
+    );
+}
