@@ -6,23 +6,12 @@
 //! Needs `ENVOY_BIN` and the `waymark` binary next to `waymark-drill` (or `WAYMARK_BIN`).
 #![allow(clippy::unwrap_used)]
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn the_bad_health_check_drill_passes_at_short_scale() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
-        .args(["run", "bad-health-check", "--scale", "short", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let last = stdout.lines().last().unwrap_or_default();
-    let report: serde_json::Value = serde_json::from_str(last)
-        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
-    assert_eq!(report["verdict"]["pass"], true, "{report:#}\n{stderr}");
-    assert!(out.status.success(), "{stderr}");
+    let report = common::passing_run("bad-health-check", &[], dir.path());
     let guard = &report["guard"];
     assert!(guard["all_failing_ms"].is_u64(), "{report:#}");
     assert!(guard["declared_ms"].is_u64(), "{report:#}");

@@ -7,33 +7,18 @@
 //! of work on the machine and measures error rates.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::process::Command;
 
 #[test]
 fn the_outage_drill_passes_at_short_scale() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
-        .args([
-            "run",
-            "outage",
-            "--scale",
-            "short",
-            "--duration",
-            "24s",
-            "--steady",
-            "10s",
-            "--dir",
-        ])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let last = stdout.lines().last().unwrap_or_default();
-    let report: serde_json::Value = serde_json::from_str(last)
-        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
-    assert_eq!(report["verdict"]["pass"], true, "{report:#}\n{stderr}");
-    assert!(out.status.success(), "{stderr}");
+    let report = common::passing_run(
+        "outage",
+        &["--duration", "24s", "--steady", "10s"],
+        dir.path(),
+    );
     assert_eq!(
         report["restarts"]["agent_started_from"], "cache",
         "{report:#}"
@@ -42,9 +27,6 @@ fn the_outage_drill_passes_at_short_scale() {
         report["during"]["requests"].as_u64().unwrap() > 100,
         "{report:#}"
     );
-    let saved = std::fs::read_to_string(dir.path().join("report.json")).unwrap();
-    let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
-    assert_eq!(saved, report);
 
     // The page plots the verdict counts and the error rate, and is rebuilt from the JSON.
     let page_path = dir.path().join("report.html");

@@ -8,23 +8,14 @@
 //! the drill fails saying so; it never skips.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::process::Command;
 
 #[test]
 fn the_prober_partition_drill_passes_at_short_scale() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
-        .args(["run", "prober-partition", "--scale", "short", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let last = stdout.lines().last().unwrap_or_default();
-    let report: serde_json::Value = serde_json::from_str(last)
-        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
-    assert_eq!(report["verdict"]["pass"], true, "{report:#}\n{stderr}");
-    assert!(out.status.success(), "{stderr}");
+    let report = common::passing_run("prober-partition", &[], dir.path());
     // Nothing left rotation, and with every prober cut off all four went unknown.
     for phase in ["zone_cut_states", "all_cut_states"] {
         assert_eq!(report[phase]["max_out_of_rotation"], 0, "{report:#}");
@@ -35,9 +26,6 @@ fn the_prober_partition_drill_passes_at_short_scale() {
         assert!(answers[0].as_u64().unwrap() > 0, "{name}: {report:#}");
         assert!(answers[1].as_u64().unwrap() > 0, "{name}: {report:#}");
     }
-    let saved = std::fs::read_to_string(dir.path().join("report.json")).unwrap();
-    let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
-    assert_eq!(saved, report);
     // The namespaces and rules are gone with the drill.
     let left = Command::new("ip").args(["netns", "list"]).output().unwrap();
     let name = report["network"]["netns"][0].as_str().unwrap();

@@ -8,23 +8,14 @@
 //! the drill fails saying so; it never skips.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::process::Command;
 
 #[test]
 fn the_region_partition_drill_passes_at_short_scale() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
-        .args(["run", "region-partition", "--scale", "short", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let last = stdout.lines().last().unwrap_or_default();
-    let report: serde_json::Value = serde_json::from_str(last)
-        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
-    assert_eq!(report["verdict"]["pass"], true, "{report:#}\n{stderr}");
-    assert!(out.status.success(), "{stderr}");
+    let report = common::passing_run("region-partition", &[], dir.path());
     for (region, peer) in report["peers"].as_object().unwrap() {
         assert_eq!(peer["own_changed_samples"], 0, "{region}: {report:#}");
         assert_eq!(peer["cut_region_min_endpoints"], 2, "{region}: {report:#}");
@@ -35,9 +26,6 @@ fn the_region_partition_drill_passes_at_short_scale() {
         );
     }
     assert_eq!(report["envoy_min_endpoints"], 6, "{report:#}");
-    let saved = std::fs::read_to_string(dir.path().join("report.json")).unwrap();
-    let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
-    assert_eq!(saved, report);
     let left = Command::new("ip").args(["netns", "list"]).output().unwrap();
     let name = report["netns"].as_str().unwrap();
     assert!(

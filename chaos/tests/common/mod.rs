@@ -1,0 +1,32 @@
+//! What every drill test does: run `waymark-drill run <drill> --scale short --dir <tmp>`,
+//! take the JSON report from the last stdout line, require a passing verdict and a
+//! successful exit, and check `report.json` in the run folder says the same.
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::Command;
+
+/// Runs `drill` at short scale in `dir` with `extra` arguments and returns its report;
+/// panics with the report and
+/// the drill's stderr unless the verdict passed and the process exited 0.
+pub(crate) fn passing_run(drill: &str, extra: &[&str], dir: &Path) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
+        .args(["run", drill, "--scale", "short"])
+        .args(extra)
+        .arg("--dir")
+        .arg(dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let last = stdout.lines().last().unwrap_or_default();
+    let report: serde_json::Value = serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    assert_eq!(report["verdict"]["pass"], true, "{report:#}\n{stderr}");
+    assert!(out.status.success(), "{stderr}");
+    let saved = std::fs::read_to_string(dir.join("report.json")).unwrap();
+    let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
+    assert_eq!(saved, report, "report.json differs from the printed report");
+    assert!(dir.join("report.html").is_file(), "no report.html");
+    report
+}
