@@ -87,16 +87,28 @@ impl AdmissionController {
         self.refused += 1;
         let start = self.window_start.expect("rolled above");
         let remaining = (start + self.config.window).saturating_duration_since(now);
-        // Spread those already refused over the windows it will take to admit them.
-        let backlog_windows = self.refused.saturating_sub(1) / allowed.max(1);
+        // Spread those refused over the windows it will take to admit the population seen
+        // so far, in turn, one window after another. Dividing the refused count by what a
+        // window admits would herd them after a restart: the population (and so `allowed`)
+        // grows with every arrival, so nearly every late arrival would be sent to the same,
+        // last window, and refused there again together.
+        let population = u32::try_from(self.population_estimate()).unwrap_or(u32::MAX);
+        let horizon = population.div_ceil(allowed.max(1)).saturating_sub(1).max(1);
+        let backlog_windows = self.refused.saturating_sub(1) % horizon;
         Admit::No {
             retry_after: remaining + self.config.window * backlog_windows,
         }
     }
 
+    /// The population the limits are computed from: the clients seen, or the expected
+    /// number when more.
+    fn population_estimate(&self) -> u64 {
+        (self.known.len() as u64).max(u64::from(self.config.expected_clients))
+    }
+
     /// Admissions allowed per window at the current population.
     pub fn allowed(&self) -> u32 {
-        let population = (self.known.len() as u64).max(u64::from(self.config.expected_clients));
+        let population = self.population_estimate();
         let share = (population * u64::from(self.config.share.get()) / 1000) as u32;
         share.max(self.config.floor)
     }
@@ -118,6 +130,8 @@ impl AdmissionController {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[allow(clippy::disallowed_methods)]
@@ -155,6 +169,30 @@ mod tests {
             .filter(|i| c.handle_connect(later, &format!("envoy-{i}")) == Admit::Yes)
             .count();
         assert_eq!(next, 100);
+    }
+
+    #[test]
+    fn after_a_restart_the_hints_spread_the_returning_fleet_instead_of_herding_it() {
+        // Goal: ADR-13 — a restarted server knows no client yet (no `expected_clients`):
+        // 2,000 clients arriving together must be told to come back spread over the
+        // windows it takes to admit them, about 5% per window, not most of them in the same
+        // one (which would be refused again, as a herd, a window later).
+        let mut c = AdmissionController::new(AdmissionConfig::default());
+        let now = t0();
+        let mut per_window: BTreeMap<u128, u32> = BTreeMap::new();
+        for i in 0..2_000 {
+            if let Admit::No { retry_after } = c.handle_connect(now, &format!("envoy-{i}")) {
+                *per_window.entry(retry_after.as_millis() / 10_000).or_default() += 1;
+            }
+        }
+        let busiest = per_window.values().copied().max().unwrap_or(0);
+        // About 5%: the first arrivals, seen while the population was small, share the
+        // early windows; the client's own full jitter smooths the rest.
+        assert!(
+            busiest <= 130,
+            "at most ~5% of 2,000 told to return in one window: {per_window:?}"
+        );
+        assert!(per_window.keys().max().copied().unwrap_or(0) <= 20, "{per_window:?}");
     }
 
     #[test]
