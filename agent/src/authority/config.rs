@@ -155,6 +155,15 @@ pub struct LimitsSection {
     /// (default [`waymark_core::defaults::ADMIT_RELEASES_PER_SEC`]).
     #[serde(default = "default_admit_releases_per_sec")]
     pub admit_releases_per_sec: u32,
+    /// Shed admissions under their rate budget or delivery pressure (default true). `false`
+    /// turns the guard off, only to show what it protects: withdrawals then queue behind
+    /// admissions under a burst.
+    #[serde(default = "default_true")]
+    pub shed_admissions: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 impl Default for LimitsSection {
@@ -163,6 +172,7 @@ impl Default for LimitsSection {
             reconnect_permille: default_reconnect_permille(),
             reconnect_floor: default_reconnect_floor(),
             admit_releases_per_sec: default_admit_releases_per_sec(),
+            shed_admissions: true,
         }
     }
 }
@@ -574,6 +584,7 @@ impl ConfigFile {
                 reconnect: Permille::saturating(a.limits.reconnect_permille),
                 reconnect_floor: a.limits.reconnect_floor,
                 admit_releases_per_sec: a.limits.admit_releases_per_sec,
+                shed_admissions: a.limits.shed_admissions,
             },
         })
     }
@@ -775,6 +786,15 @@ keys = []
                 ..
             })
         ));
+        let off = format!("{base}[authority.limits]\nshed_admissions = false\n");
+        assert!(
+            !parse(&off, &[])
+                .unwrap()
+                .member_config()
+                .unwrap()
+                .limits
+                .shed_admissions
+        );
         let bad = format!("{base}[authority.limits]\nadmit_releases_per_sec = 0\n");
         assert!(parse(&bad, &[]).is_err());
     }

@@ -90,6 +90,9 @@ pub struct Limits {
     pub reconnect_floor: u32,
     /// Admission releases per second before admissions are shed.
     pub admit_releases_per_sec: u32,
+    /// Shed admissions at all (under their rate budget or delivery pressure). Off only to
+    /// show what shedding protects.
+    pub shed_admissions: bool,
 }
 
 impl Default for Limits {
@@ -98,6 +101,7 @@ impl Default for Limits {
             reconnect: waymark_core::defaults::RECONNECT_PERMILLE,
             reconnect_floor: AdmissionConfig::default().floor,
             admit_releases_per_sec: waymark_core::defaults::ADMIT_RELEASES_PER_SEC,
+            shed_admissions: true,
         }
     }
 }
@@ -296,12 +300,17 @@ impl Authority {
                 zones: config.zones.clone(),
                 evaluator: EvaluatorConfig::default(),
                 delta: DeltaConfig {
-                    admit_releases_per_sec: config.limits.admit_releases_per_sec,
+                    admit_releases_per_sec: if config.limits.shed_admissions {
+                        config.limits.admit_releases_per_sec
+                    } else {
+                        u32::MAX
+                    },
                     ..DeltaConfig::default()
                 },
             },
             shared: Arc::clone(&shared),
             regions: regions.clone(),
+            shed_admissions: config.limits.shed_admissions,
         })));
 
         let api = ApiState::new(
