@@ -8,6 +8,8 @@ pub mod figures;
 pub mod html;
 pub mod outage;
 pub mod report;
+pub mod xds_restart;
+pub mod zone_evacuation;
 
 use std::time::Duration;
 
