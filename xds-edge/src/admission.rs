@@ -62,8 +62,9 @@ pub struct AdmissionController {
     known: BTreeSet<String>,
     /// When each admission of the last window happened, oldest first.
     admitted: VecDeque<Instant>,
-    /// Refusals so far: each refused client is sent to the next of the backlog's windows.
-    refused: u64,
+    /// The windows refused clients were told to come back in, oldest first: when each
+    /// starts and how many were sent to it. Each gets at most what a window admits.
+    booked: VecDeque<(Instant, u32)>,
 }
 
 impl AdmissionController {
@@ -73,7 +74,7 @@ impl AdmissionController {
             config,
             known: BTreeSet::new(),
             admitted: VecDeque::new(),
-            refused: 0,
+            booked: VecDeque::new(),
         }
     }
 
@@ -94,24 +95,40 @@ impl AdmissionController {
             self.admitted.push_back(now);
             return Admit::Yes;
         }
-        // The next place frees when the oldest admission leaves the window.
-        let remaining = self.admitted.front().map_or(self.config.window, |t| {
-            (*t + self.config.window).saturating_duration_since(now)
-        });
-        // Spread those refused over the windows it will take to admit the population seen
-        // so far, in turn, one window after another. Dividing the refused count by what a
-        // window admits would herd them after a restart: the population (and so `allowed`)
-        // grows with every arrival, so nearly every late arrival would be sent to the same,
-        // last window, and refused there again together.
-        let population = self.population_estimate();
-        let horizon = population
-            .div_ceil(u64::from(allowed.max(1)))
-            .saturating_sub(1)
-            .max(1);
-        let backlog_windows = u32::try_from(self.refused % horizon).unwrap_or(0);
-        self.refused += 1;
+        // The next place frees when the oldest admission leaves the window; the refused
+        // are sent to the first window from then that still has room, each window taking
+        // what one admits. Spreading by the refused count divided by what a window admits
+        // would herd them after a restart (the population, and so `allowed`, grows with
+        // every arrival, so nearly every late arrival got the same, last window), and a
+        // fixed rotation over the population's windows would keep a short backlog waiting
+        // as long as a long one.
+        let window = self.config.window;
+        let earliest = self.admitted.front().map_or(now + window, |t| *t + window);
+        while self
+            .booked
+            .front()
+            .is_some_and(|(start, _)| *start + window <= now)
+        {
+            self.booked.pop_front();
+        }
+        let slot = match self
+            .booked
+            .iter_mut()
+            .find(|(start, n)| *start >= earliest && *n < allowed)
+        {
+            Some(slot) => slot,
+            None => {
+                let start = self
+                    .booked
+                    .back()
+                    .map_or(earliest, |(last, _)| (*last + window).max(earliest));
+                self.booked.push_back((start, 0));
+                self.booked.back_mut().expect("just pushed")
+            }
+        };
+        slot.1 += 1;
         Admit::No {
-            retry_after: remaining + self.config.window * backlog_windows,
+            retry_after: slot.0.saturating_duration_since(now),
         }
     }
 
@@ -194,14 +211,13 @@ mod tests {
             }
         }
         let busiest = per_window.values().copied().max().unwrap_or(0);
-        // About 5%: the first arrivals, seen while the population was small, share the
-        // early windows; the client's own full jitter smooths the rest.
         assert!(
-            busiest <= 130,
-            "at most ~5% of 2,000 told to return in one window: {per_window:?}"
+            busiest <= 100,
+            "at most 5% of 2,000 told to return in one window: {per_window:?}"
         );
+        // And no later than admitting them all takes: 1,900 at ~100 a window, from 10 s.
         assert!(
-            per_window.keys().max().copied().unwrap_or(0) <= 20,
+            per_window.keys().max().copied().unwrap_or(0) <= 21,
             "{per_window:?}"
         );
     }
@@ -240,6 +256,30 @@ mod tests {
             "the cap is used, not starved: {}",
             admitted.len()
         );
+    }
+
+    #[test]
+    fn a_short_backlog_is_told_to_come_back_in_the_next_window() {
+        // The fleet is back but for a few: they are not spread over the whole population's
+        // horizon (a rotation over 19 windows kept the last of 2,000 waiting 190 s more).
+        let config = AdmissionConfig {
+            expected_clients: 2_000,
+            ..AdmissionConfig::default()
+        };
+        let mut c = AdmissionController::new(config);
+        let now = t0();
+        for i in 0..100 {
+            assert_eq!(c.handle_connect(now, &format!("envoy-{i}")), Admit::Yes);
+        }
+        let later = now + Duration::from_secs(4);
+        for i in 100..105 {
+            assert_eq!(
+                c.handle_connect(later, &format!("envoy-{i}")),
+                Admit::No {
+                    retry_after: Duration::from_secs(6)
+                }
+            );
+        }
     }
 
     #[test]
