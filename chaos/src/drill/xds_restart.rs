@@ -94,9 +94,12 @@ pub struct Reconnections {
     pub reconnected: usize,
     /// Completed reconnections in consecutive 10 s windows from the first one.
     pub per_window: Vec<usize>,
-    /// The most in any of those windows, as a share of the subscribers.
+    /// The most in any of those windows, as a share of the subscribers (what the verdict
+    /// holds).
     pub max_window_share: f64,
-    /// The most in any 10 s interval, wherever it starts (what the verdict holds).
+    /// The most in any 10 s interval, wherever it starts. Stricter than the windows, and
+    /// blurred by delivery: a subscriber stamps its reconnection a little after the server
+    /// admitted it, so two admissions 10 s apart at the server can land 9.9 s apart here.
     pub max_sliding: usize,
     /// That as a share of the subscribers.
     pub max_sliding_share: f64,
@@ -167,10 +170,10 @@ pub fn verdict(
     waited_for_all: bool,
 ) -> Verdict {
     let mut failures = Vec::new();
-    if r.max_sliding_share > params.max_share_per_window {
+    if r.max_window_share > params.max_share_per_window {
         failures.push(format!(
-            "{:.1}% of the subscribers reconnected within 10 s (cap {:.1}%); per window {:?}",
-            r.max_sliding_share * 100.0,
+            "{:.1}% of the subscribers reconnected in one 10 s window (cap {:.1}%): {:?}",
+            r.max_window_share * 100.0,
             params.max_share_per_window * 100.0,
             r.per_window
         ));
@@ -353,9 +356,10 @@ pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
     };
     let verdict = verdict(&params, &reconnections, &regressions, waited_for_all);
     progress.event(&format!(
-        "{} reconnected, per 10 s {:?}, at most {:.2}% in any 10 s; {} regressions; {} refused",
+        "{} reconnected, per 10 s {:?} (max {:.2}%, {:.2}% in any 10 s); {} regressions; {} refused",
         reconnections.reconnected,
         reconnections.per_window,
+        reconnections.max_window_share * 100.0,
         reconnections.max_sliding_share * 100.0,
         regressions.count,
         refused_streams
@@ -456,7 +460,7 @@ mod tests {
         assert!(verdict(&params, &r, &clean, false).pass);
         let storm: Vec<SubLog> = (0..500).map(|i| log(&[0, 2_000 + i])).collect();
         let v = verdict(&params, &reconnections(&storm, 1_000, 1_500), &clean, false);
-        assert!(!v.pass && v.failures[0].contains("within 10 s"));
+        assert!(!v.pass && v.failures[0].contains("10 s window"));
         let back = Regressions {
             count: 1,
             examples: vec![(3, 0, 9, 8)],
