@@ -516,22 +516,23 @@ async fn drive(
         // Withdrawals are sent on schedule whatever is in flight; the rest of the burst
         // is open-loop with at most `concurrency` requests outstanding, and a change whose
         // turn comes while the authority still holds that many is dropped (counted).
-        if withdraw_every > 0 && n % withdraw_every == withdraw_every / 2 {
-            if let Some(v) = victims.next() {
-                let (id, service, addr) = (v.id.clone(), v.service.clone(), v.addr);
-                let withdrawn = Arc::clone(&withdrawn);
-                tasks.spawn(async move {
-                    let ok = api.deregister(&id).await.is_ok();
-                    if ok {
-                        withdrawn
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .push((service, addr, sent_ms));
-                    }
-                    push(&changes, Kind::Withdraw, sent_ms, epoch, ok);
-                });
-                continue;
-            }
+        if withdraw_every > 0
+            && n % withdraw_every == withdraw_every / 2
+            && let Some(v) = victims.next()
+        {
+            let (id, service, addr) = (v.id.clone(), v.service.clone(), v.addr);
+            let withdrawn = Arc::clone(&withdrawn);
+            tasks.spawn(async move {
+                let ok = api.deregister(&id).await.is_ok();
+                if ok {
+                    withdrawn
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push((service, addr, sent_ms));
+                }
+                push(&changes, Kind::Withdraw, sent_ms, epoch, ok);
+            });
+            continue;
         }
         let Ok(permit) = Arc::clone(&limit).try_acquire_owned() else {
             dropped += 1;

@@ -590,9 +590,8 @@ async fn watch(
                     });
                     let key = (spec.zone.clone(), service.clone(), version);
                     let mut c = contents.lock().unwrap_or_else(PoisonError::into_inner);
-                    if !c.contains_key(&key) {
-                        c.insert(key, Arc::new(addresses(&any.value)));
-                    }
+                    c.entry(key)
+                        .or_insert_with(|| Arc::new(addresses(&any.value)));
                 }
             }
         }
@@ -757,7 +756,7 @@ mod tests {
             seen: vec![seen(1, 0, 5), seen(2, 0, 4)],
             ..SubLog::default()
         };
-        assert!(regressions(&[ok.clone()]).is_empty());
+        assert!(regressions(std::slice::from_ref(&ok)).is_empty());
         assert_eq!(regressions(&[ok, bad]), vec![(1, 0, 5, 4)]);
     }
 
