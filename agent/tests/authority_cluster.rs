@@ -389,3 +389,98 @@ async fn leader_killed_repeatedly_loses_no_acknowledged_write_and_no_version_reg
     }
     drop(watchers);
 }
+
+/// The lease of `id` as `member` holds it: `Some(end)` while registered, `None` once gone.
+async fn lease_end(member: &Member, id: &str) -> Option<u64> {
+    let list = member
+        .api()
+        .get_json("/v1/instances?service=pay")
+        .await
+        .unwrap();
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["instance"]["id"] == id)
+        .map(|r| r["lease_expires_at_ms"].as_u64().unwrap())
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_without_authority_for_longer_than_a_lease_retires_nothing_for_it() {
+    waymark_certs::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = cluster(dir.path());
+    for m in &mut members {
+        m.start();
+    }
+    let first = leader(&members, None).await;
+    let api = members[first as usize - 1].api();
+    let r = api
+        .send(
+            Method::PUT,
+            "/v1/services/pay",
+            Some(&json!({"owner": "payments", "contract": {}})),
+        )
+        .await
+        .unwrap();
+    assert!(r.status.is_success(), "{:?}", r.json());
+    let body = json!({
+        "service": "pay",
+        "locality": {"region": "eu", "zone": "a", "node": "n1"},
+        "address": {"ip": "10.9.0.1", "port": 8080},
+        "lease_ms": 5_000,
+    });
+    let r = api
+        .send(Method::POST, "/v1/instances", Some(&body))
+        .await
+        .unwrap();
+    assert!(r.status.is_success(), "{:?}", r.json());
+    let v = r.json().unwrap();
+    let id = v["instance"].as_str().unwrap().to_owned();
+    let first_end = v["expires_at_ms"].as_u64().unwrap();
+
+    // The whole authority goes down and stays down past the lease's end: nobody can renew.
+    for m in &mut members {
+        m.kill();
+    }
+    // Wall time passing *is* the condition under test: no signal stands in for it.
+    let past_end = Duration::from_millis(first_end.saturating_sub(unix_ms()) + 2_000);
+    tokio::time::sleep(past_end).await;
+    let back_at = unix_ms();
+    for m in &mut members {
+        m.start();
+    }
+    let second = leader(&members, None).await;
+    let m = &members[second as usize - 1];
+
+    // The new leader gives the lease a whole length from its term's start before it
+    // expires anything; a leader that expired first would retire it (None).
+    let deadline = Instant::now() + WAIT;
+    let restarted_end = loop {
+        match lease_end(m, &id).await {
+            None => panic!("the instance was retired for the authority's own outage"),
+            Some(end) if end >= back_at + 5_000 => break end,
+            Some(_) => {}
+        }
+        assert!(Instant::now() < deadline, "the lease was never restarted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(restarted_end > first_end + 2_000);
+
+    // Expiry still works: unrenewed, it goes once the restarted lease ends.
+    let deadline = Instant::now() + WAIT;
+    while lease_end(m, &id).await.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted lease never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(unix_ms() >= restarted_end);
+}

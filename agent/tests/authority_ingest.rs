@@ -314,6 +314,55 @@ async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_contract_reaches_the_probers_at_once() {
+    // A new probe (another path, another protocol) must be what the probers check next,
+    // not whatever they were told before; otherwise a pushed contract is silently ignored.
+    let pki = Pki::new(TD);
+    let data = tempfile::tempdir().unwrap();
+    let (authority, api) = leading_authority(&pki, data.path(), None).await;
+    register(&api, 1).await;
+    let ingest = authority.ingest_addr().unwrap();
+    let mut n1 = session(&pki, "region/eu/node/n1", ingest).await.unwrap();
+    n1.send(AgentMessage::Hello {
+        zone: "a".parse().unwrap(),
+    })
+    .await
+    .unwrap();
+    let probe_of = |targets: &[waymark_agent::authority::ingest::ProbeTarget]| {
+        serde_json::to_value(&targets[0].probe).unwrap()
+    };
+    loop {
+        if let AuthorityMessage::Assignment { targets } = next_message(&mut n1).await.unwrap()
+            && targets.len() == 1
+        {
+            assert_eq!(probe_of(&targets)["path"], "/readyz");
+            break;
+        }
+    }
+    let contract = json!({"probe": {"kind": "grpc", "interval": "1s", "timeout": "500ms"}});
+    let r = api
+        .send(
+            Method::PUT,
+            "/v1/services/pay",
+            Some(&json!({"owner": "payments", "contract": contract})),
+        )
+        .await
+        .unwrap();
+    assert!(r.status.is_success(), "{r:?}");
+    let targets = tokio::time::timeout(WAIT, async {
+        loop {
+            if let AuthorityMessage::Assignment { targets } = next_message(&mut n1).await.unwrap() {
+                return targets;
+            }
+        }
+    })
+    .await
+    .expect("the new contract never reached the prober");
+    assert_eq!(targets.len(), 1);
+    assert_eq!(probe_of(&targets)["kind"], "grpc");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gossip_membership_decides_which_connected_nodes_probe() {
     use waymark_agent::authority::member::GossipSettings;
     use waymark_agent::node::gossip::{Gossip, GossipConfig, GossipId, Key, Keyring, Role};

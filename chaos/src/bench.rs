@@ -607,6 +607,7 @@ fn rebuild_config(shape: Shape) -> waymark_registry::pipeline::PipelineConfig {
             admit_releases_per_sec: u32::MAX,
             ..DeltaConfig::default()
         },
+        fraction_guard: true,
     }
 }
 

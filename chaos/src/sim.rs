@@ -110,6 +110,7 @@ pub fn run(config: SimConfig) -> SimReport {
         zones,
         evaluator: EvaluatorConfig::default(),
         delta: DeltaConfig::default(),
+        fraction_guard: true,
     };
     let mut pipeline = RegionPipeline::rebuild(pc, &state, start);
     let mut versions = MonotonicCounter::default();

@@ -158,6 +158,11 @@ impl Generator {
         self.lock().len()
     }
 
+    /// A handle that counts the outcomes recorded so far, for progress lines.
+    pub fn tally(&self) -> Tally {
+        Tally(Arc::clone(&self.outcomes))
+    }
+
     /// Whether nothing is recorded yet.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -175,6 +180,24 @@ impl Generator {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Outcome>> {
         self.outcomes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Counts a running generator's outcomes.
+#[derive(Debug, Clone)]
+pub struct Tally(Arc<Mutex<Vec<Outcome>>>);
+
+impl Tally {
+    /// Requests answered (or given up) so far, and how many of them failed.
+    pub fn counts(&self) -> (usize, usize) {
+        let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        (all.len(), all.iter().filter(|o| !o.ok()).count())
+    }
+
+    /// A progress line: totals so far.
+    pub fn line(&self) -> String {
+        let (n, e) = self.counts();
+        format!("traffic: {n} requests so far, {e} failed")
     }
 }
 

@@ -45,4 +45,36 @@ fn the_outage_drill_passes_at_short_scale() {
     let saved = std::fs::read_to_string(dir.path().join("report.json")).unwrap();
     let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
     assert_eq!(saved, report);
+
+    // The page plots the verdict counts and the error rate, and is rebuilt from the JSON.
+    let page_path = dir.path().join("report.html");
+    let page = std::fs::read_to_string(&page_path).unwrap();
+    assert!(page.contains("PASS"), "{page}");
+    assert!(page.matches("<svg").count() >= 2, "{page}");
+    assert!(page.contains("authority SIGKILLed"), "{page}");
+    std::fs::remove_file(&page_path).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
+        .arg("report")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&page_path).unwrap(), page);
+
+    // Not a report: a clear error, nothing written.
+    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
+        .arg("report")
+        .arg(dir.path().join("outcomes.jsonl"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a drill report"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

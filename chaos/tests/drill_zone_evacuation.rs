@@ -1,7 +1,7 @@
 //! `waymark-drill run zone-evacuation --scale short`: a real authority, 2,000 registered
 //! instances in 40 services, 500 Delta xDS subscribers, a zone evacuated during a burst
 //! offered at 40,000 changes per minute; withdrawals must reach 99% of subscribers within
-//! 5 s while the admission path sheds, declared.
+//! 5 s while the admission path sheds, declared, whenever delivery comes under pressure.
 //!
 //! Needs the `waymark` binary next to `waymark-drill` (`cargo build -p waymark-agent --bin
 //! waymark`) or `WAYMARK_BIN`. Runs alone: it saturates the authority on purpose.
@@ -29,11 +29,13 @@ fn the_zone_evacuation_drill_passes_at_short_scale() {
     assert!(w["pairs"].as_u64().unwrap() >= 400, "{w:#}");
     assert_eq!(w["missing"], 0, "{w:#}");
     assert!(w["p99_ms"].as_f64().unwrap() <= 5_000.0, "{w:#}");
+    // Declared whenever delivery came under pressure (a slow Publish commit).
+    let s = &report["shedding"];
+    let declared = s["episodes_after"].as_f64().unwrap() > s["episodes_before"].as_f64().unwrap()
+        || s["seen_shedding"] == true;
     assert!(
-        report["shedding"]["episodes_after"].as_f64().unwrap()
-            > report["shedding"]["episodes_before"].as_f64().unwrap()
-            || report["shedding"]["seen_shedding"] == true,
-        "{report:#}"
+        declared || s["slow_publishes"].as_f64().unwrap() == 0.0,
+        "{s:#}"
     );
     assert!(
         report["evacuation"]["evacuations"]["z1"]["moved"]

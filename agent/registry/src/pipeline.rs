@@ -53,6 +53,8 @@ pub struct PipelineConfig {
     pub evaluator: EvaluatorConfig,
     /// Delta queue pacing.
     pub delta: DeltaConfig,
+    /// Whether the fraction guard runs; see [`AssemblerConfig::fraction_guard`].
+    pub fraction_guard: bool,
 }
 
 /// What the pipeline asks its driver to do.
@@ -126,7 +128,10 @@ impl RegionPipeline {
     pub fn rebuild(config: PipelineConfig, state: &DesiredState, now: Instant) -> Self {
         let mut p = Self {
             evaluator: Evaluator::new(config.evaluator),
-            assembler: ViewAssembler::new(AssemblerConfig::new(config.region, config.zones)),
+            assembler: ViewAssembler::new(AssemblerConfig {
+                fraction_guard: config.fraction_guard,
+                ..AssemblerConfig::new(config.region, config.zones)
+            }),
             queues: DeltaQueues::new(config.delta),
             failover_provenance: BTreeMap::new(),
             outputs: Vec::new(),
@@ -251,6 +256,7 @@ impl RegionPipeline {
             }
             Applied::ServiceRemoved
             | Applied::Renewed { .. }
+            | Applied::LeasesRestarted { .. }
             | Applied::AssignmentSet
             | Applied::EvacuationProgress
             | Applied::RegionFailoverProgress => {}

@@ -70,6 +70,10 @@ pub enum Command {
     },
     /// Retire every registered instance whose lease has expired (proposed by the leader).
     ExpireLeases,
+    /// A new leader restarts every lease's clock: while no leader was there, nobody could
+    /// hear a renewal, so no instance is retired for silence the region itself caused.
+    /// Each lease ends no earlier than a whole lease length from now (never shortened).
+    RestartLeases,
     /// The orchestrator reports an instance (created or changed).
     Observe {
         /// The instance, with its orchestrator-given id.
@@ -310,6 +314,11 @@ pub enum Applied {
     },
     /// The prober assignment was replaced.
     AssignmentSet,
+    /// Every lease was given at least a whole length from now.
+    LeasesRestarted {
+        /// How many leases were extended.
+        extended: usize,
+    },
     /// A service's policy was set.
     PolicySet {
         /// The service.
@@ -525,6 +534,7 @@ impl DesiredState {
                 self.retire_one(instance, RetireCause::Deregistered, true)
             }
             Command::ExpireLeases => Ok(self.expire()),
+            Command::RestartLeases => Ok(self.restart_leases()),
             Command::Observe { instance, draining } => {
                 self.observe(instance, Origin::Orchestrator, draining)
             }
@@ -840,6 +850,20 @@ impl DesiredState {
         Ok(Applied::Retired {
             instances: vec![(id, cause)],
         })
+    }
+
+    fn restart_leases(&mut self) -> Applied {
+        let clock = self.clock_ms;
+        let mut extended = 0;
+        for r in self.instances.values_mut() {
+            if let (Some(len), Some(end)) = (r.lease_ms, r.lease_expires_at_ms.as_mut())
+                && *end < clock + len
+            {
+                *end = clock + len;
+                extended += 1;
+            }
+        }
+        Applied::LeasesRestarted { extended }
     }
 
     fn expire(&mut self) -> Applied {

@@ -146,6 +146,8 @@ struct Term<'a> {
     audit: mpsc::UnboundedSender<AuditEntry>,
     assignment_dirty: bool,
     lease_write_in_flight: Arc<std::sync::atomic::AtomicBool>,
+    /// Set once this term's [`Command::RestartLeases`] committed: no lease expires before.
+    leases_restarted: Arc<std::sync::atomic::AtomicBool>,
     /// The version of each peer region's aggregate the pipeline holds as tier 2.
     remote_fed: BTreeMap<(RegionName, ServiceName), u64>,
     /// Regions with a signal-driven failover command being committed.
@@ -185,6 +187,7 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
         audit,
         assignment_dirty: true,
         lease_write_in_flight: Arc::default(),
+        leases_restarted: Arc::default(),
         remote_fed: BTreeMap::new(),
         failover_in_flight: BTreeSet::new(),
         failover_done,
@@ -458,13 +461,23 @@ impl Term<'_> {
             {
                 p.handle_applied(now, done, s.registry());
             }
-            if matches!(done, Applied::AssignmentSet) {
+            // A contract change is a change of what the probers check (kind, path,
+            // interval): hand them the new targets at once, not at the next reassignment.
+            if matches!(
+                done,
+                Applied::AssignmentSet | Applied::ServicePut | Applied::ServiceRemoved
+            ) {
                 self.ctx.hub.refresh_targets(s.registry());
             }
         });
+        // A contract that gains or loses its probe changes which instances are targets.
         if matches!(
             done,
-            Applied::Registered { .. } | Applied::Observed { .. } | Applied::Retired { .. }
+            Applied::Registered { .. }
+                | Applied::Observed { .. }
+                | Applied::Retired { .. }
+                | Applied::ServicePut
+                | Applied::ServiceRemoved
         ) {
             self.assignment_dirty = true;
         }
@@ -786,30 +799,46 @@ impl Term<'_> {
         });
     }
 
+    /// Proposes lease expiry when one is due — but first, once per term, restarts every
+    /// lease's clock: instances could not renew while the region had no leader (Consul
+    /// resets session TTLs on failover for the same reason), so an outage of the
+    /// authority never retires instances for its own silence.
     fn expire_leases(&self) {
-        let due = self.ctx.raft.with_state(|s, _| {
-            s.registry()
-                .next_expiry_ms()
-                .is_some_and(|at| at <= now_ms())
-        });
-        if !due
-            || self
-                .lease_write_in_flight
-                .swap(true, std::sync::atomic::Ordering::AcqRel)
-        {
+        use std::sync::atomic::Ordering;
+        let restarted = self.leases_restarted.load(Ordering::Acquire);
+        let due = restarted
+            && self.ctx.raft.with_state(|s, _| {
+                s.registry()
+                    .next_expiry_ms()
+                    .is_some_and(|at| at <= now_ms())
+            });
+        if (restarted && !due) || self.lease_write_in_flight.swap(true, Ordering::AcqRel) {
             return;
         }
+        let command = if restarted {
+            Command::ExpireLeases
+        } else {
+            Command::RestartLeases
+        };
         let raft = self.ctx.raft.clone();
         let flag = Arc::clone(&self.lease_write_in_flight);
+        let done = Arc::clone(&self.leases_restarted);
+        let term = self.term;
         tokio::spawn(async move {
+            let restart = matches!(command, Command::RestartLeases);
             let cmd = Request::Registry(Stamped {
                 at_ms: now_ms(),
-                command: Command::ExpireLeases,
+                command,
             });
-            if let Err(error) = raft.write(cmd).await {
-                debug!(%error, "lease expiry not committed");
+            match raft.write(cmd).await {
+                Ok(_) if restart => {
+                    info!(term, "lease clocks restarted for the new term");
+                    done.store(true, Ordering::Release);
+                }
+                Ok(_) => {}
+                Err(error) => debug!(%error, restart, "lease command not committed"),
             }
-            flag.store(false, std::sync::atomic::Ordering::Release);
+            flag.store(false, Ordering::Release);
         });
     }
 

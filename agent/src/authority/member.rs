@@ -307,6 +307,7 @@ impl Authority {
                     },
                     ..DeltaConfig::default()
                 },
+                fraction_guard: fraction_guard_on(),
             },
             shared: Arc::clone(&shared),
             regions: regions.clone(),
@@ -526,4 +527,21 @@ async fn tls_configs(
     let xds = server_config(&live, peers.clone(), metrics.clone(), &[ALPN_H2])?;
     let ingest = server_config(&live, peers, metrics.clone(), &[ALPN_H2])?;
     Ok((Arc::new(xds), Arc::new(ingest), live))
+}
+
+/// Set to `1` to switch the fraction guard off (ADR-08): a broken health check then drains
+/// the service it judges. For drills that must show what the guard prevents
+/// (`waymark-drill run bad-health-check --break-fraction-guard`); never in production.
+pub const UNSAFE_DISABLE_FRACTION_GUARD: &str = "WAYMARK_UNSAFE_DISABLE_FRACTION_GUARD";
+
+/// Whether the fraction guard runs: always, unless [`UNSAFE_DISABLE_FRACTION_GUARD`] is `1`.
+fn fraction_guard_on() -> bool {
+    let off = std::env::var(UNSAFE_DISABLE_FRACTION_GUARD).is_ok_and(|v| v.trim() == "1");
+    if off {
+        tracing::error!(
+            "{UNSAFE_DISABLE_FRACTION_GUARD}=1: the fraction guard is OFF; a broken health \
+             check will drain the services it judges (drills only)"
+        );
+    }
+    !off
 }

@@ -7,7 +7,9 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use waymark_chaos::bench::{self, Shape};
-use waymark_chaos::drill::{self, Scale, outage, xds_restart, zone_evacuation};
+use waymark_chaos::drill::{
+    self, Scale, bad_health_check, hard_vs_grey, outage, xds_restart, zone_evacuation,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -31,6 +33,11 @@ enum Command {
     Run {
         #[command(subcommand)]
         which: Drill,
+    },
+    /// Rebuild a run's `report.html` from its `report.json` (a run folder, or the file).
+    Report {
+        /// The run folder (or its report.json).
+        dir: std::path::PathBuf,
     },
 }
 
@@ -104,6 +111,40 @@ enum Drill {
         /// at once).
         #[arg(long)]
         break_reconnect_admission: bool,
+    },
+    /// One replica killed, another made slow but alive (probe green): the time until the
+    /// callers stop using each; the grey one must be caught by passive evidence.
+    HardVsGrey {
+        /// `short` (3 Envoys, 30 synthetic callers) or `full` (5 Envoys, 250).
+        #[arg(long, value_enum, default_value = "full")]
+        scale: Scale,
+        /// Where the processes keep state and logs.
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Chooses which replicas fail.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Break the property on purpose: Envoys without load reporting, so no passive
+        /// evidence reaches the evaluator (the verdict must then fail).
+        #[arg(long)]
+        break_load_reports: bool,
+    },
+    /// A contract whose probe fails every replica pushed under traffic: the service must
+    /// degrade with `health_disregarded` declared and the alarm raised, never drain.
+    BadHealthCheck {
+        /// `short` (25 s under the bad contract) or `full` (5 minutes, 50 subscribers).
+        #[arg(long, value_enum, default_value = "full")]
+        scale: Scale,
+        /// Override how long the bad contract stays in force (`30s`, `10m`).
+        #[arg(long, value_parser = drill::parse_duration)]
+        duration: Option<std::time::Duration>,
+        /// Where the processes keep state and logs.
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Break the property on purpose: the authority runs without its fraction guard
+        /// (`WAYMARK_UNSAFE_DISABLE_FRACTION_GUARD=1`); the verdict must then fail.
+        #[arg(long)]
+        break_fraction_guard: bool,
     },
 }
 
@@ -247,6 +288,7 @@ fn main() -> anyhow::Result<()> {
     let which = match cli.command {
         Command::Bench { which } => which,
         Command::Run { which } => return run_drill(which),
+        Command::Report { dir } => return rebuild_report(&dir),
     };
     let json = match which {
         Bench::Resolve {
@@ -294,6 +336,29 @@ fn main() -> anyhow::Result<()> {
     }
     .context("encoding the report")?;
     println!("{json}");
+    Ok(())
+}
+
+/// `waymark-drill report DIR`: the page again, from the JSON alone.
+fn rebuild_report(dir: &std::path::Path) -> anyhow::Result<()> {
+    let json = if dir.is_dir() {
+        dir.join("report.json")
+    } else {
+        dir.to_path_buf()
+    };
+    let text =
+        std::fs::read_to_string(&json).with_context(|| format!("reading {}", json.display()))?;
+    let report: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a drill report", json.display()))?;
+    anyhow::ensure!(
+        report["drill"].is_string() && report["verdict"].is_object(),
+        "{} is not a drill report (no drill name or verdict)",
+        json.display()
+    );
+    let page = json.with_file_name("report.html");
+    std::fs::write(&page, drill::html::render(&report))
+        .with_context(|| format!("writing {}", page.display()))?;
+    println!("{}", page.display());
     Ok(())
 }
 
@@ -415,6 +480,52 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
                 dir.display()
             );
             let report = runtime.block_on(xds_restart::run(params, &dir))?;
+            let pass = report.verdict.pass;
+            (serde_json::to_string(&report)?, pass)
+        }
+        Drill::HardVsGrey {
+            scale,
+            dir,
+            seed,
+            break_load_reports,
+        } => {
+            let mut params = hard_vs_grey::Params::for_scale(scale);
+            params.break_load_reports = break_load_reports;
+            if let Some(s) = seed {
+                params.seed = s;
+            }
+            let dir = dir.unwrap_or_else(|| default_run_dir("hard-vs-grey"));
+            eprintln!(
+                "drill hard-vs-grey: {} Envoys, {} synthetic callers, {} backends, state in {}",
+                params.envoys,
+                params.envoys * params.subscribers_per_agent,
+                params.backends,
+                dir.display()
+            );
+            let report = runtime.block_on(hard_vs_grey::run(params, &dir))?;
+            let pass = report.verdict.pass;
+            (serde_json::to_string(&report)?, pass)
+        }
+        Drill::BadHealthCheck {
+            scale,
+            duration,
+            dir,
+            break_fraction_guard,
+        } => {
+            let mut params = bad_health_check::Params::for_scale(scale);
+            params.break_fraction_guard = break_fraction_guard;
+            if let Some(d) = duration {
+                anyhow::ensure!(d.as_secs() >= 5, "--duration must be at least 5 s");
+                params.observe_s = d.as_secs();
+            }
+            let dir = dir.unwrap_or_else(|| default_run_dir("bad-health-check"));
+            eprintln!(
+                "drill bad-health-check: {} backends, bad contract for {} s, state in {}",
+                params.backends,
+                params.observe_s,
+                dir.display()
+            );
+            let report = runtime.block_on(bad_health_check::run(params, &dir))?;
             let pass = report.verdict.pass;
             (serde_json::to_string(&report)?, pass)
         }

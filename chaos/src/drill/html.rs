@@ -82,11 +82,12 @@ pub fn render(report: &Value) -> String {
         page.push_str(&cdf_svg(d));
     }
     if !plots.events.is_empty() {
-        page.push_str("<h2>Events</h2><table><tr><th>t (s)</th><th>what</th></tr>");
-        for e in &plots.events {
+        page.push_str("<h2>Events</h2><table><tr><th>#</th><th>t (s)</th><th>what</th></tr>");
+        for (i, e) in plots.events.iter().enumerate() {
             let _ = write!(
                 page,
-                "<tr><td>{:.1}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{:.1}</td><td>{}</td></tr>",
+                i + 1,
                 e.t_ms as f64 / 1000.0,
                 esc(&e.what)
             );
@@ -152,6 +153,14 @@ struct Frame {
 }
 
 impl Frame {
+    /// A frame whose axes end at round numbers at or above the data's maxima.
+    fn new(x_max: f64, y_max: f64) -> Self {
+        Self {
+            x_max: nice_ceil(x_max),
+            y_max: nice_ceil(y_max),
+        }
+    }
+
     fn x(&self, v: f64) -> f64 {
         LEFT + (v / self.x_max) * (WIDTH - LEFT - 10.0)
     }
@@ -198,18 +207,36 @@ impl Frame {
     }
     fn events(&self, events: &[Event], scale: f64) -> String {
         let mut s = String::new();
-        for e in events {
+        for (i, e) in events.iter().enumerate() {
             let x = self.x(e.t_ms as f64 / scale);
+            // Numbered as in the events table below the plots.
             let _ = write!(
                 s,
                 "<line x1=\"{x:.1}\" y1=\"{TOP}\" x2=\"{x:.1}\" y2=\"{}\" stroke=\"#1565c0\" \
-                 stroke-dasharray=\"3,3\"><title>{}</title></line>",
+                 stroke-dasharray=\"3,3\"><title>{}</title></line>\
+                 <text x=\"{:.1}\" y=\"{}\" fill=\"#1565c0\" font-size=\"9\">{}</text>",
                 self.y(0.0),
-                esc(&e.what)
+                esc(&e.what),
+                x + 2.0,
+                TOP + 8.0,
+                i + 1
             );
         }
         s
     }
+}
+
+/// A round number at or above `v`: the smallest of a few multiples of a power of ten.
+fn nice_ceil(v: f64) -> f64 {
+    if v <= 0.0 || !v.is_finite() {
+        return 1.0;
+    }
+    let mag = 10f64.powf(v.log10().floor());
+    [1.0, 1.2, 1.6, 2.0, 2.4, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0]
+        .into_iter()
+        .map(|m| m * mag)
+        .find(|c| *c >= v * 0.999_999)
+        .unwrap_or(10.0 * mag)
 }
 
 fn short(v: f64) -> String {
@@ -240,11 +267,9 @@ fn states_svg(states: &[StateSample], events: &[Event], end_ms: u64) -> String {
         .copied()
         .max()
         .unwrap_or(1)
-        .max(1) as f64;
-    let f = Frame {
-        x_max: end_ms as f64 / 1000.0,
-        y_max,
-    };
+        .max(1) as f64
+        * 1.1;
+    let f = Frame::new(end_ms as f64 / 1000.0, y_max);
     let mut s = f.open("run time (s)", "instances");
     s.push_str(&f.events(events, 1000.0));
     let mut legend = String::new();
@@ -295,10 +320,8 @@ fn errors_svg(errors: &[RateSample], events: &[Event], end_ms: u64) -> String {
             (b.t_ms as f64 / 1000.0, r)
         })
         .collect();
-    let f = Frame {
-        x_max: end_ms as f64 / 1000.0,
-        y_max: rates.iter().map(|r| r.1).fold(0.05_f64, f64::max).min(1.0),
-    };
+    let y_max = rates.iter().map(|r| r.1).fold(0.05_f64, f64::max).min(1.0);
+    let f = Frame::new(end_ms as f64 / 1000.0, y_max);
     let mut s = f.open("run time (s)", "error rate");
     s.push_str(&f.events(events, 1000.0));
     let points: Vec<(f64, f64)> = rates.iter().map(|(t, r)| (f.x(*t), f.y(*r))).collect();
@@ -320,7 +343,7 @@ fn cdf_svg(d: &Distribution) -> String {
     let mut v = d.values.clone();
     v.sort_by(f64::total_cmp);
     let x_max = v.last().copied().unwrap_or(1.0).max(f64::MIN_POSITIVE);
-    let f = Frame { x_max, y_max: 1.0 };
+    let f = Frame::new(x_max, 1.0);
     let mut s = f.open(&d.unit, "share ≤ x");
     let n = v.len() as f64;
     let mut points = Vec::with_capacity(v.len() * 2 + 1);
@@ -361,6 +384,16 @@ mod tests {
         assert!(page.contains("authority SIGKILLed"));
         assert!(page.contains(">unknown</text>"));
         assert!(!page.contains("<script"));
+    }
+
+    #[test]
+    fn axes_end_at_round_numbers() {
+        assert_eq!(nice_ceil(4.4), 5.0);
+        assert_eq!(nice_ceil(23.3), 24.0);
+        assert_eq!(nice_ceil(3_720.0), 4_000.0);
+        assert_eq!(nice_ceil(0.47), 0.5);
+        assert_eq!(nice_ceil(1.0), 1.0);
+        assert_eq!(nice_ceil(0.0), 1.0);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! Pure parts (aggregating outcomes into figures, the verdict against a budget) are plain
 //! functions in [`figures`]; each drill's `run` is the shell that drives the processes.
 
+pub mod bad_health_check;
 pub mod figures;
+pub mod hard_vs_grey;
 pub mod html;
 pub mod outage;
 pub mod report;

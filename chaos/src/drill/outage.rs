@@ -208,6 +208,9 @@ async fn drive(
     let now_ms = || ms(epoch.elapsed());
     let listener: SocketAddr = envoy.listener_addr();
     let traffic = Generator::start(listener, params.rate, REQUEST_TIMEOUT, epoch);
+    let tally = traffic.tally();
+    let beat = if params.outage_s >= 600 { 60 } else { 10 };
+    let _heartbeat = progress.heartbeat(Duration::from_secs(beat), move || tally.line());
     progress.event(&format!("traffic at {}/s through {listener}", params.rate));
 
     // Phase boundaries are the drill's schedule, not waits for readiness.

@@ -224,12 +224,39 @@ impl Progress {
             .push(e);
     }
 
+    /// Prints `line()` every `period` until the returned guard is dropped: a long phase
+    /// (a 60-minute outage) shows it is alive and how the callers fare.
+    pub fn heartbeat(
+        &self,
+        period: Duration,
+        line: impl Fn() -> String + Send + 'static,
+    ) -> Heartbeat {
+        let me = self.clone();
+        Heartbeat(tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(Instant::now() + period, period);
+            loop {
+                tick.tick().await;
+                me.say(&line());
+            }
+        }))
+    }
+
     /// The events kept so far.
     pub fn events(&self) -> Vec<Event> {
         self.events
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+}
+
+/// Stops its heartbeat when dropped.
+#[derive(Debug)]
+pub struct Heartbeat(tokio::task::JoinHandle<()>);
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -188,6 +188,34 @@ impl EnvoyProc {
 }
 
 impl EnvoyProc {
+    /// Adds load reporting (LRS, `cluster_manager.load_stats_config`) to the node agent over
+    /// the ADS cluster to the bootstrap, as the deployed sidecar bootstraps have it: the
+    /// agent forwards the reports upstream as passive evidence. Takes effect at the next
+    /// start.
+    pub fn report_load(&self) -> anyhow::Result<()> {
+        let text = std::fs::read_to_string(&self.bootstrap)
+            .with_context(|| format!("reading {}", self.bootstrap.display()))?;
+        let mut b: Value = serde_json::from_str(&text)?;
+        b["cluster_manager"] = json!({ "load_stats_config": {
+            "api_type": "GRPC",
+            "transport_api_version": "V3",
+            "grpc_services": [{ "envoy_grpc": { "cluster_name": XDS_CLUSTER } }]
+        } });
+        std::fs::write(&self.bootstrap, serde_json::to_string_pretty(&b)?)
+            .with_context(|| format!("writing {}", self.bootstrap.display()))?;
+        Ok(())
+    }
+
+    /// The admin `/clusters` page (`None` when Envoy does not answer).
+    pub async fn clusters_page(&self) -> Option<String> {
+        let r = traffic::get(self.admin, "/clusters", Duration::from_secs(1))
+            .await
+            .ok()?;
+        (r.status == 200).then_some(r.body)
+    }
+}
+
+impl EnvoyProc {
     /// The endpoints Envoy holds for `cluster`, from the admin `/clusters` page.
     pub async fn endpoints(&self, cluster: &str) -> Option<usize> {
         let r = traffic::get(self.admin, "/clusters", Duration::from_secs(1))

@@ -376,6 +376,15 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
     })
 }
 
+/// `Publish` commits slower than 512 ms so far (the histogram's bucket nearest the 500 ms
+/// past which the authority reports delivery pressure): `_count` minus the `le="0.512"`
+/// bucket of `waymark_publish_commit_seconds`.
+pub fn slow_publishes(text: &str) -> Option<f64> {
+    let count = metric(text, "waymark_publish_commit_seconds_count")?;
+    let within = metric(text, "waymark_publish_commit_seconds_bucket{le=\"0.512\"}")?;
+    Some(count - within)
+}
+
 /// One applied version of one resource, as a subscriber received it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Seen {
@@ -786,5 +795,9 @@ mod tests {
             ),
             Some(3.0)
         );
+        let h = "waymark_publish_commit_seconds_bucket{le=\"0.256\"} 7\n\
+                 waymark_publish_commit_seconds_bucket{le=\"0.512\"} 9\n\
+                 waymark_publish_commit_seconds_count 12\n";
+        assert_eq!(slow_publishes(h), Some(3.0));
     }
 }

@@ -5,14 +5,17 @@
 //! What exists: [`authority::AuthorityProc`] (one `waymark authority` member),
 //! [`agent::AgentProc`] (one `waymark agent`), [`envoy::EnvoyProc`] (a real Envoy fed by
 //! the agent over Delta ADS) and [`backends::DemoFleet`] (the dev region's demo backends,
-//! run in this process on real sockets and registered with the authority), and
-//! [`fleet`] (the synthetic fleet for scale: a multi-zone authority, registered instances
+//! run in this process on real sockets and registered with the authority); [`evidence`]
+//! adds a region whose evidence paths are real (mutual TLS, ingest, gossip, probes, LRS);
+//! [`fleet`] is the synthetic fleet for scale (a multi-zone authority, registered instances
 //! and thousands of Delta xDS subscribers).
 
 pub mod agent;
 pub mod authority;
 pub mod backends;
+pub mod callers;
 pub mod envoy;
+pub mod evidence;
 pub mod fleet;
 
 use std::ffi::OsStr;

@@ -55,6 +55,11 @@ pub struct AssemblerConfig {
     pub region_failover_step: Permille,
     /// Time between region failover steps.
     pub region_failover_step_interval: Duration,
+    /// Whether the fraction guard runs (ADR-08). Always on in production: switching it off
+    /// exists only so a drill can show what a broken health check does without it (the
+    /// service drains). `waymark authority` turns it off only when
+    /// `WAYMARK_UNSAFE_DISABLE_FRACTION_GUARD=1` is set, and says so in its log.
+    pub fraction_guard: bool,
 }
 
 impl AssemblerConfig {
@@ -67,6 +72,7 @@ impl AssemblerConfig {
             evacuation_step_interval: d::EVACUATION_STEP_INTERVAL,
             region_failover_step: d::REGION_FAILOVER_STEP,
             region_failover_step_interval: d::REGION_FAILOVER_STEP_INTERVAL,
+            fraction_guard: true,
         }
     }
 }
@@ -524,9 +530,10 @@ impl ViewAssembler {
         tallies: &BTreeMap<ZoneName, ZoneTally>,
     ) {
         let floor = slot.policy.min_healthy;
+        let on = self.config.fraction_guard;
         let now_guarded: BTreeSet<ZoneName> = tallies
             .iter()
-            .filter(|(_, t)| t.total > 0 && Permille::ratio(t.routed, t.total) < floor)
+            .filter(|(_, t)| on && t.total > 0 && Permille::ratio(t.routed, t.total) < floor)
             .map(|(z, _)| z.clone())
             .collect();
         for zone in now_guarded.difference(&slot.guarded) {

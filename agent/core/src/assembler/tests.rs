@@ -153,6 +153,28 @@ fn a_health_check_failing_every_replica_degrades_instead_of_draining() {
 }
 
 #[test]
+fn with_the_guard_switched_off_a_failing_health_check_drains_the_service() {
+    // What the drills' broken configuration does: no guard, no marker, no alarm, an
+    // empty view — the outcome the guard exists to prevent.
+    let mut fx = Fx::new(&[("a", 3)]);
+    fx.asm.config.fraction_guard = false;
+    for i in 0..3 {
+        fx.set(&format!("pay-a-{i}"), SOFT);
+    }
+    let effects = fx.assemble();
+    assert_eq!(
+        effects,
+        vec![Effect::LastEligibleWithdrawn {
+            service: svc("pay"),
+            region: region()
+        }]
+    );
+    let v = fx.view("a");
+    assert!(v.endpoints.is_empty(), "{v:?}");
+    assert!(v.markers.health_disregarded.is_empty());
+}
+
+#[test]
 fn the_guard_is_per_zone() {
     let mut fx = Fx::new(&[("a", 4), ("b", 4)]);
     for i in 0..3 {

@@ -75,6 +75,7 @@ fn config() -> PipelineConfig {
         zones: [zone("a"), zone("b")].into_iter().collect(),
         evaluator: EvaluatorConfig::default(),
         delta: DeltaConfig::default(),
+        fraction_guard: true,
     }
 }
 

@@ -61,6 +61,39 @@ fn registered(s: &mut DesiredState, at_ms: u64, last: u8) -> InstanceId {
 }
 
 #[test]
+fn a_new_leader_gives_every_lease_a_whole_length_before_expiring_any() {
+    let mut s = with_service();
+    // Leased 30 s at t=10 s: ends at 40 s.
+    let old = registered(&mut s, 10_000, 1);
+    // Registered at t=55 s: ends at 85 s.
+    let young = registered(&mut s, 55_000, 2);
+    // No leader from 12 s to 60 s: `old` could not renew, and is not retired for it.
+    assert_eq!(
+        s.apply(at(60_000, Command::RestartLeases)),
+        Ok(Applied::LeasesRestarted { extended: 2 })
+    );
+    // A second restart at the same time finds every lease a whole length ahead.
+    assert_eq!(
+        s.apply(at(60_000, Command::RestartLeases)),
+        Ok(Applied::LeasesRestarted { extended: 0 })
+    );
+    assert_eq!(s.next_expiry_ms(), Some(90_000));
+    assert_eq!(
+        s.apply(at(89_999, Command::ExpireLeases)),
+        Ok(Applied::Retired { instances: vec![] })
+    );
+    assert_eq!(
+        s.apply(at(90_000, Command::ExpireLeases)),
+        Ok(Applied::Retired {
+            instances: vec![
+                (old, RetireCause::LeaseExpired),
+                (young, RetireCause::LeaseExpired)
+            ]
+        })
+    );
+}
+
+#[test]
 fn a_registration_is_leased_renewed_and_expires() {
     let mut s = with_service();
     let id = registered(&mut s, 10_000, 1);

@@ -33,6 +33,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{Instrument as _, debug, info, trace, warn};
+use waymark_core::defaults::PASSIVE_INTERVAL;
 use waymark_xds::lrs::{ChannelSink, LoadReport, LrsConfig, LrsServer};
 
 pub use aggregate::{
@@ -71,10 +72,14 @@ pub struct LrsForwardConfig {
 }
 
 impl Default for LrsForwardConfig {
+    /// Envoy reports, and the agent forwards, at the platform's passive interval
+    /// ([`PASSIVE_INTERVAL`]): the evaluator judges passive evidence silent after
+    /// [`SILENCE_FACTOR`](waymark_core::defaults::SILENCE_FACTOR) of those intervals, so a slower cadence here would leave a
+    /// failing caller's outcomes silent most of the time and a grey failure uncaught.
     fn default() -> Self {
         Self {
-            flush_interval: Duration::from_secs(10),
-            report_interval: Duration::from_secs(10),
+            flush_interval: PASSIVE_INTERVAL,
+            report_interval: PASSIVE_INTERVAL,
             report_queue: NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN),
             endpoints_max: AggregatorConfig::default().endpoints_max,
         }

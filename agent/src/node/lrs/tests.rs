@@ -535,6 +535,19 @@ fn a_new_address_maps_at_once_and_a_removed_one_for_the_lookback() {
 }
 
 #[test]
+fn by_default_passive_evidence_arrives_before_the_evaluator_calls_it_silent() {
+    // Envoy reports at the platform's passive interval and each window is forwarded as it
+    // closes, so the oldest a forwarded outcome can be (one report interval plus one flush
+    // window) stays inside the silence the evaluator allows the passive class. With a
+    // slower cadence a grey failure's outcomes would be silent most of the time.
+    use waymark_core::defaults::{PASSIVE_INTERVAL, SILENCE_FACTOR};
+    let c = LrsForwardConfig::default().clamped();
+    assert_eq!(c.report_interval, PASSIVE_INTERVAL);
+    assert!(c.flush_interval <= PASSIVE_INTERVAL);
+    assert!(c.report_interval + c.flush_interval < PASSIVE_INTERVAL * SILENCE_FACTOR);
+}
+
+#[test]
 fn lookback_spans_one_reporting_interval() {
     let config = |flush_s: u64, report_s: u64| LrsForwardConfig {
         flush_interval: Duration::from_secs(flush_s),
@@ -617,7 +630,11 @@ struct Harness {
 }
 
 fn harness(samples_capacity: usize) -> Harness {
-    let config = LrsForwardConfig::default();
+    let config = LrsForwardConfig {
+        flush_interval: FLUSH,
+        report_interval: FLUSH,
+        ..LrsForwardConfig::default()
+    };
     let (reports, reports_rx) = mpsc::channel(8);
     let (samples_tx, samples) = mpsc::channel(samples_capacity);
     let mut books = WindowBook::new(config.lookback());

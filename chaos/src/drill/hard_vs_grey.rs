@@ -1,0 +1,650 @@
+//! `hard-vs-grey`: under steady traffic through several real Envoys (each with its own node
+//! agent), one replica fails hard (its listener closes: connections refused) and another
+//! turns slow but alive (its `/healthz` stays green; its traffic is slow and half 503).
+//! For each, the drill measures the time until the callers stop using it — every Envoy's
+//! `/clusters` and a number of synthetic Delta xDS subscriptions to the agents — and
+//! reports the per-caller times as distributions with their p99.
+//!
+//! The hard failure must leave within the hard-failure budget; the grey one must be caught
+//! by *passive* evidence (Envoy's load reports → agent → authority ingest), as the
+//! authority's explain answer must say, while its probe stays green. Breaking the passive
+//! path (Envoy bootstraps without load reporting) must fail the verdict.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::Serialize;
+use serde_json::Value;
+use tokio::time::Instant;
+use waymark_agent::dev::backends::{BackendOptions, Mode};
+use waymark_core::defaults as d;
+
+use super::Scale;
+use super::figures::{self, PhaseFigures, Verdict, Window};
+use super::report::{self, Distribution, Plots, Progress, StateSampler, quantile};
+use crate::harness::callers::{Stop, ViewLog, Watchers, stop_time};
+use crate::harness::envoy::EnvoyProc;
+use crate::harness::evidence::{
+    EvidenceAgent, ProbedFleet, Rig, RigSpec, get_json, probed_contract,
+};
+use crate::harness::{envoy_bin, wait_until, waymark_bin};
+use crate::rng::SplitMix64;
+use crate::traffic::{Generator, Outcome, ms};
+
+const REGION: &str = "r1";
+const ZONE: &str = "z1";
+const SERVICE: &str = "web";
+/// How long any process may take to become ready (CI compiles on the same cores).
+const START_DEADLINE: Duration = Duration::from_secs(60);
+/// How long the synthetic callers may take to all hold a view: an agent admits new
+/// streams at a capped rate (reconnection admission), so many subscribers take a while.
+const SUBSCRIBE_DEADLINE: Duration = Duration::from_secs(180);
+/// A request with no answer within this is a failure.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often each Envoy's `/clusters` is read.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
+/// How long a slow replica takes per request (below Envoy's route timeout, so its
+/// successes stay successes and its failures are its own 503s).
+const SLOW_DELAY: Duration = Duration::from_millis(300);
+
+/// The budgets the figures are held to.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Budget {
+    /// p99 over callers from the kill until the hard failure is out of their view
+    /// ([`d::HARD_FAILURE_BUDGET_P99`]).
+    pub hard_p99_ms: u64,
+    /// p99 over callers from the slowdown until their view routes the grey replica less
+    /// (lower weight or removed): one load-report interval for the first evidence to
+    /// exist, the damping budget for the score to cross, the withdrawal budget to reach
+    /// the callers ([`d::PASSIVE_INTERVAL`] + [`d::DAMPING_BUDGET`] +
+    /// [`d::WITHDRAWAL_BUDGET_P99`]).
+    pub grey_p99_ms: u64,
+    /// A probe score at or above this is not "green" ([`d::CORROBORATE_PERMILLE`]: it
+    /// would corroborate).
+    pub probe_green_below: u16,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self {
+            hard_p99_ms: ms(d::HARD_FAILURE_BUDGET_P99),
+            grey_p99_ms: ms(d::PASSIVE_INTERVAL + d::DAMPING_BUDGET + d::WITHDRAWAL_BUDGET_P99),
+            probe_green_below: d::CORROBORATE_PERMILLE.get(),
+        }
+    }
+}
+
+/// What the drill is run with.
+#[derive(Debug, Clone, Serialize)]
+pub struct Params {
+    pub scale: Scale,
+    /// Node agents, each with one real Envoy carrying traffic.
+    pub envoys: usize,
+    /// Synthetic Delta xDS subscriptions per agent (callers that hold a view, no traffic).
+    pub subscribers_per_agent: usize,
+    /// Backends of the service, all in one zone.
+    pub backends: usize,
+    /// Requests per second through each Envoy.
+    pub rate: u32,
+    /// Steady traffic before the faults.
+    pub baseline_s: u64,
+    /// How long after the faults the callers are watched at most.
+    pub observe_s: u64,
+    /// Chooses which backends fail.
+    pub seed: u64,
+    pub budget: Budget,
+    /// Break the property on purpose: Envoy bootstraps without load reporting, so no
+    /// passive evidence reaches the evaluator (the grey replica must then go uncaught).
+    pub break_load_reports: bool,
+}
+
+impl Params {
+    /// The defaults of a scale.
+    pub fn for_scale(scale: Scale) -> Self {
+        let (envoys, subscribers_per_agent, backends, observe_s) = match scale {
+            Scale::Short => (3, 10, 4, 30),
+            Scale::Full => (5, 50, 6, 60),
+        };
+        Self {
+            scale,
+            envoys,
+            subscribers_per_agent,
+            backends,
+            rate: 40,
+            baseline_s: 8,
+            observe_s,
+            seed: 1,
+            budget: Budget::default(),
+            break_load_reports: false,
+        }
+    }
+}
+
+/// Per-caller stop times for one replica.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CallerFigures {
+    /// Callers that held the replica at the fault.
+    pub callers: usize,
+    /// Of those, how many stopped using it within the observation.
+    pub stopped: usize,
+    pub p50_ms: Option<u64>,
+    pub p99_ms: Option<u64>,
+    pub max_ms: Option<u64>,
+    /// Each caller's time (ms after the fault), `None` if it never stopped.
+    pub per_caller: Vec<(String, Option<u64>)>,
+}
+
+/// Per-caller times → figures. Quantiles are over every caller: one that never stopped
+/// counts as slower than any that did (so p99 is `None` unless at least 99% stopped).
+pub fn caller_figures(per_caller: Vec<(String, Option<u64>)>) -> CallerFigures {
+    let times: Vec<f64> = per_caller
+        .iter()
+        .map(|(_, t)| t.map_or(f64::INFINITY, |t| t as f64))
+        .collect();
+    let q = |p: f64| {
+        quantile(&times, p)
+            .filter(|v| v.is_finite())
+            .map(|v| v as u64)
+    };
+    CallerFigures {
+        callers: per_caller.len(),
+        stopped: per_caller.iter().filter(|(_, t)| t.is_some()).count(),
+        p50_ms: q(0.5),
+        p99_ms: q(0.99),
+        max_ms: q(1.0),
+        per_caller,
+    }
+}
+
+/// What the authority said about the grey replica.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GreyEvidence {
+    /// ms after the slowdown when the authority's verdict first left `eligible`.
+    pub caught_ms: Option<u64>,
+    /// The verdict and the rule that fired then.
+    pub verdict: Option<String>,
+    pub rule: Option<String>,
+    /// Whether the rule names passive evidence as the failing class (`failing: Passive`;
+    /// passive merely corroborating a failing probe does not count).
+    pub passive_named: bool,
+    /// The probe and passive scores then (permille).
+    pub probe_score: Option<u16>,
+    pub passive_score: Option<u16>,
+    /// The explain answer's text then.
+    pub text: Option<String>,
+}
+
+impl GreyEvidence {
+    /// Reads one explain answer taken `at_ms` after the slowdown; keeps the first that is
+    /// not `eligible`.
+    pub fn observe(&mut self, at_ms: u64, explain: &Value) {
+        if self.caught_ms.is_some() {
+            return;
+        }
+        let verdict = explain["verdict"].as_str().unwrap_or_default();
+        if verdict.is_empty() || verdict == "eligible" {
+            return;
+        }
+        let rule = explain["rule"].as_str().unwrap_or_default().to_owned();
+        let score = |class: &str| {
+            explain["classes"].as_array().and_then(|cs| {
+                cs.iter()
+                    .find(|c| c["class"].as_str() == Some(class))
+                    .and_then(|c| c["score"].as_u64())
+                    .and_then(|s| u16::try_from(s).ok())
+            })
+        };
+        self.caught_ms = Some(at_ms);
+        self.verdict = Some(verdict.to_owned());
+        self.passive_named = rule.contains("failing: Passive");
+        self.rule = Some(rule);
+        self.probe_score = score("probe");
+        self.passive_score = score("passive");
+        self.text = explain["text"].as_str().map(str::to_owned);
+    }
+}
+
+/// The verdict: the hard failure within its budget for 99% of callers, the grey one
+/// caught by passive evidence with a green probe and shifted away from within its budget.
+pub fn hard_vs_grey_verdict(
+    hard: &CallerFigures,
+    grey: &CallerFigures,
+    evidence: &GreyEvidence,
+    budget: &Budget,
+) -> Verdict {
+    let mut failures = Vec::new();
+    for (what, f, limit) in [
+        ("hard", hard, budget.hard_p99_ms),
+        ("grey", grey, budget.grey_p99_ms),
+    ] {
+        if f.callers == 0 {
+            failures.push(format!("{what}: no caller held the replica at the fault"));
+            continue;
+        }
+        match f.p99_ms {
+            None => failures.push(format!(
+                "{what}: only {} of {} callers stopped using it (99% needed)",
+                f.stopped, f.callers
+            )),
+            Some(p99) if p99 > limit => failures.push(format!(
+                "{what}: p99 over callers {p99} ms, budget {limit} ms"
+            )),
+            Some(_) => {}
+        }
+    }
+    match &evidence.caught_ms {
+        None => failures.push("grey: the authority never judged it other than eligible".into()),
+        Some(_) => {
+            if !evidence.passive_named {
+                failures.push(format!(
+                    "grey: caught, but not by passive evidence (rule {:?})",
+                    evidence.rule
+                ));
+            }
+            if evidence
+                .probe_score
+                .is_none_or(|s| s >= budget.probe_green_below)
+            {
+                failures.push(format!(
+                    "grey: its probe was not green when caught (score {:?})",
+                    evidence.probe_score
+                ));
+            }
+        }
+    }
+    Verdict {
+        pass: failures.is_empty(),
+        failures,
+    }
+}
+
+/// Everything the run found; the last stdout line and `<run dir>/report.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub drill: &'static str,
+    pub params: Params,
+    pub run_dir: PathBuf,
+    /// Which demo backends failed, and how.
+    pub hard_replica: String,
+    pub grey_replica: String,
+    /// When both faults were injected, ms since traffic started.
+    pub fault_ms: u64,
+    /// Until the hard replica is out of each caller's view.
+    pub hard: CallerFigures,
+    /// Until each caller's view routes the grey replica less (lower weight or removed).
+    pub grey: CallerFigures,
+    /// Until the grey replica is out of each caller's view entirely (the default profile
+    /// degrades on uncorroborated passive evidence; it withdraws only when corroborated).
+    pub grey_removed: CallerFigures,
+    pub grey_evidence: GreyEvidence,
+    /// The hard replica's verdict and rule at the authority, once it left `eligible`.
+    pub hard_rule: Option<String>,
+    /// Traffic through every Envoy before the faults and after them.
+    pub before: PhaseFigures,
+    pub after: PhaseFigures,
+    pub verdict: Verdict,
+    pub plots: Plots,
+}
+
+/// Runs the drill in `run_dir` (created if needed).
+pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
+    anyhow::ensure!(params.backends >= 3, "at least 3 backends");
+    anyhow::ensure!(params.envoys >= 1, "at least one Envoy");
+    let waymark = waymark_bin()?;
+    let envoy = envoy_bin()?;
+    std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    let progress = Progress::new("hard-vs-grey", Instant::now());
+    progress.say(&format!("run directory {}", run_dir.display()));
+
+    let spec = RigSpec {
+        region: REGION.to_owned(),
+        zone: ZONE.to_owned(),
+        service: SERVICE.to_owned(),
+        contract: probed_contract(),
+        backends: params.backends,
+        backend_options: BackendOptions {
+            slow_delay: SLOW_DELAY,
+            ..BackendOptions::default()
+        },
+        envoys: params.envoys,
+        load_reports: !params.break_load_reports,
+        authority_env: Vec::new(),
+        seed: params.seed,
+        deadline: START_DEADLINE,
+    };
+    if params.break_load_reports {
+        progress.say("Envoys run WITHOUT load reporting (--break-load-reports)");
+    }
+    let rig = Rig::start(&spec, &waymark, &envoy, run_dir, |l| progress.say(l)).await?;
+    let Rig {
+        authority,
+        fleet,
+        agents,
+        envoys,
+    } = &rig;
+    let api = authority.http_addr();
+    let (hard, grey) = pick_two(fleet.ids().keys().cloned().collect(), params.seed);
+    progress.say(&format!("{hard} will fail hard, {grey} will turn grey"));
+
+    let result = drive(&params, fleet, agents, envoys, api, &hard, &grey, run_dir).await;
+    fleet.shutdown().await;
+    let report = result?;
+    report::finish(run_dir, &report)?;
+    Ok(report)
+}
+
+/// Two distinct backends chosen by `seed`: (hard, grey).
+fn pick_two(names: Vec<String>, seed: u64) -> (String, String) {
+    let mut rng = SplitMix64::new(seed);
+    let n = names.len() as u64;
+    let h = rng.below(n) as usize;
+    let g = (h + 1 + rng.below(n - 1) as usize) % names.len();
+    (names[h].clone(), names[g].clone())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn drive(
+    params: &Params,
+    fleet: &ProbedFleet,
+    agents: &[EvidenceAgent],
+    envoys: &[EnvoyProc],
+    api: std::net::SocketAddr,
+    hard: &str,
+    grey: &str,
+    run_dir: &Path,
+) -> anyhow::Result<Report> {
+    let progress = Progress::new("hard-vs-grey", Instant::now());
+    let epoch = progress.epoch();
+    let now_ms = || ms(epoch.elapsed());
+    let sampler = StateSampler::start(vec![api], vec![SERVICE.to_owned()], epoch);
+    let mut watchers = Watchers::new();
+    for (i, e) in envoys.iter().enumerate() {
+        watchers.envoy(
+            format!("envoy-{}", i + 1),
+            e.admin_addr(),
+            SERVICE.to_owned(),
+            WATCH_EVERY,
+            epoch,
+        );
+    }
+    for a in agents {
+        for j in 1..=params.subscribers_per_agent {
+            watchers.subscriber(
+                format!("xds-{}-{j}", a.name()),
+                a.xds_addr(),
+                ZONE.to_owned(),
+                SERVICE.to_owned(),
+                epoch,
+            );
+        }
+    }
+    // An agent admits new streams at a capped rate (reconnection admission), so the
+    // synthetic callers may take a few seconds to all hold a view.
+    let n = params.backends;
+    wait_until(
+        "every caller holds every backend",
+        SUBSCRIBE_DEADLINE,
+        async || {
+            watchers
+                .snapshot()
+                .iter()
+                .all(|l| l.at(u64::MAX).values().filter(|s| s.usable).count() == n)
+                .then_some(())
+        },
+    )
+    .await?;
+    progress.event("every caller holds every backend");
+    let generators: Vec<Generator> = envoys
+        .iter()
+        .map(|e| Generator::start(e.listener_addr(), params.rate, REQUEST_TIMEOUT, epoch))
+        .collect();
+    let traffic_ms = now_ms();
+    progress.event(&format!(
+        "traffic at {}/s through each of {} Envoys; {} callers watched",
+        params.rate,
+        envoys.len(),
+        envoys.len() + agents.len() * params.subscribers_per_agent
+    ));
+
+    let addr = |name: &str| fleet.addresses()[name].to_string();
+    let (hard_addr, grey_addr) = (addr(hard), addr(grey));
+    let (hard_id, grey_id) = (fleet.ids()[hard].clone(), fleet.ids()[grey].clone());
+
+    tokio::time::sleep(Duration::from_secs(params.baseline_s)).await;
+    let fault_ms = now_ms();
+    fleet.set_mode(hard, Mode::FailHard)?;
+    fleet.set_mode(grey, Mode::Slow)?;
+    let fault_at = Instant::now();
+    progress.event(&format!(
+        "{hard} ({hard_addr}) fails hard; {grey} ({grey_addr}) turns slow and half 503, probe green"
+    ));
+
+    let mut evidence = GreyEvidence::default();
+    let mut hard_rule = None;
+    let deadline = fault_at + Duration::from_secs(params.observe_s);
+    let mut settled_at: Option<Instant> = None;
+    loop {
+        let since = ms(fault_at.elapsed());
+        if evidence.caught_ms.is_none()
+            && let Some(e) = get_json(api, &format!("/v1/instances/{grey_id}/explain")).await
+        {
+            evidence.observe(since, &e);
+            if let Some(r) = &evidence.rule {
+                progress.event(&format!(
+                    "authority: {grey} {} by {r} after {since} ms",
+                    evidence.verdict.as_deref().unwrap_or("?")
+                ));
+            }
+        }
+        if hard_rule.is_none()
+            && let Some(e) = get_json(api, &format!("/v1/instances/{hard_id}/explain")).await
+            && e["verdict"].as_str().is_some_and(|v| v != "eligible")
+        {
+            let rule = format!(
+                "{} by {}",
+                e["verdict"].as_str().unwrap_or("?"),
+                e["rule"].as_str().unwrap_or("?")
+            );
+            progress.event(&format!("authority: {hard} {rule} after {since} ms"));
+            hard_rule = Some(rule);
+        }
+        let logs = watchers.snapshot();
+        let all = |a: &str, stop| {
+            logs.iter().all(|l| {
+                !l.at(fault_ms).get(a).is_some_and(|s| s.usable)
+                    || stop_time(l, a, fault_ms, stop).is_some()
+            })
+        };
+        if settled_at.is_none() && all(&hard_addr, Stop::Removed) && all(&grey_addr, Stop::Shifted)
+        {
+            progress.event(&format!("every caller has moved off both after {since} ms"));
+            settled_at = Some(Instant::now());
+        }
+        // A little longer once settled, to see whether the grey one is also removed.
+        let stop_at = settled_at.map_or(deadline, |s| (s + Duration::from_secs(5)).min(deadline));
+        if Instant::now() >= stop_at {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let end_ms = now_ms();
+    let logs = watchers.stop();
+    let drain = REQUEST_TIMEOUT + Duration::from_millis(500);
+    let stopping: Vec<_> = generators
+        .into_iter()
+        .map(|g| tokio::spawn(g.stop(drain)))
+        .collect();
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    for s in stopping {
+        outcomes.extend(s.await?);
+    }
+    outcomes.sort_by_key(|o| o.at_ms);
+    report::write_outcomes(run_dir, &outcomes)?;
+    std::fs::write(
+        run_dir.join("caller_views.json"),
+        serde_json::to_string(&logs)?,
+    )?;
+    let states = sampler.stop();
+    progress.event(&format!("traffic stopped: {} requests", outcomes.len()));
+
+    let times = |a: &str, stop| -> Vec<(String, Option<u64>)> {
+        logs.iter()
+            .filter(|l| l.at(fault_ms).get(a).is_some_and(|s| s.usable))
+            .map(|l: &ViewLog| (l.caller.clone(), stop_time(l, a, fault_ms, stop)))
+            .collect()
+    };
+    let hard_f = caller_figures(times(&hard_addr, Stop::Removed));
+    let grey_f = caller_figures(times(&grey_addr, Stop::Shifted));
+    let grey_removed = caller_figures(times(&grey_addr, Stop::Removed));
+    let verdict = hard_vs_grey_verdict(&hard_f, &grey_f, &evidence, &params.budget);
+    let before = figures::phase(
+        &outcomes,
+        Window {
+            start_ms: traffic_ms,
+            end_ms: fault_ms,
+        },
+        &[],
+    );
+    let after = figures::phase(
+        &outcomes,
+        Window {
+            start_ms: fault_ms,
+            end_ms,
+        },
+        &[],
+    );
+    let dist = |name: &str, f: &CallerFigures| Distribution {
+        name: name.to_owned(),
+        unit: "ms".to_owned(),
+        values: f
+            .per_caller
+            .iter()
+            .filter_map(|(_, t)| t.map(|t| t as f64))
+            .collect(),
+    };
+    let distributions = vec![
+        dist("hard failure: out of the caller's view", &hard_f),
+        dist("grey failure: routed less by the caller", &grey_f),
+        dist("grey failure: out of the caller's view", &grey_removed),
+    ];
+    Ok(Report {
+        drill: "hard-vs-grey",
+        params: params.clone(),
+        run_dir: run_dir.to_path_buf(),
+        hard_replica: hard.to_owned(),
+        grey_replica: grey.to_owned(),
+        fault_ms,
+        hard: hard_f,
+        grey: grey_f,
+        grey_removed,
+        grey_evidence: evidence,
+        hard_rule,
+        before,
+        after,
+        verdict,
+        plots: Plots {
+            states,
+            errors: report::error_series(&outcomes),
+            distributions,
+            events: progress.events(),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn callers(times: &[Option<u64>]) -> CallerFigures {
+        caller_figures(
+            times
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (format!("c{i}"), *t))
+                .collect(),
+        )
+    }
+
+    fn caught(rule: &str, probe: u16) -> GreyEvidence {
+        let mut e = GreyEvidence::default();
+        let explain = serde_json::json!({
+            "verdict": "degraded", "rule": rule, "text": "…",
+            "classes": [{"class": "probe", "score": probe}, {"class": "passive", "score": 900}],
+        });
+        e.observe(4_000, &explain);
+        e
+    }
+
+    #[test]
+    fn quantiles_count_callers_that_never_stopped_as_slowest() {
+        let f = callers(&[Some(100), Some(300), Some(200)]);
+        assert_eq!((f.callers, f.stopped), (3, 3));
+        assert_eq!(
+            (f.p50_ms, f.p99_ms, f.max_ms),
+            (Some(200), Some(300), Some(300))
+        );
+        let f = callers(&[Some(100), None]);
+        assert_eq!(f.p50_ms, Some(100));
+        assert_eq!(f.p99_ms, None);
+    }
+
+    #[test]
+    fn explain_answers_are_read_until_the_first_that_is_not_eligible() {
+        let mut e = GreyEvidence::default();
+        e.observe(
+            1_000,
+            &serde_json::json!({"verdict": "eligible", "rule": "Passing"}),
+        );
+        assert_eq!(e.caught_ms, None);
+        let e = caught("Uncorroborated { failing: Passive }", 0);
+        assert_eq!(e.caught_ms, Some(4_000));
+        assert!(e.passive_named);
+        assert_eq!((e.probe_score, e.passive_score), (Some(0), Some(900)));
+    }
+
+    #[test]
+    fn the_verdict_holds_both_budgets_and_the_passive_catch() {
+        let b = Budget::default();
+        let fast = callers(&[Some(500), Some(900)]);
+        let ok = hard_vs_grey_verdict(
+            &fast,
+            &fast,
+            &caught("Uncorroborated { failing: Passive }", 0),
+            &b,
+        );
+        assert!(ok.pass, "{ok:?}");
+
+        let slow = callers(&[Some(500), Some(b.hard_p99_ms + 1)]);
+        let v = hard_vs_grey_verdict(
+            &slow,
+            &fast,
+            &caught("Uncorroborated { failing: Passive }", 0),
+            &b,
+        );
+        assert_eq!(v.failures.len(), 1, "{v:?}");
+        assert!(v.failures[0].starts_with("hard: p99"), "{v:?}");
+
+        // Uncaught: no caller moved, the authority never judged it.
+        let never = callers(&[None, None]);
+        let v = hard_vs_grey_verdict(&fast, &never, &GreyEvidence::default(), &b);
+        assert_eq!(v.failures.len(), 2, "{v:?}");
+
+        // Caught by the probe: not the claim.
+        let v = hard_vs_grey_verdict(
+            &fast,
+            &fast,
+            &caught("Corroborated { failing: Probe, by: Passive }", 900),
+            &b,
+        );
+        assert_eq!(v.failures.len(), 2, "{v:?}");
+    }
+
+    #[test]
+    fn two_distinct_replicas_are_picked() {
+        for seed in 0..50 {
+            let (h, g) = pick_two(vec!["a".into(), "b".into(), "c".into()], seed);
+            assert_ne!(h, g);
+        }
+    }
+}
