@@ -155,6 +155,7 @@ async fn leading_authority(
         kubernetes: None,
         gossip,
         federation: None,
+        limits: Default::default(),
     })
     .await
     .unwrap();

@@ -118,6 +118,7 @@ async fn published_views_follow_the_orchestrator() {
         }),
         gossip: None,
         federation: None,
+        limits: Default::default(),
     })
     .await
     .unwrap();

@@ -115,6 +115,7 @@ async fn a_workload_reports_about_itself_through_its_agent() {
         kubernetes: None,
         gossip: None,
         federation: None,
+        limits: Default::default(),
     })
     .await
     .unwrap();

@@ -6,7 +6,7 @@
 //! never throttled to nothing) and refuses the rest with a retry hint that spreads the
 //! backlog over the following windows; clients add full jitter on top. Pure: time is passed in.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use waymark_core::defaults as d;
@@ -52,13 +52,19 @@ pub enum Admit {
 }
 
 /// The admission controller. See the module documentation.
+///
+/// The window slides: a connection is admitted when fewer than [`Self::allowed`] were in
+/// the last `window`, so no 10 s interval, wherever it starts, holds more than the share. (A
+/// counter reset at window boundaries lets twice the share through across a boundary.)
 #[derive(Debug)]
 pub struct AdmissionController {
     config: AdmissionConfig,
     known: BTreeSet<String>,
-    window_start: Option<Instant>,
-    admitted: u32,
-    refused: u32,
+    /// When each admission of the last window happened, oldest first.
+    admitted: VecDeque<Instant>,
+    /// The windows refused clients were told to come back in, oldest first: when each
+    /// starts and how many were sent to it. Each gets at most what a window admits.
+    booked: VecDeque<(Instant, u32)>,
 }
 
 impl AdmissionController {
@@ -67,36 +73,74 @@ impl AdmissionController {
         Self {
             config,
             known: BTreeSet::new(),
-            window_start: None,
-            admitted: 0,
-            refused: 0,
+            admitted: VecDeque::new(),
+            booked: VecDeque::new(),
         }
     }
 
     /// A client asks to connect.
     pub fn handle_connect(&mut self, now: Instant, client: &str) -> Admit {
-        self.roll(now);
+        while self
+            .admitted
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) >= self.config.window)
+        {
+            self.admitted.pop_front();
+        }
         if self.known.len() < self.config.known_max {
             self.known.insert(client.to_owned());
         }
         let allowed = self.allowed();
-        if self.admitted < allowed {
-            self.admitted += 1;
+        if self.admitted.len() < allowed as usize {
+            self.admitted.push_back(now);
             return Admit::Yes;
         }
-        self.refused += 1;
-        let start = self.window_start.expect("rolled above");
-        let remaining = (start + self.config.window).saturating_duration_since(now);
-        // Spread those already refused over the windows it will take to admit them.
-        let backlog_windows = self.refused.saturating_sub(1) / allowed.max(1);
-        Admit::No {
-            retry_after: remaining + self.config.window * backlog_windows,
+        // The next place frees when the oldest admission leaves the window; the refused
+        // are sent to the first window from then that still has room, each window taking
+        // what one admits. Spreading by the refused count divided by what a window admits
+        // would herd them after a restart (the population, and so `allowed`, grows with
+        // every arrival, so nearly every late arrival got the same, last window), and a
+        // fixed rotation over the population's windows would keep a short backlog waiting
+        // as long as a long one.
+        let window = self.config.window;
+        let earliest = self.admitted.front().map_or(now + window, |t| *t + window);
+        while self
+            .booked
+            .front()
+            .is_some_and(|(start, _)| *start + window <= now)
+        {
+            self.booked.pop_front();
         }
+        let slot = match self
+            .booked
+            .iter_mut()
+            .find(|(start, n)| *start >= earliest && *n < allowed)
+        {
+            Some(slot) => slot,
+            None => {
+                let start = self
+                    .booked
+                    .back()
+                    .map_or(earliest, |(last, _)| (*last + window).max(earliest));
+                self.booked.push_back((start, 0));
+                self.booked.back_mut().expect("just pushed")
+            }
+        };
+        slot.1 += 1;
+        Admit::No {
+            retry_after: slot.0.saturating_duration_since(now),
+        }
+    }
+
+    /// The population the limits are computed from: the clients seen, or the expected
+    /// number when more.
+    fn population_estimate(&self) -> u64 {
+        (self.known.len() as u64).max(u64::from(self.config.expected_clients))
     }
 
     /// Admissions allowed per window at the current population.
     pub fn allowed(&self) -> u32 {
-        let population = (self.known.len() as u64).max(u64::from(self.config.expected_clients));
+        let population = self.population_estimate();
         let share = (population * u64::from(self.config.share.get()) / 1000) as u32;
         share.max(self.config.floor)
     }
@@ -105,19 +149,12 @@ impl AdmissionController {
     pub fn population(&self) -> usize {
         self.known.len()
     }
-
-    fn roll(&mut self, now: Instant) {
-        let start = *self.window_start.get_or_insert(now);
-        if now.saturating_duration_since(start) >= self.config.window {
-            self.window_start = Some(now);
-            self.admitted = 0;
-            self.refused = 0;
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[allow(clippy::disallowed_methods)]
@@ -155,6 +192,94 @@ mod tests {
             .filter(|i| c.handle_connect(later, &format!("envoy-{i}")) == Admit::Yes)
             .count();
         assert_eq!(next, 100);
+    }
+
+    #[test]
+    fn after_a_restart_the_hints_spread_the_returning_fleet_instead_of_herding_it() {
+        // Goal: ADR-13 — a restarted server knows no client yet (no `expected_clients`):
+        // 2,000 clients arriving together must be told to come back spread over the
+        // windows it takes to admit them, about 5% per window, not most of them in the same
+        // one (which would be refused again, as a herd, a window later).
+        let mut c = AdmissionController::new(AdmissionConfig::default());
+        let now = t0();
+        let mut per_window: BTreeMap<u128, u32> = BTreeMap::new();
+        for i in 0..2_000 {
+            if let Admit::No { retry_after } = c.handle_connect(now, &format!("envoy-{i}")) {
+                *per_window
+                    .entry(retry_after.as_millis() / 10_000)
+                    .or_default() += 1;
+            }
+        }
+        let busiest = per_window.values().copied().max().unwrap_or(0);
+        assert!(
+            busiest <= 100,
+            "at most 5% of 2,000 told to return in one window: {per_window:?}"
+        );
+        // And no later than admitting them all takes: 1,900 at ~100 a window, from 10 s.
+        assert!(
+            per_window.keys().max().copied().unwrap_or(0) <= 21,
+            "{per_window:?}"
+        );
+    }
+
+    #[test]
+    fn no_window_wherever_it_starts_admits_more_than_the_share() {
+        // Goal: ADR-13 — at most 5% per 10 s measured from the clients' side, whose 10 s
+        // need not start when the server's did. One client at 0 s, a dense crowd around
+        // the 10 s mark (where a counter reset at window boundaries admits a window's worth
+        // on each side), then 2,000 known clients trying every 50 ms for five minutes.
+        let config = AdmissionConfig {
+            expected_clients: 2_000,
+            ..AdmissionConfig::default()
+        };
+        let mut c = AdmissionController::new(config);
+        let start = t0();
+        let arrivals = std::iter::once(0)
+            .chain((0..200).map(|k| 9_000 + 10 * k))
+            .chain((0..5_600).map(|k| 20_000 + 50 * k));
+        let mut admitted: Vec<Duration> = Vec::new();
+        for (i, ms) in arrivals.enumerate() {
+            let at = Duration::from_millis(ms);
+            if c.handle_connect(start + at, &format!("envoy-{}", i % 2_000)) == Admit::Yes {
+                admitted.push(at);
+            }
+        }
+        let mut lo = 0;
+        for hi in 0..admitted.len() {
+            while admitted[hi] - admitted[lo] >= Duration::from_secs(10) {
+                lo += 1;
+            }
+            assert!(hi + 1 - lo <= 100, "{} admitted within 10 s", hi + 1 - lo);
+        }
+        assert!(
+            admitted.len() >= 2_900,
+            "the cap is used, not starved: {}",
+            admitted.len()
+        );
+    }
+
+    #[test]
+    fn a_short_backlog_is_told_to_come_back_in_the_next_window() {
+        // The fleet is back but for a few: they are not spread over the whole population's
+        // horizon (a rotation over 19 windows kept the last of 2,000 waiting 190 s more).
+        let config = AdmissionConfig {
+            expected_clients: 2_000,
+            ..AdmissionConfig::default()
+        };
+        let mut c = AdmissionController::new(config);
+        let now = t0();
+        for i in 0..100 {
+            assert_eq!(c.handle_connect(now, &format!("envoy-{i}")), Admit::Yes);
+        }
+        let later = now + Duration::from_secs(4);
+        for i in 100..105 {
+            assert_eq!(
+                c.handle_connect(later, &format!("envoy-{i}")),
+                Admit::No {
+                    retry_after: Duration::from_secs(6)
+                }
+            );
+        }
     }
 
     #[test]

@@ -102,6 +102,10 @@ pub const ADMIT_WINDOW: Duration = Duration::from_secs(1);
 pub const ADMIT_WINDOW_MAX: Duration = Duration::from_secs(16);
 /// Admission releases per second the queues allow before declaring saturation.
 pub const ADMIT_RELEASES_PER_SEC: u32 = 2_000;
+/// A batch of releases whose commit (the authority's `Publish` entry) takes longer than
+/// this reports delivery pressure to the delta queues, which then shed admissions: a tenth
+/// of the withdrawal budget, so the withdrawals waiting behind it still fit.
+pub const PUBLISH_PRESSURE_AFTER: Duration = Duration::from_millis(500);
 /// Zone evacuation moves traffic in steps of this share.
 pub const EVACUATION_STEP: Permille = Permille::saturating(250);
 /// ... one step per this interval.

@@ -285,6 +285,12 @@ impl RegionPipeline {
         result
     }
 
+    /// The driver's report of delivery pressure (releases committing or sending slowly):
+    /// while it lasts the delta queues shed admissions; withdrawals are never slowed.
+    pub fn handle_pressure(&mut self, now: Instant, saturated: bool) {
+        self.queues.handle_pressure(now, saturated);
+    }
+
     /// Fire every machine's timers and release what is due.
     pub fn handle_timeout(&mut self, now: Instant, versions: &mut dyn VersionSource) {
         self.evaluator.handle_timeout(now);

@@ -73,11 +73,12 @@ use waymark_core::model::{RegionName, ZoneName};
 use waymark_federation::signal::SignalConfig;
 
 use super::existence::KubeSettings;
-use super::member::{AuthorityConfig, GossipSettings, TlsSettings};
+use super::member::{AuthorityConfig, GossipSettings, Limits, TlsSettings};
 use super::raft::Member;
 use super::regions::FederationSettings;
 use crate::net::HostPort;
 use crate::node::gossip::Keyring;
+use waymark_core::units::Permille;
 
 /// The prefix of the authority's environment overrides.
 const ENV_PREFIX: &str = "WAYMARK_AUTHORITY_";
@@ -131,6 +132,61 @@ pub struct AuthoritySection {
     /// Cross-region federation (needs `tls`).
     #[serde(default)]
     pub federation: Option<FederationSection>,
+    /// Load limits: reconnection admission and admission shedding.
+    #[serde(default)]
+    pub limits: LimitsSection,
+}
+
+/// `[authority.limits]`: the load guards' budgets. The defaults are the design's; the
+/// drills change them to show what each guard protects (e.g. `reconnect_permille = 1000`
+/// lets every reconnecting client in at once). Change them in production only with a
+/// measurement that says why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    /// xDS streams admitted per reconnection window, in thousandths of the known client
+    /// population (default 50: 5 % per 10 s). 1000 admits everyone at once.
+    #[serde(default = "default_reconnect_permille")]
+    pub reconnect_permille: u32,
+    /// xDS streams always admitted per window, whatever the population (default 10).
+    #[serde(default = "default_reconnect_floor")]
+    pub reconnect_floor: u32,
+    /// Admission releases per second before the delta queues declare saturation and shed
+    /// (default [`waymark_core::defaults::ADMIT_RELEASES_PER_SEC`]).
+    #[serde(default = "default_admit_releases_per_sec")]
+    pub admit_releases_per_sec: u32,
+    /// Shed admissions under their rate budget or delivery pressure (default true). `false`
+    /// turns the guard off, only to show what it protects: withdrawals then queue behind
+    /// admissions under a burst.
+    #[serde(default = "default_true")]
+    pub shed_admissions: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        Self {
+            reconnect_permille: default_reconnect_permille(),
+            reconnect_floor: default_reconnect_floor(),
+            admit_releases_per_sec: default_admit_releases_per_sec(),
+            shed_admissions: true,
+        }
+    }
+}
+
+fn default_reconnect_permille() -> u32 {
+    u32::from(waymark_core::defaults::RECONNECT_PERMILLE.get())
+}
+
+fn default_reconnect_floor() -> u32 {
+    waymark_xds::admission::AdmissionConfig::default().floor
+}
+
+fn default_admit_releases_per_sec() -> u32 {
+    waymark_core::defaults::ADMIT_RELEASES_PER_SEC
 }
 
 /// `[authority.federation]`.
@@ -409,6 +465,18 @@ impl ConfigFile {
                 message: "at least one zone".into(),
             });
         }
+        if !(1..=1000).contains(&a.limits.reconnect_permille) {
+            return Err(ConfigError::Invalid {
+                field: "authority.limits.reconnect_permille",
+                message: "between 1 and 1000 (thousandths of the known clients per window)".into(),
+            });
+        }
+        if a.limits.admit_releases_per_sec == 0 {
+            return Err(ConfigError::Invalid {
+                field: "authority.limits.admit_releases_per_sec",
+                message: "at least 1".into(),
+            });
+        }
         if a.ingest.is_some() && a.tls.is_none() {
             return Err(ConfigError::Invalid {
                 field: "authority.ingest",
@@ -519,6 +587,12 @@ impl ConfigFile {
             kubernetes: a.kubernetes.clone(),
             gossip,
             federation,
+            limits: Limits {
+                reconnect: Permille::saturating(a.limits.reconnect_permille),
+                reconnect_floor: a.limits.reconnect_floor,
+                admit_releases_per_sec: a.limits.admit_releases_per_sec,
+                shed_admissions: a.limits.shed_admissions,
+            },
         })
     }
 
@@ -696,6 +770,40 @@ keys = []
             ),
             ("PATH", "/bin"),
         ]
+    }
+
+    #[test]
+    fn limits_default_to_the_design_and_refuse_nonsense() {
+        let base = "[authority]\nid = 1\nregion = \"r\"\nzones = [\"a\"]\ndata_dir = \"/tmp/x\"\n";
+        let f = parse(base, &[]).unwrap();
+        let m = f.member_config().unwrap();
+        assert_eq!(m.limits, Limits::default());
+        assert_eq!(
+            m.limits.reconnect,
+            waymark_core::defaults::RECONNECT_PERMILLE
+        );
+        let open = format!("{base}[authority.limits]\nreconnect_permille = 1000\n");
+        let m = parse(&open, &[]).unwrap().member_config().unwrap();
+        assert_eq!(m.limits.reconnect, Permille::ONE);
+        let bad = format!("{base}[authority.limits]\nreconnect_permille = 0\n");
+        assert!(matches!(
+            parse(&bad, &[]),
+            Err(ConfigError::Invalid {
+                field: "authority.limits.reconnect_permille",
+                ..
+            })
+        ));
+        let off = format!("{base}[authority.limits]\nshed_admissions = false\n");
+        assert!(
+            !parse(&off, &[])
+                .unwrap()
+                .member_config()
+                .unwrap()
+                .limits
+                .shed_admissions
+        );
+        let bad = format!("{base}[authority.limits]\nadmit_releases_per_sec = 0\n");
+        assert!(parse(&bad, &[]).is_err());
     }
 
     #[test]

@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 use waymark_core::assembler;
 use waymark_core::audit::TransitionRecord;
+use waymark_core::defaults::PUBLISH_PRESSURE_AFTER;
 use waymark_core::delta;
 use waymark_core::model::{EvidenceClass, InstanceId, RegionName, ServiceName, ZoneName};
 use waymark_core::view::{ReleasedView, ViewKey};
@@ -83,6 +84,9 @@ pub struct LeaderContext {
     pub shared: SharedPipeline,
     /// Peer regions' aggregates and the front-door signal, when this member federates.
     pub regions: Option<RegionsHandle>,
+    /// Whether a slow `Publish` commit reports delivery pressure, so admissions are shed
+    /// (`[authority.limits] shed_admissions`, on by default).
+    pub shed_admissions: bool,
 }
 
 /// Lead whenever this member is the leader, until Raft stops.
@@ -171,8 +175,9 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
     let (publish, publish_rx) = mpsc::unbounded_channel();
     let (audit, audit_rx) = mpsc::unbounded_channel();
     let (failover_done, failover_done_rx) = mpsc::unbounded_channel();
+    let (pressure_tx, mut pressure) = watch::channel(false);
     let writers = [
-        tokio::spawn(publisher(ctx.clone(), publish_rx)),
+        tokio::spawn(publisher(ctx.clone(), publish_rx, pressure_tx)),
         tokio::spawn(auditor(ctx.raft.clone(), audit_rx)),
     ];
     let mut t = Term {
@@ -232,6 +237,11 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
                 });
             }
             Some(denial) = feed.denials.recv() => t.deny(denial),
+            Ok(()) = pressure.changed() => {
+                let saturated = *pressure.borrow_and_update();
+                let now = Instant::now();
+                t.with_pipeline(|p| p.handle_pressure(now, saturated));
+            }
             Some(region) = failover_done_rx.recv() => {
                 t.failover_in_flight.remove(&region);
             }
@@ -905,8 +915,14 @@ fn zone_labels(service: &waymark_core::model::ServiceName, zone: &ZoneName) -> Z
 }
 
 /// Commits releases in order, coalescing what arrives while a write is in flight (only
-/// the newest content of each view matters: releases are whole views).
-async fn publisher(ctx: LeaderContext, mut rx: mpsc::UnboundedReceiver<Vec<ReleasedView>>) {
+/// the newest content of each view matters: releases are whole views). A commit slower
+/// than [`PUBLISH_PRESSURE_AFTER`] reports delivery pressure (the next quick one clears
+/// it), so the delta queues shed admissions before withdrawals queue behind them.
+async fn publisher(
+    ctx: LeaderContext,
+    mut rx: mpsc::UnboundedReceiver<Vec<ReleasedView>>,
+    pressure: watch::Sender<bool>,
+) {
     while let Some(first) = rx.recv().await {
         let started = Instant::now();
         let mut batch: BTreeMap<ViewKey, ReleasedView> = BTreeMap::new();
@@ -922,10 +938,13 @@ async fn publisher(ctx: LeaderContext, mut rx: mpsc::UnboundedReceiver<Vec<Relea
         let n = views.len() as u64;
         match ctx.raft.write(Request::Publish { views }).await {
             Ok(_) => {
+                let took = started.elapsed();
                 ctx.metrics.views_published.inc_by(n);
                 ctx.metrics
                     .publish_commit_seconds
-                    .observe(started.elapsed().as_secs_f64());
+                    .observe(took.as_secs_f64());
+                let slow = ctx.shed_admissions && took > PUBLISH_PRESSURE_AFTER;
+                pressure.send_if_modified(|p| std::mem::replace(p, slow) != slow);
             }
             Err(WriteError::NotLeader { .. }) => {
                 debug!("lost leadership while publishing; the next leader republishes");

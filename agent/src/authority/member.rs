@@ -19,8 +19,10 @@ use waymark_certs::{CertMetrics, PeerPolicy};
 use waymark_core::delta::DeltaConfig;
 use waymark_core::evaluator::EvaluatorConfig;
 use waymark_core::model::{NodeName, RegionName, ZoneName};
+use waymark_core::units::Permille;
 use waymark_federation::signal::RegionSignal;
 use waymark_registry::pipeline::PipelineConfig;
+use waymark_xds::admission::AdmissionConfig;
 use waymark_xds::server::{Keepalive, ServerConfig, XdsServer};
 
 use super::api::{self, ApiState};
@@ -75,6 +77,33 @@ pub struct AuthorityConfig {
     pub gossip: Option<GossipSettings>,
     /// Cross-region federation (needs `tls`).
     pub federation: Option<FederationSettings>,
+    /// The load guards' budgets.
+    pub limits: Limits,
+}
+
+/// The load guards' budgets (`[authority.limits]`); the defaults are the design's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// xDS streams admitted per reconnection window, as a share of the known population.
+    pub reconnect: Permille,
+    /// xDS streams always admitted per window.
+    pub reconnect_floor: u32,
+    /// Admission releases per second before admissions are shed.
+    pub admit_releases_per_sec: u32,
+    /// Shed admissions at all (under their rate budget or delivery pressure). Off only to
+    /// show what shedding protects.
+    pub shed_admissions: bool,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            reconnect: waymark_core::defaults::RECONNECT_PERMILLE,
+            reconnect_floor: AdmissionConfig::default().floor,
+            admit_releases_per_sec: waymark_core::defaults::ADMIT_RELEASES_PER_SEC,
+            shed_admissions: true,
+        }
+    }
 }
 
 /// This member's place in the region's gossip pool.
@@ -175,6 +204,11 @@ impl Authority {
         ));
         let (xds_server, publisher) = XdsServer::new(ServerConfig {
             filter: Some(super::authorize::filter(Arc::clone(&callers))),
+            admission: AdmissionConfig {
+                share: config.limits.reconnect,
+                floor: config.limits.reconnect_floor,
+                ..AdmissionConfig::default()
+            },
             ..ServerConfig::default()
         });
         let mut tasks = Vec::new();
@@ -265,11 +299,19 @@ impl Authority {
                 region: config.region.clone(),
                 zones: config.zones.clone(),
                 evaluator: EvaluatorConfig::default(),
-                delta: DeltaConfig::default(),
+                delta: DeltaConfig {
+                    admit_releases_per_sec: if config.limits.shed_admissions {
+                        config.limits.admit_releases_per_sec
+                    } else {
+                        u32::MAX
+                    },
+                    ..DeltaConfig::default()
+                },
                 fraction_guard: fraction_guard_on(),
             },
             shared: Arc::clone(&shared),
             regions: regions.clone(),
+            shed_admissions: config.limits.shed_admissions,
         })));
 
         let api = ApiState::new(

@@ -119,6 +119,7 @@ impl DevRegion {
                 keyring: Keyring::parse(std::slice::from_ref(&keyring))?,
             }),
             federation: None,
+            limits: Default::default(),
         })
         .await
         .context("starting the authority")?;

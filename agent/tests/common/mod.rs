@@ -37,6 +37,7 @@ pub fn plain(dir: &Path, region: &str, zones: &[&str], xds: SocketAddr) -> Autho
         kubernetes: None,
         gossip: None,
         federation: None,
+        limits: Default::default(),
     }
 }
 

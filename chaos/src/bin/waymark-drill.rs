@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use waymark_chaos::bench::{self, Shape};
 use waymark_chaos::drill::{
     self, Scale, bad_health_check, hard_vs_grey, outage, prober_partition, region_partition,
+    xds_restart, zone_evacuation,
 };
 
 #[derive(Debug, Parser)]
@@ -66,6 +67,51 @@ enum Drill {
         /// (the verdict must then fail).
         #[arg(long)]
         break_cache: bool,
+    },
+    /// A zone evacuated during a 40,000-changes-per-minute burst with the prototype's fleet
+    /// attached; withdrawals must reach 99% of subscribers within 5 s while admission sheds.
+    ZoneEvacuation {
+        /// `short` (500 subscribers, 20 s burst) or `full` (2,000 subscribers, 60 s).
+        #[arg(long, value_enum, default_value = "full")]
+        scale: Scale,
+        /// Override the number of xDS subscriptions.
+        #[arg(long)]
+        subscriptions: Option<usize>,
+        /// Override the burst's length (`20s`, `1m`).
+        #[arg(long, value_parser = drill::parse_duration)]
+        duration: Option<std::time::Duration>,
+        /// Override the burst's changes per minute.
+        #[arg(long)]
+        rate: Option<u32>,
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Break the property on purpose: admission shedding off (the budget of admission
+        /// releases per second unlimited).
+        #[arg(long)]
+        break_shedding: bool,
+    },
+    /// The xDS tier restarted with the fleet's subscriptions attached; reconnections at or
+    /// under 5% per 10 s and no subscriber's view goes backwards.
+    XdsRestart {
+        /// `short` (500 subscribers, 60 s watched) or `full` (2,000, until all are back).
+        #[arg(long, value_enum, default_value = "full")]
+        scale: Scale,
+        /// Override the number of xDS subscriptions.
+        #[arg(long)]
+        subscriptions: Option<usize>,
+        /// Override how long the reconnections are watched (`60s`, `5m`).
+        #[arg(long, value_parser = drill::parse_duration)]
+        duration: Option<std::time::Duration>,
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Break the property on purpose: reconnection admission off (every client let in
+        /// at once).
+        #[arg(long)]
+        break_reconnect_admission: bool,
     },
     /// One replica killed, another made slow but alive (probe green): the time until the
     /// callers stop using each; the grey one must be caught by passive evidence.
@@ -415,6 +461,75 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
                 dir.display()
             );
             let report = runtime.block_on(outage::run(params, &dir))?;
+            let pass = report.verdict.pass;
+            (serde_json::to_string(&report)?, pass)
+        }
+        Drill::ZoneEvacuation {
+            scale,
+            subscriptions,
+            duration,
+            rate,
+            seed,
+            dir,
+            break_shedding,
+        } => {
+            let mut params = zone_evacuation::Params::for_scale(scale);
+            params.break_shedding = break_shedding;
+            if let Some(n) = subscriptions {
+                anyhow::ensure!(n > 0, "--subscriptions must be positive");
+                params.shape.subscriptions = n;
+                params.limits.reconnect_floor = Some(u32::try_from(n)?);
+            }
+            if let Some(d) = duration {
+                anyhow::ensure!(d.as_secs() >= 5, "the burst must last at least 5 s");
+                params.burst_s = d.as_secs();
+            }
+            if let Some(r) = rate {
+                anyhow::ensure!(r > 0, "--rate must be positive");
+                params.changes_per_min = r;
+            }
+            if let Some(s) = seed {
+                params.seed = s;
+            }
+            let dir = dir.unwrap_or_else(|| default_run_dir("zone-evacuation"));
+            eprintln!(
+                "drill zone-evacuation: {} subscribers, {} changes/min for {} s, state in {}",
+                params.shape.subscriptions,
+                params.changes_per_min,
+                params.burst_s,
+                dir.display()
+            );
+            let report = runtime.block_on(zone_evacuation::run(params, &dir))?;
+            let pass = report.verdict.pass;
+            (serde_json::to_string(&report)?, pass)
+        }
+        Drill::XdsRestart {
+            scale,
+            subscriptions,
+            duration,
+            seed,
+            dir,
+            break_reconnect_admission,
+        } => {
+            let mut params = xds_restart::Params::for_scale(scale);
+            params.break_reconnect_admission = break_reconnect_admission;
+            if let Some(n) = subscriptions {
+                anyhow::ensure!(n > 0, "--subscriptions must be positive");
+                params.subscriptions = n;
+            }
+            if let Some(d) = duration {
+                params.watch_s = d.as_secs();
+            }
+            if let Some(s) = seed {
+                params.seed = s;
+            }
+            let dir = dir.unwrap_or_else(|| default_run_dir("xds-restart"));
+            eprintln!(
+                "drill xds-restart: {} subscribers, state in {}",
+                params.subscriptions,
+                dir.display()
+            );
+            let report = runtime.block_on(xds_restart::run(params, &dir))?;
             let pass = report.verdict.pass;
             (serde_json::to_string(&report)?, pass)
         }

@@ -12,6 +12,8 @@ pub mod outage;
 pub mod prober_partition;
 pub mod region_partition;
 pub mod report;
+pub mod xds_restart;
+pub mod zone_evacuation;
 
 use std::time::Duration;
 

@@ -6,7 +6,9 @@
 //! [`agent::AgentProc`] (one `waymark agent`), [`envoy::EnvoyProc`] (a real Envoy fed by
 //! the agent over Delta ADS) and [`backends::DemoFleet`] (the dev region's demo backends,
 //! run in this process on real sockets and registered with the authority); [`evidence`]
-//! adds a region whose evidence paths are real (mutual TLS, ingest, gossip, probes, LRS).
+//! adds a region whose evidence paths are real (mutual TLS, ingest, gossip, probes, LRS);
+//! [`fleet`] is the synthetic fleet for scale (a multi-zone authority, registered instances
+//! and thousands of Delta xDS subscribers).
 
 pub mod agent;
 pub mod authority;
@@ -14,6 +16,7 @@ pub mod backends;
 pub mod callers;
 pub mod envoy;
 pub mod evidence;
+pub mod fleet;
 pub mod netns;
 pub mod region;
 

@@ -537,3 +537,48 @@ fn this_region_cannot_be_failed_over() {
         })
     );
 }
+
+#[test]
+fn under_delivery_pressure_admissions_are_shed_declared_and_withdrawals_still_leave() {
+    // Goal: claim 2 — the authority's driver reports slow delivery (a slow Publish commit);
+    // admissions wait, the episode is declared, and a withdrawal still leaves in its window.
+    let mut fx = Fx::new();
+    fx.run_to(d::ADMIT_WINDOW);
+    let at = fx.now - fx.start;
+    fx.p.handle_pressure(fx.now, true);
+    let pass = Observation::Probe {
+        health: Health::Pass,
+        detail: None,
+    };
+    fx.sample("pay-b-3", pass); // unknown → eligible: an admission-class change
+    fx.sample(
+        "pay-a-1",
+        Observation::Probe {
+            health: Health::Refused,
+            detail: None,
+        },
+    );
+    let out = fx.run_to(at + d::ADMIT_WINDOW * 3);
+    let a = releases(&out, "a");
+    let (t, first) = a.first().expect("the withdrawal was released");
+    assert!(*t - at <= d::WITHDRAW_WINDOW, "took {:?}", *t - at);
+    assert!(
+        !first
+            .view
+            .routes_to(&InstanceId::try_new("pay-a-1").unwrap())
+    );
+    assert!(
+        out.iter()
+            .any(|(_, o)| matches!(o, Output::Shed(delta::Effect::ShedStarted { .. }))),
+        "the shed episode is declared"
+    );
+    // Nothing but the withdrawal was released while the pressure lasted.
+    assert!(
+        a.iter().all(|(_, v)| v
+            .view
+            .endpoints
+            .values()
+            .all(|e| { e.instance.as_str() != "pay-b-3" || e.status == EndpointStatus::Unknown })),
+        "the admission waited"
+    );
+}

@@ -1,0 +1,803 @@
+//! The synthetic fleet for scale: the prototype's 40 services, 2,000 instances and 2,000
+//! xDS subscriptions against one real `waymark authority` process.
+//!
+//! - [`FleetAuthority`]: a single-member authority with several zones and an
+//!   `[authority.limits]` section (the load guards' budgets), rewritten before a restart.
+//! - Instances are registered over the authority's HTTP API like any runtime nothing
+//!   watches (`POST /v1/instances`, 10-minute leases). They are not real sockets and no
+//!   prober or agent reports on them: with every evidence class silent each instance is
+//!   `unknown`, which stays in rotation (DESIGN: silence is unknown), so existence alone —
+//!   registrations and deregistrations through the authority's admission path — decides what
+//!   the views hold. That is what the scale drills measure: the path from a committed change
+//!   to every subscriber, not evidence.
+//! - [`Subscribers`]: N real Delta xDS streams opened with the node agent's own client
+//!   (`waymark_xds::client::XdsClient`, full-jitter backoff honouring the server's retry
+//!   hints), each subscribed to the load assignments of a few services from a caller zone.
+//!   Every applied version of every resource is stamped with its arrival time; each
+//!   (zone, service, version) is decoded once into its set of endpoint addresses, so
+//!   propagation times per subscriber are computed afterwards from the stamps.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use envoy_types::pb::envoy::config::core::v3::address::Address as AddressKind;
+use envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier;
+use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+use http::Method;
+use prost::Message as _;
+use serde::Serialize;
+use serde_json::json;
+use tokio::time::Instant;
+use waymark_agent::cli::http::ApiClient;
+use waymark_xds::client::{Applied, ClientConfig, Subscription, XdsClient};
+use waymark_xds::translate::TYPE_ENDPOINT;
+
+use super::{RoleProc, free_port, loopback, wait_until};
+use crate::traffic::ms;
+
+/// The actor the drills act as on the authority's API.
+pub const ACTOR: &str = "waymark-drill";
+/// Leases of the synthetic instances: the longest the authority grants, so no renewal is
+/// needed within a drill.
+pub const LEASE_MS: u64 = 600_000;
+
+/// The load guards' budgets written as `[authority.limits]`; `None` keeps the default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Limits {
+    pub reconnect_permille: Option<u32>,
+    pub reconnect_floor: Option<u32>,
+    pub admit_releases_per_sec: Option<u32>,
+    pub shed_admissions: Option<bool>,
+}
+
+impl Limits {
+    fn toml(&self) -> String {
+        let mut s = String::from("[authority.limits]\n");
+        let fields = [
+            ("reconnect_permille", self.reconnect_permille),
+            ("reconnect_floor", self.reconnect_floor),
+            ("admit_releases_per_sec", self.admit_releases_per_sec),
+        ];
+        for (k, v) in fields {
+            if let Some(v) = v {
+                s.push_str(&format!("{k} = {v}\n"));
+            }
+        }
+        if let Some(v) = self.shed_admissions {
+            s.push_str(&format!("shed_admissions = {v}\n"));
+        }
+        s
+    }
+}
+
+/// A single-member authority serving several zones; ports and data survive restarts.
+#[derive(Debug)]
+pub struct FleetAuthority {
+    process: RoleProc,
+    config: PathBuf,
+    dir: PathBuf,
+    region: String,
+    zones: Vec<String>,
+    http: SocketAddr,
+    xds: SocketAddr,
+}
+
+impl FleetAuthority {
+    /// Writes the configuration under `dir`; does not start anything.
+    pub fn new(
+        bin: &Path,
+        dir: &Path,
+        region: &str,
+        zones: &[String],
+        limits: Limits,
+    ) -> anyhow::Result<Self> {
+        let (http, xds) = (loopback(free_port()?), loopback(free_port()?));
+        std::fs::create_dir_all(dir)?;
+        let config = dir.join("authority.toml");
+        let me = Self {
+            process: RoleProc::new(
+                "authority",
+                bin,
+                config.clone(),
+                dir.join("authority.log"),
+                http,
+            ),
+            config,
+            dir: dir.to_path_buf(),
+            region: region.to_owned(),
+            zones: zones.to_vec(),
+            http,
+            xds,
+        };
+        me.set_limits(limits)?;
+        Ok(me)
+    }
+
+    /// Rewrites the configuration with `limits` (read at the next start).
+    pub fn set_limits(&self, limits: Limits) -> anyhow::Result<()> {
+        let zones: Vec<String> = self.zones.iter().map(|z| format!("{z:?}")).collect();
+        let text = format!(
+            r#"[authority]
+id = 1
+region = "{region}"
+zones = [{zones}]
+data_dir = "{data}"
+http = "{http}"
+xds = "{xds}"
+
+[[authority.members]]
+id = 1
+addr = "{http}"
+
+{limits}"#,
+            region = self.region,
+            zones = zones.join(", "),
+            data = self.dir.join("data").display(),
+            http = self.http,
+            xds = self.xds,
+            limits = limits.toml(),
+        );
+        std::fs::write(&self.config, text)
+            .with_context(|| format!("writing {}", self.config.display()))
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
+    }
+
+    pub fn xds_addr(&self) -> SocketAddr {
+        self.xds
+    }
+
+    pub fn start(&mut self) -> anyhow::Result<()> {
+        self.process.start()
+    }
+
+    pub async fn wait_ready(&mut self, deadline: Duration) -> anyhow::Result<()> {
+        self.process.wait_ready(deadline).await
+    }
+
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    pub fn log_tail(&self, n: usize) -> String {
+        self.process.log_tail(n)
+    }
+}
+
+/// The fleet's shape.
+#[derive(Debug, Clone, Serialize)]
+pub struct Shape {
+    pub services: usize,
+    pub instances: usize,
+    pub zones: Vec<String>,
+    pub subscriptions: usize,
+    /// Services each subscriber follows.
+    pub services_per_subscriber: usize,
+}
+
+/// `svc-07`.
+pub fn service_name(i: usize) -> String {
+    format!("svc-{i:02}")
+}
+
+/// A unique address for the `n`th synthetic instance (never reused within a run).
+pub fn address(n: usize) -> SocketAddr {
+    let n = n as u32;
+    SocketAddr::new(
+        IpAddr::V4(Ipv4Addr::new(10, (n >> 16) as u8, (n >> 8) as u8, n as u8)),
+        8080,
+    )
+}
+
+/// One synthetic instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    pub service: String,
+    pub zone: String,
+    pub addr: SocketAddr,
+    /// The id the authority issued.
+    pub id: String,
+}
+
+/// What to register: service, zone and address; the `n`th of the base fleet goes to
+/// service `n % services` and zone `(n / services) % zones`.
+pub fn base_specs(shape: &Shape) -> Vec<(String, String, SocketAddr)> {
+    (0..shape.instances)
+        .map(|n| {
+            (
+                service_name(n % shape.services),
+                shape.zones[(n / shape.services) % shape.zones.len()].clone(),
+                address(n + 1),
+            )
+        })
+        .collect()
+}
+
+/// The authority's API, as the drills use it.
+#[derive(Debug, Clone)]
+pub struct Api {
+    client: ApiClient,
+    region: String,
+}
+
+impl Api {
+    pub fn new(api: SocketAddr, region: &str) -> Self {
+        Self {
+            client: ApiClient::new(&api.to_string(), Some(ACTOR.into())),
+            region: region.to_owned(),
+        }
+    }
+
+    /// Declares `services` (default contract), retrying while the authority is not yet
+    /// accepting writes, up to `deadline`.
+    pub async fn declare(&self, services: &[String], deadline: Duration) -> anyhow::Result<()> {
+        let body = json!({"owner": ACTOR, "contract": {}});
+        for s in services {
+            let path = format!("/v1/services/{s}");
+            wait_until("the authority accepts a service", deadline, async || {
+                self.client
+                    .send(Method::PUT, &path, Some(&body))
+                    .await
+                    .ok()
+                    .filter(|r| r.status.is_success())
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Registers one instance; its issued id.
+    pub async fn register(
+        &self,
+        service: &str,
+        zone: &str,
+        addr: SocketAddr,
+    ) -> anyhow::Result<String> {
+        let reg = json!({
+            "service": service,
+            "locality": {"region": self.region, "zone": zone, "node": format!("node-{zone}")},
+            "address": {"ip": addr.ip().to_string(), "port": addr.port()},
+            "lease_ms": LEASE_MS,
+        });
+        let r = self
+            .client
+            .send(Method::POST, "/v1/instances", Some(&reg))
+            .await?;
+        anyhow::ensure!(
+            r.status.is_success(),
+            "registering {addr} answered {}",
+            r.status
+        );
+        let v = r.json()?;
+        Ok(v["instance"]
+            .as_str()
+            .context("registration answered without an instance id")?
+            .to_owned())
+    }
+
+    /// Deregisters one instance.
+    pub async fn deregister(&self, id: &str) -> anyhow::Result<()> {
+        let r = self
+            .client
+            .send(Method::DELETE, &format!("/v1/instances/{id}"), None)
+            .await?;
+        anyhow::ensure!(
+            r.status.is_success(),
+            "deregistering {id} answered {}",
+            r.status
+        );
+        Ok(())
+    }
+
+    /// Registers `specs` with `concurrency` requests in flight.
+    pub async fn register_all(
+        &self,
+        specs: Vec<(String, String, SocketAddr)>,
+        concurrency: usize,
+    ) -> anyhow::Result<Vec<Instance>> {
+        let queue = Arc::new(Mutex::new(
+            specs.into_iter().enumerate().collect::<Vec<_>>(),
+        ));
+        let mut workers = Vec::new();
+        for _ in 0..concurrency.max(1) {
+            let (queue, api) = (Arc::clone(&queue), self.clone());
+            workers.push(tokio::spawn(async move {
+                let mut done = Vec::new();
+                loop {
+                    let next = queue.lock().unwrap_or_else(PoisonError::into_inner).pop();
+                    let Some((i, (service, zone, addr))) = next else {
+                        return Ok::<_, anyhow::Error>(done);
+                    };
+                    let id = api.register(&service, &zone, addr).await?;
+                    done.push((
+                        i,
+                        Instance {
+                            service,
+                            zone,
+                            addr,
+                            id,
+                        },
+                    ));
+                }
+            }));
+        }
+        let mut all = Vec::new();
+        for w in workers {
+            all.extend(w.await??);
+        }
+        all.sort_by_key(|(i, _)| *i);
+        Ok(all.into_iter().map(|(_, x)| x).collect())
+    }
+
+    /// `POST /v1/zones/{zone}/evacuation` with `{"action": "evacuate"}`.
+    pub async fn evacuate(&self, zone: &str) -> anyhow::Result<serde_json::Value> {
+        let r = self
+            .client
+            .send(
+                Method::POST,
+                &format!("/v1/zones/{zone}/evacuation"),
+                Some(&json!({"action": "evacuate"})),
+            )
+            .await?;
+        anyhow::ensure!(
+            r.status.is_success(),
+            "evacuating {zone} answered {}: {}",
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        );
+        r.json()
+    }
+
+    /// `GET path` as JSON.
+    pub async fn get_json(&self, path: &str) -> anyhow::Result<serde_json::Value> {
+        self.client.get_json(path).await
+    }
+
+    /// `GET /metrics` as text.
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        let r = self.client.send(Method::GET, "/metrics", None).await?;
+        Ok(String::from_utf8_lossy(&r.body).into_owned())
+    }
+}
+
+/// The value of an unlabelled metric in Prometheus text (`waymark_shedding 1`).
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == name).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// `Publish` commits slower than 512 ms so far (the histogram's bucket nearest the 500 ms
+/// past which the authority reports delivery pressure): `_count` minus the `le="0.512"`
+/// bucket of `waymark_publish_commit_seconds`.
+pub fn slow_publishes(text: &str) -> Option<f64> {
+    let count = metric(text, "waymark_publish_commit_seconds_count")?;
+    let within = metric(text, "waymark_publish_commit_seconds_bucket{le=\"0.512\"}")?;
+    Some(count - within)
+}
+
+/// One applied version of one resource, as a subscriber received it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Seen {
+    pub t_ms: u64,
+    /// Index into the subscriber's services.
+    pub resource: u16,
+    pub version: u64,
+}
+
+/// What one subscriber received.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SubLog {
+    pub seen: Vec<Seen>,
+    /// When each stream was opened (the first is the initial connect).
+    pub streams_opened_ms: Vec<u64>,
+    /// When a stream was noticed closed.
+    pub streams_closed_ms: Vec<u64>,
+}
+
+/// A subscriber: its zone and the services it follows.
+#[derive(Debug, Clone, Serialize)]
+pub struct SubSpec {
+    pub zone: String,
+    pub services: Vec<String>,
+}
+
+/// Subscriber `i` follows `per` consecutive services starting at `i % services`, from zone
+/// `i % zones` (shifted so neighbours differ in both).
+pub fn sub_specs(shape: &Shape) -> Vec<SubSpec> {
+    (0..shape.subscriptions)
+        .map(|i| SubSpec {
+            zone: shape.zones[(i / shape.services) % shape.zones.len()].clone(),
+            services: (0..shape.services_per_subscriber.min(shape.services))
+                .map(|k| service_name((i + k) % shape.services))
+                .collect(),
+        })
+        .collect()
+}
+
+/// The endpoint addresses of each (zone, service, version) any subscriber received.
+pub type Contents = HashMap<(String, String, u64), Arc<HashSet<SocketAddr>>>;
+
+/// N Delta streams against one xDS server, recording arrivals.
+pub struct Subscribers {
+    specs: Vec<SubSpec>,
+    logs: Vec<Arc<Mutex<SubLog>>>,
+    contents: Arc<Mutex<Contents>>,
+    clients: Vec<XdsClient>,
+    watchers: Vec<tokio::task::JoinHandle<()>>,
+    connected: Vec<tokio::sync::watch::Receiver<Arc<Applied>>>,
+}
+
+impl Subscribers {
+    /// Opens one stream per spec against `xds`, `batch` at a time (each batch waits until
+    /// it holds every resource it asked for, up to `deadline` per batch).
+    pub async fn start(
+        xds: SocketAddr,
+        specs: Vec<SubSpec>,
+        seed: u64,
+        epoch: Instant,
+        batch: usize,
+        deadline: Duration,
+    ) -> anyhow::Result<Self> {
+        let contents: Arc<Mutex<Contents>> = Arc::default();
+        let mut me = Self {
+            specs: Vec::new(),
+            logs: Vec::new(),
+            contents: Arc::clone(&contents),
+            clients: Vec::new(),
+            watchers: Vec::new(),
+            connected: Vec::new(),
+        };
+        for (i, spec) in specs.into_iter().enumerate() {
+            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{xds}"))?;
+            let node = Node {
+                id: format!("fleet-{i}"),
+                locality: Some(Locality {
+                    zone: spec.zone.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let sub = Subscription {
+                wildcard: false,
+                names: spec.services.iter().cloned().collect(),
+            };
+            let config = ClientConfig {
+                seed: seed.wrapping_mul(0x9E37_79B9).wrapping_add(i as u64),
+                ..ClientConfig::default()
+            };
+            let (client, rx) =
+                XdsClient::connect_with(config, endpoint, node, [(TYPE_ENDPOINT.to_owned(), sub)]);
+            let log: Arc<Mutex<SubLog>> = Arc::default();
+            me.watchers.push(tokio::spawn(watch(
+                rx.clone(),
+                spec.clone(),
+                Arc::clone(&log),
+                Arc::clone(&contents),
+                epoch,
+            )));
+            me.clients.push(client);
+            me.connected.push(rx);
+            me.logs.push(log);
+            me.specs.push(spec);
+            if (i + 1) % batch.max(1) == 0 {
+                me.wait_holding(deadline).await?;
+            }
+        }
+        me.wait_holding(deadline).await?;
+        Ok(me)
+    }
+
+    /// Waits until every subscriber opened so far holds every resource it asked for.
+    pub async fn wait_holding(&self, deadline: Duration) -> anyhow::Result<()> {
+        let what = format!("{} subscribers holding their views", self.clients.len());
+        wait_until(&what, deadline, async || {
+            (self.holding() == self.clients.len()).then_some(())
+        })
+        .await
+    }
+
+    /// Subscribers holding every resource they asked for.
+    pub fn holding(&self) -> usize {
+        self.connected
+            .iter()
+            .zip(&self.specs)
+            .filter(|(rx, spec)| {
+                let applied = rx.borrow();
+                applied
+                    .resources(TYPE_ENDPOINT)
+                    .is_some_and(|r| spec.services.iter().all(|s| r.contains_key(s)))
+            })
+            .count()
+    }
+
+    /// Subscribers with a stream open now.
+    pub fn connected(&self) -> usize {
+        self.connected
+            .iter()
+            .filter(|rx| rx.borrow().connected)
+            .count()
+    }
+
+    pub fn len(&self) -> usize {
+        self.clients.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.clients.is_empty()
+    }
+
+    pub fn specs(&self) -> &[SubSpec] {
+        &self.specs
+    }
+
+    /// Stops every stream and returns each subscriber's log and the decoded contents.
+    pub fn stop(self) -> (Vec<SubLog>, Contents) {
+        for w in &self.watchers {
+            w.abort();
+        }
+        drop(self.clients);
+        let logs = self
+            .logs
+            .iter()
+            .map(|l| std::mem::take(&mut *l.lock().unwrap_or_else(PoisonError::into_inner)))
+            .collect();
+        let contents =
+            std::mem::take(&mut *self.contents.lock().unwrap_or_else(PoisonError::into_inner));
+        (logs, contents)
+    }
+}
+
+/// Follows one client's applied state, stamping each new version and stream change.
+async fn watch(
+    mut rx: tokio::sync::watch::Receiver<Arc<Applied>>,
+    spec: SubSpec,
+    log: Arc<Mutex<SubLog>>,
+    contents: Arc<Mutex<Contents>>,
+    epoch: Instant,
+) {
+    let mut held: Vec<Option<u64>> = vec![None; spec.services.len()];
+    let (mut streams, mut connected) = (0u64, false);
+    loop {
+        let applied = Arc::clone(&rx.borrow_and_update());
+        let t_ms = ms(epoch.elapsed());
+        {
+            let mut entry = log.lock().unwrap_or_else(PoisonError::into_inner);
+            while streams < applied.streams {
+                streams += 1;
+                entry.streams_opened_ms.push(t_ms);
+            }
+            if connected && !applied.connected {
+                entry.streams_closed_ms.push(t_ms);
+            }
+            connected = applied.connected;
+            if let Some(resources) = applied.resources(TYPE_ENDPOINT) {
+                for (k, service) in spec.services.iter().enumerate() {
+                    let Some((version, any)) = resources.get(service) else {
+                        continue;
+                    };
+                    let Ok(version) = version.parse::<u64>() else {
+                        continue;
+                    };
+                    if held[k] == Some(version) {
+                        continue;
+                    }
+                    held[k] = Some(version);
+                    entry.seen.push(Seen {
+                        t_ms,
+                        resource: k as u16,
+                        version,
+                    });
+                    let key = (spec.zone.clone(), service.clone(), version);
+                    let mut c = contents.lock().unwrap_or_else(PoisonError::into_inner);
+                    c.entry(key)
+                        .or_insert_with(|| Arc::new(addresses(&any.value)));
+                }
+            }
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The endpoint addresses of an encoded `ClusterLoadAssignment`.
+pub fn addresses(bytes: &[u8]) -> HashSet<SocketAddr> {
+    let Ok(cla) = ClusterLoadAssignment::decode(bytes) else {
+        return HashSet::new();
+    };
+    cla.endpoints
+        .iter()
+        .flat_map(|l| &l.lb_endpoints)
+        .filter_map(|e| match e.host_identifier.as_ref()? {
+            HostIdentifier::Endpoint(ep) => match ep.address.as_ref()?.address.as_ref()? {
+                AddressKind::SocketAddress(sa) => {
+                    let ip: IpAddr = sa.address.parse().ok()?;
+                    let port = match sa.port_specifier.as_ref()? {
+                        PortSpecifier::PortValue(p) => u16::try_from(*p).ok()?,
+                        PortSpecifier::NamedPort(_) => return None,
+                    };
+                    Some(SocketAddr::new(ip, port))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// When subscriber `log` (following `spec`) first held a version of `service` for which
+/// `holds(addresses)` is true, at or after `from_ms`; `None` if it never did.
+pub fn first_holding(
+    log: &SubLog,
+    spec: &SubSpec,
+    contents: &Contents,
+    service: &str,
+    from_ms: u64,
+    holds: impl Fn(&HashSet<SocketAddr>) -> bool,
+) -> Option<u64> {
+    let k = spec.services.iter().position(|s| s == service)? as u16;
+    // The version held at `from_ms` counts too (its arrival is clamped to `from_ms`).
+    let mut current: Option<&Seen> = None;
+    for s in log.seen.iter().filter(|s| s.resource == k) {
+        if s.t_ms <= from_ms {
+            current = Some(s);
+            continue;
+        }
+        if let Some(c) = current.take() {
+            let key = (spec.zone.clone(), service.to_owned(), c.version);
+            if contents.get(&key).is_some_and(|a| holds(a)) {
+                return Some(from_ms);
+            }
+        }
+        let key = (spec.zone.clone(), service.to_owned(), s.version);
+        if contents.get(&key).is_some_and(|a| holds(a)) {
+            return Some(s.t_ms);
+        }
+    }
+    let c = current?;
+    let key = (spec.zone.clone(), service.to_owned(), c.version);
+    contents
+        .get(&key)
+        .is_some_and(|a| holds(a))
+        .then_some(from_ms)
+}
+
+/// Per resource, whether any version arrived after a higher one: `(subscriber, resource,
+/// from, to)` for each regression.
+pub fn regressions(logs: &[SubLog]) -> Vec<(usize, u16, u64, u64)> {
+    let mut out = Vec::new();
+    for (i, log) in logs.iter().enumerate() {
+        let mut highest: BTreeMap<u16, u64> = BTreeMap::new();
+        for s in &log.seen {
+            let h = highest.entry(s.resource).or_insert(s.version);
+            if s.version < *h {
+                out.push((i, s.resource, *h, s.version));
+            } else {
+                *h = s.version;
+            }
+        }
+    }
+    out
+}
+
+/// Raises this process's open-file limit to its hard limit (2,000 streams need 2,000
+/// sockets here and as many in the authority); returns the soft limit now in force.
+pub fn raise_nofile() -> u64 {
+    // No libc dependency: `prlimit` from util-linux does it for our own pid.
+    let pid = std::process::id().to_string();
+    let _ = std::process::Command::new("prlimit")
+        .args(["--pid", &pid, "--nofile=20000:20000"])
+        .status();
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> SubSpec {
+        SubSpec {
+            zone: "z1".into(),
+            services: vec!["a".into(), "b".into()],
+        }
+    }
+
+    fn seen(t_ms: u64, resource: u16, version: u64) -> Seen {
+        Seen {
+            t_ms,
+            resource,
+            version,
+        }
+    }
+
+    #[test]
+    fn the_first_version_without_an_address_is_found_after_the_change() {
+        let (x, y) = (address(1), address(2));
+        let mut contents = Contents::new();
+        let set = |v: &[SocketAddr]| Arc::new(v.iter().copied().collect::<HashSet<_>>());
+        contents.insert(("z1".into(), "a".into(), 1), set(&[x, y]));
+        contents.insert(("z1".into(), "a".into(), 2), set(&[x, y]));
+        contents.insert(("z1".into(), "a".into(), 3), set(&[y]));
+        let log = SubLog {
+            seen: vec![seen(10, 0, 1), seen(500, 0, 2), seen(1_200, 0, 3)],
+            ..SubLog::default()
+        };
+        let gone = |a: &HashSet<SocketAddr>| !a.contains(&x);
+        assert_eq!(
+            first_holding(&log, &spec(), &contents, "a", 300, gone),
+            Some(1_200)
+        );
+        // Already held when the change was made: arrival clamps to the change.
+        assert_eq!(
+            first_holding(&log, &spec(), &contents, "a", 1_500, gone),
+            Some(1_500)
+        );
+        // Not a followed service, or never held.
+        assert_eq!(first_holding(&log, &spec(), &contents, "c", 0, gone), None);
+        let never = |a: &HashSet<SocketAddr>| a.is_empty();
+        assert_eq!(first_holding(&log, &spec(), &contents, "a", 0, never), None);
+    }
+
+    #[test]
+    fn a_lower_version_after_a_higher_one_is_a_regression() {
+        let ok = SubLog {
+            seen: vec![seen(1, 0, 5), seen(2, 1, 3), seen(3, 0, 6), seen(4, 1, 9)],
+            ..SubLog::default()
+        };
+        let bad = SubLog {
+            seen: vec![seen(1, 0, 5), seen(2, 0, 4)],
+            ..SubLog::default()
+        };
+        assert!(regressions(std::slice::from_ref(&ok)).is_empty());
+        assert_eq!(regressions(&[ok, bad]), vec![(1, 0, 5, 4)]);
+    }
+
+    #[test]
+    fn the_fleet_spreads_over_services_and_zones() {
+        let shape = Shape {
+            services: 40,
+            instances: 2_000,
+            zones: vec!["z1".into(), "z2".into(), "z3".into()],
+            subscriptions: 2_000,
+            services_per_subscriber: 2,
+        };
+        let specs = base_specs(&shape);
+        let per_service = specs.iter().filter(|s| s.0 == "svc-00").count();
+        assert_eq!(per_service, 50);
+        let addrs: HashSet<SocketAddr> = specs.iter().map(|s| s.2).collect();
+        assert_eq!(addrs.len(), 2_000, "addresses are unique");
+        let subs = sub_specs(&shape);
+        assert!(subs.iter().all(|s| s.services.len() == 2));
+        for z in &shape.zones {
+            assert!(subs.iter().filter(|s| &s.zone == z).count() >= 600);
+        }
+        assert_eq!(
+            metric(
+                "# HELP x\nwaymark_shedding 1\nwaymark_shed_episodes_total 3\n",
+                "waymark_shed_episodes_total"
+            ),
+            Some(3.0)
+        );
+        let h = "waymark_publish_commit_seconds_bucket{le=\"0.256\"} 7\n\
+                 waymark_publish_commit_seconds_bucket{le=\"0.512\"} 9\n\
+                 waymark_publish_commit_seconds_count 12\n";
+        assert_eq!(slow_publishes(h), Some(3.0));
+    }
+}
