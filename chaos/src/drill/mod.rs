@@ -6,6 +6,7 @@
 
 pub mod figures;
 pub mod html;
+pub mod leader_churn;
 pub mod outage;
 pub mod report;
 
