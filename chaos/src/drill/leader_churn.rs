@@ -193,14 +193,13 @@ pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
         "address": {"ip": "10.255.255.1", "port": 9},
         "lease_ms": params.registrar.lease_ms,
     });
-    let mut probe_log: Vec<Attempt> = Vec::new();
-    let probe_register = wait_until(
+    let epoch = progress.epoch();
+    let registered = wait_until(
         "the probe instance is registered",
         START_DEADLINE,
         async || {
-            let wall = registrar::wall_ms();
-            let sent = Instant::now();
-            let r = registrar::attempt(
+            let (wall_ms, sent) = (registrar::wall_ms(), Instant::now());
+            let result = registrar::attempt(
                 apis[0],
                 Method::POST,
                 "/v1/instances",
@@ -208,28 +207,28 @@ pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
                 CALL_TIMEOUT,
             )
             .await;
-            match &r {
-                Reply::Acked {
-                    issued: Some(id), ..
-                } => Some((id.clone(), r.clone(), wall, sent)),
-                _ => None,
-            }
+            let Reply::Acked {
+                issued: Some(id), ..
+            } = &result
+            else {
+                return None;
+            };
+            Some(Attempt {
+                t_ms: ms(sent.duration_since(epoch)),
+                wall_ms,
+                latency_ms: ms(sent.elapsed()),
+                op_id: PROBE_OPS,
+                op: Op::Register,
+                attempt: 1,
+                member: apis[0],
+                instance: Some(id.clone()),
+                result,
+            })
         },
     )
     .await?;
-    let probe_id = probe_register.0.clone();
-    let epoch = progress.epoch();
-    probe_log.push(Attempt {
-        t_ms: ms(probe_register.3.duration_since(epoch)),
-        wall_ms: probe_register.2,
-        latency_ms: 0,
-        op_id: PROBE_OPS,
-        op: Op::Register,
-        attempt: 1,
-        member: apis[0],
-        instance: Some(probe_id.clone()),
-        result: probe_register.1,
-    });
+    let probe_id = registered.instance.clone().unwrap_or_default();
+    let probe_log = vec![registered];
     progress.say(&format!(
         "service {SERVICE} and probe instance {probe_id} registered"
     ));
@@ -372,22 +371,22 @@ async fn drive(
 
     // Every subscriber comes to hold the newest version the members serve: a regression
     // cannot hide behind a subscriber that stopped receiving.
-    let newest = newest_version(&members).await;
+    let newest = newest_by_zone(&members).await;
+    let behind_newest = |w: &VersionWatch| {
+        newest
+            .get(w.zone())
+            .is_some_and(|n| w.endpoints_version(SERVICE) < Some(*n))
+    };
     let caught_up = wait_until(
-        "every subscriber holds the newest version",
+        "every subscriber holds its zone's newest version",
         WATCH_CATCH_UP,
-        async || {
-            watches
-                .iter()
-                .all(|w| w.endpoints_version(SERVICE) >= newest)
-                .then_some(())
-        },
+        async || (!watches.iter().any(behind_newest)).then_some(()),
     )
     .await;
     let subscribers_caught_up_ms = caught_up.is_ok().then(|| ms(load_end.elapsed()));
     let behind: Vec<String> = watches
         .iter()
-        .filter(|w| w.endpoints_version(SERVICE) < newest)
+        .filter(|w| behind_newest(w))
         .map(|w| w.name().to_owned())
         .collect();
     progress.event(&format!(
@@ -786,14 +785,25 @@ fn watch_config(seed: u64) -> ClientConfig {
     }
 }
 
-/// The newest version of the service any member's `/v1/services` shows.
-async fn newest_version(members: &[(u64, SocketAddr)]) -> Option<u64> {
-    let mut newest = None;
+/// The newest version of each zone's view of the service that any member has committed
+/// (`/v1/services/{service}/view`).
+async fn newest_by_zone(members: &[(u64, SocketAddr)]) -> BTreeMap<String, u64> {
+    let mut newest: BTreeMap<String, u64> = BTreeMap::new();
     for (_, api) in members {
-        let Ok(r) = traffic::get(*api, "/v1/services", Duration::from_millis(500)).await else {
+        // Through the API client: the views are longer than `traffic::get` reads.
+        let api = waymark_agent::cli::http::ApiClient::new(&api.to_string(), None);
+        let path = format!("/v1/services/{SERVICE}/view");
+        let Ok(Ok(views)) = tokio::time::timeout(CALL_TIMEOUT, api.get_json(&path)).await else {
             continue;
         };
-        newest = newest.max(service_version(&r.body));
+        for v in views.as_array().into_iter().flatten() {
+            if let (Some(zone), Some(version)) =
+                (v["view"]["key"]["zone"].as_str(), v["version"].as_u64())
+            {
+                let n = newest.entry(zone.to_owned()).or_default();
+                *n = (*n).max(version);
+            }
+        }
     }
     newest
 }

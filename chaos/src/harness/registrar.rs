@@ -4,11 +4,14 @@
 //! next member when an attempt fails. Every attempt is recorded with its time and what
 //! came of it; an acknowledged write is one the API answered with a 2xx.
 //!
+//! An instance whose lease is past its half is renewed before anything else is done, as a
+//! real client keeps its registration alive.
+//!
 //! Operations run one after another (a renewal or deregistration always names an instance
 //! whose registration was acknowledged before), so while an election lasts the rate drops
 //! instead of piling requests up.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -190,8 +193,9 @@ async fn drive(
 ) {
     let mut rng = SplitMix64::new(config.seed);
     // Instances whose registration was acknowledged and which no deregistration has
-    // been tried on: the only ones renewed or deregistered.
-    let mut live: BTreeSet<String> = BTreeSet::new();
+    // been tried on (the only ones renewed or deregistered), with the lease end the API
+    // last acknowledged.
+    let mut live: BTreeMap<String, u64> = BTreeMap::new();
     let mut next_member = rng.below(members.len() as u64) as usize;
     let period = Duration::from_secs_f64(1.0 / f64::from(config.rate.max(1)));
     let mut tick = tokio::time::interval(period);
@@ -201,7 +205,15 @@ async fn drive(
         tick.tick().await;
         op_id += 1;
         let roll = rng.below(1000);
-        let op = if live.len() >= config.max_live
+        // A lease past its half is renewed first, as a real client keeps its instance.
+        let due = live
+            .iter()
+            .filter(|(_, end)| **end < wall_ms() + config.lease_ms / 2)
+            .min_by_key(|(_, end)| **end)
+            .map(|(id, _)| id.clone());
+        let op = if due.is_some() {
+            Op::Renew
+        } else if live.len() >= config.max_live
             || (!live.is_empty() && roll < config.deregister_permille)
         {
             Op::Deregister
@@ -212,10 +224,11 @@ async fn drive(
         };
         let target = match op {
             Op::Register => None,
-            _ => live
-                .iter()
-                .nth(rng.below(live.len() as u64) as usize)
-                .cloned(),
+            _ => due.or_else(|| {
+                live.keys()
+                    .nth(rng.below(live.len() as u64) as usize)
+                    .cloned()
+            }),
         };
         let (method, path, body) = match (op, &target) {
             (Op::Register, _) => {
@@ -258,10 +271,10 @@ async fn drive(
                 (Op::Register, Reply::Acked { issued, .. }) => issued.clone(),
                 _ => target.clone(),
             };
-            if op == Op::Register
-                && let Some(id) = &instance
+            if let (Some(id), Reply::Acked { expires_at_ms, .. }) = (&instance, &result)
+                && op != Op::Deregister
             {
-                live.insert(id.clone());
+                live.insert(id.clone(), expires_at_ms.unwrap_or(0));
             }
             let record = Attempt {
                 t_ms: ms(sent.duration_since(epoch)),

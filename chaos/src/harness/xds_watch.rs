@@ -54,6 +54,7 @@ pub struct WatchLog {
 /// A running subscriber.
 pub struct VersionWatch {
     name: String,
+    zone: String,
     servers: Vec<SocketAddr>,
     client: XdsClient,
     log: Arc<Mutex<Recorded>>,
@@ -109,6 +110,7 @@ impl VersionWatch {
         let task = tokio::spawn(record(rx, sink, epoch));
         Ok(Self {
             name: name.to_owned(),
+            zone: zone.to_owned(),
             servers,
             client,
             log,
@@ -120,6 +122,11 @@ impl VersionWatch {
     /// Its node id.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The zone it subscribes from (it receives that zone's view).
+    pub fn zone(&self) -> &str {
+        &self.zone
     }
 
     /// Whether it has applied a version of `service`'s load assignment yet.

@@ -300,8 +300,8 @@ pub fn watch_figures(log: &WatchLog) -> Vec<SeriesFigures> {
 /// Everything about versions.
 #[derive(Debug, Clone, Serialize)]
 pub struct VersionFigures {
-    /// The newest version of the service any member served after the load.
-    pub newest: Option<u64>,
+    /// The newest version of each zone's view any member committed after the load.
+    pub newest: BTreeMap<String, u64>,
     /// From the end of the load until every subscriber held it.
     pub subscribers_caught_up_ms: Option<u64>,
     /// Subscribers that did not within the limit.
@@ -427,7 +427,7 @@ pub fn verdict(
     }
     if !versions.subscribers_behind.is_empty() {
         failures.push(format!(
-            "subscribers {:?} never caught up with version {:?}",
+            "subscribers {:?} never caught up with their zone's newest version ({:?})",
             versions.subscribers_behind, versions.newest
         ));
     }
@@ -736,7 +736,7 @@ mod tests {
             converged_ms: Some(10),
         };
         let versions = VersionFigures {
-            newest: Some(2),
+            newest: BTreeMap::from([("a".to_owned(), 2)]),
             subscribers_caught_up_ms: Some(1),
             subscribers_behind: Vec::new(),
             series: vec![series_figures(
