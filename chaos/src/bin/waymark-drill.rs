@@ -8,8 +8,8 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use waymark_chaos::bench::{self, Shape};
 use waymark_chaos::drill::{
-    self, Scale, bad_health_check, hard_vs_grey, outage, prober_partition, region_partition,
-    xds_restart, zone_evacuation,
+    self, Scale, bad_health_check, hard_vs_grey, leader_churn, outage, prober_partition,
+    region_partition, xds_restart, zone_evacuation,
 };
 
 #[derive(Debug, Parser)]
@@ -195,6 +195,33 @@ enum Drill {
         /// 2 (`[authority.federation] drop_stale_peers`); the verdict must then fail.
         #[arg(long)]
         break_stale_drop: bool,
+    },
+    /// The leader of a three-member authority SIGKILLed again and again under registration
+    /// load: nothing acknowledged is lost, versions never go backwards.
+    LeaderChurn {
+        /// `short` (5 kills in 50 s) or `full` (30 kills over 10 minutes).
+        #[arg(long, value_enum, default_value = "full")]
+        scale: Scale,
+        /// Override the number of kills.
+        #[arg(long)]
+        kills: Option<usize>,
+        /// Override the time between kills (`10s`, `1m`).
+        #[arg(long, value_parser = drill::parse_duration)]
+        every: Option<std::time::Duration>,
+        /// Registration operations per second.
+        #[arg(long)]
+        rate: Option<u32>,
+        /// Seed of the operations' choices.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Where the members keep state and logs (default: a new folder under the system
+        /// temp dir).
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Break the property on purpose: each killed member restarts with its data
+        /// deleted as a new one-member group (the verdict must then fail).
+        #[arg(long)]
+        break_wipe_on_restart: bool,
     },
 }
 
@@ -649,6 +676,46 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
                 dir.display()
             );
             let report = runtime.block_on(region_partition::run(params, &dir))?;
+            let pass = report.verdict.pass;
+            (serde_json::to_string(&report)?, pass)
+        }
+        Drill::LeaderChurn {
+            scale,
+            kills,
+            every,
+            rate,
+            seed,
+            dir,
+            break_wipe_on_restart,
+        } => {
+            let mut params = leader_churn::Params::for_scale(scale);
+            params.break_wipe_on_restart = break_wipe_on_restart;
+            if let Some(k) = kills {
+                params.kills = k;
+            }
+            if let Some(d) = every {
+                anyhow::ensure!(d.as_secs() >= 2, "--every must be at least 2 s");
+                params.kill_every_s = d.as_secs();
+            }
+            if let Some(r) = rate {
+                anyhow::ensure!(r > 0, "--rate must be positive");
+                params.registrar.rate = r;
+            }
+            if let Some(s) = seed {
+                params.seed = s;
+                params.registrar.seed = s;
+            }
+            let dir = dir.unwrap_or_else(|| default_run_dir("leader-churn"));
+            eprintln!(
+                "drill leader-churn: {} members, {} leader kills every {} s, {} writes/s, seed {}, state in {}",
+                params.members,
+                params.kills,
+                params.kill_every_s,
+                params.registrar.rate,
+                params.seed,
+                dir.display()
+            );
+            let report = runtime.block_on(leader_churn::run(params, &dir))?;
             let pass = report.verdict.pass;
             (serde_json::to_string(&report)?, pass)
         }

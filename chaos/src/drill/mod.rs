@@ -8,6 +8,7 @@ pub mod bad_health_check;
 pub mod figures;
 pub mod hard_vs_grey;
 pub mod html;
+pub mod leader_churn;
 pub mod outage;
 pub mod prober_partition;
 pub mod region_partition;

@@ -1,69 +1,137 @@
 //! One `waymark authority` member as a child process: plain text (no TLS, gossip or
-//! Kubernetes), a single-member group that bootstraps itself on first start and resumes
-//! from its redb state on every later one.
+//! Kubernetes). [`AuthorityProc::new`] is a single-member group that bootstraps itself on
+//! first start and resumes from its redb state on every later one; [`AuthorityProc::member`]
+//! is one member of a larger group (see [`super::cluster::AuthorityCluster`]).
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
 
 use super::{RoleProc, free_port, loopback};
 
-/// A single-member authority whose ports and data directory survive restarts.
+/// An authority member whose ports and data directory survive restarts.
 #[derive(Debug)]
 pub struct AuthorityProc {
     process: RoleProc,
+    id: u64,
+    config: Config,
+}
+
+/// What a member's configuration file says.
+#[derive(Debug, Clone)]
+struct Config {
+    path: PathBuf,
+    region: String,
+    zones: Vec<String>,
+    data: PathBuf,
     http: SocketAddr,
     xds: SocketAddr,
 }
 
+impl Config {
+    /// Writes the file for member `id` with `members` (id, HTTP address) as the initial
+    /// voters (only the lowest id initialises the group).
+    fn write(&self, id: u64, members: &[(u64, SocketAddr)]) -> anyhow::Result<()> {
+        let zones: Vec<String> = self.zones.iter().map(|z| format!("\"{z}\"")).collect();
+        let mut text = format!(
+            "[authority]\nid = {id}\nregion = \"{}\"\nzones = [{}]\ndata_dir = \"{}\"\n\
+             http = \"{}\"\nxds = \"{}\"\n",
+            self.region,
+            zones.join(", "),
+            self.data.display(),
+            self.http,
+            self.xds,
+        );
+        for (m, addr) in members {
+            write!(
+                text,
+                "\n[[authority.members]]\nid = {m}\naddr = \"{addr}\"\n"
+            )?;
+        }
+        std::fs::write(&self.path, text).with_context(|| format!("writing {}", self.path.display()))
+    }
+}
+
 impl AuthorityProc {
-    /// Writes the configuration under `dir` (region `region`, one zone `zone`); does not
-    /// start anything.
+    /// Writes the configuration under `dir` (region `region`, one zone `zone`) of a
+    /// single-member group; does not start anything.
     pub fn new(bin: &Path, dir: &Path, region: &str, zone: &str) -> anyhow::Result<Self> {
         let (http, xds) = (loopback(free_port()?), loopback(free_port()?));
-        std::fs::create_dir_all(dir)?;
-        let config = dir.join("authority.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"[authority]
-id = 1
-region = "{region}"
-zones = ["{zone}"]
-data_dir = "{data}"
-http = "{http}"
-xds = "{xds}"
+        Self::member(bin, dir, 1, region, &[zone], (http, xds), &[(1, http)])
+    }
 
-[[authority.members]]
-id = 1
-addr = "{http}"
-"#,
-                data = dir.join("data").display()
-            ),
-        )
-        .with_context(|| format!("writing {}", config.display()))?;
-        Ok(Self {
-            process: RoleProc::new("authority", bin, config, dir.join("authority.log"), http),
+    /// Writes the configuration under `dir` of member `id` listening on `(http, xds)`,
+    /// with `members` (id, HTTP address; itself included) as the group's initial voters;
+    /// does not start anything.
+    pub fn member(
+        bin: &Path,
+        dir: &Path,
+        id: u64,
+        region: &str,
+        zones: &[&str],
+        (http, xds): (SocketAddr, SocketAddr),
+        members: &[(u64, SocketAddr)],
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let config = Config {
+            path: dir.join("authority.toml"),
+            region: region.to_owned(),
+            zones: zones.iter().map(|z| (*z).to_owned()).collect(),
+            data: dir.join("data"),
             http,
             xds,
+        };
+        config.write(id, members)?;
+        Ok(Self {
+            process: RoleProc::new(
+                "authority",
+                bin,
+                config.path.clone(),
+                dir.join("authority.log"),
+                http,
+            ),
+            id,
+            config,
         })
+    }
+
+    /// The member's Raft id.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The HTTP API (and Raft) address.
     pub fn http_addr(&self) -> SocketAddr {
-        self.http
+        self.config.http
     }
 
     /// The xDS address node agents subscribe to.
     pub fn xds_addr(&self) -> SocketAddr {
-        self.xds
+        self.config.xds
+    }
+
+    /// Where it keeps its redb files (Raft log, vote, state machine).
+    pub fn data_dir(&self) -> &Path {
+        &self.config.data
+    }
+
+    /// Rewrites the initial voters in its configuration (read at the next start; only a
+    /// member with no Raft state bootstraps from it).
+    pub fn set_initial_members(&self, members: &[(u64, SocketAddr)]) -> anyhow::Result<()> {
+        self.config.write(self.id, members)
     }
 
     /// Start the process (no wait).
     pub fn start(&mut self) -> anyhow::Result<()> {
         self.process.start()
+    }
+
+    /// Whether the process was started and has not exited.
+    pub fn is_running(&mut self) -> bool {
+        self.process.is_running()
     }
 
     /// Waits for `/readyz` (committed state applied), within `deadline`.

@@ -3,6 +3,9 @@
 //! with deadlines, and is killed when its handle is dropped.
 //!
 //! What exists: [`authority::AuthorityProc`] (one `waymark authority` member),
+//! [`cluster::AuthorityCluster`] (a multi-member authority: leader, kill, restart),
+//! [`registrar::Registrar`] (registration load through the authority's API, every attempt
+//! recorded), [`xds_watch::VersionWatch`] (Delta xDS subscribers recording every version),
 //! [`agent::AgentProc`] (one `waymark agent`), [`envoy::EnvoyProc`] (a real Envoy fed by
 //! the agent over Delta ADS) and [`backends::DemoFleet`] (the dev region's demo backends,
 //! run in this process on real sockets and registered with the authority); [`evidence`]
@@ -14,11 +17,14 @@ pub mod agent;
 pub mod authority;
 pub mod backends;
 pub mod callers;
+pub mod cluster;
 pub mod envoy;
 pub mod evidence;
 pub mod fleet;
 pub mod netns;
 pub mod region;
+pub mod registrar;
+pub mod xds_watch;
 
 use std::ffi::OsStr;
 use std::fs::OpenOptions;
@@ -239,6 +245,13 @@ impl RoleProc {
             .as_mut()
             .with_context(|| format!("the {} is not running", self.role))?;
         wait_serving(proc, &what, deadline, self.http, "/readyz").await
+    }
+
+    /// Whether the process was started and has not exited.
+    pub fn is_running(&mut self) -> bool {
+        self.proc
+            .as_mut()
+            .is_some_and(|p| p.check_running().is_ok())
     }
 
     /// SIGKILL the process.

@@ -96,7 +96,18 @@ pub struct RaftConfig {
     /// Log entries kept below a snapshot, so slightly lagging followers catch up from the
     /// log instead of a full snapshot.
     pub logs_kept_after_snapshot: u64,
+    /// Log entries sent in one AppendEntries at most. openraft gives every AppendEntries
+    /// one heartbeat interval to complete, however many entries it carries, and a
+    /// `Publish` entry carries whole views (tens of kB for a service of a few hundred
+    /// instances): a batch of openraft's default 300 such entries cannot be encoded, sent,
+    /// decoded and made durable within 250 ms, so a follower that fell that far behind
+    /// would never catch up, and a group that needs it for its quorum would never commit
+    /// again. Small batches keep each round trip within the heartbeat.
+    pub append_batch_max: u64,
 }
+
+/// The default of [`RaftConfig::append_batch_max`].
+pub const APPEND_BATCH_MAX: u64 = 16;
 
 impl RaftConfig {
     /// Defaults for member `id` in `dir`, reachable at `member`.
@@ -110,6 +121,7 @@ impl RaftConfig {
             election_max: Duration::from_secs(2),
             snapshot_every: 10_000,
             logs_kept_after_snapshot: 1_000,
+            append_batch_max: APPEND_BATCH_MAX,
         }
     }
 
@@ -123,6 +135,7 @@ impl RaftConfig {
             snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_every),
             max_in_snapshot_log_to_keep: self.logs_kept_after_snapshot,
             snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+            max_payload_entries: self.append_batch_max,
             ..Default::default()
         }
         .validate()

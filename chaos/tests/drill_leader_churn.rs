@@ -1,0 +1,63 @@
+//! `waymark-drill run leader-churn --scale short`: three real `waymark authority` members,
+//! the leader SIGKILLed five times under registration load; nothing acknowledged may be
+//! lost and no version may go backwards.
+//!
+//! Needs the `waymark` binary next to `waymark-drill` (`cargo build -p waymark-agent --bin
+//! waymark`; a workspace-wide `cargo test` builds it) or `WAYMARK_BIN`. Runs alone: it
+//! measures election times.
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+#[test]
+fn the_leader_churn_drill_passes_at_short_scale() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
+        .args(["run", "leader-churn", "--scale", "short", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stdout.lines().last().unwrap_or_default();
+    let report: serde_json::Value = serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    assert_eq!(report["verdict"]["pass"], true, "{report:#}\n{stderr}");
+    assert!(out.status.success(), "{stderr}");
+
+    let kills = report["kills"].as_array().unwrap();
+    assert_eq!(kills.len(), 5, "{report:#}");
+    for k in kills {
+        // A different member took over each time, and the killed one came back.
+        assert_ne!(k["new_leader"], k["killed"], "{k:#}");
+        assert!(k["write_accepted_ms"].as_u64().is_some(), "{k:#}");
+        assert!(k["restart_ready_ms"].as_u64().is_some(), "{k:#}");
+    }
+    assert!(
+        report["writes"]["acknowledged"].as_u64().unwrap() >= 100,
+        "{report:#}"
+    );
+    let registry = &report["registry"];
+    assert!(
+        registry["expected_present"].as_u64().unwrap() >= 50,
+        "{report:#}"
+    );
+    assert_eq!(registry["members_agree"], true);
+    for m in registry["members"].as_array().unwrap() {
+        assert_eq!(m["missing"], 0, "{m:#}");
+        assert_eq!(m["resurrected"], 0, "{m:#}");
+    }
+    assert_eq!(report["versions"]["regressions"], 0, "{report:#}");
+    // Versions moved during the run: the subscribers saw more than the first one.
+    let moved = report["versions"]["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["series"].as_str().unwrap().ends_with(":eds:pay"))
+        .all(|s| s["distinct"].as_u64().unwrap() > 1);
+    assert!(moved, "{report:#}");
+
+    let saved = std::fs::read_to_string(dir.path().join("report.json")).unwrap();
+    let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
+    assert_eq!(saved, report);
+}
