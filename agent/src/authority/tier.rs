@@ -20,11 +20,30 @@ use super::raft::{RaftNode, StateEvent};
 
 /// Follow the log and publish snapshots until the node's event channel closes; keep the
 /// resolution-authorisation policy the xDS filter reads in step with the registry.
-pub async fn follow(raft: RaftNode, publisher: Publisher, callers: Arc<ArcSwap<CallerPolicy>>) {
-    let mut events = raft.subscribe();
+///
+/// The committed views are published *before* this returns (the loop is the future it
+/// returns), so an xDS server started afterwards never answers from an empty snapshot —
+/// which a reconnecting client would read as every view it holds removed.
+pub fn follow(
+    raft: RaftNode,
+    publisher: Publisher,
+    callers: Arc<ArcSwap<CallerPolicy>>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let events = raft.subscribe();
     let mut builder = SnapshotBuilder::new();
-    let mut applied = resync(&raft, &mut builder, &publisher);
+    let applied = resync(&raft, &mut builder, &publisher);
     refresh_callers(&raft, &callers, &publisher, &builder);
+    follow_log(raft, publisher, callers, events, builder, applied)
+}
+
+async fn follow_log(
+    raft: RaftNode,
+    publisher: Publisher,
+    callers: Arc<ArcSwap<CallerPolicy>>,
+    mut events: tokio::sync::broadcast::Receiver<StateEvent>,
+    mut builder: SnapshotBuilder,
+    mut applied: Option<u64>,
+) {
     loop {
         match events.recv().await {
             Ok(StateEvent::Applied(entry)) => {

@@ -261,6 +261,9 @@ impl Debug for RaftNode {
 
 // === impl RaftNode ===
 
+/// How long a starting member waits for the log it knew committed to be re-applied.
+const REPLAY_WAIT: Duration = Duration::from_secs(60);
+
 impl RaftNode {
     /// Open the store in `config.dir` (creating it) and start Raft. A member restarted on
     /// the same directory resumes with its vote, log and snapshot.
@@ -269,11 +272,32 @@ impl RaftNode {
         let (events, _) = broadcast::channel(EVENTS_CAPACITY);
         let dir = config.dir.clone();
         let sender = events.clone();
-        let (log, sm, shared) = tokio::task::spawn_blocking(move || store::open(&dir, sender))
+        let (mut log, sm, shared) = tokio::task::spawn_blocking(move || store::open(&dir, sender))
             .await
             .map_err(StoreError::from)??;
+        // What this member knew to be committed when it stopped: openraft re-applies it
+        // at start. Until it has, the state machine is the last snapshot (or empty), and
+        // an xDS tier serving from it would tell a reconnecting client that views it holds
+        // were removed.
+        let committed = openraft::storage::RaftLogStorage::read_committed(&mut log)
+            .await
+            .ok()
+            .flatten()
+            .map(|l| l.index);
         let network = HttpNetworkFactory::new(config.id);
         let raft = Raft::new(config.id, raft_config, network, log, sm).await?;
+        if let Some(index) = committed {
+            let replay = raft
+                .wait(Some(REPLAY_WAIT))
+                .applied_index_at_least(Some(index), "replay committed log")
+                .await;
+            match replay {
+                Ok(_) => tracing::info!(index, "committed log re-applied"),
+                Err(error) => {
+                    tracing::warn!(index, %error, "committed log not re-applied in time; serving what is applied")
+                }
+            }
+        }
         tracing::info!(node_id = config.id, member = %config.member, "raft member started");
         Ok(Self {
             id: config.id,
