@@ -6,23 +6,12 @@
 //! waymark`) or `WAYMARK_BIN`. Runs alone: it opens 1,000 sockets and measures rates.
 #![allow(clippy::unwrap_used)]
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn the_xds_restart_drill_passes_at_short_scale() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
-        .args(["run", "xds-restart", "--scale", "short", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let last = stdout.lines().last().unwrap_or_default();
-    let report: serde_json::Value = serde_json::from_str(last)
-        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
-    assert_eq!(report["verdict"]["pass"], true, "{report:#}\n{stderr}");
-    assert!(out.status.success(), "{stderr}");
+    let report = common::passing_run("xds-restart", &[], dir.path());
     let r = &report["reconnections"];
     assert!(r["max_window_share"].as_f64().unwrap() <= 0.05, "{r:#}");
     // The tier came back and let clients in at its pace: more than the floor's 10 a window.
@@ -32,7 +21,4 @@ fn the_xds_restart_drill_passes_at_short_scale() {
         report["refused_streams"].as_u64().unwrap() > 0,
         "{report:#}"
     );
-    let saved = std::fs::read_to_string(dir.path().join("report.json")).unwrap();
-    let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
-    assert_eq!(saved, report);
 }

@@ -7,23 +7,12 @@
 //! waymark`) or `WAYMARK_BIN`. Runs alone: it saturates the authority on purpose.
 #![allow(clippy::unwrap_used)]
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn the_zone_evacuation_drill_passes_at_short_scale() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
-        .args(["run", "zone-evacuation", "--scale", "short", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let last = stdout.lines().last().unwrap_or_default();
-    let report: serde_json::Value = serde_json::from_str(last)
-        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
-    assert_eq!(report["verdict"]["pass"], true, "{report:#}\n{stderr}");
-    assert!(out.status.success(), "{stderr}");
+    let report = common::passing_run("zone-evacuation", &[], dir.path());
     let w = &report["withdrawal"];
     // 40 withdrawals × the subscribers following each service (500 over 40 services).
     assert!(w["pairs"].as_u64().unwrap() >= 400, "{w:#}");
@@ -44,7 +33,4 @@ fn the_zone_evacuation_drill_passes_at_short_scale() {
             > 0,
         "{report:#}"
     );
-    let saved = std::fs::read_to_string(dir.path().join("report.json")).unwrap();
-    let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
-    assert_eq!(saved, report);
 }

@@ -439,6 +439,16 @@ fn rebuild_report(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs a drill to its report: the JSON line to print and whether its verdict passed.
+fn execute<R: serde::Serialize>(
+    runtime: &tokio::runtime::Runtime,
+    run: impl std::future::Future<Output = anyhow::Result<R>>,
+) -> anyhow::Result<(String, bool)> {
+    let report = serde_json::to_value(runtime.block_on(run)?).context("encoding the report")?;
+    let pass = report["verdict"]["pass"] == true;
+    Ok((report.to_string(), pass))
+}
+
 /// A new run folder under the system temp dir, named after the drill and the time.
 fn default_run_dir(drill: &str) -> std::path::PathBuf {
     let stamp = std::time::SystemTime::now()
@@ -487,9 +497,7 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
                 params.rate,
                 dir.display()
             );
-            let report = runtime.block_on(outage::run(params, &dir))?;
-            let pass = report.verdict.pass;
-            (serde_json::to_string(&report)?, pass)
+            execute(&runtime, outage::run(params, &dir))?
         }
         Drill::ZoneEvacuation {
             scale,
@@ -526,9 +534,7 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
                 params.burst_s,
                 dir.display()
             );
-            let report = runtime.block_on(zone_evacuation::run(params, &dir))?;
-            let pass = report.verdict.pass;
-            (serde_json::to_string(&report)?, pass)
+            execute(&runtime, zone_evacuation::run(params, &dir))?
         }
         Drill::XdsRestart {
             scale,
@@ -556,9 +562,7 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
                 params.subscriptions,
                 dir.display()
             );
-            let report = runtime.block_on(xds_restart::run(params, &dir))?;
-            let pass = report.verdict.pass;
-            (serde_json::to_string(&report)?, pass)
+            execute(&runtime, xds_restart::run(params, &dir))?
         }
         Drill::HardVsGrey {
             scale,
@@ -579,9 +583,7 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
                 params.backends,
                 dir.display()
             );
-            let report = runtime.block_on(hard_vs_grey::run(params, &dir))?;
-            let pass = report.verdict.pass;
-            (serde_json::to_string(&report)?, pass)
+            execute(&runtime, hard_vs_grey::run(params, &dir))?
         }
         Drill::BadHealthCheck {
             scale,
@@ -602,9 +604,7 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
                 params.observe_s,
                 dir.display()
             );
-            let report = runtime.block_on(bad_health_check::run(params, &dir))?;
-            let pass = report.verdict.pass;
-            (serde_json::to_string(&report)?, pass)
+            execute(&runtime, bad_health_check::run(params, &dir))?
         }
         Drill::ProberPartition {
             scale,
@@ -640,9 +640,7 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
                 params.rate,
                 dir.display()
             );
-            let report = runtime.block_on(prober_partition::run(params, &dir))?;
-            let pass = report.verdict.pass;
-            (serde_json::to_string(&report)?, pass)
+            execute(&runtime, prober_partition::run(params, &dir))?
         }
         Drill::RegionPartition {
             scale,
@@ -675,9 +673,7 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
                 params.rate,
                 dir.display()
             );
-            let report = runtime.block_on(region_partition::run(params, &dir))?;
-            let pass = report.verdict.pass;
-            (serde_json::to_string(&report)?, pass)
+            execute(&runtime, region_partition::run(params, &dir))?
         }
         Drill::LeaderChurn {
             scale,
@@ -715,9 +711,7 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
                 params.seed,
                 dir.display()
             );
-            let report = runtime.block_on(leader_churn::run(params, &dir))?;
-            let pass = report.verdict.pass;
-            (serde_json::to_string(&report)?, pass)
+            execute(&runtime, leader_churn::run(params, &dir))?
         }
     };
     // The child processes are gone by now: every handle was dropped inside `run`.
