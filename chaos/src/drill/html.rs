@@ -239,12 +239,14 @@ fn nice_ceil(v: f64) -> f64 {
         .unwrap_or(10.0 * mag)
 }
 
+/// A tick label: whole numbers as such, fractions with up to four decimals, trailing
+/// zeros dropped (0.025, not 0.03).
 fn short(v: f64) -> String {
     if v >= 100.0 || v == v.trunc() {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.2}")
+        return format!("{v:.0}");
     }
+    let s = format!("{v:.4}");
+    s.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
 fn polyline(points: &[(f64, f64)], colour: &str, name: &str) -> String {
@@ -394,6 +396,10 @@ mod tests {
         assert_eq!(nice_ceil(0.47), 0.5);
         assert_eq!(nice_ceil(1.0), 1.0);
         assert_eq!(nice_ceil(0.0), 1.0);
+        assert_eq!(short(0.025), "0.025");
+        assert_eq!(short(1.25), "1.25");
+        assert_eq!(short(3.0), "3");
+        assert_eq!(short(1_250.4), "1250");
     }
 
     #[test]
