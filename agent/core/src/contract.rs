@@ -302,6 +302,17 @@ pub enum ContractError {
         /// The floor.
         floor: String,
     },
+    /// A value is above the platform ceiling (durations, counts and lengths are all
+    /// bounded). Nothing was accepted; lower the value.
+    #[error("{field}: {value} is above the platform ceiling of {ceiling}")]
+    AboveCeiling {
+        /// The field.
+        field: &'static str,
+        /// What was given.
+        value: String,
+        /// The ceiling.
+        ceiling: String,
+    },
     /// A value is out of its valid range for another reason.
     #[error("{field}: {reason}")]
     Invalid {
@@ -334,6 +345,7 @@ impl ContractError {
             }
             Self::SignalNotProvided { field, .. }
             | Self::BelowFloor { field, .. }
+            | Self::AboveCeiling { field, .. }
             | Self::Invalid { field, .. } => (*field).to_owned(),
             Self::ProbeMissing => "probe".to_owned(),
             Self::NoEvidence => "profile".to_owned(),
@@ -383,6 +395,8 @@ impl Default for ValidContract {
 impl HealthContract {
     /// Check every rule; the first broken one is returned.
     pub fn validate(self) -> Result<ValidContract, ContractError> {
+        // Ceilings first: every later check does arithmetic on these values.
+        self.check_ceilings()?;
         self.check_profile()?;
         self.check_dependencies()?;
         self.check_floors()?;
@@ -408,9 +422,12 @@ impl HealthContract {
         }
     }
 
-    /// How long `class` may go without a sample before it is silent.
+    /// How long `class` may go without a sample before it is silent. Saturates, so an
+    /// unvalidated contract cannot make it panic; a validated one is far below the limit.
     pub fn silence_after(&self, class: EvidenceClass) -> Duration {
-        self.interval(class) * self.scoring.silence_factor
+        self.interval(class)
+            .checked_mul(self.scoring.silence_factor)
+            .unwrap_or(Duration::MAX)
     }
 
     /// Time from a steady failure's first sample to the score crossing `threshold`, for
@@ -426,7 +443,61 @@ impl HealthContract {
             score += alpha * (1.0 - score);
             samples += 1;
         }
-        interval * samples.saturating_sub(1)
+        interval
+            .checked_mul(samples.saturating_sub(1))
+            .unwrap_or(Duration::MAX)
+    }
+
+    fn check_ceilings(&self) -> Result<(), ContractError> {
+        if let Some(probe) = &self.probe {
+            ceiling_duration("probe.interval", probe.interval, d::INTERVAL_MAX)?;
+            ceiling_duration("probe.timeout", probe.timeout, d::PROBE_TIMEOUT_MAX)?;
+            match &probe.kind {
+                ProbeKind::Http { path } => {
+                    ceiling_text("probe.path", path)?;
+                    if !path.starts_with('/') || path.chars().any(|c| c.is_ascii_control()) {
+                        return Err(ContractError::Invalid {
+                            field: "probe.path",
+                            reason: "an absolute path starting with '/', without control characters"
+                                .into(),
+                        });
+                    }
+                }
+                ProbeKind::Grpc { service } => ceiling_text("probe.service", service)?,
+                ProbeKind::Tcp => {}
+            }
+        }
+        let s = &self.scoring;
+        ceiling_duration("self_report_interval", self.self_report_interval, d::INTERVAL_MAX)?;
+        ceiling_duration("passive.interval", self.passive.interval, d::INTERVAL_MAX)?;
+        ceiling_duration("scoring.half_life", s.half_life, d::HALF_LIFE_MAX)?;
+        ceiling_duration("scoring.readmit_hold", s.readmit_hold, d::READMIT_HOLD_MAX)?;
+        ceiling_duration("slow_start", self.slow_start, d::SLOW_START_MAX)?;
+        ceiling_count(
+            "scoring.silence_factor",
+            u64::from(s.silence_factor),
+            u64::from(d::SILENCE_FACTOR_MAX),
+        )?;
+        ceiling_count(
+            "passive.min_requests",
+            self.passive.min_requests,
+            d::PASSIVE_MIN_REQUESTS_MAX,
+        )?;
+        ceiling_count(
+            "dependencies",
+            self.dependencies.len() as u64,
+            d::DEPENDENCIES_MAX as u64,
+        )?;
+        for dep in &self.dependencies {
+            ceiling_text("dependencies.name", &dep.name)?;
+            if dep.name.is_empty() {
+                return Err(ContractError::Invalid {
+                    field: "dependencies.name",
+                    reason: "must not be empty".into(),
+                });
+            }
+        }
+        Ok(())
     }
 
     fn check_profile(&self) -> Result<(), ContractError> {
@@ -545,6 +616,43 @@ fn floor_duration(
             field,
             value: format!("{value:?}"),
             floor: format!("{floor:?}"),
+        });
+    }
+    Ok(())
+}
+
+fn ceiling_duration(
+    field: &'static str,
+    value: Duration,
+    ceiling: Duration,
+) -> Result<(), ContractError> {
+    if value > ceiling {
+        return Err(ContractError::AboveCeiling {
+            field,
+            value: crate::duration_str::format(value),
+            ceiling: crate::duration_str::format(ceiling),
+        });
+    }
+    Ok(())
+}
+
+fn ceiling_count(field: &'static str, value: u64, ceiling: u64) -> Result<(), ContractError> {
+    if value > ceiling {
+        return Err(ContractError::AboveCeiling {
+            field,
+            value: value.to_string(),
+            ceiling: ceiling.to_string(),
+        });
+    }
+    Ok(())
+}
+
+fn ceiling_text(field: &'static str, value: &str) -> Result<(), ContractError> {
+    if value.len() > d::CONTRACT_TEXT_LEN_MAX {
+        return Err(ContractError::AboveCeiling {
+            field,
+            value: format!("{} bytes", value.len()),
+            ceiling: format!("{} bytes", d::CONTRACT_TEXT_LEN_MAX),
         });
     }
     Ok(())

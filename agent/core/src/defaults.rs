@@ -131,6 +131,31 @@ pub const MIN_HEALTHY_FLOOR: Permille = Permille::saturating(100);
 /// Silence must be at least this many missed intervals.
 pub const SILENCE_FACTOR_MIN: u32 = 2;
 
+// --- Platform ceilings (contracts above them are rejected) ---
+//
+// Every duration and count a contract carries is bounded, so no value an owner writes can
+// overflow the evaluator's clock arithmetic (`now + silence`) or the validator's own.
+
+/// The longest interval any evidence class may declare (probe, self-report, passive).
+pub const INTERVAL_MAX: Duration = Duration::from_secs(60 * 60);
+/// The longest probe timeout (it must also stay below the probe interval).
+pub const PROBE_TIMEOUT_MAX: Duration = Duration::from_secs(60);
+/// The longest half-life (the damping budget refuses long ones anyway; this bounds the
+/// arithmetic that checks it).
+pub const HALF_LIFE_MAX: Duration = Duration::from_secs(60 * 60);
+/// The longest re-entry hold.
+pub const READMIT_HOLD_MAX: Duration = Duration::from_secs(24 * 60 * 60);
+/// The longest slow start.
+pub const SLOW_START_MAX: Duration = Duration::from_secs(60 * 60);
+/// Silence may be at most this many missed intervals.
+pub const SILENCE_FACTOR_MAX: u32 = 100;
+/// The most requests a passive verdict may wait for per caller and interval.
+pub const PASSIVE_MIN_REQUESTS_MAX: u64 = 1_000_000;
+/// The most dependencies a contract may declare.
+pub const DEPENDENCIES_MAX: usize = 64;
+/// The longest dependency name, HTTP probe path or gRPC health service name, in bytes.
+pub const CONTRACT_TEXT_LEN_MAX: usize = 256;
+
 /// A human-readable table of the defaults, for `waymark defaults`.
 pub fn describe() -> String {
     let rows: &[(&str, String)] = &[

@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::defaults as d;
+use crate::model::ServiceName;
 use crate::view::{ReleasedView, Version, VersionSource, View, ViewDelta, ViewKey, diff};
 
 /// Pacing and limits.
@@ -73,6 +74,13 @@ pub enum Effect {
     ShedStarted {
         /// The admission window now in force.
         window: Duration,
+    },
+    /// The version source is exhausted: `view` was not released. Nothing more can be
+    /// released until the driver gives the queues a fresh source (the authority ends its
+    /// leadership term; the next leader rebuilds every view from the desired state).
+    VersionsExhausted {
+        /// The view that could not be released.
+        view: ViewKey,
     },
     /// Shedding is over.
     ShedEnded {
@@ -155,6 +163,12 @@ impl DeltaQueues {
         if released.view != lane.target {
             lane.admit_due.get_or_insert(now + admit_window);
         }
+    }
+
+    /// A service left the registry: drop its lanes, so none of its views is released
+    /// again (subscribers learn of the removal from the driver, not from a release).
+    pub fn handle_service_removed(&mut self, service: &ServiceName) {
+        self.lanes.retain(|key, _| &key.service != service);
     }
 
     /// The driver's report of delivery pressure (send queues backing up).
@@ -244,8 +258,13 @@ impl DeltaQueues {
         if lane.released.is_some() && old == &view {
             return; // nothing changed (a later target undid an earlier one)
         }
+        let Some(version) = versions.next_version() else {
+            tracing::error!(view = %key, "version source exhausted: view not released");
+            self.effects
+                .push(Effect::VersionsExhausted { view: key.clone() });
+            return;
+        };
         let delta = diff(old, &view);
-        let version = versions.next_version();
         assert!(
             previous.is_none_or(|p| version > p),
             "version source went backwards for {key}"

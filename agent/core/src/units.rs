@@ -7,8 +7,11 @@
 use serde::{Deserialize, Serialize};
 
 /// A fraction in thousandths: `Permille(500)` is one half.
+///
+/// Decoding refuses values above one thousand, so a fraction read from the wire or a log
+/// is as valid as one built with [`Permille::new`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
+#[serde(try_from = "u16", into = "u16")]
 pub struct Permille(u16);
 
 impl Permille {
@@ -64,6 +67,26 @@ impl Permille {
     }
 }
 
+/// A decoded fraction above one thousand thousandths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{value} permille is more than one (1000)")]
+pub struct PermilleError {
+    value: u16,
+}
+
+impl TryFrom<u16> for Permille {
+    type Error = PermilleError;
+    fn try_from(value: u16) -> Result<Self, PermilleError> {
+        Self::new(value).ok_or(PermilleError { value })
+    }
+}
+
+impl From<Permille> for u16 {
+    fn from(value: Permille) -> u16 {
+        value.0
+    }
+}
+
 impl std::fmt::Display for Permille {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}.{}%", self.0 / 10, self.0 % 10)
@@ -71,8 +94,11 @@ impl std::fmt::Display for Permille {
 }
 
 /// An endpoint's share of traffic relative to its peers, as Envoy reads it (always ≥ 1).
+///
+/// Decoding clamps into `[MIN, MAX]` exactly as [`Weight::new`] does, so no weight from the
+/// wire or a log can be zero (a withdrawal in disguise) or overflow a locality's sum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
+#[serde(from = "u32", into = "u32")]
 pub struct Weight(u32);
 
 impl Weight {
@@ -97,6 +123,18 @@ impl Weight {
     /// This weight scaled by a fraction, never below [`Weight::MIN`].
     pub fn scale(self, by: Permille) -> Self {
         Self::new((u64::from(self.0) * u64::from(by.get()) / 1000) as u32)
+    }
+}
+
+impl From<u32> for Weight {
+    fn from(value: u32) -> Self {
+        Self::new(value)
+    }
+}
+
+impl From<Weight> for u32 {
+    fn from(value: Weight) -> u32 {
+        value.0
     }
 }
 
@@ -126,6 +164,23 @@ mod tests {
     fn ratio_rounds_down_and_survives_zero_denominator() {
         assert_eq!(Permille::ratio(1, 3).get(), 333);
         assert_eq!(Permille::ratio(5, 0), Permille::ZERO);
+    }
+
+    #[test]
+    fn decoded_weight_is_clamped_like_a_built_one() {
+        let zero: Weight = serde_json::from_str("0").unwrap();
+        let huge: Weight = serde_json::from_str("4294967295").unwrap();
+        assert_eq!(zero, Weight::MIN);
+        assert_eq!(huge, Weight::MAX);
+        assert_eq!(serde_json::to_string(&Weight::DEFAULT).unwrap(), "100");
+    }
+
+    #[test]
+    fn decoded_permille_above_one_is_refused() {
+        assert!(serde_json::from_str::<Permille>("1001").is_err());
+        assert!(serde_json::from_str::<Permille>("65535").is_err());
+        assert_eq!(serde_json::from_str::<Permille>("1000").unwrap(), Permille::ONE);
+        assert_eq!(serde_json::to_string(&Permille::ONE).unwrap(), "1000");
     }
 
     #[test]

@@ -17,7 +17,9 @@ use crate::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
 use crate::units::{Permille, Weight};
 
 /// A view's version, from the region-wide monotonic counter. Strictly increasing per view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct Version(pub u64);
 
@@ -31,11 +33,13 @@ impl std::fmt::Display for Version {
 /// changes; tests and the dev region use [`MonotonicCounter`].
 ///
 /// ### To ensure correctness
-/// - every call returns a version strictly greater than every earlier call's, across
-///   restarts and leader changes of the region.
+/// - every `Some` returns a version strictly greater than every earlier call's, across
+///   restarts and leader changes of the region;
+/// - a source that cannot keep that promise (its space is exhausted) returns `None` and
+///   keeps returning `None`: it never wraps.
 pub trait VersionSource {
-    /// The next version.
-    fn next_version(&mut self) -> Version;
+    /// The next version, or `None` when no version above the last can be issued.
+    fn next_version(&mut self) -> Option<Version>;
 }
 
 /// An in-memory counter starting after a given version.
@@ -52,9 +56,9 @@ impl MonotonicCounter {
 }
 
 impl VersionSource for MonotonicCounter {
-    fn next_version(&mut self) -> Version {
-        self.last += 1;
-        Version(self.last)
+    fn next_version(&mut self) -> Option<Version> {
+        self.last = self.last.checked_add(1)?;
+        Some(Version(self.last))
     }
 }
 

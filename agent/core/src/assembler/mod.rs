@@ -283,6 +283,13 @@ impl ViewAssembler {
         }
     }
 
+    /// A service left the registry: forget it and its views. A peer region that still
+    /// sends endpoints for it brings it back as a tier-2-only service.
+    pub fn handle_service_removed(&mut self, service: &ServiceName) {
+        self.services.remove(service);
+        self.dirty.remove(service);
+    }
+
     /// A peer region's endpoints for a service (replaces what that region sent before);
     /// the service's views are rebuilt on the next [`ViewAssembler::assemble`].
     pub fn handle_remote(

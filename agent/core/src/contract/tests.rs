@@ -217,3 +217,97 @@ fn contracts_read_from_json_with_human_durations() {
         .to_string();
     assert!(err.contains("not a duration"), "{err}");
 }
+
+#[test]
+fn a_huge_interval_with_a_large_silence_factor_is_refused_not_overflowed() {
+    // Goal: the values that once overflowed `Duration * u32` inside apply get a refusal.
+    let err = with(|c| {
+        c.profile = CapabilityProfile::FULL;
+        c.self_report_interval = Duration::from_millis(u64::MAX);
+        c.scoring.silence_factor = u32::MAX;
+    })
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ContractError::AboveCeiling {
+                field: "self_report_interval",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = with(|c| c.scoring.silence_factor = u32::MAX).unwrap_err();
+    assert_eq!(err.field(), "scoring.silence_factor");
+}
+
+#[test]
+fn every_duration_and_count_has_a_ceiling() {
+    let huge = Duration::from_secs(u64::MAX / 4);
+    let cases: Vec<(&str, Box<dyn Fn(&mut HealthContract)>)> = vec![
+        (
+            "probe.interval",
+            Box::new(move |c| c.probe.as_mut().unwrap().interval = huge),
+        ),
+        (
+            "probe.timeout",
+            Box::new(move |c| c.probe.as_mut().unwrap().timeout = huge),
+        ),
+        ("passive.interval", Box::new(move |c| c.passive.interval = huge)),
+        ("scoring.half_life", Box::new(move |c| c.scoring.half_life = huge)),
+        (
+            "scoring.readmit_hold",
+            Box::new(move |c| c.scoring.readmit_hold = huge),
+        ),
+        ("slow_start", Box::new(move |c| c.slow_start = huge)),
+        (
+            "passive.min_requests",
+            Box::new(|c| c.passive.min_requests = u64::MAX),
+        ),
+        (
+            "dependencies",
+            Box::new(|c| {
+                c.dependencies = (0..=d::DEPENDENCIES_MAX)
+                    .map(|i| DependencyDecl {
+                        name: format!("d{i}"),
+                        shared: true,
+                        authority: DependencyAuthority::Informational,
+                    })
+                    .collect();
+            }),
+        ),
+        (
+            "probe.path",
+            Box::new(|c| {
+                c.probe.as_mut().unwrap().kind = ProbeKind::Http {
+                    path: format!("/{}", "a".repeat(d::CONTRACT_TEXT_LEN_MAX)),
+                }
+            }),
+        ),
+    ];
+    for (field, f) in cases {
+        let mut c = HealthContract::default();
+        f(&mut c);
+        let err = c.validate().unwrap_err();
+        assert_eq!(err.field(), field, "{err}");
+    }
+}
+
+#[test]
+fn a_probe_path_must_be_absolute_and_printable() {
+    for path in ["readyz", "/ready\r\nHost: evil"] {
+        let err = with(|c| {
+            c.probe.as_mut().unwrap().kind = ProbeKind::Http { path: path.into() };
+        })
+        .unwrap_err();
+        assert_eq!(err.field(), "probe.path", "{path:?}");
+    }
+}
+
+#[test]
+fn an_unvalidated_contract_cannot_make_silence_arithmetic_panic() {
+    let mut c = HealthContract::default();
+    c.self_report_interval = Duration::from_millis(u64::MAX);
+    c.scoring.silence_factor = u32::MAX;
+    assert_eq!(c.silence_after(EvidenceClass::SelfReport), Duration::MAX);
+}

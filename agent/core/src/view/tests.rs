@@ -83,6 +83,9 @@ fn draining_endpoints_are_present_but_not_routed() {
 #[test]
 fn the_counter_is_strictly_increasing_from_where_it_resumes() {
     let mut c = MonotonicCounter::starting_after(Version(41));
-    assert_eq!(c.next_version(), Version(42));
-    assert_eq!(c.next_version(), Version(43));
+    assert_eq!(c.next_version(), Some(Version(42)));
+    assert_eq!(c.next_version(), Some(Version(43)));
+    let mut last = MonotonicCounter::starting_after(Version(u64::MAX - 1));
+    assert_eq!(last.next_version(), Some(Version(u64::MAX)));
+    assert_eq!(last.next_version(), None, "an exhausted counter never wraps");
 }
