@@ -254,8 +254,13 @@ impl RegionPipeline {
                     }),
                 }
             }
-            Applied::ServiceRemoved
-            | Applied::Renewed { .. }
+            Applied::ServiceRemoved { service } => {
+                // Its instances are gone already (a service with instances cannot be
+                // removed); forget its views so nothing releases them again.
+                self.assembler.handle_service_removed(service);
+                self.queues.handle_service_removed(service);
+            }
+            Applied::Renewed { .. }
             | Applied::LeasesRestarted { .. }
             | Applied::AssignmentSet
             | Applied::EvacuationProgress

@@ -28,6 +28,34 @@ pub const LEASE_MS_MAX: u64 = 600_000;
 pub const TOMBSTONES_MAX: usize = 100_000;
 /// Longest actor or reason a region failover command may carry, in bytes.
 pub const JUSTIFICATION_LEN_MAX: usize = 1_024;
+/// Longest maintenance reason, in bytes.
+pub const REASON_LEN_MAX: usize = JUSTIFICATION_LEN_MAX;
+/// Longest owner of a service, in bytes.
+pub const OWNER_LEN_MAX: usize = 256;
+/// Most tags one instance may carry.
+pub const TAGS_MAX: usize = 64;
+/// Longest tag, in bytes.
+pub const TAG_LEN_MAX: usize = 128;
+/// Most metadata entries one instance may carry.
+pub const METADATA_ENTRIES_MAX: usize = 64;
+/// Longest metadata key, in bytes.
+pub const METADATA_KEY_LEN_MAX: usize = 128;
+/// Longest metadata value, in bytes.
+pub const METADATA_VALUE_LEN_MAX: usize = 1_024;
+/// Longest service name: registered ids are `<service>-r<seq>`, and the room for the
+/// largest sequence (`-r` and twenty digits) is kept inside the name limit, so an id can
+/// always be formed for a service that could be declared.
+pub const SERVICE_NAME_LEN_MAX: usize = waymark_core::model::NAME_LEN_MAX - 22;
+/// Most services a region holds.
+pub const SERVICES_MAX: usize = 100_000;
+/// Most live instances a region holds.
+pub const INSTANCES_MAX: usize = 1_000_000;
+/// Most probers assigned to one target.
+pub const PROBERS_PER_TARGET_MAX: usize = 16;
+/// Most zones or regions a failover order may list.
+pub const FAILOVER_ORDER_MAX: usize = 64;
+/// Most services a policy may allow to resolve one service.
+pub const ALLOWED_CALLERS_MAX: usize = 4_096;
 
 /// A command and the leader's clock when it was proposed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -280,7 +308,10 @@ pub enum Applied {
     /// A service was created or updated.
     ServicePut,
     /// A service was removed.
-    ServiceRemoved,
+    ServiceRemoved {
+        /// The service.
+        service: ServiceName,
+    },
     /// An instance was registered with this id, leased until this time.
     Registered {
         /// The issued id.
@@ -439,6 +470,42 @@ pub enum RegistryError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// A text field is longer than its ceiling. Nothing changed; shorten it.
+    #[error("{field}: {len} bytes, more than {max}")]
+    TooLong {
+        /// The field.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// The ceiling.
+        max: usize,
+    },
+    /// A list or map carries more entries than its ceiling. Nothing changed.
+    #[error("{field}: {count} entries, more than {max}")]
+    TooMany {
+        /// The field.
+        field: &'static str,
+        /// How many were given.
+        count: usize,
+        /// The ceiling.
+        max: usize,
+    },
+    /// The region holds as many services or instances as it may. Nothing changed; remove
+    /// some first, or raise the ceiling in a new release.
+    #[error("the region already holds {max} {what}")]
+    Full {
+        /// `services` or `instances`.
+        what: &'static str,
+        /// The ceiling.
+        max: usize,
+    },
+    /// No instance id can be formed for the service (its name leaves no room for the
+    /// sequence, or the sequence is exhausted). Nothing changed, the sequence included.
+    #[error("no instance id can be formed for service {service}")]
+    IdUnavailable {
+        /// The service.
+        service: ServiceName,
+    },
     /// An instance cannot move to another service.
     #[error("instance {instance} belongs to {existing}")]
     ServiceMismatch {
@@ -518,9 +585,14 @@ impl DesiredState {
     }
 
     /// Apply one command. Deterministic: the same log gives the same state everywhere.
+    ///
+    /// Total: every command ends in `Ok` or a [`RegistryError`] that changed nothing but
+    /// the registry clock. The stateless checks of [`Command::check`] run again here, so a
+    /// log written by a binary that did not check (or checked less) still applies.
     pub fn apply(&mut self, stamped: Stamped) -> Result<Applied, RegistryError> {
         // The clock never runs backwards, whichever leader stamped the entry.
         self.clock_ms = self.clock_ms.max(stamped.at_ms);
+        stamped.command.check()?;
         match stamped.command {
             Command::PutService {
                 service,
@@ -558,6 +630,12 @@ impl DesiredState {
                 self.observe(instance, Origin::External, false)
             }
             Command::RemoveExternal { instance } => {
+                // Only what policy declared may be removed by policy: an orchestrated or
+                // registered instance named here is refused, not tombstoned.
+                let origin = self.live_mut(&instance)?.instance.origin;
+                if origin != Origin::External {
+                    return Err(RegistryError::OriginMismatch { instance, origin });
+                }
                 self.retire_one(instance, RetireCause::Deleted, false)
             }
             Command::Maintenance { instance, reason } => {
@@ -568,15 +646,6 @@ impl DesiredState {
             Command::SetPolicy { service, policy } => {
                 if !self.services.contains_key(&service) {
                     return Err(RegistryError::UnknownService { service });
-                }
-                if policy
-                    .min_healthy_override
-                    .is_some_and(|p| p.get() == 0 || p.get() > 1000)
-                {
-                    return Err(RegistryError::BadPolicy {
-                        field: "min_healthy_override",
-                        reason: "a fraction in permille, 1..=1000".into(),
-                    });
                 }
                 self.policies.insert(service.clone(), policy);
                 Ok(Applied::PolicySet { service })
@@ -598,16 +667,12 @@ impl DesiredState {
                 intent,
                 actor,
                 reason,
-            } => {
-                justified("actor", &actor)?;
-                justified("reason", &reason)?;
-                Ok(Applied::RegionFailover {
-                    region,
-                    intent,
-                    actor,
-                    reason,
-                })
-            }
+            } => Ok(Applied::RegionFailover {
+                region,
+                intent,
+                actor,
+                reason,
+            }),
             Command::RegionFailoverProgress { region, progress } => {
                 match progress {
                     Some(p) => {
@@ -701,13 +766,12 @@ impl DesiredState {
         owner: String,
         contract: HealthContract,
     ) -> Result<Applied, RegistryError> {
-        contract
-            .clone()
-            .validate()
-            .map_err(|source| RegistryError::Contract {
-                service: service.clone(),
-                source,
-            })?;
+        if !self.services.contains_key(&service) && self.services.len() >= SERVICES_MAX {
+            return Err(RegistryError::Full {
+                what: "services",
+                max: SERVICES_MAX,
+            });
+        }
         self.services
             .insert(service, ServiceRecord { owner, contract });
         Ok(Applied::ServicePut)
@@ -727,7 +791,7 @@ impl DesiredState {
         }
         self.services.remove(&service);
         self.policies.remove(&service);
-        Ok(Applied::ServiceRemoved)
+        Ok(Applied::ServiceRemoved { service })
     }
 
     fn register(&mut self, r: Registration) -> Result<Applied, RegistryError> {
@@ -740,10 +804,16 @@ impl DesiredState {
             });
         }
         self.check_address(&r.service, &r.address, None)?;
-        self.next_seq += 1;
-        let id = InstanceId::try_new(format!("{}-r{}", r.service, self.next_seq))
-            .expect("service names make valid ids");
-        let expires_at_ms = self.clock_ms + r.lease_ms;
+        self.check_room()?;
+        // Form the id before touching the sequence, so a refusal changes nothing. A log
+        // written before service names were bounded may hold a name with no room left.
+        let unavailable = || RegistryError::IdUnavailable {
+            service: r.service.clone(),
+        };
+        let seq = self.next_seq.checked_add(1).ok_or_else(unavailable)?;
+        let id = InstanceId::try_new(format!("{}-r{seq}", r.service)).map_err(|_| unavailable())?;
+        self.next_seq = seq;
+        let expires_at_ms = self.clock_ms.saturating_add(r.lease_ms);
         let instance = Instance {
             id: id.clone(),
             service: r.service,
@@ -777,7 +847,7 @@ impl DesiredState {
                 origin: record.instance.origin,
             });
         };
-        let expires_at_ms = clock + lease_ms;
+        let expires_at_ms = clock.saturating_add(lease_ms);
         record.lease_expires_at_ms = Some(expires_at_ms);
         Ok(Applied::Renewed { expires_at_ms })
     }
@@ -808,6 +878,9 @@ impl DesiredState {
             });
         }
         self.check_address(&instance.service, &instance.address, Some(&instance.id))?;
+        if !self.instances.contains_key(&instance.id) {
+            self.check_room()?;
+        }
         if let Some(existing) = self.instances.get(&instance.id)
             && existing.instance.origin != origin
         {
@@ -857,9 +930,9 @@ impl DesiredState {
         let mut extended = 0;
         for r in self.instances.values_mut() {
             if let (Some(len), Some(end)) = (r.lease_ms, r.lease_expires_at_ms.as_mut())
-                && *end < clock + len
+                && *end < clock.saturating_add(len)
             {
-                *end = clock + len;
+                *end = clock.saturating_add(len);
                 extended += 1;
             }
         }
@@ -900,6 +973,16 @@ impl DesiredState {
         self.tombstone_order.push_back(id.clone());
     }
 
+    fn check_room(&self) -> Result<(), RegistryError> {
+        if self.instances.len() >= INSTANCES_MAX {
+            return Err(RegistryError::Full {
+                what: "instances",
+                max: INSTANCES_MAX,
+            });
+        }
+        Ok(())
+    }
+
     fn live_mut(&mut self, id: &InstanceId) -> Result<&mut InstanceRecord, RegistryError> {
         if self.tombstones.contains(id) {
             return Err(RegistryError::Retired {
@@ -919,9 +1002,7 @@ impl DesiredState {
         address: &Address,
         except: Option<&InstanceId>,
     ) -> Result<(), RegistryError> {
-        if address.port == 0 || address.ip.is_unspecified() || address.ip.is_multicast() {
-            return Err(RegistryError::BadAddress { address: *address });
-        }
+        dialable(address)?;
         let clash = self
             .index()
             .get(&(service.clone(), *address))
@@ -963,6 +1044,155 @@ impl DesiredState {
         }
         self.index().insert(key, id);
     }
+}
+
+// === impl Command ===
+
+impl Command {
+    /// The checks that need no state: every length, count and range a command carries,
+    /// and the contract's validation. The API runs them before proposing, so a request
+    /// that could never apply is refused without reaching the log; [`DesiredState::apply`]
+    /// runs them again for entries that reached it anyway.
+    pub fn check(&self) -> Result<(), RegistryError> {
+        match self {
+            Command::PutService {
+                service,
+                owner,
+                contract,
+            } => {
+                bounded("service", service.as_str(), SERVICE_NAME_LEN_MAX)?;
+                bounded("owner", owner, OWNER_LEN_MAX)?;
+                contract
+                    .clone()
+                    .validate()
+                    .map(drop)
+                    .map_err(|source| RegistryError::Contract {
+                        service: service.clone(),
+                        source,
+                    })
+            }
+            Command::Register(r) => {
+                labels(&r.tags, &r.metadata)?;
+                if !(LEASE_MS_MIN..=LEASE_MS_MAX).contains(&r.lease_ms) {
+                    return Err(RegistryError::BadLease {
+                        lease_ms: r.lease_ms,
+                    });
+                }
+                dialable(&r.address)
+            }
+            Command::Observe { instance, .. } | Command::DeclareExternal { instance } => {
+                labels(&instance.tags, &instance.metadata)?;
+                dialable(&instance.address)
+            }
+            Command::Maintenance {
+                reason: Some(reason),
+                ..
+            } => justified("reason", reason),
+            Command::SetPolicy { policy, .. } => policy.check(),
+            Command::RegionFailover { actor, reason, .. } => {
+                justified("actor", actor)?;
+                justified("reason", reason)
+            }
+            Command::RegionFailoverProgress {
+                progress: Some(p), ..
+            } => {
+                bounded("actor", &p.actor, JUSTIFICATION_LEN_MAX)?;
+                bounded("reason", &p.reason, JUSTIFICATION_LEN_MAX)
+            }
+            Command::SetAssignment { assignment } => {
+                counted("assignment", assignment.len(), INSTANCES_MAX)?;
+                for probers in assignment.values() {
+                    counted("assignment.probers", probers.len(), PROBERS_PER_TARGET_MAX)?;
+                }
+                Ok(())
+            }
+            Command::RemoveService { .. }
+            | Command::Renew { .. }
+            | Command::Deregister { .. }
+            | Command::ExpireLeases
+            | Command::RestartLeases
+            | Command::RemoveExternal { .. }
+            | Command::Maintenance { reason: None, .. }
+            | Command::Forget { .. }
+            | Command::Evacuation { .. }
+            | Command::EvacuationProgress { .. }
+            | Command::RegionFailoverProgress { progress: None, .. } => Ok(()),
+        }
+    }
+}
+
+// === impl ServicePolicyRecord ===
+
+impl ServicePolicyRecord {
+    /// Ranges and counts, checked before proposing and again in apply.
+    pub fn check(&self) -> Result<(), RegistryError> {
+        if self
+            .min_healthy_override
+            .is_some_and(|p| p.get() == 0 || p.get() > 1000)
+        {
+            return Err(RegistryError::BadPolicy {
+                field: "min_healthy_override",
+                reason: "a fraction in permille, 1..=1000".into(),
+            });
+        }
+        counted(
+            "policy.failover_zones",
+            self.failover_zones.len(),
+            FAILOVER_ORDER_MAX,
+        )?;
+        counted(
+            "policy.failover_regions",
+            self.failover_regions.len(),
+            FAILOVER_ORDER_MAX,
+        )?;
+        if let Some(callers) = &self.allowed_callers {
+            counted("policy.allowed_callers", callers.len(), ALLOWED_CALLERS_MAX)?;
+        }
+        Ok(())
+    }
+}
+
+/// An address a caller could dial: no port 0, no unspecified or multicast IP.
+fn dialable(address: &Address) -> Result<(), RegistryError> {
+    if address.port == 0 || address.ip.is_unspecified() || address.ip.is_multicast() {
+        return Err(RegistryError::BadAddress { address: *address });
+    }
+    Ok(())
+}
+
+/// Tags and metadata within their counts and lengths.
+fn labels(
+    tags: &BTreeSet<String>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), RegistryError> {
+    counted("tags", tags.len(), TAGS_MAX)?;
+    for tag in tags {
+        bounded("tags", tag, TAG_LEN_MAX)?;
+    }
+    counted("metadata", metadata.len(), METADATA_ENTRIES_MAX)?;
+    for (key, value) in metadata {
+        bounded("metadata.key", key, METADATA_KEY_LEN_MAX)?;
+        bounded("metadata.value", value, METADATA_VALUE_LEN_MAX)?;
+    }
+    Ok(())
+}
+
+fn bounded(field: &'static str, text: &str, max: usize) -> Result<(), RegistryError> {
+    if text.len() > max {
+        return Err(RegistryError::TooLong {
+            field,
+            len: text.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
+fn counted(field: &'static str, count: usize, max: usize) -> Result<(), RegistryError> {
+    if count > max {
+        return Err(RegistryError::TooMany { field, count, max });
+    }
+    Ok(())
 }
 
 /// A privileged command's actor or reason: present, and bounded.

@@ -464,3 +464,195 @@ fn a_snapshot_from_before_region_failover_still_loads() {
     let back: Stamped = serde_json::from_str(&serde_json::to_string(&cmd).unwrap()).unwrap();
     assert_eq!(back, cmd);
 }
+
+fn pod(name: &str, last: u8) -> Instance {
+    Instance {
+        id: InstanceId::try_new(name).unwrap(),
+        service: svc(),
+        locality: locality(),
+        address: addr(last),
+        origin: Origin::Orchestrator,
+        weight: Weight::DEFAULT,
+        tags: BTreeSet::new(),
+        metadata: BTreeMap::new(),
+    }
+}
+
+#[test]
+fn a_service_name_that_leaves_no_room_for_ids_is_refused_when_declared() {
+    // Goal: the one-request outage — a 251-byte service, then a registration — is a
+    // refusal at the first step.
+    let mut s = DesiredState::new();
+    let long = ServiceName::try_new("s".repeat(251)).unwrap();
+    let err = s
+        .apply(at(
+            1_000,
+            Command::PutService {
+                service: long.clone(),
+                owner: "team".into(),
+                contract: HealthContract::default(),
+            },
+        ))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        RegistryError::TooLong {
+            field: "service",
+            len: 251,
+            max: SERVICE_NAME_LEN_MAX,
+        }
+    );
+    assert!(s.service(&long).is_none());
+}
+
+#[test]
+fn a_service_from_an_older_log_with_no_room_for_ids_refuses_registration_unchanged() {
+    // Goal: a state written before names were bounded (here, a snapshot holding such a
+    // service) still applies: the registration is refused and the sequence is untouched.
+    let long = "s".repeat(251);
+    let mut s = with_service();
+    let mut json = serde_json::to_value(&s).unwrap();
+    json["services"][&long] = json["services"]["pay"].clone();
+    s = serde_json::from_value(json).unwrap();
+    let before = s.clone();
+    let mut r = match registration(1) {
+        Command::Register(r) => r,
+        _ => unreachable!(),
+    };
+    r.service = ServiceName::try_new(&long).unwrap();
+    let err = s.apply(at(1_000, Command::Register(r))).unwrap_err();
+    assert!(
+        matches!(err, RegistryError::IdUnavailable { .. }),
+        "{err:?}"
+    );
+    assert_eq!(s, before);
+    // The next good registration gets the next id, as if nothing had happened.
+    assert_eq!(registered(&mut s, 1_000, 2).as_str(), "pay-r1");
+}
+
+#[test]
+fn a_contract_whose_silence_overflows_is_refused_not_applied() {
+    let mut s = with_service();
+    let before = s.clone();
+    let mut contract = HealthContract {
+        profile: CapabilityProfile::FULL,
+        ..HealthContract::default()
+    };
+    contract.self_report_interval = std::time::Duration::from_millis(u64::MAX);
+    contract.scoring.silence_factor = 1_000_000;
+    let err = s
+        .apply(at(
+            1_000,
+            Command::PutService {
+                service: svc(),
+                owner: "team".into(),
+                contract,
+            },
+        ))
+        .unwrap_err();
+    assert!(matches!(err, RegistryError::Contract { .. }), "{err:?}");
+    assert_eq!(s, before);
+}
+
+#[test]
+fn removing_an_external_endpoint_never_touches_an_orchestrated_one() {
+    // Goal: `DELETE /v1/external/{id}` could retire (and tombstone for ever) any instance.
+    let mut s = with_service();
+    let p = pod("pod-1", 3);
+    s.apply(at(
+        2_000,
+        Command::Observe {
+            instance: p.clone(),
+            draining: false,
+        },
+    ))
+    .unwrap();
+    let id = registered(&mut s, 2_000, 4);
+    let before = s.clone();
+    for instance in [p.id.clone(), id] {
+        let err = s
+            .apply(at(2_000, Command::RemoveExternal { instance }))
+            .unwrap_err();
+        assert!(
+            matches!(err, RegistryError::OriginMismatch { .. }),
+            "{err:?}"
+        );
+    }
+    assert_eq!(s, before);
+    assert!(!s.is_retired(&p.id));
+}
+
+#[test]
+fn free_text_and_label_ceilings_are_enforced_in_apply() {
+    let mut s = with_service();
+    let before = s.clone();
+    let mut many = pod("pod-2", 5);
+    many.tags = (0..=TAGS_MAX).map(|i| format!("t{i}")).collect();
+    let mut long_value = pod("pod-3", 6);
+    long_value
+        .metadata
+        .insert("k".into(), "v".repeat(METADATA_VALUE_LEN_MAX + 1));
+    let cases = [
+        (
+            Command::PutService {
+                service: svc(),
+                owner: "o".repeat(OWNER_LEN_MAX + 1),
+                contract: HealthContract::default(),
+            },
+            "owner",
+        ),
+        (
+            Command::Observe {
+                instance: many,
+                draining: false,
+            },
+            "tags",
+        ),
+        (
+            Command::Observe {
+                instance: long_value,
+                draining: false,
+            },
+            "metadata.value",
+        ),
+        (
+            Command::Maintenance {
+                instance: InstanceId::try_new("pay-r1").unwrap(),
+                reason: Some("r".repeat(REASON_LEN_MAX + 1)),
+            },
+            "reason",
+        ),
+        (
+            Command::SetAssignment {
+                assignment: BTreeMap::from([(
+                    InstanceId::try_new("pay-r1").unwrap(),
+                    (0..=PROBERS_PER_TARGET_MAX)
+                        .map(|i| NodeName::try_new(format!("n{i}")).unwrap())
+                        .collect(),
+                )]),
+            },
+            "assignment.probers",
+        ),
+    ];
+    for (command, field) in cases {
+        let err = s.apply(at(1_000, command)).unwrap_err();
+        let named = match &err {
+            RegistryError::TooLong { field, .. }
+            | RegistryError::TooMany { field, .. }
+            | RegistryError::BadJustification { field, .. } => *field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(named, field);
+    }
+    assert_eq!(s, before);
+}
+
+#[test]
+fn lease_arithmetic_saturates_at_the_end_of_time() {
+    let mut s = with_service();
+    let id = registered(&mut s, u64::MAX - 1, 7);
+    assert_eq!(s.instance(&id).unwrap().lease_expires_at_ms, Some(u64::MAX));
+    s.apply(at(u64::MAX, Command::RestartLeases)).unwrap();
+    s.apply(at(u64::MAX, Command::Renew { instance: id }))
+        .unwrap();
+}
