@@ -90,6 +90,9 @@ pub struct SnapshotBuilder {
     listeners: BTreeMap<ServiceName, Encoded>,
     routes: BTreeMap<ServiceName, Encoded>,
     views: BTreeMap<ViewKey, (Version, Encoded)>,
+    /// The highest version ever held, so a snapshot's version never goes back when the
+    /// view that carried it is removed with its service.
+    high_water: u64,
 }
 
 impl SnapshotBuilder {
@@ -123,15 +126,22 @@ impl SnapshotBuilder {
             resource: Arc::new(to_any(TYPE_ENDPOINT, &load_assignment(released))),
         };
         self.views.insert(key.clone(), (released.version, encoded));
+        self.high_water = self.high_water.max(released.version.0);
         true
     }
 
-    /// Forget a service entirely (its cluster and every zone's assignment).
-    pub fn handle_service_removed(&mut self, service: &ServiceName) {
-        self.clusters.remove(service);
+    /// Forget a service entirely (its cluster and every zone's assignment); returns
+    /// whether it was held.
+    pub fn handle_service_removed(&mut self, service: &ServiceName) -> bool {
         self.listeners.remove(service);
         self.routes.remove(service);
         self.views.retain(|k, _| &k.service != service);
+        self.clusters.remove(service).is_some()
+    }
+
+    /// The services held, in name order.
+    pub fn services(&self) -> impl Iterator<Item = &ServiceName> {
+        self.clusters.keys()
     }
 
     /// The snapshot of everything held.
@@ -145,7 +155,7 @@ impl SnapshotBuilder {
             by_name(&self.routes),
         );
         let mut endpoints: BTreeMap<ZoneName, Resources> = BTreeMap::new();
-        let mut version = 0;
+        let mut version = self.high_water;
         for (key, (v, e)) in &self.views {
             version = version.max(v.0);
             endpoints

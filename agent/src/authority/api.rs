@@ -35,7 +35,7 @@ use waymark_xds::server::XdsServer;
 
 use super::federation::FederationNode;
 use super::leader::{SharedPipeline, now_ms};
-use super::machine::{AuditEntry, AuditKind, Request, Response as RaftResponse};
+use super::machine::{AuditEntry, AuditKind, Refusal, Request, Response as RaftResponse};
 use super::metrics::{AuthorityMetrics, OutcomeLabels, ReasonLabels};
 use super::raft::{RaftNode, WriteError};
 use super::regions::{self, RegionsHandle};
@@ -293,8 +293,19 @@ impl ApiState {
         }
     }
 
-    /// Commit a registry command; a refusal is a 4xx naming the field.
+    /// Commit a registry command; a refusal is a 4xx naming the field. The command's
+    /// stateless checks run first, so a request that could never apply is refused here
+    /// and never grows the log.
     async fn command(&self, uri: &Uri, command: Command) -> ApiResult<Applied> {
+        if let Err(error) = command.check() {
+            let refusal = Refusal::from(&error);
+            return Err(self.refuse(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &refusal.reason,
+                refusal.field.as_deref(),
+                refusal.message,
+            )));
+        }
         let request = Request::Registry(Stamped {
             at_ms: now_ms(),
             command,
@@ -319,6 +330,12 @@ impl ApiState {
                     refusal.message,
                 )))
             }
+            Ok(RaftResponse::ApplyFailed { message }) => Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "apply_failed",
+                None,
+                format!("the write committed but failed to apply: {message}"),
+            )),
             Ok(other) => Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "unexpected_response",
@@ -414,6 +431,16 @@ async fn readyz(State(s): State<ApiState>) -> Response {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "the Raft core has stopped\n",
+        )
+            .into_response();
+    }
+    if let Some(failure) = s.raft.apply_failures().first() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the committed entry at index {} failed to apply ({}); this member keeps serving, see the README's \"A committed entry failed to apply\"\n",
+                failure.index, failure.message
+            ),
         )
             .into_response();
     }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 use waymark_core::assembler;
 use waymark_core::audit::TransitionRecord;
 use waymark_core::defaults::PUBLISH_PRESSURE_AFTER;
@@ -31,7 +31,7 @@ use waymark_registry::state::{
 use super::evidence::{Denial, EvidenceHub};
 use super::machine::{AuditEntry, AuditKind, AuthorityState, Request, Response, TermVersions};
 use super::metrics::{
-    AuthorityMetrics, PeerRegionLabels, ServiceLabels, VerdictLabels, ZoneLabels,
+    AuthorityMetrics, PeerRegionLabels, ReasonLabels, ServiceLabels, VerdictLabels, ZoneLabels,
 };
 use super::raft::{RaftNode, StateEvent, WriteError};
 use super::regions::RegionsHandle;
@@ -148,6 +148,8 @@ struct Term<'a> {
     publish: mpsc::UnboundedSender<Vec<ReleasedView>>,
     audit: mpsc::UnboundedSender<AuditEntry>,
     assignment_dirty: bool,
+    /// The version space of this term ran out: hand leadership over.
+    versions_exhausted: bool,
     lease_write_in_flight: Arc<std::sync::atomic::AtomicBool>,
     /// Set once this term's [`Command::RestartLeases`] committed: no lease expires before.
     leases_restarted: Arc<std::sync::atomic::AtomicBool>,
@@ -178,17 +180,27 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
     let (pressure_tx, mut pressure) = watch::channel(false);
     let writers = [
         tokio::spawn(publisher(ctx.clone(), publish_rx, pressure_tx)),
-        tokio::spawn(auditor(ctx.raft.clone(), audit_rx)),
+        tokio::spawn(auditor(ctx.raft.clone(), ctx.metrics.clone(), audit_rx)),
     ];
     let mut t = Term {
         ctx,
         term,
-        versions: TermVersions::new(term, floor),
+        versions: {
+            let versions = TermVersions::new(term, floor);
+            if versions.is_exhausted() {
+                error!(
+                    term,
+                    "this term has no view version space left; views will not be published"
+                );
+            }
+            versions
+        },
         hold_until: now + hold,
         held: BTreeMap::new(),
         publish,
         audit,
         assignment_dirty: true,
+        versions_exhausted: false,
         lease_write_in_flight: Arc::default(),
         leases_restarted: Arc::default(),
         remote_fed: BTreeMap::new(),
@@ -291,6 +303,13 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
         }
         let now = Instant::now();
         t.drain_outputs(now);
+        if std::mem::take(&mut t.versions_exhausted) {
+            // A new term gets a fresh version space; its leader (this member again, or
+            // another) rebuilds every view from the desired state and releases it.
+            if let Err(error) = ctx.raft.elect().await {
+                error!(term, %error, "could not start an election after exhausting versions");
+            }
+        }
         if hold_pending && now >= t.hold_until {
             hold_pending = false;
             t.end_hold();
@@ -493,7 +512,7 @@ impl Term<'_> {
             // interval): hand them the new targets at once, not at the next reassignment.
             if matches!(
                 done,
-                Applied::AssignmentSet | Applied::ServicePut | Applied::ServiceRemoved
+                Applied::AssignmentSet | Applied::ServicePut | Applied::ServiceRemoved { .. }
             ) {
                 self.ctx.hub.refresh_targets(s.registry());
             }
@@ -505,7 +524,7 @@ impl Term<'_> {
                 | Applied::Observed { .. }
                 | Applied::Retired { .. }
                 | Applied::ServicePut
-                | Applied::ServiceRemoved
+                | Applied::ServiceRemoved { .. }
         ) {
             self.assignment_dirty = true;
         }
@@ -588,6 +607,11 @@ impl Term<'_> {
                             lasted_ms = lasted.as_millis() as u64,
                             deferred, "shedding ended"
                         );
+                    }
+                    delta::Effect::VersionsExhausted { view } => {
+                        self.ctx.metrics.versions_exhausted.inc();
+                        self.versions_exhausted = true;
+                        error!(term = self.term, view = %view, "this term's version space is exhausted; handing leadership over");
                     }
                     delta::Effect::Release { .. } => {}
                 },
@@ -918,59 +942,274 @@ fn zone_labels(service: &waymark_core::model::ServiceName, zone: &ZoneName) -> Z
 /// the newest content of each view matters: releases are whole views). A commit slower
 /// than [`PUBLISH_PRESSURE_AFTER`] reports delivery pressure (the next quick one clears
 /// it), so the delta queues shed admissions before withdrawals queue behind them.
+///
+/// A failed write is retried with backoff, merged with whatever was released meanwhile,
+/// for as long as this member leads: a withdrawal must never be dropped because one
+/// commit failed. Only losing leadership ends the loop (the next leader republishes).
 async fn publisher(
     ctx: LeaderContext,
-    mut rx: mpsc::UnboundedReceiver<Vec<ReleasedView>>,
+    rx: mpsc::UnboundedReceiver<Vec<ReleasedView>>,
     pressure: watch::Sender<bool>,
 ) {
-    while let Some(first) = rx.recv().await {
-        let started = Instant::now();
-        let mut batch: BTreeMap<ViewKey, ReleasedView> = BTreeMap::new();
-        for v in first {
-            batch.insert(v.view.key.clone(), v);
-        }
-        while let Ok(more) = rx.try_recv() {
-            for v in more {
-                batch.insert(v.view.key.clone(), v);
+    let raft = ctx.raft.clone();
+    let metrics = ctx.metrics.clone();
+    let shed = ctx.shed_admissions;
+    publish_loop(
+        rx,
+        |request| {
+            let raft = raft.clone();
+            async move { raft.write(request).await }
+        },
+        |outcome| match outcome {
+            PublishOutcome::Committed { views, took } => {
+                metrics.views_published.inc_by(views);
+                metrics.publish_commit_seconds.observe(took.as_secs_f64());
+                let slow = shed && took > PUBLISH_PRESSURE_AFTER;
+                pressure.send_if_modified(|p| std::mem::replace(p, slow) != slow);
+            }
+            PublishOutcome::Failed => {
+                metrics
+                    .leader_write_failures
+                    .get_or_create(&ReasonLabels {
+                        reason: "publish".into(),
+                    })
+                    .inc();
+            }
+        },
+    )
+    .await;
+}
+
+/// First and longest wait before a failed leader write is retried.
+const WRITE_RETRY_MIN: Duration = Duration::from_millis(50);
+const WRITE_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// What one publish attempt did, for the caller's metrics.
+enum PublishOutcome {
+    Committed { views: u64, took: Duration },
+    Failed,
+}
+
+/// The publisher's loop, over any writer (the Raft node in production, a scripted one in
+/// tests).
+async fn publish_loop<W, F>(
+    mut rx: mpsc::UnboundedReceiver<Vec<ReleasedView>>,
+    write: W,
+    mut report: impl FnMut(PublishOutcome),
+) where
+    W: Fn(Request) -> F,
+    F: std::future::Future<Output = Result<Response, WriteError>>,
+{
+    let mut pending: BTreeMap<ViewKey, ReleasedView> = BTreeMap::new();
+    let mut backoff = WRITE_RETRY_MIN;
+    loop {
+        if pending.is_empty() {
+            match rx.recv().await {
+                Some(first) => merge_releases(&mut pending, first),
+                None => return,
             }
         }
-        let views: Vec<ReleasedView> = batch.into_values().collect();
+        while let Ok(more) = rx.try_recv() {
+            merge_releases(&mut pending, more);
+        }
+        let started = Instant::now();
+        let views: Vec<ReleasedView> = pending.values().cloned().collect();
         let n = views.len() as u64;
-        match ctx.raft.write(Request::Publish { views }).await {
+        match write(Request::Publish { views }).await {
             Ok(_) => {
-                let took = started.elapsed();
-                ctx.metrics.views_published.inc_by(n);
-                ctx.metrics
-                    .publish_commit_seconds
-                    .observe(took.as_secs_f64());
-                let slow = ctx.shed_admissions && took > PUBLISH_PRESSURE_AFTER;
-                pressure.send_if_modified(|p| std::mem::replace(p, slow) != slow);
+                pending.clear();
+                backoff = WRITE_RETRY_MIN;
+                report(PublishOutcome::Committed {
+                    views: n,
+                    took: started.elapsed(),
+                });
             }
             Err(WriteError::NotLeader { .. }) => {
                 debug!("lost leadership while publishing; the next leader republishes");
                 return;
             }
             Err(error) => {
-                warn!(%error, views = n, "publishing views failed");
-                return;
+                warn!(%error, views = n, backoff_ms = backoff.as_millis() as u64, "publishing views failed; retrying");
+                report(PublishOutcome::Failed);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(WRITE_RETRY_MAX);
             }
         }
     }
 }
 
-/// Appends audit records in batches.
-async fn auditor(raft: RaftNode, mut rx: mpsc::UnboundedReceiver<AuditEntry>) {
-    while let Some(first) = rx.recv().await {
-        let mut entries = vec![first];
-        while entries.len() < 4096 {
+/// Keep the newest release of each view.
+fn merge_releases(pending: &mut BTreeMap<ViewKey, ReleasedView>, releases: Vec<ReleasedView>) {
+    for v in releases {
+        let newer = pending
+            .get(&v.view.key)
+            .is_none_or(|held| held.version < v.version);
+        if newer {
+            pending.insert(v.view.key.clone(), v);
+        }
+    }
+}
+
+/// Appends audit records in batches; a failed batch is retried (with what arrived since)
+/// until it commits or leadership is lost.
+async fn auditor(
+    raft: RaftNode,
+    metrics: AuthorityMetrics,
+    mut rx: mpsc::UnboundedReceiver<AuditEntry>,
+) {
+    let mut entries: Vec<AuditEntry> = Vec::new();
+    let mut backoff = WRITE_RETRY_MIN;
+    loop {
+        if entries.is_empty() {
+            match rx.recv().await {
+                Some(first) => entries.push(first),
+                None => return,
+            }
+        }
+        while entries.len() < AUDIT_BATCH_MAX {
             match rx.try_recv() {
                 Ok(e) => entries.push(e),
                 Err(_) => break,
             }
         }
-        if let Err(error) = raft.write(Request::Audit { entries }).await {
-            debug!(%error, "audit batch not committed (leadership lost)");
-            return;
+        match raft
+            .write(Request::Audit {
+                entries: entries.clone(),
+            })
+            .await
+        {
+            Ok(_) => {
+                entries.clear();
+                backoff = WRITE_RETRY_MIN;
+            }
+            Err(WriteError::NotLeader { .. }) => {
+                debug!("audit batch not committed (leadership lost)");
+                return;
+            }
+            Err(error) => {
+                warn!(%error, entries = entries.len(), "audit batch not committed; retrying");
+                metrics
+                    .leader_write_failures
+                    .get_or_create(&ReasonLabels {
+                        reason: "audit".into(),
+                    })
+                    .inc();
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(WRITE_RETRY_MAX);
+            }
         }
+    }
+}
+
+/// Most audit records in one log entry.
+const AUDIT_BATCH_MAX: usize = 4096;
+
+#[cfg(test)]
+mod publisher_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use waymark_core::model::{ServiceName, ZoneName};
+    use waymark_core::view::{Version, View};
+
+    use super::*;
+
+    fn release(service: &str, version: u64) -> ReleasedView {
+        ReleasedView {
+            version: Version(version),
+            view: View::empty(ViewKey {
+                service: service.parse::<ServiceName>().unwrap(),
+                zone: "a".parse::<ZoneName>().unwrap(),
+            }),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_publish_is_retried_and_later_releases_still_commit() {
+        // Goal: one failed commit must not end publishing for the rest of the term.
+        let (tx, rx) = mpsc::unbounded_channel();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let committed = Arc::new(Mutex::new(Vec::<Vec<Version>>::new()));
+        let (c, w) = (calls.clone(), committed.clone());
+        let mut failures = 0;
+        tx.send(vec![release("pay", 1)]).unwrap();
+        let publisher = tokio::spawn(async move {
+            publish_loop(
+                rx,
+                move |request| {
+                    let n = c.fetch_add(1, Ordering::SeqCst);
+                    let w = w.clone();
+                    async move {
+                        if n == 0 {
+                            return Err(WriteError::Fatal(Box::new(
+                                openraft::error::Fatal::Stopped,
+                            )));
+                        }
+                        let Request::Publish { views } = request else {
+                            panic!("only publishes")
+                        };
+                        w.lock()
+                            .unwrap()
+                            .push(views.iter().map(|v| v.version).collect());
+                        Ok(Response::Published {
+                            accepted: views.len(),
+                        })
+                    }
+                },
+                |outcome| {
+                    if matches!(outcome, PublishOutcome::Failed) {
+                        failures += 1;
+                    }
+                },
+            )
+            .await;
+            failures
+        });
+        // Wait until the retry committed the first release, then send a later one.
+        for _ in 0..100 {
+            if !committed.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(WRITE_RETRY_MIN).await;
+        }
+        assert!(
+            !committed.lock().unwrap().is_empty(),
+            "the failed release was never retried"
+        );
+        tx.send(vec![release("pay", 2), release("web", 3)]).unwrap();
+        drop(tx);
+        let failures = publisher.await.unwrap();
+        assert_eq!(failures, 1);
+        assert_eq!(
+            *committed.lock().unwrap(),
+            vec![vec![Version(1)], vec![Version(2), Version(3)]]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn losing_leadership_ends_publishing() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(vec![release("pay", 1)]).unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        publish_loop(
+            rx,
+            move |_| {
+                c.fetch_add(1, Ordering::SeqCst);
+                async { Err(WriteError::NotLeader { leader: None }) }
+            },
+            |_| {},
+        )
+        .await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        drop(tx);
+    }
+
+    #[test]
+    fn merged_releases_keep_the_newest_of_each_view() {
+        let mut pending = BTreeMap::new();
+        merge_releases(&mut pending, vec![release("pay", 5), release("pay", 4)]);
+        merge_releases(&mut pending, vec![release("pay", 6)]);
+        let versions: Vec<Version> = pending.values().map(|v| v.version).collect();
+        assert_eq!(versions, vec![Version(6)]);
     }
 }

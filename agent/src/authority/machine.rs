@@ -70,6 +70,12 @@ pub enum Response {
     ObservedSaved,
     /// Raft's own entries (blank, membership) carry no request.
     Empty,
+    /// Applying the entry failed unexpectedly (a bug, caught by the store): nothing is
+    /// promised about what it changed. Never produced by [`AuthorityState::apply`] itself.
+    ApplyFailed {
+        /// What failed.
+        message: String,
+    },
 }
 
 /// A refused registry command, in a form that survives the wire.
@@ -100,6 +106,14 @@ impl From<&RegistryError> for Refusal {
             RegistryError::BadLease { .. } => ("bad_lease", Some("lease".into())),
             RegistryError::OriginMismatch { .. } => ("origin_mismatch", Some("instance".into())),
             RegistryError::ServiceMismatch { .. } => ("service_mismatch", Some("service".into())),
+            RegistryError::BadPolicy { field, .. } => ("bad_policy", Some((*field).to_owned())),
+            RegistryError::BadJustification { field, .. } => {
+                ("bad_justification", Some((*field).to_owned()))
+            }
+            RegistryError::TooLong { field, .. } => ("too_long", Some((*field).to_owned())),
+            RegistryError::TooMany { field, .. } => ("too_many", Some((*field).to_owned())),
+            RegistryError::Full { .. } => ("region_full", None),
+            RegistryError::IdUnavailable { .. } => ("id_unavailable", Some("service".into())),
             _ => ("refused", None),
         };
         Self {
@@ -166,15 +180,26 @@ pub struct AuthorityState {
     audit_seq: u64,
     #[serde(default)]
     observed: Option<(u64, BTreeMap<InstanceId, ObservedInstance>)>,
+    /// The highest version ever published, kept when the view holding it is removed with
+    /// its service, so versions never go back.
+    #[serde(default)]
+    version_floor: Version,
 }
 
 impl AuthorityState {
-    /// Apply one entry. Deterministic.
+    /// Apply one entry. Deterministic and total: every request ends in a response, a
+    /// refused registry command in a typed [`Refusal`] that changed nothing.
     pub fn apply(&mut self, request: Request) -> Response {
+        #[cfg(test)]
+        test_hooks::maybe_panic(&request);
         match request {
-            Request::Registry(stamped) => Response::Registry {
-                outcome: self.registry.apply(stamped).map_err(|e| Refusal::from(&e)),
-            },
+            Request::Registry(stamped) => {
+                let outcome = self.registry.apply(stamped).map_err(|e| Refusal::from(&e));
+                if let Ok(Applied::ServiceRemoved { service }) = &outcome {
+                    self.remove_views(service);
+                }
+                Response::Registry { outcome }
+            }
             Request::Publish { views } => {
                 let mut accepted = 0;
                 for view in views {
@@ -184,6 +209,7 @@ impl AuthorityState {
                         .get(&key)
                         .is_none_or(|held| held.version < view.version);
                     if newer {
+                        self.version_floor = self.version_floor.max(view.version);
                         self.published.insert(key, view);
                         accepted += 1;
                     }
@@ -196,7 +222,7 @@ impl AuthorityState {
             }
             Request::Audit { entries } => {
                 for mut e in entries {
-                    self.audit_seq += 1;
+                    self.audit_seq = self.audit_seq.saturating_add(1);
                     e.seq = self.audit_seq;
                     self.audit.push_back(e);
                 }
@@ -230,13 +256,38 @@ impl AuthorityState {
         &self.audit
     }
 
-    /// The highest version published so far.
+    /// The highest version published so far (including views since removed).
     pub fn max_version(&self) -> Version {
         self.published
             .values()
             .map(|v| v.version)
             .max()
             .unwrap_or(Version(0))
+            .max(self.version_floor)
+    }
+
+    fn remove_views(&mut self, service: &ServiceName) {
+        let before = self.published.len();
+        self.published.retain(|key, _| &key.service != service);
+        tracing::debug!(service = %service, views = before - self.published.len(), "views of a removed service dropped");
+    }
+}
+
+/// A way to make apply fail on purpose, so the store's containment of a failed apply can
+/// be tested; compiled into tests only.
+#[cfg(test)]
+pub(crate) mod test_hooks {
+    use super::Request;
+
+    /// An audit record by this actor makes apply panic.
+    pub(crate) const PANIC_ACTOR: &str = "test:panic-in-apply";
+
+    pub(super) fn maybe_panic(request: &Request) {
+        if let Request::Audit { entries } = request
+            && entries.iter().any(|e| e.actor == PANIC_ACTOR)
+        {
+            panic!("apply failed on purpose (test hook)");
+        }
     }
 }
 
@@ -262,12 +313,18 @@ mod published_as_list {
 }
 
 /// Versions for a leader in `term`: `term << 32 | n`, so every term's versions are above
-/// every earlier term's.
+/// every earlier term's. Neither half may spill into the other: a term above
+/// [`TERM_VERSIONS_MAX_TERM`] has no version space at all, and a term that has issued
+/// `u32::MAX` versions issues no more (its leader must hand over; the next term starts a
+/// fresh space). Either way the source answers `None` rather than wrap.
 #[derive(Debug, Clone)]
 pub struct TermVersions {
     term: u64,
     seq: u64,
 }
+
+/// The highest Raft term whose versions fit the `term << 32 | n` layout.
+pub const TERM_VERSIONS_MAX_TERM: u64 = u32::MAX as u64;
 
 impl TermVersions {
     /// Versions for this leadership term, starting after `floor` if it is in the same term.
@@ -279,14 +336,24 @@ impl TermVersions {
         };
         Self { term, seq }
     }
-}
 
-impl VersionSource for TermVersions {
-    fn next_version(&mut self) -> Version {
-        self.seq += 1;
-        Version(self.term << 32 | self.seq)
+    /// Whether this term can issue no more versions.
+    pub fn is_exhausted(&self) -> bool {
+        self.term > TERM_VERSIONS_MAX_TERM || self.seq >= u64::from(u32::MAX)
     }
 }
 
+impl VersionSource for TermVersions {
+    fn next_version(&mut self) -> Option<Version> {
+        if self.is_exhausted() {
+            return None;
+        }
+        self.seq += 1;
+        Some(Version(self.term << 32 | self.seq))
+    }
+}
+
+#[cfg(test)]
+mod props;
 #[cfg(test)]
 mod tests;

@@ -169,7 +169,11 @@ impl Authority {
         .await
         .context("opening raft")?;
 
-        let metrics = AuthorityMetrics::default();
+        let metrics = AuthorityMetrics {
+            // The store counts failed applies itself; the metric is that same counter.
+            apply_failures: raft.apply_failures_total(),
+            ..AuthorityMetrics::default()
+        };
         let mut registry = Registry::default();
         metrics.register(&mut registry);
         let cert_metrics = CertMetrics::new();

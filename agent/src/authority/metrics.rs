@@ -87,6 +87,14 @@ pub struct AuthorityMetrics {
     pub views_published: Counter,
     /// Time from a release to its commit.
     pub publish_commit_seconds: Histogram,
+    /// The leader's own log writes (views, audit) that failed and will be retried, by
+    /// reason (`publish`, `audit`).
+    pub leader_write_failures: Family<ReasonLabels, Counter>,
+    /// Views not released because the term's version space was exhausted.
+    pub versions_exhausted: Counter,
+    /// Committed entries whose apply failed unexpectedly (a bug: the entry was refused
+    /// on this member and every member running the same build).
+    pub apply_failures: Counter,
     /// Overrides, granted or refused.
     pub overrides: Family<OutcomeLabels, Counter>,
     /// API requests refused as malformed or invalid, by reason.
@@ -118,6 +126,9 @@ impl Default for AuthorityMetrics {
             sessions_unattributed: Counter::default(),
             views_published: Counter::default(),
             publish_commit_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            leader_write_failures: Family::default(),
+            versions_exhausted: Counter::default(),
+            apply_failures: Counter::default(),
             overrides: Family::default(),
             api_refusals: Family::default(),
             leader: Gauge::default(),
@@ -201,6 +212,21 @@ impl AuthorityMetrics {
             "publish_commit_seconds",
             "Time from a view's release to its commit in the log",
             self.publish_commit_seconds.clone(),
+        );
+        r.register(
+            "leader_write_failures",
+            "Log writes of the leader's own (views, audit) that failed and are retried",
+            self.leader_write_failures.clone(),
+        );
+        r.register(
+            "versions_exhausted",
+            "Views not released because the leadership term's version space was exhausted",
+            self.versions_exhausted.clone(),
+        );
+        r.register(
+            "raft_apply_failures",
+            "Committed entries whose apply failed unexpectedly and were refused instead",
+            self.apply_failures.clone(),
         );
         r.register(
             "overrides",

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tokio::sync::broadcast::error::RecvError;
 use tracing::{debug, warn};
-use waymark_registry::state::{Command, Stamped};
+use waymark_registry::state::{Applied, Command, Stamped};
 use waymark_xds::server::Publisher;
 use waymark_xds::snapshot::SnapshotBuilder;
 
@@ -57,6 +57,14 @@ async fn follow_log(
                 }) = &entry.request
                 {
                     refresh_callers(&raft, &callers, &publisher, &builder);
+                }
+                if let Response::Registry {
+                    outcome: Ok(Applied::ServiceRemoved { service }),
+                } = &entry.response
+                    && builder.handle_service_removed(service)
+                {
+                    debug!(index = entry.index, service = %service, "removing a deleted service's cluster and views");
+                    publisher.publish(builder.build());
                 }
                 if let (Request::Publish { views }, Response::Published { accepted }) =
                     (&entry.request, &entry.response)
@@ -106,10 +114,24 @@ fn refresh_callers(
     }
 }
 
-/// Load every published view from the state; returns the index it reflects.
+/// Load every published view from the state, and forget services it no longer holds;
+/// returns the index it reflects.
 fn resync(raft: &RaftNode, builder: &mut SnapshotBuilder, publisher: &Publisher) -> Option<u64> {
     raft.with_state(|state, applied| {
+        let held: std::collections::BTreeSet<_> = state
+            .published()
+            .keys()
+            .map(|k| k.service.clone())
+            .collect();
+        let gone: Vec<_> = builder
+            .services()
+            .filter(|s| !held.contains(*s))
+            .cloned()
+            .collect();
         let mut changed = false;
+        for service in &gone {
+            changed |= builder.handle_service_removed(service);
+        }
         for view in state.published().values() {
             changed |= builder.handle_release(view);
         }

@@ -20,14 +20,33 @@ fn a_later_term_always_versions_above_an_earlier_one() {
     let mut old = TermVersions::new(3, Version(0));
     let mut last = Version(0);
     for _ in 0..1000 {
-        last = old.next_version();
+        last = old.next_version().unwrap();
     }
     // The new leader has not even seen the old leader's last versions.
     let mut new = TermVersions::new(4, Version(3 << 32 | 10));
-    assert!(new.next_version() > last);
+    assert!(new.next_version().unwrap() > last);
     // Restarting a source within the same term continues above the floor.
     let mut same = TermVersions::new(3, last);
-    assert!(same.next_version() > last);
+    assert!(same.next_version().unwrap() > last);
+}
+
+#[test]
+fn a_term_never_spills_into_the_next_terms_versions() {
+    // Goal: `term << 32 | seq` is refused, never wrapped, at either edge.
+    let mut full = TermVersions::new(7, Version(7 << 32 | (u64::from(u32::MAX) - 1)));
+    assert_eq!(
+        full.next_version(),
+        Some(Version(7 << 32 | u64::from(u32::MAX)))
+    );
+    assert!(full.is_exhausted());
+    assert_eq!(full.next_version(), None);
+    assert_eq!(full.next_version(), None, "stays exhausted");
+
+    let mut huge = TermVersions::new(TERM_VERSIONS_MAX_TERM + 1, Version(0));
+    assert!(huge.is_exhausted());
+    assert_eq!(huge.next_version(), None);
+    let mut top = TermVersions::new(TERM_VERSIONS_MAX_TERM, Version(0));
+    assert_eq!(top.next_version(), Some(Version(u64::MAX << 32 | 1)));
 }
 
 #[test]
@@ -148,4 +167,53 @@ fn the_observed_snapshot_is_replaced_whole_and_survives_a_json_snapshot() {
     assert_eq!((*at, map[&id].quarantine_level), (20, 2));
     let back: AuthorityState = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
     assert_eq!(back, s);
+}
+
+#[test]
+fn removing_a_service_drops_its_views_and_versions_never_go_back() {
+    // Goal: a deleted service stopped being served; its views stayed in the state for ever.
+    let mut s = AuthorityState::default();
+    let put = |service: &str| {
+        Request::Registry(Stamped {
+            at_ms: 1,
+            command: Command::PutService {
+                service: service.parse().unwrap(),
+                owner: "team".into(),
+                contract: waymark_core::contract::HealthContract::default(),
+            },
+        })
+    };
+    s.apply(put("pay"));
+    s.apply(put("web"));
+    s.apply(Request::Publish {
+        views: vec![view("pay", Version(9)), view("web", Version(4))],
+    });
+    let r = s.apply(Request::Registry(Stamped {
+        at_ms: 2,
+        command: Command::RemoveService {
+            service: "pay".parse().unwrap(),
+        },
+    }));
+    assert!(
+        matches!(
+            r,
+            Response::Registry {
+                outcome: Ok(Applied::ServiceRemoved { .. })
+            }
+        ),
+        "{r:?}"
+    );
+    let services: Vec<_> = s
+        .published()
+        .keys()
+        .map(|k| k.service.to_string())
+        .collect();
+    assert_eq!(services, ["web"]);
+    assert_eq!(
+        s.max_version(),
+        Version(9),
+        "the removed view's version is kept"
+    );
+    let back: AuthorityState = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+    assert_eq!(back.max_version(), Version(9));
 }

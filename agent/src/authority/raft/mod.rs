@@ -37,7 +37,9 @@ pub use self::network::{
     APPEND_PATH, BODY_LIMIT_BYTES, HttpNetworkFactory, HttpPeer, SNAPSHOT_PATH, VOTE_PATH,
 };
 use self::store::Shared;
-pub use self::store::{AppliedEntry, DB_FILE, LogStore, StateEvent, StateMachineStore, StoreError};
+pub use self::store::{
+    AppliedEntry, ApplyFailure, DB_FILE, LogStore, StateEvent, StateMachineStore, StoreError,
+};
 use crate::authority::machine::{AuthorityState, Request, Response};
 
 /// Capacity of the [`StateEvent`] channel; a subscriber further behind resyncs.
@@ -445,6 +447,28 @@ impl RaftNode {
     /// The current term.
     pub fn current_term(&self) -> u64 {
         self.raft.metrics().borrow().current_term
+    }
+
+    /// Committed entries whose apply failed unexpectedly since this process started
+    /// (see [`store::ApplyFailure`]); a member with any is not ready.
+    pub fn apply_failures(&self) -> Vec<store::ApplyFailure> {
+        self.shared
+            .apply_failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The counter of failed applies, for the member's metrics.
+    pub fn apply_failures_total(&self) -> prometheus_client::metrics::counter::Counter {
+        self.shared.apply_failures_total.clone()
+    }
+
+    /// Start an election at once (a leader gives up its term for a new one). Used when a
+    /// term can issue no more view versions; returns once the election is triggered.
+    pub async fn elect(&self) -> Result<(), RaftError> {
+        self.raft.trigger().elect().await?;
+        Ok(())
     }
 
     /// openraft's metrics; `changed()` wakes on every change.

@@ -126,10 +126,35 @@ from_redb!(
 pub(crate) struct Shared {
     pub(crate) state: Arc<RwLock<AuthorityState>>,
     pub(crate) applied: Arc<Mutex<AppliedMeta>>,
+    /// Committed entries whose apply failed unexpectedly since this process started.
+    pub(crate) apply_failures: Arc<Mutex<Vec<ApplyFailure>>>,
+    /// Every failed apply since this process started (`waymark_raft_apply_failures_total`).
+    pub(crate) apply_failures_total: prometheus_client::metrics::counter::Counter,
     /// Changes (closes) once the database is closed, i.e. once openraft's tasks have all
     /// let go of it.
     pub(crate) closed: watch::Receiver<()>,
 }
+
+/// A committed entry whose apply panicked: a bug, contained.
+///
+/// Every member running the same build fails the same entry the same way (apply is
+/// deterministic, the panic included), so members stay identical; the entry is answered
+/// with [`Response::ApplyFailed`] and the member goes on applying the entries after it.
+/// The member stays up and serving, and reports itself not ready (`/readyz`) for as long
+/// as the process runs, so an operator looks. A restart on the same build replays the
+/// entry and reports it again, unless a snapshot taken since already covers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplyFailure {
+    /// The entry's log index.
+    pub index: u64,
+    /// The panic's message.
+    pub message: String,
+}
+
+/// Longest panic message kept per failure.
+const APPLY_FAILURE_MESSAGE_MAX: usize = 512;
+/// Failures remembered per process (the count keeps growing in the metric).
+const APPLY_FAILURES_KEPT: usize = 64;
 
 /// The last applied log id and membership.
 #[derive(Debug, Clone, Default)]
@@ -176,6 +201,8 @@ pub(crate) fn open(
     let shared = Shared {
         state: Arc::new(RwLock::new(state)),
         applied: Arc::new(Mutex::new(applied)),
+        apply_failures: Arc::default(),
+        apply_failures_total: Default::default(),
         closed,
     };
     let log = LogStore { db: db.clone() };
@@ -485,7 +512,21 @@ impl StateMachineStore {
             match entry.payload {
                 EntryPayload::Blank => responses.push(Response::Empty),
                 EntryPayload::Normal(request) => {
-                    let response = state.apply(request.clone());
+                    let index = entry.log_id.index;
+                    let response = apply_contained(&mut state, index, request.clone())
+                        .unwrap_or_else(|failure| {
+                            let message = failure.message.clone();
+                            self.shared.apply_failures_total.inc();
+                            let mut failures = self
+                                .shared
+                                .apply_failures
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner);
+                            if failures.len() < APPLY_FAILURES_KEPT {
+                                failures.push(failure);
+                            }
+                            Response::ApplyFailed { message }
+                        });
                     events.push(AppliedEntry {
                         index: entry.log_id.index,
                         term: entry.log_id.leader_id.term,
@@ -502,6 +543,38 @@ impl StateMachineStore {
         }
         (responses, events)
     }
+}
+
+/// Apply one entry; a panic inside apply is caught, logged and returned as a failure
+/// instead of stopping Raft (which would stop the member, and on restart replay the same
+/// entry into the same panic, for ever).
+fn apply_contained(
+    state: &mut AuthorityState,
+    index: u64,
+    request: Request,
+) -> Result<Response, ApplyFailure> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| state.apply(request))).map_err(
+        |payload| {
+            let mut message = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic payload".to_owned());
+            if message.len() > APPLY_FAILURE_MESSAGE_MAX {
+                let mut end = APPLY_FAILURE_MESSAGE_MAX;
+                while !message.is_char_boundary(end) {
+                    end -= 1;
+                }
+                message.truncate(end);
+            }
+            tracing::error!(
+                index,
+                message = %message,
+                "a committed entry failed to apply; refused on this member and every member of this build, which goes on applying the log"
+            );
+            ApplyFailure { index, message }
+        },
+    )
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {

@@ -480,3 +480,55 @@ async fn a_follower_far_behind_on_large_entries_catches_up_and_restores_the_quor
 async fn with_openrafts_default_batch_a_follower_far_behind_never_catches_up() {
     assert!(!lagging_follower_rejoins_quorum(300, Duration::from_secs(20)).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_entry_that_panics_in_apply_is_contained_and_survives_a_restart() {
+    // Goal: an apply that fails unexpectedly must not stop Raft (which crash-loops the
+    // member on replay); the member keeps committing, says so, and restarts on its data.
+    use crate::authority::machine::test_hooks::PANIC_ACTOR;
+    use crate::authority::machine::{AuditEntry, AuditKind};
+    let root = TempDir::new().unwrap();
+    let one = start(1, root.path(), None, 1_000).await;
+    one.node
+        .initialize(BTreeMap::from([(1, one.member())]))
+        .await
+        .unwrap();
+    agreed_leader(&[&one], None).await;
+    write_all(&one.node, 0..3).await;
+    let poison = Request::Audit {
+        entries: vec![AuditEntry {
+            seq: 0,
+            at_ms: 1,
+            kind: AuditKind::Denial,
+            actor: PANIC_ACTOR.into(),
+            service: None,
+            instance: None,
+            outcome: "refused".into(),
+            detail: serde_json::Value::Null,
+        }],
+    };
+    let response = one.node.write(poison).await.unwrap();
+    assert!(
+        matches!(response, Response::ApplyFailed { .. }),
+        "{response:?}"
+    );
+    let failures = one.node.apply_failures();
+    assert_eq!(failures.len(), 1);
+    assert!(failures[0].message.contains("on purpose"), "{failures:?}");
+    assert_eq!(one.node.apply_failures_total().get(), 1);
+    // Raft is still running: later writes commit and apply.
+    write_all(&one.node, 3..6).await;
+    assert_eq!(one.state().registry().services().count(), 6);
+    let before = one.state();
+    let addr = one.addr;
+    one.stop().await;
+
+    // Restarted on the same folder: the entry is replayed into the same contained failure,
+    // the member opens, reports it, and holds the same state.
+    let one = start(1, root.path(), Some(addr), 1_000).await;
+    one.assert_state(&before);
+    assert_eq!(one.node.apply_failures().len(), 1);
+    agreed_leader(&[&one], None).await;
+    write_all(&one.node, 6..7).await;
+    one.stop().await;
+}
