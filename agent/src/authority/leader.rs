@@ -150,6 +150,8 @@ struct Term<'a> {
     assignment_dirty: bool,
     /// The version space of this term ran out: hand leadership over.
     versions_exhausted: bool,
+    /// Refused evidence, folded until the next flush.
+    denials: DenialDigest,
     lease_write_in_flight: Arc<std::sync::atomic::AtomicBool>,
     /// Set once this term's [`Command::RestartLeases`] committed: no lease expires before.
     leases_restarted: Arc<std::sync::atomic::AtomicBool>,
@@ -201,6 +203,7 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
         audit,
         assignment_dirty: true,
         versions_exhausted: false,
+        denials: DenialDigest::default(),
         lease_write_in_flight: Arc::default(),
         leases_restarted: Arc::default(),
         remote_fed: BTreeMap::new(),
@@ -281,7 +284,10 @@ async fn lead_term(ctx: &LeaderContext, term: u64, metrics_rx: &mut watch::Recei
                 Err(RecvError::Closed) => break,
             },
             _ = membership.changed() => t.assignment_dirty = true,
-            _ = counts.tick() => t.refresh_counts(),
+            _ = counts.tick() => {
+                t.refresh_counts();
+                t.flush_denials();
+            }
             _ = leases.tick() => t.expire_leases(),
             _ = reassign.tick() => {
                 if std::mem::take(&mut t.assignment_dirty) {
@@ -796,17 +802,15 @@ impl Term<'_> {
         });
     }
 
-    fn deny(&self, denial: Denial) {
-        self.record(AuditEntry {
-            seq: 0,
-            at_ms: now_ms(),
-            kind: AuditKind::Denial,
-            actor: denial.reporter.to_string(),
-            service: None,
-            instance: denial.instance.parse::<InstanceId>().ok(),
-            outcome: "refused".into(),
-            detail: serde_json::json!({"reason": denial.reason, "what": "evidence"}),
-        });
+    fn deny(&mut self, denial: Denial) {
+        self.denials.handle_denial(denial);
+    }
+
+    /// One audit record per (reporter, reason) folded since the last flush.
+    fn flush_denials(&mut self) {
+        for entry in self.denials.take_records(now_ms()) {
+            self.record(entry);
+        }
     }
 
     fn record(&self, entry: AuditEntry) {
@@ -978,6 +982,91 @@ async fn publisher(
         },
     )
     .await;
+}
+
+/// Refused evidence folded per (reporter, reason) between flushes: whatever rate a
+/// reporter sends forged or unassigned samples at, the replicated audit log grows by one
+/// record per reporter and reason per flush ([`COUNTS_EVERY`]), carrying the count and an
+/// example. The exact count per reason is the `waymark_ingest_samples_refused_total`
+/// metric. Pure: time comes in as data.
+#[derive(Debug, Default)]
+struct DenialDigest {
+    pending: BTreeMap<(String, String), FoldedDenial>,
+    /// Denials whose key did not fit under [`DENIAL_KEYS_MAX`], counted only.
+    overflow: u64,
+}
+
+#[derive(Debug)]
+struct FoldedDenial {
+    count: u64,
+    example: String,
+}
+
+/// Distinct (reporter, reason) pairs held between flushes.
+const DENIAL_KEYS_MAX: usize = 1_024;
+/// Longest example instance kept in a folded record, in bytes.
+const DENIAL_EXAMPLE_LEN_MAX: usize = 253;
+
+impl DenialDigest {
+    fn handle_denial(&mut self, denial: Denial) {
+        let key = (denial.reporter.to_string(), denial.reason);
+        if let Some(f) = self.pending.get_mut(&key) {
+            f.count = f.count.saturating_add(1);
+            return;
+        }
+        if self.pending.len() >= DENIAL_KEYS_MAX {
+            self.overflow = self.overflow.saturating_add(1);
+            return;
+        }
+        let mut example = denial.instance;
+        if example.len() > DENIAL_EXAMPLE_LEN_MAX {
+            let mut end = DENIAL_EXAMPLE_LEN_MAX;
+            while !example.is_char_boundary(end) {
+                end -= 1;
+            }
+            example.truncate(end);
+        }
+        self.pending.insert(key, FoldedDenial { count: 1, example });
+    }
+
+    fn take_records(&mut self, at_ms: u64) -> Vec<AuditEntry> {
+        let mut records: Vec<AuditEntry> = std::mem::take(&mut self.pending)
+            .into_iter()
+            .map(|((actor, reason), f)| AuditEntry {
+                seq: 0,
+                at_ms,
+                kind: AuditKind::Denial,
+                actor,
+                service: None,
+                instance: f.example.parse::<InstanceId>().ok(),
+                outcome: "refused".into(),
+                detail: serde_json::json!({
+                    "reason": reason,
+                    "what": "evidence",
+                    "count": f.count,
+                    "example": f.example,
+                }),
+            })
+            .collect();
+        let overflow = std::mem::take(&mut self.overflow);
+        if overflow > 0 {
+            records.push(AuditEntry {
+                seq: 0,
+                at_ms,
+                kind: AuditKind::Denial,
+                actor: "waymark".into(),
+                service: None,
+                instance: None,
+                outcome: "refused".into(),
+                detail: serde_json::json!({
+                    "what": "evidence",
+                    "count": overflow,
+                    "reason": "more reporters and reasons than one record each",
+                }),
+            });
+        }
+        records
+    }
 }
 
 /// First and longest wait before a failed leader write is retried.
@@ -1202,6 +1291,51 @@ mod publisher_tests {
         .await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         drop(tx);
+    }
+
+    #[test]
+    fn a_flood_of_refused_samples_costs_one_audit_record_per_reporter_and_reason() {
+        // Goal: forged evidence at any rate must not grow every member's log at that rate.
+        use waymark_core::model::Reporter;
+        let mut digest = DenialDigest::default();
+        let reporter = |n: &str| Reporter::Node(n.parse().unwrap());
+        for i in 0..10_000 {
+            digest.handle_denial(Denial {
+                reporter: reporter("n1"),
+                reason: "unassigned".into(),
+                instance: format!("pay-r{i}"),
+            });
+        }
+        digest.handle_denial(Denial {
+            reporter: reporter("n2"),
+            reason: "unassigned".into(),
+            instance: "x".repeat(10_000),
+        });
+        let records = digest.take_records(7);
+        assert_eq!(records.len(), 2);
+        assert_eq!(records[0].detail["count"], 10_000);
+        assert_eq!(records[0].detail["example"], "pay-r0");
+        assert!(records[1].detail["example"].as_str().unwrap().len() <= DENIAL_EXAMPLE_LEN_MAX);
+        assert!(
+            digest.take_records(8).is_empty(),
+            "a flush empties the digest"
+        );
+    }
+
+    #[test]
+    fn distinct_denial_keys_are_bounded_and_the_rest_counted() {
+        use waymark_core::model::Reporter;
+        let mut digest = DenialDigest::default();
+        for i in 0..(DENIAL_KEYS_MAX + 5) {
+            digest.handle_denial(Denial {
+                reporter: Reporter::Node(format!("n{i}").parse().unwrap()),
+                reason: "unassigned".into(),
+                instance: "pay-r1".into(),
+            });
+        }
+        let records = digest.take_records(1);
+        assert_eq!(records.len(), DENIAL_KEYS_MAX + 1);
+        assert_eq!(records.last().unwrap().detail["count"], 5);
     }
 
     #[test]
