@@ -13,7 +13,7 @@ use super::kube::diff::{AddressFamily, DiffConfig};
 use super::kube::metrics::KubeMetrics;
 use super::kube::{KubeReconciler, KubeReconcilerConfig, Propose, ProposeError};
 use super::leader::now_ms;
-use super::machine::{Request, Response};
+use super::machine::{Refusal, Request, Response};
 use super::raft::RaftNode;
 
 /// Where the Kubernetes API is and what to reconcile.
@@ -50,6 +50,11 @@ impl Propose for RaftProposer {
     ) -> impl Future<Output = Result<Applied, ProposeError>> + Send {
         let raft = self.raft.clone();
         async move {
+            // What the orchestrator reports is input like any other: a command that can
+            // never apply (labels past their ceilings, say) is refused before the log.
+            if let Err(error) = command.check() {
+                return Err(ProposeError::Refused(Refusal::from(&error)));
+            }
             let request = Request::Registry(Stamped {
                 at_ms: now_ms(),
                 command,
