@@ -438,7 +438,7 @@ async fn readyz(State(s): State<ApiState>) -> Response {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "the committed entry at index {} failed to apply ({}); this member keeps serving, see the README's \"A committed entry failed to apply\"\n",
+                "the committed entry at index {} failed to apply ({}); this member keeps serving; see docs/robustness.md, \"A committed entry failed to apply\"\n",
                 failure.index, failure.message
             ),
         )
