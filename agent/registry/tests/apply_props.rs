@@ -1,6 +1,7 @@
 //! `DesiredState::apply` over arbitrary command sequences, hostile values included: it never
 //! panics, a refusal changes nothing but the registry clock, two replicas applying the same
 //! log agree (one of them restarted from a snapshot half way), and ids are never reused.
+#![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

@@ -244,7 +244,8 @@ fn a_huge_interval_with_a_large_silence_factor_is_refused_not_overflowed() {
 #[test]
 fn every_duration_and_count_has_a_ceiling() {
     let huge = Duration::from_secs(u64::MAX / 4);
-    let cases: Vec<(&str, Box<dyn Fn(&mut HealthContract)>)> = vec![
+    type Change = Box<dyn Fn(&mut HealthContract)>;
+    let cases: Vec<(&str, Change)> = vec![
         (
             "probe.interval",
             Box::new(move |c| c.probe.as_mut().unwrap().interval = huge),
@@ -306,8 +307,10 @@ fn a_probe_path_must_be_absolute_and_printable() {
 
 #[test]
 fn an_unvalidated_contract_cannot_make_silence_arithmetic_panic() {
-    let mut c = HealthContract::default();
-    c.self_report_interval = Duration::from_millis(u64::MAX);
+    let mut c = HealthContract {
+        self_report_interval: Duration::from_millis(u64::MAX),
+        ..HealthContract::default()
+    };
     c.scoring.silence_factor = u32::MAX;
     assert_eq!(c.silence_after(EvidenceClass::SelfReport), Duration::MAX);
 }
