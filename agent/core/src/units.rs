@@ -179,7 +179,10 @@ mod tests {
     fn decoded_permille_above_one_is_refused() {
         assert!(serde_json::from_str::<Permille>("1001").is_err());
         assert!(serde_json::from_str::<Permille>("65535").is_err());
-        assert_eq!(serde_json::from_str::<Permille>("1000").unwrap(), Permille::ONE);
+        assert_eq!(
+            serde_json::from_str::<Permille>("1000").unwrap(),
+            Permille::ONE
+        );
         assert_eq!(serde_json::to_string(&Permille::ONE).unwrap(), "1000");
     }
 

@@ -254,8 +254,14 @@ fn every_duration_and_count_has_a_ceiling() {
             "probe.timeout",
             Box::new(move |c| c.probe.as_mut().unwrap().timeout = huge),
         ),
-        ("passive.interval", Box::new(move |c| c.passive.interval = huge)),
-        ("scoring.half_life", Box::new(move |c| c.scoring.half_life = huge)),
+        (
+            "passive.interval",
+            Box::new(move |c| c.passive.interval = huge),
+        ),
+        (
+            "scoring.half_life",
+            Box::new(move |c| c.scoring.half_life = huge),
+        ),
         (
             "scoring.readmit_hold",
             Box::new(move |c| c.scoring.readmit_hold = huge),

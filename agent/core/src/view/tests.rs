@@ -87,5 +87,9 @@ fn the_counter_is_strictly_increasing_from_where_it_resumes() {
     assert_eq!(c.next_version(), Some(Version(43)));
     let mut last = MonotonicCounter::starting_after(Version(u64::MAX - 1));
     assert_eq!(last.next_version(), Some(Version(u64::MAX)));
-    assert_eq!(last.next_version(), None, "an exhausted counter never wraps");
+    assert_eq!(
+        last.next_version(),
+        None,
+        "an exhausted counter never wraps"
+    );
 }
