@@ -458,8 +458,9 @@ impl HealthContract {
                     if !path.starts_with('/') || path.chars().any(|c| c.is_ascii_control()) {
                         return Err(ContractError::Invalid {
                             field: "probe.path",
-                            reason: "an absolute path starting with '/', without control characters"
-                                .into(),
+                            reason:
+                                "an absolute path starting with '/', without control characters"
+                                    .into(),
                         });
                     }
                 }
@@ -468,7 +469,11 @@ impl HealthContract {
             }
         }
         let s = &self.scoring;
-        ceiling_duration("self_report_interval", self.self_report_interval, d::INTERVAL_MAX)?;
+        ceiling_duration(
+            "self_report_interval",
+            self.self_report_interval,
+            d::INTERVAL_MAX,
+        )?;
         ceiling_duration("passive.interval", self.passive.interval, d::INTERVAL_MAX)?;
         ceiling_duration("scoring.half_life", s.half_life, d::HALF_LIFE_MAX)?;
         ceiling_duration("scoring.readmit_hold", s.readmit_hold, d::READMIT_HOLD_MAX)?;
