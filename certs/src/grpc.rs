@@ -12,6 +12,13 @@
 //! The client side is a [`TlsConnector`] for `Endpoint::connect_with_connector`. The
 //! endpoint URI must use `http://`: tonic refuses an `https://` URI unless its own TLS
 //! layer is configured, and here TLS is done by the connector.
+//!
+//! Every gRPC listener is bounded the same way: [`IncomingConfig::connections_max`]
+//! connections at once (one more is closed at accept and counted in
+//! `waymark_grpc_connections_refused_total`), and a tonic `Server` from
+//! [`GrpcLimits::server`] (HTTP/2 streams per connection, handler concurrency, a deadline
+//! for each handler to answer, header-list size, keepalive). [`incoming_plain`] is the same
+//! accept loop without TLS, for loopback listeners.
 
 use std::future::Future;
 use std::io;
@@ -22,13 +29,17 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::Connected;
+use tonic::transport::server::{Connected, TcpConnectInfo};
 use tracing::{debug, warn};
 
 use crate::identity::Identity;
@@ -51,10 +62,20 @@ pub struct PeerInfo {
 pub struct AuthenticatedStream {
     inner: TlsStream<TcpStream>,
     info: PeerInfo,
+    /// The connection's place under [`IncomingConfig::connections_max`], freed on drop.
+    _slot: OwnedSemaphorePermit,
+}
+
+/// A plain TCP stream accepted under a connection cap (see [`incoming_plain`]).
+#[derive(Debug)]
+pub struct PlainStream {
+    inner: TcpStream,
+    info: TcpConnectInfo,
+    _slot: OwnedSemaphorePermit,
 }
 
 /// Limits of the accept loop.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct IncomingConfig {
     /// A handshake taking longer than this is dropped.
     pub handshake_timeout: Duration,
@@ -62,6 +83,88 @@ pub struct IncomingConfig {
     pub handshakes_max: usize,
     /// Authenticated connections waiting for tonic to pick them up.
     pub queue_len: usize,
+    /// Connections open at once (handshaking or served); one more is closed at accept,
+    /// logged and counted.
+    pub connections_max: usize,
+    /// The listener's name in metrics and logs (`authority_xds`, `ingest`, `agent_xds`, …).
+    pub listener: &'static str,
+    /// Where refusals are counted.
+    pub metrics: GrpcMetrics,
+}
+
+/// `listener`: which gRPC listener.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct GrpcListenerLabels {
+    /// The listener's name.
+    pub listener: &'static str,
+}
+
+/// What the gRPC listeners of one process count (`waymark_grpc_*`). Clones share series.
+#[derive(Debug, Clone, Default)]
+pub struct GrpcMetrics {
+    /// Connections closed at accept because the listener held its connection cap.
+    pub connections_refused: Family<GrpcListenerLabels, Counter>,
+}
+
+impl GrpcMetrics {
+    /// Register under `waymark_grpc_`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.sub_registry_with_prefix("waymark_grpc").register(
+            "connections_refused",
+            "gRPC connections closed at accept because the listener held its connection cap",
+            self.connections_refused.clone(),
+        );
+    }
+}
+
+/// The bounds of a tonic server, applied by [`GrpcLimits::server`]. Message sizes are set
+/// on each service (tonic sets them per service, not per server): see
+/// [`GrpcLimits::message_bytes_max`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcLimits {
+    /// HTTP/2 streams one connection may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub streams_per_connection_max: u32,
+    /// Handler calls in flight per connection (a call counts until its response starts).
+    pub concurrency_per_connection: usize,
+    /// Time a handler has to start its response (a stream's body then runs as long as the
+    /// stream lives); then `DEADLINE_EXCEEDED`.
+    pub request_timeout: Duration,
+    /// Largest message a service decodes; larger ones end the call with `RESOURCE_EXHAUSTED`.
+    pub message_bytes_max: usize,
+    /// Largest HTTP/2 header list accepted.
+    pub header_list_bytes_max: u32,
+    /// HTTP/2 keepalive ping interval, so a black-holed connection is noticed.
+    pub keepalive_interval: Duration,
+    /// How long a ping may go unanswered before the connection is dropped.
+    pub keepalive_timeout: Duration,
+}
+
+impl Default for GrpcLimits {
+    fn default() -> Self {
+        Self {
+            streams_per_connection_max: 64,
+            concurrency_per_connection: 64,
+            request_timeout: Duration::from_secs(30),
+            message_bytes_max: 4 * 1024 * 1024,
+            header_list_bytes_max: 16 * 1024,
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl GrpcLimits {
+    /// A tonic server builder with these bounds.
+    pub fn server(&self) -> tonic::transport::Server {
+        tonic::transport::Server::builder()
+            .max_concurrent_streams(self.streams_per_connection_max)
+            .concurrency_limit_per_connection(self.concurrency_per_connection)
+            .timeout(self.request_timeout)
+            .http2_max_header_list_size(self.header_list_bytes_max)
+            .http2_keepalive_interval(Some(self.keepalive_interval))
+            .http2_keepalive_timeout(Some(self.keepalive_timeout))
+            .tcp_keepalive(Some(self.keepalive_interval))
+    }
 }
 
 /// A `tower::Service<Uri>` that dials TCP and runs a TLS handshake with a given config.
@@ -87,6 +190,7 @@ pub fn incoming(
     let (tx, rx) = mpsc::channel(limits.queue_len.max(1));
     let acceptor = TlsAcceptor::from(config);
     let permits = Arc::new(Semaphore::new(limits.handshakes_max.max(1)));
+    let slots = slots(&limits);
     tokio::spawn(async move {
         loop {
             let permit = tokio::select! {
@@ -106,10 +210,14 @@ pub fn incoming(
                     }
                 },
             };
+            let Some(slot) = take_slot(&slots, &limits, remote) else {
+                continue;
+            };
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            let timeout = limits.handshake_timeout;
             tokio::spawn(async move {
                 let _permit = permit;
-                if let Some(stream) = handshake(acceptor, tcp, remote, limits).await {
+                if let Some(stream) = handshake(acceptor, tcp, remote, timeout, slot).await {
                     // A closed receiver means the server is gone; dropping is right.
                     let _ = tx.send(Ok(stream)).await;
                 }
@@ -120,12 +228,99 @@ pub fn incoming(
     ReceiverStream::new(rx)
 }
 
+/// Accepts plain TCP connections on `listener` under `limits.connections_max` (TLS settings
+/// are unused), for `Server::serve_with_incoming` on loopback listeners. Handlers see the
+/// peer's address as with a bare `TcpListener` (`Request::remote_addr`). The loop stops
+/// when the returned stream is dropped.
+pub fn incoming_plain(
+    listener: TcpListener,
+    limits: IncomingConfig,
+) -> ReceiverStream<Result<PlainStream, io::Error>> {
+    let (tx, rx) = mpsc::channel(limits.queue_len.max(1));
+    let slots = slots(&limits);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, remote) = tokio::select! {
+                () = tx.closed() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok(pair) => pair,
+                    Err(error) => {
+                        warn!(%error, "tcp accept failed");
+                        continue;
+                    }
+                },
+            };
+            let Some(slot) = take_slot(&slots, &limits, remote) else {
+                continue;
+            };
+            let _ = tcp.set_nodelay(true);
+            let info = TcpConnectInfo {
+                local_addr: tcp.local_addr().ok(),
+                remote_addr: Some(remote),
+            };
+            let stream = PlainStream {
+                inner: tcp,
+                info,
+                _slot: slot,
+            };
+            if tx.send(Ok(stream)).await.is_err() {
+                break;
+            }
+        }
+        debug!("tcp accept loop stopped");
+    });
+    ReceiverStream::new(rx)
+}
+
+fn slots(limits: &IncomingConfig) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(
+        limits.connections_max.clamp(1, Semaphore::MAX_PERMITS),
+    ))
+}
+
+/// A place under the connection cap for the connection from `remote`, or `None` after
+/// counting and logging its refusal (the caller drops the socket, which closes it).
+fn take_slot(
+    slots: &Arc<Semaphore>,
+    limits: &IncomingConfig,
+    remote: SocketAddr,
+) -> Option<OwnedSemaphorePermit> {
+    match Arc::clone(slots).try_acquire_owned() {
+        Ok(slot) => Some(slot),
+        Err(_) => {
+            limits
+                .metrics
+                .connections_refused
+                .get_or_create(&GrpcListenerLabels {
+                    listener: limits.listener,
+                })
+                .inc();
+            warn!(listener = limits.listener, %remote, connections_max = limits.connections_max, "grpc connection refused: connection cap reached");
+            None
+        }
+    }
+}
+
 impl Default for IncomingConfig {
     fn default() -> Self {
         Self {
             handshake_timeout: Duration::from_secs(10),
             handshakes_max: 256,
             queue_len: 64,
+            connections_max: 4_096,
+            listener: "grpc",
+            metrics: GrpcMetrics::default(),
+        }
+    }
+}
+
+impl IncomingConfig {
+    /// The defaults for the listener named `listener`, counting into `metrics`.
+    pub fn named(listener: &'static str, metrics: &GrpcMetrics) -> Self {
+        Self {
+            listener,
+            metrics: metrics.clone(),
+            ..Self::default()
         }
     }
 }
@@ -134,9 +329,10 @@ async fn handshake(
     acceptor: TlsAcceptor,
     tcp: TcpStream,
     remote: SocketAddr,
-    limits: IncomingConfig,
+    timeout: Duration,
+    slot: OwnedSemaphorePermit,
 ) -> Option<AuthenticatedStream> {
-    let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
+    let tls = match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(error)) => {
             debug!(%remote, %error, "tls handshake failed");
@@ -160,6 +356,7 @@ async fn handshake(
             serial: info.serial,
             remote_addr: Some(remote),
         },
+        _slot: slot,
     })
 }
 
@@ -191,6 +388,44 @@ impl AsyncRead for AuthenticatedStream {
 }
 
 impl AsyncWrite for AuthenticatedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+// === impl PlainStream ===
+
+impl Connected for PlainStream {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for PlainStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PlainStream {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -250,5 +485,52 @@ impl tower::Service<tonic::codegen::http::Uri> for TlsConnector {
             let tls = connector.connect(name, tcp).await?;
             Ok(TokioIo::new(tls))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use tokio::io::AsyncReadExt;
+    use tokio_stream::StreamExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_connection_over_the_cap_is_closed_at_accept_counted_and_its_place_reused() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = GrpcMetrics::default();
+        let limits = IncomingConfig {
+            connections_max: 1,
+            ..IncomingConfig::named("test", &metrics)
+        };
+        let mut incoming = incoming_plain(listener, limits);
+
+        let _one = TcpStream::connect(addr).await.unwrap();
+        let served = incoming.next().await.unwrap().unwrap();
+        assert!(served.connect_info().remote_addr.is_some());
+
+        // Over the cap: closed at once, never handed to the server.
+        let mut two = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(30), two.read(&mut buf))
+            .await
+            .expect("the refused connection is closed");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+        let refused = metrics
+            .connections_refused
+            .get_or_create(&GrpcListenerLabels { listener: "test" })
+            .get();
+        assert_eq!(refused, 1);
+
+        // The served connection ends; its place is taken by the next one.
+        drop(served);
+        let _three = TcpStream::connect(addr).await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(30), incoming.next())
+            .await
+            .expect("a freed place is reused");
+        assert!(next.unwrap().is_ok());
     }
 }

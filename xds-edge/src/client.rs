@@ -503,6 +503,9 @@ pub struct ClientConfig {
     /// Mutual TLS towards the server (build it with `waymark_certs::tls::client_config`);
     /// `None` is plain text (loopback and tests).
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// Largest response decoded (a whole region's EDS in one SotW answer is the worst
+    /// case); a larger one ends the stream, which is retried with backoff.
+    pub response_bytes_max: usize,
 }
 
 impl Default for ClientConfig {
@@ -518,6 +521,7 @@ impl Default for ClientConfig {
             persist: None,
             initial: BTreeMap::new(),
             tls: None,
+            response_bytes_max: 64 * 1024 * 1024,
         }
     }
 }
@@ -531,6 +535,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("keepalive_timeout", &self.keepalive_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_buffer", &self.request_buffer)
+            .field("response_bytes_max", &self.response_bytes_max)
             .field("validator", &self.validator.as_ref().map(|_| "…"))
             .field("persist", &self.persist.as_ref().map(|_| "…"))
             .field("initial", &self.initial.keys().collect::<Vec<_>>())
@@ -624,6 +629,7 @@ impl XdsClient {
             commands: commands_rx,
             publish,
             request_buffer: config.request_buffer.max(1),
+            response_bytes_max: config.response_bytes_max,
             persist: config.persist.clone(),
         };
         let task = tokio::spawn(driver.run().instrument(span));
@@ -685,8 +691,12 @@ struct Driver {
     commands: mpsc::Receiver<Command>,
     publish: watch::Sender<Arc<Applied>>,
     request_buffer: usize,
+    response_bytes_max: usize,
     persist: Option<Persist>,
 }
+
+/// Largest request this client encodes (subscriptions, ACKs, a NACK's text).
+const REQUEST_BYTES_MAX: usize = 1024 * 1024;
 
 impl Driver {
     async fn run(mut self) {
@@ -749,7 +759,10 @@ impl Driver {
         let (tx, rx) = mpsc::channel(self.request_buffer);
         let initial = self.state.initial_requests(&self.node);
         let outbound = tokio_stream::iter(initial).chain(ReceiverStream::new(rx));
-        let mut client = AggregatedDiscoveryServiceClient::new(channel);
+        // Requests are small (names, nonces, a NACK's text); responses are whole views.
+        let mut client = AggregatedDiscoveryServiceClient::new(channel)
+            .max_decoding_message_size(self.response_bytes_max)
+            .max_encoding_message_size(REQUEST_BYTES_MAX);
         let mut inbound = match client.delta_aggregated_resources(outbound).await {
             Ok(response) => response.into_inner(),
             Err(status) => return failed(StreamError::Status(status)),

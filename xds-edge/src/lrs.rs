@@ -46,6 +46,9 @@ use waymark_core::view::View;
 
 use crate::translate::METADATA_NAMESPACE;
 
+/// Largest LRS message decoded or encoded.
+pub const REPORT_BYTES_MAX: usize = 4 * 1024 * 1024;
+
 /// The reporting interval asked of Envoy unless configured otherwise.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -455,9 +458,12 @@ impl LrsServer {
         }
     }
 
-    /// The tonic service to add to a server.
+    /// The tonic service to add to a server. A load report names endpoints by address, so
+    /// even a large one is well under [`REPORT_BYTES_MAX`]; larger ones end the stream.
     pub fn service(&self) -> LoadReportingServiceServer<Self> {
         LoadReportingServiceServer::new(self.clone())
+            .max_decoding_message_size(REPORT_BYTES_MAX)
+            .max_encoding_message_size(REPORT_BYTES_MAX)
     }
 
     /// The server's counters.

@@ -10,7 +10,15 @@
 //! On every snapshot change CDS is sent before EDS (a new cluster exists before its
 //! endpoints); the delta queues upstream already release withdrawals before admissions.
 //! New streams pass reconnection admission first; a refused stream ends with `UNAVAILABLE`
-//! and a `grpc-retry-pushback-ms` hint.
+//! and a `grpc-retry-pushback-ms` hint. Admission counts clients by something they cannot
+//! mint at will: the verified certificate identity over mutual TLS, else the peer's IP
+//! address — never the node id a client writes in its request.
+//!
+//! Bounds: requests are decoded up to [`ServerConfig::request_bytes_max`], responses encoded
+//! up to [`ServerConfig::response_bytes_max`]; one stream subscribes to at most
+//! [`ServerConfig::resource_names_max`] names across its types (a request going beyond ends
+//! the stream with `RESOURCE_EXHAUSTED` naming the cap); a NACK's error text is kept up to
+//! [`NACK_ERROR_LEN_MAX`] bytes for the sync state.
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -32,6 +40,8 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 use waymark_core::model::ZoneName;
 
+use waymark_certs::grpc::{GrpcLimits, IncomingConfig, PeerInfo};
+
 use crate::admission::{AdmissionConfig, AdmissionController, Admit};
 use crate::protocol::{Ack, DeltaState, SotwState};
 use crate::snapshot::{Resources, Snapshot};
@@ -52,7 +62,16 @@ pub struct ServerConfig {
     /// Which resources each client may see (resolution authorisation); `None` serves
     /// everything to everyone.
     pub filter: Option<ResourceFilter>,
+    /// Largest request decoded (a discovery request is names and a nonce).
+    pub request_bytes_max: usize,
+    /// Largest response encoded (a whole SotW EDS response of a large region).
+    pub response_bytes_max: usize,
+    /// Resource names (and Delta initial versions) one stream may hold across its types.
+    pub resource_names_max: usize,
 }
+
+/// Bytes of a NACK's error text kept in the sync state (and shown by `proxy-status`).
+pub const NACK_ERROR_LEN_MAX: usize = 1_024;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -62,6 +81,9 @@ impl Default for ServerConfig {
             first_request_timeout: Duration::from_secs(15),
             admission: AdmissionConfig::default(),
             filter: None,
+            request_bytes_max: 1024 * 1024,
+            response_bytes_max: 64 * 1024 * 1024,
+            resource_names_max: 16_384,
         }
     }
 }
@@ -100,11 +122,15 @@ impl std::fmt::Debug for ResourceFilter {
     }
 }
 
-/// Serving options shared by [`XdsServer::serve`] and [`XdsServer::serve_tls`].
+/// Serving options shared by [`XdsServer::serve`] and [`XdsServer::serve_tls`]: the
+/// default gRPC bounds with `keepalive`.
 fn builder(keepalive: Keepalive) -> tonic::transport::Server {
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(keepalive.interval))
-        .http2_keepalive_timeout(Some(keepalive.timeout))
+    GrpcLimits {
+        keepalive_interval: keepalive.interval,
+        keepalive_timeout: keepalive.timeout,
+        ..GrpcLimits::default()
+    }
+    .server()
 }
 
 /// HTTP/2 keepalive for long-lived streams (set on both ends).
@@ -144,6 +170,8 @@ pub struct XdsStats {
     pub slow_consumers: AtomicU64,
     /// Streams that ended with a malformed first request or none at all.
     pub bad_streams: AtomicU64,
+    /// Streams ended for subscribing to more names than `resource_names_max`.
+    pub oversubscribed_streams: AtomicU64,
 }
 
 struct Inner {
@@ -199,9 +227,11 @@ impl XdsServer {
         )
     }
 
-    /// The tonic service to add to a server.
+    /// The tonic service to add to a server, with the configured message size limits.
     pub fn service(&self) -> AggregatedDiscoveryServiceServer<Self> {
         AggregatedDiscoveryServiceServer::new(self.clone())
+            .max_decoding_message_size(self.inner.config.request_bytes_max)
+            .max_encoding_message_size(self.inner.config.response_bytes_max)
     }
 
     /// Serve ADS in plain text on `listener` until `shutdown` resolves, with HTTP/2
@@ -213,12 +243,10 @@ impl XdsServer {
         keepalive: Keepalive,
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), tonic::transport::Error> {
+        let incoming = waymark_certs::grpc::incoming_plain(listener, IncomingConfig::default());
         builder(keepalive)
             .add_service(self.service())
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                shutdown,
-            )
+            .serve_with_incoming_shutdown(incoming, shutdown)
             .await
     }
 
@@ -232,11 +260,7 @@ impl XdsServer {
         keepalive: Keepalive,
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), tonic::transport::Error> {
-        let incoming = waymark_certs::grpc::incoming(
-            listener,
-            tls,
-            waymark_certs::grpc::IncomingConfig::default(),
-        );
+        let incoming = waymark_certs::grpc::incoming(listener, tls, IncomingConfig::default());
         builder(keepalive)
             .add_service(self.service())
             .serve_with_incoming_shutdown(incoming, shutdown)
@@ -259,14 +283,14 @@ impl XdsServer {
         &self.inner.stats
     }
 
-    fn admit(&self, node: &Node) -> Result<(), Status> {
+    fn admit(&self, node: &Node, client: &str) -> Result<(), Status> {
         let now = tokio::time::Instant::now().into_std();
         let verdict = self
             .inner
             .admission
             .lock()
             .expect("admission lock")
-            .handle_connect(now, &node.id);
+            .handle_connect(now, client);
         match verdict {
             Admit::Yes => Ok(()),
             Admit::No { retry_after } => {
@@ -274,7 +298,7 @@ impl XdsServer {
                     .stats
                     .refused_streams
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::info!(node_id = %node.id, retry_after_ms = retry_after.as_millis() as u64, "stream refused by reconnection admission");
+                tracing::info!(node_id = %node.id, client, retry_after_ms = retry_after.as_millis() as u64, "stream refused by reconnection admission");
                 let mut status = Status::unavailable(
                     "reconnection admission: too many clients reconnecting, retry later",
                 );
@@ -348,10 +372,11 @@ impl XdsServer {
         request: Request<Streaming<F::Request>>,
     ) -> Result<Response<BoxStream<F::Response>>, Status> {
         let identity = waymark_certs::grpc::peer_identity(&request).map(ToString::to_string);
+        let client = admission_key(&request, identity.as_deref());
         let mut inbound = request.into_inner();
         let first = self.first(&mut inbound).await?;
         let node = F::node(&first).cloned().unwrap_or_default();
-        self.admit(&node)?;
+        self.admit(&node, &client)?;
         let identity_for_filter = identity.clone();
         let stream_id = self.open(&node, identity, F::NAME);
         let (tx, rx) = mpsc::channel(self.inner.config.response_buffer);
@@ -362,6 +387,38 @@ impl XdsServer {
         tokio::spawn(stream.run(first, inbound).instrument(span));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
+}
+
+/// Who a stream counts as for reconnection admission: what the client cannot choose. Over
+/// mutual TLS, its verified identity; otherwise the peer's IP address (so clients behind
+/// one address count once, which only makes admission stricter); a stream with neither
+/// (an in-process transport) counts as one anonymous client.
+fn admission_key<T>(request: &Request<T>, identity: Option<&str>) -> String {
+    if let Some(identity) = identity {
+        return identity.to_owned();
+    }
+    let ip = request
+        .extensions()
+        .get::<PeerInfo>()
+        .and_then(|p| p.remote_addr)
+        .or_else(|| request.remote_addr())
+        .map(|a| a.ip());
+    match ip {
+        Some(ip) => format!("ip:{ip}"),
+        None => "anonymous".to_owned(),
+    }
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn truncated(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// What the shared parts of a stream need.
@@ -432,6 +489,7 @@ impl<T> StreamCore<T> {
             }
             Ack::Nacked { nonce, error } => {
                 stats.nacks.fetch_add(1, Ordering::Relaxed);
+                let error = truncated(error, NACK_ERROR_LEN_MAX);
                 tracing::warn!(stream_id = self.id, xds.type_url = type_url, xds.nonce = %nonce, error = %error, "client rejected a response");
                 sync.nacked(self.id, type_url, nonce, error);
             }
@@ -480,6 +538,10 @@ trait Flavor: Default + Send + 'static {
     fn type_url(req: &Self::Request) -> &str;
     fn node(req: &Self::Request) -> Option<&Node>;
     fn handle_request(&mut self, req: &Self::Request) -> Ack;
+    /// Names this type would hold after `req` at most (`state`: what it holds now).
+    fn names_after(state: Option<&Self>, req: &Self::Request) -> usize;
+    /// Names this type's state holds (subscriptions and, for Delta, known versions).
+    fn held_names(&self) -> usize;
     /// SotW ignores a request with a stale nonce entirely; Delta still applies its
     /// subscription changes.
     fn answers(ack: &Ack) -> bool;
@@ -506,6 +568,15 @@ impl Flavor for DeltaState {
     }
     fn handle_request(&mut self, req: &Self::Request) -> Ack {
         DeltaState::handle_request(self, req)
+    }
+    fn names_after(state: Option<&Self>, req: &Self::Request) -> usize {
+        state
+            .map_or(0, Flavor::held_names)
+            .saturating_add(req.resource_names_subscribe.len())
+            .saturating_add(req.initial_resource_versions.len())
+    }
+    fn held_names(&self) -> usize {
+        self.subscription.names.len().max(self.known.len())
     }
     fn answers(_: &Ack) -> bool {
         true
@@ -540,6 +611,13 @@ impl Flavor for SotwState {
     }
     fn handle_request(&mut self, req: &Self::Request) -> Ack {
         SotwState::handle_request(self, req)
+    }
+    fn names_after(_: Option<&Self>, req: &Self::Request) -> usize {
+        // A SotW request replaces the type's names.
+        req.resource_names.len()
+    }
+    fn held_names(&self) -> usize {
+        self.subscription.names.len()
     }
     fn answers(ack: &Ack) -> bool {
         !matches!(ack, Ack::Stale { .. })
@@ -597,7 +675,11 @@ impl<F: Flavor> ProtocolStream<F> {
                     Ok(Some(req)) => next = Some(req),
                     Ok(None) => return,
                     Err(status) => {
-                        tracing::debug!(code = ?status.code(), "stream ended by the client");
+                        // A request that could not be decoded (over the size cap, or
+                        // malformed) ends the stream; say why, in case the client is
+                        // still there to hear it.
+                        tracing::debug!(code = ?status.code(), message = status.message(), "stream ended: the request side failed");
+                        let _ = self.core.tx.try_send(Err(status));
                         return;
                     }
                 },
@@ -615,6 +697,12 @@ impl<F: Flavor> ProtocolStream<F> {
         if !self.core.known_type(&type_url) {
             return true;
         }
+        // Checked before the request is applied, so a refused request never grows the
+        // stream's state.
+        let after = F::names_after(self.states.get(&type_url), &req);
+        if !self.within_names_cap(&type_url, after).await {
+            return false;
+        }
         let ack = self
             .states
             .entry(type_url.clone())
@@ -625,6 +713,34 @@ impl<F: Flavor> ProtocolStream<F> {
             return true;
         }
         self.push(&type_url).await
+    }
+
+    /// Whether the stream stays within `resource_names_max` when `type_url` holds `after`
+    /// names; if not, the stream is ended with `RESOURCE_EXHAUSTED` (counted, logged).
+    async fn within_names_cap(&mut self, type_url: &str, after: usize) -> bool {
+        let max = self.core.inner.config.resource_names_max;
+        let others: usize = self
+            .states
+            .iter()
+            .filter(|(t, _)| t.as_str() != type_url)
+            .map(|(_, s)| s.held_names())
+            .sum();
+        let total = others.saturating_add(after);
+        if total <= max {
+            return true;
+        }
+        self.core
+            .inner
+            .stats
+            .oversubscribed_streams
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(stream_id = self.core.id, node_id = %self.core.node_id, xds.type_url = type_url, names = total, names_max = max, "stream refused: too many resource names");
+        let status = Status::resource_exhausted(format!(
+            "resource names: {total} on this stream, at most {max}; subscribe by wildcard or split across streams"
+        ));
+        let send = self.core.tx.send(Err(status));
+        let _ = tokio::time::timeout(self.core.inner.config.send_timeout, send).await;
+        false
     }
 
     async fn push_all(&mut self) -> bool {

@@ -423,3 +423,135 @@ async fn a_nonce_from_another_stream_is_stale_and_types_are_acked_separately() {
     };
     wait_for("cds acked, eds not yet", acked).await;
 }
+
+#[tokio::test]
+async fn admission_counts_one_address_once_however_many_node_ids_it_claims() {
+    // Goal: a client cannot widen the reconnection budget by minting node ids. The budget
+    // here is the whole known population per window with a floor of one; were clients
+    // counted by the node id they write, every new id would grow the population and be let
+    // in. Counted by peer address (all of these share 127.0.0.1), only the first is.
+    let admission = AdmissionConfig {
+        share: waymark_core::units::Permille::ONE,
+        floor: 1,
+        expected_clients: 0,
+        ..AdmissionConfig::default()
+    };
+    let fx = Fixture::start(ServerConfig {
+        admission,
+        ..ServerConfig::default()
+    })
+    .await;
+    let _first = DeltaClient::open(&fx, "minted-0").await.unwrap();
+    for n in 1..5 {
+        let refused = DeltaClient::open(&fx, &format!("minted-{n}"))
+            .await
+            .err()
+            .expect("a new node id from the same address is not a new client");
+        assert_eq!(refused.code(), tonic::Code::Unavailable);
+    }
+    assert_eq!(
+        fx.server
+            .stats()
+            .refused_streams
+            .load(std::sync::atomic::Ordering::Relaxed),
+        4
+    );
+}
+
+#[tokio::test]
+async fn a_stream_subscribing_past_the_names_cap_is_ended_and_the_server_serves_on() {
+    // Goal: one stream cannot make the server hold an unbounded subscription; the refusal
+    // says why, and other streams (and later ones) are served as before.
+    let mut fx = Fixture::start(ServerConfig {
+        resource_names_max: 8,
+        ..ServerConfig::default()
+    })
+    .await;
+    fx.publish(view(1, &[1]));
+    let mut greedy = DeltaClient::open(&fx, "greedy").await.unwrap();
+    let cds = greedy.next().await;
+    greedy.send(ack(&cds)).await;
+    greedy
+        .send(DeltaDiscoveryRequest {
+            type_url: TYPE_ENDPOINT.into(),
+            resource_names_subscribe: (0..9).map(|n| format!("svc-{n}")).collect(),
+            ..Default::default()
+        })
+        .await;
+    let ended = tokio::time::timeout(WAIT, async {
+        loop {
+            match greedy.rx.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the stream ended without a status"),
+                Err(status) => return status,
+            }
+        }
+    })
+    .await
+    .expect("the stream is ended");
+    assert_eq!(ended.code(), tonic::Code::ResourceExhausted, "{ended:?}");
+    assert!(ended.message().contains("at most 8"), "{ended:?}");
+    assert_eq!(
+        fx.server
+            .stats()
+            .oversubscribed_streams
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+
+    let mut modest = DeltaClient::open(&fx, "modest").await.unwrap();
+    let cds = modest.next().await;
+    assert_eq!(cds.type_url, TYPE_CLUSTER);
+    modest.send(ack(&cds)).await;
+    modest
+        .send(DeltaDiscoveryRequest {
+            type_url: TYPE_ENDPOINT.into(),
+            resource_names_subscribe: vec!["pay".into()],
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(modest.next().await.type_url, TYPE_ENDPOINT);
+}
+
+#[tokio::test]
+async fn a_request_over_the_size_cap_ends_its_stream_before_it_is_decoded() {
+    let mut fx = Fixture::start(ServerConfig {
+        request_bytes_max: 4 * 1024,
+        ..ServerConfig::default()
+    })
+    .await;
+    fx.publish(view(1, &[1]));
+    let mut big = DeltaClient::open(&fx, "big").await.unwrap();
+    let cds = big.next().await;
+    // A NACK of the response just sent, with an error text far over the cap.
+    big.send(DeltaDiscoveryRequest {
+        error_detail: Some(RpcStatus {
+            code: 3,
+            message: "e".repeat(16 * 1024),
+            details: Vec::new(),
+        }),
+        ..ack(&cds)
+    })
+    .await;
+    let ended = tokio::time::timeout(WAIT, async {
+        loop {
+            match big.rx.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the stream ended without a status"),
+                Err(status) => return status,
+            }
+        }
+    })
+    .await
+    .expect("the stream is ended");
+    assert_eq!(ended.code(), tonic::Code::OutOfRange, "{ended:?}");
+    // It was refused whole: no NACK was recorded, and the server goes on serving.
+    assert!(
+        fx.server
+            .sync_state()
+            .iter()
+            .all(|c| c.types.values().all(|t| t.nacks == 0))
+    );
+    let mut next = DeltaClient::open(&fx, "next").await.unwrap();
+    assert_eq!(next.next().await.type_url, TYPE_CLUSTER);
+}
