@@ -7,5 +7,6 @@
 pub mod authority;
 pub mod cli;
 pub mod dev;
+pub mod listener;
 pub mod net;
 pub mod node;

@@ -10,6 +10,12 @@
 //! Authentication: the API listener is plain HTTP today, and the acting operator is named by
 //! the `x-waymark-actor` header. Bind it to loopback or a management network; the mutual-TLS
 //! listener that takes the actor from the client certificate is the next step.
+//!
+//! Bounds: every route has an explicit body limit (`413 body_too_large` beyond it, before
+//! the body is parsed); free text and counts that would reach Raft or the audit log are
+//! checked against [`super::fields`] (`422 too_long`/`too_many` naming the field) before
+//! anything is proposed or audited. Requests refused as anonymous or malformed are counted
+//! and logged, never written to the log.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -17,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -34,6 +40,7 @@ use waymark_registry::state::{
 use waymark_xds::server::XdsServer;
 
 use super::federation::FederationNode;
+use super::fields;
 use super::leader::{SharedPipeline, now_ms};
 use super::machine::{AuditEntry, AuditKind, Refusal, Request, Response as RaftResponse};
 use super::metrics::{AuthorityMetrics, OutcomeLabels, ReasonLabels};
@@ -49,6 +56,17 @@ pub const OVERRIDE_WINDOW: Duration = Duration::from_secs(600);
 pub const AUDIT_PAGE_MAX: usize = 10_000;
 /// The header naming the acting operator.
 pub const ACTOR_HEADER: &str = "x-waymark-actor";
+
+/// Body limit of every route not listed below (reads, deletes, overrides, membership,
+/// evacuations, failovers: small JSON objects).
+pub const BODY_MAX: usize = 16 * 1024;
+/// Body limit of a service declaration and of contract validation (a health contract).
+pub const CONTRACT_BODY_MAX: usize = 64 * 1024;
+/// Body limit of a registration or a declared external endpoint: tags and metadata at
+/// their ceilings fit, with room for JSON.
+pub const INSTANCE_BODY_MAX: usize = 128 * 1024;
+/// Body limit of a service policy: `allowed_callers` at its ceiling of names fits.
+pub const POLICY_BODY_MAX: usize = 2 * 1024 * 1024;
 
 /// Shared state of the API handlers.
 #[derive(Clone)]
@@ -114,8 +132,9 @@ impl ApiState {
     }
 }
 
-/// The API routes.
+/// The API routes, each with its body limit.
 pub fn router(state: ApiState) -> Router {
+    let limit = DefaultBodyLimit::max;
     Router::new()
         .route("/v1/openapi.json", get(openapi))
         .route("/livez", get(livez))
@@ -130,21 +149,37 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/services", get(services))
         .route(
             "/v1/services/{service}",
-            put(put_service).get(get_service).delete(remove_service),
+            put(put_service)
+                .get(get_service)
+                .delete(remove_service)
+                .layer(limit(CONTRACT_BODY_MAX)),
         )
         .route("/v1/services/{service}/view", get(service_view))
         .route(
             "/v1/services/{service}/policy",
-            put(put_policy).get(get_policy),
+            put(put_policy)
+                .get(get_policy)
+                .layer(limit(POLICY_BODY_MAX)),
         )
         .route("/v1/zones", get(zones))
         .route("/v1/zones/{zone}/evacuation", post(evacuation))
-        .route("/v1/contracts/validate", post(validate_contract))
-        .route("/v1/instances", post(register).get(instances))
+        .route(
+            "/v1/contracts/validate",
+            post(validate_contract).layer(limit(CONTRACT_BODY_MAX)),
+        )
+        .route(
+            "/v1/instances",
+            post(register)
+                .get(instances)
+                .layer(limit(INSTANCE_BODY_MAX)),
+        )
         .route("/v1/instances/{id}", axum::routing::delete(deregister))
         .route("/v1/instances/{id}/renew", put(renew))
         .route("/v1/instances/{id}/explain", get(explain))
-        .route("/v1/external", post(declare_external))
+        .route(
+            "/v1/external",
+            post(declare_external).layer(limit(INSTANCE_BODY_MAX)),
+        )
         .route("/v1/external/{id}", axum::routing::delete(remove_external))
         .route("/v1/overrides", post(override_instance))
         .route("/v1/audit", get(audit))
@@ -158,7 +193,36 @@ pub fn router(state: ApiState) -> Router {
             post(region_failover),
         )
         .route("/metrics", get(metrics))
+        // Routes without their own limit: the small default. An inner (per-route) limit
+        // is applied after this one, so it wins.
+        .layer(limit(BODY_MAX))
         .with_state(state)
+}
+
+/// A request body within its route's limit. Over the limit, or unreadable, the request
+/// is refused with the API's error shape (`413 body_too_large`), counted and logged.
+struct Body(Bytes);
+
+impl FromRequest<ApiState> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(
+        request: axum::extract::Request,
+        state: &ApiState,
+    ) -> Result<Self, ApiError> {
+        match Bytes::from_request(request, state).await {
+            Ok(bytes) => Ok(Self(bytes)),
+            Err(rejection) => {
+                let status = rejection.status();
+                let reason = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    "body_too_large"
+                } else {
+                    "unreadable_body"
+                };
+                Err(state.refuse(ApiError::new(status, reason, None, rejection.body_text())))
+            }
+        }
+    }
 }
 
 /// A refusal: status and body.
@@ -354,12 +418,27 @@ impl ApiState {
 
     /// The acting operator of a privileged request, or a refusal saying what needs one.
     fn privileged_actor(&self, headers: &HeaderMap, what: &str) -> ApiResult<String> {
-        actor_of(headers).ok_or_else(|| {
+        let actor = actor_of(headers).ok_or_else(|| {
             self.refuse(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "no_actor",
                 Some(ACTOR_HEADER),
                 format!("{what} are privileged: name the acting operator"),
+            ))
+        })?;
+        self.fields(fields::text(ACTOR_HEADER, &actor, fields::ACTOR_LEN_MAX))?;
+        Ok(actor)
+    }
+
+    /// A field ceiling's verdict as the API's refusal: `422` naming the field, counted and
+    /// logged; nothing is proposed or audited.
+    fn fields(&self, checked: Result<(), fields::FieldError>) -> ApiResult<()> {
+        checked.map_err(|e| {
+            self.refuse(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                e.reason(),
+                Some(e.field()),
+                e.to_string(),
             ))
         })
     }
@@ -501,7 +580,7 @@ struct AddMember {
     addr: String,
 }
 
-async fn add_member(State(s): State<ApiState>, uri: Uri, body: Bytes) -> ApiResult<Response> {
+async fn add_member(State(s): State<ApiState>, uri: Uri, Body(body): Body) -> ApiResult<Response> {
     s.leader_only(&uri)?;
     let m: AddMember = s.body(&body)?;
     // An IP or a DNS name: a StatefulSet member keeps its name, not its IP, across
@@ -649,11 +728,12 @@ async fn put_service(
     State(s): State<ApiState>,
     uri: Uri,
     Path(service): Path<String>,
-    body: Bytes,
+    Body(body): Body,
 ) -> ApiResult<Response> {
     s.leader_only(&uri)?;
     let service: ServiceName = parse_name(&service, "service").map_err(|e| s.refuse(e))?;
     let put: PutService = s.body(&body)?;
+    s.fields(fields::text("owner", &put.owner, fields::OWNER_LEN_MAX))?;
     if put.owner.trim().is_empty() {
         return Err(s.refuse(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -722,12 +802,13 @@ async fn put_policy(
     uri: Uri,
     headers: HeaderMap,
     Path(service): Path<String>,
-    body: Bytes,
+    Body(body): Body,
 ) -> ApiResult<Response> {
     s.leader_only(&uri)?;
     let service: ServiceName = parse_name(&service, "service").map_err(|e| s.refuse(e))?;
     let actor = s.privileged_actor(&headers, "policy changes")?;
     let policy: ServicePolicyRecord = s.body(&body)?;
+    s.fields(fields::policy(&policy))?;
     let detail = serde_json::to_value(&policy).unwrap_or(Value::Null);
     let result = s
         .command(
@@ -765,7 +846,7 @@ async fn evacuation(
     uri: Uri,
     headers: HeaderMap,
     Path(zone): Path<String>,
-    body: Bytes,
+    Body(body): Body,
 ) -> ApiResult<Response> {
     s.leader_only(&uri)?;
     let zone: ZoneName = parse_name(&zone, "zone").map_err(|e| s.refuse(e))?;
@@ -817,12 +898,13 @@ async fn region_failover(
     uri: Uri,
     headers: HeaderMap,
     Path(region): Path<String>,
-    body: Bytes,
+    Body(body): Body,
 ) -> ApiResult<Response> {
     s.leader_only(&uri)?;
     let region: RegionName = parse_name(&region, "region").map_err(|e| s.refuse(e))?;
     let actor = s.privileged_actor(&headers, "region failovers")?;
     let FailoverBody { action, reason } = s.body(&body)?;
+    s.fields(fields::text("reason", &reason, fields::REASON_LEN_MAX))?;
     let intent = match action {
         FailoverAction::Failover => RegionFailoverIntent::Failover { manual: true },
         FailoverAction::ShiftBack => RegionFailoverIntent::ShiftBack,
@@ -907,7 +989,7 @@ struct ValidateBody {
     contract: HealthContract,
 }
 
-async fn validate_contract(State(s): State<ApiState>, body: Bytes) -> ApiResult<Response> {
+async fn validate_contract(State(s): State<ApiState>, Body(body): Body) -> ApiResult<Response> {
     let v: ValidateBody = s.body(&body)?;
     match v.contract.validate() {
         Ok(_) => Ok(axum::Json(json!({"valid": true})).into_response()),
@@ -920,9 +1002,10 @@ async fn validate_contract(State(s): State<ApiState>, body: Bytes) -> ApiResult<
     }
 }
 
-async fn register(State(s): State<ApiState>, uri: Uri, body: Bytes) -> ApiResult<Response> {
+async fn register(State(s): State<ApiState>, uri: Uri, Body(body): Body) -> ApiResult<Response> {
     s.leader_only(&uri)?;
     let mut registration: Registration = s.body(&body)?;
+    s.fields(fields::registration(&registration))?;
     if registration.lease_ms == 0 {
         registration.lease_ms = waymark_core::defaults::LEASE.as_millis() as u64;
     }
@@ -981,9 +1064,14 @@ async fn deregister(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn declare_external(State(s): State<ApiState>, uri: Uri, body: Bytes) -> ApiResult<Response> {
+async fn declare_external(
+    State(s): State<ApiState>,
+    uri: Uri,
+    Body(body): Body,
+) -> ApiResult<Response> {
     s.leader_only(&uri)?;
     let instance: Instance = s.body(&body)?;
+    s.fields(fields::external(&instance))?;
     let id = instance.id.clone();
     s.command(&uri, Command::DeclareExternal { instance })
         .await?;
@@ -1102,61 +1190,71 @@ async fn override_instance(
     State(s): State<ApiState>,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    Body(body): Body,
 ) -> ApiResult<Response> {
     s.leader_only(&uri)?;
-    let actor = actor_of(&headers);
     let o: OverrideBody = s.body(&body)?;
+    // Anonymous or malformed requests are refused before the audit log is written: it is
+    // replicated to every member, and nobody may grow it just by asking.
+    let actor = s.privileged_actor(&headers, "overrides")?;
+    if let Some(j) = &o.justification {
+        s.fields(fields::text(
+            "justification",
+            j,
+            fields::OVERRIDE_JUSTIFICATION_LEN_MAX,
+        ))?;
+    }
+    if !matches!(o.action.as_str(), "maintenance_on" | "maintenance_off") {
+        return Err(s.refuse(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "bad_action",
+            Some("action"),
+            "action: maintenance_on or maintenance_off",
+        )));
+    }
     let service = s.raft.with_state(|st, _| {
         st.registry()
             .instance(&o.instance)
             .map(|r| r.instance.service.clone())
     });
-    let refusal = match (&actor, &service, o.justification.as_deref().map(str::trim)) {
-        (None, _, _) => Some(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "no_actor",
-            Some(ACTOR_HEADER),
-            "overrides are privileged: name the acting operator",
-        )),
-        (_, None, _) => Some(ApiError::new(
+    let Some(svc) = service.clone() else {
+        return Err(s.refuse(ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_instance",
             Some("instance"),
             format!("no live instance {}", o.instance),
-        )),
-        (_, _, None | Some("")) => Some(ApiError::new(
+        )));
+    };
+    // A named operator's attempt on a live instance is audited whether granted or not.
+    let refusal = if o
+        .justification
+        .as_deref()
+        .map(str::trim)
+        .is_none_or(str::is_empty)
+    {
+        Some(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "no_justification",
             Some("justification"),
             "an override needs a justification",
-        )),
-        _ if !matches!(o.action.as_str(), "maintenance_on" | "maintenance_off") => {
-            Some(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "bad_action",
-                Some("action"),
-                "action: maintenance_on or maintenance_off",
-            ))
-        }
-        (Some(a), Some(svc), _) => {
-            let ok = s
-                .overrides
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .try_acquire(a, svc.as_str(), Instant::now());
-            (!ok).then(|| {
-                ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limited",
-                    None,
-                    format!(
-                        "at most {OVERRIDES_PER_WINDOW} overrides per {} min per actor per service",
-                        OVERRIDE_WINDOW.as_secs() / 60
-                    ),
-                )
-            })
-        }
+        ))
+    } else {
+        let ok = s
+            .overrides
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .try_acquire(&actor, svc.as_str(), Instant::now());
+        (!ok).then(|| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                None,
+                format!(
+                    "at most {OVERRIDES_PER_WINDOW} overrides per {} min per actor per service",
+                    OVERRIDE_WINDOW.as_secs() / 60
+                ),
+            )
+        })
     };
     let outcome = if refusal.is_some() {
         "refused"
@@ -1173,7 +1271,7 @@ async fn override_instance(
         seq: 0,
         at_ms: now_ms(),
         kind: AuditKind::Override,
-        actor: actor.clone().unwrap_or_else(|| "anonymous".into()),
+        actor: actor.clone(),
         service: service.clone(),
         instance: Some(o.instance.clone()),
         outcome: outcome.into(),
@@ -1187,13 +1285,8 @@ async fn override_instance(
     if let Some(e) = refusal {
         return Err(s.refuse(e));
     }
-    let reason = (o.action == "maintenance_on").then(|| {
-        format!(
-            "{} by {}",
-            o.justification.unwrap_or_default(),
-            actor.unwrap_or_default()
-        )
-    });
+    let reason = (o.action == "maintenance_on")
+        .then(|| format!("{} by {actor}", o.justification.unwrap_or_default()));
     let applied = s
         .command(
             &uri,

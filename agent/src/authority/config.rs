@@ -592,6 +592,7 @@ impl ConfigFile {
                 reconnect_floor: a.limits.reconnect_floor,
                 admit_releases_per_sec: a.limits.admit_releases_per_sec,
                 shed_admissions: a.limits.shed_admissions,
+                ..Limits::default()
             },
         })
     }

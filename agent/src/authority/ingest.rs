@@ -39,6 +39,11 @@ pub const SERVICE: &str = "waymark.evidence.v1.Evidence";
 pub const SESSION_PATH: &str = "/waymark.evidence.v1.Evidence/Session";
 /// Samples accepted in one message; larger batches are refused whole.
 pub const BATCH_MAX: usize = 4096;
+/// Largest message an agent may send (a full batch with every detail at its ceiling fits);
+/// a larger one ends the session with `RESOURCE_EXHAUSTED` before it is decoded.
+pub const AGENT_MESSAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Largest message the authority sends (a node's whole probe assignment).
+pub const AUTHORITY_MESSAGE_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// What an agent sends.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -245,6 +250,17 @@ impl EvidenceService {
                     None => break,
                 };
                 match message {
+                    AgentMessage::Hello { .. } if hello_node.is_some() => {
+                        // One hello per session: a second would count the node as
+                        // connected once more than it ever says goodbye.
+                        warn!(%reporter, "evidence session ended: a second hello");
+                        let _ = tx
+                            .send(Err(Status::failed_precondition(
+                                "hello: at most once per session",
+                            )))
+                            .await;
+                        break;
+                    }
                     AgentMessage::Hello { zone } => {
                         let Reporter::Node(node) = &reporter else {
                             let _ = tx
@@ -365,7 +381,10 @@ where
             }
             let mut grpc =
                 tonic::server::Grpc::new(JsonCodec::<AuthorityMessage, AgentMessage>::default())
-                    .apply_max_message_size_config(Some(16 << 20), Some(16 << 20));
+                    .apply_max_message_size_config(
+                        Some(AGENT_MESSAGE_BYTES_MAX),
+                        Some(AUTHORITY_MESSAGE_BYTES_MAX),
+                    );
             Ok(grpc.streaming(SessionMethod(service), request).await)
         })
     }
@@ -405,7 +424,9 @@ impl ClientSession {
     /// Open a session over `channel` (build it with mutual TLS: the identity is the
     /// reporter).
     pub async fn open(channel: tonic::transport::Channel) -> Result<Self, Status> {
-        let mut grpc = tonic::client::Grpc::new(channel);
+        let mut grpc = tonic::client::Grpc::new(channel)
+            .max_decoding_message_size(AUTHORITY_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(AGENT_MESSAGE_BYTES_MAX);
         grpc.ready()
             .await
             .map_err(|e| Status::unavailable(format!("evidence channel not ready: {e}")))?;

@@ -12,6 +12,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
+use waymark_certs::grpc::{self, GrpcLimits, GrpcMetrics, IncomingConfig};
 use waymark_certs::identity::{IdentityKind, KindSet, TrustDomain};
 use waymark_certs::reload::{MaterialPaths, load_material};
 use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
@@ -23,7 +24,7 @@ use waymark_core::units::Permille;
 use waymark_federation::signal::RegionSignal;
 use waymark_registry::pipeline::PipelineConfig;
 use waymark_xds::admission::AdmissionConfig;
-use waymark_xds::server::{Keepalive, ServerConfig, XdsServer};
+use waymark_xds::server::{ServerConfig, XdsServer};
 
 use super::api::{self, ApiState};
 use super::evidence::EvidenceHub;
@@ -39,6 +40,7 @@ use super::metrics::AuthorityMetrics;
 use super::raft::{Member, RaftConfig, RaftNode};
 use super::regions::{self, FederationSettings, RegionMetrics, RegionsHandle, SharedSignal};
 use super::tier;
+use crate::listener::{HttpLimits, HttpMetrics};
 use crate::net::HostPort;
 use crate::node::gossip::{Gossip, GossipConfig, GossipId, Keyring, Role};
 
@@ -93,6 +95,10 @@ pub struct Limits {
     /// Shed admissions at all (under their rate budget or delivery pressure). Off only to
     /// show what shedding protects.
     pub shed_admissions: bool,
+    /// The HTTP listener's bounds (API and Raft RPC).
+    pub http: HttpLimits,
+    /// The gRPC listeners' bounds (xDS and evidence ingest).
+    pub grpc: GrpcLimits,
 }
 
 impl Default for Limits {
@@ -102,6 +108,8 @@ impl Default for Limits {
             reconnect_floor: AdmissionConfig::default().floor,
             admit_releases_per_sec: waymark_core::defaults::ADMIT_RELEASES_PER_SEC,
             shed_admissions: true,
+            http: HttpLimits::AUTHORITY,
+            grpc: GrpcLimits::default(),
         }
     }
 }
@@ -178,6 +186,10 @@ impl Authority {
         metrics.register(&mut registry);
         let cert_metrics = CertMetrics::new();
         cert_metrics.register(&mut registry);
+        let http_metrics = HttpMetrics::default();
+        http_metrics.register(&mut registry);
+        let grpc_metrics = GrpcMetrics::default();
+        grpc_metrics.register(&mut registry);
         let kube_metrics = config.kubernetes.as_ref().map(|_| {
             let m = KubeMetrics::new();
             m.register(&mut registry);
@@ -224,17 +236,19 @@ impl Authority {
         };
         let serving = xds_server.clone();
         let xds_tls = tls.as_ref().map(|(xds, _, _)| Arc::clone(xds));
+        let grpc = config.limits.grpc;
+        let xds_incoming = IncomingConfig::named("authority_xds", &grpc_metrics);
         tasks.push(tokio::spawn(async move {
-            let never = std::future::pending::<()>();
+            let router = grpc.server().add_service(serving.service());
             let result = match xds_tls {
                 Some(tls) => {
-                    serving
-                        .serve_tls(xds_listener, tls, Keepalive::default(), never)
+                    router
+                        .serve_with_incoming(grpc::incoming(xds_listener, tls, xds_incoming))
                         .await
                 }
                 None => {
-                    serving
-                        .serve(xds_listener, Keepalive::default(), never)
+                    router
+                        .serve_with_incoming(grpc::incoming_plain(xds_listener, xds_incoming))
                         .await
                 }
             };
@@ -258,13 +272,14 @@ impl Authority {
                 config.region.clone(),
                 metrics.sessions_unattributed.clone(),
             );
-            let incoming = waymark_certs::grpc::incoming(
+            let incoming = grpc::incoming(
                 listener,
                 Arc::clone(ingest_tls),
-                waymark_certs::grpc::IncomingConfig::default(),
+                IncomingConfig::named("ingest", &grpc_metrics),
             );
             tasks.push(tokio::spawn(async move {
-                let result = tonic::transport::Server::builder()
+                let result = grpc
+                    .server()
                     .add_service(service)
                     .serve_with_incoming(incoming)
                     .await;
@@ -337,11 +352,15 @@ impl Authority {
             )));
         }
         let router = raft.router().merge(api::router(api));
-        tasks.push(tokio::spawn(async move {
-            if let Err(error) = axum::serve(http_listener, router).await {
-                tracing::error!(%error, "http server stopped");
-            }
-        }));
+        let http_limits = config.limits.http;
+        tasks.push(tokio::spawn(crate::listener::serve(
+            http_listener,
+            "authority",
+            router,
+            http_limits,
+            http_metrics,
+            std::future::pending(),
+        )));
         info!(id = config.id, %http, %xds, ingest = ?ingest, "authority member serving");
         Ok(Self {
             id: config.id,

@@ -7,6 +7,7 @@ pub mod config;
 pub mod evidence;
 pub mod existence;
 pub mod federation;
+pub mod fields;
 pub mod ingest;
 pub mod kube;
 pub mod leader;

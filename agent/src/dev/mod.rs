@@ -255,11 +255,14 @@ impl DevRegion {
             .with_context(|| format!("binding the backends API on {}", args.backends_api))?;
         let backends_api = listener.local_addr()?;
         let router = Arc::clone(&backends).router();
-        let control = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router).await {
-                tracing::error!(error = %e, "backends API failed");
-            }
-        });
+        let control = tokio::spawn(crate::listener::serve(
+            listener,
+            "dev_backends",
+            router,
+            crate::listener::HttpLimits::LOCAL,
+            crate::listener::HttpMetrics::default(),
+            std::future::pending(),
+        ));
         Ok(Self {
             authority,
             agent,

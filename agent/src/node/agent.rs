@@ -27,6 +27,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Endpoint;
 use waymark_certs::CertMetrics;
 use waymark_certs::PeerPolicy;
+use waymark_certs::grpc::{GrpcLimits, GrpcMetrics, IncomingConfig};
 use waymark_certs::identity::{IdentityKind, KindSet, TrustDomain};
 use waymark_certs::reload::{MaterialPaths, Reloader, WatchHandle, load_material};
 use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config, server_config};
@@ -36,7 +37,7 @@ use waymark_core::units::Permille;
 use waymark_lkg::{SledViewStore, ViewStore};
 use waymark_xds::client::{Applied, ClientConfig, Subscription, XdsClient};
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
-use waymark_xds::{Keepalive, Publisher, ServerConfig, XdsServer};
+use waymark_xds::{Publisher, ServerConfig, XdsServer};
 
 use super::cache;
 use super::config::AgentConfig;
@@ -48,7 +49,12 @@ use super::probe::{Prober, ProberConfig};
 use super::session::{self, SessionConfig};
 use super::view::{Changes, LocalView, ServiceState};
 use crate::authority::ingest::{AgentMessage, WireSample};
+use crate::listener::{HttpLimits, HttpMetrics};
 use waymark_core::model::Observation;
+
+/// Connections the local xDS/LRS listener takes at once: the host's sidecars and
+/// workloads, a few per pod.
+pub const LOCAL_GRPC_CONNECTIONS_MAX: usize = 1_024;
 
 /// What the HTTP API and tests read about the served view.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -353,9 +359,8 @@ impl NodeAgent {
         let xds_addr = xds_listener.local_addr()?;
         {
             let mut stop = shutdown_rx.clone();
-            let router = tonic::transport::Server::builder()
-                .http2_keepalive_interval(Some(Keepalive::default().interval))
-                .http2_keepalive_timeout(Some(Keepalive::default().timeout))
+            let router = GrpcLimits::default()
+                .server()
                 .add_service(xds.service())
                 .add_service(shared.lrs.service())
                 .add_service(crate::authority::ingest::EvidenceService::new(
@@ -373,24 +378,24 @@ impl NodeAgent {
                 .as_ref()
                 .filter(|_| !config.listen.local_plaintext)
                 .map(|t| Arc::clone(&t.server));
+            let grpc_metrics = GrpcMetrics::default();
+            grpc_metrics.register(&mut registry);
+            let incoming = IncomingConfig {
+                connections_max: LOCAL_GRPC_CONNECTIONS_MAX,
+                ..IncomingConfig::named("agent_xds", &grpc_metrics)
+            };
             tasks.push(tokio::spawn(async move {
                 let result = match server_tls {
                     Some(cfg) => {
-                        let incoming = waymark_certs::grpc::incoming(
-                            xds_listener,
-                            cfg,
-                            waymark_certs::grpc::IncomingConfig::default(),
-                        );
+                        let incoming = waymark_certs::grpc::incoming(xds_listener, cfg, incoming);
                         router
                             .serve_with_incoming_shutdown(incoming, stop_fut)
                             .await
                     }
                     None => {
+                        let incoming = waymark_certs::grpc::incoming_plain(xds_listener, incoming);
                         router
-                            .serve_with_incoming_shutdown(
-                                tokio_stream::wrappers::TcpListenerStream::new(xds_listener),
-                                stop_fut,
-                            )
+                            .serve_with_incoming_shutdown(incoming, stop_fut)
                             .await
                     }
                 };
@@ -506,16 +511,18 @@ impl NodeAgent {
         {
             let app = super::api::router(Arc::clone(&shared));
             let mut stop = shutdown_rx.clone();
-            tasks.push(tokio::spawn(async move {
-                let served = axum::serve(http_listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = stop.wait_for(|s| *s).await;
-                    })
-                    .await;
-                if let Err(e) = served {
-                    tracing::error!(error = %e, "agent HTTP API failed");
-                }
-            }));
+            let http_metrics = HttpMetrics::default();
+            http_metrics.register(&mut registry);
+            tasks.push(tokio::spawn(crate::listener::serve(
+                http_listener,
+                "agent",
+                app,
+                HttpLimits::LOCAL,
+                http_metrics,
+                async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                },
+            )));
         }
 
         // 8. Service definitions for runtimes nothing watches.

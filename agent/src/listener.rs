@@ -1,0 +1,273 @@
+//! Every HTTP listener the binary runs — the authority's API and Raft RPC, the node agent's
+//! API, the dev region's backends API — is served by [`serve`], bounded the same way.
+//!
+//! `axum::serve` leaves hyper's timer unset, so a client that opens a connection and never
+//! finishes its headers holds it (and its task) forever. Here each connection is an
+//! HTTP/1.1 connection from hyper's own builder with a timer, so:
+//!
+//! ```text
+//! accept ─► connection cap ──full──► 503 written, closed, counted (…_connections_refused_total)
+//!              │ permit held for the connection's life
+//!              ▼
+//!          hyper http1 (header read timeout, which also ends idle keep-alive; header caps)
+//!              ▼
+//!          request timeout (408, counted in …_requests_timed_out_total) ─► the router
+//! ```
+//!
+//! Body limits are per route, in the routers (`DefaultBodyLimit`), because only the router
+//! knows which route needs more than the small default.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util_client::rt::{TokioIo, TokioTimer};
+use hyper_util_client::service::TowerToHyperService;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use tracing::{Instrument as _, debug, info, warn};
+
+/// Pause after an accept error that is not about one connection (out of descriptors, say),
+/// so a persistent error cannot spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// The bounds of one HTTP listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Connections open at once; one more is answered `503` and closed.
+    pub connections_max: usize,
+    /// Time a client has to send a request's headers, from when the connection is ready
+    /// for one. It also closes a keep-alive connection that sits idle this long.
+    pub header_read_timeout: Duration,
+    /// Time from a request's headers to its response, body read included; then `408`.
+    pub request_timeout: Duration,
+    /// Headers in one request, at most (hyper answers `431` beyond).
+    pub headers_max: usize,
+    /// Bytes of request line plus headers, at most (hyper answers `431` beyond).
+    pub head_bytes_max: usize,
+}
+
+impl HttpLimits {
+    /// The authority's listener (API and Raft RPC): the region's operators, node agents,
+    /// tooling and the other members share it.
+    pub const AUTHORITY: Self = Self {
+        connections_max: 1_024,
+        header_read_timeout: Duration::from_secs(10),
+        request_timeout: Duration::from_secs(30),
+        headers_max: 64,
+        head_bytes_max: 16 * 1024,
+    };
+
+    /// A host-local listener (the node agent's API, the dev backends' control API): only
+    /// the host's own tooling and scrapers call it.
+    pub const LOCAL: Self = Self {
+        connections_max: 128,
+        header_read_timeout: Duration::from_secs(10),
+        request_timeout: Duration::from_secs(10),
+        headers_max: 64,
+        head_bytes_max: 16 * 1024,
+    };
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self::AUTHORITY
+    }
+}
+
+/// `listener`: which HTTP listener.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ListenerLabels {
+    /// `authority`, `agent`, `dev_backends`.
+    pub listener: &'static str,
+}
+
+/// What the HTTP listeners of one process count (`waymark_http_*`). Clones share series.
+#[derive(Debug, Clone, Default)]
+pub struct HttpMetrics {
+    /// Connections refused at the connection cap.
+    pub connections_refused: Family<ListenerLabels, Counter>,
+    /// Requests answered `408` because they outlived the request timeout.
+    pub requests_timed_out: Family<ListenerLabels, Counter>,
+}
+
+impl HttpMetrics {
+    /// Register under `waymark_http_`.
+    pub fn register(&self, registry: &mut Registry) {
+        let sub = registry.sub_registry_with_prefix("waymark_http");
+        sub.register(
+            "connections_refused",
+            "HTTP connections refused because the listener held its connection cap",
+            self.connections_refused.clone(),
+        );
+        sub.register(
+            "requests_timed_out",
+            "HTTP requests answered 408 because they outlived the request timeout",
+            self.requests_timed_out.clone(),
+        );
+    }
+}
+
+/// Serve `router` on `listener` until `shutdown` resolves, then let the requests in flight
+/// finish (each within the request timeout) and return. `name` labels metrics and logs.
+pub async fn serve(
+    listener: TcpListener,
+    name: &'static str,
+    router: Router,
+    limits: HttpLimits,
+    metrics: HttpMetrics,
+    shutdown: impl Future<Output = ()>,
+) {
+    let router = router.layer(axum::middleware::from_fn_with_state(
+        Deadline {
+            listener: name,
+            timeout: limits.request_timeout,
+            metrics: metrics.clone(),
+        },
+        deadline,
+    ));
+    let permits = Arc::new(Semaphore::new(
+        limits.connections_max.clamp(1, Semaphore::MAX_PERMITS),
+    ));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    let local = listener.local_addr().ok();
+    info!(listener = name, addr = ?local, connections_max = limits.connections_max, "http listener serving");
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(error) => {
+                debug!(listener = name, %error, "http accept failed");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            refuse(stream, peer, name, &limits, &metrics);
+            continue;
+        };
+        let (router, stop) = (router.clone(), stop_rx.clone());
+        let span = tracing::debug_span!("http_connection", listener = name, %peer);
+        connections.spawn(
+            async move {
+                serve_connection(stream, router, &limits, stop).await;
+                drop(permit);
+            }
+            .instrument(span),
+        );
+    }
+    // Idle connections close at once; a request in flight finishes (within its timeout).
+    let _ = stop_tx.send(true);
+    while connections.join_next().await.is_some() {}
+    info!(listener = name, "http listener stopped");
+}
+
+/// One connection, until the peer closes it, a timeout ends it, or shutdown drains it.
+async fn serve_connection(
+    stream: TcpStream,
+    router: Router,
+    limits: &HttpLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_headers(limits.headers_max)
+        .max_header_size(limits.head_bytes_max)
+        .keep_alive(true);
+    let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
+    let mut conn = std::pin::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        () = stopping(&mut stop) => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(error) = result {
+        // A header read timeout, a malformed request or a reset: the connection is gone,
+        // which is the point; nothing else to do.
+        debug!(%error, "http connection ended with an error");
+    }
+}
+
+/// Resolves once shutdown is signalled (or its sender is gone).
+async fn stopping(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// The answer to a connection over the cap: a `503` written without waiting (a fresh
+/// socket's send buffer is empty, so it fits), then the connection is closed.
+fn refuse(
+    stream: TcpStream,
+    peer: SocketAddr,
+    name: &'static str,
+    limits: &HttpLimits,
+    metrics: &HttpMetrics,
+) {
+    metrics
+        .connections_refused
+        .get_or_create(&ListenerLabels { listener: name })
+        .inc();
+    warn!(listener = name, %peer, connections_max = limits.connections_max, "http connection refused: connection cap reached");
+    let body = r#"{"error":{"reason":"too_many_connections","field":null,"message":"the listener holds its connection cap; retry later"}}"#;
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\nretry-after: 1\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.try_write(response.as_bytes());
+}
+
+#[derive(Clone)]
+struct Deadline {
+    listener: &'static str,
+    timeout: Duration,
+    metrics: HttpMetrics,
+}
+
+/// The request timeout: `408` with the API's error shape once it has passed.
+async fn deadline(State(d): State<Deadline>, request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_owned();
+    match tokio::time::timeout(d.timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_elapsed) => {
+            d.metrics
+                .requests_timed_out
+                .get_or_create(&ListenerLabels {
+                    listener: d.listener,
+                })
+                .inc();
+            let timeout_ms = u64::try_from(d.timeout.as_millis()).unwrap_or(u64::MAX);
+            warn!(listener = d.listener, path = %path, timeout_ms, "http request timed out");
+            let body = serde_json::json!({"error": {
+                "reason": "request_timeout",
+                "field": null,
+                "message": format!("the request took longer than {timeout_ms} ms"),
+            }});
+            (StatusCode::REQUEST_TIMEOUT, axum::Json(body)).into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "listener_test.rs"]
+mod tests;

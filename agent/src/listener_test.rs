@@ -1,0 +1,174 @@
+//! The shared HTTP listener against real sockets: a client that never finishes its headers
+//! is cut off, a connection over the cap is refused with a 503 and counted, a request over
+//! its deadline is answered 408 and counted, and the listener goes on serving through all
+//! of it.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use axum::routing::get;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::*;
+
+/// How long a test waits for the server to do what it must; a failure, never a pace.
+const GUARD: Duration = Duration::from_secs(30);
+
+fn router() -> Router {
+    Router::new()
+        .route("/ok", get(|| async { "ok" }))
+        .route("/never", get(std::future::pending::<&'static str>))
+}
+
+async fn start(limits: HttpLimits) -> (SocketAddr, HttpMetrics, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let metrics = HttpMetrics::default();
+    let task = tokio::spawn(serve(
+        listener,
+        "test",
+        router(),
+        limits,
+        metrics.clone(),
+        std::future::pending(),
+    ));
+    (addr, metrics, task)
+}
+
+/// One request on a fresh connection; the whole answer as text.
+async fn get_text(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(GUARD, s.read_to_string(&mut out))
+        .await
+        .expect("the server answers")
+        .unwrap();
+    out
+}
+
+/// Reads until the server closes the connection; what it sent before.
+async fn until_closed(s: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    tokio::time::timeout(GUARD, s.read_to_end(&mut out))
+        .await
+        .expect("the server closes the connection")
+        .unwrap_or_default();
+    out
+}
+
+fn labels() -> ListenerLabels {
+    ListenerLabels { listener: "test" }
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_headers_is_disconnected() {
+    let limits = HttpLimits {
+        header_read_timeout: Duration::from_millis(200),
+        ..HttpLimits::LOCAL
+    };
+    let (addr, _, _task) = start(limits).await;
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /ok HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    until_closed(&mut slow).await;
+    // An idle keep-alive connection that never sends anything is closed the same way.
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    until_closed(&mut idle).await;
+    assert!(get_text(addr, "/ok").await.starts_with("HTTP/1.1 200"));
+}
+
+#[tokio::test]
+async fn a_connection_over_the_cap_is_refused_with_503_and_counted() {
+    let limits = HttpLimits {
+        connections_max: 1,
+        ..HttpLimits::LOCAL
+    };
+    let (addr, metrics, _task) = start(limits).await;
+    // The one permitted connection, proven accepted by a request answered on it.
+    let mut held = TcpStream::connect(addr).await.unwrap();
+    held.write_all(b"GET /ok HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 12];
+    held.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"HTTP/1.1 200");
+
+    let mut refused = TcpStream::connect(addr).await.unwrap();
+    let answer = String::from_utf8(until_closed(&mut refused).await).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("too_many_connections"), "{answer}");
+    assert_eq!(
+        metrics.connections_refused.get_or_create(&labels()).get(),
+        1
+    );
+
+    // Freeing the slot lets the next client in: the listener is still serving.
+    drop(held);
+    let served = tokio::time::timeout(GUARD, async {
+        loop {
+            let answer = get_text(addr, "/ok").await;
+            if answer.starts_with("HTTP/1.1 200") {
+                return answer;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("a freed slot is reused");
+    assert!(served.ends_with("ok"), "{served}");
+}
+
+#[tokio::test]
+async fn a_request_over_its_deadline_is_answered_408_and_counted() {
+    let limits = HttpLimits {
+        request_timeout: Duration::from_millis(100),
+        ..HttpLimits::LOCAL
+    };
+    let (addr, metrics, _task) = start(limits).await;
+    let answer = get_text(addr, "/never").await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    assert_eq!(metrics.requests_timed_out.get_or_create(&labels()).get(), 1);
+    assert!(get_text(addr, "/ok").await.starts_with("HTTP/1.1 200"));
+}
+
+#[tokio::test]
+async fn headers_over_the_cap_are_refused_with_431() {
+    let (addr, _, _task) = start(HttpLimits::LOCAL).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let big = "a".repeat(HttpLimits::LOCAL.head_bytes_max + 1);
+    let req = format!("GET /ok HTTP/1.1\r\nhost: x\r\nx-big: {big}\r\n\r\n");
+    let _ = s.write_all(req.as_bytes()).await;
+    let answer = String::from_utf8_lossy(&until_closed(&mut s).await).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    assert!(get_text(addr, "/ok").await.starts_with("HTTP/1.1 200"));
+}
+
+#[tokio::test]
+async fn shutdown_stops_accepting_and_returns() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(serve(
+        listener,
+        "test",
+        router(),
+        HttpLimits::LOCAL,
+        HttpMetrics::default(),
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    assert!(get_text(addr, "/ok").await.starts_with("HTTP/1.1 200"));
+    // An idle keep-alive connection does not hold shutdown up.
+    let _idle = TcpStream::connect(addr).await.unwrap();
+    tx.send(()).unwrap();
+    tokio::time::timeout(GUARD, task)
+        .await
+        .expect("serve returns")
+        .unwrap();
+}
