@@ -16,7 +16,7 @@ use waymark_agent::authority::ingest::{AgentMessage, AuthorityMessage, ClientSes
 use waymark_agent::authority::member::{Authority, AuthorityConfig, TlsSettings};
 use waymark_agent::cli::http::ApiClient;
 use waymark_agent::node::NodeAgent;
-use waymark_agent::node::config::{AgentConfig, Bounds, Listen, Tls};
+use waymark_agent::node::config::{AgentConfig, Bounds, Listen, ProbeSection, Tls};
 use waymark_certs::grpc::TlsConnector;
 use waymark_certs::layout::PkiDir;
 use waymark_certs::reload::{MaterialPaths, load_material};
@@ -178,6 +178,7 @@ async fn a_workload_reports_about_itself_through_its_agent() {
             key: node.key,
             bundle: node.bundle,
         }),
+        probe: ProbeSection::default(),
     })
     .await
     .unwrap();

@@ -1,5 +1,7 @@
 //! The prober against real local servers on 127.0.0.1: HTTP (200, 503, silent, closing),
-//! a closed port, a TCP listener and a tonic-health gRPC server.
+//! a closed port, a TCP listener and a tonic-health gRPC server; and its address policy,
+//! which keeps it off loopback, link-local and metadata addresses unless allowed. Every
+//! prober here allows `127.0.0.0/8` explicitly, as a test that probes loopback must.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
@@ -16,7 +18,9 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use waymark_agent::authority::ingest::{ProbeTarget, WireSample};
-use waymark_agent::node::probe::{Check, HttpCheck, Outcome, Prober, ProberConfig, SkipLabels};
+use waymark_agent::node::probe::{
+    AddressPolicy, Check, Denied, HttpCheck, Outcome, Prober, ProberConfig, SkipLabels,
+};
 use waymark_core::contract::{ProbeKind, ProbeSpec};
 use waymark_core::model::{Address, Health, InstanceId, Observation, ServiceName};
 
@@ -103,10 +107,18 @@ fn grpc(service: &str) -> ProbeKind {
 }
 
 fn start(concurrency: usize) -> (Prober, mpsc::Receiver<WireSample>) {
+    start_with(
+        concurrency,
+        AddressPolicy::new(vec!["127.0.0.0/8".parse().unwrap()]),
+    )
+}
+
+fn start_with(concurrency: usize, policy: AddressPolicy) -> (Prober, mpsc::Receiver<WireSample>) {
     let (tx, rx) = mpsc::channel(256);
     let config = ProberConfig {
         concurrency: NonZeroUsize::new(concurrency).unwrap(),
         seed: Some(1),
+        policy,
     };
     let (prober, _driver) = Prober::start(config, tx);
     (prober, rx)
@@ -176,7 +188,11 @@ async fn each_kind_of_target_reports_its_health() {
         }
     };
     expect("http-ok", Health::Pass, None);
-    expect("http-503", Health::Fail, Some("HTTP 503: database down"));
+    expect(
+        "http-503",
+        Health::Fail,
+        Some("HTTP 503; said: database down"),
+    );
     expect("http-hang", Health::Timeout, Some("no answer within 80ms"));
     expect("http-closed", Health::Refused, Some("connection refused"));
     expect("http-reset", Health::Fail, None);
@@ -294,4 +310,91 @@ async fn http_body_match_decides_a_2xx() {
     assert_eq!(check("status: ok").probe(web, WAIT).await, Outcome::pass());
     let outcome = check("status: degraded").probe(web, WAIT).await;
     assert_eq!(outcome.health, Health::Fail);
+}
+
+/// A TCP listener on `ip` that counts the connections it accepts.
+async fn counting_listener(
+    ip: &str,
+) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = std::sync::Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            count.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test]
+async fn targets_the_address_policy_refuses_are_never_connected_to() {
+    // Goal: a registration naming loopback, link-local or a metadata address gets no
+    // connection from the prober, a typed refusal and a count; allowed targets are probed.
+    use std::sync::atomic::Ordering;
+    let (refused_addr, refused_accepts) = counting_listener("127.0.0.1").await;
+    let (allowed_addr, _) = counting_listener("127.0.0.2").await;
+    let (prober, mut rx) = start_with(4, AddressPolicy::new(vec!["127.0.0.2/32".parse().unwrap()]));
+    let metadata: SocketAddr = "169.254.169.254:80".parse().unwrap();
+    let link_local: SocketAddr = "[fe80::1]:80".parse().unwrap();
+    let targets = vec![
+        target("loopback", refused_addr, ProbeKind::Tcp),
+        target("metadata", metadata, http("/latest/meta-data/")),
+        target("link-local", link_local, ProbeKind::Tcp),
+        target("allowed", allowed_addr, ProbeKind::Tcp),
+    ];
+    prober.set_targets(targets.clone());
+    prober.applied().await.unwrap();
+
+    let refusals: BTreeMap<String, (SocketAddr, Denied)> = prober
+        .refusals()
+        .borrow()
+        .iter()
+        .map(|r| (r.instance.to_string(), (r.address, r.reason)))
+        .collect();
+    assert_eq!(
+        refusals,
+        BTreeMap::from([
+            ("loopback".into(), (refused_addr, Denied::Loopback)),
+            ("metadata".into(), (metadata, Denied::CloudMetadata)),
+            ("link-local".into(), (link_local, Denied::LinkLocal)),
+        ])
+    );
+    assert_eq!(
+        prober.metrics().targets.get(),
+        1,
+        "only the allowed one is scheduled"
+    );
+
+    // Five samples of the allowed target: the refused ones were due as often, and sent none.
+    let mut allowed = 0;
+    receive_until(&mut rx, |s| {
+        assert_eq!(
+            s.instance.as_str(),
+            "allowed",
+            "a refused target was probed"
+        );
+        allowed += 1;
+        allowed == 5
+    })
+    .await;
+    assert_eq!(
+        refused_accepts.load(Ordering::SeqCst),
+        0,
+        "the loopback listener was dialled"
+    );
+
+    // The same assignment again counts nothing new.
+    prober.set_targets(targets);
+    prober.applied().await.unwrap();
+    for (reason, count) in [("loopback", 1), ("cloud_metadata", 1), ("link_local", 1)] {
+        let got = prober
+            .metrics()
+            .refused
+            .get_or_create(&SkipLabels { reason })
+            .get();
+        assert_eq!(got, count, "{reason}");
+    }
 }

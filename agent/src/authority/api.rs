@@ -15,7 +15,8 @@
 //! the body is parsed); free text and counts that would reach Raft or the audit log are
 //! checked against [`super::fields`] (`422 too_long`/`too_many` naming the field) before
 //! anything is proposed or audited. Requests refused as anonymous or malformed are counted
-//! and logged, never written to the log.
+//! and logged, never written to the log. Check output (probe response text) appears in
+//! `explain` only; the audit read path redacts it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -46,6 +47,7 @@ use super::machine::{AuditEntry, AuditKind, Refusal, Request, Response as RaftRe
 use super::metrics::{AuthorityMetrics, OutcomeLabels, ReasonLabels};
 use super::raft::{RaftNode, WriteError};
 use super::regions::{self, RegionsHandle};
+use crate::node::probe::TARGET_TEXT_MARKER;
 use waymark_registry::pipeline::RegionPipeline;
 
 /// Overrides one actor may make on one service per window.
@@ -1331,7 +1333,7 @@ async fn audit(State(s): State<ApiState>, Query(q): Query<AuditQuery>) -> impl I
             })
             .take(limit)
         {
-            if let Ok(line) = serde_json::to_string(e) {
+            if let Ok(line) = serde_json::to_string(&redacted(e)) {
                 out.push_str(&line);
                 out.push('\n');
             }
@@ -1339,6 +1341,54 @@ async fn audit(State(s): State<ApiState>, Query(q): Query<AuditQuery>) -> impl I
         out
     });
     ([(header::CONTENT_TYPE, "application/jsonl")], lines)
+}
+
+/// What the audit read path shows of a check's detail in place of the target's own words.
+pub const REDACTED: &str = "[redacted: the target's answer is shown by explain]";
+
+/// An audit record as the audit read path shows it. Transition evidence keeps the check's
+/// own words (`Fail: HTTP 503`) but not what the probed target said: the target may be
+/// anything the registry names, and its answer is relayed only by `explain` (truncated).
+/// The record in the log is unchanged.
+fn redacted(e: &AuditEntry) -> std::borrow::Cow<'_, AuditEntry> {
+    if e.kind != AuditKind::Transition {
+        return std::borrow::Cow::Borrowed(e);
+    }
+    let mut out = e.clone();
+    if let Some(evidence) = out.detail.get_mut("evidence").and_then(Value::as_array_mut) {
+        for class in evidence {
+            if let Some(Value::String(last)) = class.get_mut("last")
+                && let Some(head) = check_words(last)
+            {
+                *last = format!("{head}{TARGET_TEXT_MARKER}{REDACTED}");
+            }
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// The check's own words of a detail that carries a target's text, if it does: up to the
+/// marker, or — in records written before the marker — up to the text after an HTTP
+/// status or a gRPC code.
+fn check_words(last: &str) -> Option<&str> {
+    if let Some((head, _)) = last.split_once(TARGET_TEXT_MARKER) {
+        return Some(head);
+    }
+    let (_health, rest) = last.split_once(": ")?;
+    let offset = last.len() - rest.len();
+    let said_at = if let Some(status) = rest.strip_prefix("HTTP ") {
+        let code = status
+            .get(..3)
+            .filter(|c| c.bytes().all(|b| b.is_ascii_digit()))?;
+        status[code.len()..]
+            .starts_with(": ")
+            .then_some(5 + code.len())?
+    } else if let Some(grpc) = rest.strip_prefix("gRPC ") {
+        5 + grpc.find(": ")?
+    } else {
+        return None;
+    };
+    Some(&last[..offset + said_at])
 }
 
 /// Current alarms: the latest alarm record per (service, alarm, zone) that is still raised.
@@ -1420,3 +1470,45 @@ async fn metrics(State(s): State<ApiState>, headers: HeaderMap) -> impl IntoResp
 
 /// The OpenAPI document for this API.
 pub const OPENAPI: &str = include_str!("openapi.json");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_audit_read_path_keeps_the_checks_words_and_drops_what_the_target_said() {
+        for (last, head) in [
+            ("Fail: HTTP 503; said: secret-token", Some("Fail: HTTP 503")),
+            (
+                "Fail: gRPC Unavailable; said: x",
+                Some("Fail: gRPC Unavailable"),
+            ),
+            // Records written before the marker existed.
+            ("Fail: HTTP 500: ami-id i-0abc", Some("Fail: HTTP 500")),
+            ("Fail: gRPC Internal: boom", Some("Fail: gRPC Internal")),
+            ("Fail: HTTP 503", None),
+            ("Refused: connection refused", None),
+            ("Timeout: no answer within 500ms", None),
+            ("not ready: warming up", None),
+        ] {
+            assert_eq!(check_words(last), head, "{last}");
+        }
+        let entry = AuditEntry {
+            seq: 1,
+            at_ms: 0,
+            kind: AuditKind::Transition,
+            actor: "waymark".into(),
+            service: None,
+            instance: None,
+            outcome: "ineligible".into(),
+            detail: json!({"evidence": [
+                {"class": "probe", "last": "Fail: HTTP 500; said: {\"AccessKeyId\": \"AKIA\"}"},
+                {"class": "self_report", "last": "ready"},
+            ]}),
+        };
+        let shown = serde_json::to_string(&redacted(&entry)).unwrap_or_default();
+        assert!(!shown.contains("AKIA"), "{shown}");
+        assert!(shown.contains("Fail: HTTP 500; said: [redacted"), "{shown}");
+        assert!(shown.contains("\"ready\""), "{shown}");
+    }
+}

@@ -27,7 +27,9 @@ use self::backends::{BackendOptions, BackendSpec, Backends, SelfReportFn};
 use crate::authority::member::{Authority, AuthorityConfig, GossipSettings, TlsSettings};
 use crate::cli::http::ApiClient;
 use crate::node::NodeAgent;
-use crate::node::config::{AgentConfig, Bounds, Gossip as GossipSection, Listen, Tls};
+use crate::node::config::{
+    AgentConfig, Bounds, Gossip as GossipSection, Listen, ProbeSection, Tls,
+};
 use crate::node::gossip::Keyring;
 
 const TRUST_DOMAIN: &str = "dev.waymark";
@@ -189,6 +191,11 @@ impl DevRegion {
                 keys: vec![keyring],
             }),
             tls: Some(pki.node.clone()),
+            // The demo backends listen on loopback: the dev region allows it, and nothing
+            // else the default policy refuses.
+            probe: ProbeSection {
+                allow_cidrs: vec!["127.0.0.0/8".parse()?],
+            },
         })
         .await
         .context("starting the node agent")?;

@@ -45,7 +45,7 @@ use super::dns::{DnsConfig, DnsServer, DnsTable};
 use super::gossip::{Gossip, GossipConfig, GossipId, Keyring, MemberState, Role};
 use super::lrs::{LrsForwardConfig, LrsForwarder};
 use super::metrics::{AgentMetrics, RefusalLabels, ServiceLabels};
-use super::probe::{Prober, ProberConfig};
+use super::probe::{AddressPolicy, ProbeRefusal, Prober, ProberConfig};
 use super::session::{self, SessionConfig};
 use super::view::{Changes, LocalView, ServiceState};
 use crate::authority::ingest::{AgentMessage, WireSample};
@@ -105,6 +105,8 @@ pub(crate) struct Shared {
     pub(crate) outbound: mpsc::Sender<AgentMessage>,
     pub(crate) heartbeat: Mutex<Instant>,
     pub(crate) name: NodeName,
+    /// The prober's refused targets, once the prober runs.
+    pub(crate) probe_refusals: std::sync::OnceLock<watch::Receiver<Vec<ProbeRefusal>>>,
 }
 
 impl Shared {
@@ -344,6 +346,7 @@ impl NodeAgent {
             outbound: outbound_tx.clone(),
             heartbeat: Mutex::new(Instant::now()),
             name: config.name.clone(),
+            probe_refusals: std::sync::OnceLock::new(),
         });
         {
             let v = shared.lock_view();
@@ -469,11 +472,13 @@ impl NodeAgent {
         let (prober, prober_task) = Prober::start(
             ProberConfig {
                 seed: Some(seed),
+                policy: AddressPolicy::new(config.probe.allow_cidrs.clone()),
                 ..ProberConfig::default()
             },
             probe_tx,
         );
         prober.register(&mut registry);
+        let _ = shared.probe_refusals.set(prober.refusals());
         tasks.push(prober_task);
         {
             let outbound = outbound_tx.clone();

@@ -7,6 +7,10 @@
 //! | `GET /metrics` | Prometheus text exposition |
 //! | `GET /v1/view` | the served view per service: versions, held-back endpoints, refusals, age |
 //! | `GET /v1/members` | the gossip pool as this agent sees it |
+//! | `GET /v1/probes/refused` | assigned probe targets the address policy refused, with the class of address |
+//!
+//! Served by [`crate::listener::serve`] with its local bounds; no route takes a body, so
+//! every body limit is the smallest.
 
 use std::sync::Arc;
 
@@ -18,6 +22,9 @@ use serde_json::json;
 
 use super::agent::Shared;
 
+/// Body limit of every route (none reads one).
+const BODY_MAX: usize = 1024;
+
 pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
     axum::Router::new()
         .route("/livez", get(livez))
@@ -25,6 +32,9 @@ pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
         .route("/metrics", get(metrics))
         .route("/v1/view", get(view))
         .route("/v1/members", get(members))
+        .route("/v1/probes/refused", get(probes_refused))
+        // No route reads a body.
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_MAX))
         .with_state(shared)
 }
 
@@ -90,4 +100,13 @@ async fn members(State(s): State<Arc<Shared>>) -> Response {
         )
             .into_response(),
     }
+}
+
+async fn probes_refused(State(s): State<Arc<Shared>>) -> Response {
+    let refused = s
+        .probe_refusals
+        .get()
+        .map(|r| r.borrow().clone())
+        .unwrap_or_default();
+    axum::Json(json!({"refused": refused})).into_response()
 }

@@ -20,6 +20,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use waymark_core::model::{NodeName, RegionName, ZoneName};
 
+use super::probe::Cidr;
 use crate::net::HostPort;
 
 /// The file's shape.
@@ -66,6 +67,20 @@ pub struct AgentConfig {
     /// Mutual TLS material.
     #[serde(default)]
     pub tls: Option<Tls>,
+    /// The prober's address policy.
+    #[serde(default)]
+    pub probe: ProbeSection,
+}
+
+/// `[agent.probe]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProbeSection {
+    /// Address ranges the prober may connect to although they are loopback, link-local,
+    /// unspecified, multicast or broadcast (`"127.0.0.0/8"`). A cloud metadata address is
+    /// allowed only by an entry naming exactly it (`"169.254.169.254/32"`). Empty (the
+    /// default): none of them is ever probed.
+    pub allow_cidrs: Vec<Cidr>,
 }
 
 /// `[agent.listen]`.

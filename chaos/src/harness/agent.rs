@@ -47,6 +47,10 @@ upstream = ["{upstream}"]
 xds = "127.0.0.1:{xds}"
 dns = "127.0.0.1:{dns}"
 http = "127.0.0.1:{http}"
+
+# The drills' backends listen on loopback, which the prober refuses unless allowed.
+[agent.probe]
+allow_cidrs = ["127.0.0.0/8"]
 "#,
                 data = dir.join("data").display()
             ),

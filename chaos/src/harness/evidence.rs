@@ -265,6 +265,10 @@ bind = "{gossip}"
 seeds = ["{seed}"]
 keys = ["{key}"]
 
+# The drills' backends listen on loopback, which the prober refuses unless allowed.
+[agent.probe]
+allow_cidrs = ["127.0.0.0/8"]
+
 {tls}"#,
                 region = pki.region,
                 data = dir.join("data").display(),

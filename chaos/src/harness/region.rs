@@ -310,6 +310,7 @@ impl RegionAgent {
             "[agent]\nname = \"{name}\"\nregion = \"{region}\"\nzone = \"{zone}\"\ndata_dir = \"{data}\"\n\
              upstream = [\"{up}\"]\ningest = [\"{ingest}\"]\napi = [\"{api}\"]\n\n\
              [agent.listen]\nxds = \"{xds}\"\ndns = \"{dns}\"\nhttp = \"{http}\"\nlocal_plaintext = true\n\n\
+             [agent.probe]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
              [agent.tls]\ntrust_domain = \"{td}\"\ncert_chain = \"{chain}\"\nkey = \"{key}\"\nbundle = \"{bundle}\"\n",
             name = spec.name,
             region = spec.region,

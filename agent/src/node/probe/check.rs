@@ -49,6 +49,15 @@ pub struct GrpcCheck {
 /// How much of a 2xx body is searched for [`HttpCheck::expect_body`].
 pub const BODY_MATCH_LEN_MAX: usize = 64 * 1024;
 
+/// Separates a check's own words from text the target chose (an HTTP body, a gRPC status
+/// message) in a detail: `HTTP 503; said: database down`. The target may be anything the
+/// registry names, so read paths that must not relay its words cut a detail here (the
+/// authority's audit read path does; `explain` shows it).
+pub const TARGET_TEXT_MARKER: &str = "; said: ";
+
+/// Bytes of the target's own text kept in a detail, control characters blanked.
+pub const TARGET_TEXT_LEN_MAX: usize = 128;
+
 /// A check's result, ready to become an [`Observation::Probe`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
@@ -162,7 +171,11 @@ impl Outcome {
             return if text.is_empty() {
                 Self::with_detail(Health::Fail, &format!("HTTP {status}"))
             } else {
-                Self::with_detail(Health::Fail, &format!("HTTP {status}: {text}"))
+                let said = target_text(text);
+                Self::with_detail(
+                    Health::Fail,
+                    &format!("HTTP {status}{TARGET_TEXT_MARKER}{said}"),
+                )
             };
         }
         match expect_body {
@@ -215,9 +228,15 @@ impl Outcome {
             _ if find_io(status).is_some_and(|e| e.kind() == io::ErrorKind::ConnectionRefused) => {
                 Self::with_detail(Health::Refused, "connection refused")
             }
+            code if status.message().trim().is_empty() => {
+                Self::with_detail(Health::Fail, &format!("gRPC {code:?}"))
+            }
             code => Self::with_detail(
                 Health::Fail,
-                &format!("gRPC {code:?}: {}", status.message()),
+                &format!(
+                    "gRPC {code:?}{TARGET_TEXT_MARKER}{}",
+                    target_text(status.message())
+                ),
             ),
         }
     }
@@ -261,6 +280,24 @@ fn chain(error: &(dyn StdError + 'static)) -> String {
         next = e.source();
     }
     text
+}
+
+/// What a target said, as a detail may carry it: trimmed, control characters blanked (so
+/// it cannot forge log lines or terminal output), at most [`TARGET_TEXT_LEN_MAX`] bytes.
+fn target_text(raw: &str) -> String {
+    let clean: String = raw
+        .trim()
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if clean.len() <= TARGET_TEXT_LEN_MAX {
+        return clean;
+    }
+    let mut end = TARGET_TEXT_LEN_MAX;
+    while !clean.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &clean[..end])
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

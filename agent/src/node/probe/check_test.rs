@@ -13,7 +13,7 @@ fn http_2xx_passes_without_detail() {
 fn http_503_fails_with_status_and_body() {
     let o = Outcome::of_http(503, b"database down\n", None);
     assert_eq!(o.health, Health::Fail);
-    assert_eq!(o.detail.as_deref(), Some("HTTP 503: database down"));
+    assert_eq!(o.detail.as_deref(), Some("HTTP 503; said: database down"));
     let o = Outcome::of_http(301, b"", None);
     assert_eq!(o.detail.as_deref(), Some("HTTP 301"));
 }
@@ -24,7 +24,20 @@ fn http_long_body_is_truncated_in_detail() {
     let o = Outcome::of_http(500, body.as_bytes(), None);
     let detail = o.detail.unwrap();
     assert!(detail.len() <= DETAIL_LEN_MAX + '…'.len_utf8());
-    assert!(detail.starts_with("HTTP 500: xxx"));
+    assert!(detail.starts_with("HTTP 500; said: xxx"));
+    let said = detail.split_once(TARGET_TEXT_MARKER).unwrap().1;
+    assert_eq!(said, format!("{}…", "x".repeat(TARGET_TEXT_LEN_MAX)));
+}
+
+#[test]
+fn a_body_cannot_forge_lines_in_a_detail() {
+    let o = Outcome::of_http(500, b"down\nINFO forged line\r\x1b[2J", None);
+    let detail = o.detail.unwrap();
+    assert!(!detail.chars().any(char::is_control), "{detail:?}");
+    assert!(
+        detail.starts_with("HTTP 500; said: down INFO forged line"),
+        "{detail:?}"
+    );
 }
 
 #[test]

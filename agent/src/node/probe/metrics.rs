@@ -26,7 +26,8 @@ pub struct KindLabels {
 /// `reason`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct SkipLabels {
-    /// `concurrency` (no slot within an interval) or `overlap` (previous run in flight).
+    /// Skips: `concurrency` (no slot within an interval) or `overlap` (previous run in
+    /// flight). Refusals: the address class (`loopback`, `cloud_metadata`, …).
     pub reason: &'static str,
 }
 
@@ -45,6 +46,9 @@ pub struct ProberMetrics {
     pub samples_dropped: Counter,
     /// Targets currently assigned.
     pub targets: Gauge,
+    /// Assigned targets refused by the address policy (counted once per refused target
+    /// and address), by the class of address.
+    pub refused: Family<SkipLabels, Counter>,
 }
 
 impl Default for ProberMetrics {
@@ -59,6 +63,7 @@ impl Default for ProberMetrics {
             skipped: Family::default(),
             samples_dropped: Counter::default(),
             targets: Gauge::default(),
+            refused: Family::default(),
         }
     }
 }
@@ -86,6 +91,11 @@ impl ProberMetrics {
             "probe_samples_dropped",
             "Probe samples dropped because the sample channel was full",
             self.samples_dropped.clone(),
+        );
+        r.register(
+            "probe_targets_refused",
+            "Assigned probe targets refused by the address policy, by address class",
+            self.refused.clone(),
         );
         r.register(
             "probe_targets",

@@ -16,11 +16,17 @@
 //! Guarantees: after [`Prober::applied`] returns, no sample of a removed target is sent;
 //! at most `concurrency` probes are in flight; a probe that finds no slot for a whole
 //! interval is skipped and counted (`waymark_probes_skipped_total{reason="concurrency"}`).
+//!
+//! No connection is opened to an address the [`AddressPolicy`] refuses (loopback,
+//! link-local, cloud metadata, … unless allowed): such a target is never scheduled, its
+//! refusal is logged, counted once (`waymark_probe_targets_refused_total{reason}`) and
+//! listed by [`Prober::refusals`]; it sends no samples, so it reads as silent (`unknown`).
 
 mod check;
 mod grpc;
 mod http;
 mod metrics;
+pub mod policy;
 mod schedule;
 mod tcp;
 
@@ -37,19 +43,25 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, warn};
 use waymark_core::model::{Health, InstanceId};
 
-pub use check::{BODY_MATCH_LEN_MAX, Check, GrpcCheck, HttpCheck, Outcome, ProbeError};
+pub use check::{
+    BODY_MATCH_LEN_MAX, Check, GrpcCheck, HttpCheck, Outcome, ProbeError, TARGET_TEXT_LEN_MAX,
+    TARGET_TEXT_MARKER,
+};
 pub use metrics::{KindLabels, ProbeLabels, ProberMetrics, SkipLabels};
+pub use policy::{AddressPolicy, Cidr, Denied};
 pub use schedule::{Effect, INTERVAL_MIN, ProbeSchedule, RunId, ScheduleConfig, SkipReason};
 
 use crate::authority::ingest::{ProbeTarget, WireSample};
 
 /// How the prober runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProberConfig {
     /// Probes in flight at once, at most.
     pub concurrency: NonZeroUsize,
     /// Seed for start offsets; `None` draws one from the process's hash seed.
     pub seed: Option<u64>,
+    /// Which target addresses may be probed.
+    pub policy: AddressPolicy,
 }
 
 impl Default for ProberConfig {
@@ -57,8 +69,20 @@ impl Default for ProberConfig {
         Self {
             concurrency: NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN),
             seed: None,
+            policy: AddressPolicy::default(),
         }
     }
+}
+
+/// A target the address policy refused: not probed, listed here.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ProbeRefusal {
+    /// The instance.
+    pub instance: InstanceId,
+    /// Its address.
+    pub address: SocketAddr,
+    /// The class of address that was refused.
+    pub reason: Denied,
 }
 
 /// Why a prober call failed.
@@ -76,6 +100,7 @@ pub enum ProberError {
 pub struct Prober {
     assignment: watch::Sender<Assignment>,
     applied: watch::Receiver<u64>,
+    refusals: watch::Receiver<Vec<ProbeRefusal>>,
     metrics: ProberMetrics,
 }
 
@@ -102,8 +127,11 @@ impl Prober {
             .unwrap_or_else(|| RandomState::new().hash_one("waymark-prober"));
         let (assignment, assignment_rx) = watch::channel(Assignment::default());
         let (applied_tx, applied) = watch::channel(0);
+        let (refusals_tx, refusals) = watch::channel(Vec::new());
         let metrics = ProberMetrics::default();
         let driver = ProberDriver {
+            policy: config.policy,
+            refusals: refusals_tx,
             schedule: ProbeSchedule::new(ScheduleConfig {
                 concurrency: config.concurrency,
                 seed,
@@ -121,6 +149,7 @@ impl Prober {
         let prober = Self {
             assignment,
             applied,
+            refusals,
             metrics,
         };
         (prober, handle)
@@ -147,6 +176,12 @@ impl Prober {
             .map_err(|_| ProberError::Stopped)
     }
 
+    /// The targets of the current assignment the address policy refused, updated with
+    /// each applied assignment.
+    pub fn refusals(&self) -> watch::Receiver<Vec<ProbeRefusal>> {
+        self.refusals.clone()
+    }
+
     /// The prober's metrics; clones share the series.
     pub fn metrics(&self) -> &ProberMetrics {
         &self.metrics
@@ -170,6 +205,8 @@ struct Done {
 
 /// The task that owns the schedule.
 struct ProberDriver {
+    policy: AddressPolicy,
+    refusals: watch::Sender<Vec<ProbeRefusal>>,
     schedule: ProbeSchedule,
     assignment: watch::Receiver<Assignment>,
     applied: watch::Sender<u64>,
@@ -224,6 +261,7 @@ impl ProberDriver {
             let a = self.assignment.borrow_and_update();
             (a.version, a.targets.clone())
         };
+        let targets = self.admit(targets);
         let count = targets.len();
         self.schedule.handle_targets(now(), targets);
         self.execute();
@@ -233,6 +271,41 @@ impl ProberDriver {
         debug!(version, targets = count, "probe targets applied");
         self.applied.send_replace(version);
         Flow::Continue
+    }
+
+    /// The targets the address policy allows; the others are listed as refusals, and
+    /// counted and logged the first time they are refused.
+    fn admit(&mut self, targets: Vec<ProbeTarget>) -> Vec<ProbeTarget> {
+        let mut refused = Vec::new();
+        let allowed = targets
+            .into_iter()
+            .filter(|t| {
+                let address = SocketAddr::new(t.address.ip, t.address.port);
+                match self.policy.check(address.ip()) {
+                    Ok(()) => true,
+                    Err(reason) => {
+                        refused.push(ProbeRefusal {
+                            instance: t.instance.clone(),
+                            address,
+                            reason,
+                        });
+                        false
+                    }
+                }
+            })
+            .collect();
+        let before = self.refusals.borrow().clone();
+        for r in refused.iter().filter(|r| !before.contains(r)) {
+            self.metrics
+                .refused
+                .get_or_create(&SkipLabels {
+                    reason: r.reason.as_str(),
+                })
+                .inc();
+            warn!(endpoint = %r.instance, address = %r.address, reason = %r.reason, "probe target refused by the address policy (allow it with [agent.probe] allow_cidrs)");
+        }
+        self.refusals.send_replace(refused);
+        allowed
     }
 
     fn execute(&mut self) {
