@@ -68,6 +68,15 @@ impl Pki {
 }
 
 async fn session(pki: &Pki, who: &str, addr: SocketAddr) -> Result<ClientSession, tonic::Status> {
+    ClientSession::open(channel(pki, who, addr).await?).await
+}
+
+/// A mutual-TLS channel to the ingest listener as `who`.
+async fn channel(
+    pki: &Pki,
+    who: &str,
+    addr: SocketAddr,
+) -> Result<tonic::transport::Channel, tonic::Status> {
     let paths = pki.issue(who);
     let own = PeerPolicy {
         trust_domain: pki.td.clone(),
@@ -92,7 +101,7 @@ async fn session(pki: &Pki, who: &str, addr: SocketAddr) -> Result<ClientSession
         .connect_with_connector(TlsConnector::new(Arc::new(config)))
         .await
         .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    ClientSession::open(channel).await
+    Ok(channel)
 }
 
 async fn next_message(s: &mut ClientSession) -> Result<AuthorityMessage, tonic::Status> {
@@ -433,4 +442,107 @@ async fn gossip_membership_decides_which_connected_nodes_probe() {
         }
     }
     authority.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_hello_ends_the_session_and_leaves_no_phantom_prober() {
+    // Goal: one connection cannot count its node as connected more often than it leaves.
+    let pki = Pki::new(TD);
+    let data = tempfile::tempdir().unwrap();
+    let (authority, api) = leading_authority(&pki, data.path(), None).await;
+    let _id = register(&api, 1).await;
+    let ingest = authority.ingest_addr().unwrap();
+    let hello = || AgentMessage::Hello {
+        zone: "a".parse().unwrap(),
+    };
+
+    let mut n1 = session(&pki, "region/eu/node/n1", ingest).await.unwrap();
+    n1.send(hello()).await.unwrap();
+    while !matches!(
+        next_message(&mut n1).await.unwrap(),
+        AuthorityMessage::Assignment { .. }
+    ) {}
+    assert_eq!(authority.hub().probers().len(), 1);
+    n1.send(hello()).await.unwrap();
+    let ended = loop {
+        match next_message(&mut n1).await {
+            Ok(_) => continue,
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(ended.code(), tonic::Code::FailedPrecondition, "{ended:?}");
+    assert!(ended.message().contains("hello"), "{ended:?}");
+
+    // The session is over, and with it the node's only place among the probers.
+    let hub = authority.hub();
+    let mut changes = hub.membership();
+    tokio::time::timeout(WAIT, async {
+        while !hub.probers().is_empty() {
+            changes.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the node leaves the probers when its session ends");
+
+    // The member serves on: the node comes back with one hello and is a prober again.
+    let mut again = session(&pki, "region/eu/node/n1", ingest).await.unwrap();
+    again.send(hello()).await.unwrap();
+    while !matches!(
+        next_message(&mut again).await.unwrap(),
+        AuthorityMessage::Assignment { .. }
+    ) {}
+    assert_eq!(authority.hub().probers().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_size_cap_ends_the_session_before_it_is_decoded() {
+    use waymark_agent::authority::ingest::{AGENT_MESSAGE_BYTES_MAX, JsonCodec, SESSION_PATH};
+    let pki = Pki::new(TD);
+    let data = tempfile::tempdir().unwrap();
+    let (authority, api) = leading_authority(&pki, data.path(), None).await;
+    let id = register(&api, 1).await;
+    let ingest = authority.ingest_addr().unwrap();
+
+    // A client without the agent's own encoding cap, sending one sample whose detail
+    // alone is over the server's decoding cap.
+    let channel = channel(&pki, "region/eu/node/n1", ingest).await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let huge = AgentMessage::Samples {
+        samples: vec![WireSample {
+            instance: id.parse().unwrap(),
+            observation: Observation::Probe {
+                health: Health::Fail,
+                detail: Some("x".repeat(AGENT_MESSAGE_BYTES_MAX)),
+            },
+        }],
+    };
+    let outbound = futures::stream::iter([huge]);
+    let response = grpc
+        .streaming(
+            tonic::Request::new(outbound),
+            http::uri::PathAndQuery::from_static(SESSION_PATH),
+            JsonCodec::<AgentMessage, AuthorityMessage>::default(),
+        )
+        .await;
+    let status = match response {
+        Err(status) => status,
+        Ok(r) => {
+            let mut inbound = r.into_inner();
+            loop {
+                match tokio::time::timeout(WAIT, inbound.next()).await.unwrap() {
+                    Some(Ok(AuthorityMessage::Ack { .. })) => panic!("an oversized batch was read"),
+                    Some(Ok(_)) => continue,
+                    Some(Err(status)) => break status,
+                    None => panic!("the session ended without a status"),
+                }
+            }
+        }
+    };
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+
+    // The member serves on: a normal session reports and is answered.
+    let mut n1 = session(&pki, "region/eu/node/n1", ingest).await.unwrap();
+    let (_, refused) = report(&mut n1, vec![probe(&id, Health::Pass)]).await;
+    assert_eq!(refused, ["not_assigned"]);
 }

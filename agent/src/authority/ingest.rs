@@ -244,7 +244,10 @@ impl EvidenceService {
                 let message = match next {
                     Some(Ok(m)) => m,
                     Some(Err(status)) => {
-                        debug!(%reporter, %status, "evidence session ended by the agent");
+                        // The agent went away, or its message could not be decoded (over
+                        // the size cap, malformed): say which, if it is still listening.
+                        debug!(%reporter, %status, "evidence session ended: the agent's side failed");
+                        let _ = tx.try_send(Err(status));
                         break;
                     }
                     None => break,

@@ -1,5 +1,12 @@
 //! A small HTTP/1.1 JSON client for the API, following the followers' redirects to the
 //! leader.
+//!
+//! Bounded like the listeners it talks to: connecting takes at most [`CONNECT_TIMEOUT`],
+//! a whole exchange (redirects included) at most [`REQUEST_TIMEOUT`], and an answer is
+//! read up to [`RESPONSE_LIMIT_BYTES`] — a larger one is an error, never a growing buffer.
+//! The CLI, the registrar of `services_dir` and `waymark dev` all use it.
+
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use bytes::Bytes;
@@ -11,6 +18,14 @@ use hyper_util_client::rt::TokioExecutor;
 
 /// Redirects followed at most (a follower points at the leader; one hop is normal).
 const REDIRECTS_MAX: usize = 3;
+/// Time to connect to a member.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time for one call, redirects included (the server's own request timeout is 30 s).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(35);
+/// Largest answer read: a full audit page of large records fits.
+pub const RESPONSE_LIMIT_BYTES: usize = 64 * 1024 * 1024;
+/// How long an idle connection is kept: below the server's idle timeout.
+const POOL_IDLE: Duration = Duration::from_secs(5);
 
 /// An API client for one base URL (`http://host:port`).
 #[derive(Debug, Clone)]
@@ -18,6 +33,8 @@ pub struct ApiClient {
     base: String,
     actor: Option<String>,
     client: Client<HttpConnector, Full<Bytes>>,
+    timeout: Duration,
+    response_limit: usize,
 }
 
 /// A response: status and body.
@@ -70,11 +87,31 @@ impl ApiClient {
         } else {
             format!("http://{}", base.trim_end_matches('/'))
         };
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.set_nodelay(true);
         Self {
             base,
             actor,
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(POOL_IDLE)
+                .build(connector),
+            timeout: REQUEST_TIMEOUT,
+            response_limit: RESPONSE_LIMIT_BYTES,
         }
+    }
+
+    /// The same client with another bound on a whole call (default [`REQUEST_TIMEOUT`]).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The same client with another bound on an answer's size (default
+    /// [`RESPONSE_LIMIT_BYTES`]).
+    pub fn with_response_limit(mut self, bytes: usize) -> Self {
+        self.response_limit = bytes;
+        self
     }
 
     /// Send a request with a JSON body, following redirects with the same method and body.
@@ -93,6 +130,23 @@ impl ApiClient {
 
     /// Send a request with a body as given (which may be malformed: tests use this).
     pub async fn send_bytes(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Bytes>,
+    ) -> anyhow::Result<ApiResponse> {
+        let call = self.exchange(method, path, body);
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => result,
+            Err(_) => bail!(
+                "{}{path}: no answer within {} ms",
+                self.base,
+                self.timeout.as_millis()
+            ),
+        }
+    }
+
+    async fn exchange(
         &self,
         method: Method,
         path: &str,
@@ -122,7 +176,11 @@ impl ApiClient {
                 url = location.to_str()?.to_owned();
                 continue;
             }
-            let body = response.into_body().collect().await?.to_bytes();
+            let body = http_body_util::Limited::new(response.into_body(), self.response_limit)
+                .collect()
+                .await
+                .map_err(|e| anyhow::anyhow!("reading the answer from {url}: {e}"))?
+                .to_bytes();
             return Ok(ApiResponse { status, body });
         }
         bail!("too many redirects (no stable leader?)")
@@ -131,5 +189,55 @@ impl ApiClient {
     /// GET and parse JSON.
     pub async fn get_json(&self, path: &str) -> anyhow::Result<serde_json::Value> {
         self.send(Method::GET, path, None).await?.json()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A server answering every request with `answer` (or never, for `None`).
+    async fn server(answer: Option<Vec<u8>>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let _ = s.read(&mut buf).await;
+                    match answer {
+                        Some(bytes) => {
+                            let _ = s.write_all(&bytes).await;
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                });
+            }
+        });
+        addr.to_string()
+    }
+
+    #[tokio::test]
+    async fn an_answer_over_the_size_cap_is_an_error() {
+        let body = "x".repeat(4096);
+        let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: 4096\r\n\r\n{body}");
+        let api = ApiClient::new(&server(Some(answer.into_bytes())).await, None)
+            .with_response_limit(1024);
+        let e = api.send(Method::GET, "/v1/audit", None).await.unwrap_err();
+        assert!(e.to_string().contains("reading the answer"), "{e:#}");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_never_answers_is_an_error_within_the_timeout() {
+        let api =
+            ApiClient::new(&server(None).await, None).with_timeout(Duration::from_millis(200));
+        let e = api.send(Method::GET, "/v1/status", None).await.unwrap_err();
+        assert!(e.to_string().contains("no answer within 200 ms"), "{e:#}");
     }
 }

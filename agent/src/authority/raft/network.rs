@@ -12,6 +12,12 @@
 //! [`HttpNetworkFactory::with_connector`] with the `https` scheme; the plain
 //! [`HttpConnector`] is used until then.
 //!
+//! Bounds: each route has its own body limit ([`VOTE_BODY_LIMIT_BYTES`] for votes,
+//! [`BODY_LIMIT_BYTES`] for appends and snapshot chunks); the client reads an answer of at
+//! most [`RESPONSE_LIMIT_BYTES`] (an answer is a term, a vote or a log id: small) within
+//! the RPC's TTL, and keeps idle connections for less than the server's idle timeout, so
+//! it never sends on a connection the server is closing.
+//!
 //! Errors follow openraft's actions: a refused connection or an unexpected HTTP status is
 //! `Unreachable` (openraft backs off), a request that outlives its soft TTL is `Timeout`, a
 //! 413 on append is `PayloadTooLarge` (openraft sends fewer entries), other transport or
@@ -52,8 +58,16 @@ pub const APPEND_PATH: &str = "/raft/append";
 pub const VOTE_PATH: &str = "/raft/vote";
 /// Path of the InstallSnapshot RPC (one chunk per request).
 pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
-/// Largest accepted RPC body. Snapshot chunks are configured well below this.
+/// Largest accepted AppendEntries or InstallSnapshot body. Snapshot chunks (4 MiB, JSON
+/// encoded at up to four bytes per byte) and a batch of `Publish` entries fit well below.
 pub const BODY_LIMIT_BYTES: usize = 64 * 1024 * 1024;
+/// Largest accepted RequestVote body (a vote and a log id).
+pub const VOTE_BODY_LIMIT_BYTES: usize = 64 * 1024;
+/// Largest answer the client reads; a larger one is a `Network` error.
+pub const RESPONSE_LIMIT_BYTES: usize = 1024 * 1024;
+/// How long the client keeps an idle connection: below the server's header read timeout
+/// (which also closes idle keep-alive connections, see `crate::listener`).
+const POOL_IDLE: Duration = Duration::from_secs(5);
 
 type NodeId = u64;
 
@@ -61,7 +75,10 @@ type NodeId = u64;
 pub(super) fn router(raft: Raft<TypeConfig>) -> Router {
     Router::new()
         .route(APPEND_PATH, post(append))
-        .route(VOTE_PATH, post(vote))
+        .route(
+            VOTE_PATH,
+            post(vote).layer(DefaultBodyLimit::max(VOTE_BODY_LIMIT_BYTES)),
+        )
         .route(SNAPSHOT_PATH, post(snapshot))
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .with_state(raft)
@@ -116,7 +133,7 @@ where
     /// Use `connector` (e.g. a TLS connector) and `scheme` (`https` with TLS) for every peer.
     pub fn with_connector(id: NodeId, connector: C, scheme: Scheme) -> Self {
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(POOL_IDLE)
             .build(connector);
         Self { id, client, scheme }
     }
@@ -180,7 +197,7 @@ enum CallError {
     #[error("request failed")]
     Transport(#[source] hyper_util_client::client::legacy::Error),
     #[error("reading response failed")]
-    Body(#[source] hyper::Error),
+    Body(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("peer answered http {0}")]
     Status(StatusCode),
     #[error("cannot decode response")]
@@ -217,8 +234,7 @@ where
             if !status.is_success() {
                 return Err(CallError::Status(status));
             }
-            let bytes = response
-                .into_body()
+            let bytes = http_body_util::Limited::new(response.into_body(), RESPONSE_LIMIT_BYTES)
                 .collect()
                 .await
                 .map_err(CallError::Body)?
@@ -312,5 +328,65 @@ where
             .await
             .map_err(|e| self.rpc_error(RPCTypes::Vote, e))?;
         answer.map_err(|e| self.remote(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use openraft::Vote;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A peer that answers every request with `answer` (or never, for `None`).
+    async fn fake_peer(answer: Option<Vec<u8>>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let _ = s.read(&mut buf).await;
+                    match answer {
+                        Some(bytes) => {
+                            let _ = s.write_all(&bytes).await;
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                });
+            }
+        });
+        addr.to_string()
+    }
+
+    async fn vote_to(addr: String) -> RPCError<NodeId, Member, RaftError<NodeId>> {
+        let member = Member {
+            raft_addr: addr.clone(),
+            api_addr: addr,
+        };
+        let mut peer = HttpNetworkFactory::new(1).new_client(2, &member).await;
+        let rpc = VoteRequest::new(Vote::new(1, 1), None);
+        peer.vote(rpc, RPCOption::new(Duration::from_millis(400)))
+            .await
+            .unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn an_answer_over_the_size_cap_is_a_network_error_not_a_growing_buffer() {
+        let len = RESPONSE_LIMIT_BYTES + 1;
+        let mut answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n").into_bytes();
+        answer.resize(answer.len() + len, b' ');
+        let e = vote_to(fake_peer(Some(answer)).await).await;
+        assert!(matches!(e, RPCError::Network(_)), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_never_answers_is_a_timeout() {
+        let e = vote_to(fake_peer(None).await).await;
+        assert!(matches!(e, RPCError::Timeout(_)), "{e:?}");
     }
 }

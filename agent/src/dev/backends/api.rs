@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
@@ -14,6 +14,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{BackendError, BackendStatus, Backends, Mode};
+
+/// Body limit of the control API (a mode is one short word); `413` beyond.
+const BODY_MAX: usize = 1024;
 
 // === impl Backends ===
 
@@ -32,6 +35,7 @@ impl Backends {
         Router::new()
             .route("/v1/dev/backends", get(list))
             .route("/v1/dev/backends/{instance}/mode", put(set_mode))
+            .layer(DefaultBodyLimit::max(BODY_MAX))
             .with_state(self)
     }
 }
@@ -56,9 +60,10 @@ async fn list(State(backends): State<Arc<Backends>>) -> Json<List> {
 async fn set_mode(
     State(backends): State<Arc<Backends>>,
     path: Result<Path<String>, PathRejection>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<BackendStatus>, ApiError> {
     let Path(instance) = path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
     // The resource's existence first: a bad body for a missing backend is still a 404.
     let Some(backend) = backends.backends.get(&instance) else {
         return Err(ApiError::from(BackendError::UnknownInstance { instance }));

@@ -404,6 +404,10 @@ async fn control_api_refuses_unknown_instances_and_bad_modes() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "for {bad:?}");
         assert!(body["error"].is_string());
     }
+    let huge = format!(r#"{{"mode":"slow","pad":"{}"}}"#, "x".repeat(4096));
+    let (status, body) = call(&router, Method::PUT, uri, &huge).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(body["error"].is_string());
     assert_eq!(backends.modes()["a-1"], Mode::Healthy);
 
     backends.shutdown().await;
