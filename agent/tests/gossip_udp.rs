@@ -345,6 +345,17 @@ async fn a_member_with_another_key_cannot_join_and_its_packets_are_dropped() {
         .await,
         "junk datagram was not counted as malformed"
     );
+    // A datagram over the size cap is dropped before it is opened or decoded.
+    let before = metrics.packets_dropped(DropReason::Malformed);
+    junk.send_to(&vec![0u8; 60_000], members[1].local_addr())
+        .await
+        .unwrap();
+    assert!(
+        wait_for_metric(CONVERGE, || metrics.packets_dropped(DropReason::Malformed)
+            > before)
+        .await,
+        "an oversized datagram was not counted as malformed"
+    );
     assert_eq!(alive(&members[1].members()), 3);
 }
 
