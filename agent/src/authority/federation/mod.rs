@@ -462,6 +462,30 @@ fn new_session(config: &FederationConfig, peer: &RegionName) -> Session {
     Session::new(config.session.clone(), config.region.clone(), peer.clone())
 }
 
+/// The link's frame codec, otherwise private, for the fuzz targets (`fuzz/`) only.
+#[doc(hidden)]
+pub mod fuzzing {
+    use waymark_federation::session::Message;
+
+    use super::wire::{self, FrameError};
+
+    /// Reads one frame as a link's reader loop does.
+    pub async fn read_frame<R: tokio::io::AsyncRead + Unpin>(
+        reader: &mut R,
+        max: u32,
+    ) -> Result<Message, FrameError> {
+        wire::read_frame(reader, max).await
+    }
+
+    /// Encodes a message into frames (length prefix and body) as a link's writer does.
+    pub fn encode(message: Message, max: u32) -> Vec<Result<Vec<u8>, FrameError>> {
+        wire::encode(message, max)
+            .into_iter()
+            .map(|frame| frame.map(|f| f.bytes))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -115,3 +115,24 @@ pub enum DnsError {
     #[error("dns server started outside a tokio runtime")]
     NoRuntime,
 }
+
+/// The pure message path, otherwise private, for the fuzz targets (`fuzz/`) only.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::message::{self, Outcome, Transport};
+    use super::{DnsOrigin, DnsTable};
+
+    /// The bytes the server would send back for `request` (`None`: nothing is sent).
+    pub fn respond(
+        table: &DnsTable,
+        origin: &DnsOrigin,
+        request: &[u8],
+        tcp: bool,
+        rotation: usize,
+    ) -> Option<Vec<u8>> {
+        let transport = if tcp { Transport::Tcp } else { Transport::Udp };
+        match message::respond(table, origin, request, transport, rotation) {
+            Outcome::Answered { reply, .. } | Outcome::Malformed { reply, .. } => reply,
+        }
+    }
+}
