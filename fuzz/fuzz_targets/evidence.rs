@@ -1,0 +1,229 @@
+//! Evidence, from the wire to released views: the evidence stream's JSON messages
+//! (`AgentMessage`, `AuthorityMessage`), identity → reporter (`reporter_of`), admission
+//! (`waymark_registry::ingest::admit`) against a registry the input builds, and the
+//! leader's pipeline (`RegionPipeline`: evaluator, assembler, delta queues) fed the admitted
+//! samples, registry changes and timeouts with a virtual clock.
+//!
+//! Input: JSON lines (each a `Stamped` command, an `AgentMessage`, an `AuthorityMessage` or
+//! a `"spiffe://…"` identity string naming the session), or bytes for the structured
+//! decoder. Checked: nothing panics, and every released view's version is above the last
+//! one released for its key.
+#![no_main]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use libfuzzer_sys::fuzz_target;
+use serde_json::{Value, json};
+use waymark_agent::authority::ingest::{AgentMessage, AuthorityMessage, BATCH_MAX, reporter_of};
+use waymark_certs::identity::Identity;
+use waymark_core::delta::DeltaConfig;
+use waymark_core::evaluator::EvaluatorConfig;
+use waymark_core::model::{EvidenceClass, NodeName, RegionName, Reporter, Sample, ZoneName};
+use waymark_core::view::{MonotonicCounter, Version, ViewKey};
+use waymark_fuzz::{Gen, Limits, capped, is_json_lines, lines};
+use waymark_registry::ingest::admit;
+use waymark_registry::pipeline::{Output, PipelineConfig, RegionPipeline};
+use waymark_registry::state::{Applied, DesiredState, Stamped};
+
+fuzz_target!(|data: &[u8]| run(capped(data)));
+
+/// One step of the input.
+enum Step {
+    Command(Stamped),
+    Message(AgentMessage),
+    Identity(String),
+    Advance(Duration),
+}
+
+fn run(data: &[u8]) {
+    let mut region = Region::new();
+    for step in steps(data) {
+        region.step(step);
+    }
+}
+
+struct Region {
+    state: DesiredState,
+    pipeline: RegionPipeline,
+    versions: MonotonicCounter,
+    now: Instant,
+    session: Reporter,
+    released: BTreeMap<ViewKey, Version>,
+}
+
+impl Region {
+    fn new() -> Self {
+        let zone = |z: &str| ZoneName::try_new(z).expect("a valid zone");
+        let config = PipelineConfig {
+            region: RegionName::try_new("web").expect("a valid region"),
+            zones: [zone("eu-west-1a"), zone("eu-west-1b")]
+                .into_iter()
+                .collect(),
+            evaluator: EvaluatorConfig::default(),
+            delta: DeltaConfig::default(),
+            fraction_guard: true,
+        };
+        let state = DesiredState::new();
+        let now = Instant::now();
+        Self {
+            pipeline: RegionPipeline::rebuild(config, &state, now),
+            state,
+            versions: MonotonicCounter::default(),
+            now,
+            session: Reporter::Node(NodeName::try_new("node-1").expect("a valid node")),
+            released: BTreeMap::new(),
+        }
+    }
+
+    fn step(&mut self, step: Step) {
+        match step {
+            Step::Command(stamped) => {
+                if let Ok(applied) = self.state.apply(stamped) {
+                    self.pipeline
+                        .handle_applied(self.now, &applied, &self.state);
+                }
+            }
+            Step::Identity(uri) => {
+                if let Ok(identity) = Identity::parse(&uri) {
+                    let region = RegionName::try_new("web").expect("a valid region");
+                    if let Some(reporter) = reporter_of(&identity, &region) {
+                        self.session = reporter;
+                    }
+                }
+            }
+            Step::Message(message) => self.ingest(message),
+            Step::Advance(by) => {
+                self.now += by;
+                // Fire what is due, as the leader's loop does, a bounded number of times.
+                for _ in 0..16 {
+                    match self.pipeline.poll_timeout() {
+                        Some(due) if due <= self.now => {
+                            self.pipeline.handle_timeout(self.now, &mut self.versions);
+                        }
+                        _ => break,
+                    }
+                }
+            }
+        }
+        self.check_outputs();
+    }
+
+    /// What `EvidenceHub::ingest` / `ingest_relayed` do with a decoded message, minus the
+    /// channels: the batch cap, the relay's self-report-only rule, `admit`, the pipeline.
+    fn ingest(&mut self, message: AgentMessage) {
+        let (samples, relayed) = match message {
+            AgentMessage::Hello { .. } => return,
+            AgentMessage::Samples { samples } => (samples, false),
+            AgentMessage::Relayed { samples } => (samples, true),
+        };
+        if samples.len() > BATCH_MAX {
+            return;
+        }
+        for wire in samples {
+            let reporter = if relayed {
+                if wire.observation.class() != EvidenceClass::SelfReport {
+                    continue;
+                }
+                Reporter::Instance(wire.instance.clone())
+            } else {
+                self.session.clone()
+            };
+            let sample = Sample {
+                instance: wire.instance,
+                reporter,
+                observation: wire.observation,
+            };
+            if admit(&self.state, &sample).is_ok() {
+                let _ = self.pipeline.handle_sample(self.now, sample);
+            }
+        }
+    }
+
+    fn check_outputs(&mut self) {
+        for output in self.pipeline.take_outputs() {
+            if let Output::Release(view) = output {
+                let key = view.view.key.clone();
+                if let Some(last) = self.released.get(&key) {
+                    assert!(
+                        view.version > *last,
+                        "{key} released at {:?} after {last:?}",
+                        view.version
+                    );
+                }
+                self.released.insert(key, view.version);
+            }
+        }
+    }
+}
+
+fn steps(data: &[u8]) -> Vec<Step> {
+    if is_json_lines(data) || data.first() == Some(&b'"') {
+        let mut out = Vec::new();
+        for line in lines(data) {
+            if let Ok(s) = serde_json::from_slice::<Stamped>(line) {
+                out.push(Step::Command(s));
+            } else if let Ok(m) = serde_json::from_slice::<AgentMessage>(line) {
+                out.push(Step::Message(m));
+            } else if let Ok(uri) = serde_json::from_slice::<String>(line) {
+                out.push(Step::Identity(uri));
+            } else {
+                // What the agent's client decodes; nothing to apply.
+                let _ = serde_json::from_slice::<AuthorityMessage>(line);
+            }
+            out.push(Step::Advance(Duration::from_secs(1)));
+        }
+        return out;
+    }
+    let mut g = Gen::new(data);
+    let mut probe = DesiredState::new();
+    let mut out = Vec::new();
+    while !g.is_empty() && out.len() < Limits::STEPS_MAX * 2 {
+        let step = match g.below(8) {
+            0..=2 => {
+                let Ok(s) = serde_json::from_value::<Stamped>(g.stamped()) else {
+                    continue;
+                };
+                if let Ok(Applied::Registered { instance, .. }) = probe.apply(s.clone()) {
+                    g.ids.push(instance.to_string());
+                }
+                Step::Command(s)
+            }
+            3..=5 => {
+                let Ok(m) = serde_json::from_value::<AgentMessage>(message(&mut g)) else {
+                    continue;
+                };
+                Step::Message(m)
+            }
+            6 => Step::Identity(identity(&mut g)),
+            _ => Step::Advance(Duration::from_millis(
+                [1, 100, 1_000, 5_000, 30_000, 600_000][g.below(6)],
+            )),
+        };
+        out.push(step);
+    }
+    out
+}
+
+fn message(g: &mut Gen<'_>) -> Value {
+    if g.one_in(8) {
+        return json!({"type": "hello", "zone": g.valid_name()});
+    }
+    let n = [1, 2, 4, 16][g.below(4)];
+    let samples: Vec<Value> = (0..n)
+        .map(|_| json!({"instance": g.instance_id(), "observation": g.observation()}))
+        .collect();
+    let kind = if g.one_in(3) { "relayed" } else { "samples" };
+    json!({"type": kind, "samples": samples})
+}
+
+fn identity(g: &mut Gen<'_>) -> String {
+    let id = g.instance_id();
+    match g.below(5) {
+        0 => "spiffe://example.org/region/web/node/node-2".to_owned(),
+        1 => format!("spiffe://example.org/region/web/service/web/instance/{id}"),
+        2 => format!("spiffe://example.org/region/eu/service/web/instance/{id}"),
+        3 => "spiffe://example.org/region/web/authority/m1".to_owned(),
+        _ => format!("spiffe://{}", g.raw_text(48)),
+    }
+}
