@@ -107,6 +107,10 @@ pub struct AuthorityMetrics {
     pub xds_nacks: Gauge,
     /// Clients subscribed to the xDS tier.
     pub xds_clients: Gauge,
+    /// xDS streams the tier refused or ended, by reason: `admission` (reconnection
+    /// admission), `resource_names` (over the per-stream name cap), `slow_consumer`,
+    /// `bad_request` (a malformed first request, or none).
+    pub xds_streams_refused: Family<ReasonLabels, Counter>,
 }
 
 impl Default for AuthorityMetrics {
@@ -135,6 +139,7 @@ impl Default for AuthorityMetrics {
             term: Gauge::default(),
             xds_nacks: Gauge::default(),
             xds_clients: Gauge::default(),
+            xds_streams_refused: Family::default(),
         }
     }
 }
@@ -249,6 +254,11 @@ impl AuthorityMetrics {
             "xds_clients",
             "Clients subscribed to this member's xDS tier",
             self.xds_clients.clone(),
+        );
+        r.register(
+            "xds_streams_refused",
+            "xDS streams refused or ended by this member's xDS tier, by reason",
+            self.xds_streams_refused.clone(),
         );
     }
 }

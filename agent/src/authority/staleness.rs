@@ -93,6 +93,7 @@ impl Lag {
 /// NACKs), until the task is aborted.
 pub async fn run(xds: waymark_xds::server::XdsServer, metrics: AuthorityMetrics) {
     let mut lag = Lag::default();
+    let mut refused = [0u64; 4];
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     loop {
         tick.tick().await;
@@ -102,6 +103,7 @@ pub async fn run(xds: waymark_xds::server::XdsServer, metrics: AuthorityMetrics)
             Instant::now(),
             waymark_core::defaults::WITHDRAWAL_BUDGET_P99,
         );
+        count_refusals(xds.stats(), &metrics, &mut refused);
         let nacks = xds.stats().nacks.load(std::sync::atomic::Ordering::Relaxed);
         metrics
             .xds_nacks
@@ -115,6 +117,34 @@ pub async fn run(xds: waymark_xds::server::XdsServer, metrics: AuthorityMetrics)
         metrics
             .clients_stale
             .set(i64::try_from(report.stale_clients).unwrap_or(i64::MAX));
+    }
+}
+
+/// Add what the tier's refusal counters gained since `seen` to
+/// `waymark_xds_streams_refused_total{reason}`.
+fn count_refusals(
+    stats: &waymark_xds::server::XdsStats,
+    metrics: &AuthorityMetrics,
+    seen: &mut [u64; 4],
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let now = [
+        ("admission", stats.refused_streams.load(Relaxed)),
+        ("resource_names", stats.oversubscribed_streams.load(Relaxed)),
+        ("slow_consumer", stats.slow_consumers.load(Relaxed)),
+        ("bad_request", stats.bad_streams.load(Relaxed)),
+    ];
+    for ((reason, count), last) in now.into_iter().zip(seen.iter_mut()) {
+        let gained = count.saturating_sub(*last);
+        if gained > 0 {
+            metrics
+                .xds_streams_refused
+                .get_or_create(&super::metrics::ReasonLabels {
+                    reason: reason.to_owned(),
+                })
+                .inc_by(gained);
+        }
+        *last = count;
     }
 }
 
@@ -177,5 +207,29 @@ mod tests {
         let caught = client(2, "9", Some("9"), t0);
         let r = lag.sample(&[fine, caught], t0 + STALE_AFTER + budget, budget);
         assert_eq!(r, LagReport::default());
+    }
+
+    #[test]
+    fn stream_refusals_are_exported_as_they_grow_and_never_twice() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stats = waymark_xds::server::XdsStats::default();
+        let metrics = AuthorityMetrics::default();
+        let mut seen = [0; 4];
+        let get = |reason: &str| {
+            metrics
+                .xds_streams_refused
+                .get_or_create(&super::super::metrics::ReasonLabels {
+                    reason: reason.to_owned(),
+                })
+                .get()
+        };
+        stats.refused_streams.store(3, Relaxed);
+        stats.oversubscribed_streams.store(1, Relaxed);
+        count_refusals(&stats, &metrics, &mut seen);
+        count_refusals(&stats, &metrics, &mut seen);
+        assert_eq!((get("admission"), get("resource_names")), (3, 1));
+        stats.refused_streams.store(5, Relaxed);
+        count_refusals(&stats, &metrics, &mut seen);
+        assert_eq!((get("admission"), get("slow_consumer")), (5, 0));
     }
 }
