@@ -151,6 +151,13 @@ pub struct LimitsSection {
     /// xDS streams always admitted per window, whatever the population (default 10).
     #[serde(default = "default_reconnect_floor")]
     pub reconnect_floor: u32,
+    /// The client population assumed before clients are seen, and the least it is ever
+    /// taken to be (default 0: the clients seen). Clients are counted by certificate
+    /// identity, or by IP address without one — never by the node id they write — so many
+    /// plaintext clients on one address (a loopback drill) count once: say how many there
+    /// are here.
+    #[serde(default)]
+    pub reconnect_expected_clients: u32,
     /// Admission releases per second before the delta queues declare saturation and shed
     /// (default [`waymark_core::defaults::ADMIT_RELEASES_PER_SEC`]).
     #[serde(default = "default_admit_releases_per_sec")]
@@ -171,6 +178,7 @@ impl Default for LimitsSection {
         Self {
             reconnect_permille: default_reconnect_permille(),
             reconnect_floor: default_reconnect_floor(),
+            reconnect_expected_clients: 0,
             admit_releases_per_sec: default_admit_releases_per_sec(),
             shed_admissions: true,
         }
@@ -590,6 +598,7 @@ impl ConfigFile {
             limits: Limits {
                 reconnect: Permille::saturating(a.limits.reconnect_permille),
                 reconnect_floor: a.limits.reconnect_floor,
+                reconnect_expected_clients: a.limits.reconnect_expected_clients,
                 admit_releases_per_sec: a.limits.admit_releases_per_sec,
                 shed_admissions: a.limits.shed_admissions,
                 ..Limits::default()

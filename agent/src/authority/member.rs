@@ -90,6 +90,8 @@ pub struct Limits {
     pub reconnect: Permille,
     /// xDS streams always admitted per window.
     pub reconnect_floor: u32,
+    /// The xDS client population assumed at least (see `AdmissionConfig::expected_clients`).
+    pub reconnect_expected_clients: u32,
     /// Admission releases per second before admissions are shed.
     pub admit_releases_per_sec: u32,
     /// Shed admissions at all (under their rate budget or delivery pressure). Off only to
@@ -106,6 +108,7 @@ impl Default for Limits {
         Self {
             reconnect: waymark_core::defaults::RECONNECT_PERMILLE,
             reconnect_floor: AdmissionConfig::default().floor,
+            reconnect_expected_clients: AdmissionConfig::default().expected_clients,
             admit_releases_per_sec: waymark_core::defaults::ADMIT_RELEASES_PER_SEC,
             shed_admissions: true,
             http: HttpLimits::AUTHORITY,
@@ -223,6 +226,7 @@ impl Authority {
             admission: AdmissionConfig {
                 share: config.limits.reconnect,
                 floor: config.limits.reconnect_floor,
+                expected_clients: config.limits.reconnect_expected_clients,
                 ..AdmissionConfig::default()
             },
             ..ServerConfig::default()

@@ -282,14 +282,21 @@ pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
     ));
     tokio::time::sleep(Duration::from_secs(params.before_s)).await;
 
-    // The restart runs the design's limits (or none, when broken on purpose).
+    // The restart runs the design's limits (or none, when broken on purpose). The
+    // subscribers share one address and have no certificates, so the tier counts them as
+    // one client: the population they are is said explicitly, as an operator would.
+    let population = Some(u32::try_from(params.subscriptions)?);
     let after = if params.break_reconnect_admission {
         Limits {
             reconnect_permille: Some(1000),
+            reconnect_expected_clients: population,
             ..Limits::default()
         }
     } else {
-        Limits::default()
+        Limits {
+            reconnect_expected_clients: population,
+            ..Limits::default()
+        }
     };
     authority.set_limits(after)?;
     let kill_ms = ms(epoch.elapsed());

@@ -52,6 +52,7 @@ pub const LEASE_MS: u64 = 600_000;
 pub struct Limits {
     pub reconnect_permille: Option<u32>,
     pub reconnect_floor: Option<u32>,
+    pub reconnect_expected_clients: Option<u32>,
     pub admit_releases_per_sec: Option<u32>,
     pub shed_admissions: Option<bool>,
 }
@@ -62,6 +63,10 @@ impl Limits {
         let fields = [
             ("reconnect_permille", self.reconnect_permille),
             ("reconnect_floor", self.reconnect_floor),
+            (
+                "reconnect_expected_clients",
+                self.reconnect_expected_clients,
+            ),
             ("admit_releases_per_sec", self.admit_releases_per_sec),
         ];
         for (k, v) in fields {
