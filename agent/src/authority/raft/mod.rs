@@ -34,8 +34,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 
 pub use self::network::{
-    APPEND_PATH, BODY_LIMIT_BYTES, HttpNetworkFactory, HttpPeer, RESPONSE_LIMIT_BYTES,
-    SNAPSHOT_PATH, VOTE_BODY_LIMIT_BYTES, VOTE_PATH,
+    APPEND_PATH, BODY_LIMIT_BYTES, HttpNetworkFactory, HttpPeer, LARGE_RPCS_IN_FLIGHT_MAX,
+    RESPONSE_LIMIT_BYTES, SNAPSHOT_PATH, VOTE_BODY_LIMIT_BYTES, VOTE_PATH,
 };
 use self::store::Shared;
 pub use self::store::{

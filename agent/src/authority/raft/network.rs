@@ -25,10 +25,11 @@
 //! `RemoteError`.
 
 use std::fmt::{self, Debug};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::routing::post;
+use axum::routing::{MethodRouter, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use http::uri::Scheme;
@@ -49,6 +50,7 @@ use openraft::raft::{
 use openraft::{RPCTypes, Raft, RaftNetwork, RaftNetworkFactory};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::Semaphore;
 
 use super::{Member, TypeConfig};
 
@@ -65,6 +67,11 @@ pub const BODY_LIMIT_BYTES: usize = 64 * 1024 * 1024;
 pub const VOTE_BODY_LIMIT_BYTES: usize = 64 * 1024;
 /// Largest answer the client reads; a larger one is a `Network` error.
 pub const RESPONSE_LIMIT_BYTES: usize = 1024 * 1024;
+/// AppendEntries and InstallSnapshot requests served at once; one more is answered `503`
+/// at once (the sending peer backs off, as from an unreachable member). Each may buffer up
+/// to [`BODY_LIMIT_BYTES`], so this bounds the memory the `/raft/*` routes can be made to
+/// hold while they share the API's listener. A region's peers need a few at a time.
+pub const LARGE_RPCS_IN_FLIGHT_MAX: usize = 8;
 /// How long the client keeps an idle connection: below the server's header read timeout
 /// (which also closes idle keep-alive connections, see `crate::listener`).
 const POOL_IDLE: Duration = Duration::from_secs(5);
@@ -73,15 +80,46 @@ type NodeId = u64;
 
 /// The `/raft/*` routes serving `raft`.
 pub(super) fn router(raft: Raft<TypeConfig>) -> Router {
+    let large = Arc::new(Semaphore::new(LARGE_RPCS_IN_FLIGHT_MAX));
     Router::new()
-        .route(APPEND_PATH, post(append))
+        .route(APPEND_PATH, gated(post(append), &large))
         .route(
             VOTE_PATH,
             post(vote).layer(DefaultBodyLimit::max(VOTE_BODY_LIMIT_BYTES)),
         )
-        .route(SNAPSHOT_PATH, post(snapshot))
+        .route(SNAPSHOT_PATH, gated(post(snapshot), &large))
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .with_state(raft)
+}
+
+/// `route`, served only while a place among `permits` is free (held until it answers,
+/// body read included); otherwise `503` at once.
+fn gated<S: Clone + Send + Sync + 'static>(
+    route: MethodRouter<S>,
+    permits: &Arc<Semaphore>,
+) -> MethodRouter<S> {
+    route.route_layer(axum::middleware::from_fn_with_state(
+        Arc::clone(permits),
+        admit_large,
+    ))
+}
+
+async fn admit_large(
+    State(permits): State<Arc<Semaphore>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let Ok(_permit) = permits.try_acquire_owned() else {
+        tracing::warn!(path = %request.uri().path(), in_flight_max = LARGE_RPCS_IN_FLIGHT_MAX, "raft rpc refused: too many in flight");
+        let body = serde_json::json!({"error": {
+            "reason": "busy",
+            "field": null,
+            "message": "too many raft RPCs in flight; retry",
+        }});
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    };
+    next.run(request).await
 }
 
 async fn append(
@@ -382,6 +420,46 @@ mod tests {
         answer.resize(answer.len() + len, b' ');
         let e = vote_to(fake_peer(Some(answer)).await).await;
         assert!(matches!(e, RPCError::Network(_)), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn large_rpcs_over_the_in_flight_cap_are_refused_at_once_and_a_freed_place_is_reused() {
+        use tower::ServiceExt as _;
+        let release = Arc::new(tokio::sync::Notify::new());
+        let permits = Arc::new(Semaphore::new(LARGE_RPCS_IN_FLIGHT_MAX));
+        let wait = Arc::clone(&release);
+        let app: Router = Router::new().route(
+            APPEND_PATH,
+            gated(
+                post(move || {
+                    let wait = Arc::clone(&wait);
+                    async move { wait.notified().await }
+                }),
+                &permits,
+            ),
+        );
+        let call = || {
+            let req = http::Request::post(APPEND_PATH)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            app.clone().oneshot(req)
+        };
+        let mut held = Vec::new();
+        for _ in 0..LARGE_RPCS_IN_FLIGHT_MAX {
+            let mut pending = Box::pin(call());
+            assert!(futures::poll!(pending.as_mut()).is_pending());
+            held.push(pending);
+        }
+        let refused = call().await.unwrap();
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        release.notify_one();
+        let done = futures::future::select_all(held).await.0.unwrap();
+        assert_eq!(done.status(), StatusCode::OK);
+        let mut again = Box::pin(call());
+        assert!(
+            futures::poll!(again.as_mut()).is_pending(),
+            "a freed place is taken"
+        );
     }
 
     #[tokio::test]
