@@ -267,6 +267,16 @@ async fn a_deleted_service_leaves_the_agents_view_and_dns() {
         served(&dev, "tmp").is_none().then_some(())
     })
     .await;
+    // Nor does the agent keep ageing a view it no longer serves.
+    let agent = ApiClient::new(&dev.agent().bound().http.to_string(), None);
+    until("the agent stops reporting tmp's view age", async || {
+        let r = agent.send(Method::GET, "/metrics", None).await.ok()?;
+        let text = String::from_utf8_lossy(&r.body).into_owned();
+        let web = text.contains("waymark_agent_view_age_seconds{service=\"web\"}");
+        let tmp = text.contains("waymark_agent_view_age_seconds{service=\"tmp\"}");
+        (web && !tmp).then_some(())
+    })
+    .await;
     until("DNS forgets tmp", async || {
         (dig_status(&dev, "tmp.service.waymark.") == "NXDOMAIN").then_some(())
     })

@@ -14,6 +14,7 @@
 //! sidecar restarted during an outage gets its view at once. Stop order too: service
 //! definitions are deregistered before the local listeners close.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
@@ -107,6 +108,9 @@ pub(crate) struct Shared {
     pub(crate) name: NodeName,
     /// The prober's refused targets, once the prober runs.
     pub(crate) probe_refusals: std::sync::OnceLock<watch::Receiver<Vec<ProbeRefusal>>>,
+    /// Services whose view age is exported, so a service that is no longer served stops
+    /// being reported instead of ageing for ever.
+    pub(crate) aged: Mutex<BTreeSet<String>>,
 }
 
 impl Shared {
@@ -347,6 +351,7 @@ impl NodeAgent {
             heartbeat: Mutex::new(Instant::now()),
             name: config.name.clone(),
             probe_refusals: std::sync::OnceLock::new(),
+            aged: Mutex::default(),
         });
         {
             let v = shared.lock_view();
@@ -671,6 +676,9 @@ async fn apply_loop(
                 if state.connected {
                     *shared.confirmed_at.lock().unwrap_or_else(PoisonError::into_inner) = SystemTime::now();
                 }
+                drop(view);
+                // A service's age is reported from the moment it is served.
+                refresh_staleness(&shared);
             }
             () = timer => {
                 let mut view = shared.lock_view();
@@ -702,8 +710,18 @@ fn refresh_staleness(shared: &Shared) {
     // Every service's view is as old as the last upstream confirmation: the agent does not
     // age a service whose upstream view it refused separately (that refusal is its own
     // metric, `waymark_agent_views_refused`).
-    let view = shared.lock_view();
-    for (name, _) in view.states() {
+    let served: BTreeSet<String> = shared
+        .lock_view()
+        .states()
+        .map(|(n, _)| n.clone())
+        .collect();
+    let mut aged = shared.aged.lock().unwrap_or_else(PoisonError::into_inner);
+    for gone in aged.difference(&served) {
+        shared.metrics.view_age_seconds.remove(&ServiceLabels {
+            service: gone.clone(),
+        });
+    }
+    for name in &served {
         shared
             .metrics
             .view_age_seconds
@@ -712,6 +730,7 @@ fn refresh_staleness(shared: &Shared) {
             })
             .set(age);
     }
+    *aged = served;
 }
 
 /// TLS configs: the server side for sidecars and workloads, the client side towards the
