@@ -7,57 +7,21 @@
 //! Needs `dig` (Debian `dnsutils`; `./scripts/test` installs it).
 #![allow(clippy::unwrap_used)]
 
-use std::process::Command;
-use std::time::{Duration, Instant};
+mod common;
 
+use std::process::Command;
+
+use common::dev::{call, start, until};
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use waymark_agent::cli::http::ApiClient;
-use waymark_agent::dev::{DevArgs, DevRegion};
-
-const WAIT: Duration = Duration::from_secs(60);
-
-async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn call(
-    api: &ApiClient,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let r = api.send(method, path, body.as_ref()).await.unwrap();
-    let v = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
-    (r.status, v)
-}
+use waymark_agent::dev::DevRegion;
 
 fn reason(v: &Value) -> (&str, &str) {
     (
         v["error"]["reason"].as_str().unwrap_or_default(),
         v["error"]["field"].as_str().unwrap_or_default(),
     )
-}
-
-async fn start(dir: &std::path::Path) -> DevRegion {
-    let any = "127.0.0.1:0".parse().unwrap();
-    DevRegion::start(DevArgs {
-        dir: dir.to_path_buf(),
-        api: any,
-        xds: any,
-        dns: any,
-        agent_api: any,
-        backends_api: any,
-    })
-    .await
-    .unwrap()
 }
 
 async fn eligible(api: &ApiClient, service: &str) -> u64 {

@@ -6,26 +6,12 @@
 //! `explain` and redacted on the audit read path.
 #![allow(clippy::unwrap_used)]
 
-use std::time::{Duration, Instant};
+mod common;
 
+use common::dev::until;
 use http::Method;
 use serde_json::{Value, json};
 use waymark_agent::cli::http::ApiClient;
-use waymark_agent::dev::{DevArgs, DevRegion};
-
-const WAIT: Duration = Duration::from_secs(60);
-
-/// Poll `check` (a state with no signal to wait on, across processes' APIs); bounded.
-async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 async fn register(api: &ApiClient, ip: &str, port: u16) -> String {
     let v = api
@@ -50,17 +36,7 @@ async fn register(api: &ApiClient, ip: &str, port: u16) -> String {
 async fn metadata_and_link_local_targets_are_refused_and_what_a_target_said_stays_in_explain() {
     waymark_certs::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
-    let any = "127.0.0.1:0".parse().unwrap();
-    let dev = DevRegion::start(DevArgs {
-        dir: dir.path().to_path_buf(),
-        api: any,
-        xds: any,
-        dns: any,
-        agent_api: any,
-        backends_api: any,
-    })
-    .await
-    .unwrap();
+    let dev = common::dev::start(dir.path()).await;
     let api = ApiClient::new(&dev.authority().http_addr().to_string(), None);
     let agent = ApiClient::new(&dev.agent().bound().http.to_string(), None);
     let control = ApiClient::new(&dev.backends_api().to_string(), None);

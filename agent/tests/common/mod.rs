@@ -3,6 +3,8 @@
 //! `mod common;` and uses a part of it.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod dev;
+
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;

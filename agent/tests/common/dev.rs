@@ -1,0 +1,55 @@
+//! A dev region on free loopback ports, and the polling its tests share.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+use serde_json::Value;
+use waymark_agent::cli::http::ApiClient;
+use waymark_agent::dev::{DevArgs, DevRegion};
+
+/// How long a dev-region test waits for any one state.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// `waymark dev` with its state in `dir`, every listener on a free loopback port.
+pub async fn start(dir: &Path) -> DevRegion {
+    let any = "127.0.0.1:0".parse().expect("a socket address");
+    DevRegion::start(DevArgs {
+        dir: dir.to_path_buf(),
+        api: any,
+        xds: any,
+        dns: any,
+        agent_api: any,
+        backends_api: any,
+    })
+    .await
+    .expect("the dev region starts")
+}
+
+/// Poll `check` until it returns `Some`, at most [`WAIT`]: for states with no signal to
+/// wait on, read across a process's APIs.
+pub async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One API call: the status and the JSON body (`Null` when it is not JSON).
+pub async fn call(
+    api: &ApiClient,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let r = api
+        .send(method, path, body.as_ref())
+        .await
+        .expect("the API answers");
+    let v = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+    (r.status, v)
+}
