@@ -228,7 +228,7 @@ impl Server {
         let service = g.valid_name();
         let zone = g.pick(&["eu-west-1a", "eu-west-1b"]);
         let view = g.released_view(&service, zone, self.version);
-        if let Ok(view) = serde_json::from_value::<ReleasedView>(view) {
+        if let Some(view) = waymark_fuzz::decode::<ReleasedView>(view) {
             self.builder.handle_release(&view);
             self.publish();
         }

@@ -19,7 +19,7 @@ use waymark_registry::state::ServicePolicyRecord;
 fuzz_target!(|data: &[u8]| run(capped(data)));
 
 fn run(data: &[u8]) {
-    if is_json_lines(data) {
+    if is_json_lines(data) || data.first() == Some(&b'"') {
         for line in lines(data) {
             check_json(line);
         }

@@ -181,7 +181,7 @@ fn steps(data: &[u8]) -> Vec<Step> {
     while !g.is_empty() && out.len() < Limits::STEPS_MAX * 2 {
         let step = match g.below(8) {
             0..=2 => {
-                let Ok(s) = serde_json::from_value::<Stamped>(g.stamped()) else {
+                let Some(s) = waymark_fuzz::decode::<Stamped>(g.stamped()) else {
                     continue;
                 };
                 if let Ok(Applied::Registered { instance, .. }) = probe.apply(s.clone()) {
@@ -190,7 +190,7 @@ fn steps(data: &[u8]) -> Vec<Step> {
                 Step::Command(s)
             }
             3..=5 => {
-                let Ok(m) = serde_json::from_value::<AgentMessage>(message(&mut g)) else {
+                let Some(m) = waymark_fuzz::decode::<AgentMessage>(message(&mut g)) else {
                     continue;
                 };
                 Step::Message(m)

@@ -74,7 +74,7 @@ fn generated(data: &[u8]) -> Vec<Message> {
     let mut g = Gen::new(data);
     let mut out = Vec::new();
     while !g.is_empty() && out.len() < Limits::STEPS_MAX {
-        let Ok(message) = serde_json::from_value::<Message>(message(&mut g)) else {
+        let Some(message) = waymark_fuzz::decode::<Message>(message(&mut g)) else {
             continue;
         };
         // Through the link's writer and reader, as a peer would send it.

@@ -27,6 +27,21 @@ impl Limits {
     pub const TEXT_BYTES_MAX: usize = 70_000;
 }
 
+/// Decode a generated value with the type's own `Deserialize`. With `WAYMARK_FUZZ_DEBUG`
+/// set, a value that does not decode is printed with the reason: that is how to see that a
+/// type changed shape and [`Gen`] needs to follow (see `docs/fuzzing.md`).
+pub fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Option<T> {
+    match serde_json::from_value::<T>(value.clone()) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            if std::env::var_os("WAYMARK_FUZZ_DEBUG").is_some() {
+                eprintln!("undecodable {}: {e}: {value}", std::any::type_name::<T>());
+            }
+            None
+        }
+    }
+}
+
 /// The input cut to [`Limits::INPUT_BYTES_MAX`].
 pub fn capped(data: &[u8]) -> &[u8] {
     &data[..data.len().min(Limits::INPUT_BYTES_MAX)]
@@ -288,8 +303,10 @@ impl<'a> Gen<'a> {
 
     /// Tags: a few short ones, or many, or long ones.
     pub fn tags(&mut self) -> Value {
-        let n = [0, 1, 2, 3, 64, 1000][self.below(6)];
         let long = self.one_in(8);
+        // Many labels, or long ones, but not both: one input stays cheap.
+        let n = [0, 1, 2, 3, 64, 1000][self.below(6)];
+        let n = if long { n.min(3) } else { n };
         let tags: Vec<String> = (0..n)
             .map(|i| if long { self.text() } else { format!("t{i}") })
             .collect();
@@ -298,8 +315,9 @@ impl<'a> Gen<'a> {
 
     /// Metadata: like [`Self::tags`], as a map.
     pub fn metadata(&mut self) -> Value {
-        let n = [0, 1, 2, 64, 1000][self.below(5)];
         let long = self.one_in(8);
+        let n = [0, 1, 2, 64, 1000][self.below(5)];
+        let n = if long { n.min(3) } else { n };
         let mut map = Map::new();
         for i in 0..n {
             let v = if long { self.text() } else { format!("v{i}") };
@@ -566,6 +584,13 @@ impl<'a> Gen<'a> {
 
     /// A `ViewEndpoint`.
     pub fn view_endpoint(&mut self, id: &str) -> Value {
+        // Views carry many endpoints: their labels stay few, so one input stays cheap.
+        let tags = &["canary", "v1"][..self.below(3)];
+        let metadata = if self.one_in(2) {
+            json!({})
+        } else {
+            json!({"version": "7"})
+        };
         json!({
             "instance": id,
             "address": self.address(),
@@ -576,14 +601,14 @@ impl<'a> Gen<'a> {
             "weight": self.u32(),
             "status": self.pick(&["eligible", "degraded", "unknown", "disregarded", "draining"]),
             "verdict": self.pick(&["eligible", "degraded", "unknown", "ineligible", "quarantined", "draining"]),
-            "tags": self.tags(),
-            "metadata": self.metadata(),
+            "tags": tags,
+            "metadata": metadata,
         })
     }
 
     /// A `ReleasedView` of `service` in `zone`, at `version`.
     pub fn released_view(&mut self, service: &str, zone: &str, version: u64) -> Value {
-        let n = [0, 1, 2, 3, 8, 300][self.below(6)];
+        let n = [0, 1, 2, 3, 8, 64][self.below(6)];
         let mut endpoints = Map::new();
         for i in 0..n {
             let id = if i < 3 && self.one_in(2) {
