@@ -22,11 +22,14 @@ fn run(data: &[u8]) {
 
     let mut state = DesiredState::new();
     let mut outcomes = Vec::with_capacity(log.len());
-    for stamped in &log {
+    for (i, stamped) in log.iter().enumerate() {
         let before = state.clone();
         let outcome = state.apply(stamped.clone());
         serde_json::to_vec(&state).expect("the desired state always serializes");
-        if outcome.is_err() && before != state {
+        // A refusal may move the clock only; comparing without it means JSON, which is
+        // dear, so it is done for every eighth refusal that moved the clock.
+        let clock_moved = stamped.at_ms > before.clock_ms();
+        if outcome.is_err() && before != state && (!clock_moved || i % 8 == 0) {
             assert_eq!(
                 without_clock(&before),
                 without_clock(&state),

@@ -144,7 +144,8 @@ const U64S: &[u64] = &[
     u64::MAX - 1,
     u64::MAX,
 ];
-const TEXT_LENS: &[usize] = &[0, 1, 8, 64, 253, 254, 1024, 1025, 4096, 65_536];
+// Around the registry's caps (tag 128, owner 256, reason and metadata value 1024 bytes).
+const TEXT_LENS: &[usize] = &[0, 1, 8, 128, 129, 256, 257, 1024, 1025, 4096, 65_536];
 
 /// The structured decoder: bytes in, JSON values shaped like waymark's types out.
 pub struct Gen<'a> {
@@ -219,7 +220,9 @@ impl<'a> Gen<'a> {
     pub fn name(&mut self) -> String {
         match self.below(10) {
             0 => {
-                let len = [1, 240, 250, 251, 252, 253, 254, 300][self.below(8)];
+                // Around the longest service name (231: room for an issued id's suffix)
+                // and the longest name (253).
+                let len = [1, 231, 232, 240, 251, 252, 253, 254, 300][self.below(9)];
                 "n".repeat(len)
             }
             1 => self.raw_text(32),
@@ -305,7 +308,7 @@ impl<'a> Gen<'a> {
     pub fn tags(&mut self) -> Value {
         let long = self.one_in(8);
         // Many labels, or long ones, but not both: one input stays cheap.
-        let n = [0, 1, 2, 3, 64, 1000][self.below(6)];
+        let n = [0, 1, 2, 3, 64, 65, 1000][self.below(7)];
         let n = if long { n.min(3) } else { n };
         let tags: Vec<String> = (0..n)
             .map(|i| if long { self.text() } else { format!("t{i}") })
@@ -316,7 +319,7 @@ impl<'a> Gen<'a> {
     /// Metadata: like [`Self::tags`], as a map.
     pub fn metadata(&mut self) -> Value {
         let long = self.one_in(8);
-        let n = [0, 1, 2, 64, 1000][self.below(5)];
+        let n = [0, 1, 2, 64, 65, 1000][self.below(6)];
         let n = if long { n.min(3) } else { n };
         let mut map = Map::new();
         for i in 0..n {
