@@ -2,7 +2,8 @@
 //!
 //! Input: JSON lines of `Stamped`, or bytes for the structured decoder (`Gen::stamped`).
 //! After every apply: the state serializes, and a refused command changed nothing but the
-//! clock. At the end the state's snapshot decodes back equal, and a second replica that
+//! clock (checked on every refusal that leaves the clock alone, and every eighth one that
+//! moves it). At the end the state's snapshot decodes back equal, and a second replica that
 //! applied the same log — restored from a snapshot part-way, as a restarted member is —
 //! agrees on every outcome and on the final state.
 #![no_main]
