@@ -43,12 +43,14 @@ impl Permille {
         self.0
     }
 
-    /// `num / den` rounded down; a zero denominator gives zero.
-    pub fn ratio(num: usize, den: usize) -> Self {
+    /// `num / den` rounded down and clamped to one; a zero denominator gives zero. Exact
+    /// for any counts (computed in 128 bits), so counts a reporter chose cannot overflow it.
+    pub fn ratio(num: u64, den: u64) -> Self {
         if den == 0 {
             return Self::ZERO;
         }
-        Self::saturating(((num as u64 * 1000) / den as u64) as u32)
+        let permille = (u128::from(num) * 1000) / u128::from(den);
+        Self::saturating(u32::try_from(permille).unwrap_or(u32::MAX))
     }
 
     /// This fraction of another (their product), rounded down.
@@ -164,6 +166,15 @@ mod tests {
     fn ratio_rounds_down_and_survives_zero_denominator() {
         assert_eq!(Permille::ratio(1, 3).get(), 333);
         assert_eq!(Permille::ratio(5, 0), Permille::ZERO);
+    }
+
+    #[test]
+    fn ratio_of_counts_a_reporter_chose_never_overflows() {
+        // Found by the `evidence` fuzz target: a passive sample with counts near u64::MAX
+        // overflowed `num * 1000` inside the leader's evaluator.
+        assert_eq!(Permille::ratio(u64::MAX, u64::MAX), Permille::ONE);
+        assert_eq!(Permille::ratio(u64::MAX / 2, u64::MAX).get(), 499);
+        assert_eq!(Permille::ratio(u64::MAX, 1), Permille::ONE);
     }
 
     #[test]

@@ -540,7 +540,9 @@ impl ViewAssembler {
         let on = self.config.fraction_guard;
         let now_guarded: BTreeSet<ZoneName> = tallies
             .iter()
-            .filter(|(_, t)| on && t.total > 0 && Permille::ratio(t.routed, t.total) < floor)
+            .filter(|(_, t)| {
+                on && t.total > 0 && Permille::ratio(t.routed as u64, t.total as u64) < floor
+            })
             .map(|(z, _)| z.clone())
             .collect();
         for zone in now_guarded.difference(&slot.guarded) {

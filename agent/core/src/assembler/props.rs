@@ -44,7 +44,7 @@ proptest! {
                     let routed = view.routed_in(&zone(z));
                     let declared = view.markers.health_disregarded.contains(&zone(z));
                     prop_assert!(
-                        declared || Permille::ratio(routed, candidates) >= policy_floor(floor) || candidates == 0,
+                        declared || Permille::ratio(routed as u64, candidates as u64) >= policy_floor(floor) || candidates == 0,
                         "zone {} routes {}/{} under floor {} undeclared", z, routed, candidates, floor
                     );
                     // Everything routed is either eligible by verdict or declared disregarded.

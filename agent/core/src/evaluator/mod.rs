@@ -845,8 +845,7 @@ fn apply_passive(
         // Too little traffic to say anything either way: neither evidence nor silence-breaker.
         return;
     }
-    let failing =
-        Permille::ratio(errors.min(requests) as usize, requests as usize) >= c.passive.error_rate;
+    let failing = Permille::ratio(errors.min(requests), requests) >= c.passive.error_rate;
     state.callers.record(now, &reporter, failing, callers_max);
     let (share, callers) = state.callers.failing_share(now, c.silence_of(class));
     let cs = &mut state.classes[class.index()];

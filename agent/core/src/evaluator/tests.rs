@@ -825,3 +825,15 @@ fn a_new_leader_keeps_a_hard_failure_out_until_evidence_clears_it() {
     assert!(ev2.eligibility(&fresh.id).unwrap().is_routed());
     let _ = &mut ev;
 }
+
+#[test]
+fn passive_counts_near_the_end_of_u64_are_judged_not_overflowed() {
+    // Found by the `evidence` fuzz target: a caller's report of ~u64::MAX requests made
+    // the failing-share arithmetic overflow inside the leader's evaluator.
+    let mut fx = Fx::default();
+    let huge = crate::testkit::passive(&fx.id, 1, u64::MAX, u64::MAX);
+    fx.feed(Duration::from_secs(1), huge);
+    let small = crate::testkit::passive(&fx.id, 2, u64::MAX, 0);
+    fx.feed(Duration::from_secs(2), small);
+    assert_ne!(fx.verdict(), Verdict::Ineligible);
+}
