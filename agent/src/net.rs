@@ -219,6 +219,38 @@ impl<'de> Deserialize<'de> for HostPort {
     }
 }
 
+/// Test peers for the project's HTTP clients.
+#[cfg(test)]
+pub(crate) mod test_support {
+    #![allow(clippy::unwrap_used)]
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A loopback server that reads one request per connection and answers it with the raw
+    /// bytes `answer` (or never, for `None`); returns its address.
+    pub(crate) async fn answering_server(answer: Option<Vec<u8>>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let _ = s.read(&mut buf).await;
+                    match answer {
+                        Some(bytes) => {
+                            let _ = s.write_all(&bytes).await;
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                });
+            }
+        });
+        addr.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,19 +7,17 @@
 //! admin on 10000 and 9901, so this test runs alone (nextest group `processes`).
 #![allow(clippy::unwrap_used)]
 
+mod common;
 #[path = "../../xds-edge/tests/support/mod.rs"]
 mod support;
 
 use std::process::{Command, Stdio};
 
-use std::time::{Duration, Instant};
-
+use common::dev::until;
 use http::Method;
 use serde_json::{Value, json};
 use waymark_agent::cli::http::ApiClient;
 use waymark_agent::dev::{DevArgs, DevRegion};
-
-const WAIT: Duration = Duration::from_secs(60);
 
 async fn verdicts(api: &ApiClient, service: &str) -> Value {
     let list = api.get_json("/v1/services").await.unwrap();
@@ -35,18 +33,6 @@ async fn explain(api: &ApiClient, instance: &str) -> Value {
     api.get_json(&format!("/v1/instances/{instance}/explain"))
         .await
         .unwrap()
-}
-
-/// Polls `check` until it returns `Some`, at most [`WAIT`].
-async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 async fn set_mode(control: &ApiClient, backend: &str, mode: &str) {

@@ -196,32 +196,9 @@ impl ApiClient {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
-
     use super::*;
 
-    /// A server answering every request with `answer` (or never, for `None`).
-    async fn server(answer: Option<Vec<u8>>) -> String {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                let answer = answer.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    let _ = s.read(&mut buf).await;
-                    match answer {
-                        Some(bytes) => {
-                            let _ = s.write_all(&bytes).await;
-                        }
-                        None => std::future::pending::<()>().await,
-                    }
-                });
-            }
-        });
-        addr.to_string()
-    }
+    use crate::net::test_support::answering_server as server;
 
     #[tokio::test]
     async fn an_answer_over_the_size_cap_is_an_error() {

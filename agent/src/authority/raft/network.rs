@@ -373,33 +373,10 @@ where
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use openraft::Vote;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
-
     use super::*;
+    use openraft::Vote;
 
-    /// A peer that answers every request with `answer` (or never, for `None`).
-    async fn fake_peer(answer: Option<Vec<u8>>) -> String {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                let answer = answer.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    let _ = s.read(&mut buf).await;
-                    match answer {
-                        Some(bytes) => {
-                            let _ = s.write_all(&bytes).await;
-                        }
-                        None => std::future::pending::<()>().await,
-                    }
-                });
-            }
-        });
-        addr.to_string()
-    }
+    use crate::net::test_support::answering_server as fake_peer;
 
     async fn vote_to(addr: String) -> RPCError<NodeId, Member, RaftError<NodeId>> {
         let member = Member {
