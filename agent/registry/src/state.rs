@@ -806,8 +806,19 @@ impl DesiredState {
         let unavailable = || RegistryError::IdUnavailable {
             service: r.service.clone(),
         };
-        let seq = self.next_seq.checked_add(1).ok_or_else(unavailable)?;
-        let id = InstanceId::try_new(format!("{}-r{seq}", r.service)).map_err(|_| unavailable())?;
+        // An orchestrated or external instance may carry a name of the registered form
+        // (`web-r7` is a fine pod name), live or retired: skip past it, so a registration
+        // never replaces another instance or revives a retired id. Each skip passes an id
+        // the state holds, so the walk is bounded by the instances and tombstones.
+        let mut seq = self.next_seq;
+        let id = loop {
+            seq = seq.checked_add(1).ok_or_else(unavailable)?;
+            let id =
+                InstanceId::try_new(format!("{}-r{seq}", r.service)).map_err(|_| unavailable())?;
+            if !self.instances.contains_key(&id) && !self.tombstones.contains(&id) {
+                break id;
+            }
+        };
         self.next_seq = seq;
         let expires_at_ms = self.clock_ms.saturating_add(r.lease_ms);
         let instance = Instance {

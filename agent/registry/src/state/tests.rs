@@ -148,6 +148,54 @@ fn ids_are_issued_here_and_never_reused() {
 }
 
 #[test]
+fn a_registration_never_takes_an_id_an_orchestrated_instance_holds_or_held() {
+    // Goal: a pod named `pay-r1` was replaced by the first registration, and a retired
+    // `pay-r2` came back to life under the second — live and retired at once.
+    let mut s = with_service();
+    s.apply(at(
+        2_000,
+        Command::Observe {
+            instance: pod("pay-r1", 1),
+            draining: false,
+        },
+    ))
+    .unwrap();
+    for (name, last) in [("pay-r2", 2), ("pay-r3", 3)] {
+        s.apply(at(
+            2_000,
+            Command::Observe {
+                instance: pod(name, last),
+                draining: false,
+            },
+        ))
+        .unwrap();
+        s.apply(at(
+            2_000,
+            Command::Forget {
+                instance: InstanceId::try_new(name).unwrap(),
+            },
+        ))
+        .unwrap();
+    }
+    let id = registered(&mut s, 3_000, 9);
+    assert_eq!(id.as_str(), "pay-r4");
+    let pod = s.instance(&InstanceId::try_new("pay-r1").unwrap()).unwrap();
+    assert_eq!(
+        pod.instance.origin,
+        Origin::Orchestrator,
+        "the pod is untouched"
+    );
+    for r in s.instances() {
+        assert!(
+            !s.is_retired(&r.instance.id),
+            "{} is live and retired",
+            r.instance.id
+        );
+    }
+    assert_eq!(registered(&mut s, 3_000, 10).as_str(), "pay-r5");
+}
+
+#[test]
 fn bad_registrations_are_refused_and_change_nothing() {
     let mut s = with_service();
     registered(&mut s, 10_000, 1);
