@@ -12,6 +12,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
@@ -472,6 +473,15 @@ async fn envoy_load_reports_arrive_with_per_endpoint_counts() {
     .await;
     envoy.wait_live(PATIENCE).await;
     wait_hosts(&envoy, &[&a, &b]).await;
+    // Envoy opens its LRS stream only once its clusters are initialised, and starting a
+    // reporting period clears the per-host counters: requests sent before the period
+    // starts are never reported. Its first periodic report (clusters named, no load yet)
+    // says the period is running.
+    envoy
+        .wait_until("a first load report", PATIENCE, async || {
+            lrs.stats().reports.load(Ordering::Relaxed) > 0
+        })
+        .await;
     let mut sent = BTreeMap::<u16, usize>::new();
     for _ in 0..40 {
         let (status, _) = envoy.get("/pay/hello").await;
@@ -484,7 +494,18 @@ async fn envoy_load_reports_arrive_with_per_endpoint_counts() {
     while ok_a + err_b < 40 {
         let report = tokio::time::timeout_at(deadline, reports.recv())
             .await
-            .unwrap_or_else(|_| panic!("reports in time: ok_a {ok_a} err_b {err_b} sent {sent:?}"))
+            .unwrap_or_else(|_| {
+                let s = lrs.stats();
+                panic!(
+                    "reports in time: ok_a {ok_a} err_b {err_b} sent {sent:?}; server saw \
+                     {} streams, {} refused, {} reports, {} endpoints, {} skipped",
+                    s.streams.load(Ordering::Relaxed),
+                    s.bad_streams.load(Ordering::Relaxed),
+                    s.reports.load(Ordering::Relaxed),
+                    s.endpoints.load(Ordering::Relaxed),
+                    s.skipped.load(Ordering::Relaxed),
+                )
+            })
             .unwrap();
         assert_eq!(
             (report.node_id.as_str(), report.zone.as_str()),
