@@ -81,6 +81,7 @@ async fn channel(
     let own = PeerPolicy {
         trust_domain: pki.td.clone(),
         accepted: KindSet::ALL,
+        region: None,
     };
     let material = load_material(&paths, &own, SystemTime::now())
         .await
@@ -88,6 +89,7 @@ async fn channel(
     let servers = PeerPolicy {
         trust_domain: TrustDomain::new(TD).unwrap(),
         accepted: KindSet::only(IdentityKind::Authority),
+        region: None,
     };
     let config = client_config(
         &LiveMaterial::new(material),

@@ -103,6 +103,7 @@ impl Pki {
         let own = PeerPolicy {
             trust_domain: self.td.clone(),
             accepted: KindSet::ALL,
+            region: None,
         };
         LiveMaterial::new(validate_material(pem, &own, SystemTime::now()).unwrap())
     }
@@ -112,6 +113,7 @@ fn authorities() -> PeerPolicy {
     PeerPolicy {
         trust_domain: TrustDomain::new(TD).unwrap(),
         accepted: KindSet::only(IdentityKind::Authority),
+        region: None,
     }
 }
 

@@ -52,6 +52,7 @@ async fn workload_session(pki: &PkiDir, who: &str, agent: SocketAddr) -> ClientS
     let own = PeerPolicy {
         trust_domain: TrustDomain::new(TD).unwrap(),
         accepted: KindSet::ALL,
+        region: None,
     };
     let material = load_material(&paths, &own, SystemTime::now())
         .await
@@ -59,6 +60,7 @@ async fn workload_session(pki: &PkiDir, who: &str, agent: SocketAddr) -> ClientS
     let agents = PeerPolicy {
         trust_domain: TrustDomain::new(TD).unwrap(),
         accepted: KindSet::only(IdentityKind::Node),
+        region: None,
     };
     let config = client_config(
         &LiveMaterial::new(material),

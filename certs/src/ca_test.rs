@@ -60,6 +60,7 @@ fn issued_leaf_has_one_uri_san_and_validates_as_material() {
     let policy = PeerPolicy {
         trust_domain: TrustDomain::new("mesh").unwrap(),
         accepted: KindSet::ALL,
+        region: None,
     };
     let pem = MaterialPem {
         cert_chain: chain.as_bytes(),

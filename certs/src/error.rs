@@ -11,7 +11,7 @@
 
 use std::fmt;
 
-use crate::identity::{Identity, IdentityError, KindSet, TrustDomain};
+use crate::identity::{Identity, IdentityError, KindSet, Name, TrustDomain};
 use crate::lifetime::format_unix_seconds;
 
 /// Which input a PEM problem was found in.
@@ -89,6 +89,16 @@ pub enum CertError {
         /// What this port accepts.
         accepted: KindSet,
     },
+    /// The identity belongs to another region than the one this port or link serves (e.g.
+    /// another region's authority answering a node agent). Nothing changed; connect to, or
+    /// from, the region named by `expected`.
+    #[error("identity {identity} is not in region {expected}")]
+    WrongRegion {
+        /// The identity presented.
+        identity: Box<Identity>,
+        /// The only region admitted here.
+        expected: Name,
+    },
     /// PEM text is cut short or damaged. Nothing changed; rewrite the file completely
     /// (write to a temporary name and rename).
     #[error("pem data in the {part} is truncated or malformed")]
@@ -165,6 +175,8 @@ pub enum RejectReason {
     BadIdentity,
     /// [`CertError::WrongKind`]
     WrongKind,
+    /// [`CertError::WrongRegion`]
+    WrongRegion,
     /// [`CertError::TruncatedPem`] and [`CertError::EmptyPem`]
     TruncatedPem,
     /// [`CertError::KeyMismatch`] and [`CertError::UnsupportedKey`]
@@ -194,6 +206,7 @@ impl CertError {
             Self::MultipleSans { .. } => R::MultipleSans,
             Self::SanNotUri | Self::BadIdentity(_) => R::BadIdentity,
             Self::WrongKind { .. } => R::WrongKind,
+            Self::WrongRegion { .. } => R::WrongRegion,
             Self::TruncatedPem { .. } | Self::EmptyPem { .. } => R::TruncatedPem,
             Self::KeyMismatch | Self::UnsupportedKey(_) => R::KeyMismatch,
             Self::Malformed | Self::InvalidChain(_) => R::InvalidChain,
@@ -269,7 +282,7 @@ impl fmt::Debug for CertError {
 
 impl RejectReason {
     /// Every reason, in a fixed order.
-    pub const ALL: [RejectReason; 14] = [
+    pub const ALL: [RejectReason; 15] = [
         Self::Expired,
         Self::NotYetValid,
         Self::WrongTrustDomain,
@@ -278,6 +291,7 @@ impl RejectReason {
         Self::MultipleSans,
         Self::BadIdentity,
         Self::WrongKind,
+        Self::WrongRegion,
         Self::TruncatedPem,
         Self::KeyMismatch,
         Self::InvalidChain,
@@ -297,6 +311,7 @@ impl RejectReason {
             Self::MultipleSans => "multiple_sans",
             Self::BadIdentity => "bad_identity",
             Self::WrongKind => "wrong_kind",
+            Self::WrongRegion => "wrong_region",
             Self::TruncatedPem => "truncated_pem",
             Self::KeyMismatch => "key_mismatch",
             Self::InvalidChain => "invalid_chain",

@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
 use crate::error::{CertError, PemPart};
-use crate::identity::{Identity, IdentityKind, KindSet, TrustDomain};
+use crate::identity::{Identity, IdentityKind, KindSet, Name, TrustDomain};
 use crate::lifetime::{from_unix_seconds, unix_seconds};
 
 /// What a port or a holder of material accepts.
@@ -33,6 +33,11 @@ pub struct PeerPolicy {
     pub trust_domain: TrustDomain,
     /// Identity kinds accepted (e.g. only `Node` on the node-agent port).
     pub accepted: KindSet,
+    /// When set, only identities of this region are admitted (e.g. a node agent dials only
+    /// its own region's authorities). Operators name no region and are not affected: only
+    /// the estate root issues them (see the module doc), so no region can mint one, and
+    /// `accepted` is what keeps them off a port.
+    pub region: Option<Name>,
 }
 
 /// Which key purpose a chain is checked for.
@@ -163,7 +168,7 @@ pub fn check_peer(
     Ok((identity, info))
 }
 
-/// Checks trust domain, then kind, of an already-authenticated identity.
+/// Checks trust domain, then kind, then region of an already-authenticated identity.
 pub fn check_identity(identity: &Identity, policy: &PeerPolicy) -> Result<(), CertError> {
     if identity.trust_domain() != &policy.trust_domain {
         return Err(CertError::WrongTrustDomain {
@@ -175,6 +180,14 @@ pub fn check_identity(identity: &Identity, policy: &PeerPolicy) -> Result<(), Ce
         return Err(CertError::WrongKind {
             identity: Box::new(identity.clone()),
             accepted: policy.accepted,
+        });
+    }
+    if let (Some(expected), Some(region)) = (&policy.region, identity.region())
+        && region != expected
+    {
+        return Err(CertError::WrongRegion {
+            identity: Box::new(identity.clone()),
+            expected: expected.clone(),
         });
     }
     Ok(())

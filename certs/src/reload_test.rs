@@ -21,6 +21,7 @@ fn fixture() -> Fixture {
     let policy = PeerPolicy {
         trust_domain: td,
         accepted: KindSet::ALL,
+        region: None,
     };
     Fixture {
         root,

@@ -116,6 +116,7 @@ fn fixture() -> &'static Fixture {
             policy: PeerPolicy {
                 trust_domain: td,
                 accepted: KindSet::ALL,
+                region: None,
             },
             now: now + Duration::from_secs(3600),
         }

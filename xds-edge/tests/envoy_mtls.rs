@@ -78,6 +78,7 @@ async fn authority(pki: &Pki, backend: &Backend) -> (XdsServer, CertMetrics, std
     let own_policy = PeerPolicy {
         trust_domain: td.clone(),
         accepted: KindSet::only(IdentityKind::Authority),
+        region: None,
     };
     let material = load_material(&paths, &own_policy, SystemTime::now())
         .await
@@ -85,6 +86,7 @@ async fn authority(pki: &Pki, backend: &Backend) -> (XdsServer, CertMetrics, std
     let policy = PeerPolicy {
         trust_domain: td,
         accepted: KindSet::only(IdentityKind::Node),
+        region: None,
     };
     let metrics = CertMetrics::new();
     let tls = server_config(

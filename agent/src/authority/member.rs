@@ -552,6 +552,7 @@ async fn tls_configs(
     let own = PeerPolicy {
         trust_domain: t.trust_domain.clone(),
         accepted: KindSet::only(IdentityKind::Authority),
+        region: None,
     };
     let material = load_material(&t.paths, &own, SystemTime::now())
         .await
@@ -560,6 +561,7 @@ async fn tls_configs(
     let peers = PeerPolicy {
         trust_domain: t.trust_domain.clone(),
         accepted: KindSet::only(IdentityKind::Node).with(IdentityKind::Workload),
+        region: live.current().identity.region().cloned(),
     };
     let xds = server_config(&live, peers.clone(), metrics.clone(), &[ALPN_H2])?;
     let ingest = server_config(&live, peers, metrics.clone(), &[ALPN_H2])?;

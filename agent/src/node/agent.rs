@@ -747,6 +747,7 @@ async fn tls_configs(t: &super::config::Tls) -> anyhow::Result<AgentTls> {
     let own = PeerPolicy {
         trust_domain: trust_domain.clone(),
         accepted: KindSet::only(IdentityKind::Node),
+        region: None,
     };
     let paths = MaterialPaths {
         cert_chain: t.cert_chain.clone(),
@@ -762,11 +763,13 @@ async fn tls_configs(t: &super::config::Tls) -> anyhow::Result<AgentTls> {
     let sidecars = PeerPolicy {
         trust_domain: trust_domain.clone(),
         accepted: KindSet::only(IdentityKind::Workload),
+        region: None,
     };
     let server = server_config(&live, sidecars, metrics.clone(), &[ALPN_H2])?;
     let authorities = PeerPolicy {
         trust_domain,
         accepted: KindSet::only(IdentityKind::Authority),
+        region: live.current().identity.region().cloned(),
     };
     let upstream = client_config(&live, authorities, metrics, &[ALPN_H2])?;
     Ok(AgentTls {

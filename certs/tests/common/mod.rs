@@ -149,6 +149,7 @@ pub fn policy(accepted: KindSet) -> PeerPolicy {
     PeerPolicy {
         trust_domain: TrustDomain::new(TD).unwrap(),
         accepted,
+        region: None,
     }
 }
 

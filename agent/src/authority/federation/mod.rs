@@ -405,6 +405,7 @@ fn bind(
     let policy = PeerPolicy {
         trust_domain: tls.trust_domain.clone(),
         accepted: KindSet::only(IdentityKind::Authority),
+        region: None,
     };
     let idle = quinn::IdleTimeout::try_from(config.idle_timeout).map_err(|_| {
         FederationError::IdleTimeout {
