@@ -8,6 +8,7 @@
 #![warn(unreachable_pub)]
 #![deny(missing_docs)]
 
+pub mod acl;
 pub mod assignment;
 pub mod ingest;
 pub mod pipeline;

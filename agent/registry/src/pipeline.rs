@@ -264,7 +264,8 @@ impl RegionPipeline {
             | Applied::LeasesRestarted { .. }
             | Applied::AssignmentSet
             | Applied::EvacuationProgress
-            | Applied::RegionFailoverProgress => {}
+            | Applied::RegionFailoverProgress
+            | Applied::Acl { .. } => {}
         }
         self.pump(now);
     }

@@ -20,6 +20,8 @@ use waymark_core::model::{
 use waymark_core::units::Permille;
 use waymark_core::units::Weight;
 
+use crate::acl::{Acl, AclApplied, AclCommand, AclError};
+
 /// Shortest lease a registration may ask for.
 pub const LEASE_MS_MIN: u64 = 5_000;
 /// Longest lease a registration may ask for.
@@ -178,6 +180,11 @@ pub enum Command {
     SetAssignment {
         /// Targets and their probers.
         assignment: BTreeMap<InstanceId, Vec<NodeName>>,
+    },
+    /// Change the region's grants or tokens (authorised by the API before proposing).
+    Acl {
+        /// The change.
+        change: AclCommand,
     },
 }
 
@@ -377,12 +384,20 @@ pub enum Applied {
     },
     /// A region failover's progress was recorded.
     RegionFailoverProgress,
+    /// Grants or tokens changed.
+    Acl {
+        /// What changed.
+        applied: AclApplied,
+    },
 }
 
 /// Why a command was refused. Nothing changed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RegistryError {
+    /// A change to grants or tokens was refused.
+    #[error("access control: {0}")]
+    Acl(#[from] AclError),
     /// The contract broke a rule; the error names the field.
     #[error("contract for {service}: {source}")]
     Contract {
@@ -560,6 +575,10 @@ pub struct DesiredState {
     region_failovers: BTreeMap<RegionName, RegionFailoverRecord>,
     /// Derived: live instances by (service, address), for the duplicate check. Not
     /// serialized; rebuilt on first use after a snapshot is decoded.
+    /// Grants and tokens. Absent from snapshots written before access control: such a
+    /// region starts unbootstrapped, where nothing is allowed until bootstrap.
+    #[serde(default)]
+    acl: Acl,
     #[serde(skip)]
     by_address: AddressIndex,
 }
@@ -688,7 +707,15 @@ impl DesiredState {
                 self.assignment = assignment;
                 Ok(Applied::AssignmentSet)
             }
+            Command::Acl { change } => Ok(Applied::Acl {
+                applied: self.acl.apply(change, self.clock_ms)?,
+            }),
         }
+    }
+
+    /// The region's grants and tokens.
+    pub fn acl(&self) -> &Acl {
+        &self.acl
     }
 
     /// A service's policy (the default when none was set).
@@ -1114,6 +1141,7 @@ impl Command {
                 }
                 Ok(())
             }
+            Command::Acl { change } => Acl::check(change).map_err(RegistryError::Acl),
             Command::RemoveService { .. }
             | Command::Renew { .. }
             | Command::Deregister { .. }

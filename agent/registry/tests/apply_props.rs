@@ -14,6 +14,7 @@ use waymark_core::model::{
     ServiceName, ZoneName,
 };
 use waymark_core::units::{Permille, Weight};
+use waymark_registry::acl::AclCommand;
 use waymark_registry::state::{
     Applied, Command, DesiredState, EvacuationIntent, RegionFailoverIntent, RegionFailoverRecord,
     Registration, ServicePolicyRecord, Stamped,
@@ -248,6 +249,12 @@ fn command() -> impl Strategy<Value = Command> {
                 reason,
             }),
         }),
+        1 => prop_oneof![
+            Just(AclCommand::Bootstrap { operator: "alice".into() }),
+            Just(AclCommand::Bootstrap { operator: String::new() }),
+            Just(AclCommand::RemoveToken { name: "ci".into() }),
+        ]
+        .prop_map(|change| Command::Acl { change }),
         1 => (instance_id(), 0usize..20).prop_map(|(target, n)| Command::SetAssignment {
             assignment: BTreeMap::from([(
                 target,
