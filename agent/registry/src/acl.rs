@@ -296,6 +296,23 @@ pub enum AclError {
     },
 }
 
+impl AclError {
+    /// A stable label for API refusals and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::AlreadyBootstrapped => "already_bootstrapped",
+            Self::BadName { .. } => "bad_name",
+            Self::Malformed(_) => "malformed",
+            Self::UnknownGrant(_) => "unknown_grant",
+            Self::UnknownToken(_) => "unknown_token",
+            Self::TokenExists(_) => "token_exists",
+            Self::BadExpiry { .. } => "bad_expiry",
+            Self::BadDigest(_) => "bad_digest",
+            Self::Full { .. } => "acl_full",
+        }
+    }
+}
+
 /// Why a bearer token did not authenticate. Deliberately coarse towards the client (the
 /// API answers 401 for all of them); the reason is for logs and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -7,9 +7,17 @@
 //! method and body. Every refusal is a JSON body `{"error": {"reason", "field", "message"}}`
 //! with a fitting status, a metric, and — for denials — an audit record; it changes nothing.
 //!
-//! Authentication: the API listener is plain HTTP today, and the acting operator is named by
-//! the `x-waymark-actor` header. Bind it to loopback or a management network; the mutual-TLS
-//! listener that takes the actor from the client certificate is the next step.
+//! Authentication and authorisation (ADR-15): every route but `/livez` and `/readyz` needs
+//! a verified principal — the identity of a client certificate the listener verified
+//! (its `PeerInfo`), or a bearer token (`Authorization: Bearer wmt.<name>.<secret>`) checked
+//! against the replicated tokens. Without one: `401 unauthenticated`, counted and logged,
+//! never audited. Reads need the `read` grant; each write names the capability it needs
+//! (`own:<service>`, `register:<node>`, `override:<service>`, `evacuate`, `raft`, `acl`).
+//! Without it: `403 forbidden` naming the capability, counted, logged, and audited folded
+//! per principal ([`super::principal::Denials`]). The actor recorded everywhere is the
+//! verified principal. Registration also proves ownership: a node agent registers only on
+//! its own node, in this region, at the address its connection comes from; a workload
+//! only itself. Grants and tokens are managed under `/v1/acl/`.
 //!
 //! Bounds: every route has an explicit body limit (`413 body_too_large` beyond it, before
 //! the body is parsed); free text and counts that would reach Raft or the audit log are
@@ -22,12 +30,13 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request as HttpRequest, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
+use axum::{Extension, Router};
 use prometheus_client::registry::Registry;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -45,9 +54,14 @@ use super::fields;
 use super::leader::{SharedPipeline, now_ms};
 use super::machine::{AuditEntry, AuditKind, Refusal, Request, Response as RaftResponse};
 use super::metrics::{AuthorityMetrics, OutcomeLabels, ReasonLabels};
+use super::principal::{Caller, Credential, Denials, principal_of};
 use super::raft::{RaftNode, WriteError};
 use super::regions::{self, RegionsHandle};
 use crate::node::probe::TARGET_TEXT_MARKER;
+use waymark_certs::grpc::PeerInfo;
+use waymark_registry::acl::{
+    AclApplied, AclCommand, Action, Capability, Grant, Grantee, Principal, TokenRecord,
+};
 use waymark_registry::pipeline::RegionPipeline;
 
 /// Overrides one actor may make on one service per window.
@@ -56,8 +70,10 @@ pub const OVERRIDES_PER_WINDOW: usize = 5;
 pub const OVERRIDE_WINDOW: Duration = Duration::from_secs(600);
 /// Audit records returned by one request at most.
 pub const AUDIT_PAGE_MAX: usize = 10_000;
-/// The header naming the acting operator.
-pub const ACTOR_HEADER: &str = "x-waymark-actor";
+/// How long authorisation refusals fold before they are written to the audit log.
+pub const DENIAL_FLUSH_EVERY: Duration = Duration::from_secs(2);
+/// The longest token lifetime one request may ask for, in seconds (the registry's ceiling).
+pub const TOKEN_TTL_S_MAX: u64 = waymark_registry::acl::TOKEN_TTL_MS_MAX / 1000;
 
 /// Body limit of every route not listed below (reads, deletes, overrides, membership,
 /// evacuations, failovers: small JSON objects).
@@ -83,6 +99,9 @@ pub struct ApiState {
     reconciliation: Arc<Mutex<Value>>,
     federation: Option<Arc<FederationNode>>,
     regions: Option<RegionsHandle>,
+    denials: Arc<Mutex<Denials>>,
+    /// `https` when the API listener is mutual TLS (redirects name the same scheme).
+    scheme: &'static str,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -114,7 +133,15 @@ impl ApiState {
             reconciliation: Arc::new(Mutex::new(Value::Null)),
             federation: None,
             regions: None,
+            denials: Arc::default(),
+            scheme: "http",
         }
+    }
+
+    /// The API is served over TLS: redirects to the leader say `https`.
+    pub fn with_tls(mut self, tls: bool) -> Self {
+        self.scheme = if tls { "https" } else { "http" };
+        self
     }
 
     /// Serve `/v1/federation/*` from this member's federation node.
@@ -139,8 +166,6 @@ pub fn router(state: ApiState) -> Router {
     let limit = DefaultBodyLimit::max;
     Router::new()
         .route("/v1/openapi.json", get(openapi))
-        .route("/livez", get(livez))
-        .route("/readyz", get(readyz))
         .route("/v1/status", get(status))
         .route("/v1/operator/raft/peers", get(peers))
         .route("/v1/operator/raft/members", post(add_member))
@@ -194,11 +219,51 @@ pub fn router(state: ApiState) -> Router {
             "/v1/federation/regions/{region}/failover",
             post(region_failover),
         )
+        .route("/v1/acl/whoami", get(whoami))
+        .route("/v1/acl/bootstrap", post(acl_bootstrap))
+        .route("/v1/acl/grants", get(list_grants).post(add_grant))
+        .route("/v1/acl/grants/revoke", post(revoke_grant))
+        .route("/v1/acl/tokens", get(list_tokens).post(mint_token))
+        .route("/v1/acl/tokens/{name}", axum::routing::delete(remove_token))
         .route("/metrics", get(metrics))
+        // Every route above needs a verified principal; reads need `read`.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ))
+        // Probes answer without credentials: they say nothing but alive and ready.
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
         // Routes without their own limit: the small default. An inner (per-route) limit
         // is applied after this one, so it wins.
         .layer(limit(BODY_MAX))
         .with_state(state)
+}
+
+/// Reads that any authenticated principal may make without the `read` grant.
+const OPEN_TO_ANY_PRINCIPAL: &[&str] = &["/v1/acl/whoami"];
+/// Writes that are reads: nothing is proposed.
+const READS_BY_POST: &[&str] = &["/v1/contracts/validate"];
+
+/// Authenticates every request that reaches it; requests that only read are authorised
+/// for `read` here, writes by their handlers (which know the capability they need).
+async fn authenticate(State(s): State<ApiState>, mut request: HttpRequest, next: Next) -> Response {
+    let peer = request.extensions().get::<PeerInfo>().cloned();
+    let caller = match s.caller(peer.as_ref(), request.headers()) {
+        Ok(caller) => caller,
+        Err(e) => return e.into_response(),
+    };
+    let path = request.uri().path();
+    let reads =
+        matches!(*request.method(), Method::GET | Method::HEAD) || READS_BY_POST.contains(&path);
+    if reads && !OPEN_TO_ANY_PRINCIPAL.contains(&path) {
+        let what = format!("{} {path}", request.method());
+        if let Err(e) = s.allow(&caller, Action::Read, &what, None) {
+            return e.into_response();
+        }
+    }
+    request.extensions_mut().insert(caller);
+    next.run(request).await
 }
 
 /// A request body within its route's limit. Over the limit, or unreadable, the request
@@ -235,6 +300,8 @@ pub struct ApiError {
     field: Option<String>,
     message: String,
     location: Option<String>,
+    /// A 401: answer with `WWW-Authenticate: Bearer`.
+    authenticate: bool,
 }
 
 impl ApiError {
@@ -250,6 +317,7 @@ impl ApiError {
             field: field.map(str::to_owned),
             message: message.into(),
             location: None,
+            authenticate: false,
         }
     }
 }
@@ -263,6 +331,12 @@ impl IntoResponse for ApiError {
             && let Ok(v) = header::HeaderValue::from_str(&location)
         {
             response.headers_mut().insert(header::LOCATION, v);
+        }
+        if self.authenticate {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"waymark\""),
+            );
         }
         response
     }
@@ -341,7 +415,7 @@ impl ApiState {
             Some((id, member)) => {
                 let path = uri.path_and_query().map_or("/", |p| p.as_str());
                 ApiError {
-                    location: Some(format!("http://{}{}", member.api_addr, path)),
+                    location: Some(format!("{}://{}{}", self.scheme, member.api_addr, path)),
                     ..ApiError::new(
                         StatusCode::TEMPORARY_REDIRECT,
                         "not_leader",
@@ -419,17 +493,222 @@ impl ApiState {
     }
 
     /// The acting operator of a privileged request, or a refusal saying what needs one.
-    fn privileged_actor(&self, headers: &HeaderMap, what: &str) -> ApiResult<String> {
-        let actor = actor_of(headers).ok_or_else(|| {
-            self.refuse(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "no_actor",
-                Some(ACTOR_HEADER),
-                format!("{what} are privileged: name the acting operator"),
-            ))
-        })?;
-        self.fields(fields::text(ACTOR_HEADER, &actor, fields::ACTOR_LEN_MAX))?;
-        Ok(actor)
+    /// The request's verified principal: the listener's certificate identity, else a
+    /// bearer token. `401` without either; a certificate always wins over a token.
+    fn caller(&self, peer: Option<&PeerInfo>, headers: &HeaderMap) -> ApiResult<Caller> {
+        let addr = peer.and_then(|p| p.remote_addr);
+        if let Some(identity) = peer.map(|p| &p.identity) {
+            let principal = principal_of(identity).ok_or_else(|| {
+                self.unauthenticated(
+                    "unusable_identity",
+                    format!(
+                        "the certificate's identity {identity} names nothing the registry can hold"
+                    ),
+                )
+            })?;
+            return Ok(Caller {
+                principal,
+                credential: Credential::Certificate,
+                addr,
+            });
+        }
+        let Some(value) = headers.get(header::AUTHORIZATION) else {
+            return Err(self.unauthenticated(
+                "unauthenticated",
+                "present a client certificate or an `Authorization: Bearer` token".into(),
+            ));
+        };
+        let bearer = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .unwrap_or_default();
+        let now = now_ms();
+        let principal = self
+            .raft
+            .with_state(|state, _| state.registry().acl().authenticate(bearer, now))
+            .map_err(|refusal| {
+                tracing::info!(reason = refusal.reason(), addr = ?addr, "bearer token refused");
+                self.unauthenticated("bad_token", "the bearer token is not valid".into())
+            })?;
+        Ok(Caller {
+            principal,
+            credential: Credential::Token,
+            addr,
+        })
+    }
+
+    fn unauthenticated(&self, reason: &str, message: String) -> ApiError {
+        let mut e = self.refuse(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            reason,
+            None,
+            message,
+        ));
+        e.authenticate = true;
+        e
+    }
+
+    /// Whether `caller` may do `action`; a `403` naming the capability otherwise, folded
+    /// into the audit log. `what` is the request (`POST /v1/overrides`).
+    fn allow(
+        &self,
+        caller: &Caller,
+        action: Action<'_>,
+        what: &str,
+        service: Option<&ServiceName>,
+    ) -> ApiResult<()> {
+        let denied = self.raft.with_state(|state, _| {
+            state
+                .registry()
+                .acl()
+                .authorize(&caller.principal, &self.region, action)
+        });
+        let Err(denied) = denied else {
+            return Ok(());
+        };
+        self.deny(caller, denied.needed.clone(), what, service);
+        Err(self.refuse(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            None,
+            denied.to_string(),
+        )))
+    }
+
+    /// A refusal by an authenticated principal: folded, and flushed to the audit log
+    /// [`DENIAL_FLUSH_EVERY`] after the first of a batch.
+    fn deny(&self, caller: &Caller, needed: String, what: &str, service: Option<&ServiceName>) {
+        let first = {
+            let mut d = self.denials.lock().unwrap_or_else(PoisonError::into_inner);
+            let first = d.is_empty();
+            d.handle_denial(caller.actor(), needed, what.to_owned(), service.cloned());
+            first
+        };
+        if !first {
+            return;
+        }
+        let (raft, denials) = (self.raft.clone(), Arc::clone(&self.denials));
+        tokio::spawn(async move {
+            tokio::time::sleep(DENIAL_FLUSH_EVERY).await;
+            let entries = denials
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take_records(now_ms());
+            let count = entries.len();
+            // On a follower the write is refused: the refusals stay in its log and metrics.
+            if let Err(error) = raft.write(Request::Audit { entries }).await {
+                tracing::warn!(%error, records = count, "authorisation refusals not audited");
+            }
+        });
+    }
+
+    /// A refusal of a check beyond grants (ownership of an address, a node, an
+    /// instance): `403 not_owner`, audited like a missing grant.
+    fn not_owner(&self, caller: &Caller, what: &str, message: String) -> ApiError {
+        self.deny(caller, "ownership".into(), what, None);
+        self.refuse(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "not_owner",
+            None,
+            message,
+        ))
+    }
+
+    /// A registration's ownership (ADR-15), beyond the grant: a node agent registers on
+    /// its own node, in this region, at the address its connection comes from; a
+    /// workload registers only itself (its service, its address). Operators and tokens
+    /// are bound by their grants alone; authority members register nothing.
+    fn owns_registration(&self, caller: &Caller, r: &Registration, what: &str) -> ApiResult<()> {
+        let own_region =
+            |region: &RegionName| region == &self.region && r.locality.region == self.region;
+        let from_address = || caller.ip() == Some(r.address.ip);
+        let refusal = match &caller.principal {
+            Principal::Operator { .. } | Principal::Token { .. } => return Ok(()),
+            Principal::Authority { .. } => "authority members register no instances".to_owned(),
+            Principal::Node { region, node } => {
+                if !own_region(region) {
+                    format!("node {node} of region {region} registers only in its own region")
+                } else if &r.locality.node != node {
+                    format!(
+                        "node {node} registers only on its own node, not {}",
+                        r.locality.node
+                    )
+                } else if !from_address() {
+                    format!(
+                        "node {node} registers only at its own address: {} is not the address \
+                         its connection comes from",
+                        r.address.ip
+                    )
+                } else {
+                    return Ok(());
+                }
+            }
+            Principal::Workload {
+                region, service, ..
+            } => {
+                if !own_region(region) || &r.service != service || !from_address() {
+                    format!(
+                        "a workload of {service} registers only itself: its service, region \
+                         and the address its connection comes from"
+                    )
+                } else {
+                    return Ok(());
+                }
+            }
+        };
+        Err(self.not_owner(caller, what, refusal))
+    }
+
+    /// Renewing, deregistering or removing a live instance: the grant for its node, and
+    /// for a workload, the instance must be its own (its service, its address).
+    fn owns_instance(&self, caller: &Caller, id: &InstanceId, what: &str) -> ApiResult<()> {
+        let found = self.raft.with_state(|state, _| {
+            state.registry().instance(id).map(|r| {
+                (
+                    r.instance.locality.node.clone(),
+                    r.instance.service.clone(),
+                    r.instance.address,
+                )
+            })
+        });
+        let Some((node, service, address)) = found else {
+            // Whether it exists is for principals who may read.
+            return self.allow(caller, Action::Read, what, None);
+        };
+        self.allow(
+            caller,
+            Action::Register { node: &node },
+            what,
+            Some(&service),
+        )?;
+        if let Principal::Workload { service: own, .. } = &caller.principal
+            && (own != &service || caller.ip() != Some(address.ip))
+        {
+            return Err(self.not_owner(
+                caller,
+                what,
+                format!("a workload of {own} acts only on itself, not on {id}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// External endpoints are declared by operators (and their tokens), never by the
+    /// agents or workloads whose neighbours they would become.
+    fn declares_externals(&self, caller: &Caller, what: &str) -> ApiResult<()> {
+        match caller.principal {
+            Principal::Operator { .. } | Principal::Token { .. } => Ok(()),
+            _ => Err(self.not_owner(
+                caller,
+                what,
+                format!(
+                    "{} may not declare external endpoints; operators do",
+                    caller.actor()
+                ),
+            )),
+        }
     }
 
     /// A field ceiling's verdict as the API's refusal: `422` naming the field, counted and
@@ -582,7 +861,18 @@ struct AddMember {
     addr: String,
 }
 
-async fn add_member(State(s): State<ApiState>, uri: Uri, Body(body): Body) -> ApiResult<Response> {
+async fn add_member(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Body(body): Body,
+) -> ApiResult<Response> {
+    s.allow(
+        &caller,
+        Action::Raft,
+        "POST /v1/operator/raft/members",
+        None,
+    )?;
     s.leader_only(&uri)?;
     let m: AddMember = s.body(&body)?;
     // An IP or a DNS name: a StatefulSet member keeps its name, not its IP, across
@@ -612,9 +902,16 @@ async fn add_member(State(s): State<ApiState>, uri: Uri, Body(body): Body) -> Ap
 
 async fn remove_member(
     State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     uri: Uri,
     Path(id): Path<u64>,
 ) -> ApiResult<Response> {
+    s.allow(
+        &caller,
+        Action::Raft,
+        "DELETE /v1/operator/raft/members",
+        None,
+    )?;
     s.leader_only(&uri)?;
     s.raft.remove_member(id).await.map_err(|e| {
         ApiError::new(
@@ -728,12 +1025,20 @@ struct PutService {
 
 async fn put_service(
     State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     uri: Uri,
     Path(service): Path<String>,
     Body(body): Body,
 ) -> ApiResult<Response> {
-    s.leader_only(&uri)?;
     let service: ServiceName = parse_name(&service, "service").map_err(|e| s.refuse(e))?;
+    let what = "PUT /v1/services";
+    s.allow(
+        &caller,
+        Action::WriteService { service: &service },
+        what,
+        Some(&service),
+    )?;
+    s.leader_only(&uri)?;
     let put: PutService = s.body(&body)?;
     s.fields(fields::text("owner", &put.owner, fields::OWNER_LEN_MAX))?;
     if put.owner.trim().is_empty() {
@@ -758,11 +1063,19 @@ async fn put_service(
 
 async fn remove_service(
     State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     uri: Uri,
     Path(service): Path<String>,
 ) -> ApiResult<Response> {
-    s.leader_only(&uri)?;
     let service: ServiceName = parse_name(&service, "service").map_err(|e| s.refuse(e))?;
+    let what = "DELETE /v1/services";
+    s.allow(
+        &caller,
+        Action::WriteService { service: &service },
+        what,
+        Some(&service),
+    )?;
+    s.leader_only(&uri)?;
     s.command(&uri, Command::RemoveService { service }).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -801,14 +1114,21 @@ async fn get_policy(State(s): State<ApiState>, Path(service): Path<String>) -> A
 
 async fn put_policy(
     State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     uri: Uri,
-    headers: HeaderMap,
     Path(service): Path<String>,
     Body(body): Body,
 ) -> ApiResult<Response> {
-    s.leader_only(&uri)?;
     let service: ServiceName = parse_name(&service, "service").map_err(|e| s.refuse(e))?;
-    let actor = s.privileged_actor(&headers, "policy changes")?;
+    let what = "PUT /v1/services/{service}/policy";
+    s.allow(
+        &caller,
+        Action::WriteService { service: &service },
+        what,
+        Some(&service),
+    )?;
+    s.leader_only(&uri)?;
+    let actor = caller.actor();
     let policy: ServicePolicyRecord = s.body(&body)?;
     s.fields(fields::policy(&policy))?;
     let detail = serde_json::to_value(&policy).unwrap_or(Value::Null);
@@ -845,14 +1165,20 @@ async fn zones(State(s): State<ApiState>) -> impl IntoResponse {
 
 async fn evacuation(
     State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     uri: Uri,
-    headers: HeaderMap,
     Path(zone): Path<String>,
     Body(body): Body,
 ) -> ApiResult<Response> {
+    s.allow(
+        &caller,
+        Action::Evacuate,
+        "POST /v1/zones/{zone}/evacuation",
+        None,
+    )?;
     s.leader_only(&uri)?;
     let zone: ZoneName = parse_name(&zone, "zone").map_err(|e| s.refuse(e))?;
-    let actor = s.privileged_actor(&headers, "evacuations")?;
+    let actor = caller.actor();
     let intent: EvacuationIntent = s.body(&body)?;
     let refusal =
         s.check_with_pipeline("evacuation", "zone", |p| p.check_evacuation(&zone, intent));
@@ -897,14 +1223,16 @@ struct FailoverBody {
 /// leader's assembler before commit; audited whether granted or refused.
 async fn region_failover(
     State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     uri: Uri,
-    headers: HeaderMap,
     Path(region): Path<String>,
     Body(body): Body,
 ) -> ApiResult<Response> {
+    let what = "POST /v1/federation/regions/{region}/failover";
+    s.allow(&caller, Action::Evacuate, what, None)?;
     s.leader_only(&uri)?;
     let region: RegionName = parse_name(&region, "region").map_err(|e| s.refuse(e))?;
-    let actor = s.privileged_actor(&headers, "region failovers")?;
+    let actor = caller.actor();
     let FailoverBody { action, reason } = s.body(&body)?;
     s.fields(fields::text("reason", &reason, fields::REASON_LEN_MAX))?;
     let intent = match action {
@@ -976,15 +1304,6 @@ async fn region_failovers(State(s): State<ApiState>) -> impl IntoResponse {
     axum::Json(Value::Object(out))
 }
 
-fn actor_of(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get(ACTOR_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|a| !a.is_empty())
-        .map(str::to_owned)
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ValidateBody {
@@ -1004,10 +1323,24 @@ async fn validate_contract(State(s): State<ApiState>, Body(body): Body) -> ApiRe
     }
 }
 
-async fn register(State(s): State<ApiState>, uri: Uri, Body(body): Body) -> ApiResult<Response> {
-    s.leader_only(&uri)?;
+async fn register(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Body(body): Body,
+) -> ApiResult<Response> {
     let mut registration: Registration = s.body(&body)?;
     s.fields(fields::registration(&registration))?;
+    let what = "POST /v1/instances";
+    let node = &registration.locality.node;
+    s.allow(
+        &caller,
+        Action::Register { node },
+        what,
+        Some(&registration.service),
+    )?;
+    s.owns_registration(&caller, &registration, what)?;
+    s.leader_only(&uri)?;
     if registration.lease_ms == 0 {
         registration.lease_ms = waymark_core::defaults::LEASE.as_millis() as u64;
     }
@@ -1048,32 +1381,50 @@ async fn instances(
     axum::Json(list)
 }
 
-async fn renew(State(s): State<ApiState>, uri: Uri, Path(id): Path<String>) -> ApiResult<Response> {
-    s.leader_only(&uri)?;
+async fn renew(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
     let instance: InstanceId = parse_name(&id, "instance").map_err(|e| s.refuse(e))?;
+    s.owns_instance(&caller, &instance, "PUT /v1/instances/{id}/renew")?;
+    s.leader_only(&uri)?;
     let applied = s.command(&uri, Command::Renew { instance }).await?;
     Ok(axum::Json(json!({"applied": applied})).into_response())
 }
 
 async fn deregister(
     State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     uri: Uri,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    s.leader_only(&uri)?;
     let instance: InstanceId = parse_name(&id, "instance").map_err(|e| s.refuse(e))?;
+    s.owns_instance(&caller, &instance, "DELETE /v1/instances/{id}")?;
+    s.leader_only(&uri)?;
     s.command(&uri, Command::Deregister { instance }).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 async fn declare_external(
     State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     uri: Uri,
     Body(body): Body,
 ) -> ApiResult<Response> {
-    s.leader_only(&uri)?;
     let instance: Instance = s.body(&body)?;
     s.fields(fields::external(&instance))?;
+    let what = "POST /v1/external";
+    s.declares_externals(&caller, what)?;
+    let node = &instance.locality.node;
+    s.allow(
+        &caller,
+        Action::Register { node },
+        what,
+        Some(&instance.service),
+    )?;
+    s.leader_only(&uri)?;
     let id = instance.id.clone();
     s.command(&uri, Command::DeclareExternal { instance })
         .await?;
@@ -1082,11 +1433,15 @@ async fn declare_external(
 
 async fn remove_external(
     State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     uri: Uri,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    s.leader_only(&uri)?;
     let instance: InstanceId = parse_name(&id, "instance").map_err(|e| s.refuse(e))?;
+    let what = "DELETE /v1/external/{id}";
+    s.declares_externals(&caller, what)?;
+    s.owns_instance(&caller, &instance, what)?;
+    s.leader_only(&uri)?;
     s.command(&uri, Command::RemoveExternal { instance })
         .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -1152,6 +1507,288 @@ async fn explain(
     .into_response())
 }
 
+// === access control: /v1/acl ===
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrantBody {
+    to: Grantee,
+    can: Capability,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MintToken {
+    name: String,
+    /// Lifetime in seconds, at most [`TOKEN_TTL_S_MAX`].
+    ttl_s: u64,
+    #[serde(default)]
+    description: String,
+    /// Capabilities granted to the token at once.
+    #[serde(default)]
+    grants: Vec<Capability>,
+}
+
+impl ApiState {
+    /// Commit an access-control change and audit it, granted or refused.
+    async fn acl_change(
+        &self,
+        uri: &Uri,
+        caller: &Caller,
+        change: AclCommand,
+        detail: Value,
+    ) -> ApiResult<AclApplied> {
+        let result = self.command(uri, Command::Acl { change }).await;
+        self.audit_write(AuditEntry {
+            seq: 0,
+            at_ms: now_ms(),
+            kind: AuditKind::Acl,
+            actor: caller.actor(),
+            service: None,
+            instance: None,
+            outcome: if result.is_ok() { "applied" } else { "refused" }.into(),
+            detail,
+        })
+        .await?;
+        match result? {
+            Applied::Acl { applied } => Ok(applied),
+            other => Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "unexpected_response",
+                None,
+                format!("{other:?}"),
+            )),
+        }
+    }
+}
+
+/// Who the caller is, how it proved it, and the grants that apply to it. Any
+/// authenticated principal may ask.
+async fn whoami(State(s): State<ApiState>, Extension(caller): Extension<Caller>) -> Response {
+    let grants: Vec<Grant> = s.raft.with_state(|state, _| {
+        state
+            .registry()
+            .acl()
+            .grants_of(&caller.principal, &s.region)
+            .cloned()
+            .collect()
+    });
+    axum::Json(json!({
+        "principal": caller.actor(),
+        "credential": match caller.credential {
+            Credential::Certificate => "certificate",
+            Credential::Token => "token",
+        },
+        "grants": grants,
+    }))
+    .into_response()
+}
+
+/// The first grants of a region, once: an operator presenting its certificate gets every
+/// capability, and the region's node agents read and own-node registration.
+async fn acl_bootstrap(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+) -> ApiResult<Response> {
+    let (Principal::Operator { name }, Credential::Certificate) =
+        (&caller.principal, caller.credential)
+    else {
+        return Err(s.not_owner(
+            &caller,
+            "POST /v1/acl/bootstrap",
+            "bootstrap needs an operator's client certificate".into(),
+        ));
+    };
+    s.leader_only(&uri)?;
+    let change = AclCommand::Bootstrap {
+        operator: name.clone(),
+    };
+    let applied = s
+        .acl_change(&uri, &caller, change, json!({"action": "bootstrap"}))
+        .await?;
+    Ok(axum::Json(json!({"applied": applied})).into_response())
+}
+
+async fn list_grants(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Response> {
+    s.allow(&caller, Action::Acl, "GET /v1/acl/grants", None)?;
+    let (bootstrapped, grants): (bool, Vec<Grant>) = s.raft.with_state(|state, _| {
+        let acl = state.registry().acl();
+        (acl.is_bootstrapped(), acl.grants().cloned().collect())
+    });
+    Ok(axum::Json(json!({"bootstrapped": bootstrapped, "grants": grants})).into_response())
+}
+
+async fn add_grant(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Body(body): Body,
+) -> ApiResult<Response> {
+    s.allow(&caller, Action::Acl, "POST /v1/acl/grants", None)?;
+    s.leader_only(&uri)?;
+    let GrantBody { to, can } = s.body(&body)?;
+    let grant = Grant { to, can };
+    let detail = json!({"action": "grant", "grant": grant});
+    let applied = s
+        .acl_change(&uri, &caller, AclCommand::Grant { grant }, detail)
+        .await?;
+    Ok(axum::Json(json!({"applied": applied})).into_response())
+}
+
+async fn revoke_grant(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Body(body): Body,
+) -> ApiResult<Response> {
+    s.allow(&caller, Action::Acl, "POST /v1/acl/grants/revoke", None)?;
+    s.leader_only(&uri)?;
+    let GrantBody { to, can } = s.body(&body)?;
+    let grant = Grant { to, can };
+    let detail = json!({"action": "revoke", "grant": grant});
+    let applied = s
+        .acl_change(&uri, &caller, AclCommand::Revoke { grant }, detail)
+        .await?;
+    Ok(axum::Json(json!({"applied": applied})).into_response())
+}
+
+async fn list_tokens(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Response> {
+    s.allow(&caller, Action::Acl, "GET /v1/acl/tokens", None)?;
+    let now = now_ms();
+    let tokens: Vec<Value> = s.raft.with_state(|state, _| {
+        state
+            .registry()
+            .acl()
+            .tokens()
+            .map(|t| {
+                json!({
+                    "name": t.name, "created_by": t.created_by, "created_at_ms": t.created_at_ms,
+                    "expires_at_ms": t.expires_at_ms, "expired": t.expires_at_ms <= now,
+                    "description": t.description,
+                })
+            })
+            .collect()
+    });
+    Ok(axum::Json(tokens).into_response())
+}
+
+/// Mint a token: the secret is generated here, returned once in the bearer form, and
+/// only its digest is committed.
+async fn mint_token(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Body(body): Body,
+) -> ApiResult<Response> {
+    s.allow(&caller, Action::Acl, "POST /v1/acl/tokens", None)?;
+    s.leader_only(&uri)?;
+    let m: MintToken = s.body(&body)?;
+    if m.ttl_s == 0 || m.ttl_s > TOKEN_TTL_S_MAX {
+        return Err(s.refuse(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "bad_ttl",
+            Some("ttl_s"),
+            format!("ttl_s: 1..={TOKEN_TTL_S_MAX} seconds"),
+        )));
+    }
+    s.fields(fields::count(
+        "grants",
+        m.grants.len(),
+        fields::TOKEN_GRANTS_MAX,
+    ))?;
+    let secret = new_secret()
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no_randomness", None, e))?;
+    let now = now_ms();
+    let token = TokenRecord {
+        name: m.name.clone(),
+        secret_sha256: waymark_registry::acl::secret_digest(&secret),
+        created_by: caller.actor(),
+        created_at_ms: now,
+        expires_at_ms: now.saturating_add(m.ttl_s.saturating_mul(1000)),
+        description: m.description,
+    };
+    let expires_at_ms = token.expires_at_ms;
+    let detail = json!({"action": "mint_token", "token": m.name, "expires_at_ms": expires_at_ms, "grants": m.grants});
+    s.acl_change(&uri, &caller, AclCommand::PutToken { token }, detail)
+        .await?;
+    for can in &m.grants {
+        let grant = Grant {
+            to: Grantee::Token(m.name.clone()),
+            can: can.clone(),
+        };
+        let detail = json!({"action": "grant", "grant": grant});
+        s.acl_change(&uri, &caller, AclCommand::Grant { grant }, detail)
+            .await?;
+    }
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(json!({
+            "name": m.name,
+            "token": waymark_registry::acl::bearer(&m.name, &secret),
+            "expires_at_ms": expires_at_ms,
+            "grants": m.grants,
+        })),
+    )
+        .into_response())
+}
+
+async fn remove_token(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Path(name): Path<String>,
+) -> ApiResult<Response> {
+    s.allow(&caller, Action::Acl, "DELETE /v1/acl/tokens/{name}", None)?;
+    s.leader_only(&uri)?;
+    let detail = json!({"action": "remove_token", "token": name});
+    let applied = s
+        .acl_change(&uri, &caller, AclCommand::RemoveToken { name }, detail)
+        .await?;
+    Ok(axum::Json(json!({"applied": applied})).into_response())
+}
+
+/// 32 random bytes, hex: a token's secret.
+pub fn new_secret() -> Result<String, String> {
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| "the system's random source failed".to_owned())?;
+    Ok(hex::encode(bytes))
+}
+
+/// Overrides `actor` was granted on `service` within the window before `now_ms`, as the
+/// replicated audit log records them (every leader's grants, not only this member's).
+pub fn overrides_granted(
+    audit: &VecDeque<AuditEntry>,
+    actor: &str,
+    service: &ServiceName,
+    now_ms: u64,
+) -> usize {
+    let window = u64::try_from(OVERRIDE_WINDOW.as_millis()).unwrap_or(u64::MAX);
+    let since = now_ms.saturating_sub(window);
+    audit
+        .iter()
+        .rev()
+        // Records are appended in time order, give or take the members' clock skew.
+        .take_while(|e| e.at_ms >= since.saturating_sub(60_000))
+        .filter(|e| {
+            e.kind == AuditKind::Override
+                && e.at_ms >= since
+                && e.outcome == "granted"
+                && e.actor == actor
+                && e.service.as_ref() == Some(service)
+        })
+        .count()
+}
+
 /// Per actor × service sliding-window limiter for overrides. Pure; time passed in.
 #[derive(Debug, Default)]
 pub struct OverrideLimiter {
@@ -1190,15 +1827,15 @@ struct OverrideBody {
 
 async fn override_instance(
     State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
     uri: Uri,
-    headers: HeaderMap,
     Body(body): Body,
 ) -> ApiResult<Response> {
     s.leader_only(&uri)?;
     let o: OverrideBody = s.body(&body)?;
-    // Anonymous or malformed requests are refused before the audit log is written: it is
-    // replicated to every member, and nobody may grow it just by asking.
-    let actor = s.privileged_actor(&headers, "overrides")?;
+    // Anonymous requests never got here, and malformed ones are refused before the audit
+    // log is written: it is replicated to every member, and nobody may grow it by asking.
+    let actor = caller.actor();
     if let Some(j) = &o.justification {
         s.fields(fields::text(
             "justification",
@@ -1227,6 +1864,13 @@ async fn override_instance(
             format!("no live instance {}", o.instance),
         )));
     };
+    let what = "POST /v1/overrides";
+    s.allow(
+        &caller,
+        Action::Override { service: &svc },
+        what,
+        Some(&svc),
+    )?;
     // A named operator's attempt on a live instance is audited whether granted or not.
     let refusal = if o
         .justification
@@ -1241,11 +1885,17 @@ async fn override_instance(
             "an override needs a justification",
         ))
     } else {
-        let ok = s
-            .overrides
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .try_acquire(&actor, svc.as_str(), Instant::now());
+        // The replicated audit log remembers what earlier leaders granted, so a leader
+        // change does not reset anyone's budget; the local limiter covers requests still
+        // in flight here.
+        let granted = s
+            .raft
+            .with_state(|state, _| overrides_granted(state.audit(), &actor, &svc, now_ms()));
+        let ok = granted < OVERRIDES_PER_WINDOW
+            && s.overrides
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .try_acquire(&actor, svc.as_str(), Instant::now());
         (!ok).then(|| {
             ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,

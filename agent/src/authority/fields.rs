@@ -24,9 +24,11 @@ pub use waymark_registry::state::{
     TAGS_MAX,
 };
 
-/// Longest acting operator named by `x-waymark-actor`, in bytes. API-only: the actor is
-/// written into audit records and region failover commands.
+/// Longest actor (a verified principal's display form) the override path budgets for,
+/// in bytes: the actor is written into audit records and maintenance reasons.
 pub const ACTOR_LEN_MAX: usize = 256;
+/// Most capabilities a token may be granted when it is minted.
+pub const TOKEN_GRANTS_MAX: usize = 16;
 /// Longest override justification, in bytes: the maintenance reason the override commits
 /// is `<justification> by <actor>`, and must fit [`REASON_LEN_MAX`].
 pub const OVERRIDE_JUSTIFICATION_LEN_MAX: usize = REASON_LEN_MAX - ACTOR_LEN_MAX - " by ".len();

@@ -114,6 +114,7 @@ impl From<&RegistryError> for Refusal {
             RegistryError::TooMany { field, .. } => ("too_many", Some((*field).to_owned())),
             RegistryError::Full { .. } => ("region_full", None),
             RegistryError::IdUnavailable { .. } => ("id_unavailable", Some("service".into())),
+            RegistryError::Acl(a) => (a.reason(), None),
             _ => ("refused", None),
         };
         Self {
@@ -142,6 +143,8 @@ pub enum AuditKind {
     Alarm,
     /// A reconciliation (orchestrator diff, peer region merge).
     Reconciliation,
+    /// Access control changed: bootstrap, a grant, a token.
+    Acl,
 }
 
 /// One audit record.

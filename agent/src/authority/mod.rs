@@ -4,6 +4,7 @@
 pub mod api;
 pub mod authorize;
 pub mod config;
+pub mod credentials;
 pub mod evidence;
 pub mod existence;
 pub mod federation;
@@ -14,6 +15,7 @@ pub mod leader;
 pub mod machine;
 pub mod member;
 pub mod metrics;
+pub mod principal;
 pub mod raft;
 pub mod regions;
 pub mod staleness;

@@ -28,10 +28,10 @@ pub const RESPONSE_LIMIT_BYTES: usize = 64 * 1024 * 1024;
 const POOL_IDLE: Duration = Duration::from_secs(5);
 
 /// An API client for one base URL (`http://host:port`).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ApiClient {
     base: String,
-    actor: Option<String>,
+    token: Option<String>,
     client: Client<HttpConnector, Full<Bytes>>,
     timeout: Duration,
     response_limit: usize,
@@ -79,9 +79,20 @@ impl ApiResponse {
     }
 }
 
+impl std::fmt::Debug for ApiClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token: it is a credential.
+        f.debug_struct("ApiClient")
+            .field("base", &self.base)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .finish_non_exhaustive()
+    }
+}
+
 impl ApiClient {
-    /// A client for `base`, acting as `actor` (sent as `x-waymark-actor`).
-    pub fn new(base: &str, actor: Option<String>) -> Self {
+    /// A client for `base`, authenticating with a bearer `token` (`wmt.<name>.<secret>`)
+    /// when one is given.
+    pub fn new(base: &str, token: Option<String>) -> Self {
         let base = if base.starts_with("http://") {
             base.trim_end_matches('/').to_owned()
         } else {
@@ -92,7 +103,7 @@ impl ApiClient {
         connector.set_nodelay(true);
         Self {
             base,
-            actor,
+            token,
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(POOL_IDLE)
                 .build(connector),
@@ -160,8 +171,8 @@ impl ApiClient {
             if has_body {
                 req = req.header(header::CONTENT_TYPE, "application/json");
             }
-            if let Some(actor) = &self.actor {
-                req = req.header(crate::authority::api::ACTOR_HEADER, actor);
+            if let Some(token) = &self.token {
+                req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
             }
             let req = req.body(Full::new(bytes.clone()))?;
             let response = self

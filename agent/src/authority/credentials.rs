@@ -1,0 +1,149 @@
+//! Credentials minted in process, by whoever already holds the member: `waymark dev`
+//! writes an operator's token into its state folder, and tests authenticate as an
+//! operator the same way. Over the API, the same steps are `POST /v1/acl/bootstrap` (with
+//! an operator certificate) and `POST /v1/acl/tokens`.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use waymark_registry::acl::{
+    AclCommand, AclError, Capability, Grant, Grantee, TokenRecord, bearer, bootstrap_grants,
+    secret_digest,
+};
+use waymark_registry::state::{Command, Stamped};
+
+use super::api::new_secret;
+use super::leader::now_ms;
+use super::machine::{Request, Response};
+use super::raft::RaftNode;
+
+/// Bootstraps the region for `operator` if nobody has yet, then mints a token named
+/// `token` that holds every capability `operator` holds from bootstrap, valid for `ttl`.
+/// Returns the bearer form (`wmt.<name>.<secret>`). Must run on the leader.
+pub async fn operator_token(
+    raft: &RaftNode,
+    operator: &str,
+    token: &str,
+    ttl: Duration,
+) -> anyhow::Result<String> {
+    match apply(
+        raft,
+        AclCommand::Bootstrap {
+            operator: operator.to_owned(),
+        },
+    )
+    .await
+    {
+        Ok(()) | Err(Refused::Acl("already_bootstrapped")) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let secret = new_secret().map_err(anyhow::Error::msg)?;
+    let now = now_ms();
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    apply(
+        raft,
+        AclCommand::PutToken {
+            token: TokenRecord {
+                name: token.to_owned(),
+                secret_sha256: secret_digest(&secret),
+                created_by: format!("operator/{operator}"),
+                created_at_ms: now,
+                expires_at_ms: now.saturating_add(ttl_ms),
+                description: format!("minted in process for operator/{operator}"),
+            },
+        },
+    )
+    .await?;
+    let capabilities: Vec<Capability> = bootstrap_grants(operator)
+        .into_iter()
+        .filter(|g| g.to == Grantee::Operator(operator.to_owned()))
+        .map(|g| g.can)
+        .collect();
+    grant_token(raft, token, &capabilities).await?;
+    Ok(bearer(token, &secret))
+}
+
+/// Mints a token with exactly `capabilities` (the region must be bootstrapped).
+pub async fn token_with(
+    raft: &RaftNode,
+    token: &str,
+    capabilities: &[Capability],
+    ttl: Duration,
+) -> anyhow::Result<String> {
+    let secret = new_secret().map_err(anyhow::Error::msg)?;
+    let now = now_ms();
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    apply(
+        raft,
+        AclCommand::PutToken {
+            token: TokenRecord {
+                name: token.to_owned(),
+                secret_sha256: secret_digest(&secret),
+                created_by: "waymark".into(),
+                created_at_ms: now,
+                expires_at_ms: now.saturating_add(ttl_ms),
+                description: String::new(),
+            },
+        },
+    )
+    .await?;
+    grant_token(raft, token, capabilities).await?;
+    Ok(bearer(token, &secret))
+}
+
+async fn grant_token(
+    raft: &RaftNode,
+    token: &str,
+    capabilities: &[Capability],
+) -> anyhow::Result<()> {
+    for can in capabilities {
+        let grant = Grant {
+            to: Grantee::Token(token.to_owned()),
+            can: can.clone(),
+        };
+        apply(raft, AclCommand::Grant { grant }).await?;
+    }
+    Ok(())
+}
+
+/// Why an in-process change did not apply.
+#[derive(Debug, thiserror::Error)]
+enum Refused {
+    /// The registry refused it, for this reason.
+    #[error("refused ({0}): {1}")]
+    Registry(String, String),
+    /// The access-control core refused it, for this reason.
+    #[error("refused ({0})")]
+    Acl(&'static str),
+    /// It was not committed.
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+async fn apply(raft: &RaftNode, change: AclCommand) -> Result<(), Refused> {
+    if let Err(e) = waymark_registry::acl::Acl::check(&change) {
+        return Err(Refused::Acl(e.reason()));
+    }
+    let request = Request::Registry(Stamped {
+        at_ms: now_ms(),
+        command: Command::Acl { change },
+    });
+    let response = raft
+        .write(request)
+        .await
+        .context("proposing an access-control change")?;
+    match response {
+        Response::Registry { outcome: Ok(_) } => Ok(()),
+        Response::Registry {
+            outcome: Err(refusal),
+        } if refusal.reason == AclError::AlreadyBootstrapped.reason() => {
+            Err(Refused::Acl("already_bootstrapped"))
+        }
+        Response::Registry {
+            outcome: Err(refusal),
+        } => Err(Refused::Registry(refusal.reason, refusal.message)),
+        other => Err(Refused::Other(anyhow::anyhow!(
+            "unexpected answer: {other:?}"
+        ))),
+    }
+}
