@@ -38,9 +38,33 @@ struct ApiArgs {
         global = true
     )]
     api: String,
+    /// A bearer token (`wmt.<name>.<secret>`), as `waymark dev` prints it or
+    /// `waymark acl token create` mints it.
+    #[arg(long, env = "WAYMARK_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+    /// A file holding the bearer token (read at start; takes the place of `--token`).
+    #[arg(long, env = "WAYMARK_TOKEN_FILE", global = true)]
+    token_file: Option<PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
+}
+
+impl ApiArgs {
+    /// A client for the API with the credential given.
+    fn client(&self) -> anyhow::Result<ApiClient> {
+        let token = match (&self.token, &self.token_file) {
+            (_, Some(path)) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the token file {}", path.display()))?
+                    .trim()
+                    .to_owned(),
+            ),
+            (Some(token), None) => Some(token.trim().to_owned()),
+            (None, None) => None,
+        };
+        Ok(ApiClient::new(&self.api, token))
+    }
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -143,9 +167,6 @@ enum Command {
         /// Why (required).
         #[arg(long)]
         justification: Option<String>,
-        /// Who is acting.
-        #[arg(long, env = "WAYMARK_ACTOR")]
-        actor: Option<String>,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -160,6 +181,71 @@ enum Command {
         command: FederationCommand,
         #[command(flatten)]
         api: ApiArgs,
+    },
+    /// Access control: who you are, grants, tokens, the region's bootstrap.
+    Acl {
+        #[command(subcommand)]
+        command: AclCommand,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum AclCommand {
+    /// The principal your credential proves, and the grants it holds.
+    Whoami,
+    /// Create the region's first grants, once (needs an operator certificate).
+    Bootstrap,
+    /// Every grant.
+    Grants,
+    /// Grant a capability: `read`, `register:own|*|<node>`, `own:<service>|*`,
+    /// `override:<service>|*`, `evacuate`, `raft`, `acl`.
+    Grant {
+        /// Who: `operator/<name>`, `token/<name>`, `node/<name>`, `node/*`, `service/<name>`.
+        #[arg(long)]
+        to: String,
+        /// The capability.
+        #[arg(long)]
+        can: String,
+    },
+    /// Remove a grant.
+    Revoke {
+        /// Who.
+        #[arg(long)]
+        to: String,
+        /// The capability.
+        #[arg(long)]
+        can: String,
+    },
+    /// Tokens (names, owners, expiry; never secrets).
+    Tokens,
+    /// Mint a token; its secret is printed once.
+    TokenCreate {
+        /// Its name (`[a-z0-9-]`).
+        #[arg(long)]
+        name: String,
+        /// Its lifetime (`720h`, `30m`; at most a year).
+        #[arg(long, default_value = "720h", value_parser = waymark_core::duration_str::parse)]
+        ttl: std::time::Duration,
+        /// What it is for.
+        #[arg(long, default_value = "")]
+        description: String,
+        /// Capabilities to grant it (repeatable).
+        #[arg(long = "grant")]
+        grants: Vec<String>,
+    },
+    /// Revoke a token and every grant to it.
+    TokenDelete {
+        /// Its name.
+        name: String,
+    },
+    /// Print a fresh token without contacting any member: for
+    /// `authority.acl.initial_management_token_file`.
+    GenerateToken {
+        /// Its name (`[a-z0-9-]`); the region is bootstrapped for operator `<name>`.
+        #[arg(long, default_value = "management")]
+        name: String,
     },
 }
 
@@ -192,9 +278,6 @@ struct RegionControl {
     /// Why (required; kept with the failover and in the audit log).
     #[arg(long)]
     reason: String,
-    /// Who is acting.
-    #[arg(long, env = "WAYMARK_ACTOR")]
-    actor: Option<String>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -301,10 +384,28 @@ fn init_tracing() {
 }
 
 async fn run_authority(file: ConfigFile) -> anyhow::Result<()> {
+    // Read before anything starts, so a bad path is an error at once.
+    let management = match &file.authority.acl.initial_management_token_file {
+        Some(path) => Some(std::fs::read_to_string(path).with_context(|| {
+            format!(
+                "authority.acl.initial_management_token_file: reading {}",
+                path.display()
+            )
+        })?),
+        None => None,
+    };
     let member = Authority::start(file.member_config()?).await?;
     let initial = file.initial_members();
     if !initial.is_empty() {
         member.bootstrap(initial).await?;
+    }
+    if let Some(token) = management {
+        tokio::spawn(
+            waymark_agent::authority::credentials::ensure_initial_management(
+                member.raft().clone(),
+                token,
+            ),
+        );
     }
     println!(
         "authority member {} serving: http {} xds {} ingest {}",
@@ -380,7 +481,7 @@ async fn shutdown_signal() {
 async fn client_command(command: Command) -> anyhow::Result<String> {
     match command {
         Command::Operator { command, api } => {
-            let client = ApiClient::new(&api.api, None);
+            let client = api.client()?;
             match command {
                 OperatorCommand::Raft { command } => match command {
                     RaftCommand::ListPeers => ops::list_peers(&client, api.json).await,
@@ -390,9 +491,9 @@ async fn client_command(command: Command) -> anyhow::Result<String> {
             }
         }
         Command::Members { agent, json } => ops::members(&ApiClient::new(&agent, None), json).await,
-        Command::Services { api } => ops::services(&ApiClient::new(&api.api, None), api.json).await,
+        Command::Services { api } => ops::services(&api.client()?, api.json).await,
         Command::Explain { instance, api } => {
-            ops::explain(&ApiClient::new(&api.api, None), &instance, api.json).await
+            ops::explain(&api.client()?, &instance, api.json).await
         }
         Command::Audit {
             kind,
@@ -409,26 +510,45 @@ async fn client_command(command: Command) -> anyhow::Result<String> {
                 ("since_seq", since_seq.map(|s| s.to_string())),
                 ("limit", limit.map(|l| l.to_string())),
             ];
-            ops::audit(&ApiClient::new(&api.api, None), &query).await
+            ops::audit(&api.client()?, &query).await
         }
         Command::Override {
             instance,
             action,
             justification,
-            actor,
             api,
         } => {
-            let client = ApiClient::new(&api.api, actor);
+            let client = api.client()?;
             ops::override_instance(&client, &instance, &action, justification.as_deref()).await
         }
-        Command::ProxyStatus { api } => {
-            ops::proxy_status(&ApiClient::new(&api.api, None), api.json).await
+        Command::ProxyStatus { api } => ops::proxy_status(&api.client()?, api.json).await,
+        Command::Acl { command, api } => {
+            let client = api.client()?;
+            match command {
+                AclCommand::Whoami => ops::acl::whoami(&client, api.json).await,
+                AclCommand::Bootstrap => ops::acl::bootstrap(&client).await,
+                AclCommand::Grants => ops::acl::grants(&client, api.json).await,
+                AclCommand::Grant { to, can } => ops::acl::grant(&client, &to, &can, true).await,
+                AclCommand::Revoke { to, can } => ops::acl::grant(&client, &to, &can, false).await,
+                AclCommand::Tokens => ops::acl::tokens(&client, api.json).await,
+                AclCommand::TokenCreate {
+                    name,
+                    ttl,
+                    description,
+                    grants,
+                } => ops::acl::token_create(&client, &name, ttl, &description, &grants).await,
+                AclCommand::TokenDelete { name } => ops::acl::token_delete(&client, &name).await,
+                AclCommand::GenerateToken { name } => Ok(format!(
+                    "{}\n",
+                    waymark_agent::authority::credentials::generate(&name)?
+                )),
+            }
         }
         Command::Federation { command, api } => {
-            let client = ApiClient::new(&api.api, None);
-            let control = |c: RegionControl, action: &'static str| async move {
-                let client = ApiClient::new(&api.api, c.actor);
-                ops::region_failover(&client, &c.region, action, &c.reason).await
+            let client = api.client()?;
+            let control = |c: RegionControl, action: &'static str| {
+                let client = client.clone();
+                async move { ops::region_failover(&client, &c.region, action, &c.reason).await }
             };
             match command {
                 FederationCommand::Status => ops::federation_status(&client, api.json).await,

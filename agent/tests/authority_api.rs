@@ -65,7 +65,8 @@ fn registration(ip: &str, lease_ms: u64) -> Value {
 async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_itself() {
     let dir = tempfile::tempdir().unwrap();
     let a = single_member(dir.path()).await;
-    let api = ApiClient::new(&a.http_addr().to_string(), None);
+    let api = common::operator(&a, "test").await;
+    let anonymous = ApiClient::new(&a.http_addr().to_string(), None);
 
     // A contract that breaks a rule is refused naming the field, and not stored.
     let bad =
@@ -152,9 +153,16 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
     // Overrides: privileged, justified, rate-limited, audited either way once named.
     let o =
         |j: Option<&str>| json!({"instance": id, "action": "maintenance_on", "justification": j});
-    let (status, _) = call(&api, Method::POST, "/v1/overrides", Some(o(Some("disk")))).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED, "no actor named");
-    let ops = ApiClient::new(&a.http_addr().to_string(), Some("alice".into()));
+    let (status, _) = call(
+        &anonymous,
+        Method::POST,
+        "/v1/overrides",
+        Some(o(Some("disk"))),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "no principal");
+    let alice = common::operator_token(&a, "alice").await;
+    let ops = ApiClient::new(&a.http_addr().to_string(), Some(alice.clone()));
     let (status, body) = call(&ops, Method::POST, "/v1/overrides", Some(o(None))).await;
     assert_eq!(
         (status, refusal(&body).1.as_deref()),
@@ -197,7 +205,12 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
         3,
         "{outcomes:?}"
     );
-    assert!(lines.iter().any(|l| l["actor"] == "alice"));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["actor"].as_str().unwrap().starts_with("token/alice")),
+        "the verified principal is the actor"
+    );
 
     // The maintenance override takes it out of rotation; explain says why.
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -398,7 +411,7 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
     let run = |args: &[&str]| {
         let out = Command::new(bin)
             .args(args)
-            .args(["--api", &base])
+            .args(["--api", &base, "--token", &alice])
             .output()
             .unwrap();
         assert!(
@@ -423,7 +436,7 @@ async fn a_member_joins_under_a_dns_name_and_an_address_that_is_not_host_port_is
     // connects. What is not host:port is refused naming the field, the group unchanged.
     let dir = tempfile::tempdir().unwrap();
     let leader = single_member(dir.path()).await;
-    let api = ApiClient::new(&leader.http_addr().to_string(), None);
+    let api = common::operator(&leader, "test").await;
     for bad in [
         "waymark-authority-1",
         "bad_name.example:8500",

@@ -31,6 +31,8 @@ struct Member {
     config: PathBuf,
     log: PathBuf,
     child: Option<Child>,
+    /// The region's initial management token (every member is configured with it).
+    token: String,
 }
 
 impl Member {
@@ -63,7 +65,10 @@ impl Member {
     }
 
     fn api(&self) -> ApiClient {
-        ApiClient::new(&format!("127.0.0.1:{}", self.http), None)
+        ApiClient::new(
+            &format!("127.0.0.1:{}", self.http),
+            Some(self.token.clone()),
+        )
     }
 }
 
@@ -82,6 +87,13 @@ fn free_port() -> u16 {
 }
 
 fn cluster(dir: &Path) -> Vec<Member> {
+    let token = waymark_agent::authority::credentials::generate("management").unwrap();
+    let token_file = dir.join("management.token");
+    std::fs::write(&token_file, &token).unwrap();
+    let acl = format!(
+        "[authority.acl]\ninitial_management_token_file = \"{}\"\n",
+        token_file.display()
+    );
     let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
     let members_toml: String = ports
         .iter()
@@ -101,7 +113,7 @@ fn cluster(dir: &Path) -> Vec<Member> {
             let config = dir.join(format!("m{id}.toml"));
             let text = format!(
                 "[authority]\nid = {id}\nregion = \"eu\"\nzones = [\"a\", \"b\"]\n\
-                 data_dir = \"{}\"\nhttp = \"127.0.0.1:{http}\"\nxds = \"127.0.0.1:{xds}\"\n\n{members_toml}",
+                 data_dir = \"{}\"\nhttp = \"127.0.0.1:{http}\"\nxds = \"127.0.0.1:{xds}\"\n\n{members_toml}\n{acl}",
                 dir.join(format!("m{id}")).display()
             );
             std::fs::write(&config, text).unwrap();
@@ -112,6 +124,7 @@ fn cluster(dir: &Path) -> Vec<Member> {
                 config,
                 log: dir.join(format!("m{id}.log")),
                 child: None,
+                token: token.clone(),
             }
         })
         .collect()

@@ -4,6 +4,8 @@
 //! not report are refused, counted and audited — never applied.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -179,7 +181,7 @@ async fn leading_authority(
         .await
         .unwrap()
         .unwrap();
-    let api = ApiClient::new(&authority.http_addr().to_string(), None);
+    let api = common::operator(&authority, "test").await;
     api.send(
         Method::PUT,
         "/v1/services/pay",

@@ -4,6 +4,8 @@
 //! list/watch protocol to the real kube client — see the README.)
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -125,7 +127,8 @@ async fn published_views_follow_the_orchestrator() {
     a.bootstrap(BTreeMap::from([(1, a.member())]))
         .await
         .unwrap();
-    let api = ApiClient::new(&a.http_addr().to_string(), None);
+    common::wait_leader(&a).await;
+    let api = common::operator(&a, "test").await;
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let r = api

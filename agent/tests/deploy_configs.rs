@@ -246,6 +246,9 @@ async fn stat(admin: SocketAddr, name: &str) -> Option<u64> {
 async fn authority_publishing_payments(dir: &Path, ca: &Path) -> (Running, SocketAddr) {
     let tls = ca.join("issued/region").join(REGION).join("authority/1");
     let (http, xds) = (free_port(), free_port());
+    let token = waymark_agent::authority::credentials::generate("management").unwrap();
+    let token_file = dir.join("management.token");
+    std::fs::write(&token_file, &token).unwrap();
     let config = dir.join("authority.toml");
     std::fs::write(
         &config,
@@ -267,7 +270,11 @@ trust_domain = "{TRUST_DOMAIN}"
 cert_chain = "{chain}"
 key = "{key}"
 bundle = "{bundle}"
+
+[authority.acl]
+initial_management_token_file = "{token}"
 "#,
+            token = token_file.display(),
             data = dir.join("authority-data").display(),
             chain = tls.join("fullchain.pem").display(),
             key = tls.join("key.pem").display(),
@@ -287,15 +294,15 @@ bundle = "{bundle}"
         "the authority to lead",
         Duration::from_secs(60),
         async || {
-            support::http::get(api_addr, "/v1/status")
+            // Led, and bootstrapped with the management token.
+            ApiClient::new(&api_addr.to_string(), Some(token.clone()))
+                .get_json("/v1/status")
                 .await
-                .ok()
-                .and_then(|r| serde_json::from_str::<serde_json::Value>(&r.body).ok())
-                .is_some_and(|v| v["is_leader"] == true)
+                .is_ok_and(|v| v["is_leader"] == true)
         },
     )
     .await;
-    let api = ApiClient::new(&api_addr.to_string(), Some("test".into()));
+    let api = ApiClient::new(&api_addr.to_string(), Some(token));
     let put = api
         .send(
             Method::PUT,

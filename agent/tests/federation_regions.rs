@@ -133,11 +133,16 @@ struct Region {
     http: u16,
     fed: u16,
     child: Child,
+    /// The region's initial management token, named `alice`.
+    token: String,
 }
 
 impl Region {
     fn api(&self) -> ApiClient {
-        ApiClient::new(&format!("127.0.0.1:{}", self.http), None)
+        ApiClient::new(
+            &format!("127.0.0.1:{}", self.http),
+            Some(self.token.clone()),
+        )
     }
 }
 
@@ -173,6 +178,7 @@ fn pki(dir: &Path) -> BTreeMap<&'static str, (PathBuf, PathBuf, PathBuf)> {
 }
 
 /// Writes a region's configuration: its peers at `peer_addr(region)`, `us`'s front door.
+#[allow(clippy::too_many_arguments)]
 fn config(
     dir: &Path,
     name: &str,
@@ -181,14 +187,19 @@ fn config(
     tls: &(PathBuf, PathBuf, PathBuf),
     peers: &BTreeMap<&str, SocketAddr>,
     front_door: SocketAddr,
+    token: &str,
 ) -> PathBuf {
+    let token_file = dir.join(format!("{name}.token"));
+    std::fs::write(&token_file, token).unwrap();
     let mut text = format!(
         "[authority]\nid = 1\nregion = \"{name}\"\nzones = [\"a\"]\ndata_dir = \"{data}\"\n\
          http = \"127.0.0.1:{http}\"\nxds = \"127.0.0.1:0\"\n\n\
          [[authority.members]]\nid = 1\naddr = \"127.0.0.1:{http}\"\n\n\
          [authority.tls]\ntrust_domain = \"{TD}\"\ncert_chain = \"{chain}\"\nkey = \"{key}\"\nbundle = \"{bundle}\"\n\n\
          [authority.federation]\nbind = \"127.0.0.1:{fed}\"\nstale_after = \"2s\"\ndigest_interval = \"200ms\"\n\
-         probe_interval = \"300ms\"\nprobe_timeout = \"200ms\"\nfail_after = 2\nrecover_after = 2\n",
+         probe_interval = \"300ms\"\nprobe_timeout = \"200ms\"\nfail_after = 2\nrecover_after = 2\n\n\
+         [authority.acl]\ninitial_management_token_file = \"{token}\"\n",
+        token = token_file.display(),
         data = dir.join(name).display(),
         chain = tls.0.display(),
         key = tls.1.display(),
@@ -337,13 +348,24 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
         .enumerate()
         .map(|(i, r)| {
             let (http, fed) = ports[r];
-            let path = config(dir.path(), r, http, fed, &certs[r], &peers, door_addr);
+            let token = waymark_agent::authority::credentials::generate("alice").unwrap();
+            let path = config(
+                dir.path(),
+                r,
+                http,
+                fed,
+                &certs[r],
+                &peers,
+                door_addr,
+                &token,
+            );
             let _ = i;
             Region {
                 name: r,
                 http,
                 fed,
                 child: spawn(&path, &dir.path().join(format!("{r}.log"))),
+                token,
             }
         })
         .collect();
@@ -498,6 +520,7 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
     let out = Command::new(env!("CARGO_BIN_EXE_waymark"))
         .args(["federation", "reconcile-log", "--api"])
         .arg(format!("127.0.0.1:{}", eu.http))
+        .env("WAYMARK_TOKEN", &eu.token)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -515,12 +538,8 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
         Command::new(env!("CARGO_BIN_EXE_waymark"))
             .arg("federation")
             .args(args)
-            .args([
-                "--api",
-                &format!("127.0.0.1:{}", eu.http),
-                "--actor",
-                "alice",
-            ])
+            .args(["--api", &format!("127.0.0.1:{}", eu.http)])
+            .env("WAYMARK_TOKEN", &eu.token)
             .output()
             .unwrap()
     };
@@ -537,7 +556,10 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
     })
     .await;
     assert_eq!(f["manual"], true, "{f}");
-    assert_eq!(f["actor"], "alice");
+    assert_eq!(
+        f["actor"], "token/alice",
+        "the verified principal is the actor"
+    );
     assert_eq!(f["reason"], "ap drill");
     assert!(f["moved"].as_u64().unwrap() > 0, "{f}");
     let own = cli(&["failover", "--region", "eu", "--reason", "no"]);
@@ -568,7 +590,7 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
     .await;
     let audit = eu
         .api()
-        .send(Method::GET, "/v1/audit?kind=policy&actor=alice", None)
+        .send(Method::GET, "/v1/audit?kind=policy&actor=token/alice", None)
         .await
         .unwrap();
     let outcomes: Vec<(String, String)> = String::from_utf8_lossy(&audit.body)
@@ -598,6 +620,7 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
             "--api",
             &format!("127.0.0.1:{}", eu.http),
         ])
+        .env("WAYMARK_TOKEN", &eu.token)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&table.stdout);

@@ -209,7 +209,7 @@ async fn envoy_routes_through_the_agent_across_outages_and_withdrawals() {
     let dir = tempfile::tempdir().unwrap();
     let xds_port = free_port();
     let auth = authority(&dir.path().join("authority"), xds_port).await;
-    let api = ApiClient::new(&auth.http_addr().to_string(), Some("test".into()));
+    let api = common::operator(&auth, "test").await;
     let put = api
         .send(
             Method::PUT,

@@ -32,7 +32,18 @@ async fn definitions_are_registered_renewed_and_deregistered_on_sigterm() {
         "127.0.0.1:0".parse().unwrap(),
     );
     let auth = common::single_member(config).await;
-    let api = ApiClient::new(&auth.http_addr().to_string(), None);
+    let api = common::operator(&auth, "test").await;
+    // The agent's registrations need nothing beyond its own node.
+    let agent_token = waymark_agent::authority::credentials::token_with(
+        auth.raft(),
+        "vm-1",
+        &["register:vm-1".parse().unwrap()],
+        Duration::from_secs(3_600),
+    )
+    .await
+    .unwrap();
+    let agent_token_file = dir.path().join("agent.token");
+    std::fs::write(&agent_token_file, &agent_token).unwrap();
     let r = api
         .send(
             Method::PUT,
@@ -61,6 +72,7 @@ zone = "z1"
 data_dir = "{data}"
 upstream = ["{xds}"]
 api = ["{http}"]
+api_token_file = "{token}"
 services_dir = "{services}"
 
 [agent.listen]
@@ -72,6 +84,7 @@ http = "127.0.0.1:{p3}"
             xds = auth.xds_addr(),
             http = auth.http_addr(),
             services = services.display(),
+            token = agent_token_file.display(),
             p1 = free_port(),
             p2 = free_port(),
             p3 = free_port(),

@@ -4,6 +4,8 @@
 //! instance on the relaying node, and `explain` attributes it to the instance.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
@@ -14,7 +16,6 @@ use serde_json::json;
 use tonic::transport::Endpoint;
 use waymark_agent::authority::ingest::{AgentMessage, AuthorityMessage, ClientSession, WireSample};
 use waymark_agent::authority::member::{Authority, AuthorityConfig, TlsSettings};
-use waymark_agent::cli::http::ApiClient;
 use waymark_agent::node::NodeAgent;
 use waymark_agent::node::config::{AgentConfig, Bounds, Listen, ProbeSection, Tls};
 use waymark_certs::grpc::TlsConnector;
@@ -130,7 +131,7 @@ async fn a_workload_reports_about_itself_through_its_agent() {
         .await
         .unwrap()
         .unwrap();
-    let api = ApiClient::new(&authority.http_addr().to_string(), None);
+    let api = common::operator(&authority, "test").await;
     let contract = json!({"owner": "payments", "contract": {
         "profile": {"probe": true, "self_report": true, "passive": true}
     }});
@@ -173,6 +174,7 @@ async fn a_workload_reports_about_itself_through_its_agent() {
         },
         bounds: Bounds::default(),
         services_dir: None,
+        api_token_file: None,
         gossip: None,
         tls: Some(Tls {
             trust_domain: TD.into(),

@@ -38,9 +38,29 @@ pub enum GetError {
 
 /// `GET path` on `addr` over a fresh HTTP/1.1 connection, within `timeout`.
 pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<Response, GetError> {
+    get_with(addr, path, timeout, None).await
+}
+
+/// [`get`] of an authority API route, presenting the drills' management token.
+pub async fn get_api(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Result<Response, GetError> {
+    let token = crate::harness::management_token();
+    get_with(addr, path, timeout, Some(token)).await
+}
+
+async fn get_with(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    token: Option<&str>,
+) -> Result<Response, GetError> {
     tokio::time::timeout(timeout, async {
         let mut s = TcpStream::connect(addr).await.map_err(GetError::Connect)?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        let auth = token.map_or_else(String::new, |t| format!("Authorization: Bearer {t}\r\n"));
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n");
         s.write_all(req.as_bytes()).await?;
         let mut buf = Vec::new();
         (&mut s)

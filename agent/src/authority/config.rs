@@ -135,6 +135,23 @@ pub struct AuthoritySection {
     /// Load limits: reconnection admission and admission shedding.
     #[serde(default)]
     pub limits: LimitsSection,
+    /// Access control.
+    #[serde(default)]
+    pub acl: AclSection,
+}
+
+/// `[authority.acl]`: how the region's access control starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AclSection {
+    /// A file holding a bearer token (`wmt.<name>.<secret>`, as `waymark acl
+    /// generate-token` prints one). While the region has not been bootstrapped, the
+    /// leader bootstraps it for operator `<name>` and stores this token (its digest) with
+    /// every grant — so a region started from configuration alone (a StatefulSet, a
+    /// systemd unit) can be administered at once, as Consul's initial management token
+    /// allows. Once bootstrapped it is never recreated: revoke it, and it stays revoked.
+    #[serde(default)]
+    pub initial_management_token_file: Option<PathBuf>,
 }
 
 /// `[authority.limits]`: the load guards' budgets. The defaults are the design's; the

@@ -18,7 +18,8 @@ use super::machine::{Request, Response};
 use super::raft::RaftNode;
 
 /// Bootstraps the region for `operator` if nobody has yet, then mints a token named
-/// `token` that holds every capability `operator` holds from bootstrap, valid for `ttl`.
+/// `token` (replacing one of that name) that holds every capability `operator` holds
+/// from bootstrap, valid for `ttl`.
 /// Returns the bearer form (`wmt.<name>.<secret>`). Must run on the leader.
 pub async fn operator_token(
     raft: &RaftNode,
@@ -35,6 +36,18 @@ pub async fn operator_token(
     .await
     {
         Ok(()) | Err(Refused::Acl("already_bootstrapped")) => {}
+        Err(e) => return Err(e.into()),
+    }
+    // A token of that name from an earlier start goes, with its grants.
+    match apply(
+        raft,
+        AclCommand::RemoveToken {
+            name: token.to_owned(),
+        },
+    )
+    .await
+    {
+        Ok(()) | Err(Refused::Registry(..)) => {}
         Err(e) => return Err(e.into()),
     }
     let secret = new_secret().map_err(anyhow::Error::msg)?;
@@ -61,6 +74,87 @@ pub async fn operator_token(
         .collect();
     grant_token(raft, token, &capabilities).await?;
     Ok(bearer(token, &secret))
+}
+
+/// While the region is not bootstrapped, bootstrap it for the token's name and store
+/// `bearer` (its digest) with every operator grant, valid for the longest token lifetime.
+/// Retries until this member has done it or sees it done; returns at once when another
+/// member (or an operator) bootstrapped first. Runs on every member; only a leader's
+/// proposals commit.
+pub async fn ensure_initial_management(raft: RaftNode, bearer_text: String) {
+    let Some((name, secret)) = waymark_registry::acl::parse_bearer(bearer_text.trim()) else {
+        tracing::error!(
+            "authority.acl.initial_management_token_file: not a token of the form \
+             wmt.<name>.<secret>; ignored"
+        );
+        return;
+    };
+    let (name, secret) = (name.to_owned(), secret.to_owned());
+    let mut wait = Duration::from_millis(200);
+    loop {
+        if raft.with_state(|state, _| state.registry().acl().is_bootstrapped()) {
+            return;
+        }
+        if raft.is_leader() {
+            match initial_management(&raft, &name, &secret).await {
+                Ok(()) => {
+                    tracing::info!(operator = %name, "region bootstrapped with the initial management token");
+                    return;
+                }
+                Err(Refused::Acl("already_bootstrapped")) => return,
+                Err(error) => {
+                    tracing::warn!(%error, "bootstrapping with the initial management token; retrying")
+                }
+            }
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn initial_management(raft: &RaftNode, name: &str, secret: &str) -> Result<(), Refused> {
+    apply(
+        raft,
+        AclCommand::Bootstrap {
+            operator: name.to_owned(),
+        },
+    )
+    .await?;
+    let now = now_ms();
+    apply(
+        raft,
+        AclCommand::PutToken {
+            token: TokenRecord {
+                name: name.to_owned(),
+                secret_sha256: secret_digest(secret),
+                created_by: "configuration".into(),
+                created_at_ms: now,
+                expires_at_ms: now.saturating_add(waymark_registry::acl::TOKEN_TTL_MS_MAX),
+                description: "authority.acl.initial_management_token_file".into(),
+            },
+        },
+    )
+    .await?;
+    for g in bootstrap_grants(name)
+        .into_iter()
+        .filter(|g| g.to == Grantee::Operator(name.to_owned()))
+    {
+        let grant = Grant {
+            to: Grantee::Token(name.to_owned()),
+            can: g.can,
+        };
+        apply(raft, AclCommand::Grant { grant }).await?;
+    }
+    Ok(())
+}
+
+/// A fresh bearer token named `name`, never stored anywhere: for
+/// `authority.acl.initial_management_token_file`.
+pub fn generate(name: &str) -> anyhow::Result<String> {
+    if waymark_registry::acl::parse_bearer(&bearer(name, "x")).is_none() {
+        anyhow::bail!("a token name is 1 to 64 of [a-z0-9-]");
+    }
+    Ok(bearer(name, &new_secret().map_err(anyhow::Error::msg)?))
 }
 
 /// Mints a token with exactly `capabilities` (the region must be bootstrapped).

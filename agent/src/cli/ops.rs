@@ -6,6 +6,8 @@ use serde_json::{Value, json};
 
 use super::http::ApiClient;
 
+pub mod acl;
+
 /// Print `rows` as aligned columns under `header`.
 fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();

@@ -90,6 +90,31 @@ pub struct DevRegion {
     renewals: tokio::task::JoinHandle<()>,
     control: tokio::task::JoinHandle<()>,
     backends_api: SocketAddr,
+    token: String,
+    token_file: std::path::PathBuf,
+}
+
+/// The dev region's operator, bootstrapped with every grant.
+pub const DEV_OPERATOR: &str = "dev";
+/// How long the dev operator's token lasts (a new one is minted at every start).
+pub const DEV_TOKEN_TTL: Duration = Duration::from_secs(30 * 86_400);
+
+/// Write a credential readable by this user only.
+fn write_secret(path: &std::path::Path, secret: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.mode(0o600);
+    }
+    let mut file = options
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(secret.as_bytes())?;
+    file.write_all(b"\n")?;
+    Ok(())
 }
 
 impl DevRegion {
@@ -132,10 +157,19 @@ impl DevRegion {
         tokio::time::timeout(Duration::from_secs(30), m.wait_for(|m| m.state.is_leader()))
             .await
             .context("the authority did not become leader")??;
-        let api = ApiClient::new(
-            &authority.http_addr().to_string(),
-            Some("waymark-dev".into()),
-        );
+        // Even the dev region refuses anonymous requests: its operator holds a token,
+        // written where the guide says, readable by this user only.
+        let token = crate::authority::credentials::operator_token(
+            authority.raft(),
+            DEV_OPERATOR,
+            DEV_OPERATOR,
+            DEV_TOKEN_TTL,
+        )
+        .await
+        .context("minting the dev operator's token")?;
+        let token_file = args.dir.join("operator.token");
+        write_secret(&token_file, &token)?;
+        let api = ApiClient::new(&authority.http_addr().to_string(), Some(token.clone()));
         for (name, _, probe, dependency) in SERVICES {
             let probe = match probe {
                 "http" => {
@@ -185,6 +219,7 @@ impl DevRegion {
             },
             bounds: Bounds::default(),
             services_dir: None,
+            api_token_file: None,
             gossip: Some(GossipSection {
                 bind: "127.0.0.1:0".parse()?,
                 seeds: vec![gossip_seed.into()],
@@ -278,7 +313,19 @@ impl DevRegion {
             renewals,
             control,
             backends_api,
+            token,
+            token_file,
         })
+    }
+
+    /// The dev operator's bearer token (every grant), as written to [`Self::token_file`].
+    pub fn operator_token(&self) -> &str {
+        &self.token
+    }
+
+    /// Where the dev operator's token is written.
+    pub fn token_file(&self) -> &std::path::Path {
+        &self.token_file
     }
 
     /// The authority (for tests).
@@ -313,22 +360,29 @@ impl DevRegion {
             "\
 waymark dev: one region ({REGION}), zones {zones}, state in this folder's .waymark-dev (or --dir)
 
-  authority API      http://{api}        (WAYMARK_API={api})
+  authority API      http://{api}        (operator token in {token})
   authority xDS      {xds} (mutual TLS; the agent's upstream)
   node agent xDS     {axds}   (plain text on loopback: point Envoy here)
   node agent DNS     {dns}   (udp+tcp)
   node agent API     http://{ahttp}
   demo backends API  http://{backends}
 
+in another terminal (the API refuses anonymous requests, even here):
+  export WAYMARK_API=http://{api}
+  export WAYMARK_TOKEN_FILE={token}
+
 try this:
-  waymark services --api {api}
+  waymark services
+  waymark acl whoami
+  curl -s -H \"Authorization: Bearer $(cat {token})\" http://{api}/v1/services
   curl -s http://{ahttp}/v1/view
   dig @{dip} -p {dport} web.service.waymark. SRV +short
   waymark members --agent {ahttp}
   curl -s http://{backends}/v1/dev/backends
   curl -s -X PUT http://{backends}/v1/dev/backends/web-az1-1/mode -d '{{\"mode\":\"fail-hard\"}}'
        (modes: healthy, fail-hard, slow, flap, not-ready, degraded-dependency)
-  waymark explain <instance> --api {api}      (instance ids: waymark services / the view)
+  waymark explain <instance>                  (instance ids: waymark services / the view)
+  waymark override <instance> --justification \"trying it\"
   envoy -c deploy/envoy/dev.yaml               (then: curl http://127.0.0.1:10000/)
 ",
             zones = ZONES.join(", "),
@@ -338,6 +392,7 @@ try this:
             dip = b.dns.ip(),
             dport = b.dns.port(),
             ahttp = b.http,
+            token = self.token_file.display(),
         )
     }
 
@@ -346,7 +401,7 @@ try this:
         self.renewals.abort();
         let api = ApiClient::new(
             &self.authority.http_addr().to_string(),
-            Some("waymark-dev".into()),
+            Some(self.token.clone()),
         );
         for id in self.instances().values() {
             let _ = api

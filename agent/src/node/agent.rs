@@ -538,7 +538,7 @@ impl NodeAgent {
         // 8. Service definitions for runtimes nothing watches.
         let registrations = match &config.services_dir {
             Some(dir) => Some(
-                super::registration::Registrations::start(dir, &config, http_client_for(&config))
+                super::registration::Registrations::start(dir, &config, http_client_for(&config)?)
                     .await
                     .context("agent.services_dir")?,
             ),
@@ -779,10 +779,20 @@ async fn tls_configs(t: &super::config::Tls) -> anyhow::Result<AgentTls> {
     })
 }
 
-fn http_client_for(config: &AgentConfig) -> super::registration::ApiTarget {
-    super::registration::ApiTarget {
+fn http_client_for(config: &AgentConfig) -> anyhow::Result<super::registration::ApiTarget> {
+    let token = match &config.api_token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("agent.api_token_file: reading {}", path.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    Ok(super::registration::ApiTarget {
         members: config.api.clone(),
-    }
+        token,
+    })
 }
 
 /// A stable per-node seed for jitter (FNV-1a of the name).

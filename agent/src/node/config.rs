@@ -51,6 +51,12 @@ pub struct AgentConfig {
     /// Authority members' HTTP API (for the registrations of `services_dir`).
     #[serde(default)]
     pub api: Vec<String>,
+    /// A bearer token the registrations of `services_dir` present to the API, read at
+    /// start (a grant of `register:<this node>` is all it needs). For an API served
+    /// without TLS, on loopback; over mutual TLS the agent's node certificate is its
+    /// credential and the region's grants for `node/*` apply.
+    #[serde(default)]
+    pub api_token_file: Option<PathBuf>,
     /// Local listeners.
     #[serde(default)]
     pub listen: Listen,

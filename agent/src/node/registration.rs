@@ -62,10 +62,21 @@ fn default_lease() -> Duration {
 }
 
 /// Where the authority's HTTP API is (any member; followers redirect to the leader).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ApiTarget {
     /// `host:port` of members.
     pub members: Vec<String>,
+    /// The bearer token presented, if any (`agent.api_token_file`).
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for ApiTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiTarget")
+            .field("members", &self.members)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .finish()
+    }
 }
 
 /// Read every `*.toml` in `dir`, in name order; the first bad file is an error naming it.
@@ -286,7 +297,7 @@ async fn call(
 ) -> anyhow::Result<serde_json::Value> {
     let mut last = anyhow::anyhow!("no authority API member configured");
     for member in &api.members {
-        let client = ApiClient::new(member, Some("node-agent".to_owned()));
+        let client = ApiClient::new(member, api.token.clone());
         match client.send(method.clone(), path, body).await {
             Ok(resp) => return resp.json(),
             Err(e) => last = e,

@@ -59,6 +59,15 @@ pub async fn single_member(config: AuthorityConfig) -> Authority {
     a
 }
 
+/// Wait until `a` leads (a single member that was just bootstrapped).
+pub async fn wait_leader(a: &Authority) {
+    let mut m = a.raft().watch_metrics();
+    tokio::time::timeout(LEAD_WAIT, m.wait_for(|m| m.state.is_leader()))
+        .await
+        .expect("the member leads")
+        .unwrap();
+}
+
 /// `promtool check metrics` on an exposition; panics with promtool's complaint.
 pub fn promtool_check(text: &str) {
     use std::io::Write as _;
@@ -82,4 +91,27 @@ pub fn promtool_check(text: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A client of `a`'s API holding a fresh token with every operator grant (bootstrapping
+/// the region for operator `name` if nobody has). The token is named `name` plus a
+/// sequence number, so every client a test makes is its own principal.
+pub async fn operator(a: &Authority, name: &str) -> waymark_agent::cli::http::ApiClient {
+    let token = operator_token(a, name).await;
+    waymark_agent::cli::http::ApiClient::new(&a.http_addr().to_string(), Some(token))
+}
+
+/// The bearer token [`operator`] holds (for the CLI's `--token`).
+pub async fn operator_token(a: &Authority, name: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let token_name = format!("{name}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    waymark_agent::authority::credentials::operator_token(
+        a.raft(),
+        name,
+        &token_name,
+        Duration::from_secs(86_400),
+    )
+    .await
+    .unwrap()
 }

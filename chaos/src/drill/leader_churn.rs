@@ -626,7 +626,7 @@ fn start_watches(
 /// `GET /v1/instances?service=…` of one member: id → lease end.
 async fn instances(api: SocketAddr) -> Option<BTreeMap<String, u64>> {
     // Through the API client: the list is longer than `traffic::get` reads.
-    let api = waymark_agent::cli::http::ApiClient::new(&api.to_string(), None);
+    let api = crate::harness::api_client(api);
     let v = tokio::time::timeout(
         CALL_TIMEOUT,
         api.get_json(&format!("/v1/instances?service={SERVICE}")),
@@ -659,7 +659,7 @@ async fn leader_known(
     wait_until("a new leader", deadline, async || {
         let mut statuses: Vec<MemberStatus> = Vec::new();
         for (id, api) in live {
-            if let Ok(r) = traffic::get(*api, "/v1/status", Duration::from_millis(500)).await
+            if let Ok(r) = traffic::get_api(*api, "/v1/status", Duration::from_millis(500)).await
                 && let Ok(v) = serde_json::from_str::<serde_json::Value>(&r.body)
             {
                 statuses.push(MemberStatus {
@@ -740,7 +740,7 @@ impl ServicesPoller {
                 tick.tick().await;
                 for (id, api) in &members {
                     let Ok(r) =
-                        traffic::get(*api, "/v1/services", Duration::from_millis(500)).await
+                        traffic::get_api(*api, "/v1/services", Duration::from_millis(500)).await
                     else {
                         continue;
                     };
@@ -791,7 +791,7 @@ async fn newest_by_zone(members: &[(u64, SocketAddr)]) -> BTreeMap<String, u64> 
     let mut newest: BTreeMap<String, u64> = BTreeMap::new();
     for (_, api) in members {
         // Through the API client: the views are longer than `traffic::get` reads.
-        let api = waymark_agent::cli::http::ApiClient::new(&api.to_string(), None);
+        let api = crate::harness::api_client(*api);
         let path = format!("/v1/services/{SERVICE}/view");
         let Ok(Ok(views)) = tokio::time::timeout(CALL_TIMEOUT, api.get_json(&path)).await else {
             continue;

@@ -142,7 +142,7 @@ impl StateSampler {
                 tick.tick().await;
                 for api in &apis {
                     let Ok(r) =
-                        traffic::get(*api, "/v1/services", Duration::from_millis(400)).await
+                        traffic::get_api(*api, "/v1/services", Duration::from_millis(400)).await
                     else {
                         continue;
                     };

@@ -51,6 +51,8 @@ impl Config {
                 "\n[[authority.members]]\nid = {m}\naddr = \"{addr}\"\n"
             )?;
         }
+        let dir = self.path.parent().unwrap_or(&self.data);
+        text.push_str(&super::acl_toml(dir)?);
         std::fs::write(&self.path, text).with_context(|| format!("writing {}", self.path.display()))
     }
 }

@@ -78,7 +78,7 @@ impl DemoFleet {
         deadline: Duration,
         spec: FleetSpec,
     ) -> anyhow::Result<Self> {
-        let client = ApiClient::new(&api.to_string(), Some(ACTOR.into()));
+        let client = super::api_client(api);
         let body = json!({"owner": ACTOR, "contract": spec.contract});
         let path = format!("/v1/services/{service}");
         wait_until("the authority accepts a service", deadline, async || {

@@ -189,7 +189,9 @@ impl AuthorityCluster {
 
 /// `GET /v1/status` of one member.
 async fn status(id: u64, api: SocketAddr) -> Option<MemberStatus> {
-    let r = traffic::get(api, "/v1/status", STATUS_TIMEOUT).await.ok()?;
+    let r = traffic::get_api(api, "/v1/status", STATUS_TIMEOUT)
+        .await
+        .ok()?;
     if r.status != 200 {
         return None;
     }

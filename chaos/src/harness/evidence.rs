@@ -147,7 +147,8 @@ addr = "{http}"
 [authority.gossip]
 bind = "{gossip}"
 keys = ["{key}"]
-"#,
+{acl}"#,
+                acl = super::acl_toml(dir)?,
                 region = pki.region,
                 data = dir.join("data").display(),
                 tls = tls.toml("authority.tls"),
@@ -363,7 +364,7 @@ impl ProbedFleet {
         options: BackendOptions,
         deadline: Duration,
     ) -> anyhow::Result<Self> {
-        let client = ApiClient::new(&api.to_string(), Some(ACTOR.into()));
+        let client = super::api_client(api);
         let body = json!({"owner": ACTOR, "contract": contract});
         let path = format!("/v1/services/{service}");
         wait_until("the authority accepts a service", deadline, async || {
@@ -497,7 +498,7 @@ async fn renew(client: ApiClient, ids: Vec<String>, every: Duration) {
 
 /// `GET path` on an authority's API as JSON (`None` on any failure).
 pub async fn get_json(api: SocketAddr, path: &str) -> Option<Value> {
-    let r = crate::traffic::get(api, path, Duration::from_secs(2))
+    let r = crate::traffic::get_api(api, path, Duration::from_secs(2))
         .await
         .ok()?;
     (r.status == 200)

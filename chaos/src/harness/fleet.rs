@@ -139,8 +139,9 @@ xds = "{xds}"
 [[authority.members]]
 id = 1
 addr = "{http}"
-
+{acl}
 {limits}"#,
+            acl = super::acl_toml(&self.dir)?,
             region = self.region,
             zones = zones.join(", "),
             data = self.dir.join("data").display(),
@@ -236,7 +237,7 @@ pub struct Api {
 impl Api {
     pub fn new(api: SocketAddr, region: &str) -> Self {
         Self {
-            client: ApiClient::new(&api.to_string(), Some(ACTOR.into())),
+            client: super::api_client(api),
             region: region.to_owned(),
         }
     }

@@ -289,6 +289,34 @@ pub async fn wait_until<T>(
     }
 }
 
+/// The management token every drill region starts with (`[authority.acl]`), one per
+/// process: the drills' clients present it.
+pub fn management_token() -> &'static str {
+    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TOKEN.get_or_init(|| {
+        waymark_agent::authority::credentials::generate("waymark-drill")
+            .expect("waymark-drill is a valid token name")
+    })
+}
+
+/// Writes [`management_token`] under `dir` and returns the `[authority.acl]` section that
+/// names it.
+pub fn acl_toml(dir: &Path) -> anyhow::Result<String> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("management.token");
+    std::fs::write(&path, management_token())
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(format!(
+        "\n[authority.acl]\ninitial_management_token_file = \"{}\"\n",
+        path.display()
+    ))
+}
+
+/// An API client of the authority at `addr`, presenting [`management_token`].
+pub fn api_client(addr: SocketAddr) -> waymark_agent::cli::http::ApiClient {
+    waymark_agent::cli::http::ApiClient::new(&addr.to_string(), Some(management_token().to_owned()))
+}
+
 /// True when `GET path` on `addr` answers 200 within a second.
 pub async fn http_ok(addr: SocketAddr, path: &str) -> bool {
     traffic::get(addr, path, Duration::from_secs(1))

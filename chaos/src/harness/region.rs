@@ -174,8 +174,8 @@ impl RegionAuthority {
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let config = dir.join("authority.toml");
-        std::fs::write(&config, authority_toml(spec, &addrs, &dir.join("data")))
-            .with_context(|| format!("writing {}", config.display()))?;
+        let text = authority_toml(spec, &addrs, &dir.join("data")) + &super::acl_toml(dir)?;
+        std::fs::write(&config, text).with_context(|| format!("writing {}", config.display()))?;
         Ok(Self {
             process: RoleProc::new(
                 "authority",
@@ -201,7 +201,7 @@ impl RegionAuthority {
 
     /// An API client (actor `waymark-drill`).
     pub fn api(&self) -> ApiClient {
-        ApiClient::new(&self.addrs.http.to_string(), Some("waymark-drill".into()))
+        super::api_client(self.addrs.http)
     }
 
     /// Start the process (no wait).

@@ -21,7 +21,6 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use waymark_agent::cli::http::ApiClient;
 
 use crate::rng::SplitMix64;
 use crate::traffic::ms;
@@ -141,7 +140,7 @@ pub async fn attempt(
     body: Option<&serde_json::Value>,
     timeout: Duration,
 ) -> Reply {
-    let api = ApiClient::new(&member.to_string(), None);
+    let api = super::api_client(member);
     match tokio::time::timeout(timeout, api.send(method, path, body)).await {
         Err(_) => Reply::Failed {
             error: "timed out".to_owned(),
