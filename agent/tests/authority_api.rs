@@ -261,7 +261,7 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
     // Routing policy and zone evacuation: privileged, checked before commit, audited.
     let policy = json!({"min_healthy_override": 700, "failover_zones": ["b", "a"]});
     let (status, _) = call(
-        &api,
+        &anonymous,
         Method::PUT,
         "/v1/services/pay/policy",
         Some(policy.clone()),

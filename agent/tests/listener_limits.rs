@@ -215,8 +215,14 @@ async fn member_with(
 
 /// One request on a fresh connection: the whole answer.
 async fn get(addr: SocketAddr, path: &str) -> String {
+    get_as(addr, path, None).await
+}
+
+/// [`get`], presenting a bearer token.
+async fn get_as(addr: SocketAddr, path: &str, token: Option<&str>) -> String {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    let auth = token.map_or_else(String::new, |t| format!("authorization: Bearer {t}\r\n"));
+    let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\n{auth}connection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.unwrap();
     let mut out = String::new();
     tokio::time::timeout(GUARD, s.read_to_string(&mut out))
@@ -269,6 +275,7 @@ async fn a_connection_over_the_cap_is_refused_with_503_counted_and_the_member_se
     )
     .await;
     let addr = a.http_addr();
+    let token = common::operator_token(&a, "test").await;
     // Four keep-alive connections, each shown to be accepted by an answered request.
     let mut held = Vec::new();
     for _ in 0..4 {
@@ -290,7 +297,7 @@ async fn a_connection_over_the_cap_is_refused_with_503_counted_and_the_member_se
     drop(held.pop());
     let metrics = tokio::time::timeout(GUARD, async {
         loop {
-            let answer = get(addr, "/metrics").await;
+            let answer = get_as(addr, "/metrics", Some(&token)).await;
             if answer.starts_with("HTTP/1.1 200") {
                 return answer;
             }

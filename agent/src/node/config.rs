@@ -322,6 +322,16 @@ impl AgentFile {
                 }
             })?;
         }
+        // Views and load reports are what a sidecar's routing rests on: served in plain
+        // text (no [agent.tls], or local_plaintext) they go to loopback callers only.
+        if (a.tls.is_none() || a.listen.local_plaintext) && !a.listen.xds.ip().is_loopback() {
+            return Err(bad(
+                "agent.listen.xds",
+                "xDS and LRS in plain text are served on loopback only: bind a loopback \
+                 address, or configure [agent.tls] (and leave local_plaintext off) to serve \
+                 the host's sidecars over mutual TLS",
+            ));
+        }
         if !a.ingest.is_empty() && a.tls.is_none() {
             return Err(bad(
                 "agent.ingest",
@@ -370,6 +380,25 @@ upstream = ["10.0.0.1:18000"]
         std::fs::write(&path, text).unwrap();
         let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
         AgentFile::load(&path, env, flags)
+    }
+
+    #[test]
+    fn plain_text_xds_off_loopback_is_refused_naming_the_key() {
+        let open = format!("{MINIMAL}\n[agent.listen]\nxds = \"0.0.0.0:18000\"\n");
+        let err = load(&open, &[], &Overrides::default()).unwrap_err();
+        assert!(
+            err.to_string().starts_with("agent.listen.xds: xDS and LRS in plain text"),
+            "{err}"
+        );
+        let err = load(
+            MINIMAL,
+            &[("WAYMARK_AGENT_LISTEN_XDS", "10.1.2.3:18000")],
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().starts_with("agent.listen.xds"), "{err}");
+        // On loopback, plain text is the development default.
+        assert!(load(MINIMAL, &[], &Overrides::default()).is_ok());
     }
 
     #[test]
