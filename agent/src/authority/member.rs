@@ -561,7 +561,7 @@ async fn tls_configs(
     let peers = PeerPolicy {
         trust_domain: t.trust_domain.clone(),
         accepted: KindSet::only(IdentityKind::Node).with(IdentityKind::Workload),
-        region: live.current().identity.region().cloned(),
+        region: None,
     };
     let xds = server_config(&live, peers.clone(), metrics.clone(), &[ALPN_H2])?;
     let ingest = server_config(&live, peers, metrics.clone(), &[ALPN_H2])?;
