@@ -472,14 +472,15 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
             text.lines()
                 .map(|l| serde_json::from_str::<Value>(l).unwrap())
                 .find(|e| {
-                    // Delivered by `us` itself or relayed by the other peer, whichever
-                    // came first.
-                    e["detail"]["entries"].as_array().unwrap().iter().any(|x| {
-                        x["region"] == "us"
-                            && x["outcome"] == "took_theirs"
-                            && x["theirs"] == us_version
-                            && x["ours"].as_u64().is_some_and(|o| o < us_version)
-                    })
+                    // Delivered by `us` itself: a link carries only its peer's own
+                    // region, so the other peer never relays it.
+                    e["detail"]["peer_region"] == "us"
+                        && e["detail"]["entries"].as_array().unwrap().iter().any(|x| {
+                            x["region"] == "us"
+                                && x["outcome"] == "took_theirs"
+                                && x["theirs"] == us_version
+                                && x["ours"].as_u64().is_some_and(|o| o < us_version)
+                        })
                 })
         })
         .await;
