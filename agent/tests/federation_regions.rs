@@ -182,10 +182,11 @@ fn config(
     peers: &BTreeMap<&str, SocketAddr>,
     front_door: SocketAddr,
 ) -> PathBuf {
+    let raft = free_port();
     let mut text = format!(
         "[authority]\nid = 1\nregion = \"{name}\"\nzones = [\"a\"]\ndata_dir = \"{data}\"\n\
-         http = \"127.0.0.1:{http}\"\nxds = \"127.0.0.1:0\"\n\n\
-         [[authority.members]]\nid = 1\naddr = \"127.0.0.1:{http}\"\n\n\
+         http = \"127.0.0.1:{http}\"\nraft = \"127.0.0.1:{raft}\"\nxds = \"127.0.0.1:0\"\n\n\
+         [[authority.members]]\nid = 1\naddr = \"127.0.0.1:{http}\"\nraft = \"127.0.0.1:{raft}\"\n\n\
          [authority.tls]\ntrust_domain = \"{TD}\"\ncert_chain = \"{chain}\"\nkey = \"{key}\"\nbundle = \"{bundle}\"\n\n\
          [authority.federation]\nbind = \"127.0.0.1:{fed}\"\nstale_after = \"2s\"\ndigest_interval = \"200ms\"\n\
          probe_interval = \"300ms\"\nprobe_timeout = \"200ms\"\nfail_after = 2\nrecover_after = 2\n",
