@@ -1,7 +1,8 @@
 //! The shared HTTP listener against real sockets: a client that never finishes its headers
 //! is cut off, a connection over the cap is refused with a 503 and counted, a request over
 //! its deadline is answered 408 and counted, and the listener goes on serving through all
-//! of it.
+//! of it. Over TLS: the router sees the client's verified identity, and a client without a
+//! certificate or that never finishes its handshake is cut off and counted.
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
@@ -171,4 +172,160 @@ async fn shutdown_stops_accepting_and_returns() {
         .await
         .expect("serve returns")
         .unwrap();
+}
+
+// === TLS ===
+
+mod tls {
+    use std::sync::Arc;
+    use std::time::{Duration, SystemTime};
+
+    use axum::Extension;
+    use tokio_rustls::TlsConnector;
+    use waymark_certs::ca::RootCa;
+    use waymark_certs::material::{MaterialPem, validate_material};
+    use waymark_certs::tls::{LiveMaterial, client_config, server_config};
+    use waymark_certs::{CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy};
+
+    use super::*;
+
+    const TD: &str = "listener.test";
+
+    /// Material for `path` (`region/eu/…`) under a fresh estate `root`.
+    fn material(root: &RootCa, path: &str) -> Arc<LiveMaterial> {
+        let now = SystemTime::now();
+        let region = root.issue_region(Name::new("eu").unwrap(), now).unwrap();
+        let identity = Identity::parse(&format!("spiffe://{TD}/{path}")).unwrap();
+        let leaf = region
+            .issue(&identity, now, Duration::from_secs(24 * 3600))
+            .unwrap();
+        let chain = leaf.fullchain_pem();
+        let pem = MaterialPem {
+            cert_chain: chain.as_bytes(),
+            key: leaf.key_pem.as_bytes(),
+            bundle: root.cert_pem().as_bytes(),
+        };
+        LiveMaterial::new(validate_material(pem, &policy(KindSet::ALL), now).unwrap())
+    }
+
+    fn policy(accepted: KindSet) -> PeerPolicy {
+        PeerPolicy {
+            trust_domain: root_td(),
+            accepted,
+            region: None,
+        }
+    }
+
+    fn root_td() -> waymark_certs::TrustDomain {
+        waymark_certs::TrustDomain::new(TD).unwrap()
+    }
+
+    fn whoami() -> Router {
+        Router::new().route(
+            "/whoami",
+            get(|peer: Option<Extension<PeerInfo>>| async move {
+                peer.map_or_else(
+                    || "nobody".to_owned(),
+                    |Extension(p)| p.identity.to_string(),
+                )
+            }),
+        )
+    }
+
+    async fn start_tls(
+        limits: HttpLimits,
+    ) -> (SocketAddr, HttpMetrics, RootCa, tokio::task::JoinHandle<()>) {
+        waymark_certs::install_crypto_provider();
+        let root = RootCa::generate(root_td(), SystemTime::now()).unwrap();
+        let live = material(&root, "region/eu/authority/1");
+        let only = policy(KindSet::only(IdentityKind::Authority));
+        let config = server_config(&live, only, CertMetrics::new(), &[ALPN_HTTP1]).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = HttpMetrics::default();
+        let task = tokio::spawn(serve_tls(
+            listener,
+            "test",
+            whoami(),
+            limits,
+            metrics.clone(),
+            Arc::new(config),
+            std::future::pending(),
+        ));
+        (addr, metrics, root, task)
+    }
+
+    /// `GET /whoami` over TLS with `config`: the whole answer, or the error that ended it.
+    async fn get_whoami(
+        addr: SocketAddr,
+        config: Arc<rustls::ClientConfig>,
+    ) -> std::io::Result<String> {
+        let tcp = TcpStream::connect(addr).await?;
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut s = TlsConnector::from(config).connect(name, tcp).await?;
+        s.write_all(b"GET /whoami HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await?;
+        let mut out = String::new();
+        tokio::time::timeout(GUARD, s.read_to_string(&mut out))
+            .await
+            .expect("the server answers or closes")?;
+        Ok(out)
+    }
+
+    async fn until_counted(metrics: &HttpMetrics, reason: &'static str) {
+        tokio::time::timeout(GUARD, async {
+            while metrics.handshakes_failed("test", reason) == 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("a {reason} handshake failure is counted"));
+        assert_eq!(metrics.handshakes_failed("test", reason), 1);
+    }
+
+    #[tokio::test]
+    async fn the_router_sees_the_verified_client_and_a_client_without_a_certificate_is_cut_off() {
+        let (addr, metrics, root, _task) = start_tls(HttpLimits::LOCAL).await;
+        let client = material(&root, "region/eu/authority/2");
+        let servers = policy(KindSet::only(IdentityKind::Authority));
+        let config =
+            client_config(&client, servers.clone(), CertMetrics::new(), &[ALPN_HTTP1]).unwrap();
+        let answer = get_whoami(addr, Arc::new(config)).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            answer.ends_with(&format!("spiffe://{TD}/region/eu/authority/2")),
+            "{answer}"
+        );
+
+        // The same client without its certificate gets no answer, only a closed connection.
+        let verifier =
+            waymark_certs::verify::PeerVerifier::new(client, servers, CertMetrics::new());
+        let mut anonymous = rustls::ClientConfig::builder_with_provider(waymark_certs::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier))
+            .with_no_client_auth();
+        anonymous.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
+        let refused = get_whoami(addr, Arc::new(anonymous)).await;
+        assert!(
+            refused
+                .as_ref()
+                .map_or(true, |a| !a.starts_with("HTTP/1.1")),
+            "{refused:?}"
+        );
+        until_counted(&metrics, "no_certificate").await;
+    }
+
+    #[tokio::test]
+    async fn a_client_that_never_finishes_its_handshake_is_cut_off_and_counted() {
+        let limits = HttpLimits {
+            handshake_timeout: Duration::from_millis(200),
+            ..HttpLimits::LOCAL
+        };
+        let (addr, metrics, _root, _task) = start_tls(limits).await;
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        until_closed(&mut silent).await;
+        until_counted(&metrics, "timeout").await;
+    }
 }

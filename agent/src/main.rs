@@ -298,9 +298,12 @@ enum RaftCommand {
         /// Its id (never reused).
         #[arg(long)]
         id: u64,
-        /// Its HTTP listener, host:port.
+        /// Its API listener, host:port.
         #[arg(long)]
         addr: String,
+        /// Its Raft listener, host:port.
+        #[arg(long)]
+        raft: String,
     },
     /// Remove a member.
     Remove {
@@ -485,7 +488,9 @@ async fn client_command(command: Command) -> anyhow::Result<String> {
             match command {
                 OperatorCommand::Raft { command } => match command {
                     RaftCommand::ListPeers => ops::list_peers(&client, api.json).await,
-                    RaftCommand::Join { id, addr } => ops::join(&client, id, &addr).await,
+                    RaftCommand::Join { id, addr, raft } => {
+                        ops::join(&client, id, &addr, &raft).await
+                    }
                     RaftCommand::Remove { id } => ops::remove(&client, id).await,
                 },
             }

@@ -446,7 +446,7 @@ async fn a_member_joins_under_a_dns_name_and_an_address_that_is_not_host_port_is
             &api,
             Method::POST,
             "/v1/operator/raft/members",
-            Some(json!({"id": 2, "addr": bad})),
+            Some(json!({"id": 2, "addr": bad, "raft": "127.0.0.1:1"})),
         )
         .await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {v}");
@@ -469,11 +469,12 @@ async fn a_member_joins_under_a_dns_name_and_an_address_that_is_not_host_port_is
     config.id = 2;
     let second = Authority::start(config).await.unwrap();
     let addr = format!("localhost:{}", second.http_addr().port());
+    let raft = format!("localhost:{}", second.raft_addr().port());
     let (status, v) = call(
         &api,
         Method::POST,
         "/v1/operator/raft/members",
-        Some(json!({"id": 2, "addr": addr})),
+        Some(json!({"id": 2, "addr": addr, "raft": raft})),
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{v}");
@@ -483,7 +484,8 @@ async fn a_member_joins_under_a_dns_name_and_an_address_that_is_not_host_port_is
         .iter()
         .find(|p| p["id"] == 2)
         .unwrap_or_else(|| panic!("member 2 missing: {v}"));
-    assert_eq!(joined["member"]["raft_addr"], addr.as_str(), "{joined}");
+    assert_eq!(joined["member"]["raft_addr"], raft.as_str(), "{joined}");
+    assert_eq!(joined["member"]["api_addr"], addr.as_str(), "{joined}");
     assert_eq!(joined["role"], "follower", "{joined}");
     second.shutdown().await;
     leader.shutdown().await;

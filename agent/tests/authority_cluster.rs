@@ -3,21 +3,45 @@
 //! registers and renews instances: every acknowledged write must be present afterwards on
 //! every member, and xDS clients watching every member throughout must never see a
 //! version go backwards.
+//!
+//! And three members in process with Raft on its own listener over mutual TLS: only the
+//! region's authority members are admitted, each RPC only as the member its certificate
+//! names.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
 use http::Method;
+use openraft::Vote;
+use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tonic::transport::Endpoint;
+use waymark_agent::authority::machine::Request;
+use waymark_agent::authority::member::{Authority, AuthorityConfig, TlsSettings};
+use waymark_agent::authority::raft::TypeConfig;
 use waymark_agent::cli::http::ApiClient;
+use waymark_certs::ca::{LeafSan, LeafSpec};
+use waymark_certs::error::PemPart;
+use waymark_certs::layout::PkiDir;
+use waymark_certs::material::{parse_certs, parse_key};
+use waymark_certs::reload::{MaterialPaths, load_material};
+use waymark_certs::tls::LiveMaterial;
+use waymark_certs::verify::PeerVerifier;
+use waymark_certs::{CertMetrics, Identity, KindSet, Name, PeerPolicy, TrustDomain};
+use waymark_core::contract::HealthContract;
+use waymark_core::model::ServiceName;
+use waymark_registry::state::{Command as Registry, Stamped};
 use waymark_xds::client::{Applied, Subscription, XdsClient};
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT};
 
@@ -94,13 +118,15 @@ fn cluster(dir: &Path) -> Vec<Member> {
         "[authority.acl]\ninitial_management_token_file = \"{}\"\n",
         token_file.display()
     );
-    let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+    let ports: Vec<(u16, u16, u16)> = (0..3)
+        .map(|_| (free_port(), free_port(), free_port()))
+        .collect();
     let members_toml: String = ports
         .iter()
         .enumerate()
-        .map(|(i, (h, _))| {
+        .map(|(i, (h, r, _))| {
             format!(
-                "[[authority.members]]\nid = {}\naddr = \"127.0.0.1:{h}\"\n",
+                "[[authority.members]]\nid = {}\naddr = \"127.0.0.1:{h}\"\nraft = \"127.0.0.1:{r}\"\n",
                 i + 1
             )
         })
@@ -108,12 +134,13 @@ fn cluster(dir: &Path) -> Vec<Member> {
     ports
         .iter()
         .enumerate()
-        .map(|(i, (http, xds))| {
+        .map(|(i, (http, raft, xds))| {
             let id = i as u64 + 1;
             let config = dir.join(format!("m{id}.toml"));
             let text = format!(
                 "[authority]\nid = {id}\nregion = \"eu\"\nzones = [\"a\", \"b\"]\n\
-                 data_dir = \"{}\"\nhttp = \"127.0.0.1:{http}\"\nxds = \"127.0.0.1:{xds}\"\n\n{members_toml}\n{acl}",
+                 data_dir = \"{}\"\nhttp = \"127.0.0.1:{http}\"\nraft = \"127.0.0.1:{raft}\"\n\
+                 xds = \"127.0.0.1:{xds}\"\n\n{members_toml}\n{acl}",
                 dir.join(format!("m{id}")).display()
             );
             std::fs::write(&config, text).unwrap();
@@ -496,4 +523,423 @@ async fn a_region_without_authority_for_longer_than_a_lease_retires_nothing_for_
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(unix_ms() >= restarted_end);
+}
+
+// === Raft on its own listener, mutually authenticated (members in process) ===
+
+const TD: &str = "waymark.test";
+/// Far above any term a test group reaches by itself: a refused vote would have set it.
+const FORGED_TERM: u64 = 1_000_000;
+
+/// The estate CA (regions eu and us) as files.
+struct Pki {
+    _dir: tempfile::TempDir,
+    pki: PkiDir,
+    td: TrustDomain,
+}
+
+impl Pki {
+    fn new(td: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = PkiDir::new(dir.path().join("pki"));
+        let td = TrustDomain::new(td).unwrap();
+        let regions = [Name::new("eu").unwrap(), Name::new("us").unwrap()];
+        pki.init(&td, &regions, SystemTime::now()).unwrap();
+        Self { _dir: dir, pki, td }
+    }
+
+    /// A leaf for `path` (under this trust domain) from its region's intermediate.
+    fn issue(&self, path: &str) -> MaterialPaths {
+        let identity = Identity::parse(&format!("spiffe://{}/{path}", self.td.as_str())).unwrap();
+        let (_, paths) = self
+            .pki
+            .issue(
+                &identity,
+                None,
+                Duration::from_secs(24 * 3600),
+                None,
+                SystemTime::now(),
+            )
+            .unwrap();
+        MaterialPaths {
+            cert_chain: paths.fullchain,
+            key: paths.key,
+            bundle: self.pki.bundle(),
+        }
+    }
+
+    /// A leaf naming `uri` exactly, signed by region `region`'s intermediate without any
+    /// policy check (e.g. an identity of another trust domain): a certificate peers refuse.
+    fn forge(&self, region: &str, uri: &str) -> (Vec<u8>, Vec<u8>) {
+        let ca = self.pki.load_region(&Name::new(region).unwrap()).unwrap();
+        let now = SystemTime::now();
+        let leaf = ca
+            .issue_unchecked(LeafSpec {
+                sans: vec![LeafSan::Uri(uri.to_owned())],
+                not_before: now - Duration::from_secs(60),
+                not_after: now + Duration::from_secs(24 * 3600),
+            })
+            .unwrap();
+        (leaf.fullchain_pem().into_bytes(), leaf.key_pem.into_bytes())
+    }
+}
+
+fn pem_of(paths: &MaterialPaths) -> (Vec<u8>, Vec<u8>) {
+    (
+        std::fs::read(&paths.cert_chain).unwrap(),
+        std::fs::read(&paths.key).unwrap(),
+    )
+}
+
+/// A TLS client that checks the server against `pki`'s bundle and presents `cert` (chain
+/// and key PEM), or nothing.
+async fn tls_client(pki: &Pki, cert: Option<(Vec<u8>, Vec<u8>)>) -> Arc<rustls::ClientConfig> {
+    let any = PeerPolicy {
+        trust_domain: pki.td.clone(),
+        accepted: KindSet::ALL,
+        region: None,
+    };
+    // Only the bundle of this material is used: it is what the server is checked against.
+    let roots = load_material(&pki.issue("region/eu/node/roots"), &any, SystemTime::now())
+        .await
+        .unwrap();
+    let verifier = PeerVerifier::new(LiveMaterial::new(roots), any, CertMetrics::new());
+    let builder = rustls::ClientConfig::builder_with_provider(waymark_certs::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier));
+    let mut config = match cert {
+        None => builder.with_no_client_auth(),
+        Some((chain, key)) => builder
+            .with_client_auth_cert(
+                parse_certs(&chain, PemPart::Certificate).unwrap(),
+                parse_key(&key).unwrap(),
+            )
+            .unwrap(),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
+/// One request on a fresh connection, over TLS with `tls` or plain: the status and body,
+/// or why no answer came (a refused handshake closes the connection unanswered).
+async fn request(
+    addr: SocketAddr,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(u16, String), String> {
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let exchange = async {
+        let mut answer = Vec::new();
+        match tls {
+            Some(config) => {
+                let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+                let mut s = tokio_rustls::TlsConnector::from(config)
+                    .connect(name, tcp)
+                    .await?;
+                s.write_all(head.as_bytes()).await?;
+                s.read_to_end(&mut answer).await?;
+            }
+            None => {
+                let mut s = tcp;
+                s.write_all(head.as_bytes()).await?;
+                s.read_to_end(&mut answer).await?;
+            }
+        }
+        Ok::<_, std::io::Error>(answer)
+    };
+    let answer = tokio::time::timeout(WAIT, exchange)
+        .await
+        .map_err(|_| "no answer in time".to_owned())?
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("closed without an answer ({} bytes)", answer.len()))?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
+    Ok((status, body.unwrap_or_default()))
+}
+
+/// The value of the series `series` (name and labels, exactly as exposed) on `api`.
+async fn series(api: SocketAddr, series: &str) -> u64 {
+    let (status, text) = request(api, None, "GET", "/metrics", "").await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Waits until `series` on `api` reaches `want`.
+async fn counted(api: SocketAddr, name: &str, want: u64) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = series(api, name).await;
+        if got >= want {
+            assert_eq!(got, want, "{name}");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} stayed at {got}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn tls_member(pki: &Pki, dir: &Path, id: u64) -> AuthorityConfig {
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    AuthorityConfig {
+        id,
+        region: "eu".parse().unwrap(),
+        zones: ["a".parse().unwrap()].into(),
+        data_dir: dir.join(format!("m{id}")),
+        http: any,
+        raft: any,
+        xds: any,
+        ingest: None,
+        tls: Some(TlsSettings {
+            trust_domain: pki.td.clone(),
+            paths: pki.issue(&format!("region/eu/authority/{id}")),
+        }),
+        kubernetes: None,
+        gossip: None,
+        federation: None,
+        limits: Default::default(),
+    }
+}
+
+/// The leader, once every member names the same one.
+async fn agreed_leader(members: &[Authority]) -> &Authority {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let named: BTreeSet<Option<u64>> = members
+            .iter()
+            .map(|m| m.raft().leader().map(|(id, _)| id))
+            .collect();
+        if let [Some(id)] = named.into_iter().collect::<Vec<_>>()[..]
+            && let Some(leader) = members.iter().find(|m| m.raft().is_leader())
+        {
+            assert_eq!(leader.raft().leader().map(|(l, _)| l), Some(id));
+            return leader;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no leader agreed within {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits for a leader, has it commit a new service `name`, and waits until every member
+/// has applied it.
+async fn commit_everywhere(members: &[Authority], name: &str) {
+    let leader = agreed_leader(members).await;
+    leader
+        .raft()
+        .write(Request::Registry(Stamped {
+            at_ms: 1_000,
+            command: Registry::PutService {
+                service: ServiceName::try_new(name).unwrap(),
+                owner: "payments".into(),
+                contract: HealthContract::default(),
+            },
+        }))
+        .await
+        .unwrap();
+    let written = leader.raft().watch_metrics().borrow().last_log_index;
+    for m in members {
+        let mut metrics = m.raft().watch_metrics();
+        tokio::time::timeout(
+            WAIT,
+            metrics.wait_for(|x| x.last_applied.map(|l| l.index) >= written),
+        )
+        .await
+        .expect("every member applies the write")
+        .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
+    // Goal: three members elect and commit over mutual TLS on their Raft listeners; the
+    // API port serves no Raft; a client without a certificate, a node agent, another
+    // region's authority and another trust domain's are refused at the handshake and
+    // counted; a member's certificate cannot speak for another member, and the forged
+    // vote changes no term.
+    waymark_certs::install_crypto_provider();
+    let pki = Pki::new(TD);
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = Vec::new();
+    for id in 1..=3 {
+        members.push(
+            Authority::start(tls_member(&pki, dir.path(), id))
+                .await
+                .unwrap(),
+        );
+    }
+    let voters: BTreeMap<u64, _> = (1..=3).zip(members.iter().map(Authority::member)).collect();
+    for m in &members {
+        m.bootstrap(voters.clone()).await.unwrap();
+    }
+
+    // Elects, and commits a write on every member.
+    commit_everywhere(&members, "pay").await;
+
+    let target = &members[0];
+    let (raft, api) = (target.raft_addr(), target.http_addr());
+    let vote = |term: u64, candidate: u64| {
+        serde_json::to_string(&VoteRequest::<u64>::new(Vote::new(term, candidate), None)).unwrap()
+    };
+
+    // The API port serves no Raft.
+    let (status, _) = request(api, None, "POST", "/raft/vote", &vote(FORGED_TERM, 2))
+        .await
+        .unwrap();
+    assert_eq!(status, 404);
+    // Nor does the Raft port speak plaintext.
+    assert!(
+        request(raft, None, "POST", "/raft/vote", &vote(FORGED_TERM, 2))
+            .await
+            .is_err()
+    );
+
+    // Refused at the handshake, each counted under its reason.
+    let refused = [
+        ("no_certificate", None),
+        ("wrong_kind", Some(pem_of(&pki.issue("region/eu/node/n1")))),
+        (
+            "wrong_region",
+            Some(pem_of(&pki.issue("region/us/authority/4"))),
+        ),
+        (
+            "wrong_trust_domain",
+            Some(pki.forge("eu", "spiffe://other.test/region/eu/authority/2")),
+        ),
+        (
+            "wrong_ca",
+            Some(pem_of(
+                &Pki::new("other.test").issue("region/eu/authority/2"),
+            )),
+        ),
+    ];
+    for (reason, cert) in refused {
+        let client = tls_client(&pki, cert).await;
+        let answer = request(
+            raft,
+            Some(client),
+            "POST",
+            "/raft/vote",
+            &vote(FORGED_TERM, 2),
+        )
+        .await;
+        assert!(answer.is_err(), "{reason}: answered {answer:?}");
+        let name = format!(
+            "waymark_http_tls_handshakes_failed_total{{listener=\"raft\",reason=\"{reason}\"}}"
+        );
+        counted(api, &name, 1).await;
+    }
+
+    // Member 3's certificate, speaking as member 3, is served (a stale vote, not granted)…
+    let three = tls_client(&pki, Some(pem_of(&pki.issue("region/eu/authority/3")))).await;
+    let (status, body) = request(
+        raft,
+        Some(Arc::clone(&three)),
+        "POST",
+        "/raft/vote",
+        &vote(0, 3),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"vote_granted\":false"), "{body}");
+    // …but claiming to be member 2 it is refused, naming why, and counted.
+    let mismatch = "waymark_raft_rpc_refused_total{reason=\"sender_mismatch\"}";
+    assert_eq!(
+        series(api, mismatch).await,
+        0,
+        "members' own traffic is never refused"
+    );
+    let (status, body) = request(
+        raft,
+        Some(three),
+        "POST",
+        "/raft/vote",
+        &vote(FORGED_TERM, 2),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 403, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["error"]["reason"], "sender_mismatch", "{body}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("member 3") && message.contains("member 2"),
+        "{message}"
+    );
+    assert_eq!(series(api, mismatch).await, 1);
+    // An AppendEntries as leader 2 at the forged term, which a follower would take as its
+    // new leader's heartbeat, is refused the same way.
+    let heartbeat = serde_json::to_string(&AppendEntriesRequest::<TypeConfig> {
+        vote: Vote::new_committed(FORGED_TERM, 2),
+        prev_log_id: None,
+        entries: Vec::new(),
+        leader_commit: None,
+    })
+    .unwrap();
+    let follower = members.iter().find(|m| !m.raft().is_leader()).unwrap();
+    let three = tls_client(&pki, Some(pem_of(&pki.issue("region/eu/authority/3")))).await;
+    let (status, body) = request(
+        follower.raft_addr(),
+        Some(three),
+        "POST",
+        "/raft/append",
+        &heartbeat,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 403, "{body}");
+    counted(follower.http_addr(), mismatch, 1).await;
+
+    // Nothing reached Raft: no member took the forged term (elections of its own may
+    // happen on a loaded machine, never up to it), and the group still commits on every
+    // member (an unchecked forged AppendEntries stops the receiving member's Raft).
+    for m in &members {
+        let term = m.raft().current_term();
+        assert!(term < FORGED_TERM, "a member moved to term {term}");
+    }
+    assert!(series(api, "waymark_raft_term").await < FORGED_TERM);
+    commit_everywhere(&members, "checkout").await;
+    for m in members {
+        m.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn plaintext_raft_off_loopback_is_refused_at_start() {
+    // Goal: without [authority.tls] Raft is plaintext, so a member refuses to serve it on
+    // anything but loopback, naming the key.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::plain(dir.path(), "eu", &["a"], "127.0.0.1:0".parse().unwrap());
+    config.raft = "0.0.0.0:0".parse().unwrap();
+    let e = Authority::start(config).await.unwrap_err().to_string();
+    assert!(
+        e.contains("authority.raft") && e.contains("[authority.tls]"),
+        "{e}"
+    );
 }

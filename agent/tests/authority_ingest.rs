@@ -159,11 +159,12 @@ async fn leading_authority(
         zones: ["a".parse().unwrap()].into(),
         data_dir: PathBuf::from(data),
         http: "127.0.0.1:0".parse().unwrap(),
+        raft: "127.0.0.1:0".parse().unwrap(),
         xds: "127.0.0.1:0".parse().unwrap(),
         ingest: Some("127.0.0.1:0".parse().unwrap()),
         tls: Some(TlsSettings {
             trust_domain: TrustDomain::new(TD).unwrap(),
-            paths: pki.issue("region/eu/authority/a1"),
+            paths: pki.issue("region/eu/authority/1"),
         }),
         kubernetes: None,
         gossip,

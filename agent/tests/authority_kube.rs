@@ -109,6 +109,7 @@ async fn published_views_follow_the_orchestrator() {
         zones: ["a".parse().unwrap(), "b".parse().unwrap()].into(),
         data_dir: PathBuf::from(dir.path()),
         http: "127.0.0.1:0".parse().unwrap(),
+        raft: "127.0.0.1:0".parse().unwrap(),
         xds: "127.0.0.1:0".parse().unwrap(),
         ingest: None,
         tls: None,

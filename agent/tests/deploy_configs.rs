@@ -245,7 +245,7 @@ async fn stat(admin: SocketAddr, name: &str) -> Option<u64> {
 /// `payments`, with one instance; returns the process and its xDS address.
 async fn authority_publishing_payments(dir: &Path, ca: &Path) -> (Running, SocketAddr) {
     let tls = ca.join("issued/region").join(REGION).join("authority/1");
-    let (http, xds) = (free_port(), free_port());
+    let (http, raft, xds) = (free_port(), free_port(), free_port());
     let token = waymark_agent::authority::credentials::generate("management").unwrap();
     let token_file = dir.join("management.token");
     std::fs::write(&token_file, &token).unwrap();
@@ -259,11 +259,13 @@ region = "{REGION}"
 zones = ["{REGION}a"]
 data_dir = "{data}"
 http = "127.0.0.1:{http}"
+raft = "127.0.0.1:{raft}"
 xds = "127.0.0.1:{xds}"
 
 [[authority.members]]
 id = 1
 addr = "127.0.0.1:{http}"
+raft = "127.0.0.1:{raft}"
 
 [authority.tls]
 trust_domain = "{TRUST_DOMAIN}"

@@ -12,7 +12,8 @@
 //!   what the workload around it assumes: member ids and addresses from the StatefulSet's pod
 //!   names, zones from the DaemonSets' node selectors, paths from the volume mounts, ports
 //!   from the container ports;
-//! - probes, RBAC and the node-local Service are what the README promises; the example
+//! - probes, RBAC and the node-local Service are what the README promises; the members'
+//!   Raft port is published to and reachable from the other members only; the example
 //!   sidecar carries deploy/envoy's files unchanged;
 //! - the systemd units pass `systemd-analyze verify` (where systemd is installed; the test
 //!   says when it is not) and agree with the example configurations.
@@ -570,8 +571,9 @@ fn each_authority_pod_gets_its_own_member_id_addresses_and_certificate() {
 
     let pod = pod_spec_of_statefulset(&sts);
     let c = only_container(&pod);
-    let (http, xds, ingest, gossip) = (
+    let (http, raft, xds, ingest, gossip) = (
         port(c, "http"),
+        port(c, "raft"),
         port(c, "xds"),
         port(c, "ingest"),
         port(c, "gossip"),
@@ -612,7 +614,7 @@ fn each_authority_pod_gets_its_own_member_id_addresses_and_certificate() {
             Some(i64::from(i)),
             "pod {i}'s member id"
         );
-        let members: Vec<(i64, String)> = a["members"]
+        let members: Vec<(i64, String, String)> = a["members"]
             .as_array()
             .unwrap()
             .iter()
@@ -620,16 +622,29 @@ fn each_authority_pod_gets_its_own_member_id_addresses_and_certificate() {
                 (
                     m["id"].as_integer().unwrap(),
                     m["addr"].as_str().unwrap().to_owned(),
+                    m["raft"].as_str().unwrap().to_owned(),
                 )
             })
             .collect();
-        let expected: Vec<(i64, String)> = (0..replicas)
-            .map(|j| (i64::from(j), format!("{}:{http}", member_host(&sts, j))))
+        let expected: Vec<(i64, String, String)> = (0..replicas)
+            .map(|j| {
+                let host = member_host(&sts, j);
+                (
+                    i64::from(j),
+                    format!("{host}:{http}"),
+                    format!("{host}:{raft}"),
+                )
+            })
             .collect();
         assert_eq!(members, expected, "initial voters = the StatefulSet's pods");
         assert_eq!(
             str_at(&printed, "authority.http"),
             format!("0.0.0.0:{http}")
+        );
+        // Off loopback, which the member accepts only because Raft is mutual TLS.
+        assert_eq!(
+            str_at(&printed, "authority.raft"),
+            format!("0.0.0.0:{raft}")
         );
         assert_eq!(str_at(&printed, "authority.xds"), format!("0.0.0.0:{xds}"));
         assert_eq!(
@@ -676,6 +691,51 @@ fn each_authority_pod_gets_its_own_member_id_addresses_and_certificate() {
         "members spread across zones"
     );
     assert!(usize::try_from(replicas).unwrap() <= zones.len());
+}
+
+#[test]
+fn raft_is_published_to_the_members_and_reachable_only_from_them() {
+    // Goal: the members find each other's Raft port by name through the headless Service,
+    // and the NetworkPolicy lets only authority pods reach it (and the API).
+    let m = Manifests::load();
+    let sts = m.authority();
+    let service_name = sts.spec.clone().unwrap().service_name.unwrap();
+    let svc: Service = m.get("Service", &service_name);
+    let published = svc.spec.unwrap().ports.unwrap_or_default();
+    let raft = published
+        .iter()
+        .find(|p| p.name.as_deref() == Some("raft"))
+        .expect("the headless Service publishes the Raft port");
+    let pod = pod_spec_of_statefulset(&sts);
+    assert_eq!(
+        u16::try_from(raft.port).unwrap(),
+        port(only_container(&pod), "raft")
+    );
+    assert_eq!(raft.protocol.as_deref(), Some("TCP"));
+
+    let policies = m.all("NetworkPolicy");
+    assert_eq!(policies.len(), 1, "one NetworkPolicy");
+    let rules = policies[0]["spec"]["ingress"].as_array().unwrap();
+    let ports_of = |rule: &Value| -> BTreeSet<String> {
+        rule["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| p["port"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let members_only = serde_json::json!([{"podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "waymark-authority"}}}]);
+    for rule in rules {
+        let ports = ports_of(rule);
+        if ports.contains("raft") || ports.contains("http") {
+            assert_eq!(rule["from"], members_only, "{rule}");
+        }
+    }
+    assert!(
+        rules.iter().any(|r| ports_of(r).contains("raft")),
+        "the members may reach each other's Raft port"
+    );
 }
 
 #[test]

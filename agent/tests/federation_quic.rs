@@ -4,7 +4,9 @@
 //! links recover with a reconciliation record; two regions of two members each keep one link
 //! per pair of members, and a region is stale only once all its members are silent;
 //! connections from certificates of the wrong kind or trust domain, and authorities of the
-//! wrong region or an unconfigured member, are refused and counted.
+//! wrong region or an unconfigured member, are refused and counted; on an admitted link a
+//! peer speaks only for its own region (direct links only: nothing is relayed, and a batch
+//! naming a third region or ours is refused whole and counted).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -38,7 +40,7 @@ use waymark_core::view::EndpointStatus;
 use waymark_federation::aggregate::{
     AggregateEndpoint, Entry, Outcome, ReconciliationRecord, RegionAggregates, ServiceAggregate,
 };
-use waymark_federation::session::SessionConfig;
+use waymark_federation::session::{Message, SessionConfig};
 use waymark_xds::client::BackoffConfig;
 
 const TD: &str = "waymark.test";
@@ -464,13 +466,13 @@ async fn a_partitioned_region_is_kept_stale_and_reconciled_when_it_returns() {
     })
     .await;
 
-    // ap took eu's newer cart and eu took ap's: both recorded, with both versions. (Either
-    // may have arrived relayed through us, so the record's peer is not asserted.)
+    // ap took eu's newer cart and eu took ap's: both recorded, with both versions, each
+    // from the region itself (nothing is relayed through us).
     let ap_records = ap.node().take_reconciliations();
     let eu_records = eu.node().take_reconciliations();
     let took = |records: &[ReconciliationRecord], r: &str| {
         records.iter().any(|rec| {
-            rec.peer.is_some()
+            rec.peer == Some(region(r))
                 && rec.changed().any(|e| {
                     e.region == region(r)
                         && e.service == service("cart")
@@ -488,7 +490,7 @@ async fn a_partitioned_region_is_kept_stale_and_reconciled_when_it_returns() {
         took(&eu_records, "ap"),
         "eu's record of ap's cart 1 → 2: {eu_records:#?}"
     );
-    assert!(eu.metrics.reconciliations("ap", "a1") + eu.metrics.reconciliations("us", "a1") >= 1);
+    assert!(eu.metrics.reconciliations("ap", "a1") >= 1);
 }
 
 /// A raw client presenting `leaf` (any kind, any CA), trusting servers of our estate.
@@ -822,4 +824,108 @@ async fn a_dialled_server_of_the_right_region_but_another_member_is_refused() {
         ap.digest().keys().all(|(r, _)| *r == region("ap")),
         "nothing of eu's reached ap"
     );
+}
+
+/// Writes one federation frame (length prefix, JSON), as a link's writer does.
+async fn write_message(send: &mut quinn::SendStream, message: &Message) {
+    let body = serde_json::to_vec(message).unwrap();
+    send.write_all(&u32::try_from(body.len()).unwrap().to_be_bytes())
+        .await
+        .unwrap();
+    send.write_all(&body).await.unwrap();
+}
+
+/// Reads one federation frame.
+async fn read_message(recv: &mut quinn::RecvStream) -> Message {
+    let mut prefix = [0u8; 4];
+    recv.read_exact(&mut prefix).await.unwrap();
+    let mut body = vec![0u8; u32::from_be_bytes(prefix) as usize];
+    recv.read_exact(&mut body).await.unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_speaks_only_for_its_own_region_on_its_link() {
+    // Goal: on ap's admitted link, eu asks only about ap and answers only with eu's own
+    // entries (not us's, which it holds); a batch from ap naming us (a third region) or eu
+    // is refused whole, counted as foreign_entry, and changes nothing; ap's own batch is
+    // then merged on the same link.
+    let pki = Pki::new(TD, &["ap", "eu", "us"]);
+    let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
+    let eu = Fed::start(&pki, "eu", &[("ap", unused), ("us", unused)]);
+    eu.aggregates
+        .lock()
+        .unwrap()
+        .merge_from(&region("eu"), &region("us"), vec![entry("us", "cart", 3)])
+        .unwrap();
+    let before = eu.digest();
+
+    // ap/a1, a configured peer that dials eu, speaking the link protocol by hand.
+    let config = quic_client_config(
+        &pki.live("region/ap/authority/a1"),
+        authorities(),
+        CertMetrics::new(),
+    )
+    .unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(config);
+    let conn = endpoint
+        .connect(eu.addr(), "federation.invalid")
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    write_message(&mut send, &Message::Digest { versions: vec![] }).await;
+    let mut answered = Vec::new();
+    while answered.len() < 2 {
+        match tokio::time::timeout(WAIT, read_message(&mut recv))
+            .await
+            .unwrap()
+        {
+            Message::Digest { versions } => assert!(
+                versions.iter().all(|((r, _), _)| *r == region("ap")),
+                "eu's digest to ap names other regions: {versions:?}"
+            ),
+            Message::Entries { entries } => answered.extend(entries),
+        }
+    }
+    let answered: Vec<_> = answered
+        .iter()
+        .map(|e| (e.region.as_str(), e.service.as_str()))
+        .collect();
+    assert_eq!(answered, [("eu", "cart"), ("eu", "pay")]);
+
+    for (n, claimed) in [entry("us", "pay", 9), entry("eu", "cart", 9)]
+        .into_iter()
+        .enumerate()
+    {
+        let batch = Message::Entries {
+            entries: vec![entry("ap", "cart", 1), claimed],
+        };
+        write_message(&mut send, &batch).await;
+        wait_until("the foreign batch is counted", || {
+            eu.metrics.refused(RefusalReason::ForeignEntry) == n as u64 + 1
+        })
+        .await;
+        assert_eq!(eu.digest(), before, "the refused batch changed nothing");
+    }
+    write_message(
+        &mut send,
+        &Message::Entries {
+            entries: vec![entry("ap", "cart", 1)],
+        },
+    )
+    .await;
+    let mut merged = before.clone();
+    merged.insert((region("ap"), service("cart")), 1);
+    wait_until("ap's own batch is merged", || eu.digest() == merged).await;
+    assert!(eu.peer("ap").connected, "the link stayed up");
+    assert_eq!(eu.metrics.refused(RefusalReason::ForeignEntry), 2);
+    let text = exposition(&eu.metrics);
+    assert!(
+        text.contains("waymark_federation_refused_total{reason=\"foreign_entry\"} 2"),
+        "{text}"
+    );
+    conn.close(0u32.into(), b"done");
+    endpoint.wait_idle().await;
 }

@@ -189,12 +189,13 @@ fn config(
     front_door: SocketAddr,
     token: &str,
 ) -> PathBuf {
+    let raft = free_port();
     let token_file = dir.join(format!("{name}.token"));
     std::fs::write(&token_file, token).unwrap();
     let mut text = format!(
         "[authority]\nid = 1\nregion = \"{name}\"\nzones = [\"a\"]\ndata_dir = \"{data}\"\n\
-         http = \"127.0.0.1:{http}\"\nxds = \"127.0.0.1:0\"\n\n\
-         [[authority.members]]\nid = 1\naddr = \"127.0.0.1:{http}\"\n\n\
+         http = \"127.0.0.1:{http}\"\nraft = \"127.0.0.1:{raft}\"\nxds = \"127.0.0.1:0\"\n\n\
+         [[authority.members]]\nid = 1\naddr = \"127.0.0.1:{http}\"\nraft = \"127.0.0.1:{raft}\"\n\n\
          [authority.tls]\ntrust_domain = \"{TD}\"\ncert_chain = \"{chain}\"\nkey = \"{key}\"\nbundle = \"{bundle}\"\n\n\
          [authority.federation]\nbind = \"127.0.0.1:{fed}\"\nstale_after = \"2s\"\ndigest_interval = \"200ms\"\n\
          probe_interval = \"300ms\"\nprobe_timeout = \"200ms\"\nfail_after = 2\nrecover_after = 2\n\n\
@@ -494,14 +495,15 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
             text.lines()
                 .map(|l| serde_json::from_str::<Value>(l).unwrap())
                 .find(|e| {
-                    // Delivered by `us` itself or relayed by the other peer, whichever
-                    // came first.
-                    e["detail"]["entries"].as_array().unwrap().iter().any(|x| {
-                        x["region"] == "us"
-                            && x["outcome"] == "took_theirs"
-                            && x["theirs"] == us_version
-                            && x["ours"].as_u64().is_some_and(|o| o < us_version)
-                    })
+                    // Delivered by `us` itself: a link carries only its peer's own
+                    // region, so the other peer never relays it.
+                    e["detail"]["peer_region"] == "us"
+                        && e["detail"]["entries"].as_array().unwrap().iter().any(|x| {
+                            x["region"] == "us"
+                                && x["outcome"] == "took_theirs"
+                                && x["theirs"] == us_version
+                                && x["ours"].as_u64().is_some_and(|o| o < us_version)
+                        })
                 })
         })
         .await;

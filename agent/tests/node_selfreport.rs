@@ -109,11 +109,12 @@ async fn a_workload_reports_about_itself_through_its_agent() {
         zones: ["a".parse().unwrap()].into(),
         data_dir: dir.path().join("authority"),
         http: "127.0.0.1:0".parse().unwrap(),
+        raft: "127.0.0.1:0".parse().unwrap(),
         xds: "127.0.0.1:0".parse().unwrap(),
         ingest: Some("127.0.0.1:0".parse().unwrap()),
         tls: Some(TlsSettings {
             trust_domain: TrustDomain::new(TD).unwrap(),
-            paths: issue(&pki, "region/eu/authority/a1"),
+            paths: issue(&pki, "region/eu/authority/1"),
         }),
         kubernetes: None,
         gossip: None,

@@ -2,15 +2,18 @@
 //!
 //! ```text
 //! RootCa (spiffe://<td>, 10 y) ──► RegionCa (spiffe://<td>/region/<r>, 1 y) ──► leaf (24 h)
+//!                              └─► operator leaf (8 h)
 //! ```
 //!
 //! CA certificates carry their scope as a URI SAN so loading one back tells us which trust
-//! domain and region it serves. Leaves get exactly one URI SAN (the identity), both the
-//! serverAuth and clientAuth purposes (agents serve and dial), and ECDSA P-256 keys.
-//! `RegionCa::issue` enforces policy (trust domain, region, TTL bounds from `lifetime`);
-//! `RegionCa::issue_unchecked` signs whatever it is given, for tests and tooling that must
-//! produce certificates peers will refuse. Time is passed in; nothing here reads the clock
-//! or touches files (`layout` does).
+//! domain and region it serves, and so every chain check can refuse a leaf its issuer does
+//! not speak for (`material`: a region's intermediate signs only its own region's nodes,
+//! authorities and workloads; operators, who act estate-wide, only the root). Leaves get
+//! exactly one URI SAN (the identity), both the serverAuth and clientAuth purposes (agents
+//! serve and dial), and ECDSA P-256 keys. `issue` enforces policy (trust domain, scope, TTL
+//! bounds from `lifetime`); `issue_unchecked` signs whatever it is given, for tests and
+//! tooling that must produce certificates peers will refuse. Time is passed in; nothing
+//! here reads the clock or touches files (`layout` does).
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -53,6 +56,13 @@ pub enum CaError {
         /// The intermediate's region.
         region: Name,
     },
+    /// A region intermediate was asked for an operator. Nothing was issued; operators act
+    /// across the estate, so only the estate root issues them (`RootCa::issue`).
+    #[error("operator identity {identity} is issued by the estate root, not a region intermediate")]
+    OperatorNeedsRoot {
+        /// Requested identity.
+        identity: Box<Identity>,
+    },
     /// The leaf would outlive its issuer. Nothing was issued; rotate the intermediate or
     /// ask for a shorter TTL.
     #[error("certificate would outlive its issuer, which expires at {}", format_unix_seconds(*issuer_not_after))]
@@ -78,13 +88,15 @@ pub enum CaError {
     Generate(#[from] rcgen::Error),
 }
 
-/// The estate root: signs region intermediates only.
+/// The estate root: signs region intermediates and operator leaves (and, for tests, any
+/// leaf; production tooling keeps it to operators so the root key stays offline).
 pub struct RootCa {
     ca: CaCert,
     trust_domain: TrustDomain,
 }
 
-/// A region intermediate: signs leaves for identities in its region, and operators.
+/// A region intermediate: signs leaves for node, authority and workload identities of its
+/// own region, nothing else.
 pub struct RegionCa {
     ca: CaCert,
     trust_domain: TrustDomain,
@@ -115,7 +127,7 @@ pub enum LeafSan {
 pub struct IssuedLeaf {
     /// Leaf certificate, PEM.
     pub cert_pem: String,
-    /// The intermediate(s) between leaf and root, PEM.
+    /// The intermediate(s) between leaf and root, PEM; empty when the root signed it.
     pub chain_pem: String,
     /// PKCS#8 private key, PEM. Secret: write with 0600, never log.
     pub key_pem: String,
@@ -175,6 +187,25 @@ impl RootCa {
         &self.trust_domain
     }
 
+    /// Issues a leaf for `identity` directly from the root, valid from `now` (back-dated by
+    /// [`CLOCK_SKEW_ALLOWANCE`]) for `ttl`. Refuses other trust domains, TTLs outside the
+    /// `lifetime` bounds and leaves that would outlive the root. Its `chain_pem` is empty.
+    pub fn issue(
+        &self,
+        identity: &Identity,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<IssuedLeaf, CaError> {
+        let spec = self.ca.leaf_spec(&self.trust_domain, identity, now, ttl)?;
+        self.issue_unchecked(spec)
+    }
+
+    /// Signs a leaf exactly as described, with no policy checks; see
+    /// [`RegionCa::issue_unchecked`].
+    pub fn issue_unchecked(&self, spec: LeafSpec) -> Result<IssuedLeaf, CaError> {
+        self.ca.sign_leaf(spec, String::new())
+    }
+
     /// Root certificate, PEM (this is the trust bundle).
     pub fn cert_pem(&self) -> &str {
         &self.ca.cert_pem
@@ -209,74 +240,32 @@ impl RegionCa {
 
     /// Issues a leaf for `identity`, valid from `now` (back-dated by
     /// [`CLOCK_SKEW_ALLOWANCE`]) for `ttl`. Refuses other trust domains, other regions,
-    /// TTLs outside the `lifetime` bounds and leaves that would outlive this intermediate.
+    /// operators, TTLs outside the `lifetime` bounds and leaves that would outlive this
+    /// intermediate.
     pub fn issue(
         &self,
         identity: &Identity,
         now: SystemTime,
         ttl: Duration,
     ) -> Result<IssuedLeaf, CaError> {
-        check_leaf_ttl(ttl)?;
-        if identity.trust_domain() != &self.trust_domain {
-            return Err(CaError::WrongTrustDomain {
+        let spec = self.ca.leaf_spec(&self.trust_domain, identity, now, ttl)?;
+        match identity.region() {
+            // Peers refuse both (`material::check_issuer_scope`); refusing here says why.
+            None => Err(CaError::OperatorNeedsRoot {
                 identity: Box::new(identity.clone()),
-                trust_domain: self.trust_domain.clone(),
-            });
-        }
-        if identity.region().is_some_and(|r| r != &self.region) {
-            return Err(CaError::WrongRegion {
+            }),
+            Some(r) if r != &self.region => Err(CaError::WrongRegion {
                 identity: Box::new(identity.clone()),
                 region: self.region.clone(),
-            });
+            }),
+            Some(_) => self.issue_unchecked(spec),
         }
-        let not_after = now + ttl;
-        if unix_seconds(not_after) > self.ca.info.not_after {
-            return Err(CaError::OutlivesIssuer {
-                issuer_not_after: self.ca.info.not_after,
-            });
-        }
-        self.issue_unchecked(LeafSpec {
-            sans: vec![LeafSan::Uri(identity.to_string())],
-            not_before: now - CLOCK_SKEW_ALLOWANCE,
-            not_after,
-        })
     }
 
     /// Signs a leaf exactly as described, with no policy checks. For tests and tooling
     /// that need certificates peers must refuse; production issuing uses [`Self::issue`].
     pub fn issue_unchecked(&self, spec: LeafSpec) -> Result<IssuedLeaf, CaError> {
-        let mut params = CertificateParams::default();
-        params.distinguished_name = DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::OrganizationName, "waymark");
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "waymark workload");
-        params.subject_alt_names = spec
-            .sans
-            .iter()
-            .map(|san| match san {
-                LeafSan::Uri(u) => Ok(SanType::URI(u.as_str().try_into()?)),
-                LeafSan::Dns(d) => Ok(SanType::DnsName(d.as_str().try_into()?)),
-            })
-            .collect::<Result<_, rcgen::Error>>()?;
-        params.not_before = spec.not_before.into();
-        params.not_after = spec.not_after.into();
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
-        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-        let cert = params.signed_by(&key, &self.ca.issuer)?;
-        Ok(IssuedLeaf {
-            cert_pem: cert.pem(),
-            chain_pem: self.ca.cert_pem.clone(),
-            key_pem: key.serialize_pem(),
-            info: cert_info(cert.der())?,
-        })
+        self.ca.sign_leaf(spec, self.ca.cert_pem.clone())
     }
 
     /// The region this intermediate serves.
@@ -369,6 +358,71 @@ impl CaCert {
             return Err(CertError::KeyMismatch.into());
         }
         Ok(ca)
+    }
+
+    /// The checked spec for a leaf naming `identity`: TTL within bounds, `identity` in
+    /// `trust_domain`, and not outliving this CA.
+    fn leaf_spec(
+        &self,
+        trust_domain: &TrustDomain,
+        identity: &Identity,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<LeafSpec, CaError> {
+        check_leaf_ttl(ttl)?;
+        if identity.trust_domain() != trust_domain {
+            return Err(CaError::WrongTrustDomain {
+                identity: Box::new(identity.clone()),
+                trust_domain: trust_domain.clone(),
+            });
+        }
+        let not_after = now + ttl;
+        if unix_seconds(not_after) > self.info.not_after {
+            return Err(CaError::OutlivesIssuer {
+                issuer_not_after: self.info.not_after,
+            });
+        }
+        Ok(LeafSpec {
+            sans: vec![LeafSan::Uri(identity.to_string())],
+            not_before: now - CLOCK_SKEW_ALLOWANCE,
+            not_after,
+        })
+    }
+
+    /// Signs `spec` with this CA; `chain_pem` is what lies between the leaf and the root.
+    fn sign_leaf(&self, spec: LeafSpec, chain_pem: String) -> Result<IssuedLeaf, CaError> {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "waymark");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "waymark workload");
+        params.subject_alt_names = spec
+            .sans
+            .iter()
+            .map(|san| match san {
+                LeafSan::Uri(u) => Ok(SanType::URI(u.as_str().try_into()?)),
+                LeafSan::Dns(d) => Ok(SanType::DnsName(d.as_str().try_into()?)),
+            })
+            .collect::<Result<_, rcgen::Error>>()?;
+        params.not_before = spec.not_before.into();
+        params.not_after = spec.not_after.into();
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(IssuedLeaf {
+            cert_pem: cert.pem(),
+            chain_pem,
+            key_pem: key.serialize_pem(),
+            info: cert_info(cert.der())?,
+        })
     }
 
     fn scope(&self) -> Result<CaScope, CaError> {

@@ -90,11 +90,11 @@ fn issue_refuses_what_policy_forbids() {
         refused("spiffe://mesh/region/eu/node/n1", Duration::from_secs(600)),
         CaError::Lifetime(_)
     ));
-    // Operators have no region and may be issued by any region.
-    assert!(
-        eu.issue(&id("spiffe://mesh/operator/alice"), now, day)
-            .is_ok()
-    );
+    // Operators act estate-wide: no region may issue one.
+    assert!(matches!(
+        refused("spiffe://mesh/operator/alice", day),
+        CaError::OperatorNeedsRoot { .. }
+    ));
     // A leaf may not outlive its intermediate.
     let late = now + crate::lifetime::INTERMEDIATE_TTL;
     assert!(matches!(

@@ -11,7 +11,7 @@
 
 use std::fmt;
 
-use crate::identity::{Identity, IdentityError, KindSet, Name, TrustDomain};
+use crate::identity::{CaScope, Identity, IdentityError, KindSet, Name, TrustDomain};
 use crate::lifetime::format_unix_seconds;
 
 /// Which input a PEM problem was found in.
@@ -88,6 +88,18 @@ pub enum CertError {
         identity: Box<Identity>,
         /// What this port accepts.
         accepted: KindSet,
+    },
+    /// A CA on the chain does not speak for the identity: a region intermediate signed a
+    /// leaf of another region or an operator, or the intermediate has no region scope.
+    /// Either the issuing region is compromised or misused; nothing changed (the peer is
+    /// not admitted, our own material is not loaded). Issue from the identity's own region
+    /// intermediate, or operators from the estate root, and investigate the issuer.
+    #[error("identity {identity} is outside the scope of its issuing ca ({})", scope_text(issuer.as_deref()))]
+    OutsideIssuerScope {
+        /// The identity presented.
+        identity: Box<Identity>,
+        /// The offending CA's scope, `None` when it carries no waymark scope.
+        issuer: Option<Box<CaScope>>,
     },
     /// The identity belongs to another region than the one this port or link serves (e.g.
     /// another region's authority answering a node agent). Nothing changed; connect to, or
@@ -175,6 +187,8 @@ pub enum RejectReason {
     BadIdentity,
     /// [`CertError::WrongKind`]
     WrongKind,
+    /// [`CertError::OutsideIssuerScope`]
+    OutsideIssuerScope,
     /// [`CertError::WrongRegion`]
     WrongRegion,
     /// [`CertError::TruncatedPem`] and [`CertError::EmptyPem`]
@@ -206,6 +220,7 @@ impl CertError {
             Self::MultipleSans { .. } => R::MultipleSans,
             Self::SanNotUri | Self::BadIdentity(_) => R::BadIdentity,
             Self::WrongKind { .. } => R::WrongKind,
+            Self::OutsideIssuerScope { .. } => R::OutsideIssuerScope,
             Self::WrongRegion { .. } => R::WrongRegion,
             Self::TruncatedPem { .. } | Self::EmptyPem { .. } => R::TruncatedPem,
             Self::KeyMismatch | Self::UnsupportedKey(_) => R::KeyMismatch,
@@ -272,6 +287,10 @@ impl CertError {
     }
 }
 
+fn scope_text(scope: Option<&CaScope>) -> String {
+    scope.map_or_else(|| "no waymark scope".to_owned(), ToString::to_string)
+}
+
 impl fmt::Debug for CertError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {self}", self.reason())
@@ -282,7 +301,7 @@ impl fmt::Debug for CertError {
 
 impl RejectReason {
     /// Every reason, in a fixed order.
-    pub const ALL: [RejectReason; 15] = [
+    pub const ALL: [RejectReason; 16] = [
         Self::Expired,
         Self::NotYetValid,
         Self::WrongTrustDomain,
@@ -291,6 +310,7 @@ impl RejectReason {
         Self::MultipleSans,
         Self::BadIdentity,
         Self::WrongKind,
+        Self::OutsideIssuerScope,
         Self::WrongRegion,
         Self::TruncatedPem,
         Self::KeyMismatch,
@@ -311,6 +331,7 @@ impl RejectReason {
             Self::MultipleSans => "multiple_sans",
             Self::BadIdentity => "bad_identity",
             Self::WrongKind => "wrong_kind",
+            Self::OutsideIssuerScope => "outside_issuer_scope",
             Self::WrongRegion => "wrong_region",
             Self::TruncatedPem => "truncated_pem",
             Self::KeyMismatch => "key_mismatch",

@@ -7,10 +7,13 @@
 //! <dir>/region-<r>.key      region intermediate key            (0600)
 //! <dir>/bundle.pem          trust bundle = the root; what every peer trusts
 //! <dir>/issued/<path>/cert.pem       leaf only
-//! <dir>/issued/<path>/chain.pem      intermediate(s), leaf excluded
+//! <dir>/issued/<path>/chain.pem      intermediate(s), leaf excluded (empty for operators)
 //! <dir>/issued/<path>/fullchain.pem  leaf + intermediate: what an endpoint presents
 //! <dir>/issued/<path>/key.pem        leaf key                  (0600)
 //! ```
+//!
+//! Nodes, authorities and workloads are issued by their own region's intermediate;
+//! operators by the estate root, since no region may speak for an estate-wide principal.
 //!
 //! `<path>` is the identity's path, e.g. `issued/region/eu/node/n1/`; its segments are
 //! validated names, so they are safe as directory names. Every file is written to a
@@ -58,9 +61,13 @@ pub enum LayoutError {
         /// The region asked for.
         region: Name,
     },
-    /// Operators have no region of their own. Nothing was issued; pass `--region`.
-    #[error("operator identities need --region to choose the issuing intermediate")]
-    RegionRequired,
+    /// An issuing region was named for an operator. Nothing was issued; operators are
+    /// issued by the estate root (its key must be at hand), so name no region.
+    #[error("operator identities are issued by the estate root; do not name a region")]
+    OperatorRegion {
+        /// The region asked for.
+        region: Name,
+    },
 }
 
 /// A PKI directory.
@@ -178,8 +185,9 @@ impl PkiDir {
         Ok(report)
     }
 
-    /// Issues a leaf for `identity` from its region's intermediate (or `region` for
-    /// operators) and writes it under [`Self::leaf_dir`] (or `out`).
+    /// Issues a leaf for `identity` from its region's intermediate (operators from the
+    /// estate root) and writes it under [`Self::leaf_dir`] (or `out`). `region` is ignored
+    /// for identities that name their own, and refused for operators.
     pub fn issue(
         &self,
         identity: &Identity,
@@ -188,12 +196,15 @@ impl PkiDir {
         out: Option<&Path>,
         now: SystemTime,
     ) -> Result<(IssuedLeaf, IssuedPaths), LayoutError> {
-        let region = identity
-            .region()
-            .or(region)
-            .ok_or(LayoutError::RegionRequired)?;
-        let ca = self.load_region(region)?;
-        let leaf = ca.issue(identity, now, ttl)?;
+        let leaf = match (identity.region(), region) {
+            (Some(own), _) => self.load_region(own)?.issue(identity, now, ttl)?,
+            (None, None) => self.load_root()?.issue(identity, now, ttl)?,
+            (None, Some(region)) => {
+                return Err(LayoutError::OperatorRegion {
+                    region: region.clone(),
+                });
+            }
+        };
         let dir = out.map_or_else(|| self.leaf_dir(identity), Path::to_path_buf);
         create_dir(&dir)?;
         let paths = IssuedPaths {

@@ -8,7 +8,8 @@
 //! identity     pure   spiffe://<td>/region/<r>/node/<n> … parsed into types
 //! attribution  pure   "may X report about Y?", "may operator O override service S?"
 //! lifetime     pure   TTLs and refresh points sized to survive a 60-minute outage
-//! material     pure   PEM/DER parsing, chain + SAN + trust-domain + kind checks
+//! material     pure   PEM/DER parsing, chain + SAN + trust-domain + issuer-scope + kind +
+//!                     region checks
 //! reload       pure decision + file-watching shell; swaps material atomically
 //! ca, layout          rcgen CA (root → region intermediate → leaf) and its files on disk
 //! verify, tls, grpc, quic   rustls verifiers and configs for tonic (TCP) and quinn (QUIC)

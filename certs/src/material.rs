@@ -10,7 +10,19 @@
 //!
 //! Check order for a presented chain: validity and chain (expired, not yet valid, wrong CA)
 //! first, then the SAN shape (missing, several, not a URI, not an identity), then trust
-//! domain, then kind. Only authenticated data gets as far as the identity checks.
+//! domain, then issuer scope, then kind, then the policy's region. Only authenticated data
+//! gets as far as the identity checks.
+//!
+//! **Issuer scope** (ADR-15: a region's intermediate speaks only for its region). Every
+//! chain check, of a peer's chain and of our own material alike, reads the scope URI SAN
+//! of each intermediate on the *verified* path (not merely what was presented): a leaf that
+//! names region `r` must be signed by the estate root directly or by an intermediate whose
+//! scope is `spiffe://<td>/region/<r>`; an operator (no region) only by the estate root, so
+//! a compromised region cannot mint a principal that acts estate-wide. An intermediate
+//! without a waymark scope, or with the estate's, is out of scope for every leaf. We check
+//! the scope URI rather than X.509 name constraints because URI name constraints cannot say
+//! this: RFC 5280 matches them against the URI's host only (`<td>`, the same for every
+//! region), and webpki refuses every URI under a permitted URI subtree outright.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -23,7 +35,7 @@ use sha2::{Digest, Sha256};
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
 use crate::error::{CertError, PemPart};
-use crate::identity::{Identity, IdentityKind, KindSet, Name, TrustDomain};
+use crate::identity::{CaScope, Identity, IdentityKind, KindSet, Name, TrustDomain};
 use crate::lifetime::{from_unix_seconds, unix_seconds};
 
 /// What a port or a holder of material accepts.
@@ -162,20 +174,64 @@ pub fn check_peer(
     policy: &PeerPolicy,
 ) -> Result<(Identity, CertInfo), CertError> {
     let info = cert_info(end_entity)?;
-    verify_chain(end_entity, intermediates, roots, now, usage, &info.serial)?;
+    let issuers = verify_chain(end_entity, intermediates, roots, now, usage, &info.serial)?;
     let identity = info.identity()?;
-    check_identity(&identity, policy)?;
+    check_verified(&identity, &issuers, policy)?;
     Ok((identity, info))
 }
 
-/// Checks trust domain, then kind, then region of an already-authenticated identity.
+/// Checks trust domain, then kind, then region of an identity whose chain and issuer scope
+/// were already checked (as [`check_peer`] and [`validate_material`] do).
 pub fn check_identity(identity: &Identity, policy: &PeerPolicy) -> Result<(), CertError> {
+    check_trust_domain(identity, policy)?;
+    check_admitted(identity, policy)
+}
+
+/// Checks that every CA between a leaf and the root may speak for the leaf's identity:
+/// `issuers` are the scopes of the intermediates on the verified path (`None` for one
+/// without a waymark scope URI), empty when the estate root signed the leaf itself.
+pub fn check_issuer_scope(
+    identity: &Identity,
+    issuers: &[Option<CaScope>],
+) -> Result<(), CertError> {
+    let in_scope = |scope: &Option<CaScope>| match (scope, identity.region()) {
+        (Some(CaScope::Region(td, r)), Some(region)) => {
+            td == identity.trust_domain() && r == region
+        }
+        // Operators only from the root; nothing from an unscoped or estate-scoped
+        // intermediate (the estate's scope belongs to the root alone).
+        _ => false,
+    };
+    match issuers.iter().find(|scope| !in_scope(scope)) {
+        None => Ok(()),
+        Some(scope) => Err(CertError::OutsideIssuerScope {
+            identity: Box::new(identity.clone()),
+            issuer: scope.clone().map(Box::new),
+        }),
+    }
+}
+
+fn check_verified(
+    identity: &Identity,
+    issuers: &[Option<CaScope>],
+    policy: &PeerPolicy,
+) -> Result<(), CertError> {
+    check_trust_domain(identity, policy)?;
+    check_issuer_scope(identity, issuers)?;
+    check_admitted(identity, policy)
+}
+
+fn check_trust_domain(identity: &Identity, policy: &PeerPolicy) -> Result<(), CertError> {
     if identity.trust_domain() != &policy.trust_domain {
         return Err(CertError::WrongTrustDomain {
             identity: Box::new(identity.clone()),
             expected: policy.trust_domain.clone(),
         });
     }
+    Ok(())
+}
+
+fn check_admitted(identity: &Identity, policy: &PeerPolicy) -> Result<(), CertError> {
     if !policy.accepted.contains(identity.kind()) {
         return Err(CertError::WrongKind {
             identity: Box::new(identity.clone()),
@@ -194,7 +250,8 @@ pub fn check_identity(identity: &Identity, policy: &PeerPolicy) -> Result<(), Ce
 }
 
 /// Parses, pairs and checks our own certificate, key and bundle at `now`. The leaf must
-/// chain to the bundle, its key must match, and its identity must satisfy `policy`.
+/// chain to the bundle through CAs whose scope covers it, its key must match, and its
+/// identity must satisfy `policy`.
 pub fn validate_material(
     pem: MaterialPem<'_>,
     policy: &PeerPolicy,
@@ -223,8 +280,8 @@ pub fn validate_material(
             _ => Usage::Server,
         };
         let now = unix_time(now);
-        verify_chain(leaf_der, intermediates, &roots, now, usage, &info.serial)?;
-        check_identity(&identity, policy)?;
+        let issuers = verify_chain(leaf_der, intermediates, &roots, now, usage, &info.serial)?;
+        check_verified(&identity, &issuers, policy)?;
         (identity, info)
     };
     let mut digest = Sha256::new();
@@ -284,6 +341,8 @@ impl CertInfo {
 
 // === helpers ===
 
+/// Verifies the chain; returns the scope of each intermediate on the path webpki built
+/// (empty when the root signed the leaf), for [`check_issuer_scope`].
 fn verify_chain(
     end_entity: &CertificateDer<'_>,
     intermediates: &[CertificateDer<'_>],
@@ -291,16 +350,31 @@ fn verify_chain(
     now: UnixTime,
     usage: Usage,
     serial: &str,
-) -> Result<(), CertError> {
+) -> Result<Vec<Option<CaScope>>, CertError> {
     let ee = webpki::EndEntityCert::try_from(end_entity).map_err(|_| CertError::Malformed)?;
     let algs = crate::provider().signature_verification_algorithms.all;
     let eku = match usage {
         Usage::Client => webpki::KeyUsage::client_auth(),
         Usage::Server => webpki::KeyUsage::server_auth(),
     };
-    ee.verify_for_usage(algs, &roots.roots, intermediates, now, eku, None, None)
-        .map(|_| ())
-        .map_err(|e| CertError::from_webpki(e, serial))
+    let path = ee
+        .verify_for_usage(algs, &roots.roots, intermediates, now, eku, None, None)
+        .map_err(|e| CertError::from_webpki(e, serial))?;
+    // Only certificates webpki used count: a peer may present extra ones.
+    let scopes = path
+        .intermediate_certificates()
+        .map(|ca| ca_scope(&ca.der()))
+        .collect();
+    Ok(scopes)
+}
+
+/// The scope URI of a CA certificate, if it carries exactly one of the waymark shape.
+fn ca_scope(der: &CertificateDer<'_>) -> Option<CaScope> {
+    let info = cert_info(der).ok()?;
+    match info.sans.as_slice() {
+        [SanEntry::Uri(uri)] if info.is_ca => CaScope::parse(uri).ok(),
+        _ => None,
+    }
 }
 
 fn san_entry(name: &GeneralName<'_>) -> SanEntry {

@@ -87,6 +87,27 @@ pub fn server_config(
     Ok(config)
 }
 
+/// A server config that checks a client certificate against `policy` when one is
+/// presented, and also admits clients that present none — for a listener whose requests
+/// can authenticate otherwise (the authority API's bearer tokens). A presented certificate
+/// that `policy` refuses fails the handshake, as with [`server_config`].
+pub fn server_config_client_optional(
+    live: &Arc<LiveMaterial>,
+    policy: PeerPolicy,
+    metrics: CertMetrics,
+    alpn: &[&[u8]],
+) -> Result<ServerConfig, rustls::Error> {
+    let verifier = PeerVerifier::new(Arc::clone(live), policy, metrics).client_optional();
+    let mut config = ServerConfig::builder_with_provider(crate::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(Arc::new(verifier))
+        .with_cert_resolver(Arc::new(LiveCert(Arc::clone(live))));
+    config.session_storage = Arc::new(NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
+}
+
 /// A client config that presents the live certificate and admits servers by `policy`
 /// (e.g. only authority identities), ignoring the dialled DNS name.
 pub fn client_config(

@@ -34,6 +34,8 @@ pub struct PeerVerifier {
     policy: PeerPolicy,
     metrics: CertMetrics,
     algs: WebPkiSupportedAlgorithms,
+    /// As a server: whether a client must present a certificate.
+    mandatory: bool,
 }
 
 // === impl PeerVerifier ===
@@ -46,7 +48,16 @@ impl PeerVerifier {
             policy,
             metrics,
             algs: crate::provider().signature_verification_algorithms,
+            mandatory: true,
         }
+    }
+
+    /// As a server, admit clients without a certificate too (they must authenticate some
+    /// other way, e.g. a bearer token); a certificate that is presented is still checked
+    /// against `policy` and refused as always.
+    pub fn client_optional(mut self) -> Self {
+        self.mandatory = false;
+        self
     }
 
     /// What this verifier admits.
@@ -110,7 +121,7 @@ impl ClientCertVerifier for PeerVerifier {
     }
 
     fn client_auth_mandatory(&self) -> bool {
-        true
+        self.mandatory
     }
 
     fn root_hint_subjects(&self) -> &[DistinguishedName] {

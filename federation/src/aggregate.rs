@@ -6,11 +6,21 @@
 //! alone advances — never a wall-clock time. A map of such registers merged key by key is
 //! itself a join semilattice, so merge is commutative, associative and idempotent, and a
 //! stale delivery can never overwrite newer state. Each region is the only writer of its
-//! own entries: a peer's copy of *our* region is ignored, and two different contents under
-//! one version (which a correct region never produces) are refused whole.
+//! own entries, and two different contents under one version (which a correct region never
+//! produces) are refused whole.
 //!
-//! Anti-entropy is by digest: each side sends its (region, service) → version map and
-//! receives only the entries it lacks. A merge after divergence yields a
+//! **Direct links only.** A peer speaks only for itself: [`RegionAggregates::merge_from`]
+//! admits a batch only if every entry is the *sender's* own region (the region its
+//! certificate names, passed in by the driver), so a compromised region can write its own
+//! aggregates and nobody else's — neither ours nor a third region's. A batch naming any
+//! other region is refused whole and changes nothing. The cost: no transitive relay, so
+//! a region holds exactly the aggregates of the regions it links to directly (a full mesh
+//! to read every region). Relaying would need each entry signed by its own region, which
+//! this design does without.
+//!
+//! Anti-entropy is by digest: each side sends its versions of the peer's region and
+//! receives only the entries of that region it lacks ([`RegionAggregates::digest_of`],
+//! [`RegionAggregates::missing_of`]). A merge after divergence yields a
 //! [`ReconciliationRecord`]: per service, what each side held and which version won.
 //!
 //! Pure: no I/O, no clocks. The QUIC driver and the ages of peer aggregates live in shells.
@@ -81,6 +91,21 @@ pub enum AggregateError {
         /// The version.
         version: u64,
     },
+    /// A peer sent an entry of another region than its own (a third region's, or ours).
+    /// A link carries only its sender's own region, so the peer is compromised, broken or
+    /// misconfigured. The whole batch is refused and nothing changed; count it, keep the
+    /// link (the peer's own entries arrive in its next, honest batch).
+    #[error(
+        "region {sender} sent {region}'s aggregate of {service}; a link carries only its sender's own region"
+    )]
+    ForeignEntry {
+        /// The region the sending link is authenticated as.
+        sender: RegionName,
+        /// The region the entry claimed.
+        region: RegionName,
+        /// The entry's service.
+        service: ServiceName,
+    },
     /// A local publication did not advance the version. Nothing changed.
     #[error("version {offered} of {service} is not newer than {held}")]
     NotNewer {
@@ -103,8 +128,6 @@ pub enum Outcome {
     KeptOurs,
     /// Theirs was newer (or ours absent): took theirs.
     TookTheirs,
-    /// An entry about our own region from a peer: ignored (we are its only writer).
-    IgnoredOwnRegion,
 }
 
 /// One line of a reconciliation record.
@@ -174,8 +197,9 @@ impl RegionAggregates {
         Ok(())
     }
 
-    /// Merge entries received from `peer` on behalf of `local` (whose own entries a peer
-    /// can never overwrite). Validated first: a conflicting entry refuses the whole batch.
+    /// Merge entries that `peer` sent about itself into `local`'s replica. `peer` is the
+    /// region the sender's certificate names. Validated first, and refused whole: an entry
+    /// of any region but `peer` (ours included), or a conflicting one.
     pub fn merge_from(
         &mut self,
         local: &RegionName,
@@ -183,6 +207,14 @@ impl RegionAggregates {
         entries: Vec<Entry>,
     ) -> Result<ReconciliationRecord, AggregateError> {
         for e in &entries {
+            // `peer == local` cannot come from a correct driver; refusing keeps ours ours.
+            if &e.region != peer || &e.region == local {
+                return Err(AggregateError::ForeignEntry {
+                    sender: peer.clone(),
+                    region: e.region.clone(),
+                    service: e.service.clone(),
+                });
+            }
             if let Some(held) = self.entries.get(&(e.region.clone(), e.service.clone())) {
                 let theirs = LWWReg {
                     val: e.aggregate.clone(),
@@ -204,14 +236,10 @@ impl RegionAggregates {
         for e in entries {
             let key = (e.region.clone(), e.service.clone());
             let ours = self.entries.get(&key).map(|r| r.marker);
-            let outcome = if &e.region == local {
-                Outcome::IgnoredOwnRegion
-            } else {
-                match ours {
-                    Some(v) if v == e.version => Outcome::Same,
-                    Some(v) if v > e.version => Outcome::KeptOurs,
-                    _ => Outcome::TookTheirs,
-                }
+            let outcome = match ours {
+                Some(v) if v == e.version => Outcome::Same,
+                Some(v) if v > e.version => Outcome::KeptOurs,
+                _ => Outcome::TookTheirs,
             };
             if outcome == Outcome::TookTheirs {
                 self.absorb(
@@ -233,8 +261,9 @@ impl RegionAggregates {
         Ok(record)
     }
 
-    /// Merge another replica's whole state (for tests and full syncs); same rules as
-    /// [`RegionAggregates::merge_from`] without the own-region guard.
+    /// Merge another replica's whole state, for tests and for replicas this process trusts;
+    /// never for what a peer sent (that is [`RegionAggregates::merge_from`], which admits
+    /// only the sender's own region). Refuses conflicting versions like `merge_from`.
     pub fn merge(&mut self, other: &RegionAggregates) -> Result<(), AggregateError> {
         for (key, theirs) in &other.entries {
             if let Some(ours) = self.entries.get(key)
@@ -275,10 +304,31 @@ impl RegionAggregates {
             .collect()
     }
 
-    /// What a peer with `digest` lacks: entries it has not seen or holds older.
+    /// The versions held of `region`'s entries only: what a session sends the peer that
+    /// is `region` (the only entries that peer may send us).
+    pub fn digest_of(&self, region: &RegionName) -> Digest {
+        self.digest()
+            .into_iter()
+            .filter(|((r, _), _)| r == region)
+            .collect()
+    }
+
+    /// What a peer with `digest` lacks: entries of any region it has not seen or holds
+    /// older. A session answers with [`RegionAggregates::missing_of`] instead.
     pub fn missing_for(&self, digest: &Digest) -> Vec<Entry> {
+        self.missing_where(digest, |_| true)
+    }
+
+    /// What a peer with `digest` lacks of `region`'s entries: what a session sends, with
+    /// `region` its own, since a link carries only its sender's region.
+    pub fn missing_of(&self, region: &RegionName, digest: &Digest) -> Vec<Entry> {
+        self.missing_where(digest, |r| r == region)
+    }
+
+    fn missing_where(&self, digest: &Digest, keep: impl Fn(&RegionName) -> bool) -> Vec<Entry> {
         self.entries
             .iter()
+            .filter(|((region, _), _)| keep(region))
             .filter(|(k, r)| digest.get(*k).is_none_or(|v| *v < r.marker))
             .map(|((region, service), r)| Entry {
                 region: region.clone(),

@@ -2,7 +2,8 @@
 //!
 //! Built: [`aggregate`], each region's read-only aggregate as a CRDT with pure merge,
 //! digest-based anti-entropy and reconciliation records; [`session`], the sans-I/O
-//! anti-entropy session with one peer (digests, bounded entry messages, peer age);
+//! anti-entropy session with one peer (digests, bounded entry messages, peer age), which
+//! admits only the peer's own region's entries (direct links only, no relay);
 //! [`local`], this region's aggregate derived from its published views; [`signal`], the
 //! out-of-band front-door signal that region failover follows. The QUIC driver lives in the
 //! authority shell (`waymark_agent::authority::federation`). A peer region's aggregate

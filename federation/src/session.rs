@@ -1,11 +1,19 @@
 //! The anti-entropy session with one peer region, sans I/O.
 //!
-//! Each side periodically sends its digest; on a peer's digest it answers with what the
-//! peer lacks, at most `entries_per_message` entries per message (bounded bandwidth; a
-//! full outbox drops its oldest message, which the next round recomputes from digests). Received entries are merged with a reconciliation record when
-//! they changed anything. The driver owns the QUIC connection and the clock; it feeds
-//! [`Session::handle_message`] and [`Session::handle_timeout`] and sends what
-//! [`Session::poll_transmit`] returns. A peer's age is the time since it last spoke.
+//! Each side periodically sends its digest of the peer's region; on a peer's digest it
+//! answers with what the peer lacks of *our own* region, at most `entries_per_message`
+//! entries per message (bounded bandwidth; a full outbox drops its oldest message, which
+//! the next round recomputes from digests). Received entries are merged with a
+//! reconciliation record when they changed anything. The driver owns the QUIC connection
+//! and the clock; it feeds [`Session::handle_message`] and [`Session::handle_timeout`] and
+//! sends what [`Session::poll_transmit`] returns. A peer's age is the time since it last
+//! spoke.
+//!
+//! Direct links only: the driver tells the session which region the connection's
+//! certificate names ([`Session::handle_authenticated`]), and a batch of entries is merged
+//! only if every entry is that region's own; anything else is refused whole with
+//! [`AggregateError::ForeignEntry`] and changes nothing (see `aggregate`). No region relays
+//! another's entries, so a region reads only the peers it links to.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -59,6 +67,9 @@ pub struct Session {
     config: SessionConfig,
     local: RegionName,
     peer: RegionName,
+    /// The region the current connection is authenticated as (the configured peer until
+    /// a driver says otherwise).
+    sender: RegionName,
     outbox: VecDeque<Message>,
     next_digest: Option<Instant>,
     last_heard: Option<Instant>,
@@ -66,11 +77,12 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session from `local` to `peer`, not yet connected.
+    /// A session from `local` to the configured `peer` region, not yet connected.
     pub fn new(config: SessionConfig, local: RegionName, peer: RegionName) -> Self {
         Self {
             config,
             local,
+            sender: peer.clone(),
             peer,
             outbox: VecDeque::new(),
             next_digest: None,
@@ -79,14 +91,35 @@ impl Session {
         }
     }
 
-    /// The transport connected: send our digest at once.
-    pub fn handle_connected(&mut self, now: Instant, aggregates: &RegionAggregates) {
+    /// The transport connected to a peer whose certificate names `region`, which the
+    /// driver has checked is the configured peer: send our digest at once. Entries on this
+    /// connection are admitted only if they are `region`'s own.
+    pub fn handle_authenticated(
+        &mut self,
+        now: Instant,
+        region: RegionName,
+        aggregates: &RegionAggregates,
+    ) {
+        // Admitting a connection of another region is the driver's bug; entries would still
+        // be held to the region the certificate proves.
+        debug_assert_eq!(
+            region, self.peer,
+            "the driver admits only the configured peer"
+        );
+        self.sender = region;
         self.push_digest(aggregates);
         self.next_digest = Some(now + self.config.digest_interval);
     }
 
-    /// A message from the peer. Entries are merged into `aggregates`; a refused batch
-    /// changes nothing and is returned as an error for the driver to count.
+    /// [`Session::handle_authenticated`] as the configured peer region, for transports
+    /// that authenticate it themselves (tests, simulations).
+    pub fn handle_connected(&mut self, now: Instant, aggregates: &RegionAggregates) {
+        self.handle_authenticated(now, self.peer.clone(), aggregates);
+    }
+
+    /// A message from the peer. Entries are merged into `aggregates` if every one is the
+    /// peer's own region; a refused batch changes nothing and is returned as an error for
+    /// the driver to count.
     pub fn handle_message(
         &mut self,
         now: Instant,
@@ -97,7 +130,8 @@ impl Session {
         match message {
             Message::Digest { versions } => {
                 let digest: Digest = versions.into_iter().collect();
-                let missing = aggregates.missing_for(&digest);
+                // Only our own region: the peer would refuse anything else, and must.
+                let missing = aggregates.missing_of(&self.local, &digest);
                 for chunk in missing.chunks(self.config.entries_per_message.max(1)) {
                     self.push(Message::Entries {
                         entries: chunk.to_vec(),
@@ -106,7 +140,7 @@ impl Session {
                 Ok(())
             }
             Message::Entries { entries } => {
-                let record = aggregates.merge_from(&self.local, &self.peer, entries)?;
+                let record = aggregates.merge_from(&self.local, &self.sender, entries)?;
                 if record.changed().next().is_some() {
                     self.records.push(record);
                 }
@@ -149,7 +183,7 @@ impl Session {
     }
 
     fn push_digest(&mut self, aggregates: &RegionAggregates) {
-        let versions = aggregates.digest().into_iter().collect();
+        let versions = aggregates.digest_of(&self.sender).into_iter().collect();
         self.push(Message::Digest { versions });
     }
 
@@ -162,151 +196,4 @@ impl Session {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use waymark_core::model::ServiceName;
-
-    use super::*;
-    use crate::aggregate::ServiceAggregate;
-
-    #[allow(clippy::disallowed_methods)] // the one anchor instant of these tests
-    fn t0() -> Instant {
-        Instant::now()
-    }
-
-    fn region(s: &str) -> RegionName {
-        RegionName::try_new(s).unwrap()
-    }
-
-    fn entry(r: &str, s: usize, v: u64) -> Entry {
-        Entry {
-            region: region(r),
-            service: ServiceName::try_new(format!("s{s}")).unwrap(),
-            version: v,
-            aggregate: Arc::new(ServiceAggregate::default()),
-        }
-    }
-
-    fn publish(a: &mut RegionAggregates, r: &str, services: usize, v: u64) {
-        for s in 0..services {
-            a.publish_local(entry(r, s, v)).unwrap();
-        }
-    }
-
-    /// Deliver everything queued both ways until both outboxes are empty; count messages.
-    fn pump(
-        now: Instant,
-        a: (&mut Session, &mut RegionAggregates),
-        b: (&mut Session, &mut RegionAggregates),
-    ) -> usize {
-        let (sa, aa) = a;
-        let (sb, ab) = b;
-        let mut sent = 0;
-        for _ in 0..1_000 {
-            let mut moved = false;
-            while let Some(m) = sa.poll_transmit() {
-                sb.handle_message(now, m, ab).unwrap();
-                sent += 1;
-                moved = true;
-            }
-            while let Some(m) = sb.poll_transmit() {
-                sa.handle_message(now, m, aa).unwrap();
-                sent += 1;
-                moved = true;
-            }
-            if !moved {
-                break;
-            }
-        }
-        sent
-    }
-
-    #[test]
-    fn two_regions_converge_and_only_what_is_missing_travels() {
-        let now = t0();
-        let config = SessionConfig {
-            entries_per_message: 4,
-            ..SessionConfig::default()
-        };
-        let (mut eu, mut us) = (RegionAggregates::new(), RegionAggregates::new());
-        publish(&mut eu, "eu", 10, 1);
-        publish(&mut us, "us", 3, 1);
-        let mut s_eu = Session::new(config.clone(), region("eu"), region("us"));
-        let mut s_us = Session::new(config, region("us"), region("eu"));
-        s_eu.handle_connected(now, &eu);
-        s_us.handle_connected(now, &us);
-        pump(now, (&mut s_eu, &mut eu), (&mut s_us, &mut us));
-        assert_eq!(eu.digest(), us.digest());
-        // 10 entries at 4 per message: three entry messages one way, one the other.
-        assert_eq!(
-            s_us.take_records()
-                .iter()
-                .map(|r| r.entries.len())
-                .sum::<usize>(),
-            10
-        );
-        assert_eq!(
-            s_eu.take_records()
-                .iter()
-                .map(|r| r.entries.len())
-                .sum::<usize>(),
-            3
-        );
-        // A second round finds nothing missing: digests only.
-        s_eu.handle_timeout(now + Duration::from_secs(5), &eu);
-        s_us.handle_timeout(now + Duration::from_secs(5), &us);
-        let sent = pump(now, (&mut s_eu, &mut eu), (&mut s_us, &mut us));
-        assert_eq!(sent, 2, "only the two digests");
-        assert!(s_eu.take_records().is_empty() && s_us.take_records().is_empty());
-    }
-
-    #[test]
-    fn after_a_partition_the_heal_is_recorded() {
-        let now = t0();
-        let (mut eu, mut us) = (RegionAggregates::new(), RegionAggregates::new());
-        publish(&mut eu, "eu", 2, 1);
-        let mut s_eu = Session::new(SessionConfig::default(), region("eu"), region("us"));
-        let mut s_us = Session::new(SessionConfig::default(), region("us"), region("eu"));
-        s_eu.handle_connected(now, &eu);
-        s_us.handle_connected(now, &us);
-        pump(now, (&mut s_eu, &mut eu), (&mut s_us, &mut us));
-        s_us.take_records();
-        // Partition: eu moves on; us hears nothing and ages.
-        publish(&mut eu, "eu", 2, 7);
-        let later = now + Duration::from_secs(90);
-        assert!(s_us.is_stale(later, Duration::from_secs(60)));
-        assert_eq!(
-            us.version(&region("eu"), &ServiceName::try_new("s0").unwrap()),
-            Some(1),
-            "kept, not dropped"
-        );
-        // Heal.
-        s_eu.handle_connected(later, &eu);
-        s_us.handle_connected(later, &us);
-        pump(later, (&mut s_eu, &mut eu), (&mut s_us, &mut us));
-        let records = s_us.take_records();
-        let lines: Vec<_> = records
-            .iter()
-            .flat_map(|r| r.entries.iter().map(|e| (e.ours, e.theirs)))
-            .collect();
-        assert_eq!(lines, vec![(Some(1), 7), (Some(1), 7)]);
-        assert!(!s_us.is_stale(later, Duration::from_secs(60)));
-    }
-
-    #[test]
-    fn messages_survive_the_wire() {
-        let mut a = RegionAggregates::new();
-        publish(&mut a, "eu", 2, 3);
-        let digest = Message::Digest {
-            versions: a.digest().into_iter().collect(),
-        };
-        let entries = Message::Entries {
-            entries: a.missing_for(&Digest::new()),
-        };
-        for m in [digest, entries] {
-            let back: Message = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
-            assert_eq!(back, m);
-        }
-    }
-}
+mod tests;

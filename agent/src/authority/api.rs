@@ -858,7 +858,10 @@ async fn peers(State(s): State<ApiState>) -> impl IntoResponse {
 #[serde(deny_unknown_fields)]
 struct AddMember {
     id: u64,
+    /// The member's API listener.
     addr: String,
+    /// The member's Raft listener.
+    raft: String,
 }
 
 async fn add_member(
@@ -877,16 +880,26 @@ async fn add_member(
     let m: AddMember = s.body(&body)?;
     // An IP or a DNS name: a StatefulSet member keeps its name, not its IP, across
     // restarts, and the Raft client resolves the name at each connection.
-    if let Err(e) = m.addr.parse::<crate::net::HostPort>() {
+    for (field, value, what) in [("addr", &m.addr, "API"), ("raft", &m.raft, "Raft")] {
+        if let Err(e) = value.parse::<crate::net::HostPort>() {
+            return Err(s.refuse(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_address",
+                Some(field),
+                format!("{field}: host:port of the member's {what} listener (IP or DNS name): {e}"),
+            )));
+        }
+    }
+    if m.addr == m.raft {
         return Err(s.refuse(ApiError::new(
             StatusCode::BAD_REQUEST,
             "bad_address",
-            Some("addr"),
-            format!("addr: host:port of the member's HTTP listener (IP or DNS name): {e}"),
+            Some("raft"),
+            "raft: the Raft listener is not the API listener",
         )));
     }
     let member = super::raft::Member {
-        raft_addr: m.addr.clone(),
+        raft_addr: m.raft,
         api_addr: m.addr,
     };
     s.raft.add_member(m.id, member).await.map_err(|e| {

@@ -7,6 +7,7 @@
 //! zones = ["a", "b", "c"]
 //! data_dir = "/var/lib/waymark/authority"
 //! http = "0.0.0.0:8500"
+//! raft = "0.0.0.0:8501"
 //! xds = "0.0.0.0:18000"
 //! ingest = "0.0.0.0:8502"
 //!
@@ -14,6 +15,7 @@
 //! [[authority.members]]
 //! id = 1
 //! addr = "10.0.0.1:8500"
+//! raft = "10.0.0.1:8501"
 //!
 //! # Existence from Kubernetes (omit api_url inside a cluster).
 //! [authority.kubernetes]
@@ -50,6 +52,10 @@
 //! Member addresses and gossip seeds are `host:port` with an IP address or a DNS name
 //! ([`HostPort`]); names are resolved at each use, so a member that comes back under a new IP
 //! is still found.
+//!
+//! Raft has its own listener (`raft`, default `127.0.0.1:8501`), never the API's. With
+//! `[authority.tls]` it is mutual TLS between the region's authority members; without, it is
+//! plaintext and the check refuses any address but a loopback one (`authority.raft`).
 //!
 //! Environment overrides, read after the file (the settings that differ per member when one
 //! file serves every member, as a ConfigMap does for a StatefulSet's pods):
@@ -107,9 +113,12 @@ pub struct AuthoritySection {
     pub zones: BTreeSet<ZoneName>,
     /// Where Raft and its snapshots live.
     pub data_dir: PathBuf,
-    /// Raft RPC and the HTTP API.
+    /// The HTTP API.
     #[serde(default = "default_http")]
     pub http: SocketAddr,
+    /// Raft RPC between the members: mutual TLS with `tls`, else loopback only.
+    #[serde(default = "default_raft")]
+    pub raft: SocketAddr,
     /// The xDS tier.
     #[serde(default = "default_xds")]
     pub xds: SocketAddr,
@@ -120,7 +129,7 @@ pub struct AuthoritySection {
     /// existing group with `waymark operator raft join`.
     #[serde(default)]
     pub members: Vec<MemberEntry>,
-    /// Mutual TLS for xDS and ingest.
+    /// Mutual TLS for Raft, xDS and ingest.
     #[serde(default)]
     pub tls: Option<TlsSection>,
     /// Existence from Kubernetes EndpointSlices.
@@ -322,15 +331,17 @@ pub struct GossipSection {
     pub keys: Vec<String>,
 }
 
-/// One initial voter.
+/// One initial voter. Both addresses are `host:port` (IP or DNS name; a name is resolved
+/// at each connection, so it may move).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemberEntry {
     /// Its id.
     pub id: u64,
-    /// Its HTTP listener, `host:port` (IP or DNS name; a name is resolved at each
-    /// connection, so it may move).
+    /// Its HTTP API listener (where followers redirect writes).
     pub addr: String,
+    /// Its Raft listener (where the other members send Raft RPC).
+    pub raft: String,
 }
 
 /// `[authority.tls]`.
@@ -349,6 +360,11 @@ pub struct TlsSection {
 
 fn default_http() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8500))
+}
+
+/// Beside the API's 8500, below ingest's 8502 and federation's 8503.
+fn default_raft() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8501))
 }
 
 fn default_xds() -> SocketAddr {
@@ -508,6 +524,7 @@ impl ConfigFile {
                 message: "evidence ingest needs [authority.tls]: samples are attributed by the peer's certificate".into(),
             });
         }
+        check_raft_listener(a)?;
         let mut ids = BTreeSet::new();
         for m in &a.members {
             if !ids.insert(m.id) {
@@ -516,11 +533,13 @@ impl ConfigFile {
                     message: format!("id {} listed twice", m.id),
                 });
             }
-            if let Err(e) = m.addr.parse::<HostPort>() {
-                return Err(ConfigError::Invalid {
-                    field: "authority.members",
-                    message: format!("{}: {e}", m.addr),
-                });
+            for (key, addr) in [("addr", &m.addr), ("raft", &m.raft)] {
+                if let Err(e) = addr.parse::<HostPort>() {
+                    return Err(ConfigError::Invalid {
+                        field: "authority.members",
+                        message: format!("member {} {key} {addr}: {e}", m.id),
+                    });
+                }
             }
         }
         if !a.members.is_empty() && !ids.contains(&a.id) {
@@ -606,6 +625,7 @@ impl ConfigFile {
             zones: a.zones.clone(),
             data_dir: a.data_dir.clone(),
             http: a.http,
+            raft: a.raft,
             xds: a.xds,
             ingest: a.ingest,
             tls,
@@ -632,7 +652,7 @@ impl ConfigFile {
                 (
                     m.id,
                     Member {
-                        raft_addr: m.addr.clone(),
+                        raft_addr: m.raft.clone(),
                         api_addr: m.addr.clone(),
                     },
                 )
@@ -682,6 +702,31 @@ fn parse_member_id(value: &str) -> Result<u64, String> {
             "{value:?}: a member id (a number, or a pod name ending in -<number>)"
         )),
     }
+}
+
+/// `authority.raft`: its own port, and plaintext (no `[authority.tls]`) only on loopback.
+fn check_raft_listener(a: &AuthoritySection) -> Result<(), ConfigError> {
+    let invalid = |message: String| {
+        Err(ConfigError::Invalid {
+            field: "authority.raft",
+            message,
+        })
+    };
+    if a.raft == a.http && a.raft.port() != 0 {
+        return invalid(format!(
+            "{} is also authority.http: Raft has a listener of its own",
+            a.raft
+        ));
+    }
+    if a.tls.is_none() && !super::member::plaintext_raft_allowed(a.raft) {
+        return invalid(format!(
+            "{} is not a loopback address, and without [authority.tls] Raft is plaintext \
+             (anyone reaching it could depose the leader or commit entries): configure \
+             [authority.tls], or bind Raft to a loopback address",
+            a.raft
+        ));
+    }
+    Ok(())
 }
 
 fn check_federation(f: &FederationSection, a: &AuthoritySection) -> Result<(), ConfigError> {
@@ -753,17 +798,21 @@ region = "eu-west-1"
 zones = ["eu-west-1a", "eu-west-1b"]
 data_dir = "/var/lib/waymark/authority"
 http = "0.0.0.0:8500"
+raft = "0.0.0.0:8501"
 ingest = "0.0.0.0:8502"
 
 [[authority.members]]
 id = 0
 addr = "waymark-authority-0.waymark-authority.waymark.svc.cluster.local:8500"
+raft = "waymark-authority-0.waymark-authority.waymark.svc.cluster.local:8501"
 [[authority.members]]
 id = 1
 addr = "waymark-authority-1.waymark-authority.waymark.svc.cluster.local:8500"
+raft = "waymark-authority-1.waymark-authority.waymark.svc.cluster.local:8501"
 [[authority.members]]
 id = 2
 addr = "10.1.0.12:8500"
+raft = "10.1.0.12:8501"
 
 [authority.tls]
 trust_domain = "mesh.example.org"
@@ -859,8 +908,48 @@ keys = []
         let initial = f.initial_members();
         assert_eq!(
             initial[&0].raft_addr,
+            "waymark-authority-0.waymark-authority.waymark.svc.cluster.local:8501"
+        );
+        assert_eq!(
+            initial[&0].api_addr,
             "waymark-authority-0.waymark-authority.waymark.svc.cluster.local:8500"
         );
+        assert_eq!(settings.raft, "0.0.0.0:8501".parse().unwrap());
+    }
+
+    #[test]
+    fn raft_has_its_own_listener_and_is_plaintext_only_on_loopback() {
+        // Goal: without [authority.tls], Raft anywhere but loopback is refused naming the
+        // key; with TLS any address is fine; Raft never shares the API's port.
+        let base = "[authority]\nid = 1\nregion = \"r\"\nzones = [\"a\"]\ndata_dir = \"/tmp/x\"\n";
+        let f = parse(base, &[]).unwrap();
+        assert_eq!(f.authority.raft, "127.0.0.1:8501".parse().unwrap());
+        assert_ne!(f.authority.raft, f.authority.http);
+        for raft in ["0.0.0.0:8501", "10.0.0.1:8501", "[::]:8501"] {
+            let open = format!("{base}raft = \"{raft}\"\n");
+            assert_eq!(refused_field(&open), "authority.raft", "{raft}");
+            let e = parse(&open, &[]).unwrap_err().to_string();
+            assert!(e.contains("[authority.tls]") && e.contains(raft), "{e}");
+        }
+        for raft in ["127.0.0.1:9000", "[::1]:9000", "[::ffff:127.0.0.1]:9000"] {
+            assert!(
+                parse(&format!("{base}raft = \"{raft}\"\n"), &[]).is_ok(),
+                "{raft}"
+            );
+        }
+        let shared = format!("{base}http = \"127.0.0.1:9000\"\nraft = \"127.0.0.1:9000\"\n");
+        assert_eq!(refused_field(&shared), "authority.raft");
+        // With mutual TLS, Raft may listen on every address (SHARED binds 0.0.0.0).
+        let keys = KEY.to_owned();
+        assert!(parse(SHARED, &member_env("1", "10.1.0.11:7946", &keys)).is_ok());
+        // An initial voter needs both addresses, each host:port.
+        let no_raft = SHARED.replace("raft = \"10.1.0.12:8501\"\n", "");
+        assert!(parse(&no_raft, &member_env("1", "10.1.0.11:7946", &keys)).is_err());
+        let bad = SHARED.replace("raft = \"10.1.0.12:8501\"", "raft = \"10.1.0.12\"");
+        let e = parse(&bad, &member_env("1", "10.1.0.11:7946", &keys))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("authority.members") && e.contains("raft"), "{e}");
     }
 
     #[test]

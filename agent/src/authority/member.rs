@@ -1,5 +1,15 @@
-//! One authority member, assembled: Raft on redb, the HTTP server (Raft RPC and the API),
-//! the xDS tier, evidence ingest over mutual TLS, and the leader loop.
+//! One authority member, assembled: Raft on redb with its own listener, the HTTP API, the
+//! xDS tier, evidence ingest over mutual TLS, and the leader loop.
+//!
+//! ```text
+//! [authority] http    the query/policy API                     plain HTTP
+//! [authority] raft    /raft/* between the region's members     mutual TLS with [authority.tls]
+//!                                                              (same-region authorities only,
+//!                                                              each RPC as its own id), else
+//!                                                              plaintext on loopback only
+//! [authority] xds     the xDS tier                             mutual TLS with [authority.tls]
+//! [authority] ingest  evidence from node agents and workloads  mutual TLS only
+//! ```
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -13,9 +23,9 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 use waymark_certs::grpc::{self, GrpcLimits, GrpcMetrics, IncomingConfig};
-use waymark_certs::identity::{IdentityKind, KindSet, TrustDomain};
+use waymark_certs::identity::{Identity, IdentityKind, KindSet, Name, TrustDomain};
 use waymark_certs::reload::{MaterialPaths, load_material};
-use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
+use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config, server_config};
 use waymark_certs::{CertMetrics, PeerPolicy};
 use waymark_core::delta::DeltaConfig;
 use waymark_core::evaluator::EvaluatorConfig;
@@ -37,14 +47,15 @@ use super::ingest::EvidenceService;
 use super::kube::metrics::KubeMetrics;
 use super::leader::{self, LeaderContext};
 use super::metrics::AuthorityMetrics;
-use super::raft::{Member, RaftConfig, RaftNode};
+use super::raft::admission::member_id;
+use super::raft::{Member, RaftConfig, RaftNode, RaftRpcMetrics, Senders};
 use super::regions::{self, FederationSettings, RegionMetrics, RegionsHandle, SharedSignal};
 use super::tier;
-use crate::listener::{HttpLimits, HttpMetrics};
+use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
 use crate::net::HostPort;
 use crate::node::gossip::{Gossip, GossipConfig, GossipId, Keyring, Role};
 
-/// Mutual-TLS material for the member's gRPC listeners.
+/// Mutual-TLS material for the member's Raft, xDS and ingest listeners and its Raft client.
 #[derive(Debug, Clone)]
 pub struct TlsSettings {
     /// The estate's trust domain.
@@ -64,14 +75,18 @@ pub struct AuthorityConfig {
     pub zones: BTreeSet<ZoneName>,
     /// Where Raft and the views live.
     pub data_dir: PathBuf,
-    /// The HTTP listener: Raft RPC and the query/policy API.
+    /// The HTTP listener: the query/policy API (never Raft).
     pub http: SocketAddr,
+    /// The Raft listener (`/raft/*` between members). With `tls` it is mutual TLS and
+    /// admits only authority members of this region; without, it is plaintext and must be
+    /// a loopback address ([`Authority::start`] refuses anything else).
+    pub raft: SocketAddr,
     /// The xDS listener.
     pub xds: SocketAddr,
     /// The evidence ingest listener (needs `tls`).
     pub ingest: Option<SocketAddr>,
-    /// Mutual TLS for xDS and ingest; without it xDS is served in plaintext (loopback
-    /// development only) and ingest is off.
+    /// Mutual TLS for Raft, xDS and ingest; without it Raft and xDS are served in
+    /// plaintext (loopback development only) and ingest is off.
     pub tls: Option<TlsSettings>,
     /// Existence from Kubernetes EndpointSlices, reconciled while this member leads.
     pub kubernetes: Option<KubeSettings>,
@@ -97,8 +112,10 @@ pub struct Limits {
     /// Shed admissions at all (under their rate budget or delivery pressure). Off only to
     /// show what shedding protects.
     pub shed_admissions: bool,
-    /// The HTTP listener's bounds (API and Raft RPC).
+    /// The API listener's bounds.
     pub http: HttpLimits,
+    /// The Raft listener's bounds.
+    pub raft: HttpLimits,
     /// The gRPC listeners' bounds (xDS and evidence ingest).
     pub grpc: GrpcLimits,
 }
@@ -112,6 +129,7 @@ impl Default for Limits {
             admit_releases_per_sec: waymark_core::defaults::ADMIT_RELEASES_PER_SEC,
             shed_admissions: true,
             http: HttpLimits::AUTHORITY,
+            raft: HttpLimits::RAFT,
             grpc: GrpcLimits::default(),
         }
     }
@@ -135,6 +153,7 @@ pub struct Authority {
     id: u64,
     raft: RaftNode,
     http: SocketAddr,
+    raft_addr: SocketAddr,
     xds: SocketAddr,
     ingest: Option<SocketAddr>,
     xds_server: XdsServer,
@@ -149,6 +168,7 @@ impl std::fmt::Debug for Authority {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Authority")
             .field("http", &self.http)
+            .field("raft", &self.raft_addr)
             .field("xds", &self.xds)
             .field("ingest", &self.ingest)
             .finish_non_exhaustive()
@@ -160,25 +180,39 @@ impl Authority {
     /// (once, on one member) or this member added to an existing group.
     pub async fn start(config: AuthorityConfig) -> anyhow::Result<Self> {
         waymark_certs::install_crypto_provider();
+        if config.tls.is_none() && !plaintext_raft_allowed(config.raft) {
+            anyhow::bail!(
+                "authority.raft: {} is not a loopback address, and without [authority.tls] Raft \
+                 is plaintext (anyone reaching it could depose the leader or commit entries): \
+                 configure [authority.tls], or bind Raft to a loopback address",
+                config.raft
+            );
+        }
         let http_listener = TcpListener::bind(config.http)
             .await
             .with_context(|| format!("binding the HTTP listener on {}", config.http))?;
         let http = http_listener.local_addr()?;
+        let raft_listener = TcpListener::bind(config.raft)
+            .await
+            .with_context(|| format!("binding the Raft listener on {}", config.raft))?;
+        let raft_addr = raft_listener.local_addr()?;
         let xds_listener = TcpListener::bind(config.xds)
             .await
             .with_context(|| format!("binding the xDS listener on {}", config.xds))?;
         let xds = xds_listener.local_addr()?;
+        // Before Raft opens: its client presents this member's certificate.
+        let cert_metrics = CertMetrics::new();
+        let tls = match &config.tls {
+            Some(t) => Some(tls_configs(t, &config, &cert_metrics).await?),
+            None => None,
+        };
         let member = Member {
-            raft_addr: http.to_string(),
+            raft_addr: raft_addr.to_string(),
             api_addr: http.to_string(),
         };
-        let raft = RaftNode::open(RaftConfig::new(
-            config.id,
-            config.data_dir.join("raft"),
-            member,
-        ))
-        .await
-        .context("opening raft")?;
+        let mut raft_config = RaftConfig::new(config.id, config.data_dir.join("raft"), member);
+        raft_config.tls = tls.as_ref().map(|t| Arc::clone(&t.raft_client));
+        let raft = RaftNode::open(raft_config).await.context("opening raft")?;
 
         let metrics = AuthorityMetrics {
             // The store counts failed applies itself; the metric is that same counter.
@@ -187,8 +221,9 @@ impl Authority {
         };
         let mut registry = Registry::default();
         metrics.register(&mut registry);
-        let cert_metrics = CertMetrics::new();
         cert_metrics.register(&mut registry);
+        let raft_metrics = RaftRpcMetrics::default();
+        raft_metrics.register(&mut registry);
         let http_metrics = HttpMetrics::default();
         http_metrics.register(&mut registry);
         let grpc_metrics = GrpcMetrics::default();
@@ -234,12 +269,8 @@ impl Authority {
         let mut tasks = Vec::new();
         tasks.push(tokio::spawn(tier::follow(raft.clone(), publisher, callers)));
 
-        let tls = match &config.tls {
-            Some(t) => Some(tls_configs(t, &cert_metrics).await?),
-            None => None,
-        };
         let serving = xds_server.clone();
-        let xds_tls = tls.as_ref().map(|(xds, _, _)| Arc::clone(xds));
+        let xds_tls = tls.as_ref().map(|t| Arc::clone(&t.xds));
         let grpc = config.limits.grpc;
         let xds_incoming = IncomingConfig::named("authority_xds", &grpc_metrics);
         tasks.push(tokio::spawn(async move {
@@ -266,7 +297,13 @@ impl Authority {
             metrics.clone(),
         )));
         let mut ingest = None;
-        if let (Some(addr), Some((_, ingest_tls, _))) = (config.ingest, &tls) {
+        if let (
+            Some(addr),
+            Some(MemberTls {
+                ingest: ingest_tls, ..
+            }),
+        ) = (config.ingest, &tls)
+        {
             let listener = TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding the ingest listener on {addr}"))?;
@@ -296,7 +333,7 @@ impl Authority {
         let mut federation = None;
         let mut regions = None;
         if let Some(f) = &config.federation {
-            let (Some(t), Some((_, _, live))) = (&config.tls, &tls) else {
+            let (Some(t), Some(MemberTls { live, .. })) = (&config.tls, &tls) else {
                 anyhow::bail!("federation needs mutual TLS ([authority.tls])");
             };
             let started = start_federation(
@@ -355,21 +392,32 @@ impl Authority {
                 api.reconciliation(),
             )));
         }
-        let router = raft.router().merge(api::router(api));
-        let http_limits = config.limits.http;
         tasks.push(tokio::spawn(crate::listener::serve(
             http_listener,
             "authority",
-            router,
-            http_limits,
-            http_metrics,
+            api::router(api),
+            config.limits.http,
+            http_metrics.clone(),
             std::future::pending(),
         )));
-        info!(id = config.id, %http, %xds, ingest = ?ingest, "authority member serving");
+        // Behind mutual TLS each RPC must come from the member its certificate names.
+        let senders = match tls {
+            Some(_) => Senders::Certified,
+            None => Senders::Unchecked,
+        };
+        tasks.push(tokio::spawn(serve_raft(
+            raft_listener,
+            raft.router(senders, raft_metrics),
+            tls.as_ref().map(|t| Arc::clone(&t.raft_server)),
+            config.limits.raft,
+            http_metrics,
+        )));
+        info!(id = config.id, %http, raft = %raft_addr, raft_tls = tls.is_some(), %xds, ingest = ?ingest, "authority member serving");
         Ok(Self {
             id: config.id,
             raft,
             http,
+            raft_addr,
             xds,
             ingest,
             xds_server,
@@ -405,9 +453,14 @@ impl Authority {
         &self.hub
     }
 
-    /// The HTTP address (Raft and API).
+    /// The HTTP API's address.
     pub fn http_addr(&self) -> SocketAddr {
         self.http
+    }
+
+    /// The Raft listener's address.
+    pub fn raft_addr(&self) -> SocketAddr {
+        self.raft_addr
     }
 
     /// The xDS address.
@@ -423,7 +476,7 @@ impl Authority {
     /// The member's `Member` record for joining a group.
     pub fn member(&self) -> Member {
         Member {
-            raft_addr: self.http.to_string(),
+            raft_addr: self.raft_addr.to_string(),
             api_addr: self.http.to_string(),
         }
     }
@@ -540,15 +593,51 @@ fn start_federation(
     })
 }
 
-/// Server configs for xDS (nodes and workloads) and ingest (nodes and workloads).
+/// Whether Raft may be served in plaintext on `addr`: only on a loopback address, where
+/// only this host's processes reach it.
+pub fn plaintext_raft_allowed(addr: SocketAddr) -> bool {
+    addr.ip().to_canonical().is_loopback()
+}
+
+/// Serves the `/raft/*` routes (`router`) on `listener`: mutual TLS with `tls`,
+/// plaintext without.
+async fn serve_raft(
+    listener: TcpListener,
+    router: axum::Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    limits: HttpLimits,
+    metrics: HttpMetrics,
+) {
+    let forever = std::future::pending();
+    match tls {
+        Some(tls) => {
+            crate::listener::serve_tls(listener, "raft", router, limits, metrics, tls, forever)
+                .await;
+        }
+        None => crate::listener::serve(listener, "raft", router, limits, metrics, forever).await,
+    }
+}
+
+/// The member's TLS configs, all over its one live certificate.
+struct MemberTls {
+    /// xDS server: the region's node agents and workloads.
+    xds: Arc<rustls::ServerConfig>,
+    /// Evidence ingest server: the region's node agents and workloads.
+    ingest: Arc<rustls::ServerConfig>,
+    /// Raft server: the region's authority members.
+    raft_server: Arc<rustls::ServerConfig>,
+    /// Raft client: presents this member's certificate, admits the region's members.
+    raft_client: Arc<rustls::ClientConfig>,
+    /// The certificate itself (federation builds its own configs over it).
+    live: Arc<LiveMaterial>,
+}
+
+/// Loads this member's certificate, checks it names this member, and builds its configs.
 async fn tls_configs(
     t: &TlsSettings,
+    config: &AuthorityConfig,
     metrics: &CertMetrics,
-) -> anyhow::Result<(
-    Arc<rustls::ServerConfig>,
-    Arc<rustls::ServerConfig>,
-    Arc<LiveMaterial>,
-)> {
+) -> anyhow::Result<MemberTls> {
     let own = PeerPolicy {
         trust_domain: t.trust_domain.clone(),
         accepted: KindSet::only(IdentityKind::Authority),
@@ -557,15 +646,49 @@ async fn tls_configs(
     let material = load_material(&t.paths, &own, SystemTime::now())
         .await
         .context("loading this member's certificate")?;
+    let region = own_region(&material.identity, config)?;
     let live = LiveMaterial::new(material);
     let peers = PeerPolicy {
         trust_domain: t.trust_domain.clone(),
         accepted: KindSet::only(IdentityKind::Node).with(IdentityKind::Workload),
-        region: live.current().identity.region().cloned(),
+        region: None,
     };
     let xds = server_config(&live, peers.clone(), metrics.clone(), &[ALPN_H2])?;
     let ingest = server_config(&live, peers, metrics.clone(), &[ALPN_H2])?;
-    Ok((Arc::new(xds), Arc::new(ingest), live))
+    let members = super::raft::tls::peer_policy(t.trust_domain.clone(), region);
+    let raft_server = server_config(&live, members.clone(), metrics.clone(), &[ALPN_HTTP1])?;
+    let raft_client = client_config(&live, members, metrics.clone(), &[ALPN_HTTP1])?;
+    Ok(MemberTls {
+        xds: Arc::new(xds),
+        ingest: Arc::new(ingest),
+        raft_server: Arc::new(raft_server),
+        raft_client: Arc::new(raft_client),
+        live,
+    })
+}
+
+/// The region of this member's certificate, once it is known to name this member: its
+/// peers admit a Raft RPC only from the member id the certificate names, and only from
+/// their own region, so any other certificate would leave it unable to take part.
+fn own_region(identity: &Identity, config: &AuthorityConfig) -> anyhow::Result<Name> {
+    let (Some(region), Some(member)) = (identity.region(), identity.member()) else {
+        anyhow::bail!("authority.tls.cert_chain: {identity} is not an authority identity");
+    };
+    if member_id(member.as_str()) != Some(config.id) {
+        anyhow::bail!(
+            "authority.tls.cert_chain: the certificate names authority member {member}, but this \
+             member's Raft id is {} (authority.id): its peers would refuse every Raft RPC from it",
+            config.id
+        );
+    }
+    if region.as_str() != config.region.as_str() {
+        anyhow::bail!(
+            "authority.tls.cert_chain: the certificate is for region {region}, but this member \
+             serves region {} (authority.region)",
+            config.region
+        );
+    }
+    Ok(region.clone())
 }
 
 /// Set to `1` to switch the fraction guard off (ADR-08): a broken health check then drains

@@ -71,8 +71,8 @@ pub async fn list_peers(api: &ApiClient, as_json: bool) -> anyhow::Result<String
 }
 
 /// `waymark operator raft join`.
-pub async fn join(api: &ApiClient, id: u64, addr: &str) -> anyhow::Result<String> {
-    let body = json!({"id": id, "addr": addr});
+pub async fn join(api: &ApiClient, id: u64, addr: &str, raft: &str) -> anyhow::Result<String> {
+    let body = json!({"id": id, "addr": addr, "raft": raft});
     api.send(Method::POST, "/v1/operator/raft/members", Some(&body))
         .await?
         .json()?;

@@ -132,6 +132,8 @@ impl DevRegion {
             zones,
             data_dir: args.dir.join("authority"),
             http: args.api,
+            // One member: no peer calls it, so any free loopback port (mutual TLS anyway).
+            raft: "127.0.0.1:0".parse()?,
             xds: "127.0.0.1:0".parse()?,
             ingest: Some("127.0.0.1:0".parse()?),
             tls: Some(TlsSettings {
@@ -465,7 +467,8 @@ fn dev_pki(dir: &std::path::Path) -> anyhow::Result<DevPki> {
             bundle: pki.bundle(),
         })
     };
-    let authority = issue(&format!("region/{REGION}/authority/a1"))?;
+    // The member name is the Raft id: peers admit Raft RPC only from the id it names.
+    let authority = issue(&format!("region/{REGION}/authority/1"))?;
     let node = issue(&format!("region/{REGION}/node/{NODE}"))?;
     Ok(DevPki {
         authority,

@@ -387,7 +387,8 @@ upstream = ["10.0.0.1:18000"]
         let open = format!("{MINIMAL}\n[agent.listen]\nxds = \"0.0.0.0:18000\"\n");
         let err = load(&open, &[], &Overrides::default()).unwrap_err();
         assert!(
-            err.to_string().starts_with("agent.listen.xds: xDS and LRS in plain text"),
+            err.to_string()
+                .starts_with("agent.listen.xds: xDS and LRS in plain text"),
             "{err}"
         );
         let err = load(

@@ -33,6 +33,7 @@ pub fn plain(dir: &Path, region: &str, zones: &[&str], xds: SocketAddr) -> Autho
         zones: zones.iter().map(|z| z.parse().unwrap()).collect(),
         data_dir: dir.to_path_buf(),
         http: "127.0.0.1:0".parse().unwrap(),
+        raft: "127.0.0.1:0".parse().unwrap(),
         xds,
         ingest: None,
         tls: None,

@@ -20,10 +20,11 @@ pub const NODE: &str = "spiffe://mesh.test/region/eu/node/n1";
 pub const AUTHORITY: &str = "spiffe://mesh.test/region/eu/authority/a1";
 pub const WORKLOAD: &str = "spiffe://mesh.test/region/eu/service/cart/instance/i1";
 
-/// An estate root with one region, `eu`.
+/// An estate root with two regions, `eu` (whose identities the tests use) and `us`.
 pub struct Pki {
     pub root: RootCa,
     pub eu: RegionCa,
+    pub us: RegionCa,
     pub now: SystemTime,
 }
 
@@ -40,7 +41,8 @@ impl Pki {
         let now = SystemTime::now();
         let root = RootCa::generate(TrustDomain::new(trust_domain).unwrap(), now).unwrap();
         let eu = root.issue_region(Name::new("eu").unwrap(), now).unwrap();
-        Self { root, eu, now }
+        let us = root.issue_region(Name::new("us").unwrap(), now).unwrap();
+        Self { root, eu, us, now }
     }
 
     pub fn leaf(&self, identity: &str) -> IssuedLeaf {
@@ -132,6 +134,11 @@ impl Pki {
                 reason: RejectReason::MultipleSans,
             },
             BadCase {
+                name: "eu node signed by the us intermediate",
+                key: certified(&forged(&self.us, NODE, self.now)),
+                reason: RejectReason::OutsideIssuerScope,
+            },
+            BadCase {
                 name: "workload on the node port",
                 key: certified(&self.leaf(WORKLOAD)),
                 reason: RejectReason::WrongKind,
@@ -143,6 +150,17 @@ impl Pki {
             },
         ]
     }
+}
+
+/// A leaf for `identity` signed by `ca` whatever region it names: what a compromised or
+/// misused region intermediate could produce.
+pub fn forged(ca: &RegionCa, identity: &str, now: SystemTime) -> IssuedLeaf {
+    ca.issue_unchecked(LeafSpec {
+        sans: vec![LeafSan::Uri(identity.to_owned())],
+        not_before: now - Duration::from_secs(60),
+        not_after: now + Duration::from_secs(3600),
+    })
+    .unwrap()
 }
 
 pub fn policy(accepted: KindSet) -> PeerPolicy {

@@ -12,6 +12,17 @@ use anyhow::Context as _;
 
 use super::{RoleProc, free_port, loopback};
 
+/// One initial voter: its id, API address and Raft address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Voter {
+    /// Raft member id.
+    pub id: u64,
+    /// Its HTTP API.
+    pub http: SocketAddr,
+    /// Its Raft listener.
+    pub raft: SocketAddr,
+}
+
 /// An authority member whose ports and data directory survive restarts.
 #[derive(Debug)]
 pub struct AuthorityProc {
@@ -28,27 +39,33 @@ struct Config {
     zones: Vec<String>,
     data: PathBuf,
     http: SocketAddr,
+    raft: SocketAddr,
     xds: SocketAddr,
+    /// The group's voters as first written, where [`AuthorityProc::set_initial_members`]
+    /// finds each one's Raft address.
+    voters: Vec<Voter>,
 }
 
 impl Config {
-    /// Writes the file for member `id` with `members` (id, HTTP address) as the initial
-    /// voters (only the lowest id initialises the group).
-    fn write(&self, id: u64, members: &[(u64, SocketAddr)]) -> anyhow::Result<()> {
+    /// Writes the file for member `id` with `members` as the initial voters (only the
+    /// lowest id initialises the group).
+    fn write(&self, id: u64, members: &[Voter]) -> anyhow::Result<()> {
         let zones: Vec<String> = self.zones.iter().map(|z| format!("\"{z}\"")).collect();
         let mut text = format!(
             "[authority]\nid = {id}\nregion = \"{}\"\nzones = [{}]\ndata_dir = \"{}\"\n\
-             http = \"{}\"\nxds = \"{}\"\n",
+             http = \"{}\"\nraft = \"{}\"\nxds = \"{}\"\n",
             self.region,
             zones.join(", "),
             self.data.display(),
             self.http,
+            self.raft,
             self.xds,
         );
-        for (m, addr) in members {
+        for v in members {
             write!(
                 text,
-                "\n[[authority.members]]\nid = {m}\naddr = \"{addr}\"\n"
+                "\n[[authority.members]]\nid = {}\naddr = \"{}\"\nraft = \"{}\"\n",
+                v.id, v.http, v.raft
             )?;
         }
         let dir = self.path.parent().unwrap_or(&self.data);
@@ -61,30 +78,38 @@ impl AuthorityProc {
     /// Writes the configuration under `dir` (region `region`, one zone `zone`) of a
     /// single-member group; does not start anything.
     pub fn new(bin: &Path, dir: &Path, region: &str, zone: &str) -> anyhow::Result<Self> {
-        let (http, xds) = (loopback(free_port()?), loopback(free_port()?));
-        Self::member(bin, dir, 1, region, &[zone], (http, xds), &[(1, http)])
+        let (http, raft, xds) = (
+            loopback(free_port()?),
+            loopback(free_port()?),
+            loopback(free_port()?),
+        );
+        let me = Voter { id: 1, http, raft };
+        Self::member(bin, dir, me, region, &[zone], xds, &[me])
     }
 
-    /// Writes the configuration under `dir` of member `id` listening on `(http, xds)`,
-    /// with `members` (id, HTTP address; itself included) as the group's initial voters;
-    /// does not start anything.
+    /// Writes the configuration under `dir` of member `me` (its id, and its API and Raft
+    /// listeners; xDS on `xds`), with `members` (itself included) as the group's initial
+    /// voters; does not start anything. Raft is plaintext: every address is on loopback.
     pub fn member(
         bin: &Path,
         dir: &Path,
-        id: u64,
+        me: Voter,
         region: &str,
         zones: &[&str],
-        (http, xds): (SocketAddr, SocketAddr),
-        members: &[(u64, SocketAddr)],
+        xds: SocketAddr,
+        members: &[Voter],
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
+        let (id, http) = (me.id, me.http);
         let config = Config {
             path: dir.join("authority.toml"),
             region: region.to_owned(),
             zones: zones.iter().map(|z| (*z).to_owned()).collect(),
             data: dir.join("data"),
             http,
+            raft: me.raft,
             xds,
+            voters: members.to_vec(),
         };
         config.write(id, members)?;
         Ok(Self {
@@ -105,9 +130,14 @@ impl AuthorityProc {
         self.id
     }
 
-    /// The HTTP API (and Raft) address.
+    /// The HTTP API address.
     pub fn http_addr(&self) -> SocketAddr {
         self.config.http
+    }
+
+    /// The Raft listener's address.
+    pub fn raft_addr(&self) -> SocketAddr {
+        self.config.raft
     }
 
     /// The xDS address node agents subscribe to.
@@ -120,10 +150,21 @@ impl AuthorityProc {
         &self.config.data
     }
 
-    /// Rewrites the initial voters in its configuration (read at the next start; only a
-    /// member with no Raft state bootstraps from it).
+    /// Rewrites the initial voters in its configuration to `members` (id, HTTP API
+    /// address), each with the Raft address it was created with (read at the next start;
+    /// only a member with no Raft state bootstraps from it).
     pub fn set_initial_members(&self, members: &[(u64, SocketAddr)]) -> anyhow::Result<()> {
-        self.config.write(self.id, members)
+        let voters = members
+            .iter()
+            .map(|&(id, http)| {
+                let known = self.config.voters.iter().find(|v| v.id == id);
+                let raft = known
+                    .map(|v| v.raft)
+                    .with_context(|| format!("member {id} is not one of the group's voters"))?;
+                Ok(Voter { id, http, raft })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        self.config.write(self.id, &voters)
     }
 
     /// Start the process (no wait).

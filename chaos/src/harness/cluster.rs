@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use super::authority::AuthorityProc;
+use super::authority::{AuthorityProc, Voter};
 use super::{free_port, loopback, wait_until};
 use crate::traffic;
 
@@ -49,26 +49,24 @@ impl AuthorityCluster {
         zones: &[&str],
     ) -> anyhow::Result<Self> {
         anyhow::ensure!(n > 0, "a cluster needs a member");
-        let mut ports = Vec::with_capacity(n);
-        for _ in 0..n {
-            ports.push((loopback(free_port()?), loopback(free_port()?)));
+        let mut voters = Vec::with_capacity(n);
+        let mut xds = Vec::with_capacity(n);
+        for id in (1u64..).take(n) {
+            let (http, raft) = (loopback(free_port()?), loopback(free_port()?));
+            voters.push(Voter { id, http, raft });
+            xds.push(loopback(free_port()?));
         }
-        let voters: Vec<(u64, SocketAddr)> = ports
+        let members = voters
             .iter()
-            .zip(1u64..)
-            .map(|((http, _), id)| (id, *http))
-            .collect();
-        let members = ports
-            .iter()
-            .zip(1u64..)
-            .map(|(addrs, id)| {
+            .zip(xds)
+            .map(|(me, xds)| {
                 AuthorityProc::member(
                     bin,
-                    &dir.join(format!("m{id}")),
-                    id,
+                    &dir.join(format!("m{}", me.id)),
+                    *me,
                     region,
                     zones,
-                    *addrs,
+                    xds,
                     &voters,
                 )
             })

@@ -118,14 +118,16 @@ impl EvidenceAuthority {
         zone: &str,
         envs: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
-        let (http, xds, ingest, gossip) = (
+        let (http, raft, xds, ingest, gossip) = (
+            loopback(free_port()?),
             loopback(free_port()?),
             loopback(free_port()?),
             loopback(free_port()?),
             loopback(free_port()?),
         );
         std::fs::create_dir_all(dir)?;
-        let tls = pki.issue("authority/a1")?;
+        // The member name is its Raft id (1): peers admit Raft RPC only as the id it names.
+        let tls = pki.issue("authority/1")?;
         let config = dir.join("authority.toml");
         std::fs::write(
             &config,
@@ -136,12 +138,14 @@ region = "{region}"
 zones = ["{zone}"]
 data_dir = "{data}"
 http = "{http}"
+raft = "{raft}"
 xds = "{xds}"
 ingest = "{ingest}"
 
 [[authority.members]]
 id = 1
 addr = "{http}"
+raft = "{raft}"
 
 {tls}
 [authority.gossip]

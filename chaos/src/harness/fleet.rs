@@ -90,6 +90,7 @@ pub struct FleetAuthority {
     region: String,
     zones: Vec<String>,
     http: SocketAddr,
+    raft: SocketAddr,
     xds: SocketAddr,
 }
 
@@ -102,7 +103,11 @@ impl FleetAuthority {
         zones: &[String],
         limits: Limits,
     ) -> anyhow::Result<Self> {
-        let (http, xds) = (loopback(free_port()?), loopback(free_port()?));
+        let (http, raft, xds) = (
+            loopback(free_port()?),
+            loopback(free_port()?),
+            loopback(free_port()?),
+        );
         std::fs::create_dir_all(dir)?;
         let config = dir.join("authority.toml");
         let me = Self {
@@ -118,6 +123,7 @@ impl FleetAuthority {
             region: region.to_owned(),
             zones: zones.to_vec(),
             http,
+            raft,
             xds,
         };
         me.set_limits(limits)?;
@@ -134,11 +140,13 @@ region = "{region}"
 zones = [{zones}]
 data_dir = "{data}"
 http = "{http}"
+raft = "{raft}"
 xds = "{xds}"
 
 [[authority.members]]
 id = 1
 addr = "{http}"
+raft = "{raft}"
 {acl}
 {limits}"#,
             acl = super::acl_toml(&self.dir)?,
@@ -146,6 +154,7 @@ addr = "{http}"
             zones = zones.join(", "),
             data = self.dir.join("data").display(),
             http = self.http,
+            raft = self.raft,
             xds = self.xds,
             limits = limits.toml(),
         );

@@ -113,6 +113,7 @@ pub fn gossip_key(seed: u64) -> String {
 #[derive(Debug, Clone, Copy)]
 pub struct AuthorityAddrs {
     pub http: SocketAddr,
+    pub raft: SocketAddr,
     pub xds: SocketAddr,
     pub ingest: SocketAddr,
     pub gossip: SocketAddr,
@@ -127,6 +128,7 @@ impl AuthorityAddrs {
         let tcp = || -> anyhow::Result<SocketAddr> { Ok(SocketAddr::new(ip, free_port()?)) };
         Ok(Self {
             http: tcp()?,
+            raft: tcp()?,
             xds: tcp()?,
             ingest: tcp()?,
             gossip: SocketAddr::new(ip, free_udp_port(probe_ip)?),
@@ -233,13 +235,14 @@ pub fn authority_toml(spec: &AuthoritySpec, a: &AuthorityAddrs, data: &Path) -> 
     let zones: Vec<String> = spec.zones.iter().map(|z| format!("\"{z}\"")).collect();
     let mut t = format!(
         "[authority]\nid = 1\nregion = \"{region}\"\nzones = [{zones}]\ndata_dir = \"{data}\"\n\
-         http = \"{http}\"\nxds = \"{xds}\"\ningest = \"{ingest}\"\n\n\
-         [[authority.members]]\nid = 1\naddr = \"{http}\"\n\n\
+         http = \"{http}\"\nraft = \"{raft}\"\nxds = \"{xds}\"\ningest = \"{ingest}\"\n\n\
+         [[authority.members]]\nid = 1\naddr = \"{http}\"\nraft = \"{raft}\"\n\n\
          [authority.tls]\ntrust_domain = \"{td}\"\ncert_chain = \"{chain}\"\nkey = \"{key}\"\nbundle = \"{bundle}\"\n",
         region = spec.region,
         zones = zones.join(", "),
         data = data.display(),
         http = a.http,
+        raft = a.raft,
         xds = a.xds,
         ingest = a.ingest,
         td = spec.tls.trust_domain,
@@ -402,6 +405,7 @@ mod tests {
         let ip: IpAddr = "10.64.0.1".parse().unwrap();
         let a = AuthorityAddrs {
             http: SocketAddr::new(ip, 1),
+            raft: SocketAddr::new(ip, 6),
             xds: SocketAddr::new(ip, 2),
             ingest: SocketAddr::new(ip, 3),
             gossip: SocketAddr::new(ip, 4),
@@ -411,7 +415,7 @@ mod tests {
             region: "eu".into(),
             zones: vec!["a".into(), "b".into()],
             tls: tls(),
-            gossip_keys: Some(vec!["ab".into()]),
+            gossip_keys: Some(vec![gossip_key(1)]),
             federation: Some(FederationSpec {
                 peers: vec![("us".into(), "1".into(), SocketAddr::new(ip, 9))],
                 stale_after: Duration::from_secs(2),
@@ -421,6 +425,9 @@ mod tests {
         };
         let t = authority_toml(&spec, &a, Path::new("/d"));
         assert!(t.contains("zones = [\"a\", \"b\"]"), "{t}");
+        // Raft on its own port, off loopback: accepted because [authority.tls] is set.
+        assert!(t.contains("raft = \"10.64.0.1:6\""), "{t}");
+        waymark_agent::authority::config::ConfigFile::parse(&t, []).unwrap();
         assert!(
             t.contains("[authority.gossip]\nbind = \"10.64.0.1:4\""),
             "{t}"

@@ -1,5 +1,5 @@
 //! Merge is a join: commutative, associative, idempotent; stale never wins; anti-entropy
-//! by digest converges; own entries are never overwritten by a peer.
+//! by digest converges; a peer writes only its own region: never ours, never a third's.
 
 use proptest::prelude::*;
 
@@ -38,13 +38,28 @@ fn entry(r: u8, s: u8, version: u64) -> Entry {
     }
 }
 
+/// Region 8's replica of regions 0..3, each entry delivered by its own region.
 fn replica() -> impl Strategy<Value = RegionAggregates> {
     prop::collection::vec((0u8..3, 0u8..3, 1u64..20), 0..12).prop_map(|es| {
         let mut a = RegionAggregates::new();
-        let other = region(9);
-        let entries = es.into_iter().map(|(r, s, v)| entry(r, s, v)).collect();
-        a.merge_from(&region(8), &other, entries).unwrap();
+        for (r, s, v) in es {
+            a.merge_from(&region(8), &region(r), vec![entry(r, s, v)])
+                .unwrap();
+        }
         a
+    })
+}
+
+/// A batch region 1 sends, with at least one entry of another region (0, 2, or the
+/// receiver's own 8) somewhere in it.
+fn batch_with_a_foreign_entry() -> impl Strategy<Value = Vec<Entry>> {
+    let own = prop::collection::vec((0u8..3, 1u64..20), 0..6);
+    let foreign = (prop::sample::select(vec![0u8, 2, 8]), 0u8..3, 1u64..20);
+    (own, foreign, any::<prop::sample::Index>()).prop_map(|(own, (r, s, v), at)| {
+        let mut batch: Vec<Entry> = own.into_iter().map(|(s, v)| entry(1, s, v)).collect();
+        let at = at.index(batch.len() + 1);
+        batch.insert(at, entry(r, s, v));
+        batch
     })
 }
 
@@ -83,20 +98,43 @@ proptest! {
         prop_assume!(older < newer);
         let mut a = RegionAggregates::new();
         a.merge_from(&region(8), &region(1), vec![entry(1, 1, newer)]).unwrap();
-        let record = a.merge_from(&region(8), &region(2), vec![entry(1, 1, older)]).unwrap();
+        // Late, through another of region 1's members.
+        let record = a.merge_from(&region(8), &region(1), vec![entry(1, 1, older)]).unwrap();
         prop_assert_eq!(a.version(&region(1), &service(1)), Some(newer));
         prop_assert_eq!(record.entries[0].outcome, Outcome::KeptOurs);
     }
 
     #[test]
-    fn anti_entropy_by_digest_converges(a in replica(), b in replica()) {
-        let (mut a2, mut b2) = (a.clone(), b.clone());
-        let to_b = a2.missing_for(&b2.digest());
-        let to_a = b2.missing_for(&a2.digest());
-        b2.merge_from(&region(7), &region(6), to_b).unwrap();
-        a2.merge_from(&region(7), &region(6), to_a).unwrap();
-        prop_assert_eq!(a2.digest(), b2.digest());
-        prop_assert!(a2.missing_for(&b2.digest()).is_empty());
+    fn anti_entropy_by_digest_converges_on_the_senders_region(a in replica(), b in replica()) {
+        // Region 1 (holding `a`) answers region 5's (holding `b`) digest of region 1.
+        let (sender, receiver) = (region(1), region(5));
+        let mut b2 = b.clone();
+        let answer = a.missing_of(&sender, &b2.digest_of(&sender));
+        prop_assert!(answer.iter().all(|e| e.region == sender));
+        b2.merge_from(&receiver, &sender, answer).unwrap();
+        prop_assert!(a.missing_of(&sender, &b2.digest_of(&sender)).is_empty());
+        for ((r, s), v) in a.digest_of(&sender) {
+            prop_assert!(b2.version(&r, &s) >= Some(v));
+        }
+        // Nothing of any other region moved.
+        for other in [0, 2] {
+            prop_assert_eq!(b2.digest_of(&region(other)), b.digest_of(&region(other)));
+        }
+    }
+
+    #[test]
+    fn a_batch_naming_another_region_changes_nothing(
+        a in replica(),
+        batch in batch_with_a_foreign_entry(),
+    ) {
+        let mut after = a.clone();
+        let err = after.merge_from(&region(8), &region(1), batch).unwrap_err();
+        prop_assert!(
+            matches!(&err, AggregateError::ForeignEntry { sender, region: r, .. }
+                if sender == &region(1) && r != &region(1)),
+            "{:?}", err
+        );
+        prop_assert_eq!(after, a);
     }
 
     #[test]
@@ -109,26 +147,51 @@ proptest! {
 }
 
 #[test]
-fn a_peer_cannot_overwrite_our_own_region() {
+fn a_peer_cannot_write_our_region_or_a_third_one() {
+    // We are region 1 and hold our own s1@5 and region 3's s1@2; region 2 sends newer
+    // versions of both alongside its own entry. Refused whole: not even region 2's own
+    // entry is taken from a batch that lies.
     let mut a = RegionAggregates::new();
     a.publish_local(entry(1, 1, 5)).unwrap();
-    let record = a
-        .merge_from(&region(1), &region(2), vec![entry(1, 1, 9)])
+    a.merge_from(&region(1), &region(3), vec![entry(3, 1, 2)])
         .unwrap();
-    assert_eq!(record.entries[0].outcome, Outcome::IgnoredOwnRegion);
-    assert_eq!(a.version(&region(1), &service(1)), Some(5));
+    let before = a.clone();
+    for claimed in [entry(1, 1, 9), entry(3, 1, 9)] {
+        let err = a
+            .merge_from(
+                &region(1),
+                &region(2),
+                vec![entry(2, 1, 1), claimed.clone()],
+            )
+            .unwrap_err();
+        assert_eq!(
+            err,
+            AggregateError::ForeignEntry {
+                sender: region(2),
+                region: claimed.region.clone(),
+                service: service(1),
+            }
+        );
+        assert_eq!(a, before, "nothing from the refused batch was merged");
+    }
+    // A region that claims to be us is refused too.
+    let err = a
+        .merge_from(&region(1), &region(1), vec![entry(1, 1, 9)])
+        .unwrap_err();
+    assert!(matches!(err, AggregateError::ForeignEntry { .. }));
+    assert_eq!(a, before);
 }
 
 #[test]
 fn two_contents_under_one_version_are_refused_whole() {
     let mut a = RegionAggregates::new();
-    a.merge_from(&region(8), &region(2), vec![entry(1, 1, 3)])
+    a.merge_from(&region(8), &region(1), vec![entry(1, 1, 3)])
         .unwrap();
     let mut forged = entry(1, 1, 3);
     forged.aggregate = Arc::new(ServiceAggregate::default());
     let before = a.clone();
     let err = a
-        .merge_from(&region(8), &region(2), vec![entry(1, 2, 1), forged])
+        .merge_from(&region(8), &region(1), vec![entry(1, 2, 1), forged])
         .unwrap_err();
     assert!(matches!(
         err,
@@ -149,17 +212,19 @@ fn a_local_publication_must_advance() {
 
 #[test]
 fn reconciliation_records_what_each_side_held() {
-    // After a partition: we hold r1/s1@4 and r2/s1@7; the peer brings r1/s1@6 and r2/s1@5.
+    // After a partition: we hold r1/s1@4 and r1/s2@7 (the later one from another of its
+    // members); r1 brings s1@6, s2@5 and a new s3@1.
     let mut a = RegionAggregates::new();
-    a.merge_from(&region(8), &region(1), vec![entry(1, 1, 4), entry(2, 1, 7)])
+    a.merge_from(&region(8), &region(1), vec![entry(1, 1, 4), entry(1, 2, 7)])
         .unwrap();
     let record = a
         .merge_from(
             &region(8),
-            &region(3),
-            vec![entry(1, 1, 6), entry(2, 1, 5), entry(2, 2, 1)],
+            &region(1),
+            vec![entry(1, 1, 6), entry(1, 2, 5), entry(1, 3, 1)],
         )
         .unwrap();
+    assert_eq!(record.peer, Some(region(1)));
     let lines: Vec<_> = record
         .entries
         .iter()
@@ -184,8 +249,10 @@ fn reconciliation_records_what_each_side_held() {
 fn remote_endpoints_are_qualified_by_region_so_equal_ids_do_not_collide() {
     let mut a = RegionAggregates::new();
     // Both regions number their registrations alike: the same ids in each.
-    a.merge_from(&region(8), &region(9), vec![entry(1, 1, 3), entry(2, 1, 3)])
-        .unwrap();
+    for r in [1, 2] {
+        a.merge_from(&region(8), &region(r), vec![entry(r, 1, 3)])
+            .unwrap();
+    }
     let ids = |r: u8| -> Vec<String> {
         a.remote_endpoints(&region(r), &service(1))
             .into_iter()

@@ -42,6 +42,9 @@ pub enum RefusalReason {
     BadFrame,
     /// A batch of entries contradicted what we hold (two contents under one version).
     ConflictingVersion,
+    /// A batch of entries named another region than the sending peer's own (a third
+    /// region's, or ours): refused whole, since a link carries only its sender's region.
+    ForeignEntry,
     /// Too many handshakes or queued connections at once.
     Busy,
 }
@@ -60,6 +63,7 @@ impl RefusalReason {
             Self::FrameTooLarge => "frame_too_large",
             Self::BadFrame => "bad_frame",
             Self::ConflictingVersion => "conflicting_version",
+            Self::ForeignEntry => "foreign_entry",
             Self::Busy => "busy",
         }
     }

@@ -25,6 +25,16 @@
 //!   configured peer that dials us (acceptor) or the ones configured at the dialled address
 //!   (dialer). Anything else is closed with an application error and counted by
 //!   [`RefusalReason`].
+//! - **What a link carries: direct links only.** A peer speaks only for its own region,
+//!   the one its certificate names (and which must be the configured peer region). The
+//!   driver hands that region to the [`Session`], which answers digests with our own
+//!   entries only and merges a batch only if every entry is the peer's own: a batch naming
+//!   a third region, or ours, is refused whole, changes nothing, and is counted as
+//!   `foreign_entry` and logged with the peer and the entry it claimed. So a compromised
+//!   region can write only its own aggregates. The cost: nothing is relayed, so every
+//!   region must link directly to every region whose aggregates it wants (a full mesh of
+//!   peers); a region we do not link to is simply absent from tier 2. Relaying would need
+//!   entries signed by their own region, which the one-hop rule makes unnecessary.
 //! - **Bounded bandwidth.** A message carries at most `entries_per_message` entries and at
 //!   most `message_bytes_max` bytes; the Session queues at most `outbox_max` messages
 //!   (dropping the oldest, which the next digest round recomputes); the driver holds one
@@ -458,7 +468,7 @@ fn region_versions(digest: &Digest, region: &RegionName) -> BTreeMap<ServiceName
 }
 
 /// A new session for a peer member's link, not yet connected. Its records name the
-/// region: entries belong to regions, whichever member relayed them.
+/// region: a link carries only its region's own entries, whichever member sends them.
 fn new_session(config: &FederationConfig, peer: &RegionName) -> Session {
     Session::new(config.session.clone(), config.region.clone(), peer.clone())
 }

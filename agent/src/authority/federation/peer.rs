@@ -9,6 +9,12 @@
 //! A link is three futures raced in one task: the reader (frames → bounded channel), the
 //! writer (bounded channel → stream) and the driver (Session in, Session out, timers).
 //! Whichever ends first ends the link; the connection is closed with a code saying why.
+//!
+//! The region a link speaks for is the one its peer's certificate names, read from the
+//! connection once it is admitted (dialer: the configured region at that address;
+//! acceptor: routed by it) and handed to the Session, which merges only that region's
+//! entries. A batch naming any other region is refused whole, counted as `foreign_entry`
+//! and logged; the link stays up.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -22,7 +28,7 @@ use tracing::{debug, info, warn};
 use waymark_certs::quic::peer_identity;
 use waymark_certs::{Identity, IdentityKind, Name, TrustDomain};
 use waymark_core::model::RegionName;
-use waymark_federation::aggregate::ReconciliationRecord;
+use waymark_federation::aggregate::{AggregateError, ReconciliationRecord};
 use waymark_federation::session::{Message, Session};
 use waymark_xds::client::Backoff;
 
@@ -103,6 +109,8 @@ enum LinkError {
     Connection(#[from] ConnectionError),
     #[error("peer identity unreadable")]
     Identity(#[from] waymark_certs::CertError),
+    #[error("peer identity {identity} names no region we can federate with")]
+    NoRegion { identity: String },
     #[error("dialled member {expected_member} of region {expected_region} but reached {found}")]
     UnexpectedPeer {
         expected_region: RegionName,
@@ -256,6 +264,10 @@ async fn run_link(
             conn.accept_bi().await
         }
     };
+    let sender = match verified_region(conn) {
+        Ok(sender) => sender,
+        Err(e) => return close(ctx, conn, e, None),
+    };
     let (send, recv) = tokio::select! {
         streams = streams => match streams {
             Ok(streams) => streams,
@@ -269,7 +281,7 @@ async fn run_link(
     let (error, replacement) = tokio::select! {
         e = read_loop(recv, max, in_tx) => (e, None),
         e = write_loop(send, out_rx) => (e, None),
-        e = drive(ctx, peer, in_rx, out_tx) => (e, None),
+        e = drive(ctx, peer, sender, in_rx, out_tx) => (e, None),
         newer = &mut replaced => (LinkError::Replaced, Some(newer)),
     };
     close(ctx, conn, error, replacement)
@@ -327,11 +339,24 @@ async fn write_loop(mut send: SendStream, mut rx: mpsc::Receiver<Frame>) -> Link
     std::future::pending().await
 }
 
+/// The region an admitted connection's certificate names: what its entries may be about.
+fn verified_region(conn: &Connection) -> Result<RegionName, LinkError> {
+    let identity = peer_identity(conn)?;
+    identity
+        .region()
+        .and_then(|r| RegionName::try_new(r.as_str()).ok())
+        .ok_or_else(|| LinkError::NoRegion {
+            identity: identity.to_string(),
+        })
+}
+
 /// The Session's driver: inputs from the reader and the timer, outputs to the writer, at
-/// most one message held here. Returns only on error.
+/// most one message held here. `sender` is the region the peer's certificate names.
+/// Returns only on error.
 async fn drive(
     ctx: &Ctx,
     peer: &PeerHandle,
+    sender: RegionName,
     mut inbound: mpsc::Receiver<Message>,
     outbound: mpsc::Sender<Frame>,
 ) -> LinkError {
@@ -342,7 +367,7 @@ async fn drive(
         let aggregates = lock(&ctx.aggregates);
         shared
             .session
-            .handle_connected(Instant::now().into_std(), &aggregates);
+            .handle_authenticated(Instant::now().into_std(), sender, &aggregates);
     }
     let mut pending: VecDeque<Frame> = VecDeque::new();
     loop {
@@ -396,8 +421,7 @@ fn handle_message(ctx: &Ctx, peer: &PeerHandle, labels: &LinkLabels, message: Me
         let mut aggregates = lock(&ctx.aggregates);
         let now = Instant::now().into_std();
         if let Err(error) = shared.session.handle_message(now, message, &mut aggregates) {
-            ctx.metrics.count_refused(RefusalReason::ConflictingVersion);
-            warn!(error = %error, "peer sent conflicting entries; batch refused");
+            refused_batch(ctx, peer, &error);
             shared.last_error = Some(error.to_string());
         }
         shared.session.take_records()
@@ -409,7 +433,7 @@ fn handle_message(ctx: &Ctx, peer: &PeerHandle, labels: &LinkLabels, message: Me
     let mut held = lock(&ctx.records);
     for record in records {
         counter.inc();
-        // The record names the region (entries belong to it); the member that relayed
+        // The record names the region (the entries are its own); the member that sent
         // them is only in the log.
         info!(
             peer_region = %peer.region,
@@ -426,6 +450,36 @@ fn handle_message(ctx: &Ctx, peer: &PeerHandle, labels: &LinkLabels, message: Me
             ctx.metrics.reconciliations_dropped.inc();
         }
         held.push_back(record);
+    }
+}
+
+/// Counts and logs a batch of entries the Session refused; nothing was merged.
+fn refused_batch(ctx: &Ctx, peer: &PeerHandle, error: &AggregateError) {
+    match error {
+        AggregateError::ForeignEntry {
+            region, service, ..
+        } => {
+            ctx.metrics.count_refused(RefusalReason::ForeignEntry);
+            warn!(
+                peer_region = %peer.region,
+                peer_member = %peer.member,
+                region = %region,
+                service = %service,
+                reason = %RefusalReason::ForeignEntry,
+                "peer sent another region's entry; batch refused"
+            );
+        }
+        // ConflictingVersion, and whatever a newer core refuses.
+        _ => {
+            ctx.metrics.count_refused(RefusalReason::ConflictingVersion);
+            warn!(
+                peer_region = %peer.region,
+                peer_member = %peer.member,
+                error = %error,
+                reason = %RefusalReason::ConflictingVersion,
+                "peer sent conflicting entries; batch refused"
+            );
+        }
     }
 }
 

@@ -1,4 +1,6 @@
-//! The authority's Raft group: openraft over redb storage and HTTP/JSON RPCs.
+//! The authority's Raft group: openraft over redb storage and HTTP/JSON RPCs on each
+//! member's own Raft listener (mutual TLS between the region's members, see [`tls`] and
+//! [`admission`]; plaintext on loopback only).
 //!
 //! ```text
 //! write(Request) ──► openraft leader ──► /raft/append ──► followers (redb log, fsync)
@@ -15,8 +17,10 @@
 //! On restart a member reloads its vote, log, committed index and last snapshot from the
 //! redb file in its data directory and replays the committed tail.
 
+pub mod admission;
 mod network;
 mod store;
+pub mod tls;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Debug, Display};
@@ -33,9 +37,11 @@ use openraft::{ChangeMembers, Raft, RaftMetrics, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 
+pub use self::admission::{RaftRpcMetrics, Senders};
 pub use self::network::{
-    APPEND_PATH, BODY_LIMIT_BYTES, HttpNetworkFactory, HttpPeer, LARGE_RPCS_IN_FLIGHT_MAX,
-    RESPONSE_LIMIT_BYTES, SNAPSHOT_PATH, VOTE_BODY_LIMIT_BYTES, VOTE_PATH,
+    APPEND_PATH, BODY_LIMIT_BYTES, CONNECT_TIMEOUT, HttpNetworkFactory, HttpPeer,
+    LARGE_RPCS_IN_FLIGHT_MAX, RESPONSE_LIMIT_BYTES, SNAPSHOT_PATH, VOTE_BODY_LIMIT_BYTES,
+    VOTE_PATH,
 };
 use self::store::Shared;
 pub use self::store::{
@@ -67,9 +73,9 @@ openraft::declare_raft_types!(
 /// Where to reach a member of the Raft group.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Member {
-    /// `host:port` serving the `/raft/*` routes.
+    /// `host:port` of the member's Raft listener, serving the `/raft/*` routes.
     pub raft_addr: String,
-    /// `host:port` of the member's HTTP API (may be the same server).
+    /// `host:port` of the member's HTTP API (where writes are redirected to).
     pub api_addr: String,
 }
 
@@ -107,6 +113,10 @@ pub struct RaftConfig {
     /// would never catch up, and a group that needs it for its quorum would never commit
     /// again. Small batches keep each round trip within the heartbeat.
     pub append_batch_max: u64,
+    /// Mutual TLS to the peers' Raft listeners (a config from
+    /// `waymark_certs::tls::client_config` with [`tls::peer_policy`] and ALPN `http/1.1`);
+    /// `None` speaks plain HTTP (loopback development).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// The default of [`RaftConfig::append_batch_max`].
@@ -125,6 +135,7 @@ impl RaftConfig {
             snapshot_every: 10_000,
             logs_kept_after_snapshot: 1_000,
             append_batch_max: APPEND_BATCH_MAX,
+            tls: None,
         }
     }
 
@@ -287,8 +298,21 @@ impl RaftNode {
             .ok()
             .flatten()
             .map(|l| l.index);
-        let network = HttpNetworkFactory::new(config.id);
-        let raft = Raft::new(config.id, raft_config, network, log, sm).await?;
+        let raft = match &config.tls {
+            None => {
+                let network = HttpNetworkFactory::new(config.id);
+                Raft::new(config.id, raft_config, network, log, sm).await?
+            }
+            Some(tls) => {
+                let connector = tls::TlsConnector::new(Arc::clone(tls), CONNECT_TIMEOUT);
+                let network = HttpNetworkFactory::with_connector(
+                    config.id,
+                    connector,
+                    http::uri::Scheme::HTTPS,
+                );
+                Raft::new(config.id, raft_config, network, log, sm).await?
+            }
+        };
         if let Some(index) = committed {
             let replay = raft
                 .wait(Some(REPLAY_WAIT))
@@ -301,7 +325,7 @@ impl RaftNode {
                 }
             }
         }
-        tracing::info!(node_id = config.id, member = %config.member, "raft member started");
+        tracing::info!(node_id = config.id, member = %config.member, tls = config.tls.is_some(), "raft member started");
         Ok(Self {
             id: config.id,
             raft,
@@ -310,9 +334,10 @@ impl RaftNode {
         })
     }
 
-    /// The `/raft/*` routes; merge them into the member's HTTP server.
-    pub fn router(&self) -> axum::Router {
-        network::router(self.raft.clone())
+    /// The `/raft/*` routes, for the member's Raft listener (never the API's). `senders`
+    /// is [`Senders::Certified`] behind mutual TLS; refusals are counted in `metrics`.
+    pub fn router(&self, senders: Senders, metrics: RaftRpcMetrics) -> axum::Router {
+        network::router(self.raft.clone(), senders, metrics)
     }
 
     /// Form the group with `members` as its voters. Call on one member of a new group;

@@ -1,4 +1,5 @@
-//! Raft RPCs between authority members over HTTP/1.1 + JSON.
+//! Raft RPCs between authority members over HTTP/1.1 + JSON, on the member's own Raft
+//! listener (`[authority] raft`), never on the API's.
 //!
 //! ```text
 //! POST /raft/append    AppendEntriesRequest    -> Result<AppendEntriesResponse, RaftError>
@@ -6,11 +7,14 @@
 //! POST /raft/snapshot  InstallSnapshotRequest  -> Result<InstallSnapshotResponse, RaftError<_, InstallSnapshotError>>
 //! ```
 //!
-//! The server side is [`router`], which the member merges into its HTTP server. The client
-//! side is [`HttpNetworkFactory`], generic over a hyper connector so that a TLS connector
-//! (mutual TLS between members, a later step) slots in through
-//! [`HttpNetworkFactory::with_connector`] with the `https` scheme; the plain
-//! [`HttpConnector`] is used until then.
+//! The server side is [`router`], served by the member on its Raft listener: with
+//! `[authority.tls]` over mutual TLS admitting only authority members of its trust domain
+//! and region, and each RPC only from the member its certificate names
+//! ([`super::admission`]: otherwise `403` with the reason, counted in
+//! `waymark_raft_rpc_refused_total{reason}`); without TLS in plaintext, on loopback only.
+//! The client side is [`HttpNetworkFactory`], generic over a hyper connector: plain
+//! [`HttpConnector`] without TLS, [`super::tls::TlsConnector`] (presenting the member's
+//! certificate, `https`) with it.
 //!
 //! Bounds: each route has its own body limit ([`VOTE_BODY_LIMIT_BYTES`] for votes,
 //! [`BODY_LIMIT_BYTES`] for appends and snapshot chunks); the client reads an answer of at
@@ -18,19 +22,20 @@
 //! the RPC's TTL, and keeps idle connections for less than the server's idle timeout, so
 //! it never sends on a connection the server is closing.
 //!
-//! Errors follow openraft's actions: a refused connection or an unexpected HTTP status is
-//! `Unreachable` (openraft backs off), a request that outlives its soft TTL is `Timeout`, a
-//! 413 on append is `PayloadTooLarge` (openraft sends fewer entries), other transport or
-//! decoding failures are `Network` (retry), and an error the peer's Raft returned is
-//! `RemoteError`.
+//! Errors follow openraft's actions: a refused connection or an unexpected HTTP status
+//! (a `403` refusal included) is `Unreachable` (openraft backs off), a request that
+//! outlives its soft TTL is `Timeout`, a 413 on append is `PayloadTooLarge` (openraft
+//! sends fewer entries), other transport or decoding failures are `Network` (retry), and
+//! an error the peer's Raft returned is `RemoteError`.
 
 use std::fmt::{self, Debug};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, State};
+use axum::response::{IntoResponse as _, Response};
 use axum::routing::{MethodRouter, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use bytes::Bytes;
 use http::uri::Scheme;
 use http::{Method, StatusCode, header};
@@ -51,7 +56,9 @@ use openraft::{RPCTypes, Raft, RaftNetwork, RaftNetworkFactory};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
+use waymark_certs::grpc::PeerInfo;
 
+use super::admission::{RaftRpcMetrics, Refusal, Senders};
 use super::{Member, TypeConfig};
 
 /// Path of the AppendEntries RPC.
@@ -70,17 +77,33 @@ pub const RESPONSE_LIMIT_BYTES: usize = 1024 * 1024;
 /// AppendEntries and InstallSnapshot requests served at once; one more is answered `503`
 /// at once (the sending peer backs off, as from an unreachable member). Each may buffer up
 /// to [`BODY_LIMIT_BYTES`], so this bounds the memory the `/raft/*` routes can be made to
-/// hold while they share the API's listener. A region's peers need a few at a time.
+/// hold (on a plaintext loopback listener, by anything local; with TLS, by the region's
+/// members). A region's peers need a few at a time.
 pub const LARGE_RPCS_IN_FLIGHT_MAX: usize = 8;
 /// How long the client keeps an idle connection: below the server's header read timeout
-/// (which also closes idle keep-alive connections, see `crate::listener`).
+/// (which also closes idle keep-alive connections, see `crate::listener::HttpLimits::RAFT`).
 const POOL_IDLE: Duration = Duration::from_secs(5);
+/// How long the client's TCP connect may take, so a black-holed peer fails fast even when
+/// the RPC's TTL is long (snapshots).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 type NodeId = u64;
 
-/// The `/raft/*` routes serving `raft`.
-pub(super) fn router(raft: Raft<TypeConfig>) -> Router {
-    let large = Arc::new(Semaphore::new(LARGE_RPCS_IN_FLIGHT_MAX));
+/// What the `/raft/*` handlers share.
+#[derive(Clone)]
+struct RpcState {
+    raft: Raft<TypeConfig>,
+    senders: Senders,
+    metrics: RaftRpcMetrics,
+}
+
+/// The `/raft/*` routes serving `raft`; `senders` says whether an RPC's claimed sender
+/// must be the member its client certificate names.
+pub(super) fn router(raft: Raft<TypeConfig>, senders: Senders, metrics: RaftRpcMetrics) -> Router {
+    let large = Arc::new(Large {
+        permits: Semaphore::new(LARGE_RPCS_IN_FLIGHT_MAX),
+        metrics: metrics.clone(),
+    });
     Router::new()
         .route(APPEND_PATH, gated(post(append), &large))
         .route(
@@ -89,28 +112,38 @@ pub(super) fn router(raft: Raft<TypeConfig>) -> Router {
         )
         .route(SNAPSHOT_PATH, gated(post(snapshot), &large))
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
-        .with_state(raft)
+        .with_state(RpcState {
+            raft,
+            senders,
+            metrics,
+        })
 }
 
-/// `route`, served only while a place among `permits` is free (held until it answers,
+/// The places for large RPCs, and where a refusal for want of one is counted.
+struct Large {
+    permits: Semaphore,
+    metrics: RaftRpcMetrics,
+}
+
+/// `route`, served only while a place among `large` is free (held until it answers,
 /// body read included); otherwise `503` at once.
 fn gated<S: Clone + Send + Sync + 'static>(
     route: MethodRouter<S>,
-    permits: &Arc<Semaphore>,
+    large: &Arc<Large>,
 ) -> MethodRouter<S> {
     route.route_layer(axum::middleware::from_fn_with_state(
-        Arc::clone(permits),
+        Arc::clone(large),
         admit_large,
     ))
 }
 
 async fn admit_large(
-    State(permits): State<Arc<Semaphore>>,
+    State(large): State<Arc<Large>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse as _;
-    let Ok(_permit) = permits.try_acquire_owned() else {
+) -> Response {
+    let Ok(_permit) = large.permits.try_acquire() else {
+        large.metrics.count("busy");
         tracing::warn!(path = %request.uri().path(), in_flight_max = LARGE_RPCS_IN_FLIGHT_MAX, "raft rpc refused: too many in flight");
         let body = serde_json::json!({"error": {
             "reason": "busy",
@@ -122,25 +155,69 @@ async fn admit_large(
     next.run(request).await
 }
 
+impl RpcState {
+    /// `None` when the RPC at `path`, claiming to come from `claimed`, may reach Raft;
+    /// otherwise the `403` answer, counted and logged. Raft is not touched either way.
+    fn refusal(
+        &self,
+        peer: Option<&PeerInfo>,
+        claimed: Option<NodeId>,
+        path: &'static str,
+    ) -> Option<Response> {
+        let refusal: Refusal = self.senders.check(peer, claimed).err()?;
+        let reason = refusal.reason();
+        self.metrics.count(reason);
+        let identity = peer.map(|p| p.identity.to_string());
+        tracing::warn!(
+            peer = identity.as_deref().unwrap_or("none"),
+            claimed = ?claimed,
+            path,
+            reason,
+            "raft rpc refused: sender is not the certificate's member"
+        );
+        let body = serde_json::json!({"error": {
+            "reason": reason,
+            "field": "vote.leader_id",
+            "message": refusal.to_string(),
+        }});
+        Some((StatusCode::FORBIDDEN, Json(body)).into_response())
+    }
+}
+
 async fn append(
-    State(raft): State<Raft<TypeConfig>>,
+    State(s): State<RpcState>,
+    peer: Option<Extension<PeerInfo>>,
     Json(rpc): Json<AppendEntriesRequest<TypeConfig>>,
-) -> Json<Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>> {
-    Json(raft.append_entries(rpc).await)
+) -> Response {
+    let peer = peer.as_ref().map(|Extension(p)| p);
+    if let Some(refused) = s.refusal(peer, rpc.vote.leader_id.voted_for(), APPEND_PATH) {
+        return refused;
+    }
+    Json(s.raft.append_entries(rpc).await).into_response()
 }
 
 async fn vote(
-    State(raft): State<Raft<TypeConfig>>,
+    State(s): State<RpcState>,
+    peer: Option<Extension<PeerInfo>>,
     Json(rpc): Json<VoteRequest<NodeId>>,
-) -> Json<Result<VoteResponse<NodeId>, RaftError<NodeId>>> {
-    Json(raft.vote(rpc).await)
+) -> Response {
+    let peer = peer.as_ref().map(|Extension(p)| p);
+    if let Some(refused) = s.refusal(peer, rpc.vote.leader_id.voted_for(), VOTE_PATH) {
+        return refused;
+    }
+    Json(s.raft.vote(rpc).await).into_response()
 }
 
 async fn snapshot(
-    State(raft): State<Raft<TypeConfig>>,
+    State(s): State<RpcState>,
+    peer: Option<Extension<PeerInfo>>,
     Json(rpc): Json<InstallSnapshotRequest<TypeConfig>>,
-) -> Json<Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>> {
-    Json(raft.install_snapshot(rpc).await)
+) -> Response {
+    let peer = peer.as_ref().map(|Extension(p)| p);
+    if let Some(refused) = s.refusal(peer, rpc.vote.leader_id.voted_for(), SNAPSHOT_PATH) {
+        return refused;
+    }
+    Json(s.raft.install_snapshot(rpc).await).into_response()
 }
 
 // === impl HttpNetworkFactory ===
@@ -157,9 +234,7 @@ impl HttpNetworkFactory<HttpConnector> {
     pub fn new(id: NodeId) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        // Connecting is bounded separately so a black-holed peer fails fast even when the
-        // RPC's TTL is long (snapshots).
-        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         Self::with_connector(id, connector, Scheme::HTTP)
     }
 }
@@ -403,7 +478,11 @@ mod tests {
     async fn large_rpcs_over_the_in_flight_cap_are_refused_at_once_and_a_freed_place_is_reused() {
         use tower::ServiceExt as _;
         let release = Arc::new(tokio::sync::Notify::new());
-        let permits = Arc::new(Semaphore::new(LARGE_RPCS_IN_FLIGHT_MAX));
+        let metrics = RaftRpcMetrics::default();
+        let permits = Arc::new(Large {
+            permits: Semaphore::new(LARGE_RPCS_IN_FLIGHT_MAX),
+            metrics: metrics.clone(),
+        });
         let wait = Arc::clone(&release);
         let app: Router = Router::new().route(
             APPEND_PATH,
@@ -429,6 +508,7 @@ mod tests {
         }
         let refused = call().await.unwrap();
         assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(metrics.refused("busy"), 1);
         release.notify_one();
         let done = futures::future::select_all(held).await.0.unwrap();
         assert_eq!(done.status(), StatusCode::OK);

@@ -148,7 +148,11 @@ async fn start_with(
     config.append_batch_max = append_batch_max;
     let node = RaftNode::open(config).await.unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let serve = axum::serve(listener, node.router()).with_graceful_shutdown(async {
+    let serve = axum::serve(
+        listener,
+        node.router(Senders::Unchecked, RaftRpcMetrics::default()),
+    )
+    .with_graceful_shutdown(async {
         let _ = stopped.await;
     });
     let server = tokio::spawn(async move {

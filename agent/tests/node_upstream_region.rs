@@ -1,0 +1,143 @@
+//! A node agent dials only its own region's authorities (ADR-15): its upstream TLS policy
+//! takes the region from its own certificate, so a genuine authority of another region is
+//! refused in the handshake, and one of its own region is accepted.
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use waymark_agent::node::NodeAgent;
+use waymark_agent::node::config::{AgentConfig, Bounds, Listen, ProbeSection, Tls};
+use waymark_certs::layout::PkiDir;
+use waymark_certs::reload::{MaterialPaths, load_material};
+use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
+use waymark_certs::{CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, TrustDomain};
+
+const TD: &str = "waymark.test";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn issue(pki: &PkiDir, path: &str) -> MaterialPaths {
+    let identity = Identity::parse(&format!("spiffe://{TD}/{path}")).unwrap();
+    let day = Duration::from_secs(24 * 3600);
+    let (_, paths) = pki
+        .issue(&identity, None, day, None, SystemTime::now())
+        .unwrap();
+    MaterialPaths {
+        cert_chain: paths.fullchain,
+        key: paths.key,
+        bundle: pki.bundle(),
+    }
+}
+
+/// A TLS listener presenting `who`'s certificate and admitting node agents, reporting
+/// each handshake's outcome (`Err` carries the server's view of the failure).
+async fn fake_authority(
+    pki: &PkiDir,
+    who: &str,
+) -> (SocketAddr, mpsc::Receiver<Result<(), String>>) {
+    let policy = PeerPolicy {
+        trust_domain: TrustDomain::new(TD).unwrap(),
+        accepted: KindSet::ALL,
+        region: None,
+    };
+    let material = load_material(&issue(pki, who), &policy, SystemTime::now())
+        .await
+        .unwrap();
+    let nodes = PeerPolicy {
+        accepted: KindSet::only(IdentityKind::Node),
+        ..policy
+    };
+    let config = server_config(
+        &LiveMaterial::new(material),
+        nodes,
+        CertMetrics::new(),
+        &[ALPN_H2],
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let outcome = match acceptor.accept(tcp).await {
+                Ok(_) => Ok(()),
+                Err(e) => Err(e.to_string()),
+            };
+            if tx.send(outcome).await.is_err() {
+                return;
+            }
+        }
+    });
+    (addr, rx)
+}
+
+async fn agent(pki: &PkiDir, dir: &std::path::Path, upstream: SocketAddr) -> NodeAgent {
+    let node = issue(pki, "region/eu/node/n1");
+    NodeAgent::start(AgentConfig {
+        name: "n1".parse().unwrap(),
+        region: "eu".parse().unwrap(),
+        zone: "a".parse().unwrap(),
+        data_dir: dir.to_path_buf(),
+        upstream: vec![upstream.to_string()],
+        ingest: Vec::new(),
+        api: Vec::new(),
+        listen: Listen {
+            xds: "127.0.0.1:0".parse().unwrap(),
+            dns: "127.0.0.1:0".parse().unwrap(),
+            http: "127.0.0.1:0".parse().unwrap(),
+            local_plaintext: false,
+        },
+        bounds: Bounds::default(),
+        services_dir: None,
+        api_token_file: None,
+        gossip: None,
+        tls: Some(Tls {
+            trust_domain: TD.into(),
+            cert_chain: node.cert_chain,
+            key: node.key,
+            bundle: node.bundle,
+        }),
+        probe: ProbeSection::default(),
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_agent_refuses_another_regions_authority_and_accepts_its_own() {
+    // Goal: an eu node agent ends the handshake with a us authority (the agent's verifier
+    // refuses it, so the server sees the agent's alert) and completes it with an eu one.
+    waymark_certs::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = PkiDir::new(dir.path().join("pki"));
+    let regions = [Name::new("eu").unwrap(), Name::new("us").unwrap()];
+    pki.init(&TrustDomain::new(TD).unwrap(), &regions, SystemTime::now())
+        .unwrap();
+
+    let (us, mut us_handshakes) = fake_authority(&pki, "region/us/authority/a1").await;
+    let refused = agent(&pki, &dir.path().join("agent-us"), us).await;
+    let outcome = tokio::time::timeout(WAIT, us_handshakes.recv())
+        .await
+        .expect("the agent dialled the us authority")
+        .unwrap();
+    let err = outcome.expect_err("a us authority was admitted by an eu node agent");
+    assert!(err.contains("received fatal alert"), "{err}");
+    refused.shutdown().await;
+
+    let (eu, mut eu_handshakes) = fake_authority(&pki, "region/eu/authority/a1").await;
+    let admitted = agent(&pki, &dir.path().join("agent-eu"), eu).await;
+    let outcome = tokio::time::timeout(WAIT, eu_handshakes.recv())
+        .await
+        .expect("the agent dialled the eu authority")
+        .unwrap();
+    assert_eq!(
+        outcome,
+        Ok(()),
+        "an eu node agent refused its own region's authority"
+    );
+    admitted.shutdown().await;
+}
