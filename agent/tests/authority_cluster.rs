@@ -631,10 +631,23 @@ async fn request(
     path: &str,
     body: &str,
 ) -> Result<(u16, String), String> {
+    request_as(addr, tls, None, method, path, body).await
+}
+
+/// [`request`], presenting a bearer token.
+async fn request_as(
+    addr: SocketAddr,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(u16, String), String> {
     let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let auth = token.map_or_else(String::new, |t| format!("authorization: Bearer {t}\r\n"));
     let head = format!(
         "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+         {auth}content-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
     let exchange = async {
@@ -670,9 +683,15 @@ async fn request(
     Ok((status, body.unwrap_or_default()))
 }
 
+/// A token that reads every member's `/metrics` (tokens are replicated state).
+static METRICS_TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// The value of the series `series` (name and labels, exactly as exposed) on `api`.
 async fn series(api: SocketAddr, series: &str) -> u64 {
-    let (status, text) = request(api, None, "GET", "/metrics", "").await.unwrap();
+    let token = METRICS_TOKEN.get().map(String::as_str);
+    let (status, text) = request_as(api, None, token, "GET", "/metrics", "")
+        .await
+        .unwrap();
     assert_eq!(status, 200, "{text}");
     text.lines()
         .find_map(|l| {
@@ -800,6 +819,18 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
 
     // Elects, and commits a write on every member.
     commit_everywhere(&members, "pay").await;
+    let leader = agreed_leader(&members).await;
+    let token = waymark_agent::authority::credentials::token_with(
+        leader.raft(),
+        "metrics",
+        &[waymark_registry::acl::Capability::Read],
+        Duration::from_secs(3_600),
+    )
+    .await
+    .unwrap();
+    METRICS_TOKEN.set(token).unwrap();
+    // Tokens are replicated: wait until every member has applied it.
+    commit_everywhere(&members, "pay").await;
 
     let target = &members[0];
     let (raft, api) = (target.raft_addr(), target.http_addr());
@@ -807,11 +838,12 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
         serde_json::to_string(&VoteRequest::<u64>::new(Vote::new(term, candidate), None)).unwrap()
     };
 
-    // The API port serves no Raft.
+    // The API port serves no Raft: an anonymous vote is refused before any route (as
+    // every anonymous request is), and the term below shows it changed nothing.
     let (status, _) = request(api, None, "POST", "/raft/vote", &vote(FORGED_TERM, 2))
         .await
         .unwrap();
-    assert_eq!(status, 404);
+    assert_eq!(status, 401);
     // Nor does the Raft port speak plaintext.
     assert!(
         request(raft, None, "POST", "/raft/vote", &vote(FORGED_TERM, 2))

@@ -548,11 +548,10 @@ fn change_cut_region(estate: &Estate, netns: &Netns, id: &str) -> anyhow::Result
             id,
             "--justification",
             "region-partition drill: a change the peers cannot hear",
-            "--actor",
-            "waymark-drill",
             "--api",
             &api.to_string(),
         ])
+        .env("WAYMARK_TOKEN", crate::harness::management_token())
         .output()
         .context("running waymark override inside the namespace")?;
     anyhow::ensure!(

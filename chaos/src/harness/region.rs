@@ -306,7 +306,9 @@ impl RegionAgent {
     pub fn new(bin: &Path, dir: &Path, spec: &AgentSpec) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let http = SocketAddr::new(spec.ip, free_port()?);
-        let xds = SocketAddr::new(spec.ip, free_port()?);
+        // Sidecar xDS in plain text is served on loopback only (a namespace has its own
+        // loopback; the Envoy of an edge agent runs beside it).
+        let xds = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), free_port()?);
         let dns = SocketAddr::new(spec.ip, free_port()?);
         let a = &spec.authority;
         let mut t = format!(
