@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! waymark certs init    --dir D --trust-domain TD --region R [--region R2 …]
-//! waymark certs issue   --dir D --identity spiffe://… [--ttl 24h] [--region R] [--out DIR]
+//! waymark certs issue   --dir D --identity spiffe://… [--ttl 24h] [--out DIR]
 //! waymark certs inspect FILE [--outage-window 60m]
 //! ```
 //!
@@ -57,7 +57,9 @@ enum CertsCommand {
         /// Lifetime, e.g. 24h (default: 24h, or 8h for operators).
         #[arg(long)]
         ttl: Option<String>,
-        /// Issuing region, required for operator identities (others use their own).
+        /// Not needed: a regional identity is issued by its own region's intermediate, and
+        /// an operator (spiffe://<td>/operator/<name>) by the estate root alone. If given,
+        /// it must name the identity's own region; it is refused for operators.
         #[arg(long)]
         region: Option<String>,
         /// Output directory (default: <dir>/issued/<identity path>).
@@ -136,9 +138,22 @@ fn issue(
         None => LEAF_TTL_DEFAULT,
     };
     let region = region.map(Name::new).transpose().context("--region")?;
+    // The library ignores `--region` for an identity that names its own; a different one
+    // is a mistake the operator should hear about, not a silent no-op.
+    if let (Some(asked), Some(own)) = (&region, identity.region()) {
+        anyhow::ensure!(
+            asked == own,
+            "--region {asked}: {identity} is issued by its own region's intermediate ({own})"
+        );
+    }
     let pki = PkiDir::new(dir);
     let (leaf, paths) = pki.issue(&identity, region.as_ref(), ttl, out.as_deref(), now)?;
+    let issuer = match identity.region() {
+        Some(own) => format!("region {own} intermediate"),
+        None => "estate root".to_owned(),
+    };
     println!("identity:    {identity}");
+    println!("issued by:   {issuer}");
     println!("serial:      {}", leaf.info.serial);
     println!("fingerprint: {}", leaf.info.fingerprint);
     println!(

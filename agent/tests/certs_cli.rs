@@ -5,9 +5,14 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::{Command, Output};
+use std::time::SystemTime;
+
+use waymark_certs::material::{MaterialPem, validate_material};
+use waymark_certs::{IdentityKind, KindSet, PeerPolicy, TrustDomain};
 
 const WAYMARK: &str = env!("CARGO_BIN_EXE_waymark");
 const NODE: &str = "spiffe://mesh.test/region/eu/node/n1";
+const OPERATOR: &str = "spiffe://mesh.test/operator/alice";
 
 fn run(cmd: &mut Command) -> Output {
     let out = cmd.output().expect("command runs");
@@ -31,6 +36,26 @@ fn openssl(args: &[&str]) -> String {
         "openssl is not on PATH; install it with `apt-get install openssl`"
     );
     String::from_utf8(run(Command::new("openssl").args(args)).stdout).unwrap()
+}
+
+/// `waymark args…` expected to fail; its stderr.
+fn waymark_fails(args: &[&str]) -> String {
+    let out = Command::new(WAYMARK).args(args).output().unwrap();
+    assert!(!out.status.success(), "{args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn init(d: &str) {
+    waymark(&[
+        "certs",
+        "init",
+        "--dir",
+        d,
+        "--trust-domain",
+        "mesh.test",
+        "--region",
+        "eu",
+    ]);
 }
 
 fn mode(path: &Path) -> u32 {
@@ -177,4 +202,105 @@ fn issue_refuses_a_malformed_identity_and_a_too_short_ttl() {
         .unwrap();
     assert!(!short.status.success());
     assert!(String::from_utf8_lossy(&short.stderr).contains("shorter than the minimum"));
+}
+
+#[test]
+fn issue_mints_an_operator_from_the_estate_root_that_loads_as_an_operator_identity() {
+    // Goal: `certs issue` for operator/<name> end to end: signed by the root itself (no
+    // chain), 8h by default, accepted by openssl and by the library as an operator's own
+    // material; `--region` is refused for it, and a mismatched one for a regional identity.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("pki");
+    let d = dir.to_str().unwrap();
+    init(d);
+    let issued = waymark(&["certs", "issue", "--dir", d, "--identity", OPERATOR]);
+    let text = String::from_utf8(issued.stdout).unwrap();
+    for want in [
+        &format!("identity:    {OPERATOR}"),
+        "issued by:   estate root",
+        "(ttl 8h)",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+
+    let leaf_dir = dir.join("issued/operator/alice");
+    let (leaf, fullchain, key) = (
+        leaf_dir.join("cert.pem"),
+        leaf_dir.join("fullchain.pem"),
+        leaf_dir.join("key.pem"),
+    );
+    assert_eq!(std::fs::read(leaf_dir.join("chain.pem")).unwrap(), b"");
+    assert_eq!(
+        std::fs::read(&fullchain).unwrap(),
+        std::fs::read(&leaf).unwrap()
+    );
+    assert_eq!(mode(&key), 0o600);
+    let bundle = dir.join("bundle.pem");
+    let verified = openssl(&[
+        "verify",
+        "-CAfile",
+        bundle.to_str().unwrap(),
+        "-purpose",
+        "sslclient",
+        leaf.to_str().unwrap(),
+    ]);
+    assert!(verified.trim_end().ends_with(": OK"), "{verified}");
+    let shown = openssl(&["x509", "-in", leaf.to_str().unwrap(), "-noout", "-text"]);
+    assert!(shown.contains(&format!("URI:{OPERATOR}")), "{shown}");
+
+    // What an operator's client loads: its files, checked as its own material.
+    let pem = |p: &Path| std::fs::read(p).unwrap();
+    let (chain_pem, key_pem, bundle_pem) = (pem(&fullchain), pem(&key), pem(&bundle));
+    let policy = PeerPolicy {
+        trust_domain: TrustDomain::new("mesh.test").unwrap(),
+        accepted: KindSet::only(IdentityKind::Operator),
+        region: None,
+    };
+    let material = validate_material(
+        MaterialPem {
+            cert_chain: &chain_pem,
+            key: &key_pem,
+            bundle: &bundle_pem,
+        },
+        &policy,
+        SystemTime::now(),
+    )
+    .unwrap();
+    assert_eq!(material.identity.to_string(), OPERATOR);
+    assert_eq!(material.identity.kind(), IdentityKind::Operator);
+
+    let out = waymark(&["certs", "inspect", fullchain.to_str().unwrap()]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("certificate 1 of 1"), "{text}");
+    assert!(text.contains(&format!("identity:    {OPERATOR}")), "{text}");
+
+    let refused = waymark_fails(&[
+        "certs",
+        "issue",
+        "--dir",
+        d,
+        "--identity",
+        "spiffe://mesh.test/operator/bob",
+        "--region",
+        "eu",
+    ]);
+    assert!(
+        refused.contains("operator identities are issued by the estate root"),
+        "{refused}"
+    );
+    assert!(!dir.join("issued/operator/bob").exists());
+    let mismatched = waymark_fails(&[
+        "certs",
+        "issue",
+        "--dir",
+        d,
+        "--identity",
+        NODE,
+        "--region",
+        "us",
+    ]);
+    assert!(
+        mismatched.contains("is issued by its own region's intermediate (eu)"),
+        "{mismatched}"
+    );
 }

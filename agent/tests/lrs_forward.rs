@@ -1,9 +1,11 @@
-//! LRS forwarding end to end on 127.0.0.1: Envoy-shaped load reports from two sidecars in,
-//! passive samples per instance out, attributed through the assignments the agent serves.
+//! LRS forwarding end to end on 127.0.0.1: Envoy-shaped load reports from three sidecars in,
+//! passive samples per instance out, attributed through the assignments the agent serves,
+//! with a flooding sidecar held to its per-reporter cap.
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +39,10 @@ use waymark_xds::translate::load_assignment;
 /// A guard against hangs only; every wait below is for data, not for time to pass.
 const WAIT: Duration = Duration::from_secs(10);
 const REPORT_INTERVAL: Duration = Duration::from_secs(1);
+/// One reporter's requests counted per endpoint and flush window.
+const CAP: u64 = 100;
+/// What the flooding sidecar claims for pay-1, all of it errors.
+const FLOOD: u64 = 1_000_000_000;
 
 fn released(service: &str, endpoints: &[(&str, &str)]) -> ReleasedView {
     let endpoints = endpoints
@@ -212,6 +218,7 @@ fn metric(registry: &Registry, name: &str) -> Option<u64> {
 async fn sidecar_load_reports_come_out_as_summed_passive_samples_per_instance() {
     // Goal: two Envoys' reports are summed per endpoint, mapped to the instances of the
     // assignments in force, and forwarded; an unknown address and an idle endpoint are not.
+    // A third claiming 10⁹ errors for pay-1 adds only its cap, and the rest is counted.
     let pay = load_assignment(&released(
         "pay",
         &[("pay-1", "127.0.0.1:8001"), ("pay-2", "127.0.0.2:8002")],
@@ -225,6 +232,7 @@ async fn sidecar_load_reports_come_out_as_summed_passive_samples_per_instance() 
         LrsForwardConfig {
             flush_interval: FLUSH_INTERVAL_MIN,
             report_interval: REPORT_INTERVAL,
+            reporter_endpoint_requests_max: NonZeroU64::new(CAP).unwrap(),
             ..LrsForwardConfig::default()
         },
         samples_tx,
@@ -263,7 +271,8 @@ async fn sidecar_load_reports_come_out_as_summed_passive_samples_per_instance() 
             nanos: 0
         })
     );
-    let (envoy_b, _) = FakeEnvoy::connect(channel, "sidecar-b").await;
+    let (envoy_b, _) = FakeEnvoy::connect(channel.clone(), "sidecar-b").await;
+    let (flood, _) = FakeEnvoy::connect(channel, "sidecar-flood").await;
 
     envoy_a
         .report(vec![
@@ -285,10 +294,18 @@ async fn sidecar_load_reports_come_out_as_summed_passive_samples_per_instance() 
             cluster_stats("cart", vec![endpoint_stats("127.0.0.3:8003", 7, 3)]),
         ])
         .await;
+    // One load, so its cap applies once whichever window it lands in.
+    flood
+        .report(vec![cluster_stats(
+            "pay",
+            vec![endpoint_stats("127.0.0.1:8001", 0, FLOOD)],
+        )])
+        .await;
 
+    // The honest sidecars' 100 and 40 requests for pay-1 are at or under the cap: exact.
     let expected: Totals = [
         ("cart-1".to_owned(), (10, 3)),
-        ("pay-1".to_owned(), (140, 10)),
+        ("pay-1".to_owned(), (140 + CAP, 10 + CAP)),
         ("pay-2".to_owned(), (50, 0)),
     ]
     .into();
@@ -300,8 +317,26 @@ async fn sidecar_load_reports_come_out_as_summed_passive_samples_per_instance() 
         metric(&registry, "waymark_lrs_endpoint_loads_unmapped_total"),
         Some(1)
     );
-    assert_eq!(metric(&registry, "waymark_lrs_reports_total"), Some(2));
-    assert_eq!(metric(&registry, "waymark_lrs_streams_total"), Some(2));
+    assert_eq!(metric(&registry, "waymark_lrs_reports_total"), Some(3));
+    assert_eq!(metric(&registry, "waymark_lrs_streams_total"), Some(3));
+    assert_eq!(
+        metric(
+            &registry,
+            "waymark_lrs_requests_dropped_total{reason=\"reporter_cap\"}"
+        ),
+        Some(FLOOD - CAP)
+    );
+    assert_eq!(
+        metric(
+            &registry,
+            "waymark_lrs_requests_dropped_total{reason=\"reporters_full\"}"
+        ),
+        Some(0)
+    );
+    assert_eq!(
+        metric(&registry, "waymark_lrs_streams_unauthenticated_total"),
+        Some(0)
+    );
     assert_eq!(
         metric(&registry, "waymark_lrs_samples_dropped_total"),
         Some(0)
@@ -314,8 +349,8 @@ async fn sidecar_load_reports_come_out_as_summed_passive_samples_per_instance() 
     let more = timeout(5 * FLUSH_INTERVAL_MIN, samples.recv()).await;
     assert!(more.is_err(), "unexpected samples: {more:?}");
 
-    drop((envoy_a.requests, envoy_b.requests));
-    drop((envoy_a.responses, envoy_b.responses));
+    drop((envoy_a.requests, envoy_b.requests, flood.requests));
+    drop((envoy_a.responses, envoy_b.responses, flood.responses));
     stop.send(()).unwrap();
     timeout(WAIT, serving).await.unwrap().unwrap().unwrap();
     assert!(!forwarder.is_finished());

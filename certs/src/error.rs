@@ -111,6 +111,17 @@ pub enum CertError {
         /// The only region admitted here.
         expected: Name,
     },
+    /// A trust-bundle entry is a region intermediate, not the estate root. As an anchor it
+    /// would let its region vouch for other regions and for operators (the issuer-scope
+    /// check sees no intermediate above a leaf it signed). Nothing changed (the material is
+    /// not loaded; a reload keeps the old); distribute the estate root's `bundle.pem`.
+    #[error("trust bundle entry (serial {serial}) is the {scope} intermediate, not the root")]
+    RegionScopedAnchor {
+        /// The entry's scope.
+        scope: Box<CaScope>,
+        /// The entry's serial number, hex.
+        serial: String,
+    },
     /// PEM text is cut short or damaged. Nothing changed; rewrite the file completely
     /// (write to a temporary name and rename).
     #[error("pem data in the {part} is truncated or malformed")]
@@ -191,6 +202,8 @@ pub enum RejectReason {
     OutsideIssuerScope,
     /// [`CertError::WrongRegion`]
     WrongRegion,
+    /// [`CertError::RegionScopedAnchor`]
+    RegionScopedAnchor,
     /// [`CertError::TruncatedPem`] and [`CertError::EmptyPem`]
     TruncatedPem,
     /// [`CertError::KeyMismatch`] and [`CertError::UnsupportedKey`]
@@ -222,6 +235,7 @@ impl CertError {
             Self::WrongKind { .. } => R::WrongKind,
             Self::OutsideIssuerScope { .. } => R::OutsideIssuerScope,
             Self::WrongRegion { .. } => R::WrongRegion,
+            Self::RegionScopedAnchor { .. } => R::RegionScopedAnchor,
             Self::TruncatedPem { .. } | Self::EmptyPem { .. } => R::TruncatedPem,
             Self::KeyMismatch | Self::UnsupportedKey(_) => R::KeyMismatch,
             Self::Malformed | Self::InvalidChain(_) => R::InvalidChain,
@@ -301,7 +315,7 @@ impl fmt::Debug for CertError {
 
 impl RejectReason {
     /// Every reason, in a fixed order.
-    pub const ALL: [RejectReason; 16] = [
+    pub const ALL: [RejectReason; 17] = [
         Self::Expired,
         Self::NotYetValid,
         Self::WrongTrustDomain,
@@ -312,6 +326,7 @@ impl RejectReason {
         Self::WrongKind,
         Self::OutsideIssuerScope,
         Self::WrongRegion,
+        Self::RegionScopedAnchor,
         Self::TruncatedPem,
         Self::KeyMismatch,
         Self::InvalidChain,
@@ -333,6 +348,7 @@ impl RejectReason {
             Self::WrongKind => "wrong_kind",
             Self::OutsideIssuerScope => "outside_issuer_scope",
             Self::WrongRegion => "wrong_region",
+            Self::RegionScopedAnchor => "region_scoped_anchor",
             Self::TruncatedPem => "truncated_pem",
             Self::KeyMismatch => "key_mismatch",
             Self::InvalidChain => "invalid_chain",

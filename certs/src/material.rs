@@ -19,10 +19,13 @@
 //! names region `r` must be signed by the estate root directly or by an intermediate whose
 //! scope is `spiffe://<td>/region/<r>`; an operator (no region) only by the estate root, so
 //! a compromised region cannot mint a principal that acts estate-wide. An intermediate
-//! without a waymark scope, or with the estate's, is out of scope for every leaf. We check
-//! the scope URI rather than X.509 name constraints because URI name constraints cannot say
-//! this: RFC 5280 matches them against the URI's host only (`<td>`, the same for every
-//! region), and webpki refuses every URI under a permitted URI subtree outright.
+//! without a waymark scope, or with the estate's, is out of scope for every leaf. The
+//! trust bundle must hold the estate root, never a region intermediate: as an anchor it
+//! would end every path it signs, leaving no intermediate to check, so a bundle entry with
+//! a region scope is refused ([`check_anchors`]). We check the scope URI rather than X.509
+//! name constraints because URI name constraints cannot say this: RFC 5280 matches them
+//! against the URI's host only (`<td>`, the same for every region), and webpki refuses
+//! every URI under a permitted URI subtree outright.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -260,6 +263,7 @@ pub fn validate_material(
     let chain = parse_certs(pem.cert_chain, PemPart::Certificate)?;
     let key = parse_key(pem.key)?;
     let bundle = parse_certs(pem.bundle, PemPart::Bundle)?;
+    check_anchors(&bundle)?;
     let roots = root_store(&bundle)?;
 
     let provider = crate::provider();
@@ -295,6 +299,24 @@ pub fn validate_material(
         roots: Arc::new(roots),
         bundle_digest: format!("sha256:{}", hex::encode(digest.finalize())),
     })
+}
+
+/// Refuses a trust bundle holding a region intermediate (a CA whose scope URI names a
+/// region). Trusted as an anchor, it would end every path it signs, so the issuer-scope
+/// check would see no intermediate and let that region's CA speak for any region and for
+/// operators. Only the estate root belongs in a bundle; an entry with no waymark scope
+/// (e.g. a root made elsewhere) is left to the chain checks, as before.
+pub fn check_anchors(bundle: &[CertificateDer<'_>]) -> Result<(), CertError> {
+    for der in bundle {
+        if let Some(scope @ CaScope::Region(..)) = ca_scope(der) {
+            let serial = cert_info(der).map(|info| info.serial).unwrap_or_default();
+            return Err(CertError::RegionScopedAnchor {
+                scope: Box::new(scope),
+                serial,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Builds a root store; a bundle entry that is not a usable trust anchor is refused.

@@ -204,6 +204,46 @@ fn a_region_restricted_policy_refuses_other_regions_and_counts_them() {
     );
 }
 
+#[test]
+fn a_region_intermediate_distributed_as_the_trust_bundle_is_refused() {
+    // Goal: a bundle holding the eu intermediate (alone, or next to the root) is refused as
+    // our own material, typed and with its own reason: as an anchor it would end the path
+    // of anything it signed, so an operator it forged would pass the issuer-scope check.
+    let pki = Pki::new(TD);
+    let leaf = issued(&pki.eu, &pki, EU_NODE);
+    let fullchain = leaf.fullchain_pem();
+    let eu_scope = CaScope::parse("spiffe://mesh.test/region/eu").unwrap();
+    let forged_operator = forged(&pki.eu, OPERATOR, pki.now);
+    let load = |chain: &str, key: &str, bundle: &str| {
+        let pem = MaterialPem {
+            cert_chain: chain.as_bytes(),
+            key: key.as_bytes(),
+            bundle: bundle.as_bytes(),
+        };
+        validate_material(pem, &policy(KindSet::ALL), pki.now)
+    };
+    let both = format!("{}{}", pki.root.cert_pem(), pki.eu.cert_pem());
+    for bundle in [pki.eu.cert_pem(), both.as_str()] {
+        for (chain, key) in [
+            (fullchain.as_str(), leaf.key_pem.as_str()),
+            (
+                forged_operator.cert_pem.as_str(),
+                forged_operator.key_pem.as_str(),
+            ),
+        ] {
+            let err = load(chain, key, bundle).unwrap_err();
+            assert!(
+                matches!(&err, CertError::RegionScopedAnchor { scope, .. } if **scope == eu_scope),
+                "{err:?}"
+            );
+            assert_eq!(err.reason(), RejectReason::RegionScopedAnchor);
+            assert_eq!(err.reason().as_str(), "region_scoped_anchor");
+        }
+    }
+    // The estate root alone is the bundle the CA writes, and it still loads.
+    load(&fullchain, &leaf.key_pem, pki.root.cert_pem()).unwrap();
+}
+
 #[tokio::test]
 async fn a_client_held_to_its_region_refuses_another_regions_server_in_the_handshake() {
     // Goal: a node agent's upstream config (authorities of its own region only) ends the

@@ -6,6 +6,10 @@
 //! first. Each decoded message goes to a session holding this region's aggregates; what the
 //! session sends back is encoded and decoded again and must round-trip. Checked too:
 //! merging two replicas is commutative and idempotent whenever both orders are accepted.
+//!
+//! A session accepts from its peer only entries about the peer's own region and refuses a
+//! batch naming any other, so generated batches mostly name only the peer's region (the
+//! merge path) and sometimes mix in others (the refusal path); digests mostly name ours.
 #![no_main]
 
 use std::time::{Duration, Instant};
@@ -20,6 +24,14 @@ use waymark_fuzz::{Gen, Limits, capped};
 
 /// The frame limit the targets use (small, so the refusal path is reached too).
 const FRAME_BYTES_MAX: u32 = 256 * 1024;
+/// This side of the session.
+const LOCAL: &str = "eu";
+/// The session's peer: the only region whose entries it merges.
+const PEER: &str = "us";
+/// Regions a batch or digest may name when it strays from the usual one.
+const REGIONS: &[&str] = &["eu", "us", "ap"];
+/// One batch in this many names any region; the rest name only the peer's.
+const MIXED_BATCH_ONE_IN: u8 = 4;
 
 fuzz_target!(|data: &[u8]| run(capped(data)));
 
@@ -29,8 +41,8 @@ fn run(data: &[u8]) {
     } else {
         generated(data)
     };
-    let local = region("eu");
-    let peer = region("us");
+    let local = region(LOCAL);
+    let peer = region(PEER);
     let mut session = Session::new(SessionConfig::default(), local.clone(), peer.clone());
     let mut ours = RegionAggregates::new();
     let mut theirs = RegionAggregates::new();
@@ -123,17 +135,20 @@ fn check_merge(a: &RegionAggregates, b: &RegionAggregates) {
 }
 
 fn message(g: &mut Gen<'_>) -> Value {
+    // A digest is answered with what we hold of our own region, so it mostly names ours.
     if g.one_in(3) {
+        let mixed = g.one_in(MIXED_BATCH_ONE_IN);
         let versions: Vec<Value> = (0..g.below(6))
-            .map(|_| json!([[region_name(g), g.valid_name()], g.u64()]))
+            .map(|_| json!([[region_name(g, mixed, LOCAL), g.valid_name()], g.u64()]))
             .collect();
         return json!({"kind": "digest", "versions": versions});
     }
-    let entries: Vec<Value> = (0..g.below(6)).map(|_| entry(g)).collect();
+    let mixed = g.one_in(MIXED_BATCH_ONE_IN);
+    let entries: Vec<Value> = (0..g.below(6)).map(|_| entry(g, mixed)).collect();
     json!({"kind": "entries", "entries": entries})
 }
 
-fn entry(g: &mut Gen<'_>) -> Value {
+fn entry(g: &mut Gen<'_>, mixed: bool) -> Value {
     let n = [0, 1, 2, 5, 200][g.below(5)];
     let endpoints: Vec<Value> = (0..n)
         .map(|i| {
@@ -148,15 +163,16 @@ fn entry(g: &mut Gen<'_>) -> Value {
         })
         .collect();
     json!({
-        "region": region_name(g),
+        "region": region_name(g, mixed, PEER),
         "service": g.valid_name(),
         "version": g.u64(),
         "aggregate": {"endpoints": endpoints},
     })
 }
 
-fn region_name(g: &mut Gen<'_>) -> String {
-    ["eu", "us", "ap"][g.below(3)].to_owned()
+/// `usual`, or in a mixed message any of [`REGIONS`].
+fn region_name(g: &mut Gen<'_>, mixed: bool, usual: &str) -> String {
+    if mixed { g.pick(REGIONS) } else { usual }.to_owned()
 }
 
 fn region(name: &str) -> RegionName {

@@ -9,7 +9,7 @@
 //! (requests ≥ errors) through conversion, windows and attribution.
 #![no_main]
 
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,7 @@ use waymark_agent::node::lrs::{
 use waymark_core::model::Observation;
 use waymark_core::view::ReleasedView;
 use waymark_fuzz::{Limits, capped};
-use waymark_xds::lrs::{LoadReport, endpoint_loads};
+use waymark_xds::lrs::{LoadReport, LrsReporter, endpoint_loads};
 use waymark_xds::translate::load_assignment;
 
 fuzz_target!(|data: &[u8]| run(capped(data)));
@@ -35,6 +35,9 @@ fn run(mut data: &[u8]) {
         flush_interval: Duration::from_secs(1),
         endpoints_max: NonZeroUsize::new(64).expect("non-zero"),
         reporters_max: NonZeroUsize::new(8).expect("non-zero"),
+        reporter_endpoints_max: NonZeroUsize::new(128).expect("non-zero"),
+        // Small, so the cap is reached by ordinary counts too.
+        reporter_endpoint_requests_max: NonZeroU64::new(1_000).expect("non-zero"),
     };
     let mut aggregator = LoadAggregator::new(config, now);
     let mut book = WindowBook::new(NonZeroUsize::new(3).expect("non-zero"));
@@ -75,15 +78,22 @@ fn run(mut data: &[u8]) {
             assert!(load.requests >= load.errors, "{load:?}");
         }
         let report = LoadReport {
+            // As on a plaintext loopback stream: keyed by what the first request declared.
+            reporter: LrsReporter::Declared(node_id.clone()),
             node_id,
             zone,
             loads: converted.loads,
         };
-        if let Ok(reporter) = report.reporter() {
+        if let Ok(reporter) = report.node_name() {
             let (samples, _unmapped) = book.current().resolve(&reporter, &report.loads);
             check_passive(samples.iter().map(|s| &s.observation));
         }
-        let _ = aggregator.handle_report(now, &report);
+        let handled = aggregator.handle_report(now, &report);
+        assert_eq!(
+            handled.folded + handled.idle + handled.overflow + handled.untracked,
+            report.loads.len(),
+            "every load is folded or dropped with a reason"
+        );
         if aggregator.poll_timeout() <= now {
             let flush = aggregator.flush(now);
             for total in &flush.totals {

@@ -8,6 +8,13 @@
 //! reporting node, and handed to a [`LoadSink`]. Bad entries are skipped and counted, never
 //! fatal: one odd endpoint must not cost the evidence about the others.
 //!
+//! Every report carries the [`LrsReporter`] its stream was authenticated as, the key a
+//! consumer caps one reporter's influence under (ADR-15): over mutual TLS the identity the
+//! client certificate proved (`waymark_certs::grpc::peer_identity`), never the node id the
+//! client wrote; on a plaintext connection from loopback only, `node:<node_id>`. A
+//! plaintext stream from anywhere else is refused before its first request is read
+//! (`LrsStats::unauthenticated`).
+//!
 //! ```text
 //! LoadStatsRequest ──► endpoint_loads (pure) ──► LoadReport ──► LoadSink
 //!                                         AddressBook (pure, view in force) ──► Sample
@@ -41,6 +48,7 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
+use waymark_certs::Identity;
 use waymark_core::model::{InstanceId, NameError, NodeName, Observation, Reporter, Sample};
 use waymark_core::view::View;
 
@@ -51,6 +59,10 @@ pub const REPORT_BYTES_MAX: usize = 4 * 1024 * 1024;
 
 /// The reporting interval asked of Envoy unless configured otherwise.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Longest node id a stream's first request may carry; a longer one is refused. Envoy's
+/// ids are well under this; the bound keeps what a consumer remembers per reporter small.
+pub const NODE_ID_BYTES_MAX: usize = 1024;
 
 /// Server settings.
 #[derive(Debug, Clone)]
@@ -85,10 +97,23 @@ pub struct EndpointLoad {
     pub interval: Duration,
 }
 
+/// Who sent a load report: the key one reporter's influence is capped under.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LrsReporter {
+    /// The identity the stream's client certificate proved (mutual TLS).
+    Verified(Identity),
+    /// The node id the client declared in its first request; only on a plaintext
+    /// connection from loopback, where every client is on this host.
+    Declared(String),
+}
+
 /// One report of one node: what its Envoy saw of every endpoint since the last report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadReport {
-    /// The reporting Envoy's node id (from the stream's first request).
+    /// Who sent it, as its stream was authenticated.
+    pub reporter: LrsReporter,
+    /// The reporting Envoy's node id (from the stream's first request), as it declared it:
+    /// for logs and sync state, never for keying a reporter.
     pub node_id: String,
     /// The zone the node declared (`node.locality.zone`); empty if none.
     pub zone: String,
@@ -97,9 +122,39 @@ pub struct LoadReport {
 }
 
 impl LoadReport {
-    /// The node id as a waymark node name, for attributing samples.
-    pub fn reporter(&self) -> Result<NodeName, NameError> {
+    /// The declared node id as a waymark node name.
+    pub fn node_name(&self) -> Result<NodeName, NameError> {
         NodeName::try_new(&self.node_id)
+    }
+}
+
+/// The reporter a stream's reports are keyed by: the verified identity of a mutual-TLS
+/// peer; on a plaintext connection from a loopback address, the node id it declared;
+/// otherwise none, and the stream must be refused. Pure.
+pub fn reporter_of(
+    peer: Option<&Identity>,
+    remote: Option<SocketAddr>,
+    node_id: &str,
+) -> Option<LrsReporter> {
+    match peer {
+        Some(identity) => Some(LrsReporter::Verified(identity.clone())),
+        None if is_loopback(remote) => Some(LrsReporter::Declared(node_id.to_owned())),
+        None => None,
+    }
+}
+
+/// Whether `remote` is a loopback address (an IPv4-mapped one included).
+fn is_loopback(remote: Option<SocketAddr>) -> bool {
+    remote.is_some_and(|a| a.ip().to_canonical().is_loopback())
+}
+
+impl std::fmt::Display for LrsReporter {
+    /// The identity's URI, or `node:<node_id>` for a declared one.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Verified(identity) => write!(f, "{identity}"),
+            Self::Declared(node_id) => write!(f, "node:{node_id}"),
+        }
     }
 }
 
@@ -276,12 +331,8 @@ impl LoadSink for ChannelSink {
     fn handle_report(&self, report: LoadReport) {
         if let Err(e) = self.tx.try_send(report) {
             self.dropped.fetch_add(1, Ordering::Relaxed);
-            let node_id = match &e {
-                mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => {
-                    r.node_id.clone()
-                }
-            };
-            tracing::debug!(node_id = %node_id, "load report dropped: sink full or closed");
+            let (mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r)) = &e;
+            tracing::debug!(node_id = %r.node_id, reporter = %r.reporter, "load report dropped: sink full or closed");
         }
     }
 }
@@ -419,8 +470,12 @@ fn metadata_instance(metadata: Option<&Metadata>) -> Option<InstanceId> {
 pub struct LrsStats {
     /// Streams accepted.
     pub streams: AtomicU64,
-    /// Streams refused: no first request in time, or one without a node id.
+    /// Streams refused: no first request in time, or one without a node id (or with one
+    /// longer than [`NODE_ID_BYTES_MAX`]).
     pub bad_streams: AtomicU64,
+    /// Streams refused before their first request: plaintext from a non-loopback address,
+    /// so there is no verified identity to key the reporter by.
+    pub unauthenticated: AtomicU64,
     /// Load reports received (requests after the first, and a first one carrying stats).
     pub reports: AtomicU64,
     /// Endpoint loads handed to the sink.
@@ -443,6 +498,12 @@ pub struct LrsServer {
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// One open stream: the node it declared and the reporter it was authenticated as.
+struct StreamOf {
+    node: Node,
+    reporter: LrsReporter,
+}
 
 impl LrsServer {
     /// A server handing every report to `sink`.
@@ -503,7 +564,10 @@ impl LrsServer {
         }
     }
 
-    async fn first(&self, inbound: &mut Streaming<LoadStatsRequest>) -> Result<Node, Status> {
+    async fn first(
+        &self,
+        inbound: &mut Streaming<LoadStatsRequest>,
+    ) -> Result<(Node, LoadStatsRequest), Status> {
         let timeout = self.inner.config.first_request_timeout;
         let bad = |msg: &str| {
             self.inner.stats.bad_streams.fetch_add(1, Ordering::Relaxed);
@@ -522,15 +586,17 @@ impl LrsServer {
         if node.id.is_empty() {
             return Err(bad("the first load report carries no node id"));
         }
-        // A first request may already carry stats; they count like any other report.
-        self.handle_request(&node, &first);
-        Ok(node)
+        if node.id.len() > NODE_ID_BYTES_MAX {
+            return Err(bad("the first load report's node id is too long"));
+        }
+        Ok((node, first))
     }
 
-    fn handle_request(&self, node: &Node, req: &LoadStatsRequest) {
+    fn handle_request(&self, stream: &StreamOf, req: &LoadStatsRequest) {
         if req.cluster_stats.is_empty() {
             return;
         }
+        let node = &stream.node;
         let stats = &self.inner.stats;
         stats.reports.fetch_add(1, Ordering::Relaxed);
         let converted = endpoint_loads(req, self.inner.config.interval);
@@ -553,6 +619,7 @@ impl LrsServer {
             .map(|l| l.zone.clone())
             .unwrap_or_default();
         self.inner.sink.handle_report(LoadReport {
+            reporter: stream.reporter.clone(),
             node_id: node.id.clone(),
             zone,
             loads: converted.loads,
@@ -563,7 +630,7 @@ impl LrsServer {
     /// the response stream stays open (Envoy reconnects when it closes).
     async fn run(
         self,
-        node: Node,
+        stream: StreamOf,
         mut inbound: Streaming<LoadStatsRequest>,
         tx: mpsc::Sender<Result<LoadStatsResponse, Status>>,
     ) {
@@ -578,7 +645,7 @@ impl LrsServer {
                     }
                 }
                 msg = inbound.message() => match msg {
-                    Ok(Some(req)) => self.handle_request(&node, &req),
+                    Ok(Some(req)) => self.handle_request(&stream, &req),
                     Ok(None) => return,
                     Err(status) => {
                         tracing::debug!(code = ?status.code(), "load report stream ended by the client");
@@ -599,15 +666,32 @@ impl LoadReportingService for LrsServer {
         &self,
         request: Request<Streaming<LoadStatsRequest>>,
     ) -> Result<Response<Self::StreamLoadStatsStream>, Status> {
+        let peer = waymark_certs::grpc::peer_identity(&request).cloned();
+        let remote = request.remote_addr();
+        if peer.is_none() && !is_loopback(remote) {
+            self.inner
+                .stats
+                .unauthenticated
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(remote = ?remote, "load report stream refused: plaintext from off this host");
+            return Err(Status::unauthenticated(
+                "load reports are accepted over mutual tls, or in plaintext from loopback",
+            ));
+        }
         let mut inbound = request.into_inner();
-        let node = self.first(&mut inbound).await?;
+        let (node, first) = self.first(&mut inbound).await?;
+        let reporter = reporter_of(peer.as_ref(), remote, &node.id)
+            .expect("checked above: a verified peer, or plaintext from loopback");
+        let stream = StreamOf { node, reporter };
         self.inner.stats.streams.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(node_id = %node.id, "load report stream opened");
+        tracing::info!(node_id = %stream.node.id, reporter = %stream.reporter, "load report stream opened");
+        // A first request may already carry stats; they count like any other report.
+        self.handle_request(&stream, &first);
         let (tx, rx) = mpsc::channel(1);
         tx.try_send(Ok(self.first_response()))
             .expect("a new channel of capacity one has room for the first response");
-        let span = tracing::info_span!("lrs_stream", node_id = %node.id);
-        tokio::spawn(self.clone().run(node, inbound, tx).instrument(span));
+        let span = tracing::info_span!("lrs_stream", node_id = %stream.node.id, reporter = %stream.reporter);
+        tokio::spawn(self.clone().run(stream, inbound, tx).instrument(span));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

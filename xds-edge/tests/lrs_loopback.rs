@@ -1,8 +1,14 @@
-//! LRS over a real tonic connection on 127.0.0.1: the stream shape Envoy speaks, end to end.
+//! LRS over a real tonic connection on 127.0.0.1: the stream shape Envoy speaks, end to end,
+//! and who a report is keyed by: the client certificate's identity over mutual TLS, the
+//! declared node id only in plaintext from loopback, and nobody otherwise.
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
 
 use envoy_types::pb::envoy::config::core::v3::address::Address as AddressKind;
 use envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier;
@@ -10,15 +16,23 @@ use envoy_types::pb::envoy::config::core::v3::{Address, Locality, Node, SocketAd
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterStats, UpstreamEndpointStats, UpstreamLocalityStats,
 };
-use envoy_types::pb::envoy::service::load_stats::v3::LoadStatsRequest;
 use envoy_types::pb::envoy::service::load_stats::v3::load_reporting_service_client::LoadReportingServiceClient;
+use envoy_types::pb::envoy::service::load_stats::v3::{LoadStatsRequest, LoadStatsResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::timeout;
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
-use tonic::transport::{Endpoint, Server};
-use waymark_xds::lrs::{ChannelSink, LoadReport, LrsConfig, LrsServer};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::{Channel, Endpoint, Server};
+use waymark_certs::ca::{IssuedLeaf, RootCa};
+use waymark_certs::grpc::{IncomingConfig, TlsConnector, incoming};
+use waymark_certs::material::{MaterialPem, validate_material};
+use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config, server_config};
+use waymark_certs::{CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, TrustDomain};
+use waymark_xds::lrs::{ChannelSink, LoadReport, LrsConfig, LrsReporter, LrsServer};
 
 const WAIT: Duration = Duration::from_secs(5);
 const KEEPALIVE: Duration = Duration::from_secs(5);
@@ -138,6 +152,8 @@ async fn envoy_shaped_reports_reach_the_sink_per_endpoint_with_the_node_id() {
     let one = timeout(WAIT, reports.recv()).await.unwrap().unwrap();
     assert_eq!(one.node_id, "node-a");
     assert_eq!(one.zone, "a");
+    // Plaintext from loopback: keyed by what it declared, and marked as declared.
+    assert_eq!(one.reporter, LrsReporter::Declared("node-a".to_owned()));
     let counts: Vec<_> = one
         .loads
         .iter()
@@ -219,5 +235,195 @@ async fn a_stream_whose_first_request_has_no_node_is_refused() {
             .load(std::sync::atomic::Ordering::Relaxed),
         1
     );
+    serving.abort();
+}
+
+// === who a report is keyed by ===
+
+const TD: &str = "mesh.test";
+const WORKLOAD: &str = "spiffe://mesh.test/region/eu/service/cart/instance/i1";
+
+fn policy(kind: IdentityKind) -> PeerPolicy {
+    PeerPolicy {
+        trust_domain: TrustDomain::new(TD).unwrap(),
+        accepted: KindSet::only(kind),
+        region: None,
+    }
+}
+
+fn live(root: &RootCa, leaf: &IssuedLeaf, kind: IdentityKind) -> Arc<LiveMaterial> {
+    let fullchain = leaf.fullchain_pem();
+    let pem = MaterialPem {
+        cert_chain: fullchain.as_bytes(),
+        key: leaf.key_pem.as_bytes(),
+        bundle: root.cert_pem().as_bytes(),
+    };
+    LiveMaterial::new(validate_material(pem, &policy(kind), SystemTime::now()).unwrap())
+}
+
+/// Opens an LRS stream declaring `node_id` and reads the first response.
+async fn open(
+    channel: Channel,
+    node_id: &str,
+) -> Result<
+    (
+        mpsc::Sender<LoadStatsRequest>,
+        tonic::Streaming<LoadStatsResponse>,
+    ),
+    tonic::Status,
+> {
+    let mut client = LoadReportingServiceClient::new(channel);
+    let (requests, requests_rx) = mpsc::channel(4);
+    let node = Node {
+        id: node_id.to_owned(),
+        ..Default::default()
+    };
+    requests
+        .send(LoadStatsRequest {
+            node: Some(node),
+            cluster_stats: Vec::new(),
+        })
+        .await
+        .unwrap();
+    let mut responses = client
+        .stream_load_stats(ReceiverStream::new(requests_rx))
+        .await?
+        .into_inner();
+    timeout(WAIT, responses.message()).await.unwrap()?.unwrap();
+    Ok((requests, responses))
+}
+
+#[tokio::test]
+async fn over_mutual_tls_a_report_is_keyed_by_the_certificate_not_the_declared_node_id() {
+    // Goal: a workload that declares someone else's node id is still its certificate's
+    // identity to the sink, so the name a client writes can never dodge its cap.
+    waymark_certs::install_crypto_provider();
+    let now = SystemTime::now();
+    let root = RootCa::generate(TrustDomain::new(TD).unwrap(), now).unwrap();
+    let eu = root.issue_region(Name::new("eu").unwrap(), now).unwrap();
+    let day = Duration::from_secs(24 * 3600);
+    let node_id: Identity = "spiffe://mesh.test/region/eu/node/n1".parse().unwrap();
+    let workload: Identity = WORKLOAD.parse().unwrap();
+    let node = live(
+        &root,
+        &eu.issue(&node_id, now, day).unwrap(),
+        IdentityKind::Node,
+    );
+    let client = live(
+        &root,
+        &eu.issue(&workload, now, day).unwrap(),
+        IdentityKind::Workload,
+    );
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (reports_tx, mut reports) = mpsc::channel::<LoadReport>(8);
+    let server = LrsServer::new(LrsConfig::default(), Arc::new(ChannelSink::new(reports_tx)));
+    let tls = server_config(
+        &node,
+        policy(IdentityKind::Workload),
+        CertMetrics::new(),
+        &[ALPN_H2],
+    );
+    let serving = tokio::spawn(
+        Server::builder()
+            .add_service(server.service())
+            .serve_with_incoming(incoming(
+                listener,
+                Arc::new(tls.unwrap()),
+                IncomingConfig::default(),
+            )),
+    );
+    let tls = client_config(
+        &client,
+        policy(IdentityKind::Node),
+        CertMetrics::new(),
+        &[ALPN_H2],
+    );
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_with_connector(TlsConnector::new(Arc::new(tls.unwrap())))
+        .await
+        .unwrap();
+    let (requests, _responses) = open(channel, "someone-else").await.unwrap();
+    requests
+        .send(report(vec![endpoint_stats("127.0.0.1", 8001, 1, 1)]))
+        .await
+        .unwrap();
+    let got = timeout(WAIT, reports.recv()).await.unwrap().unwrap();
+    assert_eq!(got.reporter, LrsReporter::Verified(workload));
+    assert_eq!(got.reporter.to_string(), WORKLOAD);
+    assert_eq!(got.node_id, "someone-else", "kept for logs, not for keying");
+    serving.abort();
+}
+
+/// A TCP stream whose peer address reads as one off this host, as a plaintext listener
+/// bound to a routable address would see it.
+struct FromAfar(TcpStream);
+
+impl Connected for FromAfar {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        TcpConnectInfo {
+            local_addr: self.0.local_addr().ok(),
+            remote_addr: Some(SocketAddr::from(([192, 0, 2, 7], 40_000))),
+        }
+    }
+}
+
+impl AsyncRead for FromAfar {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for FromAfar {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+#[tokio::test]
+async fn a_plaintext_stream_from_off_this_host_is_refused_before_it_reports() {
+    // Goal: without a certificate there is no identity to key a reporter by, and a node id
+    // from the network is only a name the client chose: refused, counted, nothing reported.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (reports_tx, mut reports) = mpsc::channel::<LoadReport>(1);
+    let server = LrsServer::new(LrsConfig::default(), Arc::new(ChannelSink::new(reports_tx)));
+    let incoming = TcpListenerStream::new(listener).map(|tcp| tcp.map(FromAfar));
+    let serving = tokio::spawn(
+        Server::builder()
+            .add_service(server.service())
+            .serve_with_incoming(incoming),
+    );
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let status = open(channel, "node-a").await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    let stats = server.stats();
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((load(&stats.unauthenticated), load(&stats.streams)), (1, 0));
+    assert!(reports.try_recv().is_err());
     serving.abort();
 }

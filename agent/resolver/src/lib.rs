@@ -3,7 +3,8 @@
 //! A [`Resolver`] subscribes to the local waymark node agent over Delta xDS (CDS wildcard,
 //! EDS for the services asked for), translates each applied `ClusterLoadAssignment` into an
 //! immutable [`Table`], persists it to a cache file, and only then serves it. Reads are
-//! lock-free: an `ArcSwap<Table>` load and a hash lookup (see [`bench`] for the figures).
+//! lock-free: an `ArcSwap<Table>` load and a hash lookup (see [`bench`](mod@bench) for the
+//! figures).
 //!
 //! ```text
 //! agent ──Delta xDS──► ClientState ──Table::update──► cache file ──► ArcSwap<Table> ◄── resolve
@@ -18,6 +19,15 @@
 //!   set: a malformed update is rejected whole (NACKed, counted; the previous table stays),
 //!   a removed resource keeps its previous set, a corrupt cache file is never served.
 //!
+//! Who it talks to (ADR-15: every control-plane door authenticated): with
+//! [`ResolverConfig::tls`] set ([`ResolverTls`]) the stream is mutual TLS: the caller
+//! presents its workload certificate (`spiffe://<td>/region/<r>/service/<s>/instance/<i>`)
+//! and admits only a node identity of its own trust domain and region `<r>` that chains to
+//! the trust bundle; refusals are counted by reason in `waymark_certs_rejected_total` on
+//! [`ResolverTls::metrics`] and the files are watched for rotation. Without it the stream
+//! is plain text and [`Resolver::connect`] dials a loopback address only, matching the
+//! agent's `[agent.listen] local_plaintext`. See `README.md`.
+//!
 //! Invariants checked by `tests/props.rs`: whatever sequence of valid and malformed updates
 //! arrives, a service resolves to `Empty` only if the latest valid update holding it said it
 //! had no routable endpoint.
@@ -29,8 +39,10 @@ pub mod bench;
 pub mod cache;
 mod resolver;
 mod table;
+mod tls;
 
 pub use resolver::{Resolver, ResolverConfig, ResolverError, ResolverStats};
 pub use table::{
     Endpoint, Resolution, ServiceEndpoints, Table, TableError, service_endpoints, translate,
 };
+pub use tls::ResolverTls;

@@ -13,6 +13,11 @@
 //! wants to persist an update *before* acknowledging it. Readers never take a lock: a
 //! read is `ArcSwap::load` plus a hash lookup. Writers (the task, or [`Resolver::apply`])
 //! are serialised by a mutex readers never touch.
+//!
+//! The stream is mutual TLS when [`ResolverConfig::tls`] is set (see `tls.rs`), and plain
+//! text otherwise, which [`Resolver::connect`] allows only towards a loopback address:
+//! the agent serves plain text on loopback only (`[agent.listen] local_plaintext`), and
+//! views from an unauthenticated peer elsewhere could come from anyone.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,16 +36,22 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 use tracing::Instrument as _;
+use waymark_certs::CertError;
+use waymark_certs::grpc::TlsConnector;
+use waymark_certs::reload::{ReloadEvent, Reloader, WatchHandle};
 use waymark_xds::client::{Applied, Backoff, ClientConfig, ClientState, Subscription, retry_hint};
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT};
 
 use crate::cache;
 use crate::table::{Resolution, Table, TableError};
+use crate::tls::ResolverTls;
 
 /// How to reach the agent and where to keep the last-known-good view.
 #[derive(Debug, Clone)]
 pub struct ResolverConfig {
-    /// The local agent's xDS address, e.g. `http://127.0.0.1:18000`.
+    /// The local agent's xDS address, e.g. `http://127.0.0.1:18000`. Always `http://`:
+    /// with [`tls`](Self::tls) set the connection is mutual TLS all the same (the TLS is
+    /// done beneath HTTP/2, not by the URI scheme). Without it, a loopback address only.
     pub agent: String,
     /// This caller's node id (shown in the agent's sync state).
     pub node_id: String,
@@ -51,8 +62,13 @@ pub struct ResolverConfig {
     /// Where to persist every applied view; `None` keeps nothing across restarts.
     pub cache_file: Option<PathBuf>,
     /// Backoff, keepalive and buffer settings of the xDS stream. Its `validator` is
-    /// replaced by the resolver's own (which NACKs assignments it cannot translate).
+    /// replaced by the resolver's own (which NACKs assignments it cannot translate), and
+    /// its `tls` is unused (see [`tls`](Self::tls)).
     pub xds: ClientConfig,
+    /// Mutual TLS towards the agent: this caller's workload certificate, checked against
+    /// the agent's node certificate of the same region. `None` is plain text, allowed
+    /// towards a loopback address only.
+    pub tls: Option<ResolverTls>,
 }
 
 impl ResolverConfig {
@@ -69,6 +85,15 @@ impl ResolverConfig {
             services: Vec::new(),
             cache_file: None,
             xds: ClientConfig::default(),
+            tls: None,
+        }
+    }
+
+    /// The same config, over mutual TLS with `tls`.
+    pub fn with_tls(self, tls: ResolverTls) -> Self {
+        Self {
+            tls: Some(tls),
+            ..self
         }
     }
 }
@@ -86,6 +111,31 @@ pub enum ResolverError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// No `tls` is configured and `agent` is not a loopback address. Nothing was started:
+    /// the agent serves plain text on loopback only; configure `tls` to reach it elsewhere.
+    #[error("agent address {agent} is not loopback; plain text is allowed on loopback only")]
+    PlaintextNotLoopback {
+        /// The address given.
+        agent: String,
+    },
+    /// `tls.trust_domain` is not a valid trust domain. Nothing was started; fix it.
+    #[error("trust domain {trust_domain} is invalid")]
+    TrustDomain {
+        /// The trust domain given.
+        trust_domain: String,
+        /// Why.
+        #[source]
+        source: waymark_certs::identity::IdentityError,
+    },
+    /// The TLS files were refused: unreadable, expired, not a workload identity of the
+    /// trust domain, not chaining to the bundle, a region intermediate as the bundle, ….
+    /// Nothing was started; [`CertError::reason`] says what to fix.
+    #[error("tls material refused")]
+    Tls(#[source] CertError),
+    /// rustls refused the configuration built from valid material. Nothing was started; a
+    /// bug to report.
+    #[error("tls configuration failed")]
+    TlsConfig(#[source] rustls::Error),
     /// The resolver has no stream task (built with `from_table`) or the task is gone.
     /// Resolution keeps answering from the current table.
     #[error("resolver has no running subscription")]
@@ -105,6 +155,10 @@ pub struct ResolverStats {
     pub persist_failures: u64,
     /// xDS streams opened.
     pub streams: u64,
+    /// Attempts that ended before a stream opened: connect or TLS handshake failed (a
+    /// certificate refusal is also counted by reason in `ResolverTls::metrics`), or the
+    /// agent refused the stream.
+    pub connect_failures: u64,
 }
 
 /// In-process resolution from the local agent's views. See the crate documentation.
@@ -113,6 +167,8 @@ pub struct Resolver {
     shared: Arc<Shared>,
     commands: Option<mpsc::Sender<String>>,
     task: Option<tokio::task::JoinHandle<()>>,
+    reloader: Option<Arc<Reloader>>,
+    _cert_watch: Option<WatchHandle>,
 }
 
 #[derive(Debug)]
@@ -129,6 +185,7 @@ struct Shared {
     cache_corrupt: AtomicU64,
     persist_failures: AtomicU64,
     streams: AtomicU64,
+    connect_failures: AtomicU64,
 }
 
 // === impl Resolver ===
@@ -139,7 +196,12 @@ impl Resolver {
     /// `config.services`), reconnecting with jittered backoff until dropped. A corrupt
     /// cache file is logged at `error`, counted, and never served.
     ///
-    /// Must be called within a tokio runtime. Reads the cache file synchronously (small).
+    /// With `config.tls`, the TLS files are read and checked first (a refusal starts
+    /// nothing) and then watched for rotation; without it, `config.agent` must be a
+    /// loopback address.
+    ///
+    /// Must be called within a tokio runtime. Reads the cache file (and the TLS files)
+    /// synchronously (small).
     pub fn connect(config: ResolverConfig) -> Result<Self, ResolverError> {
         let endpoint = Endpoint::from_shared(config.agent.clone()).map_err(|source| {
             ResolverError::InvalidAgent {
@@ -147,6 +209,15 @@ impl Resolver {
                 source,
             }
         })?;
+        let tls = match &config.tls {
+            Some(tls) => Some(tls.prepare()?),
+            None if is_loopback(endpoint.uri()) => None,
+            None => {
+                return Err(ResolverError::PlaintextNotLoopback {
+                    agent: config.agent.clone(),
+                });
+            }
+        };
         let shared = Arc::new(Shared::new(config.cache_file.clone()));
         shared.load_cache();
         let endpoint = endpoint
@@ -183,6 +254,7 @@ impl Resolver {
         let driver = Driver {
             state,
             endpoint,
+            tls: tls.as_ref().map(|t| Arc::clone(&t.client)),
             node,
             backoff: Backoff::new(config.xds.backoff.clone(), seed),
             commands: commands_rx,
@@ -191,10 +263,20 @@ impl Resolver {
         };
         let span = tracing::info_span!("resolver", node_id = %config.node_id);
         let task = tokio::spawn(driver.run().instrument(span));
+        let reloader = tls.map(|t| t.reloader);
+        let cert_watch = reloader.as_ref().and_then(|r| match r.watch() {
+            Ok(watch) => Some(watch),
+            Err(error) => {
+                tracing::warn!(%error, "cannot watch the certificate files; reload with reload_tls only");
+                None
+            }
+        });
         Ok(Self {
             shared,
             commands: Some(commands),
             task: Some(task),
+            reloader,
+            _cert_watch: cert_watch,
         })
     }
 
@@ -207,6 +289,8 @@ impl Resolver {
             shared: Arc::new(shared),
             commands: None,
             task: None,
+            reloader: None,
+            _cert_watch: None,
         }
     }
 
@@ -269,6 +353,13 @@ impl Resolver {
         Some(Duration::from_millis(unix_ms_now().saturating_sub(since)))
     }
 
+    /// Re-read the TLS files now (the watcher does this on every change; call it on
+    /// SIGHUP, or where files cannot be watched). Refused files change nothing. `None`
+    /// without TLS.
+    pub async fn reload_tls(&self) -> Option<ReloadEvent> {
+        Some(self.reloader.as_ref()?.reload_now().await)
+    }
+
     /// Whether a stream to the agent is open now.
     pub fn is_connected(&self) -> bool {
         self.shared.connected.load(Ordering::Acquire)
@@ -283,6 +374,7 @@ impl Resolver {
             cache_corrupt: s.cache_corrupt.load(Ordering::Relaxed),
             persist_failures: s.persist_failures.load(Ordering::Relaxed),
             streams: s.streams.load(Ordering::Relaxed),
+            connect_failures: s.connect_failures.load(Ordering::Relaxed),
         }
     }
 }
@@ -310,6 +402,7 @@ impl Shared {
             cache_corrupt: AtomicU64::new(0),
             persist_failures: AtomicU64::new(0),
             streams: AtomicU64::new(0),
+            connect_failures: AtomicU64::new(0),
         }
     }
 
@@ -375,6 +468,8 @@ enum StreamError {
 struct Driver {
     state: ClientState,
     endpoint: Endpoint,
+    /// Mutual TLS towards the agent; `None` is plain text (loopback only).
+    tls: Option<Arc<rustls::ClientConfig>>,
     node: Node,
     backoff: Backoff,
     commands: mpsc::Receiver<String>,
@@ -395,8 +490,11 @@ impl Driver {
                 _ => None,
             };
             let delay = self.backoff.next_delay(ended.lived, hint);
+            // A certificate refusal, ours or the agent's, names its reason.
+            let cert = CertError::from_tls(&ended.error).map(CertError::reason);
             tracing::info!(
                 error = %ended.error,
+                cert_reason = cert.map(|r| r.as_str()),
                 lived_ms = ended.lived.as_millis() as u64,
                 backoff_ms = delay.as_millis() as u64,
                 "agent stream ended; serving the last view and reconnecting after backoff"
@@ -424,12 +522,20 @@ impl Driver {
 
     async fn run_stream(&mut self) -> Option<Ended> {
         let failed = |error| {
+            self.shared.connect_failures.fetch_add(1, Ordering::Relaxed);
             Some(Ended {
                 lived: Duration::ZERO,
                 error,
             })
         };
-        let channel = match self.endpoint.connect().await {
+        let connected = match &self.tls {
+            Some(tls) => {
+                let connector = TlsConnector::new(Arc::clone(tls));
+                self.endpoint.connect_with_connector(connector).await
+            }
+            None => self.endpoint.connect().await,
+        };
+        let channel = match connected {
             Ok(c) => c,
             Err(e) => return failed(StreamError::Connect(e)),
         };
@@ -520,6 +626,18 @@ impl Driver {
             names: [service].into_iter().collect(),
         };
         self.state.subscribe(TYPE_ENDPOINT, subscription)
+    }
+}
+
+/// Whether `uri` names a loopback host (`localhost`, 127.0.0.0/8, `::1`).
+fn is_loopback(uri: &tonic::codegen::http::Uri) -> bool {
+    match uri.host() {
+        Some("localhost") => true,
+        Some(host) => host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback()),
+        None => false,
     }
 }
 

@@ -219,9 +219,10 @@ fn publish(
 
 /// Collect merge records from the federation node and sort them. Entries about a region
 /// that is recovering from silence (stale, or never heard since start) are
-/// **reconciliations** — logged, and audited while this member leads — whichever peer
-/// delivered them (anti-entropy relays a third region's entries too); entries about a region
-/// that never went silent are routine replication, counted and logged at debug.
+/// **reconciliations** — logged, and audited while this member leads; entries about a region
+/// that never went silent are routine replication, counted and logged at debug. Links are
+/// direct: a peer is accepted only for its own region's entries (nothing is relayed), so
+/// the region recovering is always the peer that delivered them.
 ///
 /// A region is recovering from the first check that finds it stale until the first check
 /// after it is fresh again in which nothing new about it arrived: the whole catch-up after

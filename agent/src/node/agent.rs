@@ -300,7 +300,7 @@ impl NodeAgent {
 
         // 2. TLS material, if any.
         let tls = match &config.tls {
-            Some(t) => Some(tls_configs(t).await?),
+            Some(t) => Some(tls_configs(t, &mut registry).await?),
             None => None,
         };
 
@@ -741,7 +741,7 @@ struct AgentTls {
     reloader: Arc<Reloader>,
 }
 
-async fn tls_configs(t: &super::config::Tls) -> anyhow::Result<AgentTls> {
+async fn tls_configs(t: &super::config::Tls, registry: &mut Registry) -> anyhow::Result<AgentTls> {
     let trust_domain = TrustDomain::new(&t.trust_domain)
         .map_err(|e| anyhow::anyhow!("agent.tls.trust_domain: {e}"))?;
     let own = PeerPolicy {
@@ -759,6 +759,9 @@ async fn tls_configs(t: &super::config::Tls) -> anyhow::Result<AgentTls> {
         .context("loading this node's certificate")?;
     let live = LiveMaterial::new(material);
     let metrics = CertMetrics::new();
+    // On /metrics: this agent's own refusals (a sidecar's wrong_kind, an authority's
+    // wrong_region) and reloads.
+    metrics.register(registry);
     let reloader = Reloader::new(paths, Arc::clone(&live), own, metrics.clone());
     let sidecars = PeerPolicy {
         trust_domain: trust_domain.clone(),

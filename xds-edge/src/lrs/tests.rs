@@ -284,16 +284,42 @@ fn an_address_held_by_two_instances_maps_to_neither() {
 #[test]
 fn a_report_names_its_node_as_a_waymark_node_name() {
     let report = LoadReport {
+        reporter: LrsReporter::Declared("node-a".to_owned()),
         node_id: "node-a".to_owned(),
         zone: String::new(),
         loads: Vec::new(),
     };
-    assert_eq!(report.reporter().unwrap().as_str(), "node-a");
+    assert_eq!(report.node_name().unwrap().as_str(), "node-a");
     let bad = LoadReport {
         node_id: "sidecar~10.0.0.1".to_owned(),
         ..report
     };
-    assert!(bad.reporter().is_err());
+    assert!(bad.node_name().is_err());
+}
+
+#[test]
+fn a_reporter_is_its_verified_identity_and_a_declared_node_only_on_loopback() {
+    // Goal: over mutual TLS the node id a client writes never names the reporter; without
+    // TLS only a loopback peer is keyed, by what it declared; anyone else is nobody.
+    let workload: Identity = "spiffe://mesh.test/region/eu/service/cart/instance/i1"
+        .parse()
+        .unwrap();
+    let lan = Some(addr("10.0.0.7:5000"));
+    let local = Some(addr("127.0.0.1:5000"));
+    let mapped = Some(addr("[::ffff:127.0.0.1]:5000"));
+    let verified = reporter_of(Some(&workload), lan, "claims-to-be-someone-else").unwrap();
+    assert_eq!(verified, LrsReporter::Verified(workload.clone()));
+    assert_eq!(
+        verified.to_string(),
+        "spiffe://mesh.test/region/eu/service/cart/instance/i1"
+    );
+    for remote in [local, mapped, Some(addr("[::1]:5000"))] {
+        let declared = reporter_of(None, remote, "sidecar-a").unwrap();
+        assert_eq!(declared, LrsReporter::Declared("sidecar-a".to_owned()));
+        assert_eq!(declared.to_string(), "node:sidecar-a");
+    }
+    assert_eq!(reporter_of(None, lan, "sidecar-a"), None);
+    assert_eq!(reporter_of(None, None, "sidecar-a"), None);
 }
 
 #[test]
@@ -301,6 +327,7 @@ fn a_full_channel_sink_drops_and_counts_instead_of_blocking() {
     let (tx, mut rx) = mpsc::channel(1);
     let sink = ChannelSink::new(tx);
     let report = LoadReport {
+        reporter: LrsReporter::Declared("node-a".to_owned()),
         node_id: "node-a".to_owned(),
         zone: "a".to_owned(),
         loads: vec![load("10.0.0.1:8080", 1, 0)],

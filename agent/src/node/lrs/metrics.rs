@@ -3,11 +3,21 @@
 use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use waymark_xds::lrs::{ChannelSink, LrsServer};
+
+use super::aggregate::DropReason;
+
+/// `reason`: why requests were not counted (see [`DropReason`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct DropLabels {
+    /// [`DropReason::as_str`].
+    pub reason: &'static str,
+}
 
 /// Every metric the forwarder itself updates. Clones share the same series.
 #[derive(Debug, Clone, Default)]
@@ -17,6 +27,9 @@ pub struct LrsForwardMetrics {
     pub loads_unmapped: Counter,
     /// Endpoint loads dropped on arrival: the window already held its maximum of addresses.
     pub loads_overflow: Counter,
+    /// Requests of load reports not counted, by reason: over one reporter's cap for an
+    /// endpoint in a window, or from a reporter (or pair) the window could not track.
+    pub requests_dropped: Family<DropLabels, Counter>,
     /// Passive samples handed to the evidence session.
     pub samples_forwarded: Counter,
     /// Passive samples dropped: the evidence session's channel was full or closed.
@@ -28,8 +41,21 @@ pub struct LrsForwardMetrics {
 }
 
 impl LrsForwardMetrics {
+    /// The `waymark_lrs_requests_dropped_total` series for `reason`.
+    pub fn requests_dropped(&self, reason: DropReason) -> Counter {
+        self.requests_dropped
+            .get_or_create(&DropLabels {
+                reason: reason.as_str(),
+            })
+            .clone()
+    }
+
     /// Register everything under `waymark_`.
     pub fn register(&self, registry: &mut Registry) {
+        // Every reason from the start, so a dashboard sees zero rather than no series.
+        for reason in DropReason::ALL {
+            let _ = self.requests_dropped(reason);
+        }
         let r = registry.sub_registry_with_prefix("waymark");
         r.register(
             "lrs_endpoint_loads_unmapped",
@@ -40,6 +66,11 @@ impl LrsForwardMetrics {
             "lrs_endpoint_loads_overflow",
             "Endpoint loads dropped because the flush window already held its maximum of addresses",
             self.loads_overflow.clone(),
+        );
+        r.register(
+            "lrs_requests_dropped",
+            "Requests of load reports not counted as passive evidence, by reason (reporter_cap: over one reporter's cap for an endpoint in a flush window)",
+            self.requests_dropped.clone(),
         );
         r.register(
             "lrs_samples_forwarded",
@@ -89,8 +120,13 @@ impl Collector for ServerCollector {
             ),
             (
                 "lrs_streams_refused",
-                "LRS streams refused: no first request in time, or one without a node id",
+                "LRS streams refused: no first request in time, or one without a usable node id",
                 stats.bad_streams.load(Relaxed),
+            ),
+            (
+                "lrs_streams_unauthenticated",
+                "LRS streams refused before their first request: plaintext from off this host",
+                stats.unauthenticated.load(Relaxed),
             ),
             (
                 "lrs_reports",

@@ -5,7 +5,14 @@
 //! window ([`LoadAggregator`], pure), maps addresses to instances through the assignments
 //! the agent serves ([`WindowBook`], pure), and hands one passive sample per instance to the
 //! evidence session. The session attributes every sample to this node by its mutual-TLS
-//! identity; capping one reporter's influence is the authority's job, not this one's.
+//! identity, and the authority counts it as one caller's vote.
+//!
+//! Within the host, each sidecar is capped (ADR-15: an LRS reporter's influence is capped
+//! per reporter). A report is keyed by the identity its stream's client certificate proved
+//! (the agent's listener admits only workloads), or by `node:<node_id>` on the plaintext
+//! loopback listener; at most [`REPORTER_ENDPOINT_REQUESTS_MAX`] of one reporter's requests
+//! per endpoint count in a window, so one sidecar claiming 10⁹ errors weighs no more than
+//! one busy honest sidecar (`waymark_lrs_requests_dropped_total{reason="reporter_cap"}`).
 //!
 //! ```text
 //! Envoy ─LRS─► LrsServer ─► ChannelSink ─► driver ─► LoadAggregator ──flush──► WindowBook
@@ -22,7 +29,7 @@ mod aggregate;
 mod attribute;
 mod metrics;
 
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -37,11 +44,12 @@ use waymark_core::defaults::PASSIVE_INTERVAL;
 use waymark_xds::lrs::{ChannelSink, LoadReport, LrsConfig, LrsServer};
 
 pub use aggregate::{
-    AggregatorConfig, EndpointTotal, FLUSH_INTERVAL_MAX, FLUSH_INTERVAL_MIN, Flush, Handled,
-    LoadAggregator,
+    AggregatorConfig, DropReason, DroppedRequests, EndpointTotal, FLUSH_INTERVAL_MAX,
+    FLUSH_INTERVAL_MIN, Flush, Handled, LoadAggregator, REPORTER_ENDPOINT_RATE_MAX,
+    REPORTER_ENDPOINT_REQUESTS_MAX, reporter_requests_for,
 };
 pub use attribute::{Attributed, WindowBook, addresses_from_assignments, attribute};
-pub use metrics::LrsForwardMetrics;
+pub use metrics::{DropLabels, LrsForwardMetrics};
 
 use crate::authority::ingest::{BATCH_MAX, WireSample};
 use attribute::book_of;
@@ -69,6 +77,9 @@ pub struct LrsForwardConfig {
     /// Distinct endpoint addresses held in one window; loads for more are dropped and
     /// counted.
     pub endpoints_max: NonZeroUsize,
+    /// Requests of one reporter counted for one endpoint in one flush window; the excess is
+    /// dropped and counted. Size it to the window with [`reporter_requests_for`].
+    pub reporter_endpoint_requests_max: NonZeroU64,
 }
 
 impl Default for LrsForwardConfig {
@@ -82,6 +93,7 @@ impl Default for LrsForwardConfig {
             report_interval: PASSIVE_INTERVAL,
             report_queue: NonZeroUsize::new(1024).unwrap_or(NonZeroUsize::MIN),
             endpoints_max: AggregatorConfig::default().endpoints_max,
+            reporter_endpoint_requests_max: REPORTER_ENDPOINT_REQUESTS_MAX,
         }
     }
 }
@@ -259,6 +271,7 @@ impl LrsForwardDriver {
             AggregatorConfig {
                 flush_interval: config.flush_interval,
                 endpoints_max: config.endpoints_max,
+                reporter_endpoint_requests_max: config.reporter_endpoint_requests_max,
                 ..AggregatorConfig::default()
             },
             now(),
@@ -301,12 +314,41 @@ impl LrsForwardDriver {
             self.metrics.loads_overflow.inc_by(count(handled.overflow));
             warn!(
                 node_id = %report.node_id,
+                reporter = %report.reporter,
                 dropped = handled.overflow,
                 "endpoint loads dropped: the window holds its maximum of addresses"
             );
         }
+        for reason in DropReason::ALL {
+            let requests = handled.dropped.get(reason);
+            if requests > 0 {
+                self.metrics.requests_dropped(reason).inc_by(requests);
+            }
+        }
+        if handled.capped > 0 {
+            debug!(
+                node_id = %report.node_id,
+                reporter = %report.reporter,
+                reason = DropReason::ReporterCap.as_str(),
+                loads = handled.capped,
+                requests_dropped = handled.dropped.reporter_cap,
+                requests_max = self.aggregator.config().reporter_endpoint_requests_max.get(),
+                "load report requests over the reporter's cap dropped"
+            );
+        }
+        if handled.untracked > 0 {
+            warn!(
+                node_id = %report.node_id,
+                reporter = %report.reporter,
+                loads = handled.untracked,
+                requests_reporters_full = handled.dropped.reporters_full,
+                requests_reporter_endpoints_full = handled.dropped.reporter_endpoints_full,
+                "endpoint loads dropped: the window tracks its maximum of reporters"
+            );
+        }
         trace!(
             node_id = %report.node_id,
+            reporter = %report.reporter,
             folded = handled.folded,
             idle = handled.idle,
             "load report aggregated"

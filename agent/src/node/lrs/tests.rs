@@ -12,7 +12,7 @@ use waymark_core::units::Weight;
 use waymark_core::view::{
     EndpointStatus, Markers, ReleasedView, Tier, Version, View, ViewEndpoint, ViewKey,
 };
-use waymark_xds::lrs::{AddressBook, EndpointLoad};
+use waymark_xds::lrs::{AddressBook, EndpointLoad, LrsReporter};
 use waymark_xds::translate::load_assignment;
 
 use super::*;
@@ -40,6 +40,7 @@ fn load(address: &str, requests: u64, errors: u64) -> EndpointLoad {
 
 fn report(node: &str, loads: Vec<EndpointLoad>) -> LoadReport {
     LoadReport {
+        reporter: LrsReporter::Declared(node.to_owned()),
         node_id: node.to_owned(),
         zone: "a".to_owned(),
         loads,
@@ -182,9 +183,8 @@ fn a_load_without_requests_is_dropped_and_an_empty_window_flushes_nothing() {
     assert_eq!(
         handled,
         Handled {
-            folded: 0,
             idle: 1,
-            overflow: 0
+            ..Handled::default()
         }
     );
     assert!(agg.is_empty());
@@ -264,9 +264,17 @@ fn addresses_beyond_the_maximum_are_dropped_while_held_ones_still_add_up() {
 
 #[test]
 fn absurd_counts_saturate_instead_of_wrapping() {
-    // Goal: hostile or buggy counts never panic, wrap, or yield errors above requests.
+    // Goal: hostile or buggy counts never panic, wrap, or yield errors above requests,
+    // even with no cap to stop them first.
     let t0 = StdInstant::now();
-    let mut agg = aggregator(t0);
+    let mut agg = LoadAggregator::new(
+        AggregatorConfig {
+            flush_interval: FLUSH,
+            reporter_endpoint_requests_max: NonZeroU64::MAX,
+            ..AggregatorConfig::default()
+        },
+        t0,
+    );
     let huge = load("10.0.0.1:80", u64::MAX, u64::MAX);
     agg.handle_report(t0, &report("envoy-a", vec![huge.clone(), huge]));
     let mut inverted = load("10.0.0.1:80", 1, 0);
@@ -279,6 +287,8 @@ fn absurd_counts_saturate_instead_of_wrapping() {
 
 #[test]
 fn reporters_are_counted_once_each_per_window_up_to_the_cap() {
+    // Goal: reporters beyond `reporters_max` are not tracked, so they could not be capped:
+    // their loads are dropped and counted, not summed uncapped.
     let t0 = StdInstant::now();
     let mut agg = LoadAggregator::new(
         AggregatorConfig {
@@ -287,11 +297,14 @@ fn reporters_are_counted_once_each_per_window_up_to_the_cap() {
         },
         t0,
     );
+    let mut untracked = DroppedRequests::default();
     for node in ["envoy-a", "envoy-a", "envoy-b", "envoy-c"] {
-        agg.handle_report(t0, &report(node, vec![load("10.0.0.1:80", 1, 0)]));
+        let handled = agg.handle_report(t0, &report(node, vec![load("10.0.0.1:80", 1, 0)]));
+        untracked.reporters_full += handled.dropped.reporters_full;
     }
     let flush = agg.flush(t0 + FLUSH);
-    assert_eq!((flush.reporters, flush.totals[0].requests), (2, 4));
+    assert_eq!((flush.reporters, flush.totals[0].requests), (2, 3));
+    assert_eq!(untracked.reporters_full, 1);
     assert_eq!(agg.flush(t0 + 2 * FLUSH).reporters, 0);
 }
 
@@ -332,9 +345,17 @@ proptest! {
         // Goal: over any sequence, the flushed totals per address equal the reported sums,
         // every total is a real one (requests > 0, errors <= requests), each address once
         // per flush, and every load lands in exactly one `Handled` count.
+        // Uncapped, so sums are exact whatever the counts; the cap has its own property.
         let t0 = StdInstant::now();
         let mut now = t0;
-        let mut agg = aggregator(t0);
+        let mut agg = LoadAggregator::new(
+            AggregatorConfig {
+                flush_interval: FLUSH,
+                reporter_endpoint_requests_max: NonZeroU64::MAX,
+                ..AggregatorConfig::default()
+            },
+            t0,
+        );
         let mut reported: BTreeMap<SocketAddr, (u64, u64)> = BTreeMap::new();
         let mut flushed: BTreeMap<SocketAddr, (u64, u64)> = BTreeMap::new();
         let check = |flush: Flush, flushed: &mut BTreeMap<SocketAddr, (u64, u64)>| {
@@ -361,8 +382,8 @@ proptest! {
                         sum.1 += l.errors;
                     }
                     let handled = agg.handle_report(now, &report(&format!("envoy-{node}"), loads.clone()));
-                    prop_assert_eq!(handled.folded + handled.idle + handled.overflow, loads.len());
-                    prop_assert_eq!(handled.overflow, 0);
+                    prop_assert_eq!(handled.folded + handled.idle + handled.overflow + handled.untracked, loads.len());
+                    prop_assert_eq!((handled.overflow, handled.untracked, handled.capped), (0, 0, 0));
                 }
                 Op::Flush { after_ms } => {
                     now += Duration::from_millis(u64::from(after_ms));
@@ -683,6 +704,30 @@ async fn the_driver_forwards_each_window_once_at_its_flush_interval() {
         [passive("pay-1", 1, 0)],
         "the first window is not resent"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_driver_caps_a_flooding_reporter_sums_an_honest_one_and_counts_the_excess() {
+    // Goal: through the driver, a sidecar claiming 10⁹ errors adds only its cap to the
+    // instance's sample, the honest sidecar's reports are summed exactly, and the excess
+    // shows in `waymark_lrs_requests_dropped_total{reason="reporter_cap"}`.
+    let mut h = harness(4);
+    let cap = LrsForwardConfig::default()
+        .reporter_endpoint_requests_max
+        .get();
+    let flood = 1_000_000_000;
+    for (ok, err) in [(40, 1), (2, 0)] {
+        let honest = report("honest", vec![load("10.0.0.1:80", ok + err, err)]);
+        h.reports.send(honest).await.unwrap();
+    }
+    let flooding = report("flood", vec![load("10.0.0.1:80", flood, flood)]);
+    h.reports.send(flooding).await.unwrap();
+    let batch = h.samples.recv().await.unwrap();
+    assert_eq!(batch, [passive("pay-1", 43 + cap, 1 + cap)]);
+    let dropped = |reason| h.metrics.requests_dropped(reason).get();
+    assert_eq!(dropped(DropReason::ReporterCap), flood - cap);
+    assert_eq!(dropped(DropReason::ReportersFull), 0);
+    assert_eq!(h.metrics.reporters.get(), 2);
 }
 
 #[tokio::test(start_paused = true)]
