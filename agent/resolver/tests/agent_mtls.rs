@@ -181,6 +181,7 @@ async fn node_agent(estate: &Estate, dir: &Path, upstream: SocketAddr) -> NodeAg
         },
         bounds: Bounds::default(),
         services_dir: None,
+        api_token_file: None,
         gossip: None,
         tls: Some(Tls {
             trust_domain: TD.into(),
