@@ -77,14 +77,7 @@ pub fn server_config(
     alpn: &[&[u8]],
 ) -> Result<ServerConfig, rustls::Error> {
     let verifier = PeerVerifier::new(Arc::clone(live), policy, metrics);
-    let mut config = ServerConfig::builder_with_provider(crate::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_client_cert_verifier(Arc::new(verifier))
-        .with_cert_resolver(Arc::new(LiveCert(Arc::clone(live))));
-    config.session_storage = Arc::new(NoServerSessionStorage {});
-    config.send_tls13_tickets = 0;
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Ok(config)
+    server_with(live, verifier, alpn)
 }
 
 /// A server config that checks a client certificate against `policy` when one is
@@ -98,6 +91,16 @@ pub fn server_config_client_optional(
     alpn: &[&[u8]],
 ) -> Result<ServerConfig, rustls::Error> {
     let verifier = PeerVerifier::new(Arc::clone(live), policy, metrics).client_optional();
+    server_with(live, verifier, alpn)
+}
+
+/// TLS 1.3 only, no resumption (every connection is verified against the current bundle),
+/// the live certificate, and `verifier` for clients.
+fn server_with(
+    live: &Arc<LiveMaterial>,
+    verifier: PeerVerifier,
+    alpn: &[&[u8]],
+) -> Result<ServerConfig, rustls::Error> {
     let mut config = ServerConfig::builder_with_provider(crate::provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(Arc::new(verifier))

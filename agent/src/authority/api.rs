@@ -1641,15 +1641,7 @@ async fn add_grant(
     uri: Uri,
     Body(body): Body,
 ) -> ApiResult<Response> {
-    s.allow(&caller, Action::Acl, "POST /v1/acl/grants", None)?;
-    s.leader_only(&uri)?;
-    let GrantBody { to, can } = s.body(&body)?;
-    let grant = Grant { to, can };
-    let detail = json!({"action": "grant", "grant": grant});
-    let applied = s
-        .acl_change(&uri, &caller, AclCommand::Grant { grant }, detail)
-        .await?;
-    Ok(axum::Json(json!({"applied": applied})).into_response())
+    change_grant(&s, &caller, &uri, &body, true).await
 }
 
 async fn revoke_grant(
@@ -1658,14 +1650,33 @@ async fn revoke_grant(
     uri: Uri,
     Body(body): Body,
 ) -> ApiResult<Response> {
-    s.allow(&caller, Action::Acl, "POST /v1/acl/grants/revoke", None)?;
-    s.leader_only(&uri)?;
-    let GrantBody { to, can } = s.body(&body)?;
+    change_grant(&s, &caller, &uri, &body, false).await
+}
+
+/// Add (`add`) or remove a grant: needs `acl`, audited either way.
+async fn change_grant(
+    s: &ApiState,
+    caller: &Caller,
+    uri: &Uri,
+    body: &Bytes,
+    add: bool,
+) -> ApiResult<Response> {
+    let what = if add {
+        "POST /v1/acl/grants"
+    } else {
+        "POST /v1/acl/grants/revoke"
+    };
+    s.allow(caller, Action::Acl, what, None)?;
+    s.leader_only(uri)?;
+    let GrantBody { to, can } = s.body(body)?;
     let grant = Grant { to, can };
-    let detail = json!({"action": "revoke", "grant": grant});
-    let applied = s
-        .acl_change(&uri, &caller, AclCommand::Revoke { grant }, detail)
-        .await?;
+    let detail = json!({"action": if add { "grant" } else { "revoke" }, "grant": grant});
+    let change = if add {
+        AclCommand::Grant { grant }
+    } else {
+        AclCommand::Revoke { grant }
+    };
+    let applied = s.acl_change(uri, caller, change, detail).await?;
     Ok(axum::Json(json!({"applied": applied})).into_response())
 }
 

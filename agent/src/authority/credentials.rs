@@ -50,30 +50,20 @@ pub async fn operator_token(
         Ok(()) | Err(Refused::Registry(..)) => {}
         Err(e) => return Err(e.into()),
     }
-    let secret = new_secret().map_err(anyhow::Error::msg)?;
-    let now = now_ms();
-    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-    apply(
-        raft,
-        AclCommand::PutToken {
-            token: TokenRecord {
-                name: token.to_owned(),
-                secret_sha256: secret_digest(&secret),
-                created_by: format!("operator/{operator}"),
-                created_at_ms: now,
-                expires_at_ms: now.saturating_add(ttl_ms),
-                description: format!("minted in process for operator/{operator}"),
-            },
-        },
-    )
-    .await?;
     let capabilities: Vec<Capability> = bootstrap_grants(operator)
         .into_iter()
         .filter(|g| g.to == Grantee::Operator(operator.to_owned()))
         .map(|g| g.can)
         .collect();
-    grant_token(raft, token, &capabilities).await?;
-    Ok(bearer(token, &secret))
+    mint(
+        raft,
+        token,
+        &capabilities,
+        ttl,
+        format!("operator/{operator}"),
+        format!("minted in process for operator/{operator}"),
+    )
+    .await
 }
 
 /// While the region is not bootstrapped, bootstrap it for the token's name and store
@@ -164,6 +154,26 @@ pub async fn token_with(
     capabilities: &[Capability],
     ttl: Duration,
 ) -> anyhow::Result<String> {
+    mint(
+        raft,
+        token,
+        capabilities,
+        ttl,
+        "waymark".into(),
+        String::new(),
+    )
+    .await
+}
+
+/// Stores a fresh token (its digest) with `capabilities`; returns its bearer form.
+async fn mint(
+    raft: &RaftNode,
+    token: &str,
+    capabilities: &[Capability],
+    ttl: Duration,
+    created_by: String,
+    description: String,
+) -> anyhow::Result<String> {
     let secret = new_secret().map_err(anyhow::Error::msg)?;
     let now = now_ms();
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
@@ -173,10 +183,10 @@ pub async fn token_with(
             token: TokenRecord {
                 name: token.to_owned(),
                 secret_sha256: secret_digest(&secret),
-                created_by: "waymark".into(),
+                created_by,
                 created_at_ms: now,
                 expires_at_ms: now.saturating_add(ttl_ms),
-                description: String::new(),
+                description,
             },
         },
     )
