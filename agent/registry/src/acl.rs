@@ -203,6 +203,10 @@ pub enum AclCommand {
     Bootstrap {
         /// The operator who gets every capability.
         operator: String,
+        /// A token stored with the same capabilities in the same step (the configured
+        /// initial management token), so it is never seen with only some of them.
+        #[serde(default)]
+        token: Option<TokenRecord>,
     },
     /// Add a grant (idempotent).
     Grant {
@@ -431,23 +435,12 @@ impl Acl {
     /// The checks that need no state.
     pub fn check(command: &AclCommand) -> Result<(), AclError> {
         match command {
-            AclCommand::Bootstrap { operator } => principal_name("operator", operator),
-            AclCommand::Grant { grant } | AclCommand::Revoke { grant } => grant.to.check(),
-            AclCommand::PutToken { token } => {
-                token_name(&token.name)?;
-                principal_like("created_by", &token.created_by)?;
-                if token.description.len() > TOKEN_DESCRIPTION_LEN_MAX {
-                    return Err(AclError::BadName {
-                        field: "description",
-                        reason: "longer than TOKEN_DESCRIPTION_LEN_MAX bytes",
-                    });
-                }
-                let hex = &token.secret_sha256;
-                if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-                    return Err(AclError::BadDigest(token.name.clone()));
-                }
-                Ok(())
+            AclCommand::Bootstrap { operator, token } => {
+                principal_name("operator", operator)?;
+                token.as_ref().map_or(Ok(()), check_token)
             }
+            AclCommand::Grant { grant } | AclCommand::Revoke { grant } => grant.to.check(),
+            AclCommand::PutToken { token } => check_token(token),
             AclCommand::RemoveToken { name } => token_name(name),
         }
     }
@@ -458,21 +451,44 @@ impl Acl {
     pub fn apply(&mut self, command: AclCommand, now_ms: u64) -> Result<AclApplied, AclError> {
         Self::check(&command)?;
         match command {
-            AclCommand::Bootstrap { operator } => {
+            AclCommand::Bootstrap { operator, token } => {
                 if self.bootstrapped {
                     return Err(AclError::AlreadyBootstrapped);
                 }
-                let grants = bootstrap_grants(&operator);
+                let mut grants = bootstrap_grants(&operator);
+                if let Some(t) = &token {
+                    live_for(t, now_ms)?;
+                    let own: Vec<Grant> = grants
+                        .iter()
+                        .filter(|g| g.to == Grantee::Operator(operator.clone()))
+                        .map(|g| Grant {
+                            to: Grantee::Token(t.name.clone()),
+                            can: g.can.clone(),
+                        })
+                        .collect();
+                    grants.extend(own);
+                }
                 if self.grants.len().saturating_add(grants.len()) > GRANTS_MAX {
                     return Err(AclError::Full {
                         what: "grants",
                         max: GRANTS_MAX,
                     });
                 }
+                if let Some(t) = token {
+                    // Bootstrapping is the first change, so the token table is empty.
+                    self.tokens.insert(t.name.clone(), t);
+                }
                 self.bootstrapped = true;
                 self.grants.extend(grants.iter().cloned());
                 Ok(AclApplied::Bootstrapped { grants })
             }
+            other => self.apply_change(other, now_ms),
+        }
+    }
+
+    fn apply_change(&mut self, command: AclCommand, now_ms: u64) -> Result<AclApplied, AclError> {
+        match command {
+            AclCommand::Bootstrap { .. } => Err(AclError::AlreadyBootstrapped),
             AclCommand::Grant { grant } => {
                 if !self.grants.contains(&grant) && self.grants.len() >= GRANTS_MAX {
                     return Err(AclError::Full {
@@ -495,13 +511,7 @@ impl Acl {
                 Ok(AclApplied::Revoked)
             }
             AclCommand::PutToken { token } => {
-                let ttl = token.expires_at_ms.checked_sub(now_ms);
-                if !ttl.is_some_and(|t| t > 0 && t <= TOKEN_TTL_MS_MAX) {
-                    return Err(AclError::BadExpiry {
-                        name: token.name,
-                        expires_at_ms: token.expires_at_ms,
-                    });
-                }
+                live_for(&token, now_ms)?;
                 if self.tokens.contains_key(&token.name) {
                     return Err(AclError::TokenExists(token.name));
                 }
@@ -533,7 +543,38 @@ impl Acl {
             }
         }
     }
+}
 
+/// A token record's form: name, creator, description, digest.
+fn check_token(token: &TokenRecord) -> Result<(), AclError> {
+    token_name(&token.name)?;
+    principal_like("created_by", &token.created_by)?;
+    if token.description.len() > TOKEN_DESCRIPTION_LEN_MAX {
+        return Err(AclError::BadName {
+            field: "description",
+            reason: "longer than TOKEN_DESCRIPTION_LEN_MAX bytes",
+        });
+    }
+    let hex = &token.secret_sha256;
+    if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return Err(AclError::BadDigest(token.name.clone()));
+    }
+    Ok(())
+}
+
+/// A token's expiry is after `now_ms` and at most [`TOKEN_TTL_MS_MAX`] away.
+fn live_for(token: &TokenRecord, now_ms: u64) -> Result<(), AclError> {
+    let ttl = token.expires_at_ms.checked_sub(now_ms);
+    if !ttl.is_some_and(|t| t > 0 && t <= TOKEN_TTL_MS_MAX) {
+        return Err(AclError::BadExpiry {
+            name: token.name.clone(),
+            expires_at_ms: token.expires_at_ms,
+        });
+    }
+    Ok(())
+}
+
+impl Acl {
     /// Expired tokens and the grants to them go.
     fn drop_expired(&mut self, now_ms: u64) {
         let expired: BTreeSet<String> = self

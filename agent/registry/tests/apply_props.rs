@@ -250,8 +250,8 @@ fn command() -> impl Strategy<Value = Command> {
             }),
         }),
         1 => prop_oneof![
-            Just(AclCommand::Bootstrap { operator: "alice".into() }),
-            Just(AclCommand::Bootstrap { operator: String::new() }),
+            Just(AclCommand::Bootstrap { operator: "alice".into(), token: None }),
+            Just(AclCommand::Bootstrap { operator: String::new(), token: None }),
             Just(AclCommand::RemoveToken { name: "ci".into() }),
         ]
         .prop_map(|change| Command::Acl { change }),

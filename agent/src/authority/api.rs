@@ -1616,6 +1616,7 @@ async fn acl_bootstrap(
     s.leader_only(&uri)?;
     let change = AclCommand::Bootstrap {
         operator: name.clone(),
+        token: None,
     };
     let applied = s
         .acl_change(&uri, &caller, change, json!({"action": "bootstrap"}))

@@ -31,6 +31,7 @@ pub async fn operator_token(
         raft,
         AclCommand::Bootstrap {
             operator: operator.to_owned(),
+            token: None,
         },
     )
     .await
@@ -103,39 +104,23 @@ pub async fn ensure_initial_management(raft: RaftNode, bearer_text: String) {
 }
 
 async fn initial_management(raft: &RaftNode, name: &str, secret: &str) -> Result<(), Refused> {
+    // One command: the token exists only with every grant it was configured for.
+    let now = now_ms();
     apply(
         raft,
         AclCommand::Bootstrap {
             operator: name.to_owned(),
-        },
-    )
-    .await?;
-    let now = now_ms();
-    apply(
-        raft,
-        AclCommand::PutToken {
-            token: TokenRecord {
+            token: Some(TokenRecord {
                 name: name.to_owned(),
                 secret_sha256: secret_digest(secret),
                 created_by: "configuration".into(),
                 created_at_ms: now,
                 expires_at_ms: now.saturating_add(waymark_registry::acl::TOKEN_TTL_MS_MAX),
                 description: "authority.acl.initial_management_token_file".into(),
-            },
+            }),
         },
     )
-    .await?;
-    for g in bootstrap_grants(name)
-        .into_iter()
-        .filter(|g| g.to == Grantee::Operator(name.to_owned()))
-    {
-        let grant = Grant {
-            to: Grantee::Token(name.to_owned()),
-            can: g.can,
-        };
-        apply(raft, AclCommand::Grant { grant }).await?;
-    }
-    Ok(())
+    .await
 }
 
 /// A fresh bearer token named `name`, never stored anywhere: for

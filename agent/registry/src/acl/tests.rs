@@ -29,6 +29,7 @@ fn bootstrapped() -> Acl {
     acl.apply(
         AclCommand::Bootstrap {
             operator: "alice".into(),
+            token: None,
         },
         1_000,
     )
@@ -109,7 +110,8 @@ fn bootstrap_is_accepted_once() {
     assert_eq!(
         acl.apply(
             AclCommand::Bootstrap {
-                operator: "mallory".into()
+                operator: "mallory".into(),
+                token: None
             },
             2_000
         ),
@@ -353,7 +355,8 @@ fn command() -> impl Strategy<Value = AclCommand> {
     let grant = (grantee, capability).prop_map(|(to, can)| Grant { to, can });
     prop_oneof![
         Just(AclCommand::Bootstrap {
-            operator: "alice".into()
+            operator: "alice".into(),
+            token: None
         }),
         grant.clone().prop_map(|grant| AclCommand::Grant { grant }),
         grant.prop_map(|grant| AclCommand::Revoke { grant }),
@@ -394,5 +397,49 @@ proptest! {
         let bytes = serde_json::to_vec(&acl).unwrap();
         let back: Acl = serde_json::from_slice(&bytes).unwrap();
         prop_assert_eq!(back, acl);
+    }
+}
+
+#[test]
+fn bootstrap_with_a_token_stores_it_with_every_grant_in_one_step() {
+    // Goal: the configured management token was stored, then granted one capability at
+    // a time, so a client could see it holding `read` but not yet `own:*`.
+    let mut acl = Acl::default();
+    let record = |expires_at_ms| TokenRecord {
+        name: "management".into(),
+        secret_sha256: secret_digest("s"),
+        created_by: "configuration".into(),
+        created_at_ms: 1_000,
+        expires_at_ms,
+        description: String::new(),
+    };
+    let before = acl.clone();
+    assert!(matches!(
+        acl.apply(
+            AclCommand::Bootstrap {
+                operator: "management".into(),
+                token: Some(record(1_000)),
+            },
+            1_000
+        ),
+        Err(AclError::BadExpiry { .. })
+    ));
+    assert_eq!(acl, before, "a refused bootstrap changes nothing");
+    acl.apply(
+        AclCommand::Bootstrap {
+            operator: "management".into(),
+            token: Some(record(10_000)),
+        },
+        1_000,
+    )
+    .unwrap();
+    let who = acl.authenticate(&bearer("management", "s"), 2_000).unwrap();
+    let pay = svc("pay");
+    for action in [
+        Action::Read,
+        Action::WriteService { service: &pay },
+        Action::Acl,
+    ] {
+        acl.authorize(&who, &eu(), action).unwrap();
     }
 }
