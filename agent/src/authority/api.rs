@@ -2151,6 +2151,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_override_budget_is_counted_from_the_replicated_audit_log() {
+        // Goal: the budget lived in the leader's memory, so a leader change gave every
+        // principal a fresh one. Whatever leader granted them, they count.
+        let pay = ServiceName::try_new("pay").unwrap_or_else(|e| panic!("{e}"));
+        let web = ServiceName::try_new("web").unwrap_or_else(|e| panic!("{e}"));
+        let window = u64::try_from(OVERRIDE_WINDOW.as_millis()).unwrap_or(u64::MAX);
+        let now = 10 * window;
+        let entry = |at_ms, actor: &str, service: &ServiceName, outcome: &str| AuditEntry {
+            seq: 0,
+            at_ms,
+            kind: AuditKind::Override,
+            actor: actor.into(),
+            service: Some(service.clone()),
+            instance: None,
+            outcome: outcome.into(),
+            detail: Value::Null,
+        };
+        let audit: VecDeque<AuditEntry> = [
+            entry(now - window - 1, "token/bob", &pay, "granted"), // outside the window
+            entry(now - window + 1, "token/bob", &pay, "granted"),
+            entry(now - 10, "token/bob", &pay, "refused"),
+            entry(now - 5, "token/bob", &web, "granted"),
+            entry(now - 4, "token/alice", &pay, "granted"),
+            entry(now - 1, "token/bob", &pay, "granted"),
+        ]
+        .into();
+        assert_eq!(overrides_granted(&audit, "token/bob", &pay, now), 2);
+        assert_eq!(overrides_granted(&audit, "token/bob", &web, now), 1);
+        assert_eq!(overrides_granted(&audit, "token/carol", &pay, now), 0);
+    }
+
+    #[test]
     fn the_audit_read_path_keeps_the_checks_words_and_drops_what_the_target_said() {
         for (last, head) in [
             ("Fail: HTTP 503; said: secret-token", Some("Fail: HTTP 503")),
