@@ -29,6 +29,7 @@ use waymark_registry::state::{
 };
 
 use super::evidence::{Denial, EvidenceHub};
+use super::fold::Fold;
 use super::machine::{AuditEntry, AuditKind, AuthorityState, Request, Response, TermVersions};
 use super::metrics::{
     AuthorityMetrics, PeerRegionLabels, ReasonLabels, ServiceLabels, VerdictLabels, ZoneLabels,
@@ -989,48 +990,31 @@ async fn publisher(
 /// record per reporter and reason per flush ([`COUNTS_EVERY`]), carrying the count and an
 /// example. The exact count per reason is the `waymark_ingest_samples_refused_total`
 /// metric. Pure: time comes in as data.
-#[derive(Debug, Default)]
-struct DenialDigest {
-    pending: BTreeMap<(String, String), FoldedDenial>,
-    /// Denials whose key did not fit under [`DENIAL_KEYS_MAX`], counted only.
-    overflow: u64,
-}
-
 #[derive(Debug)]
-struct FoldedDenial {
-    count: u64,
-    example: String,
-}
+struct DenialDigest(Fold);
 
-/// Distinct (reporter, reason) pairs held between flushes.
-const DENIAL_KEYS_MAX: usize = 1_024;
 /// Longest example instance kept in a folded record, in bytes.
 const DENIAL_EXAMPLE_LEN_MAX: usize = 253;
 
+impl Default for DenialDigest {
+    fn default() -> Self {
+        Self(Fold::new(DENIAL_EXAMPLE_LEN_MAX))
+    }
+}
+
 impl DenialDigest {
     fn handle_denial(&mut self, denial: Denial) {
-        let key = (denial.reporter.to_string(), denial.reason);
-        if let Some(f) = self.pending.get_mut(&key) {
-            f.count = f.count.saturating_add(1);
-            return;
-        }
-        if self.pending.len() >= DENIAL_KEYS_MAX {
-            self.overflow = self.overflow.saturating_add(1);
-            return;
-        }
-        let mut example = denial.instance;
-        if example.len() > DENIAL_EXAMPLE_LEN_MAX {
-            let mut end = DENIAL_EXAMPLE_LEN_MAX;
-            while !example.is_char_boundary(end) {
-                end -= 1;
-            }
-            example.truncate(end);
-        }
-        self.pending.insert(key, FoldedDenial { count: 1, example });
+        self.0.add(
+            denial.reporter.to_string(),
+            denial.reason,
+            denial.instance,
+            None,
+        );
     }
 
     fn take_records(&mut self, at_ms: u64) -> Vec<AuditEntry> {
-        let mut records: Vec<AuditEntry> = std::mem::take(&mut self.pending)
+        let (folded, overflow) = self.0.drain();
+        let mut records: Vec<AuditEntry> = folded
             .into_iter()
             .map(|((actor, reason), f)| AuditEntry {
                 seq: 0,
@@ -1048,7 +1032,6 @@ impl DenialDigest {
                 }),
             })
             .collect();
-        let overflow = std::mem::take(&mut self.overflow);
         if overflow > 0 {
             records.push(AuditEntry {
                 seq: 0,
@@ -1201,6 +1184,7 @@ mod publisher_tests {
     use waymark_core::view::{Version, View};
 
     use super::*;
+    use crate::authority::fold::KEYS_MAX as DENIAL_KEYS_MAX;
 
     fn release(service: &str, version: u64) -> ReleasedView {
         ReleasedView {

@@ -11,13 +11,13 @@
 //! as refused evidence is: a principal asking a thousand times a second grows the log by
 //! one record per flush. Anonymous refusals are counted and logged only.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use waymark_certs::identity::{Identity, Subject};
 use waymark_core::model::{NodeName, RegionName, ServiceName};
 use waymark_registry::acl::Principal;
 
+use super::fold::Fold;
 use super::machine::{AuditEntry, AuditKind};
 
 /// How a caller proved who it is.
@@ -81,20 +81,16 @@ pub fn principal_of(identity: &Identity) -> Option<Principal> {
 }
 
 /// Distinct (principal, capability) pairs held between flushes; more are counted only.
-pub const DENIAL_KEYS_MAX: usize = 1_024;
+pub const DENIAL_KEYS_MAX: usize = super::fold::KEYS_MAX;
 
 /// Authorisation refusals folded between flushes. Pure: time comes in as data.
-#[derive(Debug, Default)]
-pub struct Denials {
-    pending: BTreeMap<(String, String), Folded>,
-    overflow: u64,
-}
-
 #[derive(Debug)]
-struct Folded {
-    count: u64,
-    example: String,
-    service: Option<ServiceName>,
+pub struct Denials(Fold);
+
+impl Default for Denials {
+    fn default() -> Self {
+        Self(Fold::new(256))
+    }
 }
 
 impl Denials {
@@ -107,35 +103,18 @@ impl Denials {
         example: String,
         service: Option<ServiceName>,
     ) {
-        let key = (actor, needed);
-        if let Some(f) = self.pending.get_mut(&key) {
-            f.count = f.count.saturating_add(1);
-            return;
-        }
-        if self.pending.len() >= DENIAL_KEYS_MAX {
-            self.overflow = self.overflow.saturating_add(1);
-            return;
-        }
-        let mut example = example;
-        truncate(&mut example, 256);
-        self.pending.insert(
-            key,
-            Folded {
-                count: 1,
-                example,
-                service,
-            },
-        );
+        self.0.add(actor, needed, example, service);
     }
 
     /// Whether anything waits to be flushed.
     pub fn is_empty(&self) -> bool {
-        self.pending.is_empty() && self.overflow == 0
+        self.0.is_empty()
     }
 
     /// The audit records for everything folded since the last flush.
     pub fn take_records(&mut self, at_ms: u64) -> Vec<AuditEntry> {
-        let mut records: Vec<AuditEntry> = std::mem::take(&mut self.pending)
+        let (folded, overflow) = self.0.drain();
+        let mut records: Vec<AuditEntry> = folded
             .into_iter()
             .map(|((actor, needed), f)| AuditEntry {
                 seq: 0,
@@ -154,7 +133,6 @@ impl Denials {
                 }),
             })
             .collect();
-        let overflow = std::mem::take(&mut self.overflow);
         if overflow > 0 {
             records.push(AuditEntry {
                 seq: 0,
@@ -173,16 +151,6 @@ impl Denials {
             });
         }
         records
-    }
-}
-
-fn truncate(s: &mut String, max: usize) {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
     }
 }
 
