@@ -106,7 +106,7 @@ pub struct RegionCa {
 /// What `issue_unchecked` puts into a certificate.
 #[derive(Debug, Clone)]
 pub struct LeafSpec {
-    /// SAN entries, in order; `Uri` and `Dns` are supported.
+    /// SAN entries, in order.
     pub sans: Vec<LeafSan>,
     /// Start of validity.
     pub not_before: SystemTime,
@@ -121,6 +121,43 @@ pub enum LeafSan {
     Uri(String),
     /// A DNS SAN.
     Dns(String),
+    /// An IP address SAN.
+    Ip(std::net::IpAddr),
+}
+
+/// A name a server answers to, put into its certificate beside the identity so that
+/// clients checking the dialled name (curl, browsers, Prometheus) accept it. Peers inside
+/// waymark ignore it: they admit by the identity alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostSan {
+    /// A DNS name, e.g. `localhost` or `authority.waymark.svc`.
+    Dns(String),
+    /// An IP address, e.g. `127.0.0.1`.
+    Ip(std::net::IpAddr),
+}
+
+impl HostSan {
+    /// `localhost`, `127.0.0.1` and `::1`: what a loopback listener is dialled as.
+    pub fn loopback() -> Vec<Self> {
+        vec![
+            Self::Dns("localhost".into()),
+            Self::Ip(std::net::Ipv4Addr::LOCALHOST.into()),
+            Self::Ip(std::net::Ipv6Addr::LOCALHOST.into()),
+        ]
+    }
+
+    /// An IP address if `text` is one, a DNS name otherwise.
+    pub fn parse(text: &str) -> Self {
+        text.parse()
+            .map_or_else(|_| Self::Dns(text.to_owned()), Self::Ip)
+    }
+
+    fn to_leaf(&self) -> LeafSan {
+        match self {
+            Self::Dns(d) => LeafSan::Dns(d.clone()),
+            Self::Ip(ip) => LeafSan::Ip(*ip),
+        }
+    }
 }
 
 /// A freshly issued leaf. `Debug` omits the key.
@@ -196,7 +233,19 @@ impl RootCa {
         now: SystemTime,
         ttl: Duration,
     ) -> Result<IssuedLeaf, CaError> {
-        let spec = self.ca.leaf_spec(&self.trust_domain, identity, now, ttl)?;
+        self.issue_with_hosts(identity, now, ttl, &[])
+    }
+
+    /// [`Self::issue`], with DNS and IP SANs beside the identity (see [`HostSan`]).
+    pub fn issue_with_hosts(
+        &self,
+        identity: &Identity,
+        now: SystemTime,
+        ttl: Duration,
+        hosts: &[HostSan],
+    ) -> Result<IssuedLeaf, CaError> {
+        let mut spec = self.ca.leaf_spec(&self.trust_domain, identity, now, ttl)?;
+        spec.sans.extend(hosts.iter().map(HostSan::to_leaf));
         self.issue_unchecked(spec)
     }
 
@@ -248,7 +297,19 @@ impl RegionCa {
         now: SystemTime,
         ttl: Duration,
     ) -> Result<IssuedLeaf, CaError> {
-        let spec = self.ca.leaf_spec(&self.trust_domain, identity, now, ttl)?;
+        self.issue_with_hosts(identity, now, ttl, &[])
+    }
+
+    /// [`Self::issue`], with DNS and IP SANs beside the identity (see [`HostSan`]).
+    pub fn issue_with_hosts(
+        &self,
+        identity: &Identity,
+        now: SystemTime,
+        ttl: Duration,
+        hosts: &[HostSan],
+    ) -> Result<IssuedLeaf, CaError> {
+        let mut spec = self.ca.leaf_spec(&self.trust_domain, identity, now, ttl)?;
+        spec.sans.extend(hosts.iter().map(HostSan::to_leaf));
         match identity.region() {
             // Peers refuse both (`material::check_issuer_scope`); refusing here says why.
             None => Err(CaError::OperatorNeedsRoot {
@@ -405,6 +466,7 @@ impl CaCert {
             .map(|san| match san {
                 LeafSan::Uri(u) => Ok(SanType::URI(u.as_str().try_into()?)),
                 LeafSan::Dns(d) => Ok(SanType::DnsName(d.as_str().try_into()?)),
+                LeafSan::Ip(ip) => Ok(SanType::IpAddress(*ip)),
             })
             .collect::<Result<_, rcgen::Error>>()?;
         params.not_before = spec.not_before.into();

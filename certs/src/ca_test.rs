@@ -3,7 +3,7 @@ use std::time::{Duration, SystemTime};
 use super::*;
 use crate::identity::KindSet;
 use crate::lifetime::LEAF_TTL_DEFAULT;
-use crate::material::{MaterialPem, PeerPolicy, validate_material};
+use crate::material::{MaterialPem, PeerPolicy, SanEntry, validate_material};
 
 fn setup() -> (RootCa, RegionCa, SystemTime) {
     crate::install_crypto_provider();
@@ -71,6 +71,65 @@ fn issued_leaf_has_one_uri_san_and_validates_as_material() {
     assert_eq!(material.leaf.serial, leaf.info.serial);
     // Debug never shows the key.
     assert!(!format!("{leaf:?}").contains("PRIVATE KEY"));
+}
+
+#[test]
+fn host_sans_sit_beside_the_identity_and_never_replace_it() {
+    let (root, eu, now) = setup();
+    let identity = id("spiffe://mesh/region/eu/authority/1");
+    let leaf = eu
+        .issue_with_hosts(&identity, now, LEAF_TTL_DEFAULT, &HostSan::loopback())
+        .unwrap();
+    let sans = &leaf.info.sans;
+    assert!(
+        sans.contains(&SanEntry::Dns("localhost".into())),
+        "{sans:?}"
+    );
+    assert!(
+        sans.contains(&SanEntry::Ip(std::net::Ipv4Addr::LOCALHOST.into())),
+        "{sans:?}"
+    );
+    assert!(
+        sans.contains(&SanEntry::Ip(std::net::Ipv6Addr::LOCALHOST.into())),
+        "{sans:?}"
+    );
+    // The identity is still the one URI SAN, and the leaf is valid material.
+    assert_eq!(leaf.info.identity().unwrap(), identity);
+    let policy = PeerPolicy {
+        trust_domain: TrustDomain::new("mesh").unwrap(),
+        accepted: KindSet::ALL,
+        region: None,
+    };
+    let chain = leaf.fullchain_pem();
+    let pem = MaterialPem {
+        cert_chain: chain.as_bytes(),
+        key: leaf.key_pem.as_bytes(),
+        bundle: root.cert_pem().as_bytes(),
+    };
+    assert_eq!(
+        validate_material(pem, &policy, now).unwrap().identity,
+        identity
+    );
+    // A DNS name alone identifies no one.
+    let dns_only = eu
+        .issue_unchecked(LeafSpec {
+            sans: vec![LeafSan::Dns("authority.mesh".into())],
+            not_before: now,
+            not_after: now + LEAF_TTL_DEFAULT,
+        })
+        .unwrap();
+    assert!(matches!(
+        dns_only.info.identity(),
+        Err(CertError::SanNotUri)
+    ));
+    assert_eq!(
+        HostSan::parse("10.0.0.7"),
+        HostSan::Ip([10, 0, 0, 7].into())
+    );
+    assert_eq!(
+        HostSan::parse("authority.mesh"),
+        HostSan::Dns("authority.mesh".into())
+    );
 }
 
 #[test]

@@ -67,11 +67,13 @@ pub enum CertError {
     /// exactly one `spiffe://` URI SAN.
     #[error("certificate has no subject alternative name; expected one spiffe uri")]
     MissingSan,
-    /// The certificate has more than one subject alternative name. Nothing changed; issue it
-    /// with exactly one `spiffe://` URI SAN and nothing else.
-    #[error("certificate has {count} subject alternative names; expected exactly one spiffe uri")]
+    /// The certificate has more than one URI subject alternative name. Nothing changed;
+    /// issue it with exactly one `spiffe://` URI SAN (DNS and IP SANs may sit beside it).
+    #[error(
+        "certificate has {count} uri subject alternative names; expected exactly one spiffe uri"
+    )]
     MultipleSans {
-        /// How many SAN entries were found.
+        /// How many URI SAN entries were found.
         count: usize,
     },
     /// The only SAN is not a URI (e.g. a DNS name). Nothing changed; reissue with a URI SAN.

@@ -26,7 +26,7 @@ use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use crate::ca::{CaError, IssuedLeaf, RegionCa, RootCa};
+use crate::ca::{CaError, HostSan, IssuedLeaf, RegionCa, RootCa};
 use crate::identity::{Identity, Name, TrustDomain};
 
 /// Why a PKI directory operation failed. Files already written stay; nothing is
@@ -196,9 +196,27 @@ impl PkiDir {
         out: Option<&Path>,
         now: SystemTime,
     ) -> Result<(IssuedLeaf, IssuedPaths), LayoutError> {
+        self.issue_with_hosts(identity, region, ttl, out, now, &[])
+    }
+
+    /// [`Self::issue`], with the DNS names and addresses a server answers to beside the
+    /// identity (for clients that check the dialled name).
+    pub fn issue_with_hosts(
+        &self,
+        identity: &Identity,
+        region: Option<&Name>,
+        ttl: Duration,
+        out: Option<&Path>,
+        now: SystemTime,
+        hosts: &[HostSan],
+    ) -> Result<(IssuedLeaf, IssuedPaths), LayoutError> {
         let leaf = match (identity.region(), region) {
-            (Some(own), _) => self.load_region(own)?.issue(identity, now, ttl)?,
-            (None, None) => self.load_root()?.issue(identity, now, ttl)?,
+            (Some(own), _) => self
+                .load_region(own)?
+                .issue_with_hosts(identity, now, ttl, hosts)?,
+            (None, None) => self
+                .load_root()?
+                .issue_with_hosts(identity, now, ttl, hosts)?,
             (None, Some(region)) => {
                 return Err(LayoutError::OperatorRegion {
                     region: region.clone(),

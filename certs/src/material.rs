@@ -71,6 +71,8 @@ pub enum SanEntry {
     Uri(String),
     /// A DNS name.
     Dns(String),
+    /// An IP address.
+    Ip(std::net::IpAddr),
     /// Any other kind, described.
     Other(String),
 }
@@ -339,13 +341,25 @@ pub fn unix_time(now: SystemTime) -> UnixTime {
 
 impl CertInfo {
     /// The identity in the single URI SAN, or why there is none.
+    ///
+    /// As in SPIFFE's X.509-SVID rules: exactly one URI SAN; DNS and IP SANs may sit beside
+    /// it (a server names where it listens, for clients such as curl that check the name),
+    /// but they never identify anyone here.
     pub fn identity(&self) -> Result<Identity, CertError> {
-        match self.sans.as_slice() {
-            [] => Err(CertError::MissingSan),
-            [SanEntry::Uri(uri)] => Identity::parse(uri).map_err(CertError::BadIdentity),
-            [_] => Err(CertError::SanNotUri),
-            several => Err(CertError::MultipleSans {
-                count: several.len(),
+        let mut uris = self.sans.iter().filter_map(|san| match san {
+            SanEntry::Uri(uri) => Some(uri),
+            _ => None,
+        });
+        match (uris.next(), uris.next()) {
+            (Some(uri), None) => Identity::parse(uri).map_err(CertError::BadIdentity),
+            (None, _) if self.sans.is_empty() => Err(CertError::MissingSan),
+            (None, _) => Err(CertError::SanNotUri),
+            (Some(_), Some(_)) => Err(CertError::MultipleSans {
+                count: self
+                    .sans
+                    .iter()
+                    .filter(|s| matches!(s, SanEntry::Uri(_)))
+                    .count(),
             }),
         }
     }
@@ -403,6 +417,13 @@ fn san_entry(name: &GeneralName<'_>) -> SanEntry {
     match name {
         GeneralName::URI(uri) => SanEntry::Uri((*uri).to_owned()),
         GeneralName::DNSName(dns) => SanEntry::Dns((*dns).to_owned()),
+        GeneralName::IPAddress(bytes) => match *bytes {
+            [a, b, c, d] => SanEntry::Ip(std::net::Ipv4Addr::new(*a, *b, *c, *d).into()),
+            _ => match <[u8; 16]>::try_from(*bytes) {
+                Ok(v6) => SanEntry::Ip(std::net::Ipv6Addr::from(v6).into()),
+                Err(_) => SanEntry::Other(format!("ip:{}", hex::encode(bytes))),
+            },
+        },
         other => SanEntry::Other(other.to_string()),
     }
 }

@@ -130,6 +130,26 @@ pub fn client_config(
     Ok(config)
 }
 
+/// A client config with no certificate of its own (the caller authenticates some other
+/// way, e.g. a bearer token) that admits servers by `policy` against the fixed `roots`,
+/// ignoring the dialled DNS name.
+pub fn anonymous_client_config(
+    roots: Arc<rustls::RootCertStore>,
+    policy: PeerPolicy,
+    metrics: CertMetrics,
+    alpn: &[&[u8]],
+) -> Result<ClientConfig, rustls::Error> {
+    let verifier = PeerVerifier::fixed(roots, policy, metrics);
+    let mut config = ClientConfig::builder_with_provider(crate::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth();
+    config.resumption = Resumption::disabled();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
+}
+
 // === impl LiveCert ===
 
 impl ResolvesServerCert for LiveCert {

@@ -18,7 +18,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 use tracing::{debug, warn};
 
 use crate::error::CertError;
@@ -30,7 +30,7 @@ use crate::tls::LiveMaterial;
 /// Verifies peers against the live trust bundle and a [`PeerPolicy`].
 #[derive(Debug)]
 pub struct PeerVerifier {
-    live: Arc<LiveMaterial>,
+    roots: Roots,
     policy: PeerPolicy,
     metrics: CertMetrics,
     algs: WebPkiSupportedAlgorithms,
@@ -38,13 +38,33 @@ pub struct PeerVerifier {
     mandatory: bool,
 }
 
+/// Where a verifier reads the roots a peer must chain to.
+#[derive(Debug)]
+enum Roots {
+    /// The current bundle of a process's own (rotating) material.
+    Live(Arc<LiveMaterial>),
+    /// A bundle fixed when the verifier was made: a client with no certificate of its own
+    /// (the CLI authenticating with a token) still checks who it is talking to.
+    Fixed(Arc<RootCertStore>),
+}
+
 // === impl PeerVerifier ===
 
 impl PeerVerifier {
     /// A verifier reading roots from `live` and admitting what `policy` allows.
     pub fn new(live: Arc<LiveMaterial>, policy: PeerPolicy, metrics: CertMetrics) -> Self {
+        Self::with_roots(Roots::Live(live), policy, metrics)
+    }
+
+    /// A verifier over a fixed bundle (`material::root_store`), admitting what `policy`
+    /// allows.
+    pub fn fixed(roots: Arc<RootCertStore>, policy: PeerPolicy, metrics: CertMetrics) -> Self {
+        Self::with_roots(Roots::Fixed(roots), policy, metrics)
+    }
+
+    fn with_roots(roots: Roots, policy: PeerPolicy, metrics: CertMetrics) -> Self {
         Self {
-            live,
+            roots,
             policy,
             metrics,
             algs: crate::provider().signature_verification_algorithms,
@@ -73,7 +93,10 @@ impl PeerVerifier {
         now: UnixTime,
         usage: Usage,
     ) -> Result<Identity, CertError> {
-        let roots = Arc::clone(&self.live.current().roots);
+        let roots = match &self.roots {
+            Roots::Live(live) => Arc::clone(&live.current().roots),
+            Roots::Fixed(roots) => Arc::clone(roots),
+        };
         match check_peer(end_entity, intermediates, &roots, now, usage, &self.policy) {
             Ok((identity, info)) => {
                 debug!(peer = %identity, serial = %info.serial, "peer authenticated");

@@ -125,9 +125,9 @@ impl Pki {
                 reason: RejectReason::MissingSan,
             },
             BadCase {
-                name: "two sans",
+                name: "two uri sans",
                 key: certified(&self.custom(
-                    vec![uri(NODE), LeafSan::Dns("n1.mesh.test".into())],
+                    vec![uri(NODE), uri("spiffe://mesh.test/region/eu/node/n2")],
                     self.now - hour,
                     self.now + hour,
                 )),
