@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! waymark certs init    --dir D --trust-domain TD --region R [--region R2 …]
-//! waymark certs issue   --dir D --identity spiffe://… [--ttl 24h] [--out DIR]
+//! waymark certs issue   --dir D --identity spiffe://… [--ttl 24h] [--host NAME|IP …] [--out DIR]
 //! waymark certs inspect FILE [--outage-window 60m]
 //! ```
 //!
@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
+use waymark_certs::ca::HostSan;
 use waymark_certs::error::PemPart;
 use waymark_certs::layout::PkiDir;
 use waymark_certs::lifetime::{
@@ -65,6 +66,11 @@ enum CertsCommand {
         /// Output directory (default: <dir>/issued/<identity path>).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// A DNS name or IP address the server answers to, added beside the identity for
+        /// clients that check the dialled name (curl, browsers, Prometheus); repeat for
+        /// several. waymark's own peers admit by the identity alone.
+        #[arg(long = "host")]
+        hosts: Vec<String>,
     },
     /// Show identity, serial, fingerprint and validity of each certificate in a PEM file.
     Inspect {
@@ -92,7 +98,12 @@ pub(crate) fn run(args: CertsArgs) -> anyhow::Result<()> {
             ttl,
             region,
             out,
-        } => issue(dir, &identity, ttl.as_deref(), region.as_deref(), out, now),
+            hosts,
+        } => {
+            let hosts: Vec<HostSan> = hosts.iter().map(|h| HostSan::parse(h)).collect();
+            let ttl = ttl.as_deref();
+            issue(dir, &identity, ttl, region.as_deref(), out, &hosts, now)
+        }
         CertsCommand::Inspect {
             file,
             outage_window,
@@ -129,6 +140,7 @@ fn issue(
     ttl: Option<&str>,
     region: Option<&str>,
     out: Option<PathBuf>,
+    hosts: &[HostSan],
     now: SystemTime,
 ) -> anyhow::Result<()> {
     let identity: Identity = identity.parse().context("--identity")?;
@@ -147,13 +159,17 @@ fn issue(
         );
     }
     let pki = PkiDir::new(dir);
-    let (leaf, paths) = pki.issue(&identity, region.as_ref(), ttl, out.as_deref(), now)?;
+    let (leaf, paths) =
+        pki.issue_with_hosts(&identity, region.as_ref(), ttl, out.as_deref(), now, hosts)?;
     let issuer = match identity.region() {
         Some(own) => format!("region {own} intermediate"),
         None => "estate root".to_owned(),
     };
     println!("identity:    {identity}");
     println!("issued by:   {issuer}");
+    if !hosts.is_empty() {
+        println!("sans:        {}", sans_text(&leaf.info));
+    }
     println!("serial:      {}", leaf.info.serial);
     println!("fingerprint: {}", leaf.info.fingerprint);
     println!(
@@ -223,6 +239,7 @@ fn sans_text(info: &CertInfo) -> String {
         .map(|san| match san {
             SanEntry::Uri(u) => u.clone(),
             SanEntry::Dns(d) => format!("dns:{d}"),
+            SanEntry::Ip(ip) => format!("ip:{ip}"),
             SanEntry::Other(o) => o.clone(),
         })
         .collect();

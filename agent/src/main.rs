@@ -8,6 +8,7 @@
 mod certs_cmd;
 
 use std::path::PathBuf;
+use std::time::SystemTime;
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -16,6 +17,7 @@ use waymark_agent::authority::config::ConfigFile;
 use waymark_agent::authority::member::Authority;
 use waymark_agent::cli::http::ApiClient;
 use waymark_agent::cli::ops;
+use waymark_agent::cli::tls::{ClientFiles, api_client_config};
 use waymark_agent::node::NodeAgent;
 use waymark_agent::node::config::{AgentFile, Overrides};
 
@@ -30,7 +32,8 @@ struct Cli {
 /// Where the operator commands find an authority member.
 #[derive(Debug, clap::Args)]
 struct ApiArgs {
-    /// Any authority member's HTTP API (followers redirect to the leader).
+    /// Any authority member's API, `https://host:port` (or `host:port` for a plaintext
+    /// loopback API); followers redirect to the leader.
     #[arg(
         long,
         env = "WAYMARK_API",
@@ -38,6 +41,18 @@ struct ApiArgs {
         global = true
     )]
     api: String,
+    /// The estate's trust bundle: the API is then spoken over TLS and the server must be
+    /// an authority of the bundle's trust domain.
+    #[arg(long, env = "WAYMARK_CA_BUNDLE", global = true)]
+    ca_bundle: Option<PathBuf>,
+    /// A client certificate chain to present (an operator's, from
+    /// `waymark certs issue --identity spiffe://<td>/operator/<name>`); needs `--key` and
+    /// `--ca-bundle`. The certificate is then the principal, instead of a token.
+    #[arg(long, env = "WAYMARK_CLIENT_CERT", global = true, requires = "key")]
+    cert: Option<PathBuf>,
+    /// The key of `--cert`.
+    #[arg(long, env = "WAYMARK_CLIENT_KEY", global = true, requires = "cert")]
+    key: Option<PathBuf>,
     /// A bearer token (`wmt.<name>.<secret>`), as `waymark dev` prints it or
     /// `waymark acl token create` mints it.
     #[arg(long, env = "WAYMARK_TOKEN", global = true, hide_env_values = true)]
@@ -63,7 +78,21 @@ impl ApiArgs {
             (Some(token), None) => Some(token.trim().to_owned()),
             (None, None) => None,
         };
-        Ok(ApiClient::new(&self.api, token))
+        let client = ApiClient::new(&self.api, token);
+        let identity = self.cert.clone().zip(self.key.clone());
+        match (&self.ca_bundle, identity) {
+            (Some(bundle), identity) => {
+                let files = ClientFiles {
+                    bundle: bundle.clone(),
+                    identity,
+                };
+                Ok(client.with_tls(api_client_config(&files, SystemTime::now())?))
+            }
+            (None, Some(_)) => {
+                anyhow::bail!("--cert needs --ca-bundle (WAYMARK_CA_BUNDLE) to check the server")
+            }
+            (None, None) => Ok(client),
+        }
     }
 }
 

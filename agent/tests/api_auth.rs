@@ -21,7 +21,7 @@ async fn member(dir: &std::path::Path) -> Authority {
 }
 
 fn client(a: &Authority, token: Option<&str>) -> ApiClient {
-    ApiClient::new(&a.http_addr().to_string(), token.map(str::to_owned))
+    a.api_client(token.map(str::to_owned))
 }
 
 async fn call(

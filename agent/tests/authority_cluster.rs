@@ -631,23 +631,10 @@ async fn request(
     path: &str,
     body: &str,
 ) -> Result<(u16, String), String> {
-    request_as(addr, tls, None, method, path, body).await
-}
-
-/// [`request`], presenting a bearer token.
-async fn request_as(
-    addr: SocketAddr,
-    tls: Option<Arc<rustls::ClientConfig>>,
-    token: Option<&str>,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> Result<(u16, String), String> {
     let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    let auth = token.map_or_else(String::new, |t| format!("authorization: Bearer {t}\r\n"));
     let head = format!(
         "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-         {auth}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
     let exchange = async {
@@ -686,13 +673,16 @@ async fn request_as(
 /// A token that reads every member's `/metrics` (tokens are replicated state).
 static METRICS_TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
-/// The value of the series `series` (name and labels, exactly as exposed) on `api`.
-async fn series(api: SocketAddr, series: &str) -> u64 {
-    let token = METRICS_TOKEN.get().map(String::as_str);
-    let (status, text) = request_as(api, None, token, "GET", "/metrics", "")
+/// The value of the series `series` (name and labels, exactly as exposed) on `a`'s API.
+async fn series(a: &Authority, series: &str) -> u64 {
+    let token = METRICS_TOKEN.get().cloned();
+    let answer = a
+        .api_client(token)
+        .send(Method::GET, "/metrics", None)
         .await
         .unwrap();
-    assert_eq!(status, 200, "{text}");
+    let text = String::from_utf8_lossy(&answer.body).into_owned();
+    assert_eq!(answer.status, 200, "{text}");
     text.lines()
         .find_map(|l| {
             l.strip_prefix(series)?
@@ -704,11 +694,11 @@ async fn series(api: SocketAddr, series: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Waits until `series` on `api` reaches `want`.
-async fn counted(api: SocketAddr, name: &str, want: u64) {
+/// Waits until `series` on `a` reaches `want`.
+async fn counted(a: &Authority, name: &str, want: u64) {
     let deadline = Instant::now() + WAIT;
     loop {
-        let got = series(api, name).await;
+        let got = series(a, name).await;
         if got >= want {
             assert_eq!(got, want, "{name}");
             return;
@@ -839,11 +829,24 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     };
 
     // The API port serves no Raft: an anonymous vote is refused before any route (as
-    // every anonymous request is), and the term below shows it changed nothing.
-    let (status, _) = request(api, None, "POST", "/raft/vote", &vote(FORGED_TERM, 2))
-        .await
-        .unwrap();
+    // every anonymous request is), and the term below shows it changed nothing. Nor does
+    // the API port speak plaintext.
+    let anonymous = tls_client(&pki, None).await;
+    let (status, _) = request(
+        api,
+        Some(anonymous),
+        "POST",
+        "/raft/vote",
+        &vote(FORGED_TERM, 2),
+    )
+    .await
+    .unwrap();
     assert_eq!(status, 401);
+    assert!(
+        request(api, None, "POST", "/raft/vote", &vote(FORGED_TERM, 2))
+            .await
+            .is_err()
+    );
     // Nor does the Raft port speak plaintext.
     assert!(
         request(raft, None, "POST", "/raft/vote", &vote(FORGED_TERM, 2))
@@ -884,7 +887,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
         let name = format!(
             "waymark_http_tls_handshakes_failed_total{{listener=\"raft\",reason=\"{reason}\"}}"
         );
-        counted(api, &name, 1).await;
+        counted(target, &name, 1).await;
     }
 
     // Member 3's certificate, speaking as member 3, is served (a stale vote, not granted)…
@@ -903,7 +906,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     // …but claiming to be member 2 it is refused, naming why, and counted.
     let mismatch = "waymark_raft_rpc_refused_total{reason=\"sender_mismatch\"}";
     assert_eq!(
-        series(api, mismatch).await,
+        series(target, mismatch).await,
         0,
         "members' own traffic is never refused"
     );
@@ -924,7 +927,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
         message.contains("member 3") && message.contains("member 2"),
         "{message}"
     );
-    assert_eq!(series(api, mismatch).await, 1);
+    assert_eq!(series(target, mismatch).await, 1);
     // An AppendEntries as leader 2 at the forged term, which a follower would take as its
     // new leader's heartbeat, is refused the same way.
     let heartbeat = serde_json::to_string(&AppendEntriesRequest::<TypeConfig> {
@@ -946,7 +949,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     .await
     .unwrap();
     assert_eq!(status, 403, "{body}");
-    counted(follower.http_addr(), mismatch, 1).await;
+    counted(follower, mismatch, 1).await;
 
     // Nothing reached Raft: no member took the forged term (elections of its own may
     // happen on a loaded machine, never up to it), and the group still commits on every
@@ -955,7 +958,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
         let term = m.raft().current_term();
         assert!(term < FORGED_TERM, "a member moved to term {term}");
     }
-    assert!(series(api, "waymark_raft_term").await < FORGED_TERM);
+    assert!(series(target, "waymark_raft_term").await < FORGED_TERM);
     commit_everywhere(&members, "checkout").await;
     for m in members {
         m.shutdown().await;

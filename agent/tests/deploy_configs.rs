@@ -7,11 +7,13 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::Method;
 use serde_json::json;
 use waymark_agent::cli::http::ApiClient;
+use waymark_agent::cli::tls::{ClientFiles, api_client_config};
 
 fn print_config(role: &str, file: &Path) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_waymark"))
@@ -292,19 +294,26 @@ initial_management_token_file = "{token}"
         dir.join("authority.log"),
     );
     let api_addr = SocketAddr::from(([127, 0, 0, 1], http));
+    // The API is TLS: the client checks the authority against the estate's bundle.
+    let files = ClientFiles {
+        bundle: ca.join("bundle.pem"),
+        identity: None,
+    };
+    let tls = api_client_config(&files, std::time::SystemTime::now()).unwrap();
     support::eventually(
         "the authority to lead",
         Duration::from_secs(60),
         async || {
             // Led, and bootstrapped with the management token.
             ApiClient::new(&api_addr.to_string(), Some(token.clone()))
+                .with_tls(Arc::clone(&tls))
                 .get_json("/v1/status")
                 .await
                 .is_ok_and(|v| v["is_leader"] == true)
         },
     )
     .await;
-    let api = ApiClient::new(&api_addr.to_string(), Some(token));
+    let api = ApiClient::new(&api_addr.to_string(), Some(token)).with_tls(tls);
     let put = api
         .send(
             Method::PUT,

@@ -63,10 +63,7 @@ async fn the_dev_region_shows_every_verdict() {
     })
     .await
     .unwrap();
-    let api = ApiClient::new(
-        &dev.authority().http_addr().to_string(),
-        Some(dev.operator_token().to_owned()),
-    );
+    let api = dev.api_client();
     let control = ApiClient::new(&dev.backends_api().to_string(), None);
     let agent = ApiClient::new(&dev.agent().bound().http.to_string(), None);
     let guide = dev.guide();

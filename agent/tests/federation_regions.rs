@@ -25,6 +25,7 @@ use http::Method;
 use serde_json::{Value, json};
 use tokio::net::UdpSocket;
 use waymark_agent::cli::http::ApiClient;
+use waymark_agent::cli::tls::{ClientFiles, api_client_config};
 use waymark_certs::layout::PkiDir;
 use waymark_certs::{Identity, Name, TrustDomain};
 
@@ -135,14 +136,21 @@ struct Region {
     child: Child,
     /// The region's initial management token, named `alice`.
     token: String,
+    /// The estate's trust bundle: the API is TLS, and the CLI checks the server with it.
+    bundle: PathBuf,
 }
 
 impl Region {
     fn api(&self) -> ApiClient {
+        let files = ClientFiles {
+            bundle: self.bundle.clone(),
+            identity: None,
+        };
         ApiClient::new(
             &format!("127.0.0.1:{}", self.http),
             Some(self.token.clone()),
         )
+        .with_tls(api_client_config(&files, std::time::SystemTime::now()).unwrap())
     }
 }
 
@@ -367,6 +375,7 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
                 fed,
                 child: spawn(&path, &dir.path().join(format!("{r}.log"))),
                 token,
+                bundle: certs[r].2.clone(),
             }
         })
         .collect();
@@ -523,6 +532,7 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
         .args(["federation", "reconcile-log", "--api"])
         .arg(format!("127.0.0.1:{}", eu.http))
         .env("WAYMARK_TOKEN", &eu.token)
+        .env("WAYMARK_CA_BUNDLE", &eu.bundle)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -542,6 +552,7 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
             .args(args)
             .args(["--api", &format!("127.0.0.1:{}", eu.http)])
             .env("WAYMARK_TOKEN", &eu.token)
+            .env("WAYMARK_CA_BUNDLE", &eu.bundle)
             .output()
             .unwrap()
     };
@@ -623,6 +634,7 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
             &format!("127.0.0.1:{}", eu.http),
         ])
         .env("WAYMARK_TOKEN", &eu.token)
+        .env("WAYMARK_CA_BUNDLE", &eu.bundle)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&table.stdout);

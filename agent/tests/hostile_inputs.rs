@@ -72,10 +72,7 @@ async fn requests_that_once_halted_the_region_are_refused_and_change_nothing() {
     waymark_certs::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
     let dev = start(dir.path()).await;
-    let api = ApiClient::new(
-        &dev.authority().http_addr().to_string(),
-        Some(dev.operator_token().to_owned()),
-    );
+    let api = dev.api_client();
     until("web: 6 eligible", async || {
         (eligible(&api, "web").await == 6).then_some(())
     })
@@ -177,10 +174,7 @@ async fn requests_that_once_halted_the_region_are_refused_and_change_nothing() {
     // Restarted on the same folder, the region becomes ready again.
     dev.stop().await;
     let dev = start(dir.path()).await;
-    let api = ApiClient::new(
-        &dev.authority().http_addr().to_string(),
-        Some(dev.operator_token().to_owned()),
-    );
+    let api = dev.api_client();
     let ready = api.send(Method::GET, "/readyz", None).await.unwrap();
     assert_eq!(ready.status, StatusCode::OK);
     until("web eligible after the restart", async || {
@@ -197,10 +191,7 @@ async fn a_deleted_service_leaves_the_agents_view_and_dns() {
     waymark_certs::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
     let dev = start(dir.path()).await;
-    let api = ApiClient::new(
-        &dev.authority().http_addr().to_string(),
-        Some(dev.operator_token().to_owned()),
-    );
+    let api = dev.api_client();
     let (status, body) = call(
         &api,
         Method::PUT,

@@ -220,16 +220,22 @@ async fn get(addr: SocketAddr, path: &str) -> String {
 
 /// [`get`], presenting a bearer token.
 async fn get_as(addr: SocketAddr, path: &str, token: Option<&str>) -> String {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let auth = token.map_or_else(String::new, |t| format!("authorization: Bearer {t}\r\n"));
-    let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\n{auth}connection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    tokio::time::timeout(GUARD, s.read_to_string(&mut out))
+    tokio::time::timeout(GUARD, try_get_as(addr, path, token))
         .await
         .expect("the member answers")
-        .unwrap();
-    out
+        .unwrap()
+}
+
+/// [`get_as`], with the connection's error (a refused connection may be reset before
+/// its 503 is read).
+async fn try_get_as(addr: SocketAddr, path: &str, token: Option<&str>) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(addr).await?;
+    let auth = token.map_or_else(String::new, |t| format!("authorization: Bearer {t}\r\n"));
+    let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\n{auth}connection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    Ok(out)
 }
 
 /// Everything the member sends until it closes the connection.
@@ -297,8 +303,10 @@ async fn a_connection_over_the_cap_is_refused_with_503_counted_and_the_member_se
     drop(held.pop());
     let metrics = tokio::time::timeout(GUARD, async {
         loop {
-            let answer = get_as(addr, "/metrics", Some(&token)).await;
-            if answer.starts_with("HTTP/1.1 200") {
+            // Until the freed place is released, a try is refused (503, perhaps a reset).
+            if let Ok(answer) = try_get_as(addr, "/metrics", Some(&token)).await
+                && answer.starts_with("HTTP/1.1 200")
+            {
                 return answer;
             }
             tokio::task::yield_now().await;

@@ -37,10 +37,7 @@ async fn metadata_and_link_local_targets_are_refused_and_what_a_target_said_stay
     waymark_certs::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
     let dev = common::dev::start(dir.path()).await;
-    let api = ApiClient::new(
-        &dev.authority().http_addr().to_string(),
-        Some(dev.operator_token().to_owned()),
-    );
+    let api = dev.api_client();
     let agent = ApiClient::new(&dev.agent().bound().http.to_string(), None);
     let control = ApiClient::new(&dev.backends_api().to_string(), None);
 

@@ -404,6 +404,15 @@ fn verify_chain(
     Ok(scopes)
 }
 
+/// The trust domain a bundle's estate root serves: what a client with no identity of
+/// its own (a token-authenticated CLI) expects its server to belong to.
+pub fn bundle_trust_domain(bundle: &[CertificateDer<'_>]) -> Option<TrustDomain> {
+    bundle.iter().find_map(|der| match ca_scope(der) {
+        Some(CaScope::Estate(td)) => Some(td),
+        _ => None,
+    })
+}
+
 /// The scope URI of a CA certificate, if it carries exactly one of the waymark shape.
 fn ca_scope(der: &CertificateDer<'_>) -> Option<CaScope> {
     let info = cert_info(der).ok()?;

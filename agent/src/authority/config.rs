@@ -704,7 +704,8 @@ fn parse_member_id(value: &str) -> Result<u64, String> {
     }
 }
 
-/// `authority.raft`: its own port, and plaintext (no `[authority.tls]`) only on loopback.
+/// `authority.raft`: its own port; and without `[authority.tls]`, the API, Raft and xDS
+/// (all plaintext then) only on loopback.
 fn check_raft_listener(a: &AuthoritySection) -> Result<(), ConfigError> {
     let invalid = |message: String| {
         Err(ConfigError::Invalid {
@@ -718,13 +719,13 @@ fn check_raft_listener(a: &AuthoritySection) -> Result<(), ConfigError> {
             a.raft
         ));
     }
-    if a.tls.is_none() && !super::member::plaintext_raft_allowed(a.raft) {
-        return invalid(format!(
-            "{} is not a loopback address, and without [authority.tls] Raft is plaintext \
-             (anyone reaching it could depose the leader or commit entries): configure \
-             [authority.tls], or bind Raft to a loopback address",
-            a.raft
-        ));
+    if a.tls.is_none()
+        && let Some(refused) = super::member::plaintext_off_loopback(a.http, a.raft, a.xds)
+    {
+        return Err(ConfigError::Invalid {
+            field: refused.key,
+            message: refused.message,
+        });
     }
     Ok(())
 }

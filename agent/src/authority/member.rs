@@ -2,14 +2,18 @@
 //! xDS tier, evidence ingest over mutual TLS, and the leader loop.
 //!
 //! ```text
-//! [authority] http    the query/policy API                     plain HTTP
+//! [authority] http    the query/policy API                     TLS with [authority.tls] (a client
+//!                                                              certificate of this region or an
+//!                                                              operator's, else a bearer token)
 //! [authority] raft    /raft/* between the region's members     mutual TLS with [authority.tls]
 //!                                                              (same-region authorities only,
-//!                                                              each RPC as its own id), else
-//!                                                              plaintext on loopback only
+//!                                                              each RPC as its own id)
 //! [authority] xds     the xDS tier                             mutual TLS with [authority.tls]
 //! [authority] ingest  evidence from node agents and workloads  mutual TLS only
 //! ```
+//!
+//! Without `[authority.tls]` the API, Raft and xDS are plaintext, which
+//! [`plaintext_off_loopback`] allows on loopback addresses only.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -25,7 +29,10 @@ use tracing::{info, warn};
 use waymark_certs::grpc::{self, GrpcLimits, GrpcMetrics, IncomingConfig};
 use waymark_certs::identity::{Identity, IdentityKind, KindSet, Name, TrustDomain};
 use waymark_certs::reload::{MaterialPaths, load_material};
-use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config, server_config};
+use waymark_certs::tls::{
+    ALPN_H2, LiveMaterial, anonymous_client_config, client_config, server_config,
+    server_config_client_optional,
+};
 use waymark_certs::{CertMetrics, PeerPolicy};
 use waymark_core::delta::DeltaConfig;
 use waymark_core::evaluator::EvaluatorConfig;
@@ -51,6 +58,7 @@ use super::raft::admission::member_id;
 use super::raft::{Member, RaftConfig, RaftNode, RaftRpcMetrics, Senders};
 use super::regions::{self, FederationSettings, RegionMetrics, RegionsHandle, SharedSignal};
 use super::tier;
+use crate::cli::http::ApiClient;
 use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
 use crate::net::HostPort;
 use crate::node::gossip::{Gossip, GossipConfig, GossipId, Keyring, Role};
@@ -162,6 +170,8 @@ pub struct Authority {
     hub: EvidenceHub,
     gossip: Option<Gossip>,
     federation: Option<Arc<FederationNode>>,
+    /// See [`Authority::api_client`].
+    api_client: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl std::fmt::Debug for Authority {
@@ -180,13 +190,10 @@ impl Authority {
     /// (once, on one member) or this member added to an existing group.
     pub async fn start(config: AuthorityConfig) -> anyhow::Result<Self> {
         waymark_certs::install_crypto_provider();
-        if config.tls.is_none() && !plaintext_raft_allowed(config.raft) {
-            anyhow::bail!(
-                "authority.raft: {} is not a loopback address, and without [authority.tls] Raft \
-                 is plaintext (anyone reaching it could depose the leader or commit entries): \
-                 configure [authority.tls], or bind Raft to a loopback address",
-                config.raft
-            );
+        if config.tls.is_none()
+            && let Some(refused) = plaintext_off_loopback(config.http, config.raft, config.xds)
+        {
+            anyhow::bail!("{}: {}", refused.key, refused.message);
         }
         let http_listener = TcpListener::bind(config.http)
             .await
@@ -382,7 +389,8 @@ impl Authority {
             Arc::new(registry),
             config.region.clone(),
         )
-        .with_federation(federation.clone(), regions.clone());
+        .with_federation(federation.clone(), regions.clone())
+        .with_tls(tls.is_some());
         if let (Some(kube), Some(kube_metrics)) = (config.kubernetes.clone(), kube_metrics) {
             tasks.push(tokio::spawn(existence::run_kube(
                 raft.clone(),
@@ -392,28 +400,30 @@ impl Authority {
                 api.reconciliation(),
             )));
         }
-        tasks.push(tokio::spawn(crate::listener::serve(
+        tasks.push(tokio::spawn(serve_http(
             http_listener,
             "authority",
             api::router(api),
+            tls.as_ref().map(|t| Arc::clone(&t.api)),
             config.limits.http,
             http_metrics.clone(),
-            std::future::pending(),
         )));
         // Behind mutual TLS each RPC must come from the member its certificate names.
         let senders = match tls {
             Some(_) => Senders::Certified,
             None => Senders::Unchecked,
         };
-        tasks.push(tokio::spawn(serve_raft(
+        tasks.push(tokio::spawn(serve_http(
             raft_listener,
+            "raft",
             raft.router(senders, raft_metrics),
             tls.as_ref().map(|t| Arc::clone(&t.raft_server)),
             config.limits.raft,
             http_metrics,
         )));
-        info!(id = config.id, %http, raft = %raft_addr, raft_tls = tls.is_some(), %xds, ingest = ?ingest, "authority member serving");
+        info!(id = config.id, %http, raft = %raft_addr, tls = tls.is_some(), %xds, ingest = ?ingest, "authority member serving");
         Ok(Self {
+            api_client: tls.as_ref().map(|t| Arc::clone(&t.api_client)),
             id: config.id,
             raft,
             http,
@@ -456,6 +466,17 @@ impl Authority {
     /// The HTTP API's address.
     pub fn http_addr(&self) -> SocketAddr {
         self.http
+    }
+
+    /// A client of this member's API authenticating with `token`: over TLS when the API
+    /// is (trusting this member's bundle, admitting this region's authorities), else
+    /// plaintext. For in-process callers such as tests and drills.
+    pub fn api_client(&self, token: Option<String>) -> ApiClient {
+        let client = ApiClient::new(&self.http.to_string(), token);
+        match &self.api_client {
+            Some(tls) => client.with_tls(Arc::clone(tls)),
+            None => client,
+        }
     }
 
     /// The Raft listener's address.
@@ -593,16 +614,64 @@ fn start_federation(
     })
 }
 
-/// Whether Raft may be served in plaintext on `addr`: only on a loopback address, where
-/// only this host's processes reach it.
-pub fn plaintext_raft_allowed(addr: SocketAddr) -> bool {
+/// Whether a listener may be served in plaintext on `addr`: only on a loopback address,
+/// where only this host's processes reach it.
+pub fn plaintext_allowed(addr: SocketAddr) -> bool {
     addr.ip().to_canonical().is_loopback()
 }
 
-/// Serves the `/raft/*` routes (`router`) on `listener`: mutual TLS with `tls`,
-/// plaintext without.
-async fn serve_raft(
+/// A listener that would be plaintext off loopback: the key, and why that is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffLoopback {
+    /// The configuration key, e.g. `authority.http`.
+    pub key: &'static str,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// Without `[authority.tls]` the API, Raft and xDS are plaintext: each must then be bound
+/// to a loopback address. Names the first that is not, and what anyone reaching it could
+/// do.
+pub fn plaintext_off_loopback(
+    http: SocketAddr,
+    raft: SocketAddr,
+    xds: SocketAddr,
+) -> Option<OffLoopback> {
+    let listeners = [
+        (
+            "authority.http",
+            http,
+            "anyone reaching it could read the registry, and write with a stolen token",
+        ),
+        (
+            "authority.raft",
+            raft,
+            "anyone reaching it could depose the leader or commit entries",
+        ),
+        (
+            "authority.xds",
+            xds,
+            "anyone reaching it could read every view and pose as any caller",
+        ),
+    ];
+    listeners
+        .into_iter()
+        .find(|(_, addr, _)| !plaintext_allowed(*addr))
+        .map(|(key, addr, risk)| OffLoopback {
+            key,
+            message: format!(
+                "{addr} is not a loopback address, and without [authority.tls] it is served in \
+                 plaintext ({risk}): configure [authority.tls], or bind {key} to a loopback \
+                 address"
+            ),
+        })
+}
+
+/// Serves `router` on `listener` (`name` labels its metrics): TLS with `tls`, plaintext
+/// without.
+async fn serve_http(
     listener: TcpListener,
+    name: &'static str,
     router: axum::Router,
     tls: Option<Arc<rustls::ServerConfig>>,
     limits: HttpLimits,
@@ -611,10 +680,9 @@ async fn serve_raft(
     let forever = std::future::pending();
     match tls {
         Some(tls) => {
-            crate::listener::serve_tls(listener, "raft", router, limits, metrics, tls, forever)
-                .await;
+            crate::listener::serve_tls(listener, name, router, limits, metrics, tls, forever).await;
         }
-        None => crate::listener::serve(listener, "raft", router, limits, metrics, forever).await,
+        None => crate::listener::serve(listener, name, router, limits, metrics, forever).await,
     }
 }
 
@@ -624,10 +692,16 @@ struct MemberTls {
     xds: Arc<rustls::ServerConfig>,
     /// Evidence ingest server: the region's node agents and workloads.
     ingest: Arc<rustls::ServerConfig>,
+    /// API server: operators, and the region's node agents and workloads, by certificate;
+    /// clients without one (bearer tokens) are admitted to the handshake too.
+    api: Arc<rustls::ServerConfig>,
     /// Raft server: the region's authority members.
     raft_server: Arc<rustls::ServerConfig>,
     /// Raft client: presents this member's certificate, admits the region's members.
     raft_client: Arc<rustls::ClientConfig>,
+    /// A token-authenticated client of the API (no certificate), trusting this member's
+    /// bundle: see [`Authority::api_client`].
+    api_client: Arc<rustls::ClientConfig>,
     /// The certificate itself (federation builds its own configs over it).
     live: Arc<LiveMaterial>,
 }
@@ -655,14 +729,31 @@ async fn tls_configs(
     };
     let xds = server_config(&live, peers.clone(), metrics.clone(), &[ALPN_H2])?;
     let ingest = server_config(&live, peers, metrics.clone(), &[ALPN_H2])?;
-    let members = super::raft::tls::peer_policy(t.trust_domain.clone(), region);
+    let callers = PeerPolicy {
+        trust_domain: t.trust_domain.clone(),
+        accepted: KindSet::only(IdentityKind::Operator)
+            .with(IdentityKind::Node)
+            .with(IdentityKind::Workload),
+        region: Some(region.clone()),
+    };
+    let api = server_config_client_optional(&live, callers, metrics.clone(), &[ALPN_HTTP1])?;
+    let members = super::raft::tls::peer_policy(t.trust_domain.clone(), region.clone());
     let raft_server = server_config(&live, members.clone(), metrics.clone(), &[ALPN_HTTP1])?;
     let raft_client = client_config(&live, members, metrics.clone(), &[ALPN_HTTP1])?;
+    let authorities = PeerPolicy {
+        trust_domain: t.trust_domain.clone(),
+        accepted: KindSet::only(IdentityKind::Authority),
+        region: Some(region.clone()),
+    };
+    let roots = Arc::clone(&live.current().roots);
+    let api_client = anonymous_client_config(roots, authorities, metrics.clone(), &[ALPN_HTTP1])?;
     Ok(MemberTls {
         xds: Arc::new(xds),
         ingest: Arc::new(ingest),
+        api: Arc::new(api),
         raft_server: Arc::new(raft_server),
         raft_client: Arc::new(raft_client),
+        api_client: Arc::new(api_client),
         live,
     })
 }

@@ -5,7 +5,13 @@
 //! a whole exchange (redirects included) at most [`REQUEST_TIMEOUT`], and an answer is
 //! read up to [`RESPONSE_LIMIT_BYTES`] — a larger one is an error, never a growing buffer.
 //! The CLI, the registrar of `services_dir` and `waymark dev` all use it.
+//!
+//! Over `https://` ([`ApiClient::with_tls`]) the server is admitted by its verified
+//! authority identity, not by the dialled name (so a follower's redirect to the leader's
+//! address needs no name in the certificate); the client presents a certificate when its
+//! config has one (an operator or a node agent) and a bearer token otherwise.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -15,6 +21,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util_client::client::legacy::Client;
 use hyper_util_client::client::legacy::connect::HttpConnector;
 use hyper_util_client::rt::TokioExecutor;
+
+use crate::dial::TlsConnector;
 
 /// Redirects followed at most (a follower points at the leader; one hop is normal).
 const REDIRECTS_MAX: usize = 3;
@@ -27,14 +35,34 @@ pub const RESPONSE_LIMIT_BYTES: usize = 64 * 1024 * 1024;
 /// How long an idle connection is kept: below the server's idle timeout.
 const POOL_IDLE: Duration = Duration::from_secs(5);
 
-/// An API client for one base URL (`http://host:port`).
+/// An API client for one base URL (`http://host:port` or `https://host:port`).
 #[derive(Clone)]
 pub struct ApiClient {
     base: String,
     token: Option<String>,
-    client: Client<HttpConnector, Full<Bytes>>,
+    transport: Transport,
     timeout: Duration,
     response_limit: usize,
+}
+
+/// How requests reach the server.
+#[derive(Clone)]
+enum Transport {
+    Plain(Client<HttpConnector, Full<Bytes>>),
+    Tls(Client<TlsConnector, Full<Bytes>>),
+}
+
+impl Transport {
+    async fn request(
+        &self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<http::Response<hyper::body::Incoming>, hyper_util_client::client::legacy::Error>
+    {
+        match self {
+            Self::Plain(c) => c.request(req).await,
+            Self::Tls(c) => c.request(req).await,
+        }
+    }
 }
 
 /// A response: status and body.
@@ -92,11 +120,15 @@ impl std::fmt::Debug for ApiClient {
 impl ApiClient {
     /// A client for `base`, authenticating with a bearer `token` (`wmt.<name>.<secret>`)
     /// when one is given.
+    ///
+    /// `base` without a scheme is `http://`; an `https://` base needs [`Self::with_tls`]
+    /// (calls without it fail, naming what is missing).
     pub fn new(base: &str, token: Option<String>) -> Self {
-        let base = if base.starts_with("http://") {
-            base.trim_end_matches('/').to_owned()
+        let base = base.trim_end_matches('/');
+        let base = if base.starts_with("http://") || base.starts_with("https://") {
+            base.to_owned()
         } else {
-            format!("http://{}", base.trim_end_matches('/'))
+            format!("http://{base}")
         };
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
@@ -104,12 +136,35 @@ impl ApiClient {
         Self {
             base,
             token,
-            client: Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(POOL_IDLE)
-                .build(connector),
+            transport: Transport::Plain(
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(POOL_IDLE)
+                    .build(connector),
+            ),
             timeout: REQUEST_TIMEOUT,
             response_limit: RESPONSE_LIMIT_BYTES,
         }
+    }
+
+    /// The same client over TLS with `config` (its verifier decides which servers are
+    /// admitted; build it with [`crate::cli::tls::api_client_config`]); the base becomes
+    /// `https://`.
+    pub fn with_tls(mut self, config: Arc<rustls::ClientConfig>) -> Self {
+        if let Some(rest) = self.base.strip_prefix("http://") {
+            self.base = format!("https://{rest}");
+        }
+        let connector = TlsConnector::new(config, CONNECT_TIMEOUT);
+        self.transport = Transport::Tls(
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(POOL_IDLE)
+                .build(connector),
+        );
+        self
+    }
+
+    /// The base URL calls go to.
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     /// The same client with another bound on a whole call (default [`REQUEST_TIMEOUT`]).
@@ -167,6 +222,17 @@ impl ApiClient {
         let bytes = body.unwrap_or_default();
         let mut url = format!("{}{path}", self.base);
         for _ in 0..=REDIRECTS_MAX {
+            match (&self.transport, url.starts_with("https://")) {
+                (Transport::Plain(_), true) => bail!(
+                    "{url}: an https address needs the estate's trust bundle \
+                     (--ca-bundle or WAYMARK_CA_BUNDLE)"
+                ),
+                // Never send a token in the clear because a redirect said so.
+                (Transport::Tls(_), false) => {
+                    bail!("{url}: refusing to follow an https client to plain http")
+                }
+                _ => {}
+            }
             let mut req = Request::builder().method(method.clone()).uri(&url);
             if has_body {
                 req = req.header(header::CONTENT_TYPE, "application/json");
@@ -176,7 +242,7 @@ impl ApiClient {
             }
             let req = req.body(Full::new(bytes.clone()))?;
             let response = self
-                .client
+                .transport
                 .request(req)
                 .await
                 .with_context(|| format!("calling {url}"))?;

@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::Context as _;
 use http::Method;
 use serde_json::json;
+use waymark_certs::ca::HostSan;
 use waymark_certs::layout::PkiDir;
 use waymark_certs::reload::MaterialPaths;
 use waymark_certs::{Identity, Name, TrustDomain};
@@ -26,6 +27,7 @@ use waymark_core::model::{InstanceId, SelfReport};
 use self::backends::{BackendOptions, BackendSpec, Backends, SelfReportFn};
 use crate::authority::member::{Authority, AuthorityConfig, GossipSettings, TlsSettings};
 use crate::cli::http::ApiClient;
+use crate::cli::tls::{ClientFiles, api_client_config};
 use crate::node::NodeAgent;
 use crate::node::config::{
     AgentConfig, Bounds, Gossip as GossipSection, Listen, ProbeSection, Tls,
@@ -92,6 +94,9 @@ pub struct DevRegion {
     backends_api: SocketAddr,
     token: String,
     token_file: std::path::PathBuf,
+    ca_bundle: PathBuf,
+    /// TLS towards the authority API: the dev bundle, no client certificate (the token).
+    tls: Arc<rustls::ClientConfig>,
 }
 
 /// The dev region's operator, bootstrapped with every grant.
@@ -171,7 +176,15 @@ impl DevRegion {
         .context("minting the dev operator's token")?;
         let token_file = args.dir.join("operator.token");
         write_secret(&token_file, &token)?;
-        let api = ApiClient::new(&authority.http_addr().to_string(), Some(token.clone()));
+        let tls = api_client_config(
+            &ClientFiles {
+                bundle: pki.bundle.clone(),
+                identity: None,
+            },
+            SystemTime::now(),
+        )?;
+        let api = ApiClient::new(&authority.http_addr().to_string(), Some(token.clone()))
+            .with_tls(Arc::clone(&tls));
         for (name, _, probe, dependency) in SERVICES {
             let probe = match probe {
                 "http" => {
@@ -317,7 +330,23 @@ impl DevRegion {
             backends_api,
             token,
             token_file,
+            ca_bundle: pki.bundle,
+            tls,
         })
+    }
+
+    /// A client of the authority API over TLS, as the dev operator.
+    pub fn api_client(&self) -> ApiClient {
+        ApiClient::new(
+            &self.authority.http_addr().to_string(),
+            Some(self.token.clone()),
+        )
+        .with_tls(Arc::clone(&self.tls))
+    }
+
+    /// The dev estate's trust bundle (what `--ca-bundle` and curl's `--cacert` take).
+    pub fn ca_bundle(&self) -> &std::path::Path {
+        &self.ca_bundle
     }
 
     /// The dev operator's bearer token (every grant), as written to [`Self::token_file`].
@@ -362,7 +391,7 @@ impl DevRegion {
             "\
 waymark dev: one region ({REGION}), zones {zones}, state in this folder's .waymark-dev (or --dir)
 
-  authority API      http://{api}        (operator token in {token})
+  authority API      https://{api}       (operator token in {token})
   authority xDS      {xds} (mutual TLS; the agent's upstream)
   node agent xDS     {axds}   (plain text on loopback: point Envoy here)
   node agent DNS     {dns}   (udp+tcp)
@@ -370,13 +399,14 @@ waymark dev: one region ({REGION}), zones {zones}, state in this folder's .wayma
   demo backends API  http://{backends}
 
 in another terminal (the API refuses anonymous requests, even here):
-  export WAYMARK_API=http://{api}
+  export WAYMARK_API=https://{api}
+  export WAYMARK_CA_BUNDLE={bundle}
   export WAYMARK_TOKEN_FILE={token}
 
 try this:
   waymark services
   waymark acl whoami
-  curl -s -H \"Authorization: Bearer $(cat {token})\" http://{api}/v1/services
+  curl -s --cacert {bundle} -H \"Authorization: Bearer $(cat {token})\" https://{api}/v1/services
   curl -s http://{ahttp}/v1/view
   dig @{dip} -p {dport} web.service.waymark. SRV +short
   waymark members --agent {ahttp}
@@ -395,16 +425,14 @@ try this:
             dport = b.dns.port(),
             ahttp = b.http,
             token = self.token_file.display(),
+            bundle = self.ca_bundle.display(),
         )
     }
 
     /// Stop: deregister the demo instances, then the agent, then the authority.
     pub async fn stop(self) {
         self.renewals.abort();
-        let api = ApiClient::new(
-            &self.authority.http_addr().to_string(),
-            Some(self.token.clone()),
-        );
+        let api = self.api_client();
         for id in self.instances().values() {
             let _ = api
                 .send(Method::DELETE, &format!("/v1/instances/{id}"), None)
@@ -441,6 +469,8 @@ async fn renew(api: ApiClient, instances: Arc<Mutex<BTreeMap<String, InstanceId>
 
 /// Certificates for the dev region, created once in `dir`.
 struct DevPki {
+    /// The dev estate's trust bundle.
+    bundle: PathBuf,
     authority: MaterialPaths,
     node: Tls,
 }
@@ -451,15 +481,16 @@ fn dev_pki(dir: &std::path::Path) -> anyhow::Result<DevPki> {
     let now = SystemTime::now();
     pki.init(&td, &[Name::new(REGION)?], now)
         .context("creating the dev CA")?;
-    let issue = |path: &str| -> anyhow::Result<MaterialPaths> {
+    let issue = |path: &str, hosts: &[HostSan]| -> anyhow::Result<MaterialPaths> {
         let identity = Identity::parse(&format!("spiffe://{TRUST_DOMAIN}/{path}"))?;
         // Re-issued at every start: a dev folder may sit for weeks.
-        let (_, paths) = pki.issue(
+        let (_, paths) = pki.issue_with_hosts(
             &identity,
             None,
             Duration::from_secs(7 * 24 * 3600),
             None,
             now,
+            hosts,
         )?;
         Ok(MaterialPaths {
             cert_chain: paths.fullchain,
@@ -468,9 +499,14 @@ fn dev_pki(dir: &std::path::Path) -> anyhow::Result<DevPki> {
         })
     };
     // The member name is the Raft id: peers admit Raft RPC only from the id it names.
-    let authority = issue(&format!("region/{REGION}/authority/1"))?;
-    let node = issue(&format!("region/{REGION}/node/{NODE}"))?;
+    // The API is reached with curl too, which checks the name it dialled.
+    let authority = issue(
+        &format!("region/{REGION}/authority/1"),
+        &HostSan::loopback(),
+    )?;
+    let node = issue(&format!("region/{REGION}/node/{NODE}"), &[])?;
     Ok(DevPki {
+        bundle: pki.bundle(),
         authority,
         node: Tls {
             trust_domain: TRUST_DOMAIN.into(),

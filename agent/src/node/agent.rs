@@ -50,7 +50,7 @@ use super::probe::{AddressPolicy, ProbeRefusal, Prober, ProberConfig};
 use super::session::{self, SessionConfig};
 use super::view::{Changes, LocalView, ServiceState};
 use crate::authority::ingest::{AgentMessage, WireSample};
-use crate::listener::{HttpLimits, HttpMetrics};
+use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
 use waymark_core::model::Observation;
 
 /// Connections the local xDS/LRS listener takes at once: the host's sidecars and
@@ -538,9 +538,13 @@ impl NodeAgent {
         // 8. Service definitions for runtimes nothing watches.
         let registrations = match &config.services_dir {
             Some(dir) => Some(
-                super::registration::Registrations::start(dir, &config, http_client_for(&config)?)
-                    .await
-                    .context("agent.services_dir")?,
+                super::registration::Registrations::start(
+                    dir,
+                    &config,
+                    http_client_for(&config, tls.as_ref())?,
+                )
+                .await
+                .context("agent.services_dir")?,
             ),
             None => None,
         };
@@ -738,6 +742,8 @@ fn refresh_staleness(shared: &Shared) {
 struct AgentTls {
     server: Arc<rustls::ServerConfig>,
     upstream: Arc<rustls::ClientConfig>,
+    /// Client side towards the authority API (HTTP/1.1), presenting the node's identity.
+    api: Arc<rustls::ClientConfig>,
     reloader: Arc<Reloader>,
 }
 
@@ -763,26 +769,34 @@ async fn tls_configs(t: &super::config::Tls, registry: &mut Registry) -> anyhow:
     // wrong_region) and reloads.
     metrics.register(registry);
     let reloader = Reloader::new(paths, Arc::clone(&live), own, metrics.clone());
+    // A node speaks for its own region only: its sidecars and its authorities are of it.
+    let region = live.current().identity.region().cloned();
     let sidecars = PeerPolicy {
         trust_domain: trust_domain.clone(),
         accepted: KindSet::only(IdentityKind::Workload),
-        region: None,
+        region: region.clone(),
     };
     let server = server_config(&live, sidecars, metrics.clone(), &[ALPN_H2])?;
     let authorities = PeerPolicy {
         trust_domain,
         accepted: KindSet::only(IdentityKind::Authority),
-        region: live.current().identity.region().cloned(),
+        region,
     };
-    let upstream = client_config(&live, authorities, metrics, &[ALPN_H2])?;
+    let upstream = client_config(&live, authorities.clone(), metrics.clone(), &[ALPN_H2])?;
+    // The authority API, as this node (its registrations are checked against that name).
+    let api = client_config(&live, authorities, metrics, &[ALPN_HTTP1])?;
     Ok(AgentTls {
         server: Arc::new(server),
         upstream: Arc::new(upstream),
+        api: Arc::new(api),
         reloader,
     })
 }
 
-fn http_client_for(config: &AgentConfig) -> anyhow::Result<super::registration::ApiTarget> {
+fn http_client_for(
+    config: &AgentConfig,
+    tls: Option<&AgentTls>,
+) -> anyhow::Result<super::registration::ApiTarget> {
     let token = match &config.api_token_file {
         Some(path) => Some(
             std::fs::read_to_string(path)
@@ -795,6 +809,7 @@ fn http_client_for(config: &AgentConfig) -> anyhow::Result<super::registration::
     Ok(super::registration::ApiTarget {
         members: config.api.clone(),
         token,
+        tls: tls.map(|t| Arc::clone(&t.api)),
     })
 }
 

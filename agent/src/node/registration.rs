@@ -68,6 +68,8 @@ pub struct ApiTarget {
     pub members: Vec<String>,
     /// The bearer token presented, if any (`agent.api_token_file`).
     pub token: Option<String>,
+    /// With `[agent.tls]`: the API is called over mutual TLS as this node.
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl std::fmt::Debug for ApiTarget {
@@ -297,7 +299,10 @@ async fn call(
 ) -> anyhow::Result<serde_json::Value> {
     let mut last = anyhow::anyhow!("no authority API member configured");
     for member in &api.members {
-        let client = ApiClient::new(member, api.token.clone());
+        let mut client = ApiClient::new(member, api.token.clone());
+        if let Some(tls) = &api.tls {
+            client = client.with_tls(std::sync::Arc::clone(tls));
+        }
         match client.send(method.clone(), path, body).await {
             Ok(resp) => return resp.json(),
             Err(e) => last = e,

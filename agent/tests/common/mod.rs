@@ -99,7 +99,7 @@ pub fn promtool_check(text: &str) {
 /// sequence number, so every client a test makes is its own principal.
 pub async fn operator(a: &Authority, name: &str) -> waymark_agent::cli::http::ApiClient {
     let token = operator_token(a, name).await;
-    waymark_agent::cli::http::ApiClient::new(&a.http_addr().to_string(), Some(token))
+    a.api_client(Some(token))
 }
 
 /// The bearer token [`operator`] holds (for the CLI's `--token`).
