@@ -306,6 +306,8 @@ struct Estate {
     _agent: RegionAgent,
     envoy: EnvoyProc,
     waymark: PathBuf,
+    /// The estate's trust bundle (the CLI checks each authority's API against it).
+    bundle: PathBuf,
 }
 
 impl Estate {
@@ -480,6 +482,7 @@ async fn start_estate(
         _agent: agent,
         envoy,
         waymark,
+        bundle: pki.bundle(),
     })
 }
 
@@ -552,6 +555,7 @@ fn change_cut_region(estate: &Estate, netns: &Netns, id: &str) -> anyhow::Result
             &api.to_string(),
         ])
         .env("WAYMARK_TOKEN", crate::harness::management_token())
+        .env("WAYMARK_CA_BUNDLE", &estate.bundle)
         .output()
         .context("running waymark override inside the namespace")?;
     anyhow::ensure!(

@@ -160,6 +160,7 @@ keys = ["{key}"]
             ),
         )
         .with_context(|| format!("writing {}", config.display()))?;
+        super::api_over_tls(http, &pki.dir.bundle())?;
         Ok(Self {
             bin: bin.to_path_buf(),
             config,

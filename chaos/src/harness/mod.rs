@@ -312,14 +312,66 @@ pub fn acl_toml(dir: &Path) -> anyhow::Result<String> {
     ))
 }
 
+/// The authority APIs the drills reach over TLS: address → a client config trusting the
+/// rig's bundle. A rig whose authority has `[authority.tls]` (and so serves its API over
+/// TLS) registers it with [`api_over_tls`] when it writes the configuration; every client
+/// of that address here ([`api_client`], [`http_ok`], `traffic::get_api`) then speaks TLS.
+static TLS_APIS: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<SocketAddr, std::sync::Arc<rustls::ClientConfig>>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// The API at `addr` is TLS; its server is checked against `bundle`.
+pub fn api_over_tls(addr: SocketAddr, bundle: &Path) -> anyhow::Result<()> {
+    use waymark_agent::cli::tls::{ClientFiles, api_client_config};
+    let files = ClientFiles {
+        bundle: bundle.to_path_buf(),
+        identity: None,
+    };
+    let config = api_client_config(&files, std::time::SystemTime::now())?;
+    TLS_APIS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(addr, config);
+    Ok(())
+}
+
+/// The TLS client config for the API at `addr`, if it is one [`api_over_tls`] named.
+pub fn api_tls(addr: SocketAddr) -> Option<std::sync::Arc<rustls::ClientConfig>> {
+    TLS_APIS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(&addr)
+        .cloned()
+}
+
+/// An API client of the authority at `addr` presenting `token`, over TLS when the API is.
+pub fn api_client_with(
+    addr: SocketAddr,
+    token: Option<String>,
+) -> waymark_agent::cli::http::ApiClient {
+    let client = waymark_agent::cli::http::ApiClient::new(&addr.to_string(), token);
+    match api_tls(addr) {
+        Some(tls) => client.with_tls(tls),
+        None => client,
+    }
+}
+
 /// An API client of the authority at `addr`, presenting [`management_token`].
 pub fn api_client(addr: SocketAddr) -> waymark_agent::cli::http::ApiClient {
-    waymark_agent::cli::http::ApiClient::new(&addr.to_string(), Some(management_token().to_owned()))
+    api_client_with(addr, Some(management_token().to_owned()))
 }
 
 /// True when `GET path` on `addr` answers 200 within a second.
 pub async fn http_ok(addr: SocketAddr, path: &str) -> bool {
-    traffic::get(addr, path, Duration::from_secs(1))
+    let timeout = Duration::from_secs(1);
+    if api_tls(addr).is_some() {
+        return api_client_with(addr, None)
+            .with_timeout(timeout)
+            .send(http::Method::GET, path, None)
+            .await
+            .is_ok_and(|r| r.status == 200);
+    }
+    traffic::get(addr, path, timeout)
         .await
         .is_ok_and(|r| r.status == 200)
 }

@@ -59,6 +59,11 @@ impl Pki {
         })
     }
 
+    /// The estate's trust bundle.
+    pub fn bundle(&self) -> PathBuf {
+        self.dir.join("bundle.pem")
+    }
+
     /// `waymark certs issue` for `spiffe://<td>/<path>` (e.g. `region/r1/node/n1`).
     pub fn issue(&self, path: &str) -> anyhow::Result<TlsFiles> {
         let out = self.dir.join("issued").join(path);
@@ -79,7 +84,7 @@ impl Pki {
             trust_domain: self.trust_domain.clone(),
             chain: out.join("fullchain.pem"),
             key: out.join("key.pem"),
-            bundle: self.dir.join("bundle.pem"),
+            bundle: self.bundle(),
         })
     }
 }
@@ -178,6 +183,7 @@ impl RegionAuthority {
         let config = dir.join("authority.toml");
         let text = authority_toml(spec, &addrs, &dir.join("data")) + &super::acl_toml(dir)?;
         std::fs::write(&config, text).with_context(|| format!("writing {}", config.display()))?;
+        super::api_over_tls(addrs.http, &spec.tls.bundle)?;
         Ok(Self {
             process: RoleProc::new(
                 "authority",
