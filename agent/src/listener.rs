@@ -44,8 +44,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::{Instrument as _, debug, info, warn};
-use waymark_certs::CertError;
-use waymark_certs::grpc::PeerInfo;
+use waymark_certs::grpc::{PeerInfo, handshake_reason};
 use waymark_certs::material::cert_info;
 
 /// Pause after an accept error that is not about one connection (out of descriptors, say),
@@ -406,21 +405,6 @@ impl Handshake<'_> {
                 debug!(listener = self.listener, remote = %self.peer, reason, error = ?error, "tls handshake failed");
             }
         }
-    }
-}
-
-/// The `reason` label of a failed handshake.
-fn handshake_reason(error: &io::Error) -> &'static str {
-    if let Some(refused) = CertError::from_tls(error) {
-        return refused.reason().as_str();
-    }
-    match error
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-    {
-        Some(rustls::Error::NoCertificatesPresented) => "no_certificate",
-        Some(_) => "tls",
-        None => "io",
     }
 }
 

@@ -16,29 +16,20 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
+use common::pki::{Pki, pem_of, request, tls_client};
 use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
 use http::Method;
 use openraft::Vote;
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tonic::transport::Endpoint;
 use waymark_agent::authority::machine::Request;
 use waymark_agent::authority::member::{Authority, AuthorityConfig, TlsSettings};
 use waymark_agent::authority::raft::TypeConfig;
 use waymark_agent::cli::http::ApiClient;
-use waymark_certs::ca::{LeafSan, LeafSpec};
-use waymark_certs::error::PemPart;
-use waymark_certs::layout::PkiDir;
-use waymark_certs::material::{parse_certs, parse_key};
-use waymark_certs::reload::{MaterialPaths, load_material};
-use waymark_certs::tls::LiveMaterial;
-use waymark_certs::verify::PeerVerifier;
-use waymark_certs::{CertMetrics, Identity, KindSet, Name, PeerPolicy, TrustDomain};
 use waymark_core::contract::HealthContract;
 use waymark_core::model::ServiceName;
 use waymark_registry::state::{Command as Registry, Stamped};
@@ -530,145 +521,6 @@ async fn a_region_without_authority_for_longer_than_a_lease_retires_nothing_for_
 const TD: &str = "waymark.test";
 /// Far above any term a test group reaches by itself: a refused vote would have set it.
 const FORGED_TERM: u64 = 1_000_000;
-
-/// The estate CA (regions eu and us) as files.
-struct Pki {
-    _dir: tempfile::TempDir,
-    pki: PkiDir,
-    td: TrustDomain,
-}
-
-impl Pki {
-    fn new(td: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let pki = PkiDir::new(dir.path().join("pki"));
-        let td = TrustDomain::new(td).unwrap();
-        let regions = [Name::new("eu").unwrap(), Name::new("us").unwrap()];
-        pki.init(&td, &regions, SystemTime::now()).unwrap();
-        Self { _dir: dir, pki, td }
-    }
-
-    /// A leaf for `path` (under this trust domain) from its region's intermediate.
-    fn issue(&self, path: &str) -> MaterialPaths {
-        let identity = Identity::parse(&format!("spiffe://{}/{path}", self.td.as_str())).unwrap();
-        let (_, paths) = self
-            .pki
-            .issue(
-                &identity,
-                None,
-                Duration::from_secs(24 * 3600),
-                None,
-                SystemTime::now(),
-            )
-            .unwrap();
-        MaterialPaths {
-            cert_chain: paths.fullchain,
-            key: paths.key,
-            bundle: self.pki.bundle(),
-        }
-    }
-
-    /// A leaf naming `uri` exactly, signed by region `region`'s intermediate without any
-    /// policy check (e.g. an identity of another trust domain): a certificate peers refuse.
-    fn forge(&self, region: &str, uri: &str) -> (Vec<u8>, Vec<u8>) {
-        let ca = self.pki.load_region(&Name::new(region).unwrap()).unwrap();
-        let now = SystemTime::now();
-        let leaf = ca
-            .issue_unchecked(LeafSpec {
-                sans: vec![LeafSan::Uri(uri.to_owned())],
-                not_before: now - Duration::from_secs(60),
-                not_after: now + Duration::from_secs(24 * 3600),
-            })
-            .unwrap();
-        (leaf.fullchain_pem().into_bytes(), leaf.key_pem.into_bytes())
-    }
-}
-
-fn pem_of(paths: &MaterialPaths) -> (Vec<u8>, Vec<u8>) {
-    (
-        std::fs::read(&paths.cert_chain).unwrap(),
-        std::fs::read(&paths.key).unwrap(),
-    )
-}
-
-/// A TLS client that checks the server against `pki`'s bundle and presents `cert` (chain
-/// and key PEM), or nothing.
-async fn tls_client(pki: &Pki, cert: Option<(Vec<u8>, Vec<u8>)>) -> Arc<rustls::ClientConfig> {
-    let any = PeerPolicy {
-        trust_domain: pki.td.clone(),
-        accepted: KindSet::ALL,
-        region: None,
-    };
-    // Only the bundle of this material is used: it is what the server is checked against.
-    let roots = load_material(&pki.issue("region/eu/node/roots"), &any, SystemTime::now())
-        .await
-        .unwrap();
-    let verifier = PeerVerifier::new(LiveMaterial::new(roots), any, CertMetrics::new());
-    let builder = rustls::ClientConfig::builder_with_provider(waymark_certs::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier));
-    let mut config = match cert {
-        None => builder.with_no_client_auth(),
-        Some((chain, key)) => builder
-            .with_client_auth_cert(
-                parse_certs(&chain, PemPart::Certificate).unwrap(),
-                parse_key(&key).unwrap(),
-            )
-            .unwrap(),
-    };
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Arc::new(config)
-}
-
-/// One request on a fresh connection, over TLS with `tls` or plain: the status and body,
-/// or why no answer came (a refused handshake closes the connection unanswered).
-async fn request(
-    addr: SocketAddr,
-    tls: Option<Arc<rustls::ClientConfig>>,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> Result<(u16, String), String> {
-    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let exchange = async {
-        let mut answer = Vec::new();
-        match tls {
-            Some(config) => {
-                let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-                let mut s = tokio_rustls::TlsConnector::from(config)
-                    .connect(name, tcp)
-                    .await?;
-                s.write_all(head.as_bytes()).await?;
-                s.read_to_end(&mut answer).await?;
-            }
-            None => {
-                let mut s = tcp;
-                s.write_all(head.as_bytes()).await?;
-                s.read_to_end(&mut answer).await?;
-            }
-        }
-        Ok::<_, std::io::Error>(answer)
-    };
-    let answer = tokio::time::timeout(WAIT, exchange)
-        .await
-        .map_err(|_| "no answer in time".to_owned())?
-        .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let status = text
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|rest| rest.get(..3))
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| format!("closed without an answer ({} bytes)", answer.len()))?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
-    Ok((status, body.unwrap_or_default()))
-}
 
 /// A token that reads every member's `/metrics` (tokens are replicated state).
 static METRICS_TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();

@@ -99,21 +99,62 @@ pub struct GrpcListenerLabels {
     pub listener: &'static str,
 }
 
+/// `listener` and why a TLS handshake failed (see [`handshake_reason`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct GrpcHandshakeLabels {
+    /// The listener's name.
+    pub listener: &'static str,
+    /// Why: a certificate refusal's reason, `no_certificate`, `timeout`, `tls` or `io`.
+    pub reason: &'static str,
+}
+
 /// What the gRPC listeners of one process count (`waymark_grpc_*`). Clones share series.
 #[derive(Debug, Clone, Default)]
 pub struct GrpcMetrics {
     /// Connections closed at accept because the listener held its connection cap.
     pub connections_refused: Family<GrpcListenerLabels, Counter>,
+    /// TLS handshakes that failed, by listener and reason.
+    pub tls_handshakes_failed: Family<GrpcHandshakeLabels, Counter>,
 }
 
 impl GrpcMetrics {
     /// Register under `waymark_grpc_`.
     pub fn register(&self, registry: &mut Registry) {
-        registry.sub_registry_with_prefix("waymark_grpc").register(
+        let sub = registry.sub_registry_with_prefix("waymark_grpc");
+        sub.register(
             "connections_refused",
             "gRPC connections closed at accept because the listener held its connection cap",
             self.connections_refused.clone(),
         );
+        sub.register(
+            "tls_handshakes_failed",
+            "TLS handshakes on gRPC listeners that failed, by reason (a refused certificate \
+             is also in waymark_certs_rejected_total)",
+            self.tls_handshakes_failed.clone(),
+        );
+    }
+
+    fn handshake_failed(&self, listener: &'static str, reason: &'static str) {
+        self.tls_handshakes_failed
+            .get_or_create(&GrpcHandshakeLabels { listener, reason })
+            .inc();
+    }
+}
+
+/// The `reason` label of a failed TLS handshake: the certificate refusal's reason
+/// (`wrong_kind`, `wrong_region`, … as in `waymark_certs_rejected_total`), else
+/// `no_certificate`, `tls` (another protocol failure) or `io`.
+pub fn handshake_reason(error: &io::Error) -> &'static str {
+    if let Some(refused) = crate::CertError::from_tls(error) {
+        return refused.reason().as_str();
+    }
+    match error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls::Error::NoCertificatesPresented) => "no_certificate",
+        Some(_) => "tls",
+        None => "io",
     }
 }
 
@@ -214,10 +255,14 @@ pub fn incoming(
                 continue;
             };
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
-            let timeout = limits.handshake_timeout;
+            let shake = Shake {
+                listener: limits.listener,
+                timeout: limits.handshake_timeout,
+                metrics: limits.metrics.clone(),
+            };
             tokio::spawn(async move {
                 let _permit = permit;
-                if let Some(stream) = handshake(acceptor, tcp, remote, timeout, slot).await {
+                if let Some(stream) = shake.run(acceptor, tcp, remote, slot).await {
                     // A closed receiver means the server is gone; dropping is right.
                     let _ = tx.send(Ok(stream)).await;
                 }
@@ -325,24 +370,51 @@ impl IncomingConfig {
     }
 }
 
-async fn handshake(
-    acceptor: TlsAcceptor,
-    tcp: TcpStream,
-    remote: SocketAddr,
+/// One listener's handshake: its name, bound and counters.
+struct Shake {
+    listener: &'static str,
     timeout: Duration,
+    metrics: GrpcMetrics,
+}
+
+impl Shake {
+    /// The authenticated stream, or `None` once the failure is counted and logged.
+    async fn run(
+        self,
+        acceptor: TlsAcceptor,
+        tcp: TcpStream,
+        remote: SocketAddr,
+        slot: OwnedSemaphorePermit,
+    ) -> Option<AuthenticatedStream> {
+        let listener = self.listener;
+        match tokio::time::timeout(self.timeout, acceptor.accept(tcp)).await {
+            Ok(Ok(tls)) => admitted(tls, remote, slot),
+            Ok(Err(error)) => {
+                let reason = handshake_reason(&error);
+                self.metrics.handshake_failed(listener, reason);
+                // A refused certificate is logged at `warn` by the verifier already.
+                match reason {
+                    "no_certificate" => {
+                        warn!(listener, %remote, reason, "tls handshake refused");
+                    }
+                    _ => debug!(listener, %remote, reason, %error, "tls handshake failed"),
+                }
+                None
+            }
+            Err(_) => {
+                self.metrics.handshake_failed(listener, "timeout");
+                warn!(listener, %remote, "tls handshake timed out");
+                None
+            }
+        }
+    }
+}
+
+fn admitted(
+    tls: TlsStream<TcpStream>,
+    remote: SocketAddr,
     slot: OwnedSemaphorePermit,
 ) -> Option<AuthenticatedStream> {
-    let tls = match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(error)) => {
-            debug!(%remote, %error, "tls handshake failed");
-            return None;
-        }
-        Err(_) => {
-            debug!(%remote, "tls handshake timed out");
-            return None;
-        }
-    };
     let leaf = tls.get_ref().1.peer_certificates()?.first()?;
     // The verifier admitted this certificate moments ago, so this cannot fail; if it
     // somehow does, the connection is refused rather than admitted without an identity.

@@ -722,10 +722,12 @@ async fn tls_configs(
         .context("loading this member's certificate")?;
     let region = own_region(&material.identity, config)?;
     let live = LiveMaterial::new(material);
+    // Only this region's node agents and workloads: a node of another region reads its
+    // own region's views, and this region's others only through tier 2.
     let peers = PeerPolicy {
         trust_domain: t.trust_domain.clone(),
         accepted: KindSet::only(IdentityKind::Node).with(IdentityKind::Workload),
-        region: None,
+        region: Some(region.clone()),
     };
     let xds = server_config(&live, peers.clone(), metrics.clone(), &[ALPN_H2])?;
     let ingest = server_config(&live, peers, metrics.clone(), &[ALPN_H2])?;

@@ -4,6 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod dev;
+pub mod pki;
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};

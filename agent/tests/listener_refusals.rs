@@ -1,0 +1,296 @@
+//! Every TLS door of a region refuses who it should, counts it under its reason, and
+//! changes nothing (ADR-15): the authority's API, xDS and ingest listeners and a node
+//! agent's sidecar listener, each tried with no credential, a certificate of the wrong
+//! kind, of another region, of another trust domain and of another estate, and the API
+//! also with a verified principal that lacks the grant.
+//!
+//! Raft's listener is tried the same way in `authority_cluster.rs`, federation's in
+//! `federation_quic.rs`, gossip's (keyed, not certified) in `gossip_udp.rs`.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::pki::{Pki, pem_of, request, tls_client, tls_client_alpn};
+use http::Method;
+use serde_json::json;
+use tokio::io::AsyncReadExt as _;
+use tokio::net::TcpStream;
+use waymark_agent::authority::member::{Authority, AuthorityConfig, TlsSettings};
+use waymark_agent::cli::http::ApiClient;
+use waymark_agent::node::NodeAgent;
+use waymark_agent::node::config::{AgentConfig, Bounds, Listen, ProbeSection, Tls};
+use waymark_certs::ca::HostSan;
+
+const TD: &str = "waymark.test";
+const WAIT: Duration = Duration::from_secs(30);
+
+type Pem = (Vec<u8>, Vec<u8>);
+
+/// The credentials every listener is tried with, each with the reason it must be refused
+/// under (`None`: no certificate at all).
+fn strangers(pki: &Pki, other_estate: &Pki, wrong_kind: &str) -> Vec<(&'static str, Option<Pem>)> {
+    vec![
+        ("no_certificate", None),
+        ("wrong_kind", Some(pem_of(&pki.issue(wrong_kind)))),
+        (
+            "wrong_region",
+            Some(pem_of(&pki.issue("region/us/service/pay/instance/p1"))),
+        ),
+        (
+            "wrong_trust_domain",
+            Some(pki.forge("eu", "spiffe://other.test/region/eu/node/n1")),
+        ),
+        (
+            "wrong_ca",
+            Some(pem_of(&other_estate.issue("region/eu/node/n1"))),
+        ),
+    ]
+}
+
+/// Whether a gRPC (h2) listener admits a TLS client with `config`: an admitted client
+/// reads the server's HTTP/2 SETTINGS; a refused one an alert or the connection's end.
+async fn grpc_admits(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> bool {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let Ok(mut tls) = tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+    else {
+        return false;
+    };
+    let mut first = [0u8; 9];
+    matches!(
+        tokio::time::timeout(WAIT, tls.read(&mut first)).await,
+        Ok(Ok(n)) if n > 0
+    )
+}
+
+/// The value of `series` (name and labels exactly as exposed) in `text`.
+fn value(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+async fn metrics(api: &ApiClient) -> String {
+    let r = api.send(Method::GET, "/metrics", None).await.unwrap();
+    assert!(r.status.is_success(), "{r:?}");
+    String::from_utf8_lossy(&r.body).into_owned()
+}
+
+/// Waits until `series` reaches `want` in what `api` exposes (the refusal is counted as
+/// the handshake task ends, just after the client sees it).
+async fn counted(api: &ApiClient, series: &str, want: u64) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let got = value(&metrics(api).await, series);
+        if got >= want {
+            assert_eq!(got, want, "{series}");
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{series} stayed at {got}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn authority(pki: &Pki, dir: &std::path::Path) -> Authority {
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    common::single_member(AuthorityConfig {
+        id: 1,
+        region: "eu".parse().unwrap(),
+        zones: ["a".parse().unwrap()].into(),
+        data_dir: dir.join("authority"),
+        http: any,
+        raft: any,
+        xds: any,
+        ingest: Some(any),
+        tls: Some(TlsSettings {
+            trust_domain: pki.td.clone(),
+            paths: pki.issue_with_hosts("region/eu/authority/1", &HostSan::loopback()),
+        }),
+        kubernetes: None,
+        gossip: None,
+        federation: None,
+        limits: Default::default(),
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_authoritys_api_refuses_strangers_and_principals_without_the_grant() {
+    waymark_certs::install_crypto_provider();
+    let (pki, other) = (Pki::new(TD), Pki::new("other.test"));
+    let dir = tempfile::tempdir().unwrap();
+    let a = authority(&pki, dir.path()).await;
+    let operator = common::operator(&a, "alice").await;
+    let api = a.http_addr();
+
+    // Plaintext to the TLS port gets no answer at all.
+    assert!(request(api, None, "GET", "/v1/services", "").await.is_err());
+    // TLS without a certificate or token: 401, naming what to present.
+    let anonymous = tls_client(&pki, None).await;
+    let (status, body) = request(api, Some(Arc::clone(&anonymous)), "GET", "/v1/services", "")
+        .await
+        .unwrap();
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("\"unauthenticated\""), "{body}");
+    // The probes stay open (a kubelet has no credential).
+    let (status, _) = request(api, Some(anonymous), "GET", "/readyz", "")
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+
+    // Certificates of the wrong kind, region, trust domain or estate: refused in the
+    // handshake, each counted under its reason. (No certificate is admitted to the
+    // handshake here: a token may follow.)
+    for (reason, cert) in strangers(&pki, &other, "region/eu/authority/2") {
+        let Some(cert) = cert else { continue };
+        let client = tls_client(&pki, Some(cert)).await;
+        let answer = request(api, Some(client), "GET", "/v1/services", "").await;
+        assert!(answer.is_err(), "{reason}: answered {answer:?}");
+        let series = format!(
+            "waymark_http_tls_handshakes_failed_total{{listener=\"authority\",reason=\"{reason}\"}}"
+        );
+        counted(&operator, &series, 1).await;
+    }
+
+    // A verified node agent of this region reads (its region-wide grant) but may not own
+    // a service or take an instance out: 403 naming the capability, and nothing changes.
+    let node = tls_client(&pki, Some(pem_of(&pki.issue("region/eu/node/n1")))).await;
+    let (status, body) = request(api, Some(Arc::clone(&node)), "GET", "/v1/services", "")
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let contract = json!({"owner": "team-pay", "contract": {}}).to_string();
+    let (status, body) = request(
+        api,
+        Some(Arc::clone(&node)),
+        "PUT",
+        "/v1/services/pay",
+        &contract,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("own:pay"), "{body}");
+    // An operator certificate with no grant is refused the same way: default deny.
+    let stranger = pki.issue("operator/mallory");
+    let mallory = tls_client(&pki, Some(pem_of(&stranger))).await;
+    let (status, body) = request(api, Some(mallory), "GET", "/v1/services", "")
+        .await
+        .unwrap();
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("operator/mallory"), "{body}");
+    let services = operator.get_json("/v1/services").await.unwrap();
+    assert_eq!(services, json!([]), "nothing was declared");
+    counted(
+        &operator,
+        "waymark_api_refusals_total{reason=\"forbidden\"}",
+        2,
+    )
+    .await;
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_authoritys_xds_and_ingest_listeners_admit_only_this_regions_nodes_and_workloads() {
+    waymark_certs::install_crypto_provider();
+    let (pki, other) = (Pki::new(TD), Pki::new("other.test"));
+    let dir = tempfile::tempdir().unwrap();
+    let a = authority(&pki, dir.path()).await;
+    let operator = common::operator(&a, "alice").await;
+    let listeners = [
+        ("authority_xds", a.xds_addr()),
+        ("ingest", a.ingest_addr().unwrap()),
+    ];
+    for (name, addr) in listeners {
+        // This region's node agent is admitted: the refusals below are about who, not how.
+        let node =
+            tls_client_alpn(&pki, Some(pem_of(&pki.issue("region/eu/node/n1"))), b"h2").await;
+        assert!(grpc_admits(addr, node).await, "{name} admits eu/n1");
+        for (reason, cert) in strangers(&pki, &other, "region/eu/authority/2") {
+            let client = tls_client_alpn(&pki, cert, b"h2").await;
+            assert!(
+                !grpc_admits(addr, client).await,
+                "{name}: {reason} admitted"
+            );
+            let series = format!(
+                "waymark_grpc_tls_handshakes_failed_total{{listener=\"{name}\",reason=\"{reason}\"}}"
+            );
+            counted(&operator, &series, 1).await;
+        }
+    }
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_agents_sidecar_listener_admits_only_its_own_regions_workloads() {
+    waymark_certs::install_crypto_provider();
+    let (pki, other) = (Pki::new(TD), Pki::new("other.test"));
+    let dir = tempfile::tempdir().unwrap();
+    let node = pki.issue("region/eu/node/n1");
+    let agent = NodeAgent::start(AgentConfig {
+        name: "n1".parse().unwrap(),
+        region: "eu".parse().unwrap(),
+        zone: "a".parse().unwrap(),
+        data_dir: dir.path().join("agent"),
+        // Nothing answers there: the sidecar listener serves the last-known-good view.
+        upstream: vec![format!("127.0.0.1:{}", common::free_port())],
+        ingest: Vec::new(),
+        api: Vec::new(),
+        listen: Listen {
+            xds: "127.0.0.1:0".parse().unwrap(),
+            dns: "127.0.0.1:0".parse().unwrap(),
+            http: "127.0.0.1:0".parse().unwrap(),
+            local_plaintext: false,
+        },
+        bounds: Bounds::default(),
+        services_dir: None,
+        api_token_file: None,
+        gossip: None,
+        tls: Some(Tls {
+            trust_domain: TD.into(),
+            cert_chain: node.cert_chain,
+            key: node.key,
+            bundle: node.bundle,
+        }),
+        probe: ProbeSection::default(),
+    })
+    .await
+    .unwrap();
+    let bound = agent.bound();
+    let local = ApiClient::new(&bound.http.to_string(), None);
+    let workload = pki.issue("region/eu/service/web/instance/w1");
+    let sidecar = tls_client_alpn(&pki, Some(pem_of(&workload)), b"h2").await;
+    assert!(
+        grpc_admits(bound.xds, sidecar).await,
+        "eu's workload admitted"
+    );
+    // Here the wrong kind is a node agent (of this very region).
+    for (reason, cert) in strangers(&pki, &other, "region/eu/node/n2") {
+        let client = tls_client_alpn(&pki, cert, b"h2").await;
+        assert!(!grpc_admits(bound.xds, client).await, "{reason} admitted");
+        let series = format!(
+            "waymark_grpc_tls_handshakes_failed_total{{listener=\"agent_xds\",reason=\"{reason}\"}}"
+        );
+        counted(&local, &series, 1).await;
+    }
+    // The verifier counted the certificate refusals too, each under the same reason.
+    let text = metrics(&local).await;
+    let series = "waymark_certs_rejected_total{reason=\"wrong_region\",source=\"peer\"}";
+    assert_eq!(value(&text, series), 1, "{text}");
+    agent.shutdown().await;
+}
