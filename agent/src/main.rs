@@ -54,7 +54,7 @@ struct ApiArgs {
     #[arg(long, env = "WAYMARK_CLIENT_KEY", global = true, requires = "cert")]
     key: Option<PathBuf>,
     /// A bearer token (`wmt.<name>.<secret>`), as `waymark dev` prints it or
-    /// `waymark acl token create` mints it.
+    /// `waymark acl token-create` mints it.
     #[arg(long, env = "WAYMARK_TOKEN", global = true, hide_env_values = true)]
     token: Option<String>,
     /// A file holding the bearer token (read at start; takes the place of `--token`).

@@ -802,6 +802,22 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     .unwrap();
     assert_eq!(status, 403, "{body}");
     counted(follower, mismatch, 1).await;
+    // Audit records forwarded to the leader are admitted only as their sender, too.
+    let three = tls_client(&pki, Some(pem_of(&pki.issue("region/eu/authority/3")))).await;
+    let leader = agreed_leader(&members).await;
+    let forged = json!({"from": 2, "entries": []}).to_string();
+    let before = series(leader, mismatch).await;
+    let (status, body) = request(
+        leader.raft_addr(),
+        Some(three),
+        "POST",
+        "/raft/audit",
+        &forged,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 403, "{body}");
+    counted(leader, mismatch, before + 1).await;
 
     // Nothing reached Raft: no member took the forged term (elections of its own may
     // happen on a loaded machine, never up to it), and the group still commits on every
@@ -829,4 +845,84 @@ async fn plaintext_raft_off_loopback_is_refused_at_start() {
         e.contains("authority.raft") && e.contains("[authority.tls]"),
         "{e}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_decided_by_a_follower_is_in_the_replicated_audit_log() {
+    // Goal: a follower answers reads itself, so it decides their refusals too; it cannot
+    // commit the audit record, so it forwards it to the leader over the Raft listener (as
+    // itself, over the members' mutual TLS), and every member's log then holds it.
+    waymark_certs::install_crypto_provider();
+    let pki = Pki::new(TD);
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = Vec::new();
+    for id in 1..=3 {
+        members.push(
+            Authority::start(tls_member(&pki, dir.path(), id))
+                .await
+                .unwrap(),
+        );
+    }
+    let voters: BTreeMap<u64, _> = (1..=3).zip(members.iter().map(Authority::member)).collect();
+    for m in &members {
+        m.bootstrap(voters.clone()).await.unwrap();
+    }
+    commit_everywhere(&members, "pay").await;
+    let leader = agreed_leader(&members).await;
+    let nobody = waymark_agent::authority::credentials::token_with(
+        leader.raft(),
+        "nobody",
+        &[],
+        Duration::from_secs(3_600),
+    )
+    .await
+    .unwrap();
+    let auditor = waymark_agent::authority::credentials::token_with(
+        leader.raft(),
+        "auditor",
+        &[waymark_registry::acl::Capability::Read],
+        Duration::from_secs(3_600),
+    )
+    .await
+    .unwrap();
+    // Both tokens are replicated before the follower is asked.
+    commit_everywhere(&members, "checkout").await;
+    let follower = members.iter().find(|m| !m.raft().is_leader()).unwrap();
+    let refused = follower
+        .api_client(Some(nobody))
+        .send(Method::GET, "/v1/services", None)
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 403, "{refused:?}");
+
+    // On every member, including the leader that never saw the request.
+    for m in &members {
+        let audit = m.api_client(Some(auditor.clone()));
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let r = audit
+                .send(
+                    Method::GET,
+                    "/v1/audit?kind=denial&actor=token/nobody",
+                    None,
+                )
+                .await
+                .unwrap();
+            let text = String::from_utf8_lossy(&r.body).into_owned();
+            if let Some(line) = text.lines().next() {
+                let record: Value = serde_json::from_str(line).unwrap();
+                assert!(record.to_string().contains("GET /v1/services"), "{record}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "member {} has no record of the refusal",
+                m.http_addr()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for m in members {
+        m.shutdown().await;
+    }
 }

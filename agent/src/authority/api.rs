@@ -597,9 +597,10 @@ impl ApiState {
                 .unwrap_or_else(PoisonError::into_inner)
                 .take_records(now_ms());
             let count = entries.len();
-            // On a follower the write is refused: the refusals stay in its log and metrics.
-            if let Err(error) = raft.write(Request::Audit { entries }).await {
-                tracing::warn!(%error, records = count, "authorisation refusals not audited");
+            // A follower forwards them to the leader; if that fails too, the refusals
+            // stay in this member's log and metrics.
+            if let Err(error) = raft.forward_audit(entries).await {
+                tracing::warn!(error = %format!("{error:#}"), records = count, "authorisation refusals not audited");
             }
         });
     }

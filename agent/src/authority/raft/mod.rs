@@ -47,7 +47,7 @@ use self::store::Shared;
 pub use self::store::{
     AppliedEntry, ApplyFailure, DB_FILE, LogStore, StateEvent, StateMachineStore, StoreError,
 };
-use crate::authority::machine::{AuthorityState, Request, Response};
+use crate::authority::machine::{AuditEntry, AuthorityState, Request, Response};
 
 /// Capacity of the [`StateEvent`] channel; a subscriber further behind resyncs.
 pub const EVENTS_CAPACITY: usize = 4096;
@@ -57,6 +57,8 @@ pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 pub const SHUTDOWN_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Size of one snapshot chunk on the wire.
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 4 * 1024 * 1024;
+/// How long forwarding one batch of audit records to the leader may take.
+pub const AUDIT_FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 
 openraft::declare_raft_types!(
     /// openraft's type configuration for the authority.
@@ -263,6 +265,8 @@ pub struct RaftNode {
     raft: Raft<TypeConfig>,
     shared: Shared,
     events: broadcast::Sender<StateEvent>,
+    /// How this member calls its peers' Raft listeners (for [`RaftNode::forward_audit`]).
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Debug for RaftNode {
@@ -331,6 +335,7 @@ impl RaftNode {
             raft,
             shared,
             events,
+            tls: config.tls.clone(),
         })
     }
 
@@ -428,6 +433,47 @@ impl RaftNode {
             }
             Err(OpenraftError::Fatal(e)) => Err(e.into()),
         }
+    }
+
+    /// Audit records this member decided but cannot commit: written here when it leads,
+    /// otherwise sent to the leader's Raft listener (as this member, over the Raft TLS) for
+    /// it to commit. A refusal decided by a follower is audited like one by the leader.
+    pub async fn forward_audit(&self, entries: Vec<AuditEntry>) -> anyhow::Result<()> {
+        let leader = match self
+            .write(Request::Audit {
+                entries: entries.clone(),
+            })
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(WriteError::NotLeader {
+                leader: Some((_, leader)),
+            }) => leader,
+            Err(WriteError::NotLeader { leader: None }) => {
+                anyhow::bail!("no leader to forward the audit records to")
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for batch in entries.chunks(network::AUDIT_FORWARD_RECORDS_MAX) {
+            let mut client = crate::cli::http::ApiClient::new(&leader.raft_addr, None)
+                .with_timeout(AUDIT_FORWARD_TIMEOUT);
+            if let Some(tls) = &self.tls {
+                client = client.with_tls(Arc::clone(tls));
+            }
+            let body = serde_json::to_value(network::AuditForward {
+                from: self.id,
+                entries: batch.to_vec(),
+            })?;
+            let answer = client
+                .send(http::Method::POST, network::AUDIT_PATH, Some(&body))
+                .await?;
+            anyhow::ensure!(
+                answer.status.is_success(),
+                "the leader refused the audit records: {}",
+                String::from_utf8_lossy(&answer.body)
+            );
+        }
+        Ok(())
     }
 
     /// The replicated state, as applied on this member. Hold the lock briefly: the

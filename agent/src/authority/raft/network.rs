@@ -67,6 +67,13 @@ pub const APPEND_PATH: &str = "/raft/append";
 pub const VOTE_PATH: &str = "/raft/vote";
 /// Path of the InstallSnapshot RPC (one chunk per request).
 pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
+/// Audit records a follower forwards to the leader (refusals it decided): only the leader
+/// can commit them.
+pub(super) const AUDIT_PATH: &str = "/raft/audit";
+/// Most records in one forwarded batch.
+pub(super) const AUDIT_FORWARD_RECORDS_MAX: usize = 256;
+/// Largest forwarded batch.
+pub(super) const AUDIT_FORWARD_BODY_LIMIT_BYTES: usize = 256 * 1024;
 /// Largest accepted AppendEntries or InstallSnapshot body. Snapshot chunks (4 MiB, JSON
 /// encoded at up to four bytes per byte) and a batch of `Publish` entries fit well below.
 pub const BODY_LIMIT_BYTES: usize = 64 * 1024 * 1024;
@@ -111,6 +118,10 @@ pub(super) fn router(raft: Raft<TypeConfig>, senders: Senders, metrics: RaftRpcM
             post(vote).layer(DefaultBodyLimit::max(VOTE_BODY_LIMIT_BYTES)),
         )
         .route(SNAPSHOT_PATH, gated(post(snapshot), &large))
+        .route(
+            AUDIT_PATH,
+            post(audit).layer(DefaultBodyLimit::max(AUDIT_FORWARD_BODY_LIMIT_BYTES)),
+        )
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .with_state(RpcState {
             raft,
@@ -218,6 +229,57 @@ async fn snapshot(
         return refused;
     }
     Json(s.raft.install_snapshot(rpc).await).into_response()
+}
+
+/// A follower's audit records, for the leader to commit.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub(super) struct AuditForward {
+    /// The forwarding member: its certificate must name it.
+    pub from: NodeId,
+    /// At most [`AUDIT_FORWARD_RECORDS_MAX`].
+    pub entries: Vec<crate::authority::machine::AuditEntry>,
+}
+
+async fn audit(
+    State(s): State<RpcState>,
+    peer: Option<Extension<PeerInfo>>,
+    Json(forward): Json<AuditForward>,
+) -> Response {
+    let peer = peer.as_ref().map(|Extension(p)| p);
+    if let Some(refused) = s.refusal(peer, Some(forward.from), AUDIT_PATH) {
+        return refused;
+    }
+    let refuse = |status: StatusCode, reason: &str, message: String| {
+        let body =
+            serde_json::json!({"error": {"reason": reason, "field": null, "message": message}});
+        (status, Json(body)).into_response()
+    };
+    let count = forward.entries.len();
+    if count > AUDIT_FORWARD_RECORDS_MAX {
+        return refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_many_records",
+            format!("{count} records; at most {AUDIT_FORWARD_RECORDS_MAX} per batch"),
+        );
+    }
+    let request = crate::authority::machine::Request::Audit {
+        entries: forward.entries,
+    };
+    match s.raft.client_write(request).await {
+        Ok(_) => {
+            tracing::info!(
+                from = forward.from,
+                records = count,
+                "forwarded audit records committed"
+            );
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_committed",
+            format!("not committed here: {e}"),
+        ),
+    }
 }
 
 // === impl HttpNetworkFactory ===
