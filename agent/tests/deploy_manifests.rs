@@ -4,9 +4,9 @@
 //! - every manifest validates offline against the API schemas of Kubernetes 1.32 (the oldest
 //!   release they support: the pod-index label is GA there) and 1.37 (`kubernetes-validate
 //!   --strict`);
-//! - the kustomization lists every manifest, its Secrets come from exactly the files the
-//!   README's steps make with `waymark certs`, and it renders (`kubectl kustomize`, where
-//!   kubectl is installed) into manifests that validate too;
+//! - the kustomization lists every manifest, the steps its header documents (run as written,
+//!   with this build as `waymark`) make every file its Secrets come from, and it renders
+//!   (`kubectl kustomize`, where kubectl is installed) into manifests that validate too;
 //! - the configuration each ConfigMap carries, read with the environment its pods get
 //!   (downward API, Secrets, `$(VAR)`), is accepted by `waymark … --print-config`, and says
 //!   what the workload around it assumes: member ids and addresses from the StatefulSet's pod
@@ -15,24 +15,35 @@
 //! - probes, RBAC and the node-local Service are what the README promises; the members'
 //!   Raft port is published to and reachable from the other members only; the example
 //!   sidecar carries deploy/envoy's files unchanged;
+//! - the API is TLS: the probes speak HTTPS, the CLI in a member's pod trusts the member's
+//!   bundle, each member's certificate (as those steps issue it) passes a name-checking
+//!   client for its pod's and the Service's names, the example Prometheus job dials exactly
+//!   those names with a token, and the management token is a Secret mounted where
+//!   `[authority.acl]` reads it;
 //! - the systemd units pass `systemd-analyze verify` (where systemd is installed; the test
 //!   says when it is not) and agree with the example configurations.
 //!
 //! YAML is read with the venv's PyYAML (the crate has no YAML parser of its own); without
-//! the venv the tests fail with the command that makes it.
+//! the venv the tests fail with the command that makes it. The documented steps need bash
+//! and openssl, as they do for an operator.
 // Helpers outside #[test] fns panic on purpose: a panic is how a test reports.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Probe, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::ServerCertVerifier as _;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use waymark_certs::error::PemPart;
+use waymark_certs::material::{parse_certs, root_store};
 
 const WAYMARK: &str = env!("CARGO_BIN_EXE_waymark");
 /// The Kubernetes releases every manifest is validated against.
@@ -177,6 +188,16 @@ impl Manifests {
             .iter()
             .map(|(_, d)| d)
             .filter(|d| d["kind"] == kind)
+            .collect()
+    }
+
+    /// The documents of `kind` that the kustomization applies (examples/ aside).
+    fn deployed(&self, kind: &str) -> Vec<&Value> {
+        let dir = kubernetes_dir();
+        self.docs
+            .iter()
+            .filter(|(path, d)| path.parent() == Some(dir.as_path()) && d["kind"] == kind)
+            .map(|(_, d)| d)
             .collect()
     }
 
@@ -393,6 +414,178 @@ fn secret_generator() -> BTreeMap<String, BTreeMap<String, String>> {
         .collect()
 }
 
+/// Authority pod `i`'s address in the samples.
+fn authority_pod_ip(i: i32) -> String {
+    format!("10.1.0.{}", 10 + i)
+}
+
+/// The environment of authority pod `i`'s container `c`, as the kubelet would give it.
+fn authority_pod_env(c: &Container, i: i32) -> Vec<(String, String)> {
+    let facts = BTreeMap::from([
+        ("metadata.name", format!("waymark-authority-{i}")),
+        ("metadata.namespace", NAMESPACE.to_owned()),
+        ("status.podIP", authority_pod_ip(i)),
+        (
+            "metadata.labels['apps.kubernetes.io/pod-index']",
+            i.to_string(),
+        ),
+    ]);
+    let secrets = BTreeMap::from([(("waymark-gossip", "keys"), GOSSIP_KEYS_FILE)]);
+    pod_env(c, &facts, &secrets)
+}
+
+/// The configuration authority pod `i` runs with, as the member prints it.
+fn authority_config(m: &Manifests, i: i32) -> toml::Table {
+    let pod = pod_spec_of_statefulset(&m.authority());
+    let c = only_container(&pod);
+    let (_, text) = config_file(m, &pod, c);
+    print_config("authority", &text, &authority_pod_env(c, i))
+}
+
+fn env_value<'a>(env: &'a [(String, String)], name: &str) -> &'a str {
+    env.iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("no {name} in the container's environment"))
+}
+
+/// A file of a Secret volume, as a container sees it.
+struct SecretFile {
+    secret: String,
+    key: String,
+    /// The file's mode (the volume's `defaultMode`, 0644 when unset).
+    mode: i32,
+}
+
+/// The Secret key behind `path` in `c` (which must lie in a mounted Secret volume).
+fn secret_file(pod: &PodSpec, c: &Container, path: &str) -> SecretFile {
+    let mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|v| path.starts_with(&format!("{}/", v.mount_path)))
+        .unwrap_or_else(|| panic!("{path} is not inside a volume {} mounts", c.name));
+    let file = &path[mount.mount_path.len() + 1..];
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    let secret = volume
+        .secret
+        .as_ref()
+        .unwrap_or_else(|| panic!("{path}: volume {} is not a Secret", volume.name));
+    // With `items`, a file is the key its item names; without, each key is a file.
+    let item = secret.items.iter().flatten().find(|i| i.path == file);
+    SecretFile {
+        secret: secret.secret_name.clone().unwrap(),
+        key: item.map_or_else(|| file.to_owned(), |i| i.key.clone()),
+        mode: item
+            .and_then(|i| i.mode)
+            .or(secret.default_mode)
+            .unwrap_or(0o644),
+    }
+}
+
+/// Whether `c`'s process can read a Secret volume's file of `mode`: the kubelet makes it
+/// root's, with `fsGroup` as its group when the pod sets one.
+fn readable_by(pod: &PodSpec, c: &Container, mode: i32) -> bool {
+    let pod_context = pod.security_context.clone().unwrap_or_default();
+    let user = c
+        .security_context
+        .as_ref()
+        .and_then(|s| s.run_as_user)
+        .or(pod_context.run_as_user);
+    mode & 0o004 != 0
+        || (user == Some(0) && mode & 0o400 != 0)
+        || (pod_context.fs_group.is_some() && mode & 0o040 != 0)
+}
+
+/// The source a generated Secret's key comes from, in the kustomization.
+fn generated_source(secret: &str, key: &str) -> String {
+    secret_generator()
+        .get(secret)
+        .and_then(|files| files.get(key))
+        .unwrap_or_else(|| panic!("kustomization.yaml generates no Secret {secret} with key {key}"))
+        .clone()
+}
+
+/// The shell steps the kustomization's header documents: its first block of lines
+/// indented under `#   `.
+fn documented_steps() -> String {
+    let text = std::fs::read_to_string(kubernetes_dir().join("kustomization.yaml")).unwrap();
+    let steps: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("#   "))
+        .take_while(|l| l.starts_with("#   "))
+        .map(|l| &l["#   ".len()..])
+        .collect();
+    assert!(
+        !steps.is_empty(),
+        "kustomization.yaml's header documents no steps"
+    );
+    steps.join("\n")
+}
+
+/// A copy of deploy/kubernetes under `root`, as in the repository, with the documented
+/// steps run in `root` as an operator runs them (this build as `waymark`). Returns the
+/// copy.
+fn documented_copy(root: &Path) -> PathBuf {
+    let copy = root.join("deploy/kubernetes");
+    std::fs::create_dir_all(&copy).unwrap();
+    for f in yaml_files(&kubernetes_dir()) {
+        std::fs::copy(&f, copy.join(f.file_name().unwrap())).unwrap();
+    }
+    let bin = root.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(WAYMARK, bin.join("waymark")).unwrap();
+    let mut path = vec![bin];
+    path.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    let steps = documented_steps();
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &steps])
+        .current_dir(root)
+        .env("PATH", std::env::join_paths(path).unwrap())
+        .output()
+        .unwrap_or_else(|e| panic!("bash does not run: {e}"));
+    assert!(
+        out.status.success(),
+        "kustomization.yaml's steps fail (they need bash and openssl):\n{steps}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    copy
+}
+
+/// A TLS client that checks the server by name against `bundle`, as curl and Prometheus do.
+fn name_checking_verifier(bundle: &Path) -> Arc<WebPkiServerVerifier> {
+    let pem = std::fs::read(bundle).unwrap();
+    let roots = root_store(&parse_certs(&pem, PemPart::Bundle).unwrap()).unwrap();
+    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), waymark_certs::provider())
+        .build()
+        .unwrap()
+}
+
+/// `verifier`'s verdict on the chain in `fullchain` (leaf first) presented for `name`.
+fn verify(
+    verifier: &WebPkiServerVerifier,
+    fullchain: &[CertificateDer<'static>],
+    name: &str,
+) -> Result<(), rustls::Error> {
+    let server = ServerName::try_from(name.to_owned()).unwrap();
+    verifier
+        .verify_server_cert(
+            &fullchain[0],
+            &fullchain[1..],
+            &server,
+            &[],
+            UnixTime::now(),
+        )
+        .map(|_| ())
+}
+
 // === the tests ===
 
 #[test]
@@ -440,21 +633,10 @@ fn the_kustomization_lists_every_manifest_and_renders_with_material_from_waymark
         "kustomization.yaml resources vs the manifests on disk"
     );
 
-    // The README's steps, in a copy of the folder: they must make every file the Secrets
+    // The documented steps, in a copy of the folder: they must make every file the Secrets
     // are generated from, and nothing may be left to invent.
     let tmp = tempfile::tempdir().unwrap();
-    let copy = tmp.path().join("kubernetes");
-    std::fs::create_dir_all(&copy).unwrap();
-    for f in yaml_files(&dir) {
-        std::fs::copy(&f, copy.join(f.file_name().unwrap())).unwrap();
-    }
-    let replicas = Manifests::load()
-        .authority()
-        .spec
-        .unwrap()
-        .replicas
-        .unwrap();
-    make_pki(&tmp.path().join("ca"), &copy.join("pki"), replicas);
+    let copy = documented_copy(tmp.path());
     for (secret, files) in secret_generator() {
         for (key, source) in files {
             assert!(
@@ -487,14 +669,15 @@ fn the_kustomization_lists_every_manifest_and_renders_with_material_from_waymark
     let rendered = tmp.path().join("rendered.yaml");
     std::fs::write(&rendered, &out.stdout).unwrap();
     let docs = read_yaml_one(&rendered);
-    let secrets: BTreeSet<&str> = docs
+    let secrets: BTreeSet<String> = docs
         .iter()
         .filter(|d| d["kind"] == "Secret")
-        .map(|d| d["metadata"]["name"].as_str().unwrap())
+        .map(|d| d["metadata"]["name"].as_str().unwrap().to_owned())
         .collect();
+    let generated: BTreeSet<String> = secret_generator().into_keys().collect();
     assert_eq!(
-        secrets,
-        BTreeSet::from(["waymark-authority-tls", "waymark-gossip"])
+        secrets, generated,
+        "the rendered Secrets are the generated ones"
     );
     for version in KUBERNETES_VERSIONS {
         let v = Command::new(kubernetes_validate())
@@ -509,45 +692,6 @@ fn the_kustomization_lists_every_manifest_and_renders_with_material_from_waymark
             String::from_utf8_lossy(&v.stderr)
         );
     }
-}
-
-/// What the README tells an operator to run: a CA, one certificate per authority member,
-/// the bundle, the gossip key, all under `pki`.
-fn make_pki(ca: &Path, pki: &Path, members: i32) {
-    let run = |args: &[&str]| {
-        let out = Command::new(WAYMARK).args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "waymark {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let ca_dir = ca.to_str().unwrap();
-    run(&[
-        "certs",
-        "init",
-        "--dir",
-        ca_dir,
-        "--trust-domain",
-        "mesh.example.org",
-        "--region",
-        "eu-west-1",
-    ]);
-    for i in 0..members {
-        let out = pki.join(format!("authority-{i}"));
-        run(&[
-            "certs",
-            "issue",
-            "--dir",
-            ca_dir,
-            "--identity",
-            &format!("spiffe://mesh.example.org/region/eu-west-1/authority/{i}"),
-            "--out",
-            out.to_str().unwrap(),
-        ]);
-    }
-    std::fs::copy(ca.join("bundle.pem"), pki.join("bundle.pem")).unwrap();
-    std::fs::write(pki.join("gossip-keys"), GOSSIP_KEYS_FILE).unwrap();
 }
 
 #[test]
@@ -593,21 +737,10 @@ fn each_authority_pod_gets_its_own_member_id_addresses_and_certificate() {
         .cloned()
         .collect();
     let zones: BTreeSet<String> = m.agent_daemonsets().iter().map(daemonset_zone).collect();
-    let secrets = BTreeMap::from([(("waymark-gossip", "keys"), GOSSIP_KEYS_FILE)]);
 
     for i in 0..replicas {
-        let pod_ip = format!("10.1.0.{}", 10 + i);
-        let facts = BTreeMap::from([
-            ("metadata.name", format!("waymark-authority-{i}")),
-            ("metadata.namespace", NAMESPACE.to_owned()),
-            ("status.podIP", pod_ip.clone()),
-            (
-                "metadata.labels['apps.kubernetes.io/pod-index']",
-                i.to_string(),
-            ),
-        ]);
-        let env = pod_env(c, &facts, &secrets);
-        let printed = print_config("authority", &text, &env);
+        let pod_ip = authority_pod_ip(i);
+        let printed = print_config("authority", &text, &authority_pod_env(c, i));
         let a = printed["authority"].as_table().unwrap();
         assert_eq!(
             a["id"].as_integer(),
@@ -713,7 +846,7 @@ fn raft_is_published_to_the_members_and_reachable_only_from_them() {
     );
     assert_eq!(raft.protocol.as_deref(), Some("TCP"));
 
-    let policies = m.all("NetworkPolicy");
+    let policies = m.deployed("NetworkPolicy");
     assert_eq!(policies.len(), 1, "one NetworkPolicy");
     let rules = policies[0]["spec"]["ingress"].as_array().unwrap();
     let ports_of = |rule: &Value| -> BTreeSet<String> {
@@ -880,21 +1013,240 @@ fn probes_follow_the_liveness_readiness_split() {
             "start-up waits on liveness, never on the authority"
         );
     }
-    // The authority: the same split, member-local (no peer, leader or quorum asked).
+    // The authority: the same split, member-local (no peer, leader or quorum asked), on
+    // the API's port, which a member with [authority.tls] serves over TLS only.
     let sts = m.authority();
     let pod = pod_spec_of_statefulset(&sts);
     let c = only_container(&pod);
+    let printed = authority_config(&m, 0);
+    let api_port = str_at(&printed, "authority.http")
+        .rsplit_once(':')
+        .unwrap()
+        .1;
+    let tls = printed["authority"].get("tls").is_some();
     for (probe, what, expected) in [
         (&c.liveness_probe, "authority liveness", "/livez"),
         (&c.readiness_probe, "authority readiness", "/readyz"),
         (&c.startup_probe, "authority startup", "/livez"),
     ] {
-        let (path, port_name, _) = http_probe(probe, what);
+        let (path, port_name, p) = http_probe(probe, what);
         assert_eq!(
             (path.as_str(), port_name.as_str()),
             (expected, "http"),
             "{what}"
         );
+        assert_eq!(
+            port(c, &port_name).to_string(),
+            api_port,
+            "{what}: the API's port"
+        );
+        let scheme = p
+            .http_get
+            .unwrap()
+            .scheme
+            .unwrap_or_else(|| "HTTP".to_owned());
+        assert_eq!(
+            scheme,
+            if tls { "HTTPS" } else { "HTTP" },
+            "{what}: the API is TLS exactly when the member has [authority.tls]"
+        );
+    }
+}
+
+#[test]
+fn the_management_token_is_a_secret_mounted_where_the_configuration_reads_it() {
+    // Goal: the file `[authority.acl] initial_management_token_file` names is a key of a
+    // generated Secret, mounted in the member's container and readable by its user, and the
+    // documented steps make it a token the member accepts.
+    let m = Manifests::load();
+    let pod = pod_spec_of_statefulset(&m.authority());
+    let c = only_container(&pod);
+    let printed = authority_config(&m, 0);
+    let path = str_at(&printed, "authority.acl.initial_management_token_file");
+    let file = secret_file(&pod, c, path);
+    assert!(
+        readable_by(&pod, c, file.mode),
+        "{path}: mode {:o} is not readable by the member's user",
+        file.mode
+    );
+    for field in ["cert_chain", "key", "bundle"] {
+        let tls = secret_file(&pod, c, str_at(&printed, &format!("authority.tls.{field}")));
+        assert!(readable_by(&pod, c, tls.mode), "authority.tls.{field}");
+    }
+    let source = generated_source(&file.secret, &file.key);
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = documented_copy(tmp.path());
+    let token = std::fs::read_to_string(copy.join(&source)).unwrap();
+    let (name, _) = waymark_registry::acl::parse_bearer(token.trim())
+        .unwrap_or_else(|| panic!("{source} is not a wmt.<name>.<secret> token"));
+    assert_eq!(
+        name, "management",
+        "the operator the region is bootstrapped for"
+    );
+}
+
+#[test]
+fn the_cli_in_a_member_pod_speaks_tls_to_its_own_member() {
+    // Goal: `kubectl exec … waymark …` reaches the pod's own API over TLS, checking it
+    // against the bundle the member itself trusts.
+    let m = Manifests::load();
+    let pod = pod_spec_of_statefulset(&m.authority());
+    let c = only_container(&pod);
+    for i in 0..m.authority().spec.unwrap().replicas.unwrap() {
+        let env = authority_pod_env(c, i);
+        let printed = authority_config(&m, i);
+        assert!(
+            printed["authority"].get("tls").is_some(),
+            "the pods' API is TLS"
+        );
+        assert_eq!(
+            env_value(&env, "WAYMARK_API"),
+            format!("https://127.0.0.1:{}", port(c, "http"))
+        );
+        let listen = str_at(&printed, "authority.http");
+        assert!(
+            listen.starts_with("0.0.0.0:") || listen.starts_with("127.0.0.1:"),
+            "{listen} does not answer on the pod's loopback"
+        );
+        assert_eq!(
+            env_value(&env, "WAYMARK_CA_BUNDLE"),
+            str_at(&printed, "authority.tls.bundle")
+        );
+    }
+}
+
+#[test]
+fn each_member_certificate_answers_to_its_pod_and_service_names() {
+    // Goal: curl and Prometheus, which check the name they dial, accept each member's
+    // certificate as the documented steps issue it under its pod's stable name and the
+    // Service's, and refuse it under another member's.
+    let m = Manifests::load();
+    let sts = m.authority();
+    let pod = pod_spec_of_statefulset(&sts);
+    let c = only_container(&pod);
+    let replicas = sts.spec.clone().unwrap().replicas.unwrap();
+    let service = sts.spec.clone().unwrap().service_name.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = documented_copy(tmp.path());
+    // The file behind a path of the container, as the documented steps made it.
+    let made = |path: &str| {
+        let file = secret_file(&pod, c, path);
+        copy.join(generated_source(&file.secret, &file.key))
+    };
+    for i in 0..replicas {
+        let printed = authority_config(&m, i);
+        let verifier = name_checking_verifier(&made(str_at(&printed, "authority.tls.bundle")));
+        let chain_pem = std::fs::read(made(str_at(&printed, "authority.tls.cert_chain"))).unwrap();
+        let chain = parse_certs(&chain_pem, PemPart::Certificate).unwrap();
+        for name in [
+            member_host(&sts, i),
+            format!("{service}.{NAMESPACE}.svc.cluster.local"),
+            format!("{service}.{NAMESPACE}.svc"),
+        ] {
+            if let Err(e) = verify(&verifier, &chain, &name) {
+                panic!("member {i}'s certificate does not answer to {name}: {e}");
+            }
+        }
+        let other = member_host(&sts, (i + 1) % replicas);
+        assert!(
+            verify(&verifier, &chain, &other).is_err(),
+            "member {i}'s certificate answers to {other} too"
+        );
+    }
+}
+
+#[test]
+fn the_example_prometheus_job_scrapes_every_member_over_tls_with_a_token() {
+    // Goal: the example job dials each member's API by a name its certificate carries,
+    // over TLS checked against a CA file, with a bearer token from a file; and its
+    // NetworkPolicy opens the API port to Prometheus and nothing else.
+    let m = Manifests::load();
+    let sts = m.authority();
+    let pod = pod_spec_of_statefulset(&sts);
+    let c = only_container(&pod);
+    let replicas = sts.spec.clone().unwrap().replicas.unwrap();
+    let cm: ConfigMap = m.get("ConfigMap", "waymark-scrape");
+    let namespace = cm.metadata.namespace.clone().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let jobs: Vec<Value> = cm
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|(key, text)| {
+            let file = tmp.path().join(key);
+            std::fs::write(&file, text).unwrap();
+            read_yaml_one(&file)
+        })
+        .flat_map(|d| d["scrape_configs"].as_array().cloned().unwrap_or_default())
+        .collect();
+    let job = jobs
+        .iter()
+        .find(|j| j["job_name"] == "waymark-authority")
+        .expect("a waymark-authority scrape job");
+    assert_eq!(job["scheme"], "https", "the API is TLS");
+    assert!(job["metrics_path"].is_null() || job["metrics_path"] == "/metrics");
+    let auth = &job["authorization"];
+    assert!(auth["type"].is_null() || auth["type"] == "Bearer", "{auth}");
+    assert!(
+        auth["credentials_file"]
+            .as_str()
+            .is_some_and(|f| !f.is_empty())
+            && auth["credentials"].is_null(),
+        "the token comes from a file, never from the ConfigMap: {auth}"
+    );
+    let tls = &job["tls_config"];
+    assert!(
+        tls["ca_file"].as_str().is_some_and(|f| !f.is_empty()),
+        "{tls}"
+    );
+    assert!(
+        tls["insecure_skip_verify"] != true && tls["server_name"].is_null(),
+        "the name checked is the one dialled: {tls}"
+    );
+    let targets: BTreeSet<String> = job["static_configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| t.as_str().unwrap().to_owned())
+        .collect();
+    let members: BTreeSet<String> = (0..replicas)
+        .map(|i| format!("{}:{}", member_host(&sts, i), port(c, "http")))
+        .collect();
+    assert_eq!(
+        targets, members,
+        "every member's API, by its pod's stable name"
+    );
+
+    let policy = m
+        .all("NetworkPolicy")
+        .into_iter()
+        .find(|p| p["metadata"]["name"] == "waymark-authority-prometheus")
+        .expect("the example's NetworkPolicy");
+    let pod_labels = sts.spec.unwrap().template.metadata.unwrap().labels.unwrap();
+    let selector = policy["spec"]["podSelector"]["matchLabels"]
+        .as_object()
+        .unwrap();
+    assert!(
+        !selector.is_empty()
+            && selector
+                .iter()
+                .all(|(k, v)| pod_labels.get(k).is_some_and(|l| v == l)),
+        "the policy selects the authority pods"
+    );
+    for rule in policy["spec"]["ingress"].as_array().unwrap() {
+        assert_eq!(
+            rule["ports"],
+            serde_json::json!([{"port": "http", "protocol": "TCP"}]),
+            "the API port only"
+        );
+        for from in rule["from"].as_array().unwrap() {
+            assert_eq!(
+                from["namespaceSelector"]["matchLabels"],
+                serde_json::json!({"kubernetes.io/metadata.name": namespace}),
+                "from the scrape job's namespace"
+            );
+        }
     }
 }
 
@@ -1076,6 +1428,51 @@ fn unit_setting<'a>(settings: &'a [(String, String)], key: &str) -> Option<&'a s
 }
 
 #[test]
+fn the_example_agent_registers_through_the_example_members_as_its_node() {
+    // Goal: deploy/agent/agent.toml calls every member of deploy/authority/authority.toml
+    // over TLS (its node certificate is the principal), and its service definitions name
+    // the node's own address, the only one the authority admits a node's registrations at.
+    let read = |file: &str| -> toml::Table {
+        toml::from_str(&std::fs::read_to_string(root().join(file)).unwrap()).unwrap()
+    };
+    let agent = read("deploy/agent/agent.toml");
+    let authority = read("deploy/authority/authority.toml");
+    assert!(
+        authority["authority"].get("tls").is_some(),
+        "the members' API is TLS"
+    );
+    assert!(
+        agent["agent"].get("tls").is_some(),
+        "the agent has a node certificate"
+    );
+    let members: Vec<String> = authority["authority"]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| format!("https://{}", m["addr"].as_str().unwrap()))
+        .collect();
+    assert_eq!(strings(&agent["agent"]["api"]), members);
+
+    let node_ip = str_at(&agent, "agent.gossip.bind")
+        .rsplit_once(':')
+        .unwrap()
+        .0;
+    let services = root().join("deploy/agent/services.d");
+    for entry in std::fs::read_dir(&services).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let definition = read(path.to_str().unwrap());
+            assert_eq!(
+                str_at(&definition, "address"),
+                node_ip,
+                "{}: a node registers only at its own address",
+                path.display()
+            );
+        }
+    }
+}
+
+#[test]
 fn systemd_units_verify_and_agree_with_the_example_configurations() {
     let dir = root().join("deploy/systemd");
     for (unit, role, example) in [
@@ -1118,11 +1515,20 @@ fn systemd_units_verify_and_agree_with_the_example_configurations() {
                 let services = str_at(&example, "agent.services_dir");
                 assert!(services.starts_with("/etc/waymark/"), "{services}");
             }
-            _ => assert_eq!(
-                unit_setting(&s, "ExecReload"),
-                None,
-                "the authority does not handle SIGHUP: a reload would stop it"
-            ),
+            _ => {
+                assert_eq!(
+                    unit_setting(&s, "ExecReload"),
+                    None,
+                    "the authority does not handle SIGHUP: a reload would stop it"
+                );
+                // A member does not start without the file, so the unit's steps install it.
+                let token = str_at(&example, "authority.acl.initial_management_token_file");
+                assert!(
+                    text.lines().any(|l| l.starts_with("#   install ")
+                        && l.trim_end().ends_with(&format!(" {token}"))),
+                    "{unit}'s steps do not install {token}"
+                );
+            }
         }
     }
 
