@@ -448,6 +448,23 @@ async fn run_authority(file: ConfigFile) -> anyhow::Result<()> {
             .ingest_addr()
             .map_or_else(|| "off".to_owned(), |a| a.to_string())
     );
+    #[cfg(unix)]
+    {
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("installing the SIGHUP handler")?;
+        let stop = shutdown_signal();
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => break,
+                _ = hup.recv() => {
+                    tracing::info!("SIGHUP: reloading certificates");
+                    member.reload().await;
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
     shutdown_signal().await;
     tracing::info!("stopping");
     member.shutdown().await;

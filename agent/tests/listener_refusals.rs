@@ -24,6 +24,7 @@ use waymark_agent::cli::http::ApiClient;
 use waymark_agent::node::NodeAgent;
 use waymark_agent::node::config::{AgentConfig, Bounds, Listen, ProbeSection, Tls};
 use waymark_certs::ca::HostSan;
+use waymark_certs::reload::ReloadEvent;
 
 const TD: &str = "waymark.test";
 const WAIT: Duration = Duration::from_secs(30);
@@ -293,4 +294,50 @@ async fn a_node_agents_sidecar_listener_admits_only_its_own_regions_workloads() 
     let series = "waymark_certs_rejected_total{reason=\"wrong_region\",source=\"peer\"}";
     assert_eq!(value(&text, series), 1, "{text}");
     agent.shutdown().await;
+}
+
+/// The serial of the certificate the server at `addr` presents.
+async fn served_serial(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> String {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let leaf = &tls.get_ref().1.peer_certificates().unwrap()[0];
+    waymark_certs::material::cert_info(leaf).unwrap().serial
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reissued_member_certificate_is_served_without_a_restart_and_a_foreign_one_refused() {
+    // Goal: rotating a member's certificate is replacing its files; the next connection
+    // gets the new one. A file naming another member is refused and the old one serves on.
+    waymark_certs::install_crypto_provider();
+    let pki = Pki::new(TD);
+    let dir = tempfile::tempdir().unwrap();
+    let a = authority(&pki, dir.path()).await;
+    let anonymous = tls_client(&pki, None).await;
+    let before = served_serial(a.http_addr(), Arc::clone(&anonymous)).await;
+    // Reissued in place (the same files the member was started with). The file watcher
+    // may apply it before the explicit reload does; either way the next connection has it.
+    let own = pki.issue_with_hosts("region/eu/authority/1", &HostSan::loopback());
+    let event = a.reload().await.expect("a TLS member reloads");
+    assert!(
+        matches!(event, ReloadEvent::Swapped { .. } | ReloadEvent::Unchanged),
+        "{event:?}"
+    );
+    let after = served_serial(a.http_addr(), Arc::clone(&anonymous)).await;
+    assert_ne!(
+        before, after,
+        "the next connection presents the new certificate"
+    );
+    // Another member's certificate in this member's files: refused, the current serves on.
+    let other = pki.issue("region/eu/authority/2");
+    std::fs::copy(&other.key, &own.key).unwrap();
+    std::fs::copy(&other.cert_chain, &own.cert_chain).unwrap();
+    let event = a.reload().await.expect("a TLS member reloads");
+    assert!(matches!(event, ReloadEvent::Rejected { .. }), "{event:?}");
+    let kept = served_serial(a.http_addr(), anonymous).await;
+    assert_eq!(kept, after, "the refused files are not served");
+    a.shutdown().await;
 }

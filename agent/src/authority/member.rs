@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 use waymark_certs::grpc::{self, GrpcLimits, GrpcMetrics, IncomingConfig};
 use waymark_certs::identity::{Identity, IdentityKind, KindSet, Name, TrustDomain};
-use waymark_certs::reload::{MaterialPaths, load_material};
+use waymark_certs::reload::{MaterialPaths, ReloadEvent, Reloader, WatchHandle, load_material};
 use waymark_certs::tls::{
     ALPN_H2, LiveMaterial, anonymous_client_config, client_config, server_config,
     server_config_client_optional,
@@ -172,6 +172,8 @@ pub struct Authority {
     federation: Option<Arc<FederationNode>>,
     /// See [`Authority::api_client`].
     api_client: Option<Arc<rustls::ClientConfig>>,
+    reloader: Option<Arc<Reloader>>,
+    _cert_watch: Option<WatchHandle>,
 }
 
 impl std::fmt::Debug for Authority {
@@ -422,7 +424,20 @@ impl Authority {
             http_metrics,
         )));
         info!(id = config.id, %http, raft = %raft_addr, tls = tls.is_some(), %xds, ingest = ?ingest, "authority member serving");
+        let reloader = tls.as_ref().map(|t| Arc::clone(&t.reloader));
+        let cert_watch = match &reloader {
+            Some(r) => match r.watch() {
+                Ok(w) => Some(w),
+                Err(error) => {
+                    warn!(%error, "cannot watch certificate files; reload on SIGHUP only");
+                    None
+                }
+            },
+            None => None,
+        };
         Ok(Self {
+            reloader,
+            _cert_watch: cert_watch,
             api_client: tls.as_ref().map(|t| Arc::clone(&t.api_client)),
             id: config.id,
             raft,
@@ -461,6 +476,14 @@ impl Authority {
     /// The evidence hub (the dev region feeds it in process).
     pub fn hub(&self) -> &EvidenceHub {
         &self.hub
+    }
+
+    /// SIGHUP: re-read the certificate files now. A certificate that fails its checks
+    /// changes nothing; the event says what happened.
+    pub async fn reload(&self) -> Option<ReloadEvent> {
+        let event = self.reloader.as_ref()?.reload_now().await;
+        info!(?event, "certificates reloaded");
+        Some(event)
     }
 
     /// The HTTP API's address.
@@ -704,6 +727,8 @@ struct MemberTls {
     api_client: Arc<rustls::ClientConfig>,
     /// The certificate itself (federation builds its own configs over it).
     live: Arc<LiveMaterial>,
+    /// Re-reads the certificate files into `live` when they change (and on SIGHUP).
+    reloader: Arc<Reloader>,
 }
 
 /// Loads this member's certificate, checks it names this member, and builds its configs.
@@ -722,6 +747,8 @@ async fn tls_configs(
         .context("loading this member's certificate")?;
     let region = own_region(&material.identity, config)?;
     let live = LiveMaterial::new(material);
+    // A reissued certificate must name the same identity (so the same member and region).
+    let reloader = Reloader::new(t.paths.clone(), Arc::clone(&live), own, metrics.clone());
     // Only this region's node agents and workloads: a node of another region reads its
     // own region's views, and this region's others only through tier 2.
     let peers = PeerPolicy {
@@ -757,6 +784,7 @@ async fn tls_configs(
         raft_client: Arc::new(raft_client),
         api_client: Arc::new(api_client),
         live,
+        reloader,
     })
 }
 
