@@ -341,3 +341,53 @@ async fn a_reissued_member_certificate_is_served_without_a_restart_and_a_foreign
     assert_eq!(kept, after, "the refused files are not served");
     a.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_certificate_bootstraps_a_new_region_once_through_the_cli() {
+    // Goal: `waymark acl bootstrap` with an operator's certificate (from the estate root)
+    // is how a region started without a management token gets its first grant; the CLI
+    // then works as that operator, and nobody bootstraps twice.
+    waymark_certs::install_crypto_provider();
+    let pki = Pki::new(TD);
+    let dir = tempfile::tempdir().unwrap();
+    let a = authority(&pki, dir.path()).await;
+    let root = pki.issue("operator/root");
+    let mallory = pki.issue("operator/mallory");
+    let cli = |who: &waymark_certs::reload::MaterialPaths, args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_waymark"))
+            .args(args)
+            .arg("--api")
+            .arg(format!("https://{}", a.http_addr()))
+            .arg("--ca-bundle")
+            .arg(&who.bundle)
+            .arg("--cert")
+            .arg(&who.cert_chain)
+            .arg("--key")
+            .arg(&who.key)
+            .env_remove("WAYMARK_TOKEN")
+            .env_remove("WAYMARK_TOKEN_FILE")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    // Before bootstrap even the operator is refused: no grant exists.
+    let (ok, text) = cli(&root, &["services"]);
+    assert!(!ok && text.contains("403"), "{text}");
+    let (ok, text) = cli(&root, &["acl", "bootstrap"]);
+    assert!(ok, "{text}");
+    let (ok, text) = cli(&root, &["acl", "whoami"]);
+    assert!(ok && text.contains("operator/root"), "{text}");
+    let (ok, text) = cli(&root, &["services"]);
+    assert!(ok, "{text}");
+    // A second bootstrap, by anyone, is refused and grants nothing.
+    let (ok, text) = cli(&mallory, &["acl", "bootstrap"]);
+    assert!(!ok, "{text}");
+    let (ok, text) = cli(&mallory, &["services"]);
+    assert!(!ok && text.contains("403"), "{text}");
+    a.shutdown().await;
+}
