@@ -448,24 +448,10 @@ async fn run_authority(file: ConfigFile) -> anyhow::Result<()> {
             .ingest_addr()
             .map_or_else(|| "off".to_owned(), |a| a.to_string())
     );
-    #[cfg(unix)]
-    {
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .context("installing the SIGHUP handler")?;
-        let stop = shutdown_signal();
-        tokio::pin!(stop);
-        loop {
-            tokio::select! {
-                () = &mut stop => break,
-                _ = hup.recv() => {
-                    tracing::info!("SIGHUP: reloading certificates");
-                    member.reload().await;
-                }
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    shutdown_signal().await;
+    serve_until_stopped("certificates", async || {
+        member.reload().await;
+    })
+    .await?;
     tracing::info!("stopping");
     member.shutdown().await;
     Ok(())
@@ -481,6 +467,19 @@ async fn run_agent(file: AgentFile) -> anyhow::Result<()> {
         b.http,
         b.gossip.map(|g| format!(" gossip {g}")).unwrap_or_default()
     );
+    serve_until_stopped("service definitions and certificates", async || {
+        if let Err(e) = agent.reload().await {
+            tracing::error!(error = %format!("{e:#}"), "reload refused; nothing changed");
+        }
+    })
+    .await?;
+    tracing::info!("stopping: deregistering, leaving gossip, closing listeners");
+    agent.shutdown().await;
+    Ok(())
+}
+
+/// Runs `reload` on every SIGHUP (naming `what` it reloads) until SIGINT or SIGTERM.
+async fn serve_until_stopped(what: &str, mut reload: impl AsyncFnMut()) -> anyhow::Result<()> {
     #[cfg(unix)]
     {
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
@@ -489,21 +488,20 @@ async fn run_agent(file: AgentFile) -> anyhow::Result<()> {
         tokio::pin!(stop);
         loop {
             tokio::select! {
-                () = &mut stop => break,
+                () = &mut stop => return Ok(()),
                 _ = hup.recv() => {
-                    tracing::info!("SIGHUP: reloading service definitions and certificates");
-                    if let Err(e) = agent.reload().await {
-                        tracing::error!(error = %format!("{e:#}"), "reload refused; nothing changed");
-                    }
+                    tracing::info!("SIGHUP: reloading {what}");
+                    reload().await;
                 }
             }
         }
     }
     #[cfg(not(unix))]
-    shutdown_signal().await;
-    tracing::info!("stopping: deregistering, leaving gossip, closing listeners");
-    agent.shutdown().await;
-    Ok(())
+    {
+        let _ = (what, &mut reload);
+        shutdown_signal().await;
+        Ok(())
+    }
 }
 
 async fn shutdown_signal() {

@@ -527,40 +527,13 @@ static METRICS_TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// The value of the series `series` (name and labels, exactly as exposed) on `a`'s API.
 async fn series(a: &Authority, series: &str) -> u64 {
-    let token = METRICS_TOKEN.get().cloned();
-    let answer = a
-        .api_client(token)
-        .send(Method::GET, "/metrics", None)
-        .await
-        .unwrap();
-    let text = String::from_utf8_lossy(&answer.body).into_owned();
-    assert_eq!(answer.status, 200, "{text}");
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
+    let api = a.api_client(METRICS_TOKEN.get().cloned());
+    common::series_value(&common::metrics_text(&api).await, series)
 }
 
 /// Waits until `series` on `a` reaches `want`.
-async fn counted(a: &Authority, name: &str, want: u64) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = series(a, name).await;
-        if got >= want {
-            assert_eq!(got, want, "{name}");
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} stayed at {got}, not {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+async fn counted(a: &Authority, series: &str, want: u64) {
+    common::counted(&a.api_client(METRICS_TOKEN.get().cloned()), series, want).await;
 }
 
 fn tls_member(pki: &Pki, dir: &Path, id: u64) -> AuthorityConfig {
@@ -583,6 +556,19 @@ fn tls_member(pki: &Pki, dir: &Path, id: u64) -> AuthorityConfig {
         federation: None,
         limits: Default::default(),
     }
+}
+
+/// Three members over mutual TLS, in process, bootstrapped as one group.
+async fn tls_group(pki: &Pki, dir: &Path) -> Vec<Authority> {
+    let mut members = Vec::new();
+    for id in 1..=3 {
+        members.push(Authority::start(tls_member(pki, dir, id)).await.unwrap());
+    }
+    let voters: BTreeMap<u64, _> = (1..=3).zip(members.iter().map(Authority::member)).collect();
+    for m in &members {
+        m.bootstrap(voters.clone()).await.unwrap();
+    }
+    members
 }
 
 /// The leader, once every member names the same one.
@@ -646,18 +632,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     waymark_certs::install_crypto_provider();
     let pki = Pki::new(TD);
     let dir = tempfile::tempdir().unwrap();
-    let mut members = Vec::new();
-    for id in 1..=3 {
-        members.push(
-            Authority::start(tls_member(&pki, dir.path(), id))
-                .await
-                .unwrap(),
-        );
-    }
-    let voters: BTreeMap<u64, _> = (1..=3).zip(members.iter().map(Authority::member)).collect();
-    for m in &members {
-        m.bootstrap(voters.clone()).await.unwrap();
-    }
+    let members = tls_group(&pki, dir.path()).await;
 
     // Elects, and commits a write on every member.
     commit_everywhere(&members, "pay").await;
@@ -855,18 +830,7 @@ async fn a_refusal_decided_by_a_follower_is_in_the_replicated_audit_log() {
     waymark_certs::install_crypto_provider();
     let pki = Pki::new(TD);
     let dir = tempfile::tempdir().unwrap();
-    let mut members = Vec::new();
-    for id in 1..=3 {
-        members.push(
-            Authority::start(tls_member(&pki, dir.path(), id))
-                .await
-                .unwrap(),
-        );
-    }
-    let voters: BTreeMap<u64, _> = (1..=3).zip(members.iter().map(Authority::member)).collect();
-    for m in &members {
-        m.bootstrap(voters.clone()).await.unwrap();
-    }
+    let members = tls_group(&pki, dir.path()).await;
     commit_everywhere(&members, "pay").await;
     let leader = agreed_leader(&members).await;
     let nobody = waymark_agent::authority::credentials::token_with(

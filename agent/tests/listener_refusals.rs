@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::pki::{Pki, pem_of, request, tls_client, tls_client_alpn};
-use http::Method;
 use serde_json::json;
 use tokio::io::AsyncReadExt as _;
 use tokio::net::TcpStream;
@@ -68,43 +67,6 @@ async fn grpc_admits(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> boo
         tokio::time::timeout(WAIT, tls.read(&mut first)).await,
         Ok(Ok(n)) if n > 0
     )
-}
-
-/// The value of `series` (name and labels exactly as exposed) in `text`.
-fn value(text: &str, series: &str) -> u64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
-}
-
-async fn metrics(api: &ApiClient) -> String {
-    let r = api.send(Method::GET, "/metrics", None).await.unwrap();
-    assert!(r.status.is_success(), "{r:?}");
-    String::from_utf8_lossy(&r.body).into_owned()
-}
-
-/// Waits until `series` reaches `want` in what `api` exposes (the refusal is counted as
-/// the handshake task ends, just after the client sees it).
-async fn counted(api: &ApiClient, series: &str, want: u64) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let got = value(&metrics(api).await, series);
-        if got >= want {
-            assert_eq!(got, want, "{series}");
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{series} stayed at {got}, not {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn authority(pki: &Pki, dir: &std::path::Path) -> Authority {
@@ -165,7 +127,7 @@ async fn the_authoritys_api_refuses_strangers_and_principals_without_the_grant()
         let series = format!(
             "waymark_http_tls_handshakes_failed_total{{listener=\"authority\",reason=\"{reason}\"}}"
         );
-        counted(&operator, &series, 1).await;
+        common::counted(&operator, &series, 1).await;
     }
 
     // A verified node agent of this region reads (its region-wide grant) but may not own
@@ -197,7 +159,7 @@ async fn the_authoritys_api_refuses_strangers_and_principals_without_the_grant()
     assert!(body.contains("operator/mallory"), "{body}");
     let services = operator.get_json("/v1/services").await.unwrap();
     assert_eq!(services, json!([]), "nothing was declared");
-    counted(
+    common::counted(
         &operator,
         "waymark_api_refusals_total{reason=\"forbidden\"}",
         2,
@@ -231,7 +193,7 @@ async fn the_authoritys_xds_and_ingest_listeners_admit_only_this_regions_nodes_a
             let series = format!(
                 "waymark_grpc_tls_handshakes_failed_total{{listener=\"{name}\",reason=\"{reason}\"}}"
             );
-            counted(&operator, &series, 1).await;
+            common::counted(&operator, &series, 1).await;
         }
     }
     a.shutdown().await;
@@ -287,12 +249,12 @@ async fn a_node_agents_sidecar_listener_admits_only_its_own_regions_workloads() 
         let series = format!(
             "waymark_grpc_tls_handshakes_failed_total{{listener=\"agent_xds\",reason=\"{reason}\"}}"
         );
-        counted(&local, &series, 1).await;
+        common::counted(&local, &series, 1).await;
     }
     // The verifier counted the certificate refusals too, each under the same reason.
-    let text = metrics(&local).await;
+    let text = common::metrics_text(&local).await;
     let series = "waymark_certs_rejected_total{reason=\"wrong_region\",source=\"peer\"}";
-    assert_eq!(value(&text, series), 1, "{text}");
+    assert_eq!(common::series_value(&text, series), 1, "{text}");
     agent.shutdown().await;
 }
 

@@ -244,8 +244,9 @@ impl RootCa {
         ttl: Duration,
         hosts: &[HostSan],
     ) -> Result<IssuedLeaf, CaError> {
-        let mut spec = self.ca.leaf_spec(&self.trust_domain, identity, now, ttl)?;
-        spec.sans.extend(hosts.iter().map(HostSan::to_leaf));
+        let spec = self
+            .ca
+            .leaf_spec(&self.trust_domain, identity, now, ttl, hosts)?;
         self.issue_unchecked(spec)
     }
 
@@ -308,8 +309,9 @@ impl RegionCa {
         ttl: Duration,
         hosts: &[HostSan],
     ) -> Result<IssuedLeaf, CaError> {
-        let mut spec = self.ca.leaf_spec(&self.trust_domain, identity, now, ttl)?;
-        spec.sans.extend(hosts.iter().map(HostSan::to_leaf));
+        let spec = self
+            .ca
+            .leaf_spec(&self.trust_domain, identity, now, ttl, hosts)?;
         match identity.region() {
             // Peers refuse both (`material::check_issuer_scope`); refusing here says why.
             None => Err(CaError::OperatorNeedsRoot {
@@ -421,14 +423,15 @@ impl CaCert {
         Ok(ca)
     }
 
-    /// The checked spec for a leaf naming `identity`: TTL within bounds, `identity` in
-    /// `trust_domain`, and not outliving this CA.
+    /// The checked spec for a leaf naming `identity` (and `hosts` beside it): TTL within
+    /// bounds, `identity` in `trust_domain`, and not outliving this CA.
     fn leaf_spec(
         &self,
         trust_domain: &TrustDomain,
         identity: &Identity,
         now: SystemTime,
         ttl: Duration,
+        hosts: &[HostSan],
     ) -> Result<LeafSpec, CaError> {
         check_leaf_ttl(ttl)?;
         if identity.trust_domain() != trust_domain {
@@ -443,8 +446,11 @@ impl CaCert {
                 issuer_not_after: self.info.not_after,
             });
         }
+        let identity_san = LeafSan::Uri(identity.to_string());
         Ok(LeafSpec {
-            sans: vec![LeafSan::Uri(identity.to_string())],
+            sans: std::iter::once(identity_san)
+                .chain(hosts.iter().map(HostSan::to_leaf))
+                .collect(),
             not_before: now - CLOCK_SKEW_ALLOWANCE,
             not_after,
         })

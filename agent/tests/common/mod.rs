@@ -117,3 +117,46 @@ pub async fn operator_token(a: &Authority, name: &str) -> String {
     .await
     .unwrap()
 }
+
+/// The value of `series` (name and labels exactly as exposed) in a Prometheus text
+/// exposition; 0 when absent.
+pub fn series_value(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+/// `GET /metrics` through `api`, which must be allowed to read it.
+pub async fn metrics_text(api: &waymark_agent::cli::http::ApiClient) -> String {
+    let r = api
+        .send(http::Method::GET, "/metrics", None)
+        .await
+        .expect("the metrics answer");
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert!(r.status.is_success(), "{}: {text}", r.status);
+    text
+}
+
+/// Waits until `series` read through `api` reaches `want`, and asserts it went no
+/// further (a refusal is counted as the server's task ends, just after the client saw it).
+pub async fn counted(api: &waymark_agent::cli::http::ApiClient, series: &str, want: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = series_value(&metrics_text(api).await, series);
+        if got >= want {
+            assert_eq!(got, want, "{series}");
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{series} stayed at {got}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
