@@ -49,9 +49,10 @@ use waymark_registry::state::{
 };
 use waymark_xds::server::XdsServer;
 
+use super::clock::now_ms;
 use super::federation::FederationNode;
 use super::fields;
-use super::leader::{SharedPipeline, now_ms};
+use super::leader::SharedPipeline;
 use super::machine::{AuditEntry, AuditKind, Refusal, Request, Response as RaftResponse};
 use super::metrics::{AuthorityMetrics, OutcomeLabels, ReasonLabels};
 use super::principal::{Caller, Credential, Denials, principal_of};

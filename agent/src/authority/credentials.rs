@@ -13,7 +13,7 @@ use waymark_registry::acl::{
 use waymark_registry::state::{Command, Stamped};
 
 use super::api::new_secret;
-use super::leader::now_ms;
+use super::clock::now_ms;
 use super::machine::{Request, Response};
 use super::raft::RaftNode;
 

@@ -9,10 +9,10 @@ use tracing::{info, warn};
 use waymark_core::model::{NodeName, ZoneName};
 use waymark_registry::state::{Applied, Command, DesiredState, Stamped};
 
+use super::clock::now_ms;
 use super::kube::diff::{AddressFamily, DiffConfig};
 use super::kube::metrics::KubeMetrics;
 use super::kube::{KubeReconciler, KubeReconcilerConfig, Propose, ProposeError};
-use super::leader::now_ms;
 use super::machine::{Refusal, Request, Response};
 use super::raft::RaftNode;
 

@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{mpsc, watch};
@@ -28,6 +28,7 @@ use waymark_registry::state::{
     Applied, Command, DesiredState, RegionFailoverIntent, RegionFailoverRecord, Stamped,
 };
 
+use super::clock::now_ms;
 use super::evidence::{Denial, EvidenceHub};
 use super::fold::Fold;
 use super::machine::{AuditEntry, AuditKind, AuthorityState, Request, Response, TermVersions};
@@ -58,13 +59,6 @@ const DROPPED_STALE: u64 = u64::MAX;
 /// How often peer regions' aggregates are checked for changes to feed tier 2 (and the
 /// front-door signal for failovers to follow).
 const REMOTE_EVERY: Duration = Duration::from_millis(250);
-
-/// Unix milliseconds now (stamped into commands as data).
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
 
 /// The leader's pipeline, shared with the API for `explain` and counts. `None` when this
 /// member does not lead.

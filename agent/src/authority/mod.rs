@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod authorize;
+pub mod clock;
 pub mod config;
 pub mod credentials;
 pub mod evidence;
