@@ -38,6 +38,10 @@ pub struct Evacuation {
     pub awaiting_completion: bool,
     /// When the next step is due, if one is.
     pub next_step: Option<Instant>,
+    /// When the share last changed, and which way: a reversal steps at once unless the
+    /// share already moved that way within the interval (a shift-back held one step short
+    /// of home moves nothing, so reversing it must not add a second step to the first).
+    last_change: Option<(Instant, Direction)>,
 }
 
 /// What an operator (or the failover signal) asks for.
@@ -114,6 +118,7 @@ impl Evacuation {
             manual,
             awaiting_completion: false,
             next_step: None,
+            last_change: None,
         };
         e.step(now, step, interval);
         e
@@ -140,6 +145,7 @@ impl Evacuation {
             manual,
             awaiting_completion,
             next_step: (!settled).then(|| now + interval),
+            last_change: None,
         }
     }
 
@@ -156,10 +162,8 @@ impl Evacuation {
         if self.direction == Direction::Out {
             return;
         }
-        self.direction = Direction::Out;
         self.awaiting_completion = false;
-        self.next_step = None;
-        self.step(now, step, interval);
+        self.reverse(now, Direction::Out, step, interval);
     }
 
     /// Bring (or keep bringing) traffic back. Reversing steps at once; already moving back
@@ -168,8 +172,18 @@ impl Evacuation {
         if self.direction == Direction::Back {
             return;
         }
-        self.direction = Direction::Back;
-        self.next_step = None;
+        self.reverse(now, Direction::Back, step, interval);
+    }
+
+    /// Turn to `to` and step at once, unless the share already moved that way less than
+    /// an interval ago: then the step waits for that interval to end, so no two steps the
+    /// same way ever fall within one interval.
+    fn reverse(&mut self, now: Instant, to: Direction, step: Permille, interval: Duration) {
+        self.direction = to;
+        self.next_step = match self.last_change {
+            Some((at, way)) if way == to && now < at + interval => Some(at + interval),
+            _ => None,
+        };
         self.step(now, step, interval);
     }
 
@@ -199,6 +213,9 @@ impl Evacuation {
             Direction::Back => self.moved == Permille::ZERO || self.awaiting_completion,
         };
         self.next_step = if settled { None } else { Some(now + interval) };
+        if self.moved != before {
+            self.last_change = Some((now, self.direction));
+        }
         self.moved != before
     }
 

@@ -191,6 +191,38 @@ fn a_repeated_region_failover_command_does_not_skip_the_cap() {
 }
 
 #[test]
+fn reversing_a_held_shift_back_does_not_take_a_second_step_in_one_interval() {
+    // Found by the failover property: a manual failover's first step, a shift-back at
+    // once (held one step short of home, so nothing moves back), then a failover again at
+    // once took a second step out in the same instant: 0 → 500 with a 250 cap.
+    let mut fx = two_peers();
+    let us = peer("us-east");
+    let manual = EvacuationCommand::Evacuate { manual: true };
+    let automatic = EvacuationCommand::Evacuate { manual: false };
+    fx.asm.handle_region_failover(fx.now, &us, manual).unwrap();
+    fx.asm
+        .handle_region_failover(fx.now, &us, EvacuationCommand::ShiftBack)
+        .unwrap();
+    let held = fx.asm.region_failover(&us).unwrap();
+    assert!(held.awaiting_completion, "{held:?}");
+    assert_eq!(held.moved.get(), 250);
+    fx.asm
+        .handle_region_failover(fx.now, &us, automatic)
+        .unwrap();
+    let e = fx.asm.region_failover(&us).unwrap();
+    assert_eq!((e.moved.get(), e.direction), (250, Direction::Out));
+    // The next step out comes one interval after the first, not before.
+    assert_eq!(fx.asm.poll_timeout(), Some(fx.now + STEP));
+    fx.asm.handle_timeout(fx.now + STEP);
+    assert_eq!(fx.asm.region_failover(&us).unwrap().moved.get(), 500);
+    // A reversal after a step that did move still acts at once: out 500 → back 250.
+    fx.asm
+        .handle_region_failover(fx.now + STEP, &us, EvacuationCommand::ShiftBack)
+        .unwrap();
+    assert_eq!(fx.asm.region_failover(&us).unwrap().moved.get(), 250);
+}
+
+#[test]
 fn a_restored_region_failover_resumes_stepping_from_where_it_was() {
     let mut fx = two_peers();
     let us = peer("us-east");
