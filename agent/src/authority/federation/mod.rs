@@ -42,7 +42,7 @@
 //! - **Staleness.** A link's age is [`Session::age`]; beyond `stale_after` it is reported
 //!   stale. A region's age is its youngest link's, and it is stale only when every link is.
 //!   Its entries stay in the aggregates: losing a link never removes anything.
-//! - **Reconnects** use full-jitter backoff (250 ms doubling to 30 s by default), seeded.
+//! - **Reconnects** use full-jitter backoff (250 ms doubling to [`RECONNECT_CAP`]), seeded.
 
 #![deny(missing_docs)]
 
@@ -242,16 +242,27 @@ pub struct FederationNode {
 
 // === impl FederationConfig ===
 
+/// The longest wait between redials of a peer member. A region cut off for longer than a
+/// few doublings would otherwise wait up to the xDS clients' 30 s after the heal before it
+/// is heard again; at this cap a healed link is back within seconds, well inside the 15 s
+/// the partition drill allows for reconciling, and dialling a handful of peer members at
+/// most every 5 s during a partition costs nothing.
+pub const RECONNECT_CAP: Duration = Duration::from_secs(5);
+
 impl FederationConfig {
     /// Defaults: 5 s digests of at most 256 entries, 60 s staleness, 10 s idle timeout,
-    /// 1 MiB frames, 1,024 held reconciliation records.
+    /// redials at most [`RECONNECT_CAP`] apart, 1 MiB frames, 1,024 held reconciliation
+    /// records.
     pub fn new(region: RegionName, bind: SocketAddr, peers: Vec<PeerConfig>) -> Self {
         Self {
             region,
             bind,
             peers,
             session: SessionConfig::default(),
-            reconnect: BackoffConfig::default(),
+            reconnect: BackoffConfig {
+                cap: RECONNECT_CAP,
+                ..BackoffConfig::default()
+            },
             seed: 0,
             stale_after: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(10),
