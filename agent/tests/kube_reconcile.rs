@@ -17,9 +17,9 @@ use waymark_agent::authority::kube::{
     DiffConfig, KubeMetrics, KubeReconciler, KubeReconcilerConfig, Propose, ProposeError,
     ReconcileStatus,
 };
-use waymark_agent::authority::machine::{AuthorityState, Request, Response};
 use waymark_core::contract::HealthContract;
 use waymark_core::model::InstanceId;
+use waymark_registry::machine::{AuthorityState, Request, Response};
 use waymark_registry::state::{Applied, Command, DesiredState, Stamped};
 
 /// The authority state behind a mutex, as the leader's Raft would hold it.

@@ -508,12 +508,12 @@ pub fn rebuild(shape: Shape) -> RebuildReport {
 /// One run of the rebuild benchmark, with the state before encoding and after decoding.
 struct RebuildRun {
     report: RebuildReport,
-    state: waymark_agent::authority::machine::AuthorityState,
-    decoded: waymark_agent::authority::machine::AuthorityState,
+    state: waymark_registry::machine::AuthorityState,
+    decoded: waymark_registry::machine::AuthorityState,
 }
 
 fn rebuild_run(shape: Shape) -> RebuildRun {
-    use waymark_agent::authority::machine::{AuthorityState, TermVersions};
+    use waymark_registry::machine::{AuthorityState, TermVersions};
     use waymark_registry::pipeline::RegionPipeline;
 
     let config = rebuild_config(shape);
@@ -571,7 +571,7 @@ fn rebuild_run(shape: Shape) -> RebuildRun {
 /// Stages 4 and 5: encode the views as one `Publish` entry, then build one member's xDS
 /// snapshot from them. Returns the entry's size and the two stages' times.
 fn commit_and_serve(views: Vec<waymark_core::view::ReleasedView>) -> (usize, f64, f64) {
-    use waymark_agent::authority::machine::Request;
+    use waymark_registry::machine::Request;
     use waymark_xds::snapshot::SnapshotBuilder;
 
     let commit = Request::Publish { views };
@@ -616,9 +616,9 @@ fn rebuild_config(shape: Shape) -> waymark_registry::pipeline::PipelineConfig {
 fn replicated_state(
     shape: Shape,
     config: &waymark_registry::pipeline::PipelineConfig,
-) -> waymark_agent::authority::machine::AuthorityState {
-    use waymark_agent::authority::machine::{AuthorityState, Request, Response, TermVersions};
+) -> waymark_registry::machine::AuthorityState {
     use waymark_core::view::Version;
+    use waymark_registry::machine::{AuthorityState, Request, Response, TermVersions};
     use waymark_registry::pipeline::RegionPipeline;
     use waymark_registry::state::{Command, Stamped};
 

@@ -11,5 +11,6 @@
 pub mod acl;
 pub mod assignment;
 pub mod ingest;
+pub mod machine;
 pub mod pipeline;
 pub mod state;

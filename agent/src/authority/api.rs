@@ -53,7 +53,6 @@ use super::clock::now_ms;
 use super::federation::FederationNode;
 use super::fields;
 use super::leader::SharedPipeline;
-use super::machine::{AuditEntry, AuditKind, Refusal, Request, Response as RaftResponse};
 use super::metrics::{AuthorityMetrics, OutcomeLabels, ReasonLabels};
 use super::principal::{Caller, Credential, Denials, principal_of};
 use super::raft::{RaftNode, WriteError};
@@ -62,6 +61,9 @@ use crate::node::probe::TARGET_TEXT_MARKER;
 use waymark_certs::grpc::PeerInfo;
 use waymark_registry::acl::{
     AclApplied, AclCommand, Action, Capability, Grant, Grantee, Principal, TokenRecord,
+};
+use waymark_registry::machine::{
+    AuditEntry, AuditKind, Refusal, Request, Response as RaftResponse,
 };
 use waymark_registry::pipeline::RegionPipeline;
 

@@ -14,8 +14,8 @@ use waymark_registry::state::{Command, Stamped};
 
 use super::api::new_secret;
 use super::clock::now_ms;
-use super::machine::{Request, Response};
 use super::raft::RaftNode;
+use waymark_registry::machine::{Request, Response};
 
 /// Bootstraps the region for `operator` if nobody has yet, then mints a token named
 /// `token` (replacing one of that name) that holds every capability `operator` holds

@@ -13,8 +13,8 @@ use super::clock::now_ms;
 use super::kube::diff::{AddressFamily, DiffConfig};
 use super::kube::metrics::KubeMetrics;
 use super::kube::{KubeReconciler, KubeReconcilerConfig, Propose, ProposeError};
-use super::machine::{Refusal, Request, Response};
 use super::raft::RaftNode;
+use waymark_registry::machine::{Refusal, Request, Response};
 
 /// Where the Kubernetes API is and what to reconcile.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,7 +3,7 @@
 //! log as `Publish` entries, its transitions and alarms as audit records.
 //!
 //! On winning an election the loop rebuilds computed state from the desired state (ADR-02)
-//! and versions from its term (see [`super::machine::TermVersions`]). It then **holds**:
+//! and versions from its term (see [`waymark_registry::machine::TermVersions`]). It then **holds**:
 //! for one contract interval it commits nothing the rebuilt pipeline computes, so clients
 //! keep the views the previous leader published while fresh evidence arrives; at the end
 //! of the hold only views whose content differs from what is published are committed. A
@@ -31,12 +31,14 @@ use waymark_registry::state::{
 use super::clock::now_ms;
 use super::evidence::{Denial, EvidenceHub};
 use super::fold::Fold;
-use super::machine::{AuditEntry, AuditKind, AuthorityState, Request, Response, TermVersions};
 use super::metrics::{
     AuthorityMetrics, PeerRegionLabels, ReasonLabels, ServiceLabels, VerdictLabels, ZoneLabels,
 };
 use super::raft::{RaftNode, StateEvent, WriteError};
 use super::regions::RegionsHandle;
+use waymark_registry::machine::{
+    AuditEntry, AuditKind, AuthorityState, Request, Response, TermVersions,
+};
 
 /// The longest a new leader holds the published views.
 pub const HOLD_MAX: Duration = Duration::from_secs(30);

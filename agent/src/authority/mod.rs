@@ -14,7 +14,6 @@ pub mod fold;
 pub mod ingest;
 pub mod kube;
 pub mod leader;
-pub mod machine;
 pub mod member;
 pub mod metrics;
 pub mod principal;

@@ -18,7 +18,7 @@ use waymark_core::model::{NodeName, RegionName, ServiceName};
 use waymark_registry::acl::Principal;
 
 use super::fold::Fold;
-use super::machine::{AuditEntry, AuditKind};
+use waymark_registry::machine::{AuditEntry, AuditKind};
 
 /// How a caller proved who it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

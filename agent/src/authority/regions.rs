@@ -43,9 +43,9 @@ use waymark_federation::signal::{FrontDoor, RegionSignal, SignalConfig};
 use super::clock::now_ms;
 use super::config::{FederationPeerEntry, FrontDoorEntry};
 use super::federation::{FederationNode, SharedAggregates};
-use super::machine::{AuditEntry, AuditKind, AuthorityState, Request, Response};
 use super::metrics::PeerRegionLabels;
 use super::raft::{RaftNode, StateEvent};
+use waymark_registry::machine::{AuditEntry, AuditKind, AuthorityState, Request, Response};
 
 /// The actor named on federation's audit records.
 pub const FEDERATION_ACTOR: &str = "waymark:federation";

@@ -15,8 +15,8 @@ use waymark_xds::server::Publisher;
 use waymark_xds::snapshot::SnapshotBuilder;
 
 use super::authorize::{self, CallerPolicy};
-use super::machine::{Request, Response};
 use super::raft::{RaftNode, StateEvent};
+use waymark_registry::machine::{Request, Response};
 
 /// Follow the log and publish snapshots until the node's event channel closes; keep the
 /// resolution-authorisation policy the xDS filter reads in step with the registry.

@@ -44,7 +44,7 @@ use waymark_registry::state::{Applied, Command, DesiredState};
 
 pub use self::diff::{DiffConfig, ReconciliationDiff};
 pub use self::metrics::KubeMetrics;
-use crate::authority::machine::Refusal;
+use waymark_registry::machine::Refusal;
 
 /// How long a change waits for more changes before a pass runs.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);

@@ -47,7 +47,7 @@ use self::store::Shared;
 pub use self::store::{
     AppliedEntry, ApplyFailure, DB_FILE, LogStore, StateEvent, StateMachineStore, StoreError,
 };
-use crate::authority::machine::{AuditEntry, AuthorityState, Request, Response};
+use waymark_registry::machine::{AuditEntry, AuthorityState, Request, Response};
 
 /// Capacity of the [`StateEvent`] channel; a subscriber further behind resyncs.
 pub const EVENTS_CAPACITY: usize = 4096;

@@ -237,7 +237,7 @@ pub(super) struct AuditForward {
     /// The forwarding member: its certificate must name it.
     pub from: NodeId,
     /// At most [`AUDIT_FORWARD_RECORDS_MAX`].
-    pub entries: Vec<crate::authority::machine::AuditEntry>,
+    pub entries: Vec<waymark_registry::machine::AuditEntry>,
 }
 
 async fn audit(
@@ -262,7 +262,7 @@ async fn audit(
             format!("{count} records; at most {AUDIT_FORWARD_RECORDS_MAX} per batch"),
         );
     }
-    let request = crate::authority::machine::Request::Audit {
+    let request = waymark_registry::machine::Request::Audit {
         entries: forward.entries,
     };
     match s.raft.client_write(request).await {

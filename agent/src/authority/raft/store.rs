@@ -26,7 +26,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{broadcast, watch};
 
 use super::{Member, TypeConfig};
-use crate::authority::machine::{AuthorityState, Request, Response};
+use waymark_registry::machine::{AuthorityState, Request, Response};
 
 /// The database file inside the member's data directory.
 pub const DB_FILE: &str = "raft.redb";
@@ -553,7 +553,12 @@ fn apply_contained(
     index: u64,
     request: Request,
 ) -> Result<Response, ApplyFailure> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| state.apply(request))).map_err(
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        #[cfg(test)]
+        test_hooks::maybe_panic(&request);
+        state.apply(request)
+    }))
+    .map_err(
         |payload| {
             let mut message = payload
                 .downcast_ref::<&str>()
@@ -707,5 +712,23 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             meta,
             snapshot: Box::new(Cursor::new(data)),
         })
+    }
+}
+
+/// A way to make apply fail on purpose, so the store's containment of a failed apply can
+/// be tested; compiled into tests only.
+#[cfg(test)]
+pub(crate) mod test_hooks {
+    use super::Request;
+
+    /// An audit record by this actor makes apply panic.
+    pub(crate) const PANIC_ACTOR: &str = "test:panic-in-apply";
+
+    pub(super) fn maybe_panic(request: &Request) {
+        if let Request::Audit { entries } = request
+            && entries.iter().any(|e| e.actor == PANIC_ACTOR)
+        {
+            panic!("apply failed on purpose (test hook)");
+        }
     }
 }

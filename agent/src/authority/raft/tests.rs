@@ -489,8 +489,8 @@ async fn with_openrafts_default_batch_a_follower_far_behind_never_catches_up() {
 async fn a_committed_entry_that_panics_in_apply_is_contained_and_survives_a_restart() {
     // Goal: an apply that fails unexpectedly must not stop Raft (which crash-loops the
     // member on replay); the member keeps committing, says so, and restarts on its data.
-    use crate::authority::machine::test_hooks::PANIC_ACTOR;
-    use crate::authority::machine::{AuditEntry, AuditKind};
+    use crate::authority::raft::store::test_hooks::PANIC_ACTOR;
+    use waymark_registry::machine::{AuditEntry, AuditKind};
     let root = TempDir::new().unwrap();
     let one = start(1, root.path(), None, 1_000).await;
     one.node

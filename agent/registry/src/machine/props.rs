@@ -2,11 +2,11 @@
 //! applying the same log agree (one restarted from a JSON snapshot half way), no view's
 //! version ever goes back, and audit sequence numbers only grow.
 
+use crate::state::{Command, Stamped};
 use proptest::prelude::*;
 use waymark_core::contract::HealthContract;
 use waymark_core::model::{InstanceId, ServiceName, ZoneName};
 use waymark_core::view::{ReleasedView, Version, View, ViewKey};
-use waymark_registry::state::{Command, Stamped};
 
 use super::*;
 

@@ -10,11 +10,11 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::state::{Applied, DesiredState, RegistryError, Stamped};
 use serde::{Deserialize, Serialize};
 use waymark_core::evaluator::ObservedInstance;
 use waymark_core::model::{InstanceId, ServiceName};
 use waymark_core::view::{ReleasedView, Version, VersionSource, ViewKey};
-use waymark_registry::state::{Applied, DesiredState, RegistryError, Stamped};
 
 /// Audit entries kept in the replicated state; older ones remain in each member's export.
 pub const AUDIT_RETAINED: usize = 1_000_000;
@@ -115,7 +115,6 @@ impl From<&RegistryError> for Refusal {
             RegistryError::Full { .. } => ("region_full", None),
             RegistryError::IdUnavailable { .. } => ("id_unavailable", Some("service".into())),
             RegistryError::Acl(a) => (a.reason(), None),
-            _ => ("refused", None),
         };
         Self {
             reason: reason.to_owned(),
@@ -193,8 +192,6 @@ impl AuthorityState {
     /// Apply one entry. Deterministic and total: every request ends in a response, a
     /// refused registry command in a typed [`Refusal`] that changed nothing.
     pub fn apply(&mut self, request: Request) -> Response {
-        #[cfg(test)]
-        test_hooks::maybe_panic(&request);
         match request {
             Request::Registry(stamped) => {
                 let outcome = self.registry.apply(stamped).map_err(|e| Refusal::from(&e));
@@ -273,24 +270,6 @@ impl AuthorityState {
         let before = self.published.len();
         self.published.retain(|key, _| &key.service != service);
         tracing::debug!(service = %service, views = before - self.published.len(), "views of a removed service dropped");
-    }
-}
-
-/// A way to make apply fail on purpose, so the store's containment of a failed apply can
-/// be tested; compiled into tests only.
-#[cfg(test)]
-pub(crate) mod test_hooks {
-    use super::Request;
-
-    /// An audit record by this actor makes apply panic.
-    pub(crate) const PANIC_ACTOR: &str = "test:panic-in-apply";
-
-    pub(super) fn maybe_panic(request: &Request) {
-        if let Request::Audit { entries } = request
-            && entries.iter().any(|e| e.actor == PANIC_ACTOR)
-        {
-            panic!("apply failed on purpose (test hook)");
-        }
     }
 }
 

@@ -1,6 +1,6 @@
+use crate::state::{Command, Stamped};
 use waymark_core::model::{ServiceName, ZoneName};
 use waymark_core::view::{ReleasedView, Version, VersionSource, View, ViewKey};
-use waymark_registry::state::{Command, Stamped};
 
 use super::*;
 
