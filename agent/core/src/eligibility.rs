@@ -50,6 +50,29 @@ pub enum Eligibility {
     },
 }
 
+/// An [`Eligibility`] as data: what audit records and `explain` carry, so that tools read
+/// fields rather than parse text. Only the field that qualifies the verdict is present.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EligibilityRecord {
+    /// The coarse verdict.
+    pub verdict: Verdict,
+    /// The published weight, when routed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<Weight>,
+    /// Why the weight is reduced, when degraded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degrade_cause: Option<DegradeCause>,
+    /// Why it is withdrawn, when ineligible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ineligible_reason: Option<IneligibleReason>,
+    /// Who asked, when draining.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_cause: Option<DrainCause>,
+    /// How long the quarantine had left, when quarantined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined_for_ms: Option<u64>,
+}
+
 /// Why an instance is routed at reduced weight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -159,6 +182,30 @@ impl Eligibility {
         self.verdict().is_routed()
     }
 
+    /// This verdict as data, for audit records and the API; a quarantine's end is given
+    /// as the time left after `at`.
+    pub fn record(&self, at: Instant) -> EligibilityRecord {
+        let mut r = EligibilityRecord {
+            verdict: self.verdict(),
+            weight: self.weight(),
+            degrade_cause: None,
+            ineligible_reason: None,
+            drain_cause: None,
+            quarantined_for_ms: None,
+        };
+        match *self {
+            Self::Degraded { cause, .. } => r.degrade_cause = Some(cause),
+            Self::Ineligible { reason } => r.ineligible_reason = Some(reason),
+            Self::Draining { cause } => r.drain_cause = Some(cause),
+            Self::Quarantined { until } => {
+                let left = until.saturating_duration_since(at).as_millis();
+                r.quarantined_for_ms = Some(u64::try_from(left).unwrap_or(u64::MAX));
+            }
+            Self::Eligible { .. } | Self::Unknown { .. } => {}
+        }
+        r
+    }
+
     /// The published weight of a routed instance; `None` when withdrawn.
     pub const fn weight(&self) -> Option<Weight> {
         match self {
@@ -216,4 +263,57 @@ pub enum Rule {
     DependencyWeight,
     /// The evidence is good.
     Passing,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[allow(clippy::disallowed_methods)] // the one anchor instant of these tests
+    fn t0() -> Instant {
+        Instant::now()
+    }
+
+    #[test]
+    fn an_eligibility_record_carries_only_the_field_that_qualifies_its_verdict() {
+        // Goal: tools read a withdrawal's reason as a field, never from Debug text.
+        let at = t0();
+        let out = Eligibility::Ineligible {
+            reason: IneligibleReason::HardFailure,
+        }
+        .record(at);
+        let json = serde_json::to_value(out).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"verdict": "ineligible", "ineligible_reason": "hard_failure"})
+        );
+        assert_eq!(
+            serde_json::from_value::<EligibilityRecord>(json).unwrap(),
+            out
+        );
+        let degraded = Eligibility::Degraded {
+            weight: Weight::DEFAULT,
+            cause: DegradeCause::Dependency,
+        }
+        .record(at);
+        assert_eq!(degraded.weight, Some(Weight::DEFAULT));
+        assert_eq!(degraded.degrade_cause, Some(DegradeCause::Dependency));
+        assert_eq!(degraded.ineligible_reason, None);
+    }
+
+    #[test]
+    fn a_quarantine_record_says_how_long_it_had_left_when_recorded() {
+        let at = t0();
+        let until = at + Duration::from_secs(60);
+        let r = Eligibility::Quarantined { until }.record(at + Duration::from_secs(15));
+        assert_eq!(r.quarantined_for_ms, Some(45_000));
+        let r = Eligibility::Quarantined { until }.record(until + Duration::from_secs(1));
+        assert_eq!(
+            r.quarantined_for_ms,
+            Some(0),
+            "an ended quarantine has none left"
+        );
+    }
 }

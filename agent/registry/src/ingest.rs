@@ -11,6 +11,17 @@ use waymark_core::model::{EvidenceClass, InstanceId, NodeName, Reporter, Sample}
 
 use crate::state::DesiredState;
 
+/// A refusal the leader writes to the audit log (aggregated per reporter and reason).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    /// Who sent it.
+    pub reporter: Reporter,
+    /// Why it was refused.
+    pub reason: String,
+    /// An example instance it was about.
+    pub instance: String,
+}
+
 /// Why a sample was refused at ingest. Nothing was applied; count it by [`IngestError::label`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -10,7 +10,9 @@
 
 pub mod acl;
 pub mod assignment;
+pub mod fold;
 pub mod ingest;
 pub mod machine;
 pub mod pipeline;
 pub mod state;
+pub mod term;

@@ -52,7 +52,7 @@ use waymark_xds::server::XdsServer;
 use super::clock::now_ms;
 use super::federation::FederationNode;
 use super::fields;
-use super::leader::SharedPipeline;
+use super::leader::LeaderHandle;
 use super::metrics::{AuthorityMetrics, OutcomeLabels, ReasonLabels};
 use super::principal::{Caller, Credential, Denials, principal_of};
 use super::raft::{RaftNode, WriteError};
@@ -93,7 +93,7 @@ pub const POLICY_BODY_MAX: usize = 2 * 1024 * 1024;
 #[derive(Clone)]
 pub struct ApiState {
     raft: RaftNode,
-    pipeline: SharedPipeline,
+    leader: LeaderHandle,
     metrics: AuthorityMetrics,
     xds: XdsServer,
     registry: Arc<Registry>,
@@ -119,7 +119,7 @@ impl ApiState {
     /// State for the handlers.
     pub fn new(
         raft: RaftNode,
-        pipeline: SharedPipeline,
+        leader: LeaderHandle,
         metrics: AuthorityMetrics,
         xds: XdsServer,
         registry: Arc<Registry>,
@@ -127,7 +127,7 @@ impl ApiState {
     ) -> Self {
         Self {
             raft,
-            pipeline,
+            leader,
             metrics,
             xds,
             registry,
@@ -377,18 +377,16 @@ impl ApiState {
     /// A routing control checked against the leader's assembler before it is committed:
     /// the refusal, if any (`409` with the assembler's reason, or `503` while the leader
     /// is still rebuilding).
-    fn check_with_pipeline<E: std::fmt::Display>(
+    async fn check_with_pipeline<E: std::fmt::Display>(
         &self,
         reason: &'static str,
         field: &'static str,
-        check: impl FnOnce(&RegionPipeline) -> Result<(), E>,
+        check: impl FnOnce(&RegionPipeline) -> Result<(), E> + Send + 'static,
     ) -> Option<ApiError> {
         let checked = self
-            .pipeline
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(check);
+            .leader
+            .ask(move |p, _| check(p).map_err(|e| e.to_string()))
+            .await;
         match checked {
             Some(Ok(())) => None,
             Some(Err(e)) => Some(ApiError::new(
@@ -1197,8 +1195,12 @@ async fn evacuation(
     let zone: ZoneName = parse_name(&zone, "zone").map_err(|e| s.refuse(e))?;
     let actor = caller.actor();
     let intent: EvacuationIntent = s.body(&body)?;
-    let refusal =
-        s.check_with_pipeline("evacuation", "zone", |p| p.check_evacuation(&zone, intent));
+    let checked = zone.clone();
+    let refusal = s
+        .check_with_pipeline("evacuation", "zone", move |p| {
+            p.check_evacuation(&checked, intent)
+        })
+        .await;
     s.audit_write(AuditEntry {
         seq: 0,
         at_ms: now_ms(),
@@ -1265,9 +1267,11 @@ async fn region_failover(
             "a region failover needs a reason",
         ))
     } else {
-        s.check_with_pipeline("region_failover", "region", |p| {
-            p.check_region_failover(&region, intent)
+        let checked = region.clone();
+        s.check_with_pipeline("region_failover", "region", move |p| {
+            p.check_region_failover(&checked, intent)
         })
+        .await
     };
     s.audit_write(AuditEntry {
         seq: 0,
@@ -1471,14 +1475,13 @@ async fn explain(
 ) -> ApiResult<Response> {
     s.leader_only(&uri)?;
     let instance: InstanceId = parse_name(&id, "instance")?;
-    let now = Instant::now();
+    let asked = instance.clone();
     let explanation = s
-        .pipeline
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .as_ref()
-        .and_then(|p| p.evaluator().explain(now, &instance));
-    let Some(e) = explanation else {
+        .leader
+        .ask(move |p, now| p.evaluator().explain(now, &asked).map(|e| (e, now)))
+        .await
+        .flatten();
+    let Some((e, now)) = explanation else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_instance",
@@ -1503,7 +1506,7 @@ async fn explain(
         .map(|t| {
             json!({
                 "ago_ms": now.saturating_duration_since(t.at).as_millis() as u64,
-                "from": t.from.map(|v| v.as_str()), "to": t.to.as_str(), "rule": format!("{:?}", t.rule),
+                "from": t.from.map(|v| v.as_str()), "to": t.to.as_str(), "rule": t.rule,
             })
         })
         .collect();
@@ -1511,11 +1514,11 @@ async fn explain(
         "instance": e.instance,
         "service": e.service,
         "verdict": e.eligibility.verdict().as_str(),
-        "eligibility": format!("{:?}", e.eligibility),
-        "rule": format!("{:?}", e.rule),
+        "eligibility": e.eligibility.record(now),
+        "rule": e.rule,
         "for_ms": e.for_duration.as_millis() as u64,
         "classes": classes,
-        "dependencies": e.dependencies.iter().map(|(n, st, shared)| json!({"name": n, "status": format!("{st:?}"), "shared": shared})).collect::<Vec<_>>(),
+        "dependencies": e.dependencies.iter().map(|(n, st, shared)| json!({"name": n, "status": st, "shared": shared})).collect::<Vec<_>>(),
         "flap_transitions": e.flap_transitions,
         "quarantine_level": e.quarantine_level,
         "history": history,

@@ -22,16 +22,7 @@ use crate::node::gossip::{Liveness, MemberState, Role};
 /// Samples queued between ingest and the leader's pipeline before new ones are refused.
 pub const QUEUE_LEN: usize = 65_536;
 
-/// A refusal the leader writes to the audit log (aggregated per reporter and reason).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Denial {
-    /// Who sent it.
-    pub reporter: Reporter,
-    /// Why it was refused.
-    pub reason: String,
-    /// An example instance it was about.
-    pub instance: String,
-}
+pub use waymark_registry::ingest::Denial;
 
 /// What the leader reads: admitted samples and denials.
 #[derive(Debug)]

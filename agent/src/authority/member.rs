@@ -260,7 +260,7 @@ impl Authority {
             hub = hub.with_gossip(started.subscribe());
             gossip = Some(started);
         }
-        let shared: leader::SharedPipeline = Arc::new(Mutex::new(None));
+        let (leader_handle, leader_queries) = leader::LeaderHandle::new();
 
         let callers = Arc::new(arc_swap::ArcSwap::from_pointee(
             super::authorize::CallerPolicy::new(),
@@ -360,32 +360,34 @@ impl Authority {
             regions = Some(started.regions);
             federation = Some(started.node);
         }
-        tasks.push(tokio::spawn(leader::run(LeaderContext {
-            raft: raft.clone(),
-            hub: hub.clone(),
-            metrics: metrics.clone(),
-            pipeline: PipelineConfig {
-                region: config.region.clone(),
-                zones: config.zones.clone(),
-                evaluator: EvaluatorConfig::default(),
-                delta: DeltaConfig {
-                    admit_releases_per_sec: if config.limits.shed_admissions {
-                        config.limits.admit_releases_per_sec
-                    } else {
-                        u32::MAX
+        tasks.push(tokio::spawn(leader::run(
+            LeaderContext {
+                raft: raft.clone(),
+                hub: hub.clone(),
+                metrics: metrics.clone(),
+                pipeline: PipelineConfig {
+                    region: config.region.clone(),
+                    zones: config.zones.clone(),
+                    evaluator: EvaluatorConfig::default(),
+                    delta: DeltaConfig {
+                        admit_releases_per_sec: if config.limits.shed_admissions {
+                            config.limits.admit_releases_per_sec
+                        } else {
+                            u32::MAX
+                        },
+                        ..DeltaConfig::default()
                     },
-                    ..DeltaConfig::default()
+                    fraction_guard: fraction_guard_on(),
                 },
-                fraction_guard: fraction_guard_on(),
+                regions: regions.clone(),
+                shed_admissions: config.limits.shed_admissions,
             },
-            shared: Arc::clone(&shared),
-            regions: regions.clone(),
-            shed_admissions: config.limits.shed_admissions,
-        })));
+            leader_queries,
+        )));
 
         let api = ApiState::new(
             raft.clone(),
-            shared,
+            leader_handle,
             metrics.clone(),
             xds_server.clone(),
             Arc::new(registry),

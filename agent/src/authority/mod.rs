@@ -10,7 +10,6 @@ pub mod evidence;
 pub mod existence;
 pub mod federation;
 pub mod fields;
-pub mod fold;
 pub mod ingest;
 pub mod kube;
 pub mod leader;

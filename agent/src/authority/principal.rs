@@ -17,7 +17,7 @@ use waymark_certs::identity::{Identity, Subject};
 use waymark_core::model::{NodeName, RegionName, ServiceName};
 use waymark_registry::acl::Principal;
 
-use super::fold::Fold;
+use waymark_registry::fold::Fold;
 use waymark_registry::machine::{AuditEntry, AuditKind};
 
 /// How a caller proved who it is.
@@ -81,7 +81,7 @@ pub fn principal_of(identity: &Identity) -> Option<Principal> {
 }
 
 /// Distinct (principal, capability) pairs held between flushes; more are counted only.
-pub const DENIAL_KEYS_MAX: usize = super::fold::KEYS_MAX;
+pub const DENIAL_KEYS_MAX: usize = waymark_registry::fold::KEYS_MAX;
 
 /// Authorisation refusals folded between flushes. Pure: time comes in as data.
 #[derive(Debug)]

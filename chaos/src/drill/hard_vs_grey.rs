@@ -157,6 +157,20 @@ pub fn caller_figures(per_caller: Vec<(String, Option<u64>)>) -> CallerFigures {
     }
 }
 
+/// A rule as `explain` gives it (`{"rule": "corroborated", "failing": "probe", "by":
+/// "passive"}`), for a report line: `corroborated failing=probe by=passive`.
+fn rule_text(rule: &Value) -> String {
+    let Some(fields) = rule.as_object() else {
+        return "?".to_owned();
+    };
+    let name = fields.get("rule").and_then(Value::as_str).unwrap_or("?");
+    let mut text = name.to_owned();
+    for (k, v) in fields.iter().filter(|(k, _)| *k != "rule") {
+        text.push_str(&format!(" {k}={}", v.as_str().unwrap_or("?")));
+    }
+    text
+}
+
 /// What the authority said about the grey replica.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct GreyEvidence {
@@ -165,7 +179,7 @@ pub struct GreyEvidence {
     /// The verdict and the rule that fired then.
     pub verdict: Option<String>,
     pub rule: Option<String>,
-    /// Whether the rule names passive evidence as the failing class (`failing: Passive`;
+    /// Whether the rule names passive evidence as the failing class (`"failing": "passive"`;
     /// passive merely corroborating a failing probe does not count).
     pub passive_named: bool,
     /// The probe and passive scores then (permille).
@@ -186,7 +200,7 @@ impl GreyEvidence {
         if verdict.is_empty() || verdict == "eligible" {
             return;
         }
-        let rule = explain["rule"].as_str().unwrap_or_default().to_owned();
+        let rule = &explain["rule"];
         let score = |class: &str| {
             explain["classes"].as_array().and_then(|cs| {
                 cs.iter()
@@ -197,8 +211,8 @@ impl GreyEvidence {
         };
         self.caught_ms = Some(at_ms);
         self.verdict = Some(verdict.to_owned());
-        self.passive_named = rule.contains("failing: Passive");
-        self.rule = Some(rule);
+        self.passive_named = rule["failing"] == "passive";
+        self.rule = Some(rule_text(rule));
         self.probe_score = score("probe");
         self.passive_score = score("passive");
         self.text = explain["text"].as_str().map(str::to_owned);
@@ -444,7 +458,7 @@ async fn drive(
             let rule = format!(
                 "{} by {}",
                 e["verdict"].as_str().unwrap_or("?"),
-                e["rule"].as_str().unwrap_or("?")
+                rule_text(&e["rule"])
             );
             progress.event(&format!("authority: {hard} {rule} after {since} ms"));
             hard_rule = Some(rule);
@@ -555,6 +569,7 @@ async fn drive(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn callers(times: &[Option<u64>]) -> CallerFigures {
         caller_figures(
@@ -566,7 +581,7 @@ mod tests {
         )
     }
 
-    fn caught(rule: &str, probe: u16) -> GreyEvidence {
+    fn caught(rule: Value, probe: u16) -> GreyEvidence {
         let mut e = GreyEvidence::default();
         let explain = serde_json::json!({
             "verdict": "degraded", "rule": rule, "text": "…",
@@ -590,14 +605,21 @@ mod tests {
     }
 
     #[test]
+    fn a_rule_reads_as_its_name_and_fields() {
+        let rule = json!({"rule": "corroborated", "failing": "probe", "by": "passive"});
+        assert_eq!(rule_text(&rule), "corroborated by=passive failing=probe");
+        assert_eq!(rule_text(&json!("Silence")), "?", "text is not a rule");
+    }
+
+    #[test]
     fn explain_answers_are_read_until_the_first_that_is_not_eligible() {
         let mut e = GreyEvidence::default();
         e.observe(
             1_000,
-            &serde_json::json!({"verdict": "eligible", "rule": "Passing"}),
+            &json!({"verdict": "eligible", "rule": {"rule": "passing"}}),
         );
         assert_eq!(e.caught_ms, None);
-        let e = caught("Uncorroborated { failing: Passive }", 0);
+        let e = caught(json!({"rule": "uncorroborated", "failing": "passive"}), 0);
         assert_eq!(e.caught_ms, Some(4_000));
         assert!(e.passive_named);
         assert_eq!((e.probe_score, e.passive_score), (Some(0), Some(900)));
@@ -610,7 +632,7 @@ mod tests {
         let ok = hard_vs_grey_verdict(
             &fast,
             &fast,
-            &caught("Uncorroborated { failing: Passive }", 0),
+            &caught(json!({"rule": "uncorroborated", "failing": "passive"}), 0),
             &b,
         );
         assert!(ok.pass, "{ok:?}");
@@ -619,7 +641,7 @@ mod tests {
         let v = hard_vs_grey_verdict(
             &slow,
             &fast,
-            &caught("Uncorroborated { failing: Passive }", 0),
+            &caught(json!({"rule": "uncorroborated", "failing": "passive"}), 0),
             &b,
         );
         assert_eq!(v.failures.len(), 1, "{v:?}");
@@ -634,7 +656,10 @@ mod tests {
         let v = hard_vs_grey_verdict(
             &fast,
             &fast,
-            &caught("Corroborated { failing: Probe, by: Passive }", 900),
+            &caught(
+                json!({"rule": "corroborated", "failing": "probe", "by": "passive"}),
+                900,
+            ),
             &b,
         );
         assert_eq!(v.failures.len(), 2, "{v:?}");

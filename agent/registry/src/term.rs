@@ -1,0 +1,1046 @@
+//! One leadership term's decisions, as a pure state machine.
+//!
+//! A member that wins an election builds a [`LeaderTerm`] and feeds it until it loses
+//! leadership. The term owns the region pipeline (evaluator → assembler → delta queues)
+//! and decides everything the leader does around it: the **hold** (for one contract
+//! interval nothing computed is published, so a failover alone moves no traffic; at its
+//! end only views whose content differs from what is published go out), the **lease
+//! restart** that must commit before any lease may expire, **prober reassignment**, peer
+//! regions' aggregates fed into **tier 2**, the **out-of-band region signal** followed, and
+//! every pipeline output turned into a release, an audit record or a metric change.
+//!
+//! No I/O, no clock: the shell (`agent/src/authority/leader.rs`) passes `now`, answers
+//! reads through [`Surroundings`], executes [`LeaderTerm::take_commands`] and reports each
+//! proposal's outcome back with [`LeaderTerm::handle_written`].
+//!
+//! ```text
+//! samples, denials, pressure ──► ┌────────────┐ ──► Publish, Audit, Propose, Metric
+//! committed log entries      ──► │ LeaderTerm │ ──► RefreshTargets, Elect
+//! timeouts (poll_timeout)    ──► └────────────┘
+//! ```
+//!
+//! Invariants (checked by `term/tests.rs` and `term/props.rs`):
+//! - no view is published while the hold lasts, and the hold's end publishes only views
+//!   that differ from the published ones
+//! - no lease expiry is proposed before this term's lease restart committed, and at most
+//!   one lease proposal is in flight
+//! - at most one signal-driven failover per region is in flight; an operator's is never
+//!   touched
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use tracing::{debug, error, info, warn};
+use waymark_core::assembler::{self, RemoteEndpoint};
+use waymark_core::audit::TransitionRecord;
+use waymark_core::delta;
+use waymark_core::eligibility::Verdict;
+use waymark_core::evaluator::{EvaluatorError, QuarantineEvent};
+use waymark_core::model::{
+    EvidenceClass, InstanceId, NodeName, RegionName, Sample, ServiceName, ZoneName,
+};
+use waymark_core::units::Permille;
+use waymark_core::view::{ReleasedView, ViewKey};
+
+use crate::assignment::assign;
+use crate::fold::Fold;
+use crate::ingest::Denial;
+use crate::machine::{AuditEntry, AuditKind, AuthorityState, Request, TermVersions};
+use crate::pipeline::{Output, PipelineConfig, RegionPipeline};
+use crate::state::{
+    Applied, Command, DesiredState, RegionFailoverIntent, RegionFailoverRecord, Stamped,
+};
+
+/// The longest a new leader holds the published views.
+pub const HOLD_MAX: Duration = Duration::from_secs(30);
+/// Probers assigned to each target.
+pub const PROBERS_PER_TARGET: usize = 2;
+/// How often verdict counts are refreshed and folded denials written.
+pub const COUNTS_EVERY: Duration = Duration::from_secs(2);
+/// How often the observed-state snapshot is replicated (the design asks for at least
+/// every 60 s).
+pub const OBSERVED_EVERY: Duration = Duration::from_secs(30);
+/// Prober assignment is recomputed at most this often (it walks every target).
+pub const REASSIGN_EVERY: Duration = Duration::from_millis(500);
+/// How often lease expiry is checked.
+pub const LEASE_CHECK_EVERY: Duration = Duration::from_millis(500);
+/// How often peer regions' aggregates and the front-door signal are read.
+pub const REMOTE_EVERY: Duration = Duration::from_millis(250);
+/// The actor named on commands the out-of-band region signal proposes.
+pub const SIGNAL_ACTOR: &str = "waymark:region-signal";
+/// The actor named on the records the leader writes for itself.
+pub const ACTOR: &str = "waymark";
+/// Longest example instance kept in a folded denial record, in bytes.
+pub const DENIAL_EXAMPLE_LEN_MAX: usize = 253;
+/// The version recorded for a stale region's entries dropped under `drop_stale_peers`.
+const DROPPED_STALE: u64 = u64::MAX;
+
+/// What the term reads from around it. Each method is a read of the shell's current
+/// knowledge, called only while the term handles an input; none may call back into it.
+pub trait Surroundings {
+    /// Wall-clock time, unix milliseconds, as data: it stamps records and commands and is
+    /// compared with lease deadlines, never used to order events.
+    fn now_ms(&self) -> u64;
+    /// Read the replicated state as of the last applied entry.
+    fn read_state<T>(&self, read: impl FnOnce(&AuthorityState) -> T) -> T;
+    /// Connected probers, each with its zone.
+    fn probers(&self) -> Vec<(NodeName, ZoneName)>;
+    /// Each peer region's aggregate per service, and its version (empty when this member
+    /// does not federate).
+    fn peer_digest(&self) -> Vec<((RegionName, ServiceName), u64)>;
+    /// A peer region's endpoints of a service, from its aggregate.
+    fn peer_endpoints(&self, region: &RegionName, service: &ServiceName) -> Vec<RemoteEndpoint>;
+    /// Peer regions to feed as empty because they are stale. Empty unless the drills'
+    /// `drop_stale_peers` break is on: a silent peer keeps its last endpoints.
+    fn stale_peers(&self) -> BTreeSet<RegionName>;
+    /// Each peer region's front door as the out-of-band check sees it (`true` = answers).
+    fn front_doors(&self) -> Vec<(RegionName, bool)>;
+}
+
+/// What the shell is asked to do, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaderCommand {
+    /// Commit these releases (the publisher coalesces and retries).
+    Publish(Vec<ReleasedView>),
+    /// Append this record to the audit log (batched).
+    Audit(AuditEntry),
+    /// Commit this request, then report with [`LeaderTerm::handle_written`].
+    Propose {
+        /// Why, so the outcome can be routed back.
+        purpose: Purpose,
+        /// What to commit.
+        request: Request,
+    },
+    /// Change a metric.
+    Metric(MetricChange),
+    /// Hand the probers the registry's current targets (a contract or assignment changed).
+    RefreshTargets,
+    /// This term can issue no more view versions: start an election, so a new term
+    /// (a fresh version space) rebuilds and republishes every view.
+    Elect,
+}
+
+/// Why a request was proposed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Purpose {
+    /// This term's lease restart.
+    RestartLeases,
+    /// Lease expiry (one is due).
+    ExpireLeases,
+    /// A changed prober assignment.
+    Assignment,
+    /// The observed-state snapshot.
+    Observed,
+    /// An evacuation's or region failover's progress.
+    Progress,
+    /// A failover or shift-back the front-door signal asks for.
+    Failover {
+        /// The peer region.
+        region: RegionName,
+        /// What is asked.
+        intent: RegionFailoverIntent,
+        /// Why, for the audit record.
+        reason: &'static str,
+    },
+}
+
+/// How a proposal ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// Committed, and the registry applied it.
+    Applied,
+    /// Committed, and the registry refused it (nothing changed).
+    Refused,
+    /// Not committed (leadership lost, timeout, storage error).
+    Failed,
+}
+
+impl Written {
+    /// Whether the request reached the log.
+    pub const fn committed(self) -> bool {
+        matches!(self, Self::Applied | Self::Refused)
+    }
+}
+
+/// A metric change, as data; the shell owns the registry of series.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricChange {
+    /// A service's instance was quarantined for flapping (a counter).
+    Quarantined {
+        /// The service.
+        service: ServiceName,
+    },
+    /// The fraction guard engaged or released for a service's zone.
+    Guard {
+        /// The service.
+        service: ServiceName,
+        /// The zone.
+        zone: ZoneName,
+        /// Whether it is engaged now.
+        engaged: bool,
+    },
+    /// A service lost or regained its last eligible instance in the region.
+    LastEligibleWithdrawn {
+        /// The service.
+        service: ServiceName,
+        /// Whether it has none now.
+        withdrawn: bool,
+    },
+    /// How far a region failover has moved traffic away from a peer region.
+    RegionFailoverMoved {
+        /// The peer region.
+        region: RegionName,
+        /// The share moved.
+        moved: Permille,
+    },
+    /// Admissions are shed; withdrawals still leave at once.
+    ShedStarted {
+        /// The admission window while shedding.
+        window: Duration,
+    },
+    /// Shedding ended.
+    ShedEnded {
+        /// How long it lasted.
+        lasted: Duration,
+        /// Admissions deferred meanwhile.
+        deferred: u64,
+    },
+    /// This term's version space ran out (a counter).
+    VersionsExhausted,
+    /// A service's instances per verdict, every verdict present.
+    Verdicts {
+        /// The service.
+        service: ServiceName,
+        /// Instances per verdict, in [`Verdict::ALL`] order.
+        counts: Vec<(Verdict, u64)>,
+    },
+}
+
+/// What a term needs besides its surroundings.
+#[derive(Debug, Clone)]
+pub struct TermConfig {
+    /// The Raft term this member leads.
+    pub term: u64,
+    /// The region's pipeline.
+    pub pipeline: PipelineConfig,
+}
+
+/// One term's decisions. See the module documentation.
+#[derive(Debug)]
+pub struct LeaderTerm {
+    term: u64,
+    config: PipelineConfig,
+    pipeline: RegionPipeline,
+    versions: TermVersions,
+    hold: Hold,
+    due: Due,
+    /// The wall clock as of the last input that read it, to stamp records between reads.
+    wall: (Instant, u64),
+    assignment_dirty: bool,
+    denials: DenialDigest,
+    leases: Leases,
+    /// The version of each peer region's aggregate the pipeline holds as tier 2.
+    remote_fed: BTreeMap<(RegionName, ServiceName), u64>,
+    /// Regions with a signal-driven failover being committed.
+    failover_in_flight: BTreeSet<RegionName>,
+    commands: Vec<LeaderCommand>,
+}
+
+#[derive(Debug)]
+struct Hold {
+    until: Instant,
+    /// Until the timeout that ends it, computed views are kept here, newest per view.
+    pending: bool,
+    held: BTreeMap<ViewKey, ReleasedView>,
+}
+
+/// When each periodic duty is next due.
+#[derive(Debug)]
+struct Due {
+    counts: Instant,
+    leases: Instant,
+    reassign: Instant,
+    observed: Instant,
+    remote: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Leases {
+    /// This term's restart committed: leases may expire from now on.
+    restarted: bool,
+    /// A restart or expiry is being committed.
+    in_flight: bool,
+}
+
+// === impl LeaderTerm ===
+
+impl LeaderTerm {
+    /// A new term: computed state rebuilt from the desired state (ADR-02), resumed from
+    /// the observed-state snapshot, versions above everything published, and the hold
+    /// started.
+    pub fn new(config: TermConfig, now: Instant, env: &impl Surroundings) -> Self {
+        let now_ms = env.now_ms();
+        let (pipeline, floor, hold) = env.read_state(|s| {
+            (
+                rebuild(&config.pipeline, s, now, now_ms),
+                s.max_version(),
+                hold_for(s.registry()),
+            )
+        });
+        let versions = TermVersions::new(config.term, floor);
+        if versions.is_exhausted() {
+            error!(
+                term = config.term,
+                "this term has no view version space left; views will not be published"
+            );
+        }
+        info!(
+            term = config.term,
+            hold_ms = hold.as_millis() as u64,
+            "holding published views for fresh evidence"
+        );
+        let mut t = Self {
+            term: config.term,
+            config: config.pipeline,
+            pipeline,
+            versions,
+            hold: Hold {
+                until: now + hold,
+                pending: true,
+                held: BTreeMap::new(),
+            },
+            due: Due {
+                counts: now,
+                leases: now,
+                reassign: now,
+                observed: now + OBSERVED_EVERY,
+                remote: now,
+            },
+            wall: (now, now_ms),
+            assignment_dirty: true,
+            denials: DenialDigest::default(),
+            leases: Leases::default(),
+            remote_fed: BTreeMap::new(),
+            failover_in_flight: BTreeSet::new(),
+            commands: Vec::new(),
+        };
+        t.drain(now);
+        t
+    }
+
+    /// An admitted sample (the shell checked identity and assignment). A refusal by the
+    /// evaluator changed nothing.
+    pub fn handle_sample(&mut self, now: Instant, sample: Sample) -> Result<(), EvaluatorError> {
+        let result = self.pipeline.handle_sample(now, sample);
+        self.drain(now);
+        result
+    }
+
+    /// A sample refused at ingest: folded into one audit record per reporter and reason
+    /// per [`COUNTS_EVERY`].
+    pub fn handle_denial(&mut self, denial: Denial) {
+        self.denials.handle_denial(denial);
+    }
+
+    /// The publisher's report of delivery pressure.
+    pub fn handle_pressure(&mut self, now: Instant, saturated: bool) {
+        self.pipeline.handle_pressure(now, saturated);
+        self.drain(now);
+    }
+
+    /// A registry command committed and applied (`state` already includes it).
+    pub fn handle_applied(&mut self, now: Instant, applied: &Applied, env: &impl Surroundings) {
+        let pipeline = &mut self.pipeline;
+        env.read_state(|s| pipeline.handle_applied(now, applied, s.registry()));
+        // A contract change is a change of what the probers check (kind, path,
+        // interval): hand them the new targets at once, not at the next reassignment.
+        if matches!(
+            applied,
+            Applied::AssignmentSet | Applied::ServicePut | Applied::ServiceRemoved { .. }
+        ) {
+            self.commands.push(LeaderCommand::RefreshTargets);
+        }
+        // A contract that gains or loses its probe changes which instances are targets.
+        if matches!(
+            applied,
+            Applied::Registered { .. }
+                | Applied::Observed { .. }
+                | Applied::Retired { .. }
+                | Applied::ServicePut
+                | Applied::ServiceRemoved { .. }
+        ) {
+            self.assignment_dirty = true;
+        }
+        self.drain(now);
+    }
+
+    /// The leader fell behind the log or a snapshot was installed: rebuild computed state
+    /// from the replicated state, and feed every peer region again.
+    pub fn handle_rebuild(&mut self, now: Instant, env: &impl Surroundings) {
+        warn!(
+            term = self.term,
+            "leader fell behind the log or a snapshot was installed; rebuilding"
+        );
+        let now_ms = env.now_ms();
+        self.wall = (now, now_ms);
+        let config = &self.config;
+        self.pipeline = env.read_state(|s| rebuild(config, s, now, now_ms));
+        self.assignment_dirty = true;
+        self.remote_fed.clear();
+        self.due.remote = now;
+        self.drain(now);
+    }
+
+    /// Gossip membership changed: probers may have come or gone.
+    pub fn handle_membership_changed(&mut self) {
+        self.assignment_dirty = true;
+    }
+
+    /// How a [`LeaderCommand::Propose`] ended.
+    pub fn handle_written(&mut self, now: Instant, purpose: Purpose, written: Written) {
+        match purpose {
+            Purpose::RestartLeases => {
+                self.leases.in_flight = false;
+                if written.committed() {
+                    info!(term = self.term, "lease clocks restarted for the new term");
+                    self.leases.restarted = true;
+                }
+            }
+            Purpose::ExpireLeases => self.leases.in_flight = false,
+            Purpose::Failover {
+                region,
+                intent,
+                reason,
+            } => {
+                self.failover_in_flight.remove(&region);
+                let outcome = if written == Written::Applied {
+                    "granted"
+                } else {
+                    "refused"
+                };
+                let at_ms = self.unix_ms(now);
+                self.audit(AuditEntry {
+                    seq: 0,
+                    at_ms,
+                    kind: AuditKind::Policy,
+                    actor: SIGNAL_ACTOR.into(),
+                    service: None,
+                    instance: None,
+                    outcome: outcome.into(),
+                    detail: serde_json::json!({"peer_region": region, "intent": intent, "reason": reason}),
+                });
+            }
+            Purpose::Assignment | Purpose::Observed | Purpose::Progress => {
+                if !written.committed() {
+                    debug!(?purpose, "leader proposal not committed");
+                }
+            }
+        }
+    }
+
+    /// Fire whatever is due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant, env: &impl Surroundings) {
+        self.wall = (now, env.now_ms());
+        if self.pipeline.poll_timeout().is_some_and(|t| t <= now) {
+            self.pipeline.handle_timeout(now, &mut self.versions);
+        }
+        self.drain(now);
+        if self.due.counts <= now {
+            self.due.counts = now + COUNTS_EVERY;
+            self.refresh_counts(env);
+            self.flush_denials(now);
+        }
+        if self.due.leases <= now {
+            self.due.leases = now + LEASE_CHECK_EVERY;
+            self.expire_leases(now, env);
+        }
+        if self.due.reassign <= now {
+            self.due.reassign = now + REASSIGN_EVERY;
+            if std::mem::take(&mut self.assignment_dirty) {
+                self.reassign(now, env);
+            }
+        }
+        if self.due.observed <= now {
+            self.due.observed = now + OBSERVED_EVERY;
+            self.snapshot_observed(now);
+        }
+        if self.due.remote <= now {
+            self.due.remote = now + REMOTE_EVERY;
+            self.feed_remote(now, env);
+            self.follow_signal(now, env);
+        }
+        self.drain(now);
+        if self.hold.pending && now >= self.hold.until {
+            self.end_hold(env);
+        }
+    }
+
+    /// The next instant [`LeaderTerm::handle_timeout`] wants to run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let d = &self.due;
+        let hold = self.hold.pending.then_some(self.hold.until);
+        [d.counts, d.leases, d.reassign, d.observed, d.remote]
+            .into_iter()
+            .chain(self.pipeline.poll_timeout())
+            .chain(hold)
+            .min()
+    }
+
+    /// What the shell must do, in order.
+    pub fn take_commands(&mut self) -> Vec<LeaderCommand> {
+        std::mem::take(&mut self.commands)
+    }
+
+    /// The region pipeline, for `explain` and the checks routing controls make before
+    /// they are committed.
+    pub fn pipeline(&self) -> &RegionPipeline {
+        &self.pipeline
+    }
+
+    /// The Raft term.
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
+    /// Whether computed views are still being held.
+    pub fn is_holding(&self) -> bool {
+        self.hold.pending
+    }
+
+    /// Wall time at `now`, from the last reading.
+    fn unix_ms(&self, now: Instant) -> u64 {
+        let (at, ms) = self.wall;
+        let since = u64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(0);
+        ms.saturating_add(since)
+    }
+
+    fn audit(&mut self, entry: AuditEntry) {
+        self.commands.push(LeaderCommand::Audit(entry));
+    }
+
+    fn metric(&mut self, change: MetricChange) {
+        self.commands.push(LeaderCommand::Metric(change));
+    }
+
+    fn propose(&mut self, purpose: Purpose, request: Request) {
+        self.commands
+            .push(LeaderCommand::Propose { purpose, request });
+    }
+
+    fn propose_command(&mut self, now: Instant, purpose: Purpose, command: Command) {
+        let at_ms = self.unix_ms(now);
+        self.propose(purpose, Request::Registry(Stamped { at_ms, command }));
+    }
+
+    /// Turn the pipeline's outputs into commands.
+    fn drain(&mut self, now: Instant) {
+        let mut releases = Vec::new();
+        for output in self.pipeline.take_outputs() {
+            match output {
+                Output::Release(view) if self.hold.pending => {
+                    self.hold.held.insert(view.view.key.clone(), *view);
+                }
+                Output::Release(view) => releases.push(*view),
+                Output::Transition(t) => {
+                    let at_ms = self.unix_ms(now);
+                    self.audit(transition_record(&t, at_ms));
+                }
+                Output::Quarantine(q) => {
+                    self.metric(MetricChange::Quarantined {
+                        service: q.service.clone(),
+                    });
+                    let at_ms = self.unix_ms(now);
+                    self.audit(quarantine_record(&q, at_ms));
+                }
+                Output::Alarm(effect) => self.alarm(now, effect),
+                Output::EvacuationRefused { zone, error } => {
+                    warn!(%zone, %error, "committed evacuation intent refused by the assembler");
+                    let detail = serde_json::json!({"zone": zone, "error": error.to_string()});
+                    self.refused_intent(now, detail);
+                }
+                Output::RegionFailoverRefused { region, error } => {
+                    warn!(peer_region = %region, %error, "committed region failover intent refused by the assembler");
+                    let detail =
+                        serde_json::json!({"peer_region": region, "error": error.to_string()});
+                    self.refused_intent(now, detail);
+                }
+                Output::Shed(effect) => self.shed(effect),
+            }
+        }
+        if !releases.is_empty() {
+            self.commands.push(LeaderCommand::Publish(releases));
+        }
+    }
+
+    fn refused_intent(&mut self, now: Instant, detail: serde_json::Value) {
+        let at_ms = self.unix_ms(now);
+        self.audit(AuditEntry {
+            seq: 0,
+            at_ms,
+            kind: AuditKind::Policy,
+            actor: ACTOR.into(),
+            service: None,
+            instance: None,
+            outcome: "refused".into(),
+            detail,
+        });
+    }
+
+    fn shed(&mut self, effect: delta::Effect) {
+        match effect {
+            delta::Effect::ShedStarted { window } => {
+                self.metric(MetricChange::ShedStarted { window });
+            }
+            delta::Effect::ShedEnded { lasted, deferred } => {
+                self.metric(MetricChange::ShedEnded { lasted, deferred });
+            }
+            delta::Effect::VersionsExhausted { view } => {
+                error!(term = self.term, view = %view, "this term's version space is exhausted; handing leadership over");
+                self.metric(MetricChange::VersionsExhausted);
+                self.commands.push(LeaderCommand::Elect);
+            }
+            delta::Effect::Release { .. } => {}
+        }
+    }
+
+    fn alarm(&mut self, now: Instant, effect: assembler::Effect) {
+        let (service, outcome, detail) = match effect {
+            assembler::Effect::GuardEngaged {
+                service,
+                zone,
+                routed,
+                total,
+                floor,
+            } => {
+                self.metric(MetricChange::Guard {
+                    service: service.clone(),
+                    zone: zone.clone(),
+                    engaged: true,
+                });
+                let detail = serde_json::json!({"zone": zone, "routed": routed, "total": total, "floor_permille": floor.get()});
+                (service, "guard_engaged", detail)
+            }
+            assembler::Effect::GuardReleased { service, zone } => {
+                self.metric(MetricChange::Guard {
+                    service: service.clone(),
+                    zone: zone.clone(),
+                    engaged: false,
+                });
+                (service, "guard_released", serde_json::json!({"zone": zone}))
+            }
+            assembler::Effect::LastEligibleWithdrawn { service, region } => {
+                self.metric(MetricChange::LastEligibleWithdrawn {
+                    service: service.clone(),
+                    withdrawn: true,
+                });
+                let detail = serde_json::json!({"region": region});
+                (service, "last_eligible_withdrawn", detail)
+            }
+            assembler::Effect::EligibleRestored { service } => {
+                self.metric(MetricChange::LastEligibleWithdrawn {
+                    service: service.clone(),
+                    withdrawn: false,
+                });
+                (service, "eligible_restored", serde_json::Value::Null)
+            }
+            assembler::Effect::EvacuationProgress {
+                zone,
+                moved,
+                awaiting_completion,
+            } => {
+                info!(%zone, moved = moved.get(), awaiting_completion, "evacuation step");
+                // Committed so that a new leader resumes from where it stands, not from
+                // zero; lost only with the leadership.
+                let progress = self.pipeline.evacuation_record(&zone);
+                let command = Command::EvacuationProgress { zone, progress };
+                self.propose_command(now, Purpose::Progress, command);
+                return;
+            }
+            assembler::Effect::RegionFailoverProgress {
+                region,
+                moved,
+                awaiting_completion,
+            } => {
+                info!(peer_region = %region, moved = moved.get(), awaiting_completion, "region failover step");
+                self.metric(MetricChange::RegionFailoverMoved {
+                    region: region.clone(),
+                    moved,
+                });
+                let progress = self.pipeline.region_failover_record(&region);
+                let command = Command::RegionFailoverProgress { region, progress };
+                self.propose_command(now, Purpose::Progress, command);
+                return;
+            }
+            assembler::Effect::Target(_) => return,
+        };
+        let at_ms = self.unix_ms(now);
+        self.audit(AuditEntry {
+            seq: 0,
+            at_ms,
+            kind: AuditKind::Alarm,
+            actor: ACTOR.into(),
+            service: Some(service),
+            instance: None,
+            outcome: outcome.into(),
+            detail,
+        });
+    }
+
+    /// The hold is over: publish what was computed meanwhile, where it differs from what
+    /// clients already hold.
+    fn end_hold(&mut self, env: &impl Surroundings) {
+        self.hold.pending = false;
+        let held = std::mem::take(&mut self.hold.held);
+        let changed: Vec<ReleasedView> = env.read_state(|s| {
+            held.into_values()
+                .filter(|v| {
+                    s.published()
+                        .get(&v.view.key)
+                        .is_none_or(|p| p.view != v.view)
+                })
+                .collect()
+        });
+        info!(
+            term = self.term,
+            changed = changed.len(),
+            "hold over: publishing computed views"
+        );
+        if !changed.is_empty() {
+            self.commands.push(LeaderCommand::Publish(changed));
+        }
+    }
+
+    fn refresh_counts(&mut self, env: &impl Surroundings) {
+        let services: Vec<ServiceName> =
+            env.read_state(|s| s.registry().services().map(|(n, _)| n.clone()).collect());
+        for service in services {
+            let counts = self.pipeline.evaluator().verdict_counts(&service);
+            let counts = Verdict::ALL
+                .into_iter()
+                .map(|v| {
+                    let n = counts.get(&v).copied().unwrap_or(0);
+                    (v, u64::try_from(n).unwrap_or(u64::MAX))
+                })
+                .collect();
+            self.metric(MetricChange::Verdicts { service, counts });
+        }
+    }
+
+    fn flush_denials(&mut self, now: Instant) {
+        let at_ms = self.unix_ms(now);
+        for entry in self.denials.take_records(at_ms) {
+            self.audit(entry);
+        }
+    }
+
+    /// Proposes lease expiry when one is due — but first, once per term, restarts every
+    /// lease's clock: instances could not renew while the region had no leader (Consul
+    /// resets session TTLs on failover for the same reason), so an outage of the
+    /// authority never retires instances for its own silence.
+    fn expire_leases(&mut self, now: Instant, env: &impl Surroundings) {
+        if self.leases.in_flight {
+            return;
+        }
+        let (purpose, command) = if !self.leases.restarted {
+            (Purpose::RestartLeases, Command::RestartLeases)
+        } else {
+            let now_ms = self.unix_ms(now);
+            let due =
+                env.read_state(|s| s.registry().next_expiry_ms().is_some_and(|at| at <= now_ms));
+            if !due {
+                return;
+            }
+            (Purpose::ExpireLeases, Command::ExpireLeases)
+        };
+        self.leases.in_flight = true;
+        self.propose_command(now, purpose, command);
+    }
+
+    /// Recompute prober assignment from connected probers; propose it if it changed.
+    fn reassign(&mut self, now: Instant, env: &impl Surroundings) {
+        let probers = env.probers();
+        let wanted = env.read_state(|s| {
+            let r = s.registry();
+            let targets: Vec<(InstanceId, ZoneName)> = r
+                .instances()
+                .filter(|i| {
+                    r.service(&i.instance.service)
+                        .is_some_and(|s| s.contract.probe.is_some())
+                })
+                .map(|i| (i.instance.id.clone(), i.instance.locality.zone.clone()))
+                .collect();
+            let mut wanted = assign(&targets, &probers, PROBERS_PER_TARGET);
+            wanted.retain(|_, p| !p.is_empty());
+            let same = targets
+                .iter()
+                .all(|(id, _)| r.probers(id) == wanted.get(id).map_or(&[][..], Vec::as_slice))
+                && r.assignment_len() == wanted.len();
+            (!same).then_some(wanted)
+        });
+        if let Some(assignment) = wanted {
+            self.propose_command(
+                now,
+                Purpose::Assignment,
+                Command::SetAssignment { assignment },
+            );
+        }
+    }
+
+    fn snapshot_observed(&mut self, now: Instant) {
+        let instances = self.pipeline.observed(now);
+        let at_ms = self.unix_ms(now);
+        self.propose(Purpose::Observed, Request::Observed { at_ms, instances });
+    }
+
+    /// Hand the pipeline every peer-region aggregate that changed since it last saw it
+    /// (tier 2). Entries are only ever replaced by newer ones, never dropped: a silent peer
+    /// keeps its last endpoints.
+    fn feed_remote(&mut self, now: Instant, env: &impl Surroundings) {
+        let stale = env.stale_peers();
+        let local = &self.config.region;
+        let changed: Vec<((RegionName, ServiceName), u64)> = env
+            .peer_digest()
+            .into_iter()
+            .map(|(key, version)| {
+                let version = if stale.contains(&key.0) {
+                    DROPPED_STALE
+                } else {
+                    version
+                };
+                (key, version)
+            })
+            .filter(|(key, version)| &key.0 != local && self.remote_fed.get(key) != Some(version))
+            .collect();
+        for ((region, service), version) in changed {
+            let endpoints = if version == DROPPED_STALE {
+                Vec::new()
+            } else {
+                env.peer_endpoints(&region, &service)
+            };
+            debug!(peer_region = %region, %service, version, endpoints = endpoints.len(), "tier 2 updated from a peer region");
+            self.pipeline
+                .handle_remote(now, &service, region.clone(), endpoints);
+            self.remote_fed.insert((region, service), version);
+        }
+    }
+
+    /// Level-triggered: make the committed region failovers agree with the front-door
+    /// signal. A region whose front door is down and that is not failed over gets an
+    /// automatic failover; a region whose front door answers again and whose failover was
+    /// automatic gets a shift-back (rate-capped by the assembler). A manual failover is an
+    /// operator's and is never touched. One command per region in flight at a time.
+    fn follow_signal(&mut self, now: Instant, env: &impl Surroundings) {
+        for (region, up) in env.front_doors() {
+            if self.failover_in_flight.contains(&region) {
+                continue;
+            }
+            let Some(intent) = signal_intent(self.pipeline.region_failover_record(&region), up)
+            else {
+                continue;
+            };
+            if self
+                .pipeline
+                .check_region_failover(&region, intent)
+                .is_err()
+            {
+                continue;
+            }
+            let reason = if up {
+                "front door answers again"
+            } else {
+                "front door unreachable"
+            };
+            info!(peer_region = %region, ?intent, reason, "following the out-of-band region signal");
+            self.failover_in_flight.insert(region.clone());
+            let command = Command::RegionFailover {
+                region: region.clone(),
+                intent,
+                actor: SIGNAL_ACTOR.into(),
+                reason: reason.into(),
+            };
+            let purpose = Purpose::Failover {
+                region,
+                intent,
+                reason,
+            };
+            self.propose_command(now, purpose, command);
+        }
+    }
+}
+
+/// What the signal asks for a region, given its committed failover (if any) and whether
+/// its front door answers. The signal only ever reverses its own decisions: once an
+/// operator has acted on a region, it is theirs until the failover is over.
+fn signal_intent(record: Option<RegionFailoverRecord>, up: bool) -> Option<RegionFailoverIntent> {
+    let ours = |r: &RegionFailoverRecord| !r.manual && r.actor == SIGNAL_ACTOR;
+    match (&record, up) {
+        (None, false) => Some(RegionFailoverIntent::Failover { manual: false }),
+        (Some(r), true) if ours(r) && !r.back => Some(RegionFailoverIntent::ShiftBack),
+        (Some(r), false) if ours(r) && r.back => {
+            Some(RegionFailoverIntent::Failover { manual: false })
+        }
+        _ => None,
+    }
+}
+
+/// Recompute the pipeline from the desired state and resume it from the observed-state
+/// snapshot.
+fn rebuild(
+    config: &PipelineConfig,
+    s: &AuthorityState,
+    now: Instant,
+    now_ms: u64,
+) -> RegionPipeline {
+    let mut p = RegionPipeline::rebuild(config.clone(), s.registry(), now);
+    if let Some((at_ms, snapshot)) = s.observed() {
+        let age = Duration::from_millis(now_ms.saturating_sub(*at_ms));
+        info!(
+            instances = snapshot.len(),
+            age_ms = age.as_millis() as u64,
+            "resuming from the observed-state snapshot"
+        );
+        p.restore_observed(now, snapshot, age);
+    }
+    p
+}
+
+/// How long a new leader holds: the longest evidence interval of any contract, at most
+/// [`HOLD_MAX`].
+pub fn hold_for(registry: &DesiredState) -> Duration {
+    registry
+        .services()
+        .filter_map(|(_, r)| r.contract.clone().validate().ok())
+        .flat_map(|c| {
+            [
+                EvidenceClass::Probe,
+                EvidenceClass::SelfReport,
+                EvidenceClass::Passive,
+            ]
+            .into_iter()
+            .filter(|class| c.profile.provides(*class))
+            .map(|class| c.interval_of(class))
+            .collect::<Vec<_>>()
+        })
+        .max()
+        .unwrap_or(Duration::ZERO)
+        .min(HOLD_MAX)
+}
+
+/// A transition as an audit record: the rule and the eligibility as data.
+fn transition_record(t: &TransitionRecord, at_ms: u64) -> AuditEntry {
+    let evidence: Vec<serde_json::Value> = t
+        .evidence
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "class": e.class,
+                "provided": e.provided,
+                "score": e.score.get(),
+                "silent": e.silent,
+                "age_ms": e.age.map(|a| a.as_millis() as u64),
+                "reporter": e.reporter.as_ref().map(ToString::to_string),
+                "last": e.last,
+            })
+        })
+        .collect();
+    AuditEntry {
+        seq: 0,
+        at_ms,
+        kind: AuditKind::Transition,
+        actor: ACTOR.into(),
+        service: Some(t.service.clone()),
+        instance: Some(t.instance.clone()),
+        outcome: t.to.as_str().to_owned(),
+        detail: serde_json::json!({
+            "from": t.from.map(Verdict::as_str),
+            "eligibility": t.eligibility.record(t.at),
+            "rule": t.rule,
+            "evidence": evidence,
+        }),
+    }
+}
+
+fn quarantine_record(q: &QuarantineEvent, at_ms: u64) -> AuditEntry {
+    AuditEntry {
+        seq: 0,
+        at_ms,
+        kind: AuditKind::Transition,
+        actor: ACTOR.into(),
+        service: Some(q.service.clone()),
+        instance: Some(q.instance.clone()),
+        outcome: "quarantined".into(),
+        detail: serde_json::json!({
+            "owner": q.owner,
+            "level": q.level,
+            "for_ms": q.until.saturating_duration_since(q.at).as_millis() as u64,
+        }),
+    }
+}
+
+/// Refused evidence folded per (reporter, reason) between flushes: whatever rate a
+/// reporter sends forged or unassigned samples at, the replicated audit log grows by one
+/// record per reporter and reason per flush, carrying the count and an example. The exact
+/// count per reason is the `waymark_ingest_samples_refused_total` metric.
+#[derive(Debug)]
+struct DenialDigest(Fold);
+
+impl Default for DenialDigest {
+    fn default() -> Self {
+        Self(Fold::new(DENIAL_EXAMPLE_LEN_MAX))
+    }
+}
+
+impl DenialDigest {
+    fn handle_denial(&mut self, denial: Denial) {
+        self.0.add(
+            denial.reporter.to_string(),
+            denial.reason,
+            denial.instance,
+            None,
+        );
+    }
+
+    fn take_records(&mut self, at_ms: u64) -> Vec<AuditEntry> {
+        let (folded, overflow) = self.0.drain();
+        let mut records: Vec<AuditEntry> = folded
+            .into_iter()
+            .map(|((actor, reason), f)| AuditEntry {
+                seq: 0,
+                at_ms,
+                kind: AuditKind::Denial,
+                actor,
+                service: None,
+                instance: f.example.parse::<InstanceId>().ok(),
+                outcome: "refused".into(),
+                detail: serde_json::json!({
+                    "reason": reason,
+                    "what": "evidence",
+                    "count": f.count,
+                    "example": f.example,
+                }),
+            })
+            .collect();
+        if overflow > 0 {
+            records.push(AuditEntry {
+                seq: 0,
+                at_ms,
+                kind: AuditKind::Denial,
+                actor: ACTOR.into(),
+                service: None,
+                instance: None,
+                outcome: "refused".into(),
+                detail: serde_json::json!({
+                    "what": "evidence",
+                    "count": overflow,
+                    "reason": "more reporters and reasons than one record each",
+                }),
+            });
+        }
+        records
+    }
+}
+
+#[cfg(test)]
+mod props;
+#[cfg(test)]
+mod tests;
