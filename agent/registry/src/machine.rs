@@ -294,6 +294,47 @@ mod published_as_list {
     }
 }
 
+/// When a restarted member's xDS tier may answer. Until the log the member knew to be
+/// committed when it stopped is re-applied, its state is the last snapshot (or empty),
+/// and a tier serving from it would tell a reconnecting client that views it holds were
+/// removed. The gate opens once that log is applied, or once `wait` has passed, so a
+/// member that cannot catch up still serves what it has (and says so).
+#[derive(Debug, Clone)]
+pub struct ReplayGate {
+    target: Option<u64>,
+    deadline: std::time::Instant,
+}
+
+impl ReplayGate {
+    /// A gate for a member that knew `committed` to be committed when it stopped.
+    pub fn new(committed: Option<u64>, now: std::time::Instant, wait: std::time::Duration) -> Self {
+        Self {
+            target: committed,
+            deadline: now + wait,
+        }
+    }
+
+    /// Whether the log is re-applied, given the last applied index.
+    pub fn is_replayed(&self, applied: Option<u64>) -> bool {
+        self.target.is_none_or(|t| applied.is_some_and(|a| a >= t))
+    }
+
+    /// Whether the tier may answer at `now`.
+    pub fn is_open(&self, now: std::time::Instant, applied: Option<u64>) -> bool {
+        self.is_replayed(applied) || now >= self.deadline
+    }
+
+    /// The index to wait for, if any.
+    pub fn target(&self) -> Option<u64> {
+        self.target
+    }
+
+    /// When the gate opens whatever is applied.
+    pub fn deadline(&self) -> std::time::Instant {
+        self.deadline
+    }
+}
+
 /// Versions for a leader in `term`: `term << 32 | n`, so every term's versions are above
 /// every earlier term's. Neither half may spill into the other: a term above
 /// [`TERM_VERSIONS_MAX_TERM`] has no version space at all, and a term that has issued

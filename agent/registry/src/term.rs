@@ -223,6 +223,18 @@ pub struct TermConfig {
     pub term: u64,
     /// The region's pipeline.
     pub pipeline: PipelineConfig,
+    /// Fixes reverted on purpose; all off outside the simulation.
+    pub breaks: TermBreaks,
+}
+
+/// Fixes the simulation reverts to show that it catches the bugs they fixed. Off in
+/// production: no configuration file or flag reaches them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TermBreaks {
+    /// Expire leases without first restarting their clocks, as the leader did before
+    /// the fix: an outage of the authority retires registered instances for the silence
+    /// the outage itself caused.
+    pub expire_without_restart: bool,
 }
 
 /// One term's decisions. See the module documentation.
@@ -230,6 +242,7 @@ pub struct TermConfig {
 pub struct LeaderTerm {
     term: u64,
     config: PipelineConfig,
+    breaks: TermBreaks,
     pipeline: RegionPipeline,
     versions: TermVersions,
     hold: Hold,
@@ -302,6 +315,7 @@ impl LeaderTerm {
         let mut t = Self {
             term: config.term,
             config: config.pipeline,
+            breaks: config.breaks,
             pipeline,
             versions,
             hold: Hold {
@@ -741,7 +755,8 @@ impl LeaderTerm {
         if self.leases.in_flight {
             return;
         }
-        let (purpose, command) = if !self.leases.restarted {
+        let restart = !self.leases.restarted && !self.breaks.expire_without_restart;
+        let (purpose, command) = if restart {
             (Purpose::RestartLeases, Command::RestartLeases)
         } else {
             let now_ms = self.unix_ms(now);

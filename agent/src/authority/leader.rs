@@ -24,7 +24,7 @@ use waymark_core::view::{ReleasedView, ViewKey};
 use waymark_registry::machine::{AuditEntry, AuthorityState, Request, Response};
 use waymark_registry::pipeline::{PipelineConfig, RegionPipeline};
 use waymark_registry::term::{
-    LeaderCommand, LeaderTerm, MetricChange, Purpose, Surroundings, TermConfig, Written,
+    LeaderCommand, LeaderTerm, MetricChange, Purpose, Surroundings, TermBreaks, TermConfig, Written,
 };
 
 use super::clock::now_ms;
@@ -143,6 +143,7 @@ async fn lead_term(
     let config = TermConfig {
         term,
         pipeline: ctx.pipeline.clone(),
+        breaks: TermBreaks::default(),
     };
     let mut core = LeaderTerm::new(config, Instant::now().into_std(), &env);
     let mut applied = env.read_index();

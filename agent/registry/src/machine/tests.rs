@@ -217,3 +217,24 @@ fn removing_a_service_drops_its_views_and_versions_never_go_back() {
     let back: AuthorityState = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
     assert_eq!(back.max_version(), Version(9));
 }
+
+#[test]
+fn a_restarted_members_tier_waits_for_the_log_it_knew_committed() {
+    // Goal: a member back from a restart never answers from its bare snapshot.
+    #[allow(clippy::disallowed_methods)] // the one anchor instant of this test
+    let t0 = std::time::Instant::now();
+    let wait = std::time::Duration::from_secs(60);
+    let gate = ReplayGate::new(Some(40), t0, wait);
+    assert!(!gate.is_open(t0, None));
+    assert!(!gate.is_open(t0, Some(39)));
+    assert!(gate.is_open(t0, Some(40)));
+    assert!(
+        gate.is_open(t0 + wait, Some(2)),
+        "a member that cannot catch up serves what it has once the wait is over"
+    );
+    let fresh = ReplayGate::new(None, t0, wait);
+    assert!(
+        fresh.is_open(t0, None),
+        "nothing was committed: nothing to wait for"
+    );
+}

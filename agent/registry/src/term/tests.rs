@@ -116,6 +116,7 @@ pub(super) fn config(term: u64) -> TermConfig {
             delta: DeltaConfig::default(),
             fraction_guard: true,
         },
+        breaks: TermBreaks::default(),
     }
 }
 

@@ -47,7 +47,7 @@ use self::store::Shared;
 pub use self::store::{
     AppliedEntry, ApplyFailure, DB_FILE, LogStore, StateEvent, StateMachineStore, StoreError,
 };
-use waymark_registry::machine::{AuditEntry, AuthorityState, Request, Response};
+use waymark_registry::machine::{AuditEntry, AuthorityState, ReplayGate, Request, Response};
 
 /// Capacity of the [`StateEvent`] channel; a subscriber further behind resyncs.
 pub const EVENTS_CAPACITY: usize = 4096;
@@ -279,6 +279,33 @@ impl Debug for RaftNode {
 
 // === impl RaftNode ===
 
+/// Wait until `gate` opens: the committed log re-applied, or its wait over.
+async fn wait_for_replay(raft: &Raft<TypeConfig>, gate: &ReplayGate) {
+    let Some(index) = gate.target() else {
+        return;
+    };
+    let mut metrics = raft.metrics();
+    loop {
+        let applied = metrics.borrow_and_update().last_applied.map(|l| l.index);
+        if gate.is_replayed(applied) {
+            tracing::info!(index, "committed log re-applied");
+            return;
+        }
+        if gate.is_open(tokio::time::Instant::now().into_std(), applied) {
+            tracing::warn!(
+                index,
+                ?applied,
+                "committed log not re-applied in time; serving what is applied"
+            );
+            return;
+        }
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep_until(gate.deadline().into()) => {}
+        }
+    }
+}
+
 /// How long a starting member waits for the log it knew committed to be re-applied.
 const REPLAY_WAIT: Duration = Duration::from_secs(60);
 
@@ -317,18 +344,12 @@ impl RaftNode {
                 Raft::new(config.id, raft_config, network, log, sm).await?
             }
         };
-        if let Some(index) = committed {
-            let replay = raft
-                .wait(Some(REPLAY_WAIT))
-                .applied_index_at_least(Some(index), "replay committed log")
-                .await;
-            match replay {
-                Ok(_) => tracing::info!(index, "committed log re-applied"),
-                Err(error) => {
-                    tracing::warn!(index, %error, "committed log not re-applied in time; serving what is applied")
-                }
-            }
-        }
+        let gate = ReplayGate::new(
+            committed,
+            tokio::time::Instant::now().into_std(),
+            REPLAY_WAIT,
+        );
+        wait_for_replay(&raft, &gate).await;
         tracing::info!(node_id = config.id, member = %config.member, tls = config.tls.is_some(), "raft member started");
         Ok(Self {
             id: config.id,
