@@ -13,6 +13,8 @@
 //!
 //! One seed reproduces a run exactly; the seed and fault parameters are printed first.
 
+pub mod region;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};

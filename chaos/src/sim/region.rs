@@ -1,0 +1,1402 @@
+//! Deterministic simulation (tier B) of a whole region: authority members and node agents
+//! on virtual time, over a seeded network, through crashes, restarts and partitions.
+//!
+//! What runs is the product's own code: every member holds the replicated
+//! [`AuthorityState`] and applies the committed log with its `apply`; the leader runs a
+//! real [`LeaderTerm`] (registry, evaluator, assembler, delta queues) and its commands
+//! are what gets proposed; every member's xDS tier is the real [`SnapshotBuilder`] and
+//! each subscription the real Delta protocol state ([`DeltaState`]); evidence passes the
+//! real ingest check; a restarted member answers only through the real [`ReplayGate`].
+//! What is modelled: consensus (an entry commits when the leader reaches a majority; a
+//! new leader is an up-to-date member that reaches one, after an election timeout —
+//! openraft itself is exercised by the real-process tests and drills), the network
+//! (per-link delay, sample loss, stream breaks, isolation) and the instances' truth.
+//!
+//! Invariants, checked as the run goes:
+//! - no acknowledged write is lost: at the end every caught-up member's state equals a
+//!   replay of the committed log, and every acknowledged registration is in it;
+//! - no subscriber sees a view's version go backwards, or is told a view it holds was
+//!   removed;
+//! - a dead instance leaves every up-to-date subscriber's view within the hard-failure
+//!   budget (10 s) of the region having a leader and the subscriber being current;
+//! - silence never withdraws; no zone is published below its floor undeclared;
+//! - a new leader publishes nothing before its hold ends;
+//! - a registered instance whose node agent kept renewing is never retired.
+//!
+//! The seed and every parameter are printed first; the same seed gives the same trace.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use waymark_core::assembler::RemoteEndpoint;
+use waymark_core::contract::HealthContract;
+use waymark_core::defaults as d;
+use waymark_core::delta::DeltaConfig;
+use waymark_core::evaluator::EvaluatorConfig;
+use waymark_core::model::{
+    Address, Health, Instance, InstanceId, Locality, NodeName, Observation, Origin, RegionName,
+    Reporter, Sample, ServiceName, ZoneName,
+};
+use waymark_core::units::Weight;
+use waymark_core::view::{ReleasedView, ViewKey};
+use waymark_registry::ingest::{Denial, admit};
+use waymark_registry::machine::{AuditEntry, AuthorityState, ReplayGate, Request, Response};
+use waymark_registry::pipeline::PipelineConfig;
+use waymark_registry::state::{Applied, Command, Registration, RetireCause, Stamped};
+use waymark_registry::term::{
+    LeaderCommand, LeaderTerm, Purpose, Surroundings, TermBreaks, TermConfig, Written, hold_for,
+};
+use waymark_xds::protocol::DeltaState;
+use waymark_xds::snapshot::{Snapshot, SnapshotBuilder};
+use waymark_xds::translate::TYPE_ENDPOINT;
+
+use crate::rng::SplitMix64;
+
+/// One step of virtual time.
+pub const TICK: Duration = Duration::from_millis(50);
+/// Committed entries a member applies per tick while it catches up (a restarted member
+/// re-applying its log takes its start-up time, then `log / REPLAY_PER_TICK` ticks).
+pub const REPLAY_PER_TICK: usize = 40;
+/// How long a restarted member waits for its log before serving what it has.
+const REPLAY_WAIT: Duration = Duration::from_secs(60);
+/// Lease of a registered instance, and how often its node agent renews it.
+const LEASE_MS: u64 = 30_000;
+const RENEW_EVERY: Duration = Duration::from_secs(10);
+/// Unix ms at the start of the run (wall time, as data).
+const START_MS: u64 = 1_800_000_000_000;
+
+/// Fixes the run reverts, to show that it catches the bugs they fixed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimBreaks {
+    /// A restarted member's xDS tier answers before it has re-applied its log.
+    pub serve_before_replay: bool,
+    /// The leader expires leases without restarting their clocks after an election.
+    pub expire_without_restart: bool,
+}
+
+/// The region's size and the faults' rates.
+#[derive(Debug, Clone, Copy)]
+pub struct RegionSimConfig {
+    /// Everything derives from it.
+    pub seed: u64,
+    /// Authority members.
+    pub members: usize,
+    /// Zones.
+    pub zones: usize,
+    /// Node agents per zone (each probes and subscribes; the first also registers).
+    pub agents_per_zone: usize,
+    /// Services.
+    pub services: usize,
+    /// Orchestrated instances per service, spread over the zones.
+    pub per_service: usize,
+    /// Leased instances each zone's first agent registers (of the first service).
+    pub registered_per_zone: usize,
+    /// Simulated seconds.
+    pub seconds: u64,
+    /// Longest one-way delay of a message, ms (each is 1..=this).
+    pub delay_ms_max: u64,
+    /// Chance a sample is lost, permille.
+    pub loss_permille: u64,
+    /// Chance per second that a subscription's stream breaks, permille.
+    pub break_permille: u64,
+    /// Chance per member per second that it crashes (down 2–10 s, then restarts).
+    pub crash_permille: u64,
+    /// Chance per member per second that it is isolated from every other node (3–12 s).
+    pub partition_permille: u64,
+    /// Chance per instance per second that it dies (for good).
+    pub death_permille: u64,
+    /// Chance per instance per second that nobody observes it any more (20–60 s).
+    pub silence_permille: u64,
+    /// Every member down at this second, for this many seconds.
+    pub outage: Option<(u64, u64)>,
+    /// Members crashed one after another, from this second, each this many seconds apart.
+    pub rolling_restart: Option<(u64, u64)>,
+    /// Reverted fixes.
+    pub breaks: SimBreaks,
+}
+
+impl RegionSimConfig {
+    /// Prototype size: what the test command runs for a few seeds.
+    pub fn prototype(seed: u64) -> Self {
+        Self {
+            seed,
+            members: 3,
+            zones: 3,
+            agents_per_zone: 2,
+            services: 4,
+            per_service: 6,
+            registered_per_zone: 2,
+            seconds: 180,
+            delay_ms_max: 40,
+            loss_permille: 20,
+            break_permille: 10,
+            crash_permille: 4,
+            partition_permille: 3,
+            death_permille: 1,
+            silence_permille: 1,
+            outage: None,
+            rolling_restart: None,
+            breaks: SimBreaks::default(),
+        }
+    }
+
+    /// The reference estate's shape, on demand (`WAYMARK_SIM_SIZE=reference`): many
+    /// services and subscribers, one region.
+    pub fn reference(seed: u64) -> Self {
+        Self {
+            services: 450,
+            per_service: 12,
+            zones: 3,
+            agents_per_zone: 20,
+            registered_per_zone: 20,
+            seconds: 300,
+            ..Self::prototype(seed)
+        }
+    }
+}
+
+/// A broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Milliseconds into the run.
+    pub at_ms: u64,
+    /// What broke.
+    pub what: String,
+}
+
+/// What a run did and saw.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RegionSimReport {
+    /// Elections won.
+    pub elections: usize,
+    /// Member crashes.
+    pub crashes: usize,
+    /// Member isolations.
+    pub partitions: usize,
+    /// Entries committed.
+    pub committed: usize,
+    /// View versions delivered to subscribers.
+    pub delivered: usize,
+    /// Instances that died.
+    pub deaths: usize,
+    /// Broken invariants; empty on a good run.
+    pub violations: Vec<Violation>,
+    /// Every event, in order: the whole output a seed must reproduce.
+    pub trace: Vec<String>,
+}
+
+/// Run one simulation; deterministic for its config.
+pub fn run(config: RegionSimConfig) -> RegionSimReport {
+    let mut sim = Sim::new(config);
+    let ticks = config.seconds * 1000 / TICK.as_millis() as u64;
+    for _ in 0..ticks {
+        sim.step();
+    }
+    sim.finish();
+    sim.report
+}
+
+// === the model ===
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Truth {
+    Healthy,
+    Dead,
+    /// Healthy, unobserved until then.
+    Unobserved {
+        until: Instant,
+    },
+}
+
+struct Inst {
+    instance: Instance,
+    truth: Truth,
+    died_at: Option<Instant>,
+    /// Went unobserved while every published view routed to it.
+    silenced_routed: bool,
+}
+
+struct Member {
+    up: bool,
+    restart_at: Option<Instant>,
+    isolated_until: Option<Instant>,
+    /// Committed entries this member holds on disk (a prefix of the committed log).
+    durable: usize,
+    /// Entries applied to `state`.
+    applied: usize,
+    /// A restarted member starts re-applying its log only once its store is open and
+    /// its Raft core runs; until then its state is empty.
+    replay_from: Instant,
+    state: AuthorityState,
+    builder: SnapshotBuilder,
+    snapshot: Snapshot,
+    gate: ReplayGate,
+    term: Option<LeaderTerm>,
+}
+
+struct Agent {
+    name: NodeName,
+    zone: ZoneName,
+    /// The member whose xDS tier it subscribes to, and the stream's protocol state.
+    stream: Option<(usize, DeltaState)>,
+    reconnect_at: Instant,
+    /// Responses in flight to it, in order, with when they arrive.
+    inbox: VecDeque<(Instant, Delivery)>,
+    /// Versions and views it holds, by service.
+    held: BTreeMap<String, (u64, ReleasedView)>,
+    /// Since when it has been current: subscribed to a member that applied everything.
+    current_since: Option<Instant>,
+    registrar: bool,
+    /// Leased instances it registered (acknowledged) and renews.
+    registered: Vec<InstanceId>,
+    next_renew: Instant,
+    register_in_flight: bool,
+}
+
+struct Delivery {
+    from: usize,
+    resources: Vec<(String, String)>,
+    removed: Vec<String>,
+}
+
+/// Why a proposal is waiting, so its outcome reaches the right place.
+#[derive(Debug, Clone)]
+enum Waiting {
+    Leader(Purpose),
+    Publish,
+    Audit,
+    Register { agent: usize },
+    Renew,
+}
+
+struct Pending {
+    term: u64,
+    commit_at: Instant,
+    request: Request,
+    waiting: Waiting,
+}
+
+struct Sim {
+    c: RegionSimConfig,
+    rng: SplitMix64,
+    start: Instant,
+    now: Instant,
+    zones: Vec<ZoneName>,
+    insts: Vec<Inst>,
+    members: Vec<Member>,
+    agents: Vec<Agent>,
+    /// The committed log, and the state it replays to (what every member converges on).
+    committed: Vec<Request>,
+    truth: AuthorityState,
+    raft_term: u64,
+    leader: Option<usize>,
+    led_since: Option<Instant>,
+    /// When the current leader's hold ends.
+    hold_until: Option<Instant>,
+    election_at: Instant,
+    pending: VecDeque<Pending>,
+    /// Samples in flight to a member.
+    samples: VecDeque<(Instant, usize, Sample)>,
+    probers: Vec<(NodeName, ZoneName)>,
+    report: RegionSimReport,
+}
+
+impl Sim {
+    fn new(c: RegionSimConfig) -> Self {
+        #[allow(clippy::disallowed_methods)] // the only clock read: every later time is an offset
+        let start = Instant::now();
+        let zones: Vec<ZoneName> = (0..c.zones)
+            .map(|z| ZoneName::try_new(format!("z{z}")).expect("valid"))
+            .collect();
+        let mut sim = Self {
+            c,
+            rng: SplitMix64::new(c.seed),
+            start,
+            now: start,
+            insts: Vec::new(),
+            members: (0..c.members).map(|_| Member::new(start)).collect(),
+            agents: Vec::new(),
+            committed: Vec::new(),
+            truth: AuthorityState::default(),
+            raft_term: 0,
+            leader: None,
+            led_since: None,
+            hold_until: None,
+            election_at: start,
+            pending: VecDeque::new(),
+            samples: VecDeque::new(),
+            probers: Vec::new(),
+            report: RegionSimReport::default(),
+            zones,
+        };
+        for (z, zone) in sim.zones.clone().into_iter().enumerate() {
+            for a in 0..c.agents_per_zone {
+                sim.agents.push(Agent {
+                    name: node(&format!("n{z}-{a}")),
+                    zone: zone.clone(),
+                    stream: None,
+                    reconnect_at: start,
+                    inbox: VecDeque::new(),
+                    held: BTreeMap::new(),
+                    current_since: None,
+                    registrar: a == 0 && c.registered_per_zone > 0,
+                    registered: Vec::new(),
+                    next_renew: start,
+                    register_in_flight: false,
+                });
+            }
+        }
+        sim.seed_region();
+        sim.trace(format!("SEED={} {c:?}", c.seed));
+        sim
+    }
+
+    /// The desired state every member starts from: services and orchestrated instances,
+    /// committed as the log's first entries.
+    fn seed_region(&mut self) {
+        let mut commands = Vec::new();
+        for s in 0..self.c.services {
+            let service = service(s);
+            commands.push(Command::PutService {
+                service: service.clone(),
+                owner: "team".into(),
+                contract: HealthContract::default(),
+            });
+            for i in 0..self.c.per_service {
+                let zone = self.zones[i % self.zones.len()].clone();
+                let instance = Instance {
+                    id: InstanceId::try_new(format!("{service}-{i}")).expect("valid"),
+                    service: service.clone(),
+                    locality: Locality {
+                        region: region(),
+                        zone,
+                        node: node("host"),
+                    },
+                    address: address(s, i),
+                    origin: Origin::Orchestrator,
+                    weight: Weight::DEFAULT,
+                    tags: BTreeSet::new(),
+                    metadata: BTreeMap::new(),
+                };
+                commands.push(Command::Observe {
+                    instance: instance.clone(),
+                    draining: false,
+                });
+                self.insts.push(Inst {
+                    instance,
+                    truth: Truth::Healthy,
+                    died_at: None,
+                    silenced_routed: false,
+                });
+            }
+        }
+        for command in commands {
+            self.commit(Request::Registry(Stamped {
+                at_ms: START_MS,
+                command,
+            }));
+        }
+        for m in &mut self.members {
+            m.durable = self.committed.len();
+        }
+    }
+
+    fn at_ms(&self) -> u64 {
+        u64::try_from((self.now - self.start).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn now_ms(&self) -> u64 {
+        START_MS + self.at_ms()
+    }
+
+    fn trace(&mut self, line: String) {
+        let at = self.at_ms();
+        self.report.trace.push(format!("{at:>8} {line}"));
+    }
+
+    fn violate(&mut self, what: String) {
+        let at_ms = self.at_ms();
+        self.trace(format!("VIOLATION {what}"));
+        self.report.violations.push(Violation { at_ms, what });
+    }
+
+    fn delay(&mut self) -> Duration {
+        Duration::from_millis(1 + self.rng.below(self.c.delay_ms_max.max(1)))
+    }
+
+    fn connected(&self, a: usize, b: usize) -> bool {
+        self.member_reachable(a) && self.member_reachable(b)
+    }
+
+    fn member_reachable(&self, m: usize) -> bool {
+        let m = &self.members[m];
+        m.up && m.isolated_until.is_none()
+    }
+
+    fn majority(&self) -> usize {
+        self.members.len() / 2 + 1
+    }
+
+    fn reachable_members(&self) -> usize {
+        (0..self.members.len())
+            .filter(|m| self.member_reachable(*m))
+            .count()
+    }
+
+    // === one tick ===
+
+    fn step(&mut self) {
+        self.now += TICK;
+        let second_boundary = self.at_ms().is_multiple_of(1000);
+        if second_boundary {
+            self.faults();
+            self.instances();
+        }
+        self.membership();
+        self.consensus();
+        self.replicate();
+        self.deliver_samples();
+        self.lead();
+        self.serve();
+        self.agents_step(second_boundary);
+        self.check();
+    }
+
+    /// Member crashes, restarts and isolations, from the rates and the schedule.
+    fn faults(&mut self) {
+        let second = self.at_ms() / 1000;
+        for m in 0..self.members.len() {
+            if let Some(at) = self.members[m].restart_at
+                && self.now >= at
+            {
+                self.restart(m);
+            }
+            if let Some(until) = self.members[m].isolated_until
+                && self.now >= until
+            {
+                self.members[m].isolated_until = None;
+                self.trace(format!("heal m{m}"));
+            }
+        }
+        let scheduled: Vec<(usize, u64)> = match (self.c.outage, self.c.rolling_restart) {
+            (Some((at, len)), _) if at == second => {
+                (0..self.members.len()).map(|m| (m, len)).collect()
+            }
+            (_, Some((from, apart))) if second >= from && (second - from).is_multiple_of(apart) => {
+                let m = usize::try_from((second - from) / apart).unwrap_or(usize::MAX);
+                if m < self.members.len() {
+                    vec![(m, 3)]
+                } else {
+                    Vec::new()
+                }
+            }
+            _ => Vec::new(),
+        };
+        for (m, len) in scheduled {
+            self.crash(m, Duration::from_secs(len));
+        }
+        for m in 0..self.members.len() {
+            if !self.members[m].up {
+                continue;
+            }
+            if self.rng.chance(self.c.crash_permille) {
+                let down = Duration::from_secs(2 + self.rng.below(9));
+                self.crash(m, down);
+            } else if self.members[m].isolated_until.is_none()
+                && self.rng.chance(self.c.partition_permille)
+            {
+                let len = Duration::from_secs(3 + self.rng.below(10));
+                self.members[m].isolated_until = Some(self.now + len);
+                self.report.partitions += 1;
+                self.trace(format!("isolate m{m} for {}s", len.as_secs()));
+            }
+        }
+    }
+
+    fn crash(&mut self, m: usize, down: Duration) {
+        let member = &mut self.members[m];
+        if !member.up {
+            return;
+        }
+        member.up = false;
+        member.term = None;
+        member.restart_at = Some(self.now + down);
+        self.report.crashes += 1;
+        self.trace(format!("crash m{m} for {}s", down.as_secs()));
+    }
+
+    /// Back with its disk: its log, not its applied state (the state machine's last
+    /// snapshot is empty here), behind the replay gate.
+    fn restart(&mut self, m: usize) {
+        let now = self.now;
+        let startup = Duration::from_millis(500 + self.rng.below(2500));
+        let member = &mut self.members[m];
+        member.up = true;
+        member.restart_at = None;
+        member.isolated_until = None;
+        member.state = AuthorityState::default();
+        member.applied = 0;
+        member.replay_from = now + startup;
+        member.builder = SnapshotBuilder::new();
+        member.snapshot = Snapshot::default();
+        let known = u64::try_from(member.durable).ok().filter(|d| *d > 0);
+        member.gate = ReplayGate::new(known, now, REPLAY_WAIT);
+        self.trace(format!(
+            "restart m{m} replaying {}",
+            self.members[m].durable
+        ));
+    }
+
+    fn instances(&mut self) {
+        for i in 0..self.insts.len() {
+            match self.insts[i].truth {
+                Truth::Dead => {}
+                Truth::Unobserved { until } if self.now >= until => {
+                    self.insts[i].truth = Truth::Healthy;
+                    self.insts[i].silenced_routed = false;
+                }
+                Truth::Unobserved { .. } => {}
+                Truth::Healthy => {
+                    if self.rng.chance(self.c.death_permille) {
+                        self.insts[i].truth = Truth::Dead;
+                        self.insts[i].died_at = Some(self.now);
+                        self.report.deaths += 1;
+                        let id = self.insts[i].instance.id.clone();
+                        self.trace(format!("death {id}"));
+                    } else if self.rng.chance(self.c.silence_permille) {
+                        let len = Duration::from_secs(20 + self.rng.below(41));
+                        let routed = self.routed_everywhere(&self.insts[i].instance);
+                        self.insts[i].truth = Truth::Unobserved {
+                            until: self.now + len,
+                        };
+                        self.insts[i].silenced_routed = routed;
+                    }
+                }
+            }
+        }
+    }
+
+    fn routed_everywhere(&self, instance: &Instance) -> bool {
+        let views: Vec<_> = self
+            .truth
+            .published()
+            .values()
+            .filter(|v| v.view.key.service == instance.service)
+            .collect();
+        !views.is_empty() && views.iter().all(|v| v.view.routes_to(&instance.id))
+    }
+
+    /// Probers are the agents the leader can reach.
+    fn membership(&mut self) {
+        let probers: Vec<(NodeName, ZoneName)> = match self.leader {
+            Some(l) if self.member_reachable(l) => self
+                .agents
+                .iter()
+                .map(|a| (a.name.clone(), a.zone.clone()))
+                .collect(),
+            _ => Vec::new(),
+        };
+        if probers != self.probers {
+            self.probers = probers;
+            if let Some(term) = self.leader.and_then(|l| self.members[l].term.as_mut()) {
+                term.handle_membership_changed();
+            }
+        }
+    }
+
+    // === consensus, modelled ===
+
+    fn consensus(&mut self) {
+        if let Some(l) = self.leader {
+            let keeps = self.member_reachable(l) && self.reachable_members() >= self.majority();
+            if !keeps {
+                self.step_down(l, "lost its majority");
+            }
+        }
+        if self.leader.is_none() && self.now >= self.election_at {
+            self.elect();
+        }
+        self.commit_pending();
+    }
+
+    fn step_down(&mut self, l: usize, why: &str) {
+        self.members[l].term = None;
+        self.leader = None;
+        self.led_since = None;
+        self.hold_until = None;
+        self.election_at = self.now + Duration::from_millis(1000 + self.rng.below(1000));
+        self.trace(format!("leader m{l} steps down: {why}"));
+        let failed: Vec<Pending> = self.pending.drain(..).collect();
+        for p in failed {
+            self.resolve(p, None);
+        }
+    }
+
+    fn elect(&mut self) {
+        let candidates: Vec<usize> = (0..self.members.len())
+            .filter(|m| {
+                self.member_reachable(*m) && self.members[*m].durable == self.committed.len()
+            })
+            .collect();
+        if candidates.is_empty() || self.reachable_members() < self.majority() {
+            self.election_at = self.now + Duration::from_millis(500 + self.rng.below(500));
+            return;
+        }
+        let pick = usize::try_from(self.rng.below(candidates.len() as u64)).unwrap_or(0);
+        let l = candidates[pick];
+        self.raft_term += 1;
+        // A leader has applied everything committed before it leads.
+        while self.members[l].applied < self.committed.len() {
+            self.apply_next(l);
+        }
+        let config = TermConfig {
+            term: self.raft_term,
+            pipeline: PipelineConfig {
+                region: region(),
+                zones: self.zones.iter().cloned().collect(),
+                evaluator: EvaluatorConfig::default(),
+                delta: DeltaConfig::default(),
+                fraction_guard: true,
+            },
+            breaks: TermBreaks {
+                expire_without_restart: self.c.breaks.expire_without_restart,
+            },
+        };
+        let now_ms = self.now_ms();
+        let hold = hold_for(self.members[l].state.registry());
+        let env = Env::new(&self.members[l].state, &self.probers, now_ms);
+        self.members[l].term = Some(LeaderTerm::new(config, self.now, &env));
+        self.leader = Some(l);
+        self.led_since = Some(self.now);
+        self.hold_until = Some(self.now + hold);
+        self.report.elections += 1;
+        self.trace(format!("elect m{l} term {}", self.raft_term));
+    }
+
+    fn propose(&mut self, request: Request, waiting: Waiting) {
+        let commit_at = self.now + self.delay();
+        self.pending.push_back(Pending {
+            term: self.raft_term,
+            commit_at,
+            request,
+            waiting,
+        });
+    }
+
+    fn commit_pending(&mut self) {
+        while self
+            .pending
+            .front()
+            .is_some_and(|p| p.commit_at <= self.now)
+        {
+            let Some(p) = self.pending.pop_front() else {
+                break;
+            };
+            let ok = self.leader.is_some() && p.term == self.raft_term;
+            if !ok {
+                self.resolve(p, None);
+                continue;
+            }
+            let response = self.commit(p.request.clone());
+            self.resolve(p, Some(response));
+        }
+    }
+
+    /// Append to the committed log; the leader applies it at once.
+    fn commit(&mut self, request: Request) -> Response {
+        self.report.committed += 1;
+        let line = summarise(&request);
+        self.committed.push(request.clone());
+        let response = self.truth.apply(request);
+        self.trace(format!(
+            "commit {} {line} -> {}",
+            self.committed.len(),
+            outcome(&response)
+        ));
+        self.check_commit(&response);
+        if let Some(l) = self.leader {
+            self.members[l].durable = self.committed.len();
+            while self.members[l].applied < self.committed.len() {
+                self.apply_next(l);
+            }
+        }
+        response
+    }
+
+    /// A proposal's outcome, to whoever waits for it (`None`: not committed).
+    fn resolve(&mut self, p: Pending, response: Option<Response>) {
+        let written = match &response {
+            None => Written::Failed,
+            Some(Response::Registry { outcome: Err(_) }) => Written::Refused,
+            Some(_) => Written::Applied,
+        };
+        match p.waiting {
+            Waiting::Leader(purpose) => {
+                let now = self.now;
+                if let Some(term) = self.leader.and_then(|l| self.members[l].term.as_mut())
+                    && p.term == self.raft_term
+                {
+                    term.handle_written(now, purpose, written);
+                }
+            }
+            Waiting::Register { agent } => {
+                self.agents[agent].register_in_flight = false;
+                if let Some(Response::Registry {
+                    outcome: Ok(Applied::Registered { instance, .. }),
+                }) = response
+                {
+                    self.agents[agent].registered.push(instance);
+                }
+            }
+            Waiting::Publish | Waiting::Audit | Waiting::Renew => {}
+        }
+    }
+
+    /// Followers that reach the leader receive the log.
+    fn replicate(&mut self) {
+        let Some(l) = self.leader else {
+            return;
+        };
+        for m in 0..self.members.len() {
+            if m != l && self.connected(m, l) {
+                self.members[m].durable = self.committed.len();
+            }
+            if self.members[m].up && self.now >= self.members[m].replay_from {
+                for _ in 0..REPLAY_PER_TICK {
+                    if self.members[m].applied >= self.members[m].durable {
+                        break;
+                    }
+                    self.apply_next(m);
+                }
+            }
+        }
+    }
+
+    fn apply_next(&mut self, m: usize) {
+        let index = self.members[m].applied;
+        let request = self.committed[index].clone();
+        let member = &mut self.members[m];
+        let publish = match &request {
+            Request::Publish { views } => Some(views.clone()),
+            _ => None,
+        };
+        let response = member.state.apply(request.clone());
+        member.applied += 1;
+        if let (Some(views), Response::Published { accepted }) = (publish, &response)
+            && *accepted > 0
+        {
+            let mut changed = false;
+            for v in &views {
+                changed |= member.builder.handle_release(v);
+            }
+            if changed {
+                member.snapshot = member.builder.build();
+            }
+        }
+        // The leader's term follows the registry's committed changes.
+        if self.leader == Some(m)
+            && let (Request::Registry(_), Response::Registry { outcome: Ok(done) }) =
+                (&request, &response)
+        {
+            let now_ms = START_MS + u64::try_from((self.now - self.start).as_millis()).unwrap_or(0);
+            let member = &mut self.members[m];
+            if let Some(term) = member.term.as_mut() {
+                let env = Env::new(&member.state, &self.probers, now_ms);
+                term.handle_applied(self.now, done, &env);
+            }
+        }
+    }
+
+    // === evidence ===
+
+    fn deliver_samples(&mut self) {
+        while self
+            .samples
+            .front()
+            .is_some_and(|(at, _, _)| *at <= self.now)
+        {
+            let Some((_, to, sample)) = self.samples.pop_front() else {
+                break;
+            };
+            if self.leader != Some(to) {
+                continue;
+            }
+            let now = self.now;
+            let member = &mut self.members[to];
+            let Some(term) = member.term.as_mut() else {
+                continue;
+            };
+            match admit(member.state.registry(), &sample) {
+                Ok(()) => {
+                    let _ = term.handle_sample(now, sample);
+                }
+                Err(error) => term.handle_denial(Denial {
+                    reporter: sample.reporter.clone(),
+                    reason: error.label().into(),
+                    instance: sample.instance.to_string(),
+                }),
+            }
+        }
+    }
+
+    /// Each agent probes what the committed assignment gives it, once a second.
+    fn probe(&mut self, a: usize) {
+        let Some(l) = self.leader else {
+            return;
+        };
+        if !self.member_reachable(l) {
+            return;
+        }
+        let name = self.agents[a].name.clone();
+        let assigned = |id: &InstanceId| self.truth.registry().probers(id).contains(&name);
+        let mut out: Vec<(InstanceId, Health)> = self
+            .insts
+            .iter()
+            .filter(|i| assigned(&i.instance.id))
+            .filter_map(|i| match i.truth {
+                Truth::Healthy => Some((i.instance.id.clone(), Health::Pass)),
+                Truth::Dead => Some((i.instance.id.clone(), Health::Refused)),
+                Truth::Unobserved { .. } => None,
+            })
+            .collect();
+        // Registered instances are always healthy here.
+        out.extend(
+            self.truth
+                .registry()
+                .instances()
+                .filter(|r| r.instance.origin == Origin::Registered && assigned(&r.instance.id))
+                .map(|r| (r.instance.id.clone(), Health::Pass)),
+        );
+        for (id, health) in out {
+            if self.rng.chance(self.c.loss_permille) {
+                continue;
+            }
+            let at = self.now + self.delay();
+            let sample = Sample {
+                instance: id,
+                reporter: Reporter::Node(name.clone()),
+                observation: Observation::Probe {
+                    health,
+                    detail: None,
+                },
+            };
+            self.samples.push_back((at, l, sample));
+        }
+    }
+
+    // === the leader ===
+
+    fn lead(&mut self) {
+        let Some(l) = self.leader else {
+            return;
+        };
+        let now_ms = self.now_ms();
+        let end = self.now;
+        let commands = {
+            let member = &mut self.members[l];
+            let Some(term) = member.term.as_mut() else {
+                return;
+            };
+            let env = Env::new(&member.state, &self.probers, now_ms);
+            let mut commands = term.take_commands();
+            while let Some(due) = term.poll_timeout().filter(|t| *t <= end) {
+                term.handle_timeout(due, &env);
+                commands.extend(term.take_commands());
+            }
+            commands
+        };
+        let mut audit: Vec<AuditEntry> = Vec::new();
+        for command in commands {
+            match command {
+                LeaderCommand::Publish(views) => {
+                    if self.hold_until.is_some_and(|h| self.now < h) {
+                        self.violate(format!(
+                            "term {} published {} views inside its hold",
+                            self.raft_term,
+                            views.len()
+                        ));
+                    }
+                    self.propose(Request::Publish { views }, Waiting::Publish);
+                }
+                LeaderCommand::Audit(entry) => audit.push(entry),
+                LeaderCommand::Propose { purpose, request } => {
+                    self.propose(request, Waiting::Leader(purpose));
+                }
+                LeaderCommand::Metric(_) | LeaderCommand::RefreshTargets => {}
+                LeaderCommand::Elect => self.step_down(l, "versions exhausted"),
+            }
+        }
+        if !audit.is_empty() {
+            self.propose(Request::Audit { entries: audit }, Waiting::Audit);
+        }
+    }
+
+    // === the xDS tier and the subscribers ===
+
+    /// Each member's tier sends its subscribers what changed, behind the replay gate.
+    fn serve(&mut self) {
+        for a in 0..self.agents.len() {
+            let Some((m, _)) = &self.agents[a].stream else {
+                continue;
+            };
+            let m = *m;
+            if !self.member_reachable(m) {
+                self.agents[a].stream = None;
+                self.agents[a].current_since = None;
+                self.agents[a].reconnect_at =
+                    self.now + Duration::from_millis(200 + self.rng.below(800));
+                continue;
+            }
+            let member = &self.members[m];
+            let applied = u64::try_from(member.applied).ok().filter(|a| *a > 0);
+            let open = self.c.breaks.serve_before_replay || member.gate.is_open(self.now, applied);
+            if !open {
+                continue;
+            }
+            let zone = self.agents[a].zone.clone();
+            let Some(resources) = member.snapshot.resources(TYPE_ENDPOINT, Some(&zone)) else {
+                continue;
+            };
+            let resources = resources.clone();
+            let nonce = format!("{}", self.report.delivered);
+            let Some((_, state)) = self.agents[a].stream.as_mut() else {
+                continue;
+            };
+            let Some(response) = state.next_response(TYPE_ENDPOINT, &resources, "", nonce) else {
+                continue;
+            };
+            let delivery = Delivery {
+                from: m,
+                resources: response
+                    .resources
+                    .iter()
+                    .map(|r| (r.name.clone(), r.version.clone()))
+                    .collect(),
+                removed: response.removed_resources.clone(),
+            };
+            let after = self.agents[a].inbox.back().map_or(self.now, |(t, _)| *t);
+            let at = (self.now + self.delay()).max(after);
+            self.agents[a].inbox.push_back((at, delivery));
+        }
+    }
+
+    fn agents_step(&mut self, second_boundary: bool) {
+        for a in 0..self.agents.len() {
+            self.receive(a);
+            if self.agents[a].stream.is_none() && self.now >= self.agents[a].reconnect_at {
+                self.subscribe(a);
+            }
+            if second_boundary {
+                if self.agents[a].stream.is_some() && self.rng.chance(self.c.break_permille) {
+                    self.agents[a].stream = None;
+                    self.agents[a].inbox.clear();
+                    self.agents[a].current_since = None;
+                    self.agents[a].reconnect_at =
+                        self.now + Duration::from_millis(100 + self.rng.below(900));
+                }
+                self.probe(a);
+            }
+            self.register(a);
+            self.track_current(a);
+        }
+    }
+
+    /// Open a stream to a random reachable member, telling it what this agent holds.
+    fn subscribe(&mut self, a: usize) {
+        let up: Vec<usize> = (0..self.members.len())
+            .filter(|m| self.member_reachable(*m))
+            .collect();
+        if up.is_empty() {
+            self.agents[a].reconnect_at = self.now + Duration::from_secs(1);
+            return;
+        }
+        let m = up[usize::try_from(self.rng.below(up.len() as u64)).unwrap_or(0)];
+        let agent = &mut self.agents[a];
+        let mut state = DeltaState::default();
+        let request = DeltaDiscoveryRequest {
+            type_url: TYPE_ENDPOINT.into(),
+            initial_resource_versions: agent
+                .held
+                .iter()
+                .map(|(name, (v, _))| (name.clone(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        };
+        state.handle_request(&request);
+        agent.stream = Some((m, state));
+        agent.inbox.clear();
+    }
+
+    fn receive(&mut self, a: usize) {
+        while self.agents[a]
+            .inbox
+            .front()
+            .is_some_and(|(t, _)| *t <= self.now)
+        {
+            let Some((_, d)) = self.agents[a].inbox.pop_front() else {
+                break;
+            };
+            let zone = self.agents[a].zone.clone();
+            for name in &d.removed {
+                if self.agents[a].held.contains_key(name) {
+                    let who = self.agents[a].name.clone();
+                    self.violate(format!(
+                        "{who} told by m{} that view {name} it holds was removed",
+                        d.from
+                    ));
+                    self.agents[a].held.remove(name);
+                }
+            }
+            for (name, version) in &d.resources {
+                let Ok(version) = version.parse::<u64>() else {
+                    continue;
+                };
+                let held = self.agents[a].held.get(name).map(|(v, _)| *v);
+                if held.is_some_and(|h| version < h) {
+                    let who = self.agents[a].name.clone();
+                    self.violate(format!(
+                        "{who} sent {name} version {version} after {}",
+                        held.unwrap_or(0)
+                    ));
+                    continue;
+                }
+                let Ok(service) = ServiceName::try_new(name.as_str()) else {
+                    continue;
+                };
+                let key = ViewKey {
+                    service,
+                    zone: zone.clone(),
+                };
+                // The content that version carries, as the sender's state holds it.
+                let Some(view) = self.members[d.from].state.published().get(&key).cloned() else {
+                    continue;
+                };
+                if view.version.0 == version {
+                    self.report.delivered += 1;
+                    self.agents[a].held.insert(name.clone(), (version, view));
+                }
+            }
+        }
+    }
+
+    /// A registrar registers its instances until acknowledged, and renews them.
+    fn register(&mut self, a: usize) {
+        if !self.agents[a].registrar {
+            return;
+        }
+        let Some(l) = self.leader else {
+            return;
+        };
+        if !self.member_reachable(l) {
+            return;
+        }
+        let missing = self
+            .c
+            .registered_per_zone
+            .saturating_sub(self.agents[a].registered.len());
+        if missing > 0 && !self.agents[a].register_in_flight {
+            self.agents[a].register_in_flight = true;
+            let i = self.agents[a].registered.len();
+            let z = self
+                .zones
+                .iter()
+                .position(|z| *z == self.agents[a].zone)
+                .unwrap_or(0);
+            let registration = Registration {
+                service: service(0),
+                locality: Locality {
+                    region: region(),
+                    zone: self.agents[a].zone.clone(),
+                    node: self.agents[a].name.clone(),
+                },
+                address: Address {
+                    ip: IpAddr::V4(Ipv4Addr::new(
+                        10,
+                        200,
+                        u8::try_from(z).unwrap_or(0),
+                        u8::try_from(i + 1).unwrap_or(0),
+                    )),
+                    port: 9000,
+                },
+                weight: Weight::DEFAULT,
+                tags: BTreeSet::new(),
+                metadata: BTreeMap::new(),
+                lease_ms: LEASE_MS,
+            };
+            let request = Request::Registry(Stamped {
+                at_ms: self.now_ms(),
+                command: Command::Register(registration),
+            });
+            self.propose(request, Waiting::Register { agent: a });
+        }
+        if self.now >= self.agents[a].next_renew {
+            self.agents[a].next_renew = self.now + RENEW_EVERY;
+            for id in self.agents[a].registered.clone() {
+                let request = Request::Registry(Stamped {
+                    at_ms: self.now_ms(),
+                    command: Command::Renew { instance: id },
+                });
+                self.propose(request, Waiting::Renew);
+            }
+        }
+    }
+
+    fn track_current(&mut self, a: usize) {
+        let current = self.agents[a].stream.as_ref().is_some_and(|(m, _)| {
+            self.leader.is_some_and(|l| self.connected(*m, l))
+                && self.members[*m].applied == self.committed.len()
+        });
+        let agent = &mut self.agents[a];
+        match (current, agent.current_since) {
+            (true, None) => agent.current_since = Some(self.now),
+            (false, Some(_)) => agent.current_since = None,
+            _ => {}
+        }
+    }
+
+    // === invariants ===
+
+    fn check_commit(&mut self, response: &Response) {
+        if let Response::Registry {
+            outcome: Ok(Applied::Retired { instances }),
+        } = response
+        {
+            for (id, cause) in instances {
+                let renewed = self.agents.iter().any(|a| a.registered.contains(id));
+                if *cause == RetireCause::LeaseExpired && renewed {
+                    self.violate(format!("{id} retired though its node agent kept renewing (the authority's own silence)"));
+                }
+            }
+        }
+        if let Some(Request::Publish { views }) = self.committed.last() {
+            let views = views.clone();
+            for r in views {
+                for (z, floor) in &r.view.markers.zone_floor {
+                    let declared = r.view.markers.health_disregarded.contains(z);
+                    if !declared && r.view.routed_in(z) < *floor as usize {
+                        self.violate(format!(
+                            "{}: zone {z} routes {} < floor {floor}, undeclared",
+                            r.view.key,
+                            r.view.routed_in(z)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    fn check(&mut self) {
+        let budget = d::HARD_FAILURE_BUDGET_P99;
+        let mut late = Vec::new();
+        for agent in &self.agents {
+            let Some(current) = agent.current_since else {
+                continue;
+            };
+            for inst in &self.insts {
+                let Some(died) = inst.died_at else {
+                    continue;
+                };
+                let since = [Some(died), Some(current), self.led_since]
+                    .into_iter()
+                    .flatten()
+                    .max()
+                    .unwrap_or(died);
+                if self.led_since.is_none() || self.now.saturating_duration_since(since) <= budget {
+                    continue;
+                }
+                let name = inst.instance.service.to_string();
+                if agent
+                    .held
+                    .get(&name)
+                    .is_some_and(|(_, v)| v.view.endpoints.contains_key(&inst.instance.id))
+                {
+                    late.push(format!(
+                        "{} still routes to {} dead since {} ms",
+                        agent.name,
+                        inst.instance.id,
+                        (died - self.start).as_millis()
+                    ));
+                }
+            }
+        }
+        for inst in &self.insts {
+            if inst.silenced_routed && matches!(inst.truth, Truth::Unobserved { .. }) {
+                let out = self.truth.published().values().any(|v| {
+                    v.view.key.service == inst.instance.service
+                        && !v.view.routes_to(&inst.instance.id)
+                });
+                if out {
+                    late.push(format!(
+                        "{} withdrawn while merely silent",
+                        inst.instance.id
+                    ));
+                }
+            }
+        }
+        for what in late {
+            self.violate(what);
+        }
+        // Report each dead instance once.
+        for inst in &mut self.insts {
+            if let Some(died) = inst.died_at
+                && self.now.saturating_duration_since(died) > budget * 6
+            {
+                inst.died_at = None;
+            }
+        }
+    }
+
+    /// At the end: every caught-up member's state is the committed log's replay.
+    fn finish(&mut self) {
+        for m in 0..self.members.len() {
+            if self.members[m].up
+                && self.members[m].applied == self.committed.len()
+                && self.members[m].state != self.truth
+            {
+                self.violate(format!(
+                    "m{m} applied the whole log and differs from its replay"
+                ));
+            }
+        }
+        for a in 0..self.agents.len() {
+            for id in self.agents[a].registered.clone() {
+                let gone = self.truth.registry().instance(&id).is_none();
+                if gone {
+                    self.violate(format!(
+                        "acknowledged registration {id} is not in the committed state"
+                    ));
+                }
+            }
+        }
+        let r = &self.report;
+        let line = format!(
+            "end elections={} crashes={} partitions={} committed={} delivered={} deaths={} violations={}",
+            r.elections,
+            r.crashes,
+            r.partitions,
+            r.committed,
+            r.delivered,
+            r.deaths,
+            r.violations.len()
+        );
+        self.trace(line);
+    }
+}
+
+impl Member {
+    fn new(now: Instant) -> Self {
+        Self {
+            up: true,
+            restart_at: None,
+            isolated_until: None,
+            durable: 0,
+            applied: 0,
+            replay_from: now,
+            state: AuthorityState::default(),
+            builder: SnapshotBuilder::new(),
+            snapshot: Snapshot::default(),
+            gate: ReplayGate::new(None, now, REPLAY_WAIT),
+            term: None,
+        }
+    }
+}
+
+/// A leader's surroundings: its own state and the connected probers. The simulation has
+/// one region, so no peer aggregates and no front doors.
+struct Env<'a> {
+    state: &'a AuthorityState,
+    probers: &'a [(NodeName, ZoneName)],
+    now_ms: u64,
+}
+
+impl<'a> Env<'a> {
+    fn new(state: &'a AuthorityState, probers: &'a [(NodeName, ZoneName)], now_ms: u64) -> Self {
+        Self {
+            state,
+            probers,
+            now_ms,
+        }
+    }
+}
+
+impl Surroundings for Env<'_> {
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    fn read_state<T>(&self, read: impl FnOnce(&AuthorityState) -> T) -> T {
+        read(self.state)
+    }
+
+    fn probers(&self) -> Vec<(NodeName, ZoneName)> {
+        self.probers.to_vec()
+    }
+
+    fn peer_digest(&self) -> Vec<((RegionName, ServiceName), u64)> {
+        Vec::new()
+    }
+
+    fn peer_endpoints(&self, _: &RegionName, _: &ServiceName) -> Vec<RemoteEndpoint> {
+        Vec::new()
+    }
+
+    fn stale_peers(&self) -> BTreeSet<RegionName> {
+        BTreeSet::new()
+    }
+
+    fn front_doors(&self) -> Vec<(RegionName, bool)> {
+        Vec::new()
+    }
+}
+
+fn node(name: &str) -> NodeName {
+    NodeName::try_new(name).expect("valid")
+}
+
+fn region() -> RegionName {
+    RegionName::try_new("sim").expect("valid")
+}
+
+fn service(s: usize) -> ServiceName {
+    ServiceName::try_new(format!("svc{s}")).expect("valid")
+}
+
+fn address(s: usize, i: usize) -> Address {
+    let [_, _, hi, lo] = u32::try_from(s * 256 + i).unwrap_or(0).to_be_bytes();
+    Address {
+        ip: IpAddr::V4(Ipv4Addr::new(10, 0, hi, lo)),
+        port: 8080,
+    }
+}
+
+fn summarise(request: &Request) -> String {
+    match request {
+        Request::Registry(s) => format!("registry {}", command_name(&s.command)),
+        Request::Publish { views } => {
+            let versions: Vec<String> = views
+                .iter()
+                .map(|v| format!("{}@{}", v.view.key, v.version.0 & 0xFFFF_FFFF))
+                .collect();
+            format!("publish [{}]", versions.join(" "))
+        }
+        Request::Observed { instances, .. } => format!("observed {}", instances.len()),
+        Request::Audit { entries } => format!("audit {}", entries.len()),
+    }
+}
+
+fn command_name(c: &Command) -> String {
+    let json = serde_json::to_value(c).unwrap_or_default();
+    json["op"].as_str().unwrap_or("?").to_owned()
+}
+
+fn outcome(r: &Response) -> String {
+    match r {
+        Response::Registry { outcome: Ok(_) } => "ok".into(),
+        Response::Registry { outcome: Err(e) } => format!("refused {}", e.reason),
+        Response::Published { accepted } => format!("accepted {accepted}"),
+        Response::Audited { last_seq } => format!("seq {last_seq}"),
+        other => format!("{other:?}"),
+    }
+}
