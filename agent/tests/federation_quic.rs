@@ -18,10 +18,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
-use waymark_agent::authority::federation::{
-    FederationConfig, FederationError, FederationMetrics, FederationNode, FederationTls,
-    PeerConfig, PeerStatus, RefusalReason, RegionStatus, SharedAggregates,
-};
 use waymark_certs::ca::{IssuedLeaf, LeafSan, LeafSpec};
 use waymark_certs::error::PemPart;
 use waymark_certs::layout::PkiDir;
@@ -41,6 +37,10 @@ use waymark_federation::aggregate::{
     AggregateEndpoint, Entry, Outcome, ReconciliationRecord, RegionAggregates, ServiceAggregate,
 };
 use waymark_federation::session::{Message, SessionConfig};
+use waymark_federation_quic::{
+    FederationConfig, FederationError, FederationMetrics, FederationNode, FederationTls,
+    PeerConfig, PeerStatus, RefusalReason, RegionStatus, SharedAggregates,
+};
 use waymark_xds::client::BackoffConfig;
 
 const TD: &str = "waymark.test";

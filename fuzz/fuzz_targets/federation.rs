@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
-use waymark_agent::authority::federation::fuzzing::{encode, read_frame};
 use waymark_core::model::RegionName;
 use waymark_federation::aggregate::RegionAggregates;
 use waymark_federation::session::{Message, Session, SessionConfig};
+use waymark_federation_quic::fuzzing::{encode, read_frame};
 use waymark_fuzz::{Gen, Limits, capped};
 
 /// The frame limit the targets use (small, so the refusal path is reached too).

@@ -43,6 +43,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use waymark_core::contract::HealthContract;
 use waymark_core::model::{Instance, InstanceId, RegionName, ServiceName, ZoneName};
+use waymark_federation_quic::FederationNode;
 use waymark_registry::state::{
     Applied, Command, EvacuationIntent, RegionFailoverIntent, Registration, ServicePolicyRecord,
     Stamped,
@@ -50,7 +51,6 @@ use waymark_registry::state::{
 use waymark_xds::server::XdsServer;
 
 use super::clock::now_ms;
-use super::federation::FederationNode;
 use super::fields;
 use super::leader::LeaderHandle;
 use super::metrics::{AuthorityMetrics, OutcomeLabels, ReasonLabels};

@@ -39,6 +39,10 @@ use waymark_core::evaluator::EvaluatorConfig;
 use waymark_core::model::{NodeName, RegionName, ZoneName};
 use waymark_core::units::Permille;
 use waymark_federation::signal::RegionSignal;
+use waymark_federation_quic::{
+    FederationConfig, FederationMetrics, FederationNode, FederationTls, PeerConfig,
+    SharedAggregates,
+};
 use waymark_registry::pipeline::PipelineConfig;
 use waymark_xds::admission::AdmissionConfig;
 use waymark_xds::server::{ServerConfig, XdsServer};
@@ -46,10 +50,6 @@ use waymark_xds::server::{ServerConfig, XdsServer};
 use super::api::{self, ApiState};
 use super::evidence::EvidenceHub;
 use super::existence::{self, KubeSettings};
-use super::federation::{
-    FederationConfig, FederationMetrics, FederationNode, FederationTls, PeerConfig,
-    SharedAggregates,
-};
 use super::ingest::EvidenceService;
 use super::kube::metrics::KubeMetrics;
 use super::leader::{self, LeaderContext};

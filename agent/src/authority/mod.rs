@@ -8,7 +8,6 @@ pub mod config;
 pub mod credentials;
 pub mod evidence;
 pub mod existence;
-pub mod federation;
 pub mod fields;
 pub mod ingest;
 pub mod kube;

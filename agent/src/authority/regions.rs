@@ -39,10 +39,10 @@ use waymark_core::model::{RegionName, ServiceName};
 use waymark_federation::aggregate::{Entry, Outcome, ReconciliationRecord};
 use waymark_federation::local::local_aggregate;
 use waymark_federation::signal::{FrontDoor, RegionSignal, SignalConfig};
+use waymark_federation_quic::{FederationNode, SharedAggregates};
 
 use super::clock::now_ms;
 use super::config::{FederationPeerEntry, FrontDoorEntry};
-use super::federation::{FederationNode, SharedAggregates};
 use super::metrics::PeerRegionLabels;
 use super::raft::{RaftNode, StateEvent};
 use waymark_registry::machine::{AuditEntry, AuditKind, AuthorityState, Request, Response};

@@ -1,5 +1,6 @@
-//! The federation driver: the pure anti-entropy [`Session`]s of `waymark-federation` over
-//! mutually authenticated QUIC, one link per peer authority *member*.
+//! The federation driver: carries the pure anti-entropy session,
+//! `waymark_federation::session::Session`, over mutually authenticated QUIC, one link (and
+//! one [`Session`]) per peer authority *member*, as quinn drives quinn-proto.
 //!
 //! ```text
 //!            ┌── link task (eu→us/a1) ── Session ── 1 bidi stream ── QUIC ─┐
@@ -11,39 +12,13 @@
 //!              SharedAggregates              take_reconciliations()
 //! ```
 //!
-//! - **Why per member.** Every authority member (3 or 5 per region) runs this endpoint. With
-//!   one link per region, our members dialling one peer member would keep replacing each
-//!   other's link, and losing that one peer member would silence the region. So each member
-//!   keeps a link (and a [`Session`]) to every member of every peer region, and a region is
-//!   fresh while any of its links speaks ([`FederationNode::regions`]).
-//! - **Who dials.** Of two regions, the one whose name sorts lower dials: each of its
-//!   members dials each member of the other. So there is one link per pair of members and
-//!   no duplicate to resolve. An acceptor replaces a link only when the same peer member
-//!   connects again (it restarted).
-//! - **Who is admitted.** Both directions require an authority identity of our trust
-//!   domain (rustls verifier, [`PeerPolicy`]); then the peer's region and member must be a
-//!   configured peer that dials us (acceptor) or the ones configured at the dialled address
-//!   (dialer). Anything else is closed with an application error and counted by
-//!   [`RefusalReason`].
-//! - **What a link carries: direct links only.** A peer speaks only for its own region,
-//!   the one its certificate names (and which must be the configured peer region). The
-//!   driver hands that region to the [`Session`], which answers digests with our own
-//!   entries only and merges a batch only if every entry is the peer's own: a batch naming
-//!   a third region, or ours, is refused whole, changes nothing, and is counted as
-//!   `foreign_entry` and logged with the peer and the entry it claimed. So a compromised
-//!   region can write only its own aggregates. The cost: nothing is relayed, so every
-//!   region must link directly to every region whose aggregates it wants (a full mesh of
-//!   peers); a region we do not link to is simply absent from tier 2. Relaying would need
-//!   entries signed by their own region, which the one-hop rule makes unnecessary.
-//! - **Bounded bandwidth.** A message carries at most `entries_per_message` entries and at
-//!   most `message_bytes_max` bytes; the Session queues at most `outbox_max` messages
-//!   (dropping the oldest, which the next digest round recomputes); the driver holds one
-//!   message, hands one to the writer and the writer has one on the wire.
-//! - **Staleness.** A link's age is [`Session::age`]; beyond `stale_after` it is reported
-//!   stale. A region's age is its youngest link's, and it is stale only when every link is.
-//!   Its entries stay in the aggregates: losing a link never removes anything.
-//! - **Reconnects** use full-jitter backoff (250 ms doubling to [`RECONNECT_CAP`]), seeded.
-
+//! The Session decides what to send and when; this crate moves it. It depends on quinn and
+//! tokio (endpoint, streams, tasks, timers), `waymark-certs` (the rustls configs and the
+//! peer's identity), `waymark-xds` (only its redial `Backoff`) and prometheus-client. The
+//! authority (`waymark-agent`) starts a [`FederationNode`] and shares its
+//! [`SharedAggregates`]; how links are chosen, admitted and bounded is on [`FederationNode`].
+#![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 #![deny(missing_docs)]
 
 mod metrics;
@@ -232,6 +207,39 @@ pub struct RegionStatus {
 /// loop.
 /// Dropping it stops the tasks; [`FederationNode::shutdown`] also waits for the endpoint to
 /// close, so the port can be bound again.
+///
+/// - **Why per member.** Every authority member (3 or 5 per region) runs this endpoint. With
+///   one link per region, our members dialling one peer member would keep replacing each
+///   other's link, and losing that one peer member would silence the region. So each member
+///   keeps a link (and a [`Session`]) to every member of every peer region, and a region is
+///   fresh while any of its links speaks ([`FederationNode::regions`]).
+/// - **Who dials.** Of two regions, the one whose name sorts lower dials: each of its
+///   members dials each member of the other. So there is one link per pair of members and
+///   no duplicate to resolve. An acceptor replaces a link only when the same peer member
+///   connects again (it restarted).
+/// - **Who is admitted.** Both directions require an authority identity of our trust
+///   domain (rustls verifier, [`PeerPolicy`]); then the peer's region and member must be a
+///   configured peer that dials us (acceptor) or the ones configured at the dialled address
+///   (dialer). Anything else is closed with an application error and counted by
+///   [`RefusalReason`].
+/// - **What a link carries: direct links only.** A peer speaks only for its own region,
+///   the one its certificate names (and which must be the configured peer region). The
+///   driver hands that region to the [`Session`], which answers digests with our own
+///   entries only and merges a batch only if every entry is the peer's own: a batch naming
+///   a third region, or ours, is refused whole, changes nothing, and is counted as
+///   `foreign_entry` and logged with the peer and the entry it claimed. So a compromised
+///   region can write only its own aggregates. The cost: nothing is relayed, so every
+///   region must link directly to every region whose aggregates it wants (a full mesh of
+///   peers); a region we do not link to is simply absent from tier 2. Relaying would need
+///   entries signed by their own region, which the one-hop rule makes unnecessary.
+/// - **Bounded bandwidth.** A message carries at most `entries_per_message` entries and at
+///   most `message_bytes_max` bytes; the Session queues at most `outbox_max` messages
+///   (dropping the oldest, which the next digest round recomputes); the driver holds one
+///   message, hands one to the writer and the writer has one on the wire.
+/// - **Staleness.** A link's age is [`Session::age`]; beyond `stale_after` it is reported
+///   stale. A region's age is its youngest link's, and it is stale only when every link is.
+///   Its entries stay in the aggregates: losing a link never removes anything.
+/// - **Reconnects** use full-jitter backoff (250 ms doubling to [`RECONNECT_CAP`]), seeded.
 #[derive(Debug)]
 pub struct FederationNode {
     ctx: Arc<peer::Ctx>,
