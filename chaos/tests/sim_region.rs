@@ -21,10 +21,26 @@ fn seeds() -> Vec<u64> {
 }
 
 fn config(seed: u64) -> RegionSimConfig {
-    match std::env::var("WAYMARK_SIM_SIZE").as_deref() {
+    let mut c = match std::env::var("WAYMARK_SIM_SIZE").as_deref() {
         Ok("reference") => RegionSimConfig::reference(seed),
         _ => RegionSimConfig::prototype(seed),
+    };
+    if let Ok(s) = std::env::var("WAYMARK_SIM_SECONDS") {
+        c.seconds = s
+            .parse()
+            .expect("WAYMARK_SIM_SECONDS is a number of seconds");
     }
+    c
+}
+
+/// The trace up to the first violation (its last 60 lines), for the failure message.
+fn around(r: &RegionSimReport) -> String {
+    let end = r
+        .trace
+        .iter()
+        .position(|l| l.contains("VIOLATION"))
+        .map_or(r.trace.len(), |i| i + 1);
+    r.trace[end.saturating_sub(60)..end].join("\n")
 }
 
 fn assert_clean(seed: u64, r: &RegionSimReport) {
@@ -33,7 +49,7 @@ fn assert_clean(seed: u64, r: &RegionSimReport) {
         "SEED={seed}: {} violations, first: {:?}; replay with WAYMARK_SEEDS={seed}\n{}",
         r.violations.len(),
         r.violations.first(),
-        r.trace[r.trace.len().saturating_sub(40)..].join("\n")
+        around(r)
     );
 }
 
@@ -94,21 +110,33 @@ fn outage(seed: u64, breaks: SimBreaks) -> RegionSimConfig {
 fn a_restarted_member_serving_before_its_replay_is_caught() {
     // The bug the leader-churn drill found: a member answered xDS from its bare snapshot
     // before re-applying its log, telling reconnecting clients their views were removed.
-    let fixed = run(rolling(5, SimBreaks::default()));
-    assert_clean(5, &fixed);
-    let broken = run(rolling(
-        5,
-        SimBreaks {
-            serve_before_replay: true,
-            ..SimBreaks::default()
-        },
-    ));
+    // Two defences stand against it now — the replay gate, and the Delta rule that a
+    // server which never held the client's version removes nothing — and either alone
+    // holds; with both reverted the bug is back and the simulation sees it.
+    let neither = SimBreaks {
+        serve_before_replay: true,
+        remove_when_behind: true,
+        ..SimBreaks::default()
+    };
+    let gate_only = SimBreaks {
+        remove_when_behind: true,
+        ..SimBreaks::default()
+    };
+    let rule_only = SimBreaks {
+        serve_before_replay: true,
+        ..SimBreaks::default()
+    };
+    for breaks in [SimBreaks::default(), gate_only, rule_only] {
+        let r = run(rolling(5, breaks));
+        assert!(r.violations.is_empty(), "{breaks:?}: {}", around(&r));
+    }
+    let broken = run(rolling(5, neither));
     assert!(
         broken
             .violations
             .iter()
-            .any(|v| v.what.contains("was removed") || v.what.contains("after")),
-        "the reverted fix went unnoticed: {:?}",
+            .any(|v| v.what.contains("was removed")),
+        "the reverted fixes went unnoticed: {:?}",
         broken.trace.last()
     );
 }
@@ -131,6 +159,35 @@ fn an_outage_retiring_live_instances_is_caught() {
             .violations
             .iter()
             .any(|v| v.what.contains("kept renewing")),
+        "the reverted fix went unnoticed: {:?}",
+        broken.trace.last()
+    );
+}
+
+#[test]
+fn a_member_that_lost_its_disk_removes_nothing_while_it_catches_up() {
+    // Found by this simulation at the reference size: a member with nothing applied yet
+    // (here: killed and its data deleted) told reconnecting clients their views were gone.
+    let wiped = |breaks| RegionSimConfig {
+        crash_permille: 0,
+        partition_permille: 0,
+        break_permille: 1000,
+        seconds: 60,
+        wipe: Some((20, 1)),
+        breaks,
+        ..RegionSimConfig::prototype(8)
+    };
+    let fixed = run(wiped(SimBreaks::default()));
+    assert_clean(8, &fixed);
+    let broken = run(wiped(SimBreaks {
+        remove_when_behind: true,
+        ..SimBreaks::default()
+    }));
+    assert!(
+        broken
+            .violations
+            .iter()
+            .any(|v| v.what.contains("was removed")),
         "the reverted fix went unnoticed: {:?}",
         broken.trace.last()
     );

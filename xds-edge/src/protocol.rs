@@ -142,9 +142,13 @@ impl DeltaState {
         // A client that reconnects from a member further ahead may hold newer versions
         // than this server: never send it backwards (ADR-11). Versions that are numbers
         // are compared; the server catches up and sends once it is ahead again.
+        // The snapshot's own version is the highest it ever held, kept when a service is
+        // removed: a server that deleted a view has seen a version at least the client's,
+        // while one that has applied nothing yet (a member still catching up) has not.
         let newest = resources
             .values()
             .filter_map(|e| e.version.parse::<u64>().ok())
+            .chain(system_version.parse::<u64>().ok())
             .max();
         for (name, enc) in resources.iter().filter(|(n, _)| self.subscription.wants(n)) {
             let held = self.known.get(name);

@@ -74,6 +74,10 @@ pub struct SimBreaks {
     pub serve_before_replay: bool,
     /// The leader expires leases without restarting their clocks after an election.
     pub expire_without_restart: bool,
+    /// The tier compares a reconnecting client's versions with the views it holds only,
+    /// not with the highest version it ever held, as before the fix: a member that has
+    /// applied nothing yet tells the client that its views were removed.
+    pub remove_when_behind: bool,
 }
 
 /// The region's size and the faults' rates.
@@ -113,6 +117,9 @@ pub struct RegionSimConfig {
     pub outage: Option<(u64, u64)>,
     /// Members crashed one after another, from this second, each this many seconds apart.
     pub rolling_restart: Option<(u64, u64)>,
+    /// At this second this member is killed and loses its disk; it comes back empty and
+    /// catches up from the leader.
+    pub wipe: Option<(u64, usize)>,
     /// Reverted fixes.
     pub breaks: SimBreaks,
 }
@@ -138,6 +145,7 @@ impl RegionSimConfig {
             silence_permille: 1,
             outage: None,
             rolling_restart: None,
+            wipe: None,
             breaks: SimBreaks::default(),
         }
     }
@@ -232,6 +240,8 @@ struct Member {
     state: AuthorityState,
     builder: SnapshotBuilder,
     snapshot: Snapshot,
+    /// Bumped whenever `snapshot` is rebuilt, so unchanged tiers send nothing.
+    epoch: u64,
     gate: ReplayGate,
     term: Option<LeaderTerm>,
 }
@@ -239,8 +249,9 @@ struct Member {
 struct Agent {
     name: NodeName,
     zone: ZoneName,
-    /// The member whose xDS tier it subscribes to, and the stream's protocol state.
-    stream: Option<(usize, DeltaState)>,
+    /// The member whose xDS tier it subscribes to, the stream's protocol state, and the
+    /// member's snapshot epoch it last answered from.
+    stream: Option<(usize, DeltaState, Option<u64>)>,
     reconnect_at: Instant,
     /// Responses in flight to it, in order, with when they arrive.
     inbox: VecDeque<(Instant, Delivery)>,
@@ -497,6 +508,14 @@ impl Sim {
         for (m, len) in scheduled {
             self.crash(m, Duration::from_secs(len));
         }
+        if let Some((at, m)) = self.c.wipe
+            && at == second
+            && m < self.members.len()
+        {
+            self.crash(m, Duration::from_secs(2));
+            self.members[m].durable = 0;
+            self.trace(format!("wipe m{m}"));
+        }
         for m in 0..self.members.len() {
             if !self.members[m].up {
                 continue;
@@ -541,6 +560,7 @@ impl Sim {
         member.replay_from = now + startup;
         member.builder = SnapshotBuilder::new();
         member.snapshot = Snapshot::default();
+        member.epoch += 1;
         let known = u64::try_from(member.durable).ok().filter(|d| *d > 0);
         member.gate = ReplayGate::new(known, now, REPLAY_WAIT);
         self.trace(format!(
@@ -793,6 +813,7 @@ impl Sim {
             }
             if changed {
                 member.snapshot = member.builder.build();
+                member.epoch += 1;
             }
         }
         // The leader's term follows the registry's committed changes.
@@ -938,7 +959,7 @@ impl Sim {
     /// Each member's tier sends its subscribers what changed, behind the replay gate.
     fn serve(&mut self) {
         for a in 0..self.agents.len() {
-            let Some((m, _)) = &self.agents[a].stream else {
+            let Some((m, _, _)) = &self.agents[a].stream else {
                 continue;
             };
             let m = *m;
@@ -955,16 +976,27 @@ impl Sim {
             if !open {
                 continue;
             }
-            let zone = self.agents[a].zone.clone();
-            let Some(resources) = member.snapshot.resources(TYPE_ENDPOINT, Some(&zone)) else {
+            let agent = &mut self.agents[a];
+            let Some((_, state, sent)) = agent.stream.as_mut() else {
                 continue;
             };
-            let resources = resources.clone();
-            let nonce = format!("{}", self.report.delivered);
-            let Some((_, state)) = self.agents[a].stream.as_mut() else {
+            if *sent == Some(member.epoch) {
+                continue;
+            }
+            *sent = Some(member.epoch);
+            let Some(resources) = member.snapshot.resources(TYPE_ENDPOINT, Some(&agent.zone))
+            else {
                 continue;
             };
-            let Some(response) = state.next_response(TYPE_ENDPOINT, &resources, "", nonce) else {
+            let nonce = member.epoch.to_string();
+            // As the real tier does: the snapshot's version rides as the system version.
+            let version = if self.c.breaks.remove_when_behind {
+                String::new()
+            } else {
+                member.snapshot.version.to_string()
+            };
+            let Some(response) = state.next_response(TYPE_ENDPOINT, resources, &version, nonce)
+            else {
                 continue;
             };
             let delivery = Delivery {
@@ -1025,7 +1057,7 @@ impl Sim {
             ..Default::default()
         };
         state.handle_request(&request);
-        agent.stream = Some((m, state));
+        agent.stream = Some((m, state, None));
         agent.inbox.clear();
     }
 
@@ -1144,7 +1176,7 @@ impl Sim {
     }
 
     fn track_current(&mut self, a: usize) {
-        let current = self.agents[a].stream.as_ref().is_some_and(|(m, _)| {
+        let current = self.agents[a].stream.as_ref().is_some_and(|(m, _, _)| {
             self.leader.is_some_and(|l| self.connected(*m, l))
                 && self.members[*m].applied == self.committed.len()
         });
@@ -1190,14 +1222,16 @@ impl Sim {
     fn check(&mut self) {
         let budget = d::HARD_FAILURE_BUDGET_P99;
         let mut late = Vec::new();
+        let dead: Vec<(&Inst, Instant)> = self
+            .insts
+            .iter()
+            .filter_map(|i| i.died_at.map(|d| (i, d)))
+            .collect();
         for agent in &self.agents {
             let Some(current) = agent.current_since else {
                 continue;
             };
-            for inst in &self.insts {
-                let Some(died) = inst.died_at else {
-                    continue;
-                };
+            for &(inst, died) in &dead {
                 let since = [Some(died), Some(current), self.led_since]
                     .into_iter()
                     .flatten()
@@ -1297,6 +1331,7 @@ impl Member {
             state: AuthorityState::default(),
             builder: SnapshotBuilder::new(),
             snapshot: Snapshot::default(),
+            epoch: 0,
             gate: ReplayGate::new(None, now, REPLAY_WAIT),
             term: None,
         }

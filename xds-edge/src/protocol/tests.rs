@@ -346,3 +346,28 @@ fn delta_never_sends_a_reconnecting_client_backwards_from_a_lagging_server() {
         .unwrap();
     assert_eq!(r.removed_resources, vec!["new".to_owned()]);
 }
+
+#[test]
+fn delta_a_server_that_has_applied_nothing_removes_nothing() {
+    // Found by the region simulation: a member still catching up on the log, with no
+    // views yet, told a reconnecting client that every view it held was removed.
+    let held = || {
+        let mut s = DeltaState::default();
+        let mut req = delta_req(&[], "");
+        req.initial_resource_versions = [("a".to_owned(), "7".to_owned())].into();
+        s.handle_request(&req);
+        s
+    };
+    let empty = res(&[]);
+    assert!(
+        held()
+            .next_response(TYPE_ENDPOINT, &empty, "0", "n1".into())
+            .is_none(),
+        "a server that has seen no version yet is behind, not empty"
+    );
+    // A server that held the client's version or later and has none now removed it.
+    let r = held()
+        .next_response(TYPE_ENDPOINT, &empty, "9", "n1".into())
+        .unwrap();
+    assert_eq!(r.removed_resources, vec!["a".to_owned()]);
+}
