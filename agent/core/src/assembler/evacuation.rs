@@ -225,21 +225,129 @@ impl Evacuation {
     }
 }
 
-/// Take the steps due at `now` across one kind of target; returns the targets whose share
-/// changed, in key order. Those that came home are removed.
-pub(crate) fn step_due<K: Ord + Clone>(
-    evacuations: &mut BTreeMap<K, Evacuation>,
-    now: Instant,
-    step: Permille,
-    interval: Duration,
-) -> Vec<K> {
-    let mut changed = Vec::new();
-    evacuations.retain(|key, e| {
-        if !e.step(now, step, interval) {
-            return true;
+/// Every shift of one kind of target — the zones of this region, or the peer regions —
+/// under the same rules: a command checked against the target's shift, the steps taken
+/// on time, a shift forgotten once it is home. What a target may be (a known zone, not
+/// this region) is its caller's to check; this table knows only shifts.
+#[derive(Debug, Clone)]
+pub(crate) struct Shifts<K> {
+    table: BTreeMap<K, Evacuation>,
+}
+
+/// Why a command does not apply to its target's shift. Nothing changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ShiftRefusal {
+    /// The target is not shifted: nothing to shift back or complete.
+    NotShifted,
+    /// Completion was asked of a shift-back not holding at its last step.
+    NotAwaitingCompletion,
+}
+
+impl<K: Ord + Clone> Shifts<K> {
+    pub(crate) fn new() -> Self {
+        Self {
+            table: BTreeMap::new(),
         }
-        changed.push(key.clone());
-        !e.is_home()
-    });
-    changed
+    }
+
+    /// Whether `command` applies to `key`'s shift now.
+    pub(crate) fn check(&self, key: &K, command: EvacuationCommand) -> Result<(), ShiftRefusal> {
+        match (command, self.table.get(key)) {
+            (EvacuationCommand::Evacuate { .. }, _) => Ok(()),
+            (_, None) => Err(ShiftRefusal::NotShifted),
+            (EvacuationCommand::ShiftBack, Some(_)) => Ok(()),
+            (EvacuationCommand::CompleteShiftBack, Some(e)) if e.awaiting_completion => Ok(()),
+            (EvacuationCommand::CompleteShiftBack, Some(_)) => {
+                Err(ShiftRefusal::NotAwaitingCompletion)
+            }
+        }
+    }
+
+    /// Start, reverse or complete `key`'s shift; refused (changing nothing) as
+    /// [`Shifts::check`] says.
+    pub(crate) fn apply(
+        &mut self,
+        now: Instant,
+        key: &K,
+        command: EvacuationCommand,
+        step: Permille,
+        interval: Duration,
+    ) -> Result<(), ShiftRefusal> {
+        self.check(key, command)?;
+        match command {
+            EvacuationCommand::Evacuate { manual } => match self.table.get_mut(key) {
+                Some(e) => e.move_out(now, manual, step, interval),
+                None => {
+                    let e = Evacuation::start(now, manual, step, interval);
+                    self.table.insert(key.clone(), e);
+                }
+            },
+            EvacuationCommand::ShiftBack => {
+                if let Some(e) = self.table.get_mut(key) {
+                    e.move_back(now, step, interval);
+                    // An automatic shift one step out is home after one step back.
+                    if e.is_home() {
+                        self.table.remove(key);
+                    }
+                }
+            }
+            EvacuationCommand::CompleteShiftBack => {
+                self.table.remove(key);
+            }
+        }
+        Ok(())
+    }
+
+    /// Resume a shift where a previous leader left it; one already home is not kept.
+    /// Whether it was.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn restore(
+        &mut self,
+        now: Instant,
+        key: &K,
+        moved: Permille,
+        direction: Direction,
+        manual: bool,
+        awaiting_completion: bool,
+        interval: Duration,
+    ) -> bool {
+        let e = Evacuation::restored(now, moved, direction, manual, awaiting_completion, interval);
+        if e.is_home() {
+            self.table.remove(key);
+            return false;
+        }
+        self.table.insert(key.clone(), e);
+        true
+    }
+
+    /// Take the steps due at `now`; the targets whose share changed, in key order. Those
+    /// that came home are forgotten.
+    pub(crate) fn step_due(&mut self, now: Instant, step: Permille, interval: Duration) -> Vec<K> {
+        let mut changed = Vec::new();
+        self.table.retain(|key, e| {
+            if !e.step(now, step, interval) {
+                return true;
+            }
+            changed.push(key.clone());
+            !e.is_home()
+        });
+        changed
+    }
+
+    /// The next step due across every target.
+    pub(crate) fn next_step(&self) -> Option<Instant> {
+        self.table.values().filter_map(|e| e.next_step).min()
+    }
+
+    pub(crate) fn get(&self, key: &K) -> Option<&Evacuation> {
+        self.table.get(key)
+    }
+
+    pub(crate) fn contains(&self, key: &K) -> bool {
+        self.table.contains_key(key)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &Evacuation)> {
+        self.table.iter()
+    }
 }

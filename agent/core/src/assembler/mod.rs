@@ -38,6 +38,7 @@ use crate::model::{Address, Instance, InstanceId, RegionName, ServiceName, ZoneN
 use crate::units::{Permille, Weight};
 use crate::view::{EndpointStatus, Markers, Tier, View, ViewEndpoint, ViewKey};
 pub use evacuation::{Direction, Evacuation, EvacuationCommand, EvacuationError};
+use evacuation::{ShiftRefusal, Shifts};
 
 /// The region the assembler works for, and its pacing.
 #[derive(Debug, Clone)]
@@ -203,8 +204,8 @@ pub struct ViewAssembler {
     config: AssemblerConfig,
     services: BTreeMap<ServiceName, ServiceSlot>,
     zones: BTreeSet<ZoneName>,
-    evacuations: BTreeMap<ZoneName, Evacuation>,
-    region_failovers: BTreeMap<RegionName, Evacuation>,
+    evacuations: Shifts<ZoneName>,
+    region_failovers: Shifts<RegionName>,
     dirty: BTreeSet<ServiceName>,
     effects: Vec<Effect>,
 }
@@ -226,8 +227,8 @@ impl ViewAssembler {
             config,
             services: BTreeMap::new(),
             zones,
-            evacuations: BTreeMap::new(),
-            region_failovers: BTreeMap::new(),
+            evacuations: Shifts::new(),
+            region_failovers: Shifts::new(),
             dirty: BTreeSet::new(),
             effects: Vec::new(),
         }
@@ -313,53 +314,14 @@ impl ViewAssembler {
         zone: &ZoneName,
         command: EvacuationCommand,
     ) -> Result<(), EvacuationError> {
-        let name = || zone.to_string();
-        if !self.zones.contains(zone) {
-            return Err(EvacuationError::UnknownZone { zone: name() });
-        }
+        self.check_zone(zone, command)?;
         let (step, interval) = (
             self.config.evacuation_step,
             self.config.evacuation_step_interval,
         );
-        match command {
-            EvacuationCommand::Evacuate { manual } => {
-                let others_home = self
-                    .zones
-                    .iter()
-                    .any(|z| z != zone && !self.evacuations.contains_key(z));
-                if !others_home {
-                    return Err(EvacuationError::LastZone { zone: name() });
-                }
-                match self.evacuations.get_mut(zone) {
-                    Some(e) => e.move_out(now, manual, step, interval),
-                    None => {
-                        self.evacuations
-                            .insert(zone.clone(), Evacuation::start(now, manual, step, interval));
-                    }
-                }
-            }
-            EvacuationCommand::ShiftBack => {
-                let e = self
-                    .evacuations
-                    .get_mut(zone)
-                    .ok_or_else(|| EvacuationError::NotEvacuated { zone: name() })?;
-                e.move_back(now, step, interval);
-                if e.is_home() {
-                    // An automatic evacuation one step out is home after one step back.
-                    self.evacuations.remove(zone);
-                }
-            }
-            EvacuationCommand::CompleteShiftBack => {
-                let e = self
-                    .evacuations
-                    .get(zone)
-                    .ok_or_else(|| EvacuationError::NotEvacuated { zone: name() })?;
-                if !e.awaiting_completion {
-                    return Err(EvacuationError::NotAwaitingCompletion { zone: name() });
-                }
-                self.evacuations.remove(zone);
-            }
-        }
+        self.evacuations
+            .apply(now, zone, command, step, interval)
+            .map_err(|r| zone_error(r, zone))?;
         self.evacuation_changed(zone);
         Ok(())
     }
@@ -370,39 +332,38 @@ impl ViewAssembler {
         zone: &ZoneName,
         command: EvacuationCommand,
     ) -> Result<(), EvacuationError> {
+        self.check_zone(zone, command)?;
+        self.evacuations
+            .check(zone, command)
+            .map_err(|r| zone_error(r, zone))
+    }
+
+    /// What a zone must be to be evacuated: one of the region's, and never the last one
+    /// taking traffic.
+    fn check_zone(
+        &self,
+        zone: &ZoneName,
+        command: EvacuationCommand,
+    ) -> Result<(), EvacuationError> {
         let name = || zone.to_string();
         if !self.zones.contains(zone) {
             return Err(EvacuationError::UnknownZone { zone: name() });
         }
-        match command {
-            EvacuationCommand::Evacuate { .. } => {
-                let others_home = self
-                    .zones
-                    .iter()
-                    .any(|z| z != zone && !self.evacuations.contains_key(z));
-                if others_home {
-                    Ok(())
-                } else {
-                    Err(EvacuationError::LastZone { zone: name() })
-                }
+        if let EvacuationCommand::Evacuate { .. } = command {
+            let others_home = self
+                .zones
+                .iter()
+                .any(|z| z != zone && !self.evacuations.contains(z));
+            if !others_home {
+                return Err(EvacuationError::LastZone { zone: name() });
             }
-            EvacuationCommand::ShiftBack => self
-                .evacuations
-                .get(zone)
-                .map(|_| ())
-                .ok_or_else(|| EvacuationError::NotEvacuated { zone: name() }),
-            EvacuationCommand::CompleteShiftBack => match self.evacuations.get(zone) {
-                None => Err(EvacuationError::NotEvacuated { zone: name() }),
-                Some(e) if !e.awaiting_completion => {
-                    Err(EvacuationError::NotAwaitingCompletion { zone: name() })
-                }
-                Some(_) => Ok(()),
-            },
         }
+        Ok(())
     }
 
     /// Resume an evacuation where a previous leader left it (from the replicated record):
-    /// the share already moved stays moved, and stepping continues from there.
+    /// the share already moved stays moved, and stepping continues from there. A record
+    /// naming an unknown zone, or one already home, is ignored.
     pub fn restore_evacuation(
         &mut self,
         now: Instant,
@@ -416,9 +377,18 @@ impl ViewAssembler {
             return;
         }
         let interval = self.config.evacuation_step_interval;
-        let e = Evacuation::restored(now, moved, direction, manual, awaiting_completion, interval);
-        self.evacuations.insert(zone.clone(), e);
-        self.evacuation_changed(zone);
+        let kept = self.evacuations.restore(
+            now,
+            zone,
+            moved,
+            direction,
+            manual,
+            awaiting_completion,
+            interval,
+        );
+        if kept {
+            self.evacuation_changed(zone);
+        }
     }
 
     /// Take the evacuation and region failover steps due at `now`.
@@ -429,11 +399,13 @@ impl ViewAssembler {
 
     /// The next evacuation or region failover step.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.evacuations
-            .values()
-            .chain(self.region_failovers.values())
-            .filter_map(|e| e.next_step)
-            .min()
+        [
+            self.evacuations.next_step(),
+            self.region_failovers.next_step(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn step_evacuations(&mut self, now: Instant) {
@@ -441,7 +413,7 @@ impl ViewAssembler {
             self.config.evacuation_step,
             self.config.evacuation_step_interval,
         );
-        for zone in evacuation::step_due(&mut self.evacuations, now, step, interval) {
+        for zone in self.evacuations.step_due(now, step, interval) {
             self.evacuation_changed(&zone);
         }
     }
@@ -781,5 +753,13 @@ fn remote_endpoint(r: &RemoteEndpoint, region: &RegionName) -> ViewEndpoint {
 
 #[cfg(test)]
 mod props;
+fn zone_error(refusal: ShiftRefusal, zone: &ZoneName) -> EvacuationError {
+    let zone = zone.to_string();
+    match refusal {
+        ShiftRefusal::NotShifted => EvacuationError::NotEvacuated { zone },
+        ShiftRefusal::NotAwaitingCompletion => EvacuationError::NotAwaitingCompletion { zone },
+    }
+}
+
 #[cfg(test)]
 mod tests;

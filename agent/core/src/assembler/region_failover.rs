@@ -15,7 +15,7 @@
 
 use std::time::Instant;
 
-use super::evacuation::{self, Evacuation, EvacuationCommand, EvacuationError};
+use super::evacuation::{Evacuation, EvacuationCommand, EvacuationError, ShiftRefusal};
 use super::{Direction, Effect, ViewAssembler, rank_in};
 use crate::model::RegionName;
 use crate::units::{Permille, Weight};
@@ -30,31 +30,14 @@ impl ViewAssembler {
         region: &RegionName,
         command: EvacuationCommand,
     ) -> Result<(), EvacuationError> {
-        self.check_region_failover(region, command)?;
+        self.check_own_region(region)?;
         let (step, interval) = (
             self.config.region_failover_step,
             self.config.region_failover_step_interval,
         );
-        match command {
-            EvacuationCommand::Evacuate { manual } => match self.region_failovers.get_mut(region) {
-                Some(e) => e.move_out(now, manual, step, interval),
-                None => {
-                    let e = Evacuation::start(now, manual, step, interval);
-                    self.region_failovers.insert(region.clone(), e);
-                }
-            },
-            EvacuationCommand::ShiftBack => {
-                if let Some(e) = self.region_failovers.get_mut(region) {
-                    e.move_back(now, step, interval);
-                    if e.is_home() {
-                        self.region_failovers.remove(region);
-                    }
-                }
-            }
-            EvacuationCommand::CompleteShiftBack => {
-                self.region_failovers.remove(region);
-            }
-        }
+        self.region_failovers
+            .apply(now, region, command, step, interval)
+            .map_err(|r| region_error(r, region))?;
         self.region_failover_changed(region);
         Ok(())
     }
@@ -66,19 +49,19 @@ impl ViewAssembler {
         region: &RegionName,
         command: EvacuationCommand,
     ) -> Result<(), EvacuationError> {
-        let name = || region.to_string();
+        self.check_own_region(region)?;
+        self.region_failovers
+            .check(region, command)
+            .map_err(|r| region_error(r, region))
+    }
+
+    fn check_own_region(&self, region: &RegionName) -> Result<(), EvacuationError> {
         if *region == self.config.region {
-            return Err(EvacuationError::OwnRegion { region: name() });
+            return Err(EvacuationError::OwnRegion {
+                region: region.to_string(),
+            });
         }
-        match (command, self.region_failovers.get(region)) {
-            (EvacuationCommand::Evacuate { .. }, _) => Ok(()),
-            (_, None) => Err(EvacuationError::RegionNotFailedOver { region: name() }),
-            (EvacuationCommand::ShiftBack, Some(_)) => Ok(()),
-            (EvacuationCommand::CompleteShiftBack, Some(e)) if e.awaiting_completion => Ok(()),
-            (EvacuationCommand::CompleteShiftBack, Some(_)) => {
-                Err(EvacuationError::RegionNotAwaitingCompletion { region: name() })
-            }
-        }
+        Ok(())
     }
 
     /// Resume a region failover where a previous leader left it (from the replicated
@@ -97,12 +80,18 @@ impl ViewAssembler {
             return;
         }
         let interval = self.config.region_failover_step_interval;
-        let e = Evacuation::restored(now, moved, direction, manual, awaiting_completion, interval);
-        if e.is_home() {
-            return;
+        let kept = self.region_failovers.restore(
+            now,
+            region,
+            moved,
+            direction,
+            manual,
+            awaiting_completion,
+            interval,
+        );
+        if kept {
+            self.region_failover_changed(region);
         }
-        self.region_failovers.insert(region.clone(), e);
-        self.region_failover_changed(region);
     }
 
     /// A peer region's failover state, if it is failed over (or shifting back).
@@ -120,7 +109,7 @@ impl ViewAssembler {
             self.config.region_failover_step,
             self.config.region_failover_step_interval,
         );
-        for region in evacuation::step_due(&mut self.region_failovers, now, step, interval) {
+        for region in self.region_failovers.step_due(now, step, interval) {
             self.region_failover_changed(&region);
         }
     }
@@ -174,3 +163,13 @@ impl ViewAssembler {
 
 #[cfg(test)]
 mod tests;
+
+fn region_error(refusal: ShiftRefusal, region: &RegionName) -> EvacuationError {
+    let region = region.to_string();
+    match refusal {
+        ShiftRefusal::NotShifted => EvacuationError::RegionNotFailedOver { region },
+        ShiftRefusal::NotAwaitingCompletion => {
+            EvacuationError::RegionNotAwaitingCompletion { region }
+        }
+    }
+}
