@@ -157,7 +157,7 @@ mod tests {
 
     use super::*;
 
-    #[allow(clippy::disallowed_methods)]
+    #[allow(clippy::disallowed_methods)] // the one anchor instant of these tests
     fn t0() -> Instant {
         Instant::now()
     }

@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// Real processes on real time, through tokio's clock like every driver.
+use tokio::time::Instant;
 
 use serde_json::{Value, json};
 use tempfile::TempDir;
