@@ -618,6 +618,40 @@ impl LeaderTerm {
     }
 
     fn alarm(&mut self, now: Instant, effect: assembler::Effect) {
+        match effect {
+            assembler::Effect::EvacuationProgress {
+                zone,
+                moved,
+                awaiting_completion,
+            } => {
+                info!(%zone, moved = moved.get(), awaiting_completion, "evacuation step");
+                // Committed so that a new leader resumes from where it stands, not from
+                // zero; lost only with the leadership.
+                let progress = self.pipeline.evacuation_record(&zone);
+                let command = Command::EvacuationProgress { zone, progress };
+                self.propose_command(now, Purpose::Progress, command);
+            }
+            assembler::Effect::RegionFailoverProgress {
+                region,
+                moved,
+                awaiting_completion,
+            } => {
+                info!(peer_region = %region, moved = moved.get(), awaiting_completion, "region failover step");
+                self.metric(MetricChange::RegionFailoverMoved {
+                    region: region.clone(),
+                    moved,
+                });
+                let progress = self.pipeline.region_failover_record(&region);
+                let command = Command::RegionFailoverProgress { region, progress };
+                self.propose_command(now, Purpose::Progress, command);
+            }
+            assembler::Effect::Target(_) => {}
+            alarm => self.alarm_record(now, alarm),
+        }
+    }
+
+    /// An alarm raised or cleared: its metric change and its audit record.
+    fn alarm_record(&mut self, now: Instant, effect: assembler::Effect) {
         let (service, outcome, detail) = match effect {
             assembler::Effect::GuardEngaged {
                 service,
@@ -657,35 +691,8 @@ impl LeaderTerm {
                 });
                 (service, "eligible_restored", serde_json::Value::Null)
             }
-            assembler::Effect::EvacuationProgress {
-                zone,
-                moved,
-                awaiting_completion,
-            } => {
-                info!(%zone, moved = moved.get(), awaiting_completion, "evacuation step");
-                // Committed so that a new leader resumes from where it stands, not from
-                // zero; lost only with the leadership.
-                let progress = self.pipeline.evacuation_record(&zone);
-                let command = Command::EvacuationProgress { zone, progress };
-                self.propose_command(now, Purpose::Progress, command);
-                return;
-            }
-            assembler::Effect::RegionFailoverProgress {
-                region,
-                moved,
-                awaiting_completion,
-            } => {
-                info!(peer_region = %region, moved = moved.get(), awaiting_completion, "region failover step");
-                self.metric(MetricChange::RegionFailoverMoved {
-                    region: region.clone(),
-                    moved,
-                });
-                let progress = self.pipeline.region_failover_record(&region);
-                let command = Command::RegionFailoverProgress { region, progress };
-                self.propose_command(now, Purpose::Progress, command);
-                return;
-            }
-            assembler::Effect::Target(_) => return,
+            // Progress and targets are handled by `alarm`.
+            _ => return,
         };
         let at_ms = self.unix_ms(now);
         self.audit(AuditEntry {

@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 use waymark_core::assembler::RemoteEndpoint;
 use waymark_core::defaults::PUBLISH_PRESSURE_AFTER;
-use waymark_core::model::{NodeName, RegionName, ServiceName, ZoneName};
+use waymark_core::model::{NodeName, RegionName, Sample, ServiceName, ZoneName};
 use waymark_core::view::{ReleasedView, ViewKey};
 use waymark_registry::machine::{AuditEntry, AuthorityState, Request, Response};
 use waymark_registry::pipeline::{PipelineConfig, RegionPipeline};
@@ -28,7 +28,7 @@ use waymark_registry::term::{
 };
 
 use super::clock::now_ms;
-use super::evidence::EvidenceHub;
+use super::evidence::{Denial, EvidenceHub, LeaderFeed};
 use super::metrics::{
     AuthorityMetrics, PeerRegionLabels, ReasonLabels, ServiceLabels, VerdictLabels, ZoneLabels,
 };
@@ -134,23 +134,23 @@ type Metrics = openraft::RaftMetrics<u64, super::raft::Member>;
 async fn lead_term(
     ctx: &LeaderContext,
     term: u64,
-    metrics_rx: &mut watch::Receiver<Metrics>,
+    metrics: &mut watch::Receiver<Metrics>,
     queries: &mut mpsc::Receiver<Query>,
 ) {
-    let mut feed = ctx.hub.lead();
-    let mut events = ctx.raft.subscribe();
+    let feed = ctx.hub.lead();
+    let events = ctx.raft.subscribe();
     let env = Env::new(ctx);
     let config = TermConfig {
         term,
         pipeline: ctx.pipeline.clone(),
         breaks: TermBreaks::default(),
     };
-    let mut core = LeaderTerm::new(config, Instant::now().into_std(), &env);
+    let mut core = LeaderTerm::new(config, now(), &env);
     let mut applied = env.read_index();
     let (publish, publish_rx) = mpsc::unbounded_channel();
     let (audit, audit_rx) = mpsc::unbounded_channel();
-    let (written, mut written_rx) = mpsc::unbounded_channel();
-    let (pressure_tx, mut pressure) = watch::channel(false);
+    let (written, written_rx) = mpsc::unbounded_channel();
+    let (pressure_tx, pressure) = watch::channel(false);
     let writers = [
         tokio::spawn(publisher(ctx.clone(), publish_rx, pressure_tx)),
         tokio::spawn(auditor(ctx.raft.clone(), ctx.metrics.clone(), audit_rx)),
@@ -162,7 +162,16 @@ async fn lead_term(
         audit,
         written,
     };
-    let mut membership = ctx.hub.membership();
+    let mut inputs = Inputs {
+        term,
+        metrics,
+        queries,
+        feed,
+        events,
+        membership: ctx.hub.membership(),
+        pressure,
+        written: written_rx,
+    };
     loop {
         if shell.execute(core.take_commands()) {
             // A new term gets a fresh version space; its leader (this member again, or
@@ -172,6 +181,82 @@ async fn lead_term(
             }
         }
         let deadline = core.poll_timeout().map(Instant::from_std);
+        let input = inputs.next(deadline).await;
+        if !step(&mut core, &env, &mut applied, input) {
+            break;
+        }
+    }
+    for w in writers {
+        w.abort();
+    }
+}
+
+/// Feed one input to the term; `false` once this member no longer leads it.
+fn step(core: &mut LeaderTerm, env: &Env<'_>, applied: &mut Option<u64>, input: Input) -> bool {
+    match input {
+        Input::Deposed | Input::Event(Err(RecvError::Closed)) => return false,
+        Input::Sample(sample) => {
+            if let Err(error) = core.handle_sample(now(), sample) {
+                debug!(%error, "sample refused by the evaluator");
+            }
+        }
+        Input::Denial(denial) => core.handle_denial(denial),
+        Input::Pressure(saturated) => core.handle_pressure(now(), saturated),
+        Input::Written(purpose, outcome) => core.handle_written(now(), purpose, outcome),
+        Input::Event(Ok(StateEvent::Applied(entry))) => {
+            if applied.is_some_and(|a| entry.index <= a) {
+                return true;
+            }
+            *applied = Some(entry.index);
+            if let (Request::Registry(_), Response::Registry { outcome: Ok(done) }) =
+                (&entry.request, &entry.response)
+            {
+                core.handle_applied(now(), done, env);
+            }
+        }
+        // A snapshot was installed, or the loop fell behind the log.
+        Input::Event(_) => {
+            core.handle_rebuild(now(), env);
+            *applied = env.read_index();
+        }
+        Input::StillLeading => {}
+        Input::Membership => core.handle_membership_changed(),
+        Input::Query(query) => query(Some((core.pipeline(), now()))),
+        Input::Timeout => core.handle_timeout(now(), env),
+    }
+    true
+}
+
+/// What the loop waits on while it leads.
+struct Inputs<'a> {
+    term: u64,
+    metrics: &'a mut watch::Receiver<Metrics>,
+    queries: &'a mut mpsc::Receiver<Query>,
+    feed: LeaderFeed,
+    events: broadcast::Receiver<StateEvent>,
+    membership: watch::Receiver<u64>,
+    pressure: watch::Receiver<bool>,
+    written: mpsc::UnboundedReceiver<(Purpose, Written)>,
+}
+
+/// The next thing that happened.
+enum Input {
+    /// This member no longer leads this term.
+    Deposed,
+    /// Raft's metrics changed, and this member still leads this term.
+    StillLeading,
+    Sample(Sample),
+    Denial(Denial),
+    Pressure(bool),
+    Written(Purpose, Written),
+    Event(Result<StateEvent, RecvError>),
+    Membership,
+    Query(Query),
+    Timeout,
+}
+
+impl Inputs<'_> {
+    async fn next(&mut self, deadline: Option<Instant>) -> Input {
         let sleep = async {
             match deadline {
                 Some(d) => tokio::time::sleep_until(d).await,
@@ -179,49 +264,22 @@ async fn lead_term(
             }
         };
         tokio::select! {
-            changed = metrics_rx.changed() => {
+            changed = self.metrics.changed() => {
                 let still = changed.is_ok() && {
-                    let m = metrics_rx.borrow_and_update();
-                    m.state.is_leader() && m.current_term == term
+                    let m = self.metrics.borrow_and_update();
+                    m.state.is_leader() && m.current_term == self.term
                 };
-                if !still { break; }
+                if still { Input::StillLeading } else { Input::Deposed }
             }
-            Some(sample) = feed.samples.recv() => {
-                if let Err(error) = core.handle_sample(now(), sample) {
-                    debug!(%error, "sample refused by the evaluator");
-                }
-            }
-            Some(denial) = feed.denials.recv() => core.handle_denial(denial),
-            Ok(()) = pressure.changed() => {
-                let saturated = *pressure.borrow_and_update();
-                core.handle_pressure(now(), saturated);
-            }
-            Some((purpose, outcome)) = written_rx.recv() => {
-                core.handle_written(now(), purpose, outcome);
-            }
-            event = events.recv() => match event {
-                Ok(StateEvent::Applied(entry)) => {
-                    if applied.is_some_and(|a| entry.index <= a) { continue; }
-                    applied = Some(entry.index);
-                    if let (Request::Registry(_), Response::Registry { outcome: Ok(done) }) =
-                        (&entry.request, &entry.response)
-                    {
-                        core.handle_applied(now(), done, &env);
-                    }
-                }
-                Ok(_) | Err(RecvError::Lagged(_)) => {
-                    core.handle_rebuild(now(), &env);
-                    applied = env.read_index();
-                }
-                Err(RecvError::Closed) => break,
-            },
-            _ = membership.changed() => core.handle_membership_changed(),
-            Some(query) = queries.recv() => query(Some((core.pipeline(), now()))),
-            () = sleep => core.handle_timeout(now(), &env),
+            Some(sample) = self.feed.samples.recv() => Input::Sample(sample),
+            Some(denial) = self.feed.denials.recv() => Input::Denial(denial),
+            Ok(()) = self.pressure.changed() => Input::Pressure(*self.pressure.borrow_and_update()),
+            Some((purpose, outcome)) = self.written.recv() => Input::Written(purpose, outcome),
+            event = self.events.recv() => Input::Event(event),
+            _ = self.membership.changed() => Input::Membership,
+            Some(query) = self.queries.recv() => Input::Query(query),
+            () = sleep => Input::Timeout,
         }
-    }
-    for w in writers {
-        w.abort();
     }
 }
 
