@@ -32,3 +32,11 @@ fn the_bad_health_check_drill_passes_at_short_scale() {
         "{report:#}"
     );
 }
+
+#[test]
+fn the_bad_health_check_drill_fails_with_its_property_broken() {
+    // The break: the fraction guard off: the failing check drains the service, undeclared. A drill
+    // that still passes cannot tell anyone anything.
+    let dir = tempfile::tempdir().unwrap();
+    common::failing_run("bad-health-check", &["--break-fraction-guard"], dir.path());
+}

@@ -29,3 +29,11 @@ fn the_hard_vs_grey_drill_passes_at_short_scale() {
             .contains("HardFailure")
     );
 }
+
+#[test]
+fn the_hard_vs_grey_drill_fails_with_its_property_broken() {
+    // The break: Envoys without load reports: no passive evidence, the grey replica is never
+    // caught. A drill that still passes cannot tell anyone anything.
+    let dir = tempfile::tempdir().unwrap();
+    common::failing_run("hard-vs-grey", &["--break-load-reports"], dir.path());
+}

@@ -46,3 +46,15 @@ fn the_leader_churn_drill_passes_at_short_scale() {
         .all(|s| s["distinct"].as_u64().unwrap() > 1);
     assert!(moved, "{report:#}");
 }
+
+#[test]
+fn the_leader_churn_drill_fails_with_its_property_broken() {
+    // The break: a killed member restarts with its data deleted: acknowledged writes and versions
+    // go. A drill that still passes cannot tell anyone anything.
+    let dir = tempfile::tempdir().unwrap();
+    common::failing_run(
+        "leader-churn",
+        &["--kills", "2", "--break-wipe-on-restart"],
+        dir.path(),
+    );
+}

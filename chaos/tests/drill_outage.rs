@@ -60,3 +60,15 @@ fn the_outage_drill_passes_at_short_scale() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn the_outage_drill_fails_with_its_property_broken() {
+    // The break: the agent's cache deleted before its restart: nothing to route from. A drill that
+    // still passes cannot tell anyone anything.
+    let dir = tempfile::tempdir().unwrap();
+    common::failing_run(
+        "outage",
+        &["--duration", "12s", "--steady", "5s", "--break-cache"],
+        dir.path(),
+    );
+}

@@ -34,3 +34,11 @@ fn the_prober_partition_drill_passes_at_short_scale() {
         "namespace {name} left behind"
     );
 }
+
+#[test]
+fn the_prober_partition_drill_fails_with_its_property_broken() {
+    // The break: silence read as failure: cut-off probers withdraw healthy instances. A drill that
+    // still passes cannot tell anyone anything.
+    let dir = tempfile::tempdir().unwrap();
+    common::failing_run("prober-partition", &["--break-silence"], dir.path());
+}

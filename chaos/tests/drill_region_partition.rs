@@ -33,3 +33,11 @@ fn the_region_partition_drill_passes_at_short_scale() {
         "namespace {name} left behind"
     );
 }
+
+#[test]
+fn the_region_partition_drill_fails_with_its_property_broken() {
+    // The break: a stale peer's tier 2 dropped: callers lose its endpoints. A drill that still
+    // passes cannot tell anyone anything.
+    let dir = tempfile::tempdir().unwrap();
+    common::failing_run("region-partition", &["--break-stale-drop"], dir.path());
+}

@@ -22,3 +22,11 @@ fn the_xds_restart_drill_passes_at_short_scale() {
         "{report:#}"
     );
 }
+
+#[test]
+fn the_xds_restart_drill_fails_with_its_property_broken() {
+    // The break: no reconnection admission: the whole population reconnects at once. A drill that
+    // still passes cannot tell anyone anything.
+    let dir = tempfile::tempdir().unwrap();
+    common::failing_run("xds-restart", &["--break-reconnect-admission"], dir.path());
+}

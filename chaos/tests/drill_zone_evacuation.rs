@@ -34,3 +34,11 @@ fn the_zone_evacuation_drill_passes_at_short_scale() {
         "{report:#}"
     );
 }
+
+#[test]
+fn the_zone_evacuation_drill_fails_with_its_property_broken() {
+    // The break: no shedding: admissions queue withdrawals behind them. A drill that still passes
+    // cannot tell anyone anything.
+    let dir = tempfile::tempdir().unwrap();
+    common::failing_run("zone-evacuation", &["--break-shedding"], dir.path());
+}

@@ -31,6 +31,8 @@ const NODE: &str = "n1";
 const SERVICE: &str = "web";
 /// How long any process may take to become ready (CI compiles on the same cores).
 const START_DEADLINE: Duration = Duration::from_secs(60);
+/// How long the break (`--break-cache`) waits for what cannot happen.
+const BROKEN_DEADLINE: Duration = Duration::from_secs(10);
 /// A request with no answer within this is a failure.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -233,7 +235,14 @@ async fn drive(
         progress.event("the agent's cache deleted (--break-cache)");
     }
     agent.start()?;
-    let agent_ready = agent.wait_ready(START_DEADLINE).await;
+    // With its cache deleted nothing can make the agent ready before the authority is
+    // back: the break waits long enough to show it, not the full start deadline.
+    let deadline = if params.break_cache {
+        BROKEN_DEADLINE
+    } else {
+        START_DEADLINE
+    };
+    let agent_ready = agent.wait_ready(deadline).await;
     let agent_ready_at = now_ms();
     let view = agent.view().await.ok();
     if let Err(e) = &agent_ready {
@@ -255,7 +264,7 @@ async fn drive(
     envoy.kill();
     progress.event("Envoy SIGKILLed; restarting from the agent's cache");
     envoy.start()?;
-    let envoy_routing = envoy.wait_routing(START_DEADLINE).await;
+    let envoy_routing = envoy.wait_routing(deadline).await;
     let envoy_up = now_ms();
     if let Err(e) = &envoy_routing {
         progress.event(&format!("Envoy did not route again: {e:#}"));

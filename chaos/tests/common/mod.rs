@@ -1,6 +1,7 @@
 //! What every drill test does: run `waymark-drill run <drill> --scale short --dir <tmp>`,
 //! take the JSON report from the last stdout line, require a passing verdict and a
-//! successful exit, and check `report.json` in the run folder says the same.
+//! successful exit (or, with the drill's `--break-…` flag, a failing verdict and a
+//! non-zero exit), and check `report.json` in the run folder says the same.
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
@@ -10,6 +11,27 @@ use std::process::Command;
 /// panics with the report and
 /// the drill's stderr unless the verdict passed and the process exited 0.
 pub(crate) fn passing_run(drill: &str, extra: &[&str], dir: &Path) -> serde_json::Value {
+    let (report, ok, stderr) = run(drill, extra, dir);
+    assert_eq!(report["verdict"]["pass"], true, "{report:#}\n{stderr}");
+    assert!(ok, "{stderr}");
+    report
+}
+
+/// Runs `drill` with its `--break-…` flag (in `extra`): the property is broken on
+/// purpose, so the verdict must fail and the process exit non-zero — a drill that passes
+/// with its property broken cannot tell anyone anything. Returns the report.
+#[allow(dead_code)] // not every drill test file has a break run
+pub(crate) fn failing_run(drill: &str, extra: &[&str], dir: &Path) -> serde_json::Value {
+    let (report, ok, stderr) = run(drill, extra, dir);
+    assert_eq!(
+        report["verdict"]["pass"], false,
+        "the drill passed with {extra:?}: {report:#}\n{stderr}"
+    );
+    assert!(!ok, "a failed verdict must exit non-zero");
+    report
+}
+
+fn run(drill: &str, extra: &[&str], dir: &Path) -> (serde_json::Value, bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
         .args(["run", drill, "--scale", "short"])
         .args(extra)
@@ -22,11 +44,9 @@ pub(crate) fn passing_run(drill: &str, extra: &[&str], dir: &Path) -> serde_json
     let last = stdout.lines().last().unwrap_or_default();
     let report: serde_json::Value = serde_json::from_str(last)
         .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
-    assert_eq!(report["verdict"]["pass"], true, "{report:#}\n{stderr}");
-    assert!(out.status.success(), "{stderr}");
     let saved = std::fs::read_to_string(dir.join("report.json")).unwrap();
     let saved: serde_json::Value = serde_json::from_str(&saved).unwrap();
     assert_eq!(saved, report, "report.json differs from the printed report");
     assert!(dir.join("report.html").is_file(), "no report.html");
-    report
+    (report, out.status.success(), stderr)
 }
