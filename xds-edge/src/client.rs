@@ -22,6 +22,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+use waymark_core::hash::SplitMix64;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
@@ -411,7 +412,7 @@ impl Backoff {
         Self {
             config,
             attempt: 0,
-            rng: SplitMix64(seed),
+            rng: SplitMix64::new(seed),
         }
     }
 
@@ -445,20 +446,6 @@ impl Backoff {
             .base
             .checked_mul(factor)
             .map_or(self.config.cap, |w| w.min(self.config.cap))
-    }
-}
-
-/// SplitMix64: tiny, seedable, good enough to spread reconnects.
-#[derive(Debug, Clone)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
     }
 }
 

@@ -194,7 +194,5 @@ fn encode<M: prost::Message>(type_url: &str, message: &M) -> Encoded {
 /// FNV-1a: a stable content hash for resource versions (std's hasher is not stable
 /// across releases).
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    waymark_core::hash::fnv1a(bytes)
 }

@@ -30,6 +30,7 @@ pub mod delta;
 pub mod duration_str;
 pub mod eligibility;
 pub mod evaluator;
+pub mod hash;
 pub mod model;
 pub mod units;
 pub mod view;

@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
+use waymark_core::hash::Fnv1a;
 
 /// One persisted resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,19 +119,13 @@ pub fn decode(stored_key: &str, value: &[u8]) -> Option<Record> {
 
 /// FNV-1a over key, version and payload, separated: detects torn and altered records.
 fn checksum(key: &str, version: &str, payload: &[u8]) -> u64 {
-    let parts: [&[u8]; 5] = [
-        key.as_bytes(),
-        &[0xff],
-        version.as_bytes(),
-        &[0xfe],
-        payload,
-    ];
-    parts
-        .iter()
-        .flat_map(|p| p.iter())
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-        })
+    Fnv1a::new()
+        .chain(key.as_bytes())
+        .chain(&[0xff])
+        .chain(version.as_bytes())
+        .chain(&[0xfe])
+        .chain(payload)
+        .finish()
 }
 
 // === SledViewStore ===

@@ -9,6 +9,7 @@
 //! replica computes the same assignment. Pure.
 
 use std::collections::BTreeMap;
+use waymark_core::hash::{Fnv1a, mix64};
 
 use waymark_core::model::{InstanceId, NodeName, ZoneName};
 
@@ -49,21 +50,13 @@ fn top(pool: &[&NodeName], target: &InstanceId, k: usize) -> Vec<NodeName> {
 }
 
 fn score(node: &NodeName, target: &InstanceId) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in node
-        .as_str()
-        .bytes()
-        .chain([0xff])
-        .chain(target.as_str().bytes())
-    {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    // A finaliser (from SplitMix64) so short, similar names still spread.
-    h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
+    let h = Fnv1a::new()
+        .chain(node.as_str().as_bytes())
+        .chain(&[0xff])
+        .chain(target.as_str().as_bytes())
+        .finish();
+    // Finalised so short, similar names still spread.
+    mix64(h)
 }
 
 #[cfg(test)]

@@ -143,9 +143,7 @@ fn sync_dir(_path: &Path) -> std::io::Result<()> {
 
 /// FNV-1a, 64 bit: detects torn and altered files (not an adversary; the file is local).
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    waymark_core::hash::fnv1a(bytes)
 }
 
 #[cfg(test)]

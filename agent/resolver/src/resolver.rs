@@ -656,7 +656,5 @@ fn unix_ms_now() -> u64 {
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    waymark_core::hash::fnv1a(bytes)
 }

@@ -815,7 +815,5 @@ fn http_client_for(
 
 /// A stable per-node seed for jitter (FNV-1a of the name).
 fn seed_of(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    waymark_core::hash::fnv1a(name.as_bytes())
 }

@@ -710,11 +710,9 @@ fn chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// FNV-1a, to give each link's backoff its own stream from one seed.
+/// To give each link's backoff its own stream from one seed.
 fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    waymark_core::hash::fnv1a(s.as_bytes())
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
+use waymark_core::hash::SplitMix64;
 
 use waymark_core::model::InstanceId;
 
@@ -114,7 +115,7 @@ impl ProbeSchedule {
     pub fn new(config: ScheduleConfig) -> Self {
         Self {
             concurrency: config.concurrency.get(),
-            rng: SplitMix64(config.seed),
+            rng: SplitMix64::new(config.seed),
             entries: BTreeMap::new(),
             timers: BTreeSet::new(),
             queue: VecDeque::new(),
@@ -151,7 +152,7 @@ impl ProbeSchedule {
                 continue;
             }
             let interval = target.probe.interval.max(INTERVAL_MIN);
-            let due = now + self.rng.below(interval);
+            let due = now + below(&mut self.rng, interval);
             self.timers.insert((due, id.clone()));
             let state = State::Idle;
             let entry = Entry {
@@ -329,24 +330,10 @@ impl ProbeSchedule {
     }
 }
 
-/// SplitMix64: tiny, seedable, good enough to spread start offsets.
-#[derive(Debug)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A duration in `[0, bound)`.
-    fn below(&mut self, bound: Duration) -> Duration {
-        let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX).max(1);
-        Duration::from_nanos(self.next_u64() % nanos)
-    }
+/// A duration in `[0, bound)` from `rng`.
+fn below(rng: &mut SplitMix64, bound: Duration) -> Duration {
+    let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX).max(1);
+    Duration::from_nanos(rng.below(nanos))
 }
 
 #[cfg(test)]
