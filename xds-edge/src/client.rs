@@ -22,7 +22,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use waymark_core::hash::SplitMix64;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
@@ -375,79 +374,7 @@ fn subscribe_names(sub: &Subscription) -> Vec<String> {
 
 // === Backoff ===
 
-/// Reconnection backoff limits.
-#[derive(Debug, Clone)]
-pub struct BackoffConfig {
-    /// The first window.
-    pub base: Duration,
-    /// The largest window.
-    pub cap: Duration,
-    /// A stream that stayed up this long resets the backoff: the next failure is new.
-    pub healthy_after: Duration,
-}
-
-impl Default for BackoffConfig {
-    fn default() -> Self {
-        Self {
-            base: Duration::from_millis(250),
-            cap: Duration::from_secs(30),
-            healthy_after: Duration::from_secs(10),
-        }
-    }
-}
-
-/// Full-jitter exponential backoff (AWS "full jitter"): the n-th consecutive failure waits a
-/// uniform draw from `[0, min(cap, base·2ⁿ)]`, plus the server's hint when it gave one, so
-/// a fleet refused together does not come back together. Pure; the RNG is seeded.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    config: BackoffConfig,
-    attempt: u32,
-    rng: SplitMix64,
-}
-
-impl Backoff {
-    /// A backoff with no failures yet, drawing from `seed`.
-    pub fn new(config: BackoffConfig, seed: u64) -> Self {
-        Self {
-            config,
-            attempt: 0,
-            rng: SplitMix64::new(seed),
-        }
-    }
-
-    /// How long to wait after a failure. `lived` is how long the failed stream had been up
-    /// (zero if it never opened); `hint` is the server's retry hint, waited in full.
-    pub fn next_delay(&mut self, lived: Duration, hint: Option<Duration>) -> Duration {
-        if lived >= self.config.healthy_after {
-            self.attempt = 0;
-        }
-        let window = self.window();
-        self.attempt = self.attempt.saturating_add(1);
-        let window_nanos = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
-        let draw = self.rng.next_u64();
-        let jitter = match window_nanos.checked_add(1) {
-            Some(n) => draw % n,
-            None => draw,
-        };
-        let jitter = Duration::from_nanos(jitter);
-        hint.map_or(jitter, |h| h.saturating_add(jitter))
-    }
-
-    /// Consecutive failures counted so far.
-    pub fn attempt(&self) -> u32 {
-        self.attempt
-    }
-
-    /// The current window: `min(cap, base·2^attempt)`.
-    pub fn window(&self) -> Duration {
-        let factor = 1u32 << self.attempt.min(31);
-        self.config
-            .base
-            .checked_mul(factor)
-            .map_or(self.config.cap, |w| w.min(self.config.cap))
-    }
-}
+pub use waymark_core::backoff::{Backoff, BackoffConfig};
 
 /// The server's retry hint: `grpc-retry-pushback-ms` on an `UNAVAILABLE` status.
 pub fn retry_hint(status: &tonic::Status) -> Option<Duration> {

@@ -23,6 +23,7 @@
 
 pub mod assembler;
 pub mod audit;
+pub mod backoff;
 pub mod bounds;
 pub mod contract;
 pub mod defaults;

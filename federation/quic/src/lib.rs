@@ -14,7 +14,7 @@
 //!
 //! The Session decides what to send and when; this crate moves it. It depends on quinn and
 //! tokio (endpoint, streams, tasks, timers), `waymark-certs` (the rustls configs and the
-//! peer's identity), `waymark-xds` (only its redial `Backoff`) and prometheus-client. The
+//! peer's identity), waymark-core's redial `Backoff` and prometheus-client. The
 //! authority (`waymark-agent`) starts a [`FederationNode`] and shares its
 //! [`SharedAggregates`]; how links are chosen, admitted and bounded is on [`FederationNode`].
 #![forbid(unsafe_code)]
@@ -41,10 +41,10 @@ use waymark_certs::identity::IdentityError;
 use waymark_certs::quic::{QuicConfigError, quic_client_config, quic_server_config};
 use waymark_certs::tls::LiveMaterial;
 use waymark_certs::{CertMetrics, IdentityKind, KindSet, Name, PeerPolicy, TrustDomain};
+use waymark_core::backoff::BackoffConfig;
 use waymark_core::model::{RegionName, ServiceName};
 use waymark_federation::aggregate::{Digest, ReconciliationRecord, RegionAggregates};
 use waymark_federation::session::{Session, SessionConfig};
-use waymark_xds::client::BackoffConfig;
 
 /// This region's view of every region's aggregates, shared with the authority. The lock is
 /// held only for a merge or a digest, never across an await.

@@ -27,10 +27,10 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use waymark_certs::quic::peer_identity;
 use waymark_certs::{Identity, IdentityKind, Name, TrustDomain};
+use waymark_core::backoff::Backoff;
 use waymark_core::model::RegionName;
 use waymark_federation::aggregate::{AggregateError, ReconciliationRecord};
 use waymark_federation::session::{Message, Session};
-use waymark_xds::client::Backoff;
 
 use super::metrics::{FederationMetrics, LinkLabels, RefusalReason, link_labels, region_labels};
 use super::wire::{self, Frame, FrameError};
