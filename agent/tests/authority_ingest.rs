@@ -17,7 +17,8 @@ use http::Method;
 use serde_json::json;
 use tonic::transport::Endpoint;
 use waymark_agent::authority::ingest::{AgentMessage, AuthorityMessage, ClientSession, WireSample};
-use waymark_agent::authority::member::{Authority, AuthorityConfig, TlsSettings};
+use waymark_agent::authority::member::Authority;
+use waymark_agent::authority::settings::{AuthorityConfig, TlsSettings};
 use waymark_agent::cli::http::ApiClient;
 use waymark_certs::grpc::TlsConnector;
 use waymark_certs::layout::PkiDir;
@@ -150,7 +151,7 @@ fn ready(instance: &str) -> WireSample {
 async fn leading_authority(
     pki: &Pki,
     data: &std::path::Path,
-    gossip: Option<waymark_agent::authority::member::GossipSettings>,
+    gossip: Option<waymark_agent::authority::settings::GossipSettings>,
 ) -> (Authority, ApiClient) {
     waymark_certs::install_crypto_provider();
     let authority = Authority::start(AuthorityConfig {
@@ -402,7 +403,7 @@ async fn a_changed_contract_reaches_the_probers_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gossip_membership_decides_which_connected_nodes_probe() {
-    use waymark_agent::authority::member::GossipSettings;
+    use waymark_agent::authority::settings::GossipSettings;
     use waymark_agent::node::gossip::{Gossip, GossipConfig, GossipId, Key, Keyring, Role};
     let pki = Pki::new(TD);
     let data = tempfile::tempdir().unwrap();

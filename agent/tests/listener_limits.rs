@@ -19,7 +19,7 @@ use waymark_agent::authority::fields::{
     METADATA_VALUE_LEN_MAX, OVERRIDE_JUSTIFICATION_LEN_MAX, OWNER_LEN_MAX, REASON_LEN_MAX,
     TAG_LEN_MAX, TAGS_MAX,
 };
-use waymark_agent::authority::member::Limits;
+use waymark_agent::authority::settings::Limits;
 use waymark_agent::cli::http::ApiClient;
 use waymark_agent::listener::HttpLimits;
 

@@ -17,5 +17,6 @@ pub mod metrics;
 pub mod principal;
 pub mod raft;
 pub mod regions;
+pub mod settings;
 pub mod staleness;
 pub mod tier;

@@ -25,7 +25,8 @@ use waymark_certs::{Identity, Name, TrustDomain};
 use waymark_core::model::{InstanceId, SelfReport};
 
 use self::backends::{BackendOptions, BackendSpec, Backends, SelfReportFn};
-use crate::authority::member::{Authority, AuthorityConfig, GossipSettings, TlsSettings};
+use crate::authority::member::Authority;
+use crate::authority::settings::{AuthorityConfig, GossipSettings, TlsSettings};
 use crate::cli::http::ApiClient;
 use crate::cli::tls::{ClientFiles, api_client_config};
 use crate::node::NodeAgent;

@@ -11,7 +11,8 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::Duration;
 
-use waymark_agent::authority::member::{Authority, AuthorityConfig};
+use waymark_agent::authority::member::Authority;
+use waymark_agent::authority::settings::AuthorityConfig;
 
 /// How long a single member may take to lead.
 pub const LEAD_WAIT: Duration = Duration::from_secs(60);
