@@ -404,7 +404,7 @@ async fn a_changed_contract_reaches_the_probers_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gossip_membership_decides_which_connected_nodes_probe() {
     use waymark_agent::authority::settings::GossipSettings;
-    use waymark_agent::node::gossip::{Gossip, GossipConfig, GossipId, Key, Keyring, Role};
+    use waymark_agent::gossip::{Gossip, GossipConfig, GossipId, Key, Keyring, Role};
     let pki = Pki::new(TD);
     let data = tempfile::tempdir().unwrap();
     let keyring = Keyring::single(Key::from_bytes(&[9; 32]));

@@ -84,8 +84,8 @@ use super::settings::{
     AuthorityConfig, FederationPeerEntry, FederationSettings, FrontDoorEntry, GossipSettings,
     KubeSettings, Limits, TlsSettings, plaintext_off_loopback,
 };
+use crate::gossip::Keyring;
 use crate::net::HostPort;
-use crate::node::gossip::Keyring;
 use waymark_core::units::Permille;
 
 /// The prefix of the authority's environment overrides.

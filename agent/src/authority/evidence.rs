@@ -17,7 +17,7 @@ use waymark_registry::state::DesiredState;
 use super::ingest::{Ack, EvidenceSink, ProbeTarget, RefusedSample, WireSample};
 use super::metrics::{AuthorityMetrics, ReasonLabels};
 use super::raft::RaftNode;
-use crate::node::gossip::{Liveness, MemberState, Role};
+use crate::gossip::{Liveness, MemberState, Role};
 
 /// Samples queued between ingest and the leader's pipeline before new ones are refused.
 pub const QUEUE_LEN: usize = 65_536;

@@ -58,8 +58,8 @@ use super::regions::{self, RegionMetrics, RegionsHandle, SharedSignal};
 use super::settings::{AuthorityConfig, FederationSettings, TlsSettings, plaintext_off_loopback};
 use super::tier;
 use crate::cli::http::ApiClient;
+use crate::gossip::{Gossip, GossipConfig, GossipId, Role};
 use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
-use crate::node::gossip::{Gossip, GossipConfig, GossipId, Role};
 
 /// A running member.
 pub struct Authority {

@@ -27,9 +27,9 @@ use waymark_core::units::Permille;
 use waymark_federation::signal::SignalConfig;
 use waymark_xds::admission::AdmissionConfig;
 
+use crate::gossip::Keyring;
 use crate::listener::HttpLimits;
 use crate::net::HostPort;
-use crate::node::gossip::Keyring;
 
 /// How to run one member.
 #[derive(Debug, Clone)]

@@ -43,13 +43,13 @@ use waymark_xds::{Publisher, ServerConfig, XdsServer};
 use super::cache;
 use super::config::AgentConfig;
 use super::dns::{DnsConfig, DnsServer, DnsTable};
-use super::gossip::{Gossip, GossipConfig, GossipId, Keyring, MemberState, Role};
 use super::lrs::{LrsForwardConfig, LrsForwarder};
 use super::metrics::{AgentMetrics, RefusalLabels, ServiceLabels};
 use super::probe::{AddressPolicy, ProbeRefusal, Prober, ProberConfig};
 use super::session::{self, SessionConfig};
 use super::view::{Changes, LocalView, ServiceState};
 use crate::authority::ingest::{AgentMessage, WireSample};
+use crate::gossip::{Gossip, GossipConfig, GossipId, Keyring, MemberState, Role};
 use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
 use waymark_core::model::Observation;
 

@@ -315,11 +315,9 @@ impl AgentFile {
             return Err(bad("agent.bounds.max_ejection_percent", "0..=100"));
         }
         if let Some(g) = &a.gossip {
-            crate::node::gossip::Keyring::parse(&g.keys).map_err(|e| {
-                AgentConfigError::Invalid {
-                    key: "agent.gossip.keys".into(),
-                    message: e.to_string(),
-                }
+            crate::gossip::Keyring::parse(&g.keys).map_err(|e| AgentConfigError::Invalid {
+                key: "agent.gossip.keys".into(),
+                message: e.to_string(),
             })?;
         }
         // Views and load reports are what a sidecar's routing rests on: served in plain
