@@ -8,6 +8,7 @@ pub mod authority;
 pub mod cli;
 pub mod dev;
 pub mod dial;
+pub mod evidence;
 pub mod gossip;
 pub mod listener;
 pub mod net;

@@ -48,7 +48,6 @@ use waymark_xds::server::{ServerConfig, XdsServer};
 use super::api::{self, ApiState};
 use super::evidence::EvidenceHub;
 use super::existence;
-use super::ingest::EvidenceService;
 use super::kube::metrics::KubeMetrics;
 use super::leader::{self, LeaderContext};
 use super::metrics::AuthorityMetrics;
@@ -58,6 +57,7 @@ use super::regions::{self, RegionMetrics, RegionsHandle, SharedSignal};
 use super::settings::{AuthorityConfig, FederationSettings, TlsSettings, plaintext_off_loopback};
 use super::tier;
 use crate::cli::http::ApiClient;
+use crate::evidence::EvidenceService;
 use crate::gossip::{Gossip, GossipConfig, GossipId, Role};
 use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
 

@@ -9,7 +9,6 @@ pub mod credentials;
 pub mod evidence;
 pub mod existence;
 pub mod fields;
-pub mod ingest;
 pub mod kube;
 pub mod leader;
 pub mod member;

@@ -48,7 +48,7 @@ use super::metrics::{AgentMetrics, RefusalLabels, ServiceLabels};
 use super::probe::{AddressPolicy, ProbeRefusal, Prober, ProberConfig};
 use super::session::{self, SessionConfig};
 use super::view::{Changes, LocalView, ServiceState};
-use crate::authority::ingest::{AgentMessage, WireSample};
+use crate::evidence::{AgentMessage, WireSample};
 use crate::gossip::{Gossip, GossipConfig, GossipId, Keyring, MemberState, Role};
 use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
 use waymark_core::model::Observation;
@@ -371,7 +371,7 @@ impl NodeAgent {
                 .server()
                 .add_service(xds.service())
                 .add_service(shared.lrs.service())
-                .add_service(crate::authority::ingest::EvidenceService::new(
+                .add_service(crate::evidence::EvidenceService::new(
                     Arc::new(super::selfreport::LocalRelay::new(
                         outbound_tx.clone(),
                         metrics.clone(),

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use waymark_core::model::InstanceId;
 
-use crate::authority::ingest::ProbeTarget;
+use crate::evidence::ProbeTarget;
 
 /// Intervals below this are raised to it, so a bad assignment cannot spin the driver. The
 /// contract's own floor is far higher (`PROBE_INTERVAL_MIN`); tests use less than that.

@@ -1,8 +1,13 @@
-//! Evidence ingest: one gRPC stream per node agent (or workload) carrying probe results,
-//! self-reports and forwarded load reports, each attributed by the connection's mutual-TLS
-//! identity (ADR-15).
+//! The evidence protocol both roles speak: one gRPC stream per reporter carrying probe
+//! results, self-reports and forwarded load reports, each attributed by the connection's
+//! mutual-TLS identity (ADR-15).
 //!
-//! The wire never names the reporter: the authority takes it from the verified peer
+//! ```text
+//! node agent ──ClientSession──► authority member: EvidenceService ──► EvidenceHub (leader)
+//! workload   ──ClientSession──► its node agent:   EvidenceService ──► LocalRelay ──► Relayed
+//! ```
+//!
+//! The wire never names the reporter: the serving side takes it from the verified peer
 //! certificate, so a sample cannot claim to come from someone else. What the reporter may
 //! say is then checked by [`waymark_registry::ingest::admit`] on the leader (a probe only
 //! about an assigned target, a self-report only about itself). Refusals are counted and
@@ -10,7 +15,9 @@
 //!
 //! The service is `waymark.evidence.v1.Evidence/Session`, bidirectional, with JSON messages
 //! (`application/grpc+json`): the agent sends `hello` and `samples`; the authority answers
-//! with the node's probe `assignment` whenever it changes and an `ack` per batch.
+//! with the node's probe `assignment` whenever it changes and an `ack` per batch. Neither
+//! role owns it, so it sits beside both (the authority's sink is `authority/evidence.rs`,
+//! the node's `node/selfreport.rs` and `node/session.rs`).
 
 use std::convert::Infallible;
 use std::marker::PhantomData;
@@ -67,6 +74,12 @@ pub enum AgentMessage {
         samples: Vec<WireSample>,
     },
 }
+
+/// Separates a check's own words from text the target chose (an HTTP body, a gRPC status
+/// message) in an observation's detail: `HTTP 503; said: database down`. The prober writes
+/// it; the target may be anything the registry names, so read paths that must not relay its
+/// words cut a detail here (the authority's audit read path does; `explain` shows it).
+pub const TARGET_TEXT_MARKER: &str = "; said: ";
 
 /// One sample as sent: about which instance, and what was observed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
