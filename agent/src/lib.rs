@@ -11,5 +11,7 @@ pub mod dial;
 pub mod evidence;
 pub mod gossip;
 pub mod listener;
+pub mod metrics;
 pub mod net;
 pub mod node;
+pub mod tls;

@@ -86,6 +86,7 @@ use super::settings::{
 };
 use crate::gossip::Keyring;
 use crate::net::HostPort;
+use crate::tls::TlsSection;
 use waymark_core::units::Permille;
 
 /// The prefix of the authority's environment overrides.
@@ -322,20 +323,6 @@ pub struct MemberEntry {
     pub addr: String,
     /// Its Raft listener (where the other members send Raft RPC).
     pub raft: String,
-}
-
-/// `[authority.tls]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsSection {
-    /// The estate's trust domain.
-    pub trust_domain: String,
-    /// Leaf + intermediates.
-    pub cert_chain: PathBuf,
-    /// Private key.
-    pub key: PathBuf,
-    /// Trust bundle.
-    pub bundle: PathBuf,
 }
 
 fn default_http() -> SocketAddr {

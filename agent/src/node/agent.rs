@@ -213,7 +213,7 @@ impl Shared {
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
         let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
-        crate::authority::metrics::to_prometheus_text(&out)
+        crate::metrics::to_prometheus_text(&out)
     }
 
     /// The main loop ticked recently (liveness is process-internal only).

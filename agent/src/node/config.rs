@@ -153,7 +153,7 @@ pub struct Gossip {
 }
 
 /// `[agent.tls]`: the same files as the authority's.
-pub use crate::authority::config::TlsSection as Tls;
+pub use crate::tls::TlsSection as Tls;
 
 /// Flag overrides (the last source).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
