@@ -4,6 +4,7 @@
 //! every decision is delegated to `waymark-core` and `waymark-registry`.
 #![forbid(unsafe_code)]
 
+pub mod api_client;
 pub mod authority;
 pub mod cli;
 pub mod dev;

@@ -56,7 +56,7 @@ use super::raft::{Member, RaftConfig, RaftNode, RaftRpcMetrics, Senders};
 use super::regions::{self, RegionMetrics, RegionsHandle, SharedSignal};
 use super::settings::{AuthorityConfig, FederationSettings, TlsSettings, plaintext_off_loopback};
 use super::tier;
-use crate::cli::http::ApiClient;
+use crate::api_client::ApiClient;
 use crate::evidence::EvidenceService;
 use crate::gossip::{Gossip, GossipConfig, GossipId, Role};
 use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};

@@ -25,9 +25,9 @@ use waymark_certs::{Identity, Name, TrustDomain};
 use waymark_core::model::{InstanceId, SelfReport};
 
 use self::backends::{BackendOptions, BackendSpec, Backends, SelfReportFn};
+use crate::api_client::ApiClient;
 use crate::authority::member::Authority;
 use crate::authority::settings::{AuthorityConfig, GossipSettings, TlsSettings};
-use crate::cli::http::ApiClient;
 use crate::cli::tls::{ClientFiles, api_client_config};
 use crate::gossip::Keyring;
 use crate::node::NodeAgent;
