@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
+use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::credentials;
 use waymark_agent::authority::member::Authority;
-use waymark_agent::cli::http::ApiClient;
 use waymark_registry::acl::Capability;
 
 const DAY: Duration = Duration::from_secs(86_400);

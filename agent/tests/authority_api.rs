@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
+use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::member::Authority;
-use waymark_agent::cli::http::ApiClient;
 
 const WAIT: Duration = Duration::from_secs(20);
 

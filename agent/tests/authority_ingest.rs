@@ -16,9 +16,10 @@ use futures::StreamExt;
 use http::Method;
 use serde_json::json;
 use tonic::transport::Endpoint;
-use waymark_agent::authority::ingest::{AgentMessage, AuthorityMessage, ClientSession, WireSample};
-use waymark_agent::authority::member::{Authority, AuthorityConfig, TlsSettings};
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
+use waymark_agent::authority::member::Authority;
+use waymark_agent::authority::settings::{AuthorityConfig, TlsSettings};
+use waymark_agent::evidence::{AgentMessage, AuthorityMessage, ClientSession, WireSample};
 use waymark_certs::grpc::TlsConnector;
 use waymark_certs::layout::PkiDir;
 use waymark_certs::reload::{MaterialPaths, load_material};
@@ -150,7 +151,7 @@ fn ready(instance: &str) -> WireSample {
 async fn leading_authority(
     pki: &Pki,
     data: &std::path::Path,
-    gossip: Option<waymark_agent::authority::member::GossipSettings>,
+    gossip: Option<waymark_agent::authority::settings::GossipSettings>,
 ) -> (Authority, ApiClient) {
     waymark_certs::install_crypto_provider();
     let authority = Authority::start(AuthorityConfig {
@@ -366,7 +367,7 @@ async fn a_changed_contract_reaches_the_probers_at_once() {
     })
     .await
     .unwrap();
-    let probe_of = |targets: &[waymark_agent::authority::ingest::ProbeTarget]| {
+    let probe_of = |targets: &[waymark_agent::evidence::ProbeTarget]| {
         serde_json::to_value(&targets[0].probe).unwrap()
     };
     loop {
@@ -402,8 +403,8 @@ async fn a_changed_contract_reaches_the_probers_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gossip_membership_decides_which_connected_nodes_probe() {
-    use waymark_agent::authority::member::GossipSettings;
-    use waymark_agent::node::gossip::{Gossip, GossipConfig, GossipId, Key, Keyring, Role};
+    use waymark_agent::authority::settings::GossipSettings;
+    use waymark_agent::gossip::{Gossip, GossipConfig, GossipId, Key, Keyring, Role};
     let pki = Pki::new(TD);
     let data = tempfile::tempdir().unwrap();
     let keyring = Keyring::single(Key::from_bytes(&[9; 32]));
@@ -525,7 +526,7 @@ async fn a_second_hello_ends_the_session_and_leaves_no_phantom_prober() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_over_the_size_cap_ends_the_session_before_it_is_decoded() {
-    use waymark_agent::authority::ingest::{AGENT_MESSAGE_BYTES_MAX, JsonCodec, SESSION_PATH};
+    use waymark_agent::evidence::{AGENT_MESSAGE_BYTES_MAX, JsonCodec, SESSION_PATH};
     let pki = Pki::new(TD);
     let data = tempfile::tempdir().unwrap();
     let (authority, api) = leading_authority(&pki, data.path(), None).await;

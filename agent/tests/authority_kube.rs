@@ -15,10 +15,10 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
-use waymark_agent::authority::existence::KubeSettings;
+use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::kube::standin::StandIn;
-use waymark_agent::authority::member::{Authority, AuthorityConfig};
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::authority::member::Authority;
+use waymark_agent::authority::settings::{AuthorityConfig, KubeSettings};
 
 const WAIT: Duration = Duration::from_secs(20);
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use http::Method;
 use serde_json::json;
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
 use waymark_agent::cli::tls::{ClientFiles, api_client_config};
 
 fn print_config(role: &str, file: &Path) -> String {

@@ -50,7 +50,7 @@ fn curl(args: &[&str]) -> Output {
 
 /// The override records of `instance` in the audit log.
 async fn overrides(
-    api: &waymark_agent::cli::http::ApiClient,
+    api: &waymark_agent::api_client::ApiClient,
     instance: &str,
 ) -> Vec<serde_json::Value> {
     let r = api

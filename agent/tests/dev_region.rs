@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use common::dev::until;
 use http::Method;
 use serde_json::{Value, json};
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
 use waymark_agent::dev::{DevArgs, DevRegion};
 
 async fn verdicts(api: &ApiClient, service: &str) -> Value {

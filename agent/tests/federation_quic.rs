@@ -330,7 +330,7 @@ fn exposition(metrics: &FederationMetrics) -> String {
     metrics.register(&mut registry);
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-    waymark_agent::authority::metrics::to_prometheus_text(&text)
+    waymark_agent::metrics::to_prometheus_text(&text)
 }
 
 async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime};
 use http::Method;
 use serde_json::{Value, json};
 use tokio::net::UdpSocket;
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
 use waymark_agent::cli::tls::{ClientFiles, api_client_config};
 use waymark_certs::layout::PkiDir;
 use waymark_certs::{Identity, Name, TrustDomain};

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
-use waymark_agent::node::gossip::{
+use waymark_agent::gossip::{
     DropReason, Gossip, GossipConfig, GossipId, Key, Keyring, Liveness, MemberState, Role,
 };
 use waymark_core::model::{NodeName, ZoneName};
@@ -195,7 +195,7 @@ async fn five_members_join_through_one_seed_and_all_see_five_alive() {
     all_see_alive(&members, 5).await;
     let snapshot = members[3].members();
     assert_eq!(snapshot.iter().filter(|m| m.local).count(), 1);
-    let zones = waymark_agent::node::gossip::live_members_by_zone(&snapshot);
+    let zones = waymark_agent::gossip::live_members_by_zone(&snapshot);
     assert_eq!(zones.values().map(Vec::len).sum::<usize>(), 5);
 }
 

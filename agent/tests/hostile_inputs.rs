@@ -14,7 +14,7 @@ use std::process::Command;
 use common::dev::{call, start, until};
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
 use waymark_agent::dev::DevRegion;
 
 fn reason(v: &Value) -> (&str, &str) {

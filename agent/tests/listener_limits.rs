@@ -14,13 +14,13 @@ use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::api::{CONTRACT_BODY_MAX, INSTANCE_BODY_MAX};
 use waymark_agent::authority::fields::{
     METADATA_VALUE_LEN_MAX, OVERRIDE_JUSTIFICATION_LEN_MAX, OWNER_LEN_MAX, REASON_LEN_MAX,
     TAG_LEN_MAX, TAGS_MAX,
 };
-use waymark_agent::authority::member::Limits;
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::authority::settings::Limits;
 use waymark_agent::listener::HttpLimits;
 
 /// How long a test waits for the member to do what it must; a failure, never a pace.

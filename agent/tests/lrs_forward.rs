@@ -25,7 +25,7 @@ use tokio::time::timeout;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::Streaming;
 use tonic::transport::{Channel, Server};
-use waymark_agent::authority::ingest::WireSample;
+use waymark_agent::evidence::WireSample;
 use waymark_agent::node::lrs::{FLUSH_INTERVAL_MIN, LrsForwardConfig, LrsForwarder};
 use waymark_core::eligibility::Verdict;
 use waymark_core::model::{Address as CoreAddress, InstanceId, Observation};

@@ -25,8 +25,8 @@ use std::time::Duration;
 use http::Method;
 use serde_json::{Value, json};
 use support::{Backend, Envoy, EnvoyConfig, Route, Xds, XdsMode, eventually};
+use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::member::Authority;
-use waymark_agent::cli::http::ApiClient;
 
 const WAIT: Duration = Duration::from_secs(60);
 const BACKENDS: usize = 10;

@@ -227,7 +227,7 @@ async fn kill_9_during_updates_never_loses_an_acknowledged_view() {
     let (xds, http) = (free_port(), free_port());
     let live = write_config(dir.path(), &upstream.to_string(), xds, http);
     let dead = write_config(dir.path(), &format!("127.0.0.1:{}", free_port()), xds, http);
-    let api = waymark_agent::cli::http::ApiClient::new(&format!("127.0.0.1:{http}"), None);
+    let api = waymark_agent::api_client::ApiClient::new(&format!("127.0.0.1:{http}"), None);
     let mut last_served = 0u64;
     // The highest version the agent has acknowledged, watched every millisecond (the
     // server forgets a client once its stream ends).

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use http::Method;
 use serde_json::{Value, json};
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
 
 const WAIT: Duration = Duration::from_secs(60);
 

@@ -11,7 +11,7 @@ mod common;
 use common::dev::until;
 use http::Method;
 use serde_json::{Value, json};
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
 
 async fn register(api: &ApiClient, ip: &str, port: u16) -> String {
     let v = api

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
-use waymark_agent::authority::ingest::{ProbeTarget, WireSample};
+use waymark_agent::evidence::{ProbeTarget, WireSample};
 use waymark_agent::node::probe::{
     AddressPolicy, Check, Denied, HttpCheck, Outcome, Prober, ProberConfig, SkipLabels,
 };

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
-use waymark_agent::authority::ingest::{AgentMessage, AuthorityMessage, BATCH_MAX, reporter_of};
+use waymark_agent::evidence::{AgentMessage, AuthorityMessage, BATCH_MAX, reporter_of};
 use waymark_certs::identity::Identity;
 use waymark_core::delta::DeltaConfig;
 use waymark_core::evaluator::EvaluatorConfig;

@@ -26,8 +26,8 @@ use libfuzzer_sys::fuzz_target;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use ring::rand::SystemRandom;
-use waymark_agent::node::gossip::codec::{self, Key, Keyring};
-use waymark_agent::node::gossip::{CLUSTER_SIZE_HINT, GossipId, Role};
+use waymark_agent::gossip::codec::{self, Key, Keyring};
+use waymark_agent::gossip::{CLUSTER_SIZE_HINT, GossipId, Role};
 use waymark_core::model::{NodeName, ZoneName};
 use waymark_fuzz::Gen;
 

@@ -57,7 +57,7 @@ use super::metrics::{AuthorityMetrics, OutcomeLabels, ReasonLabels};
 use super::principal::{Caller, Credential, Denials, principal_of};
 use super::raft::{RaftNode, WriteError};
 use super::regions::{self, RegionsHandle};
-use crate::node::probe::TARGET_TEXT_MARKER;
+use crate::evidence::TARGET_TEXT_MARKER;
 use waymark_certs::grpc::PeerInfo;
 use waymark_registry::acl::{
     AclApplied, AclCommand, Action, Capability, Grant, Grantee, Principal, TokenRecord,

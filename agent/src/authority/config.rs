@@ -1,4 +1,5 @@
-//! The authority member's configuration file (TOML), e.g.
+//! The authority member's configuration file (TOML); [`ConfigFile::member_config`] turns it
+//! into the member's [`AuthorityConfig`] (`settings.rs`). E.g.
 //!
 //! ```toml
 //! [authority]
@@ -78,12 +79,14 @@ use waymark_certs::reload::MaterialPaths;
 use waymark_core::model::{RegionName, ZoneName};
 use waymark_federation::signal::SignalConfig;
 
-use super::existence::KubeSettings;
-use super::member::{AuthorityConfig, GossipSettings, Limits, TlsSettings};
 use super::raft::Member;
-use super::regions::FederationSettings;
+use super::settings::{
+    AuthorityConfig, FederationPeerEntry, FederationSettings, FrontDoorEntry, GossipSettings,
+    KubeSettings, Limits, TlsSettings, plaintext_off_loopback,
+};
+use crate::gossip::Keyring;
 use crate::net::HostPort;
-use crate::node::gossip::Keyring;
+use crate::tls::TlsSection;
 use waymark_core::units::Permille;
 
 /// The prefix of the authority's environment overrides.
@@ -267,28 +270,6 @@ pub struct FederationSection {
     pub drop_stale_peers: bool,
 }
 
-/// One member of a peer region.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FederationPeerEntry {
-    /// Its region.
-    pub region: RegionName,
-    /// Its member name, as in its certificate (`region/<r>/authority/<member>`).
-    pub member: String,
-    /// Its federation endpoint (UDP).
-    pub addr: SocketAddr,
-}
-
-/// A peer region's front door.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FrontDoorEntry {
-    /// The region.
-    pub region: RegionName,
-    /// `host:port` endpoints; a round is good when any accepts a connection.
-    pub addrs: Vec<String>,
-}
-
 fn default_stale_after() -> Duration {
     Duration::from_secs(60)
 }
@@ -342,20 +323,6 @@ pub struct MemberEntry {
     pub addr: String,
     /// Its Raft listener (where the other members send Raft RPC).
     pub raft: String,
-}
-
-/// `[authority.tls]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsSection {
-    /// The estate's trust domain.
-    pub trust_domain: String,
-    /// Leaf + intermediates.
-    pub cert_chain: PathBuf,
-    /// Private key.
-    pub key: PathBuf,
-    /// Trust bundle.
-    pub bundle: PathBuf,
 }
 
 fn default_http() -> SocketAddr {
@@ -566,7 +533,7 @@ impl ConfigFile {
         Ok(())
     }
 
-    /// The member configuration.
+    /// The member configuration: the file's sections as the member's settings.
     pub fn member_config(&self) -> Result<AuthorityConfig, ConfigError> {
         let a = &self.authority;
         let tls = match &a.tls {
@@ -720,7 +687,7 @@ fn check_raft_listener(a: &AuthoritySection) -> Result<(), ConfigError> {
         ));
     }
     if a.tls.is_none()
-        && let Some(refused) = super::member::plaintext_off_loopback(a.http, a.raft, a.xds)
+        && let Some(refused) = plaintext_off_loopback(a.http, a.raft, a.xds)
     {
         return Err(ConfigError::Invalid {
             field: refused.key,

@@ -14,10 +14,10 @@ use waymark_core::model::{EvidenceClass, NodeName, Reporter, Sample, ZoneName};
 use waymark_registry::ingest::admit;
 use waymark_registry::state::DesiredState;
 
-use super::ingest::{Ack, EvidenceSink, ProbeTarget, RefusedSample, WireSample};
 use super::metrics::{AuthorityMetrics, ReasonLabels};
 use super::raft::RaftNode;
-use crate::node::gossip::{Liveness, MemberState, Role};
+use crate::evidence::{Ack, EvidenceSink, ProbeTarget, RefusedSample, WireSample};
+use crate::gossip::{Liveness, MemberState, Role};
 
 /// Samples queued between ingest and the leader's pipeline before new ones are refused.
 pub const QUEUE_LEN: usize = 65_536;

@@ -4,7 +4,6 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 use waymark_core::model::{NodeName, ZoneName};
 use waymark_registry::state::{Applied, Command, DesiredState, Stamped};
@@ -14,24 +13,8 @@ use super::kube::diff::{AddressFamily, DiffConfig};
 use super::kube::metrics::KubeMetrics;
 use super::kube::{KubeReconciler, KubeReconcilerConfig, Propose, ProposeError};
 use super::raft::RaftNode;
+use super::settings::KubeSettings;
 use waymark_registry::machine::{Refusal, Request, Response};
-
-/// Where the Kubernetes API is and what to reconcile.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KubeSettings {
-    /// The API server's URL; absent inside a cluster (the service account is used).
-    #[serde(default)]
-    pub api_url: Option<String>,
-    /// This cluster's name (scopes which instances this reconciler may forget).
-    pub cluster: String,
-    /// One namespace only; absent for all.
-    #[serde(default)]
-    pub namespace: Option<String>,
-    /// Zone for endpoints that carry none (default `unknown`).
-    #[serde(default)]
-    pub default_zone: Option<ZoneName>,
-}
 
 /// Proposes commands through this member's Raft (only the leader's succeed).
 #[derive(Debug, Clone)]

@@ -15,9 +15,8 @@
 //! Without `[authority.tls]` the API, Raft and xDS are plaintext, which
 //! [`plaintext_off_loopback`] allows on loopback addresses only.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -26,9 +25,9 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
-use waymark_certs::grpc::{self, GrpcLimits, GrpcMetrics, IncomingConfig};
-use waymark_certs::identity::{Identity, IdentityKind, KindSet, Name, TrustDomain};
-use waymark_certs::reload::{MaterialPaths, ReloadEvent, Reloader, WatchHandle, load_material};
+use waymark_certs::grpc::{self, GrpcMetrics, IncomingConfig};
+use waymark_certs::identity::{Identity, IdentityKind, KindSet, Name};
+use waymark_certs::reload::{ReloadEvent, Reloader, WatchHandle, load_material};
 use waymark_certs::tls::{
     ALPN_H2, LiveMaterial, anonymous_client_config, client_config, server_config,
     server_config_client_optional,
@@ -36,8 +35,7 @@ use waymark_certs::tls::{
 use waymark_certs::{CertMetrics, PeerPolicy};
 use waymark_core::delta::DeltaConfig;
 use waymark_core::evaluator::EvaluatorConfig;
-use waymark_core::model::{NodeName, RegionName, ZoneName};
-use waymark_core::units::Permille;
+use waymark_core::model::NodeName;
 use waymark_federation::signal::RegionSignal;
 use waymark_federation_quic::{
     FederationConfig, FederationMetrics, FederationNode, FederationTls, PeerConfig,
@@ -49,112 +47,19 @@ use waymark_xds::server::{ServerConfig, XdsServer};
 
 use super::api::{self, ApiState};
 use super::evidence::EvidenceHub;
-use super::existence::{self, KubeSettings};
-use super::ingest::EvidenceService;
+use super::existence;
 use super::kube::metrics::KubeMetrics;
 use super::leader::{self, LeaderContext};
 use super::metrics::AuthorityMetrics;
 use super::raft::admission::member_id;
 use super::raft::{Member, RaftConfig, RaftNode, RaftRpcMetrics, Senders};
-use super::regions::{self, FederationSettings, RegionMetrics, RegionsHandle, SharedSignal};
+use super::regions::{self, RegionMetrics, RegionsHandle, SharedSignal};
+use super::settings::{AuthorityConfig, FederationSettings, TlsSettings, plaintext_off_loopback};
 use super::tier;
-use crate::cli::http::ApiClient;
+use crate::api_client::ApiClient;
+use crate::evidence::EvidenceService;
+use crate::gossip::{Gossip, GossipConfig, GossipId, Role};
 use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
-use crate::net::HostPort;
-use crate::node::gossip::{Gossip, GossipConfig, GossipId, Keyring, Role};
-
-/// Mutual-TLS material for the member's Raft, xDS and ingest listeners and its Raft client.
-#[derive(Debug, Clone)]
-pub struct TlsSettings {
-    /// The estate's trust domain.
-    pub trust_domain: TrustDomain,
-    /// This member's certificate, key and the trust bundle.
-    pub paths: MaterialPaths,
-}
-
-/// How to run one member.
-#[derive(Debug, Clone)]
-pub struct AuthorityConfig {
-    /// Raft member id (unique in the group, never reused).
-    pub id: u64,
-    /// This region.
-    pub region: RegionName,
-    /// Its zones (views are assembled for callers in each).
-    pub zones: BTreeSet<ZoneName>,
-    /// Where Raft and the views live.
-    pub data_dir: PathBuf,
-    /// The HTTP listener: the query/policy API (never Raft).
-    pub http: SocketAddr,
-    /// The Raft listener (`/raft/*` between members). With `tls` it is mutual TLS and
-    /// admits only authority members of this region; without, it is plaintext and must be
-    /// a loopback address ([`Authority::start`] refuses anything else).
-    pub raft: SocketAddr,
-    /// The xDS listener.
-    pub xds: SocketAddr,
-    /// The evidence ingest listener (needs `tls`).
-    pub ingest: Option<SocketAddr>,
-    /// Mutual TLS for Raft, xDS and ingest; without it Raft and xDS are served in
-    /// plaintext (loopback development only) and ingest is off.
-    pub tls: Option<TlsSettings>,
-    /// Existence from Kubernetes EndpointSlices, reconciled while this member leads.
-    pub kubernetes: Option<KubeSettings>,
-    /// Gossip membership with the region's node agents (prober liveness).
-    pub gossip: Option<GossipSettings>,
-    /// Cross-region federation (needs `tls`).
-    pub federation: Option<FederationSettings>,
-    /// The load guards' budgets.
-    pub limits: Limits,
-}
-
-/// The load guards' budgets (`[authority.limits]`); the defaults are the design's.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Limits {
-    /// xDS streams admitted per reconnection window, as a share of the known population.
-    pub reconnect: Permille,
-    /// xDS streams always admitted per window.
-    pub reconnect_floor: u32,
-    /// The xDS client population assumed at least (see `AdmissionConfig::expected_clients`).
-    pub reconnect_expected_clients: u32,
-    /// Admission releases per second before admissions are shed.
-    pub admit_releases_per_sec: u32,
-    /// Shed admissions at all (under their rate budget or delivery pressure). Off only to
-    /// show what shedding protects.
-    pub shed_admissions: bool,
-    /// The API listener's bounds.
-    pub http: HttpLimits,
-    /// The Raft listener's bounds.
-    pub raft: HttpLimits,
-    /// The gRPC listeners' bounds (xDS and evidence ingest).
-    pub grpc: GrpcLimits,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            reconnect: waymark_core::defaults::RECONNECT_PERMILLE,
-            reconnect_floor: AdmissionConfig::default().floor,
-            reconnect_expected_clients: AdmissionConfig::default().expected_clients,
-            admit_releases_per_sec: waymark_core::defaults::ADMIT_RELEASES_PER_SEC,
-            shed_admissions: true,
-            http: HttpLimits::AUTHORITY,
-            raft: HttpLimits::RAFT,
-            grpc: GrpcLimits::default(),
-        }
-    }
-}
-
-/// This member's place in the region's gossip pool.
-#[derive(Debug, Clone)]
-pub struct GossipSettings {
-    /// UDP address to bind and advertise.
-    pub bind: SocketAddr,
-    /// The member's zone.
-    pub zone: ZoneName,
-    /// Members to join through (IP or DNS name, resolved at each join attempt).
-    pub seeds: Vec<HostPort>,
-    /// The region keyring.
-    pub keyring: Keyring,
-}
 
 /// A running member.
 pub struct Authority {
@@ -637,59 +542,6 @@ fn start_federation(
             drop_stale,
         },
     })
-}
-
-/// Whether a listener may be served in plaintext on `addr`: only on a loopback address,
-/// where only this host's processes reach it.
-pub fn plaintext_allowed(addr: SocketAddr) -> bool {
-    addr.ip().to_canonical().is_loopback()
-}
-
-/// A listener that would be plaintext off loopback: the key, and why that is refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OffLoopback {
-    /// The configuration key, e.g. `authority.http`.
-    pub key: &'static str,
-    /// What is wrong and how to fix it.
-    pub message: String,
-}
-
-/// Without `[authority.tls]` the API, Raft and xDS are plaintext: each must then be bound
-/// to a loopback address. Names the first that is not, and what anyone reaching it could
-/// do.
-pub fn plaintext_off_loopback(
-    http: SocketAddr,
-    raft: SocketAddr,
-    xds: SocketAddr,
-) -> Option<OffLoopback> {
-    let listeners = [
-        (
-            "authority.http",
-            http,
-            "anyone reaching it could read the registry, and write with a stolen token",
-        ),
-        (
-            "authority.raft",
-            raft,
-            "anyone reaching it could depose the leader or commit entries",
-        ),
-        (
-            "authority.xds",
-            xds,
-            "anyone reaching it could read every view and pose as any caller",
-        ),
-    ];
-    listeners
-        .into_iter()
-        .find(|(_, addr, _)| !plaintext_allowed(*addr))
-        .map(|(key, addr, risk)| OffLoopback {
-            key,
-            message: format!(
-                "{addr} is not a loopback address, and without [authority.tls] it is served in \
-                 plaintext ({risk}): configure [authority.tls], or bind {key} to a loopback \
-                 address"
-            ),
-        })
 }
 
 /// Serves `router` on `listener` (`name` labels its metrics): TLS with `tls`, plaintext

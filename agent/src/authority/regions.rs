@@ -23,7 +23,6 @@
 //!   automatic failover and its recovery into a rate-capped shift-back.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -38,43 +37,19 @@ use tracing::{debug, info, warn};
 use waymark_core::model::{RegionName, ServiceName};
 use waymark_federation::aggregate::{Entry, Outcome, ReconciliationRecord};
 use waymark_federation::local::local_aggregate;
-use waymark_federation::signal::{FrontDoor, RegionSignal, SignalConfig};
+use waymark_federation::signal::{FrontDoor, RegionSignal};
 use waymark_federation_quic::{FederationNode, SharedAggregates};
 
 use super::clock::now_ms;
-use super::config::{FederationPeerEntry, FrontDoorEntry};
 use super::metrics::PeerRegionLabels;
 use super::raft::{RaftNode, StateEvent};
+use super::settings::FrontDoorEntry;
 use waymark_registry::machine::{AuditEntry, AuditKind, AuthorityState, Request, Response};
 
 /// The actor named on federation's audit records.
 pub const FEDERATION_ACTOR: &str = "waymark:federation";
 /// How often merge records are collected from the federation node.
 const RECORDS_EVERY: Duration = Duration::from_millis(500);
-
-/// How a member federates (from `[authority.federation]`).
-#[derive(Debug, Clone)]
-pub struct FederationSettings {
-    /// UDP address of this member's QUIC endpoint.
-    pub bind: SocketAddr,
-    /// Every member of every peer region.
-    pub peers: Vec<FederationPeerEntry>,
-    /// Peer regions' front doors.
-    pub front_doors: Vec<FrontDoorEntry>,
-    /// A peer region silent this long is reported stale.
-    pub stale_after: Duration,
-    /// Digest pacing per link.
-    pub digest_interval: Duration,
-    /// How often the front doors are probed.
-    pub probe_interval: Duration,
-    /// One connection attempt's limit.
-    pub probe_timeout: Duration,
-    /// The signal's thresholds.
-    pub signal: SignalConfig,
-    /// Drop a stale peer region's endpoints from tier 2 (breaks ADR-14; for drills only,
-    /// see `FederationSection::drop_stale_peers`).
-    pub drop_stale_peers: bool,
-}
 
 /// The front-door signal, shared by the prober, the leader and the API.
 pub type SharedSignal = Arc<Mutex<RegionSignal>>;

@@ -1,5 +1,5 @@
-//! Operator commands: thin clients of an authority member's HTTP API.
+//! Operator commands: thin clients of an authority member's HTTP API (through
+//! [`crate::api_client`], which the roles use too).
 
-pub mod http;
 pub mod ops;
 pub mod tls;

@@ -4,7 +4,7 @@
 use http::Method;
 use serde_json::{Value, json};
 
-use super::http::ApiClient;
+use crate::api_client::ApiClient;
 
 pub mod acl;
 

@@ -25,14 +25,15 @@ use waymark_certs::{Identity, Name, TrustDomain};
 use waymark_core::model::{InstanceId, SelfReport};
 
 use self::backends::{BackendOptions, BackendSpec, Backends, SelfReportFn};
-use crate::authority::member::{Authority, AuthorityConfig, GossipSettings, TlsSettings};
-use crate::cli::http::ApiClient;
+use crate::api_client::ApiClient;
+use crate::authority::member::Authority;
+use crate::authority::settings::{AuthorityConfig, GossipSettings, TlsSettings};
 use crate::cli::tls::{ClientFiles, api_client_config};
+use crate::gossip::Keyring;
 use crate::node::NodeAgent;
 use crate::node::config::{
     AgentConfig, Bounds, Gossip as GossipSection, Listen, ProbeSection, Tls,
 };
-use crate::node::gossip::Keyring;
 
 const TRUST_DOMAIN: &str = "dev.waymark";
 const REGION: &str = "dev";

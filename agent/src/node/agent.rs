@@ -43,13 +43,13 @@ use waymark_xds::{Publisher, ServerConfig, XdsServer};
 use super::cache;
 use super::config::AgentConfig;
 use super::dns::{DnsConfig, DnsServer, DnsTable};
-use super::gossip::{Gossip, GossipConfig, GossipId, Keyring, MemberState, Role};
 use super::lrs::{LrsForwardConfig, LrsForwarder};
 use super::metrics::{AgentMetrics, RefusalLabels, ServiceLabels};
 use super::probe::{AddressPolicy, ProbeRefusal, Prober, ProberConfig};
 use super::session::{self, SessionConfig};
 use super::view::{Changes, LocalView, ServiceState};
-use crate::authority::ingest::{AgentMessage, WireSample};
+use crate::evidence::{AgentMessage, WireSample};
+use crate::gossip::{Gossip, GossipConfig, GossipId, Keyring, MemberState, Role};
 use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
 use waymark_core::model::Observation;
 
@@ -213,7 +213,7 @@ impl Shared {
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
         let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
-        crate::authority::metrics::to_prometheus_text(&out)
+        crate::metrics::to_prometheus_text(&out)
     }
 
     /// The main loop ticked recently (liveness is process-internal only).
@@ -371,7 +371,7 @@ impl NodeAgent {
                 .server()
                 .add_service(xds.service())
                 .add_service(shared.lrs.service())
-                .add_service(crate::authority::ingest::EvidenceService::new(
+                .add_service(crate::evidence::EvidenceService::new(
                     Arc::new(super::selfreport::LocalRelay::new(
                         outbound_tx.clone(),
                         metrics.clone(),

@@ -153,7 +153,7 @@ pub struct Gossip {
 }
 
 /// `[agent.tls]`: the same files as the authority's.
-pub use crate::authority::config::TlsSection as Tls;
+pub use crate::tls::TlsSection as Tls;
 
 /// Flag overrides (the last source).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -315,11 +315,9 @@ impl AgentFile {
             return Err(bad("agent.bounds.max_ejection_percent", "0..=100"));
         }
         if let Some(g) = &a.gossip {
-            crate::node::gossip::Keyring::parse(&g.keys).map_err(|e| {
-                AgentConfigError::Invalid {
-                    key: "agent.gossip.keys".into(),
-                    message: e.to_string(),
-                }
+            crate::gossip::Keyring::parse(&g.keys).map_err(|e| AgentConfigError::Invalid {
+                key: "agent.gossip.keys".into(),
+                message: e.to_string(),
             })?;
         }
         // Views and load reports are what a sidecar's routing rests on: served in plain

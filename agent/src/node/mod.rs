@@ -4,7 +4,6 @@ mod api;
 pub mod cache;
 pub mod config;
 pub mod dns;
-pub mod gossip;
 pub mod lrs;
 pub mod metrics;
 pub mod probe;

@@ -28,7 +28,7 @@ use waymark_core::units::Weight;
 use waymark_registry::state::Registration;
 
 use super::config::AgentConfig;
-use crate::cli::http::ApiClient;
+use crate::api_client::ApiClient;
 
 /// One service definition file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

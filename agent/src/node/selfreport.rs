@@ -13,9 +13,7 @@ use tonic::Status;
 use waymark_core::model::{EvidenceClass, NodeName, Reporter, ZoneName};
 
 use super::metrics::AgentMetrics;
-use crate::authority::ingest::{
-    Ack, AgentMessage, EvidenceSink, ProbeTarget, RefusedSample, WireSample,
-};
+use crate::evidence::{Ack, AgentMessage, EvidenceSink, ProbeTarget, RefusedSample, WireSample};
 
 /// The agent's local evidence sink: checks, then relays.
 pub struct LocalRelay {

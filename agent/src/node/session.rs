@@ -18,7 +18,7 @@ use waymark_xds::client::{Backoff, BackoffConfig};
 
 use super::metrics::AgentMetrics;
 use super::probe::Prober;
-use crate::authority::ingest::{AgentMessage, AuthorityMessage, ClientSession, WireSample};
+use crate::evidence::{AgentMessage, AuthorityMessage, ClientSession, WireSample};
 
 /// Samples per message, at most (well under the authority's batch limit).
 const BATCH: usize = 512;

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 use serde_json::Value;
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
 use waymark_agent::dev::{DevArgs, DevRegion};
 
 /// How long a dev-region test waits for any one state.

@@ -11,7 +11,8 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::Duration;
 
-use waymark_agent::authority::member::{Authority, AuthorityConfig};
+use waymark_agent::authority::member::Authority;
+use waymark_agent::authority::settings::AuthorityConfig;
 
 /// How long a single member may take to lead.
 pub const LEAD_WAIT: Duration = Duration::from_secs(60);
@@ -98,7 +99,7 @@ pub fn promtool_check(text: &str) {
 /// A client of `a`'s API holding a fresh token with every operator grant (bootstrapping
 /// the region for operator `name` if nobody has). The token is named `name` plus a
 /// sequence number, so every client a test makes is its own principal.
-pub async fn operator(a: &Authority, name: &str) -> waymark_agent::cli::http::ApiClient {
+pub async fn operator(a: &Authority, name: &str) -> waymark_agent::api_client::ApiClient {
     let token = operator_token(a, name).await;
     a.api_client(Some(token))
 }
@@ -133,7 +134,7 @@ pub fn series_value(text: &str, series: &str) -> u64 {
 }
 
 /// `GET /metrics` through `api`, which must be allowed to read it.
-pub async fn metrics_text(api: &waymark_agent::cli::http::ApiClient) -> String {
+pub async fn metrics_text(api: &waymark_agent::api_client::ApiClient) -> String {
     let r = api
         .send(http::Method::GET, "/metrics", None)
         .await
@@ -145,7 +146,7 @@ pub async fn metrics_text(api: &waymark_agent::cli::http::ApiClient) -> String {
 
 /// Waits until `series` read through `api` reaches `want`, and asserts it went no
 /// further (a refusal is counted as the server's task ends, just after the client saw it).
-pub async fn counted(api: &waymark_agent::cli::http::ApiClient, series: &str, want: u64) {
+pub async fn counted(api: &waymark_agent::api_client::ApiClient, series: &str, want: u64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let got = series_value(&metrics_text(api).await, series);

@@ -41,7 +41,7 @@ use crate::harness::region::{
 };
 use crate::harness::{envoy_bin, wait_until, waymark_bin};
 use crate::traffic::{Generator, ms};
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
 
 const DRILL: &str = "prober-partition";
 const REGION: &str = "r1";

@@ -27,7 +27,7 @@ use http::Method;
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::time::Instant;
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
 
 use super::Scale;
 use super::figures::{self, PhaseFigures, Verdict, Window};

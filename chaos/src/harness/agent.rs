@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
 
 use super::{RoleProc, free_port, loopback};
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use http::Method;
 use serde_json::json;
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
 use waymark_agent::dev::backends::{BackendOptions, BackendSpec, Backends, Mode, SelfReportFn};
 
 use super::wait_until;

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::Context as _;
 use http::Method;
 use serde_json::{Value, json};
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
 use waymark_agent::dev::backends::{BackendOptions, BackendSpec, Backends, Mode, SelfReportFn};
 use waymark_certs::layout::PkiDir;
 use waymark_certs::{Identity, Name, TrustDomain};

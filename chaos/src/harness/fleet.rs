@@ -34,7 +34,7 @@ use prost::Message as _;
 use serde::Serialize;
 use serde_json::json;
 use tokio::time::Instant;
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
 use waymark_xds::client::{Applied, ClientConfig, Subscription, XdsClient};
 use waymark_xds::translate::TYPE_ENDPOINT;
 

@@ -348,8 +348,8 @@ pub fn api_tls(addr: SocketAddr) -> Option<std::sync::Arc<rustls::ClientConfig>>
 pub fn api_client_with(
     addr: SocketAddr,
     token: Option<String>,
-) -> waymark_agent::cli::http::ApiClient {
-    let client = waymark_agent::cli::http::ApiClient::new(&addr.to_string(), token);
+) -> waymark_agent::api_client::ApiClient {
+    let client = waymark_agent::api_client::ApiClient::new(&addr.to_string(), token);
     match api_tls(addr) {
         Some(tls) => client.with_tls(tls),
         None => client,
@@ -357,7 +357,7 @@ pub fn api_client_with(
 }
 
 /// An API client of the authority at `addr`, presenting [`management_token`].
-pub fn api_client(addr: SocketAddr) -> waymark_agent::cli::http::ApiClient {
+pub fn api_client(addr: SocketAddr) -> waymark_agent::api_client::ApiClient {
     api_client_with(addr, Some(management_token().to_owned()))
 }
 

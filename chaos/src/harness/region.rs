@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use waymark_agent::cli::http::ApiClient;
+use waymark_agent::api_client::ApiClient;
 
 use super::{RoleProc, free_port};
 

@@ -476,7 +476,7 @@ impl RaftNode {
             Err(e) => return Err(e.into()),
         };
         for batch in entries.chunks(network::AUDIT_FORWARD_RECORDS_MAX) {
-            let mut client = crate::cli::http::ApiClient::new(&leader.raft_addr, None)
+            let mut client = crate::api_client::ApiClient::new(&leader.raft_addr, None)
                 .with_timeout(AUDIT_FORWARD_TIMEOUT);
             if let Some(tls) = &self.tls {
                 client = client.with_tls(Arc::clone(tls));

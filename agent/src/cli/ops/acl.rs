@@ -5,8 +5,8 @@ use std::time::Duration;
 use http::Method;
 use serde_json::{Value, json};
 
-use super::super::http::ApiClient;
 use super::{s, table};
+use crate::api_client::ApiClient;
 
 /// `waymark acl whoami`.
 pub async fn whoami(api: &ApiClient, as_json: bool) -> anyhow::Result<String> {

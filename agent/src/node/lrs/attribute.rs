@@ -16,7 +16,7 @@ use waymark_core::model::{InstanceId, Observation};
 use waymark_xds::lrs::AddressBook;
 
 use super::aggregate::Flush;
-use crate::authority::ingest::WireSample;
+use crate::evidence::WireSample;
 
 /// Address → instance for the EDS resources given, read from the `instance` key waymark
 /// writes into each endpoint's metadata. Endpoints without a valid one (or with a non-IP

@@ -51,7 +51,7 @@ pub use aggregate::{
 pub use attribute::{Attributed, WindowBook, addresses_from_assignments, attribute};
 pub use metrics::{DropLabels, LrsForwardMetrics};
 
-use crate::authority::ingest::{BATCH_MAX, WireSample};
+use crate::evidence::{BATCH_MAX, WireSample};
 use attribute::book_of;
 use metrics::ServerCollector;
 

@@ -15,6 +15,7 @@ use waymark_core::contract::ProbeKind;
 use waymark_core::model::{Health, Observation};
 
 use super::{grpc, http, tcp};
+use crate::evidence::TARGET_TEXT_MARKER;
 
 /// What one probe asks, built from a [`ProbeKind`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,12 +49,6 @@ pub struct GrpcCheck {
 
 /// How much of a 2xx body is searched for [`HttpCheck::expect_body`].
 pub const BODY_MATCH_LEN_MAX: usize = 64 * 1024;
-
-/// Separates a check's own words from text the target chose (an HTTP body, a gRPC status
-/// message) in a detail: `HTTP 503; said: database down`. The target may be anything the
-/// registry names, so read paths that must not relay its words cut a detail here (the
-/// authority's audit read path does; `explain` shows it).
-pub const TARGET_TEXT_MARKER: &str = "; said: ";
 
 /// Bytes of the target's own text kept in a detail, control characters blanked.
 pub const TARGET_TEXT_LEN_MAX: usize = 128;

@@ -45,13 +45,12 @@ use waymark_core::model::{Health, InstanceId};
 
 pub use check::{
     BODY_MATCH_LEN_MAX, Check, GrpcCheck, HttpCheck, Outcome, ProbeError, TARGET_TEXT_LEN_MAX,
-    TARGET_TEXT_MARKER,
 };
 pub use metrics::{KindLabels, ProbeLabels, ProberMetrics, SkipLabels};
 pub use policy::{AddressPolicy, Cidr, Denied};
 pub use schedule::{Effect, INTERVAL_MIN, ProbeSchedule, RunId, ScheduleConfig, SkipReason};
 
-use crate::authority::ingest::{ProbeTarget, WireSample};
+use crate::evidence::{ProbeTarget, WireSample};
 
 /// How the prober runs.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use waymark_core::hash::SplitMix64;
 
 use waymark_core::model::InstanceId;
 
-use crate::authority::ingest::ProbeTarget;
+use crate::evidence::ProbeTarget;
 
 /// Intervals below this are raised to it, so a bad assignment cannot spin the driver. The
 /// contract's own floor is far higher (`PROBE_INTERVAL_MIN`); tests use less than that.

@@ -1,10 +1,12 @@
-//! A small HTTP/1.1 JSON client for the API, following the followers' redirects to the
-//! leader.
+//! A small HTTP/1.1 JSON client for an authority member's API, following the followers'
+//! redirects to the leader.
 //!
 //! Bounded like the listeners it talks to: connecting takes at most [`CONNECT_TIMEOUT`],
 //! a whole exchange (redirects included) at most [`REQUEST_TIMEOUT`], and an answer is
 //! read up to [`RESPONSE_LIMIT_BYTES`] — a larger one is an error, never a growing buffer.
-//! The CLI, the registrar of `services_dir` and `waymark dev` all use it.
+//! The CLI, the node agent's registrar of `services_dir`, `waymark dev` and the authority
+//! members themselves (a follower forwards audit records to the leader) all use it, so it
+//! sits beside them rather than inside any one.
 //!
 //! Over `https://` ([`ApiClient::with_tls`]) the server is admitted by its verified
 //! authority identity, not by the dialled name (so a follower's redirect to the leader's

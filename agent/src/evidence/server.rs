@@ -1,121 +1,25 @@
-//! Evidence ingest: one gRPC stream per node agent (or workload) carrying probe results,
-//! self-reports and forwarded load reports, each attributed by the connection's mutual-TLS
-//! identity (ADR-15).
-//!
-//! The wire never names the reporter: the authority takes it from the verified peer
-//! certificate, so a sample cannot claim to come from someone else. What the reporter may
-//! say is then checked by [`waymark_registry::ingest::admit`] on the leader (a probe only
-//! about an assigned target, a self-report only about itself). Refusals are counted and
-//! returned in the acknowledgement; they are never applied.
-//!
-//! The service is `waymark.evidence.v1.Evidence/Session`, bidirectional, with JSON messages
-//! (`application/grpc+json`): the agent sends `hello` and `samples`; the authority answers
-//! with the node's probe `assignment` whenever it changes and an `ack` per batch.
+//! The serving half of the evidence protocol: [`EvidenceService`] attributes each session to
+//! its peer's verified identity and hands what it carries to an [`EvidenceSink`] — the
+//! authority's evidence hub, or a node agent's relay for the workloads on its host.
 
 use std::convert::Infallible;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, BufMut};
 use futures::{Stream, StreamExt};
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::server::NamedService;
 use tonic::{Status, Streaming};
 use tracing::{debug, info, warn};
 use waymark_certs::identity::{Identity, Subject};
-use waymark_core::contract::ProbeSpec;
-use waymark_core::model::{
-    Address, InstanceId, NodeName, Observation, RegionName, Reporter, ServiceName, ZoneName,
+use waymark_core::model::{NodeName, RegionName, Reporter, ZoneName};
+
+use super::codec::JsonCodec;
+use super::{
+    AGENT_MESSAGE_BYTES_MAX, AUTHORITY_MESSAGE_BYTES_MAX, AgentMessage, AuthorityMessage,
+    BATCH_MAX, ProbeTarget, RefusedSample, SERVICE, SESSION_PATH, WireSample,
 };
-
-/// The gRPC service name.
-pub const SERVICE: &str = "waymark.evidence.v1.Evidence";
-/// The one method's path.
-pub const SESSION_PATH: &str = "/waymark.evidence.v1.Evidence/Session";
-/// Samples accepted in one message; larger batches are refused whole.
-pub const BATCH_MAX: usize = 4096;
-/// Largest message an agent may send (a full batch with every detail at its ceiling fits);
-/// a larger one ends the session with `RESOURCE_EXHAUSTED` before it is decoded.
-pub const AGENT_MESSAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
-/// Largest message the authority sends (a node's whole probe assignment).
-pub const AUTHORITY_MESSAGE_BYTES_MAX: usize = 16 * 1024 * 1024;
-
-/// What an agent sends.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "type")]
-pub enum AgentMessage {
-    /// First message of a node agent: its zone, so it can be assigned probe targets there.
-    Hello {
-        /// The node's zone.
-        zone: ZoneName,
-    },
-    /// Evidence; the reporter is the connection's identity.
-    Samples {
-        /// The samples.
-        samples: Vec<WireSample>,
-    },
-    /// Self-reports a node agent received from workloads on its host, each verified by the
-    /// agent against the workload's own mutual-TLS identity and about that workload only.
-    /// The authority admits one only if the instance runs on the relaying node.
-    Relayed {
-        /// The self-reports.
-        samples: Vec<WireSample>,
-    },
-}
-
-/// One sample as sent: about which instance, and what was observed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireSample {
-    /// The instance it is about.
-    pub instance: InstanceId,
-    /// What was observed.
-    pub observation: Observation,
-}
-
-/// What the authority sends.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "type")]
-pub enum AuthorityMessage {
-    /// The node's probe targets, whole, whenever they change.
-    Assignment {
-        /// What to probe.
-        targets: Vec<ProbeTarget>,
-    },
-    /// The outcome of one `samples` message.
-    Ack {
-        /// Samples admitted to the evaluator.
-        accepted: u64,
-        /// Samples refused, with the reason label.
-        refused: Vec<RefusedSample>,
-    },
-}
-
-/// One target a node must probe.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProbeTarget {
-    /// The instance.
-    pub instance: InstanceId,
-    /// Its service.
-    pub service: ServiceName,
-    /// Where to probe it.
-    pub address: Address,
-    /// How.
-    pub probe: ProbeSpec,
-}
-
-/// A refused sample.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RefusedSample {
-    /// The instance it was about.
-    pub instance: InstanceId,
-    /// A stable reason label (`not_assigned`, `not_attributable`, `unknown_target`, …).
-    pub reason: String,
-}
 
 /// Where ingested evidence goes: the leader's pipeline, or a refusal naming the leader.
 pub trait EvidenceSink: Send + Sync + 'static {
@@ -411,107 +315,5 @@ async fn answer(
             let _ = tx.send(Err(status)).await;
             false
         }
-    }
-}
-
-/// A client session: send with [`ClientSession::send`], read the authority's messages from
-/// [`ClientSession::inbound`].
-#[derive(Debug)]
-pub struct ClientSession {
-    outbound: mpsc::Sender<AgentMessage>,
-    /// The authority's messages.
-    pub inbound: Streaming<AuthorityMessage>,
-}
-
-impl ClientSession {
-    /// Open a session over `channel` (build it with mutual TLS: the identity is the
-    /// reporter).
-    pub async fn open(channel: tonic::transport::Channel) -> Result<Self, Status> {
-        let mut grpc = tonic::client::Grpc::new(channel)
-            .max_decoding_message_size(AUTHORITY_MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(AGENT_MESSAGE_BYTES_MAX);
-        grpc.ready()
-            .await
-            .map_err(|e| Status::unavailable(format!("evidence channel not ready: {e}")))?;
-        let (tx, rx) = mpsc::channel::<AgentMessage>(64);
-        let outbound = tokio_stream::wrappers::ReceiverStream::new(rx);
-        let response = grpc
-            .streaming(
-                tonic::Request::new(outbound),
-                http::uri::PathAndQuery::from_static(SESSION_PATH),
-                JsonCodec::<AgentMessage, AuthorityMessage>::default(),
-            )
-            .await?;
-        Ok(Self {
-            outbound: tx,
-            inbound: response.into_inner(),
-        })
-    }
-
-    /// Send one message.
-    pub async fn send(&self, message: AgentMessage) -> Result<(), Status> {
-        self.outbound
-            .send(message)
-            .await
-            .map_err(|_| Status::unavailable("evidence session closed"))
-    }
-}
-
-/// gRPC messages as JSON (`application/grpc+json`), encoding `E` and decoding `D`.
-#[derive(Debug)]
-pub struct JsonCodec<E, D>(PhantomData<fn(E) -> D>);
-
-impl<E, D> Default for JsonCodec<E, D> {
-    fn default() -> Self {
-        Self(PhantomData)
-    }
-}
-
-impl<E, D> Codec for JsonCodec<E, D>
-where
-    E: Serialize + Send + 'static,
-    D: DeserializeOwned + Send + 'static,
-{
-    type Encode = E;
-    type Decode = D;
-    type Encoder = JsonEncoder<E>;
-    type Decoder = JsonDecoder<D>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        JsonEncoder(PhantomData)
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        JsonDecoder(PhantomData)
-    }
-}
-
-/// The encoding half of [`JsonCodec`].
-#[derive(Debug)]
-pub struct JsonEncoder<E>(PhantomData<fn(E)>);
-
-impl<E: Serialize> Encoder for JsonEncoder<E> {
-    type Item = E;
-    type Error = Status;
-
-    fn encode(&mut self, item: E, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        serde_json::to_writer(dst.writer(), &item)
-            .map_err(|e| Status::internal(format!("encoding a message: {e}")))
-    }
-}
-
-/// The decoding half of [`JsonCodec`]. A malformed message fails the stream with
-/// `INVALID_ARGUMENT` naming what is wrong.
-#[derive(Debug)]
-pub struct JsonDecoder<D>(PhantomData<fn() -> D>);
-
-impl<D: DeserializeOwned> Decoder for JsonDecoder<D> {
-    type Item = D;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<D>, Status> {
-        let item = serde_json::from_reader(src.reader())
-            .map_err(|e| Status::invalid_argument(format!("malformed message: {e}")))?;
-        Ok(Some(item))
     }
 }

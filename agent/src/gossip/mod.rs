@@ -13,6 +13,9 @@
 //!
 //! Gossip carries membership only; views never travel here. The authority's prober
 //! assignment consumes [`live_members_by_zone`] over [`Gossip::subscribe`].
+//!
+//! Both roles run it (node agents as probers, authority members to see which are alive),
+//! so it sits beside them rather than inside either.
 
 pub mod codec;
 mod driver;

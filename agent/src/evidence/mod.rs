@@ -1,0 +1,122 @@
+//! The evidence protocol both roles speak: one gRPC stream per reporter carrying probe
+//! results, self-reports and forwarded load reports, each attributed by the connection's
+//! mutual-TLS identity (ADR-15).
+//!
+//! ```text
+//! node agent ──ClientSession──► authority member: EvidenceService ──► EvidenceHub (leader)
+//! workload   ──ClientSession──► its node agent:   EvidenceService ──► LocalRelay ──► Relayed
+//! ```
+//!
+//! The wire never names the reporter: the serving side takes it from the verified peer
+//! certificate, so a sample cannot claim to come from someone else. What the reporter may
+//! say is then checked by [`waymark_registry::ingest::admit`] on the leader (a probe only
+//! about an assigned target, a self-report only about itself). Refusals are counted and
+//! returned in the acknowledgement; they are never applied.
+//!
+//! The service is `waymark.evidence.v1.Evidence/Session`, bidirectional, with JSON messages
+//! (`application/grpc+json`): the agent sends `hello` and `samples`; the authority answers
+//! with the node's probe `assignment` whenever it changes and an `ack` per batch. Neither
+//! role owns it, so it sits beside both (the authority's sink is `authority/evidence.rs`,
+//! the node's `node/selfreport.rs` and `node/session.rs`).
+
+mod client;
+mod codec;
+mod server;
+
+use serde::{Deserialize, Serialize};
+use waymark_core::contract::ProbeSpec;
+use waymark_core::model::{Address, InstanceId, Observation, ServiceName, ZoneName};
+
+pub use client::ClientSession;
+pub use codec::{JsonCodec, JsonDecoder, JsonEncoder};
+pub use server::{Ack, EvidenceService, EvidenceSink, reporter_of};
+
+/// The gRPC service name.
+pub const SERVICE: &str = "waymark.evidence.v1.Evidence";
+/// The one method's path.
+pub const SESSION_PATH: &str = "/waymark.evidence.v1.Evidence/Session";
+/// Samples accepted in one message; larger batches are refused whole.
+pub const BATCH_MAX: usize = 4096;
+/// Largest message an agent may send (a full batch with every detail at its ceiling fits);
+/// a larger one ends the session with `RESOURCE_EXHAUSTED` before it is decoded.
+pub const AGENT_MESSAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Largest message the authority sends (a node's whole probe assignment).
+pub const AUTHORITY_MESSAGE_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// What an agent sends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum AgentMessage {
+    /// First message of a node agent: its zone, so it can be assigned probe targets there.
+    Hello {
+        /// The node's zone.
+        zone: ZoneName,
+    },
+    /// Evidence; the reporter is the connection's identity.
+    Samples {
+        /// The samples.
+        samples: Vec<WireSample>,
+    },
+    /// Self-reports a node agent received from workloads on its host, each verified by the
+    /// agent against the workload's own mutual-TLS identity and about that workload only.
+    /// The authority admits one only if the instance runs on the relaying node.
+    Relayed {
+        /// The self-reports.
+        samples: Vec<WireSample>,
+    },
+}
+
+/// Separates a check's own words from text the target chose (an HTTP body, a gRPC status
+/// message) in an observation's detail: `HTTP 503; said: database down`. The prober writes
+/// it; the target may be anything the registry names, so read paths that must not relay its
+/// words cut a detail here (the authority's audit read path does; `explain` shows it).
+pub const TARGET_TEXT_MARKER: &str = "; said: ";
+
+/// One sample as sent: about which instance, and what was observed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireSample {
+    /// The instance it is about.
+    pub instance: InstanceId,
+    /// What was observed.
+    pub observation: Observation,
+}
+
+/// What the authority sends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum AuthorityMessage {
+    /// The node's probe targets, whole, whenever they change.
+    Assignment {
+        /// What to probe.
+        targets: Vec<ProbeTarget>,
+    },
+    /// The outcome of one `samples` message.
+    Ack {
+        /// Samples admitted to the evaluator.
+        accepted: u64,
+        /// Samples refused, with the reason label.
+        refused: Vec<RefusedSample>,
+    },
+}
+
+/// One target a node must probe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeTarget {
+    /// The instance.
+    pub instance: InstanceId,
+    /// Its service.
+    pub service: ServiceName,
+    /// Where to probe it.
+    pub address: Address,
+    /// How.
+    pub probe: ProbeSpec,
+}
+
+/// A refused sample.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedSample {
+    /// The instance it was about.
+    pub instance: InstanceId,
+    /// A stable reason label (`not_assigned`, `not_attributable`, `unknown_target`, …).
+    pub reason: String,
+}
