@@ -2151,7 +2151,7 @@ async fn metrics(State(s): State<ApiState>, headers: HeaderMap) -> impl IntoResp
 }
 
 /// The OpenAPI document for this API.
-pub const OPENAPI: &str = include_str!("openapi.json");
+pub const OPENAPI: &str = include_str!("../openapi.json");
 
 #[cfg(test)]
 mod tests {
