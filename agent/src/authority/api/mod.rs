@@ -327,7 +327,53 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A registry refusal as the API answers it: the status its reason calls for
+/// ([`refusal_status`]), with its reason, field and message as the registry gave them.
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> Self {
+        // A reason without a status is a gap in the table, which its test catches; until
+        // then it is answered as the request's own fault, as most refusals are.
+        let status = refusal_status(&refusal.reason).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
+        Self::new(
+            status,
+            &refusal.reason,
+            refusal.field.as_deref(),
+            refusal.message,
+        )
+    }
+}
+
 type ApiResult<T> = Result<T, ApiError>;
+
+/// The status of a registry refusal, by its reason: every reason in [`Refusal::REASONS`]
+/// has one (checked by `api/tests.rs`); `None` for any other.
+fn refusal_status(reason: &str) -> Option<StatusCode> {
+    let status = match reason {
+        // The request names something the registry does not hold.
+        "unknown_service" | "unknown_instance" => StatusCode::NOT_FOUND,
+        // The request is well formed but clashes with what the registry holds.
+        "duplicate_address" | "retired" | "service_in_use" | "origin_mismatch"
+        | "service_mismatch" => StatusCode::CONFLICT,
+        // The request itself is refused: a value out of range, too long, too many, or a
+        // ceiling of the region reached.
+        "contract" | "not_leased" | "bad_address" | "bad_lease" | "bad_policy"
+        | "bad_justification" | "too_long" | "too_many" | "region_full" | "id_unavailable" => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
+        // Access-control changes.
+        "already_bootstrapped"
+        | "bad_name"
+        | "malformed"
+        | "unknown_grant"
+        | "unknown_token"
+        | "token_exists"
+        | "bad_expiry"
+        | "bad_digest"
+        | "acl_full" => StatusCode::UNPROCESSABLE_ENTITY,
+        _ => return None,
+    };
+    Some(status)
+}
 
 impl ApiState {
     fn refuse(&self, e: ApiError) -> ApiError {
@@ -391,13 +437,7 @@ impl ApiState {
     /// and never grows the log.
     async fn command(&self, uri: &Uri, command: Command) -> ApiResult<Applied> {
         if let Err(error) = command.check() {
-            let refusal = Refusal::from(&error);
-            return Err(self.refuse(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &refusal.reason,
-                refusal.field.as_deref(),
-                refusal.message,
-            )));
+            return Err(self.refuse(Refusal::from(&error).into()));
         }
         let request = Request::Registry(Stamped {
             at_ms: now_ms(),
@@ -409,20 +449,7 @@ impl ApiState {
             }) => Ok(applied),
             Ok(RaftResponse::Registry {
                 outcome: Err(refusal),
-            }) => {
-                let status = match refusal.reason.as_str() {
-                    "unknown_service" | "unknown_instance" => StatusCode::NOT_FOUND,
-                    "duplicate_address" | "retired" | "service_in_use" | "origin_mismatch"
-                    | "service_mismatch" => StatusCode::CONFLICT,
-                    _ => StatusCode::UNPROCESSABLE_ENTITY,
-                };
-                Err(self.refuse(ApiError::new(
-                    status,
-                    &refusal.reason,
-                    refusal.field.as_deref(),
-                    refusal.message,
-                )))
-            }
+            }) => Err(self.refuse(refusal.into())),
             Ok(RaftResponse::ApplyFailed { message }) => Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "apply_failed",
@@ -504,3 +531,6 @@ async fn openapi() -> impl IntoResponse {
 
 /// The OpenAPI document for this API.
 pub const OPENAPI: &str = include_str!("../openapi.json");
+
+#[cfg(test)]
+mod tests;
