@@ -6,7 +6,6 @@
 //! ownership (see `access`); an override is justified, rate-limited per actor and service,
 //! and audited whether granted or refused.
 
-use std::collections::{BTreeMap, VecDeque};
 use std::sync::PoisonError;
 use std::time::Instant;
 
@@ -16,14 +15,13 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use waymark_core::model::{Instance, InstanceId, ServiceName};
+use waymark_core::model::{Instance, InstanceId};
 use waymark_registry::acl::Action;
 use waymark_registry::machine::{AuditEntry, AuditKind};
+use waymark_registry::overrides::{OVERRIDE_WINDOW, OVERRIDES_PER_WINDOW, overrides_granted};
 use waymark_registry::state::{Applied, Command, Registration};
 
-use super::{
-    ApiError, ApiResult, ApiState, Body, OVERRIDE_WINDOW, OVERRIDES_PER_WINDOW, parse_name,
-};
+use super::{ApiError, ApiResult, ApiState, Body, parse_name};
 use crate::authority::clock::now_ms;
 use crate::authority::fields;
 use crate::authority::metrics::OutcomeLabels;
@@ -212,58 +210,6 @@ pub(super) async fn explain(
     .into_response())
 }
 
-/// Overrides `actor` was granted on `service` within the window before `now_ms`, as the
-/// replicated audit log records them (every leader's grants, not only this member's).
-pub fn overrides_granted(
-    audit: &VecDeque<AuditEntry>,
-    actor: &str,
-    service: &ServiceName,
-    now_ms: u64,
-) -> usize {
-    let window = u64::try_from(OVERRIDE_WINDOW.as_millis()).unwrap_or(u64::MAX);
-    let since = now_ms.saturating_sub(window);
-    audit
-        .iter()
-        .rev()
-        // Records are appended in time order, give or take the members' clock skew.
-        .take_while(|e| e.at_ms >= since.saturating_sub(60_000))
-        .filter(|e| {
-            e.kind == AuditKind::Override
-                && e.at_ms >= since
-                && e.outcome == "granted"
-                && e.actor == actor
-                && e.service.as_ref() == Some(service)
-        })
-        .count()
-}
-
-/// Per actor × service sliding-window limiter for overrides. Pure; time passed in.
-#[derive(Debug, Default)]
-pub struct OverrideLimiter {
-    recent: BTreeMap<(String, String), VecDeque<Instant>>,
-}
-
-impl OverrideLimiter {
-    /// Whether `actor` may override on `service` at `now`; records it if so.
-    pub fn try_acquire(&mut self, actor: &str, service: &str, now: Instant) -> bool {
-        let q = self
-            .recent
-            .entry((actor.to_owned(), service.to_owned()))
-            .or_default();
-        while q
-            .front()
-            .is_some_and(|t| now.saturating_duration_since(*t) >= OVERRIDE_WINDOW)
-        {
-            q.pop_front();
-        }
-        if q.len() >= OVERRIDES_PER_WINDOW {
-            return false;
-        }
-        q.push_back(now);
-        true
-    }
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct OverrideBody {
@@ -397,41 +343,4 @@ pub(super) async fn override_instance(
         )
         .await?;
     Ok(axum::Json(json!({"applied": applied})).into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_override_budget_is_counted_from_the_replicated_audit_log() {
-        // Goal: the budget lived in the leader's memory, so a leader change gave every
-        // principal a fresh one. Whatever leader granted them, they count.
-        let pay = ServiceName::try_new("pay").unwrap_or_else(|e| panic!("{e}"));
-        let web = ServiceName::try_new("web").unwrap_or_else(|e| panic!("{e}"));
-        let window = u64::try_from(OVERRIDE_WINDOW.as_millis()).unwrap_or(u64::MAX);
-        let now = 10 * window;
-        let entry = |at_ms, actor: &str, service: &ServiceName, outcome: &str| AuditEntry {
-            seq: 0,
-            at_ms,
-            kind: AuditKind::Override,
-            actor: actor.into(),
-            service: Some(service.clone()),
-            instance: None,
-            outcome: outcome.into(),
-            detail: Value::Null,
-        };
-        let audit: VecDeque<AuditEntry> = [
-            entry(now - window - 1, "token/bob", &pay, "granted"), // outside the window
-            entry(now - window + 1, "token/bob", &pay, "granted"),
-            entry(now - 10, "token/bob", &pay, "refused"),
-            entry(now - 5, "token/bob", &web, "granted"),
-            entry(now - 4, "token/alice", &pay, "granted"),
-            entry(now - 1, "token/bob", &pay, "granted"),
-        ]
-        .into();
-        assert_eq!(overrides_granted(&audit, "token/bob", &pay, now), 2);
-        assert_eq!(overrides_granted(&audit, "token/bob", &web, now), 1);
-        assert_eq!(overrides_granted(&audit, "token/carol", &pay, now), 0);
-    }
 }

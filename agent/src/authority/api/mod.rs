@@ -49,6 +49,7 @@ use serde_json::{Value, json};
 use waymark_core::model::RegionName;
 use waymark_federation_quic::FederationNode;
 use waymark_registry::machine::{AuditEntry, Refusal, Request, Response as RaftResponse};
+use waymark_registry::overrides::OverrideLimiter;
 use waymark_registry::state::{Applied, Command, Stamped};
 use waymark_xds::server::XdsServer;
 
@@ -70,12 +71,7 @@ mod status;
 
 pub use acl::new_secret;
 pub use audit::REDACTED;
-pub use instances::{OverrideLimiter, overrides_granted};
 
-/// Overrides one actor may make on one service per window.
-pub const OVERRIDES_PER_WINDOW: usize = 5;
-/// The override rate window.
-pub const OVERRIDE_WINDOW: Duration = Duration::from_secs(600);
 /// Audit records returned by one request at most.
 pub const AUDIT_PAGE_MAX: usize = 10_000;
 /// How long authorisation refusals fold before they are written to the audit log.
