@@ -271,6 +271,19 @@ async fn tokens_are_minted_shown_once_and_revoked_through_the_api() {
         (status, reason(&v)),
         (StatusCode::UNPROCESSABLE_ENTITY, "token_exists")
     );
+    // A malformed name is refused naming the field the registry checked.
+    let (status, v) = call(
+        &ops,
+        Method::POST,
+        "/v1/acl/tokens",
+        Some(json!({"name": "Not-A-Name", "ttl_s": 60})),
+    )
+    .await;
+    assert_eq!(
+        (status, reason(&v), v["error"]["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, "bad_name", Some("token")),
+        "{v}"
+    );
     let (status, v) = call(
         &ops,
         Method::POST,

@@ -315,6 +315,23 @@ impl AclError {
             Self::Full { .. } => "acl_full",
         }
     }
+
+    /// The field the refusal names, when the error carries one: a malformed name's
+    /// field, or for a ceiling what reached it (`grants`, `tokens`), as
+    /// [`RegistryError::TooMany`](crate::state::RegistryError::TooMany) names its list.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            Self::BadName { field, .. } => Some(field),
+            Self::Full { what, .. } => Some(what),
+            Self::AlreadyBootstrapped
+            | Self::Malformed(_)
+            | Self::UnknownGrant(_)
+            | Self::UnknownToken(_)
+            | Self::TokenExists(_)
+            | Self::BadExpiry { .. }
+            | Self::BadDigest(_) => None,
+        }
+    }
 }
 
 /// Why a bearer token did not authenticate. Deliberately coarse towards the client (the

@@ -2,8 +2,9 @@
 //!
 //! The Raft driver (openraft on redb, in the `waymark` binary) replicates [`state::Stamped`]
 //! commands and applies them here; every replica reaches the same [`state::DesiredState`].
-//! [`assignment`] computes which node agents probe which targets. No I/O, no clocks: the
-//! leader stamps wall-clock time into each command as data.
+//! [`assignment`] computes which node agents probe which targets, and [`overrides`] the
+//! override budget from the replicated audit log. No I/O, no clocks: the leader stamps
+//! wall-clock time into each command as data.
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 #![deny(missing_docs)]
@@ -13,6 +14,7 @@ pub mod assignment;
 pub mod fold;
 pub mod ingest;
 pub mod machine;
+pub mod overrides;
 pub mod pipeline;
 pub mod state;
 pub mod term;

@@ -84,10 +84,46 @@ pub enum Response {
 pub struct Refusal {
     /// A stable machine-readable reason (`unknown_instance`, `bad_lease`, …).
     pub reason: String,
-    /// The request field at fault, when one is.
+    /// The request field at fault, when one is; for a ceiling on what the region holds,
+    /// what reached it (`instances`, `grants`, …).
     pub field: Option<String>,
     /// What is wrong, for people.
     pub message: String,
+}
+
+impl Refusal {
+    /// Every reason [`Refusal::from`] gives a [`RegistryError`], so that a table keyed by
+    /// reason (the API's statuses) can be checked to cover them all. `machine/tests.rs`
+    /// holds this list to one error of every kind.
+    pub const REASONS: &'static [&'static str] = &[
+        "contract",
+        "unknown_service",
+        "service_in_use",
+        "unknown_instance",
+        "retired",
+        "not_leased",
+        "bad_address",
+        "duplicate_address",
+        "bad_lease",
+        "origin_mismatch",
+        "service_mismatch",
+        "bad_policy",
+        "bad_justification",
+        "too_long",
+        "too_many",
+        "region_full",
+        "id_unavailable",
+        // Access control (`AclError::reason`).
+        "already_bootstrapped",
+        "bad_name",
+        "malformed",
+        "unknown_grant",
+        "unknown_token",
+        "token_exists",
+        "bad_expiry",
+        "bad_digest",
+        "acl_full",
+    ];
 }
 
 impl From<&RegistryError> for Refusal {
@@ -112,9 +148,9 @@ impl From<&RegistryError> for Refusal {
             }
             RegistryError::TooLong { field, .. } => ("too_long", Some((*field).to_owned())),
             RegistryError::TooMany { field, .. } => ("too_many", Some((*field).to_owned())),
-            RegistryError::Full { .. } => ("region_full", None),
+            RegistryError::Full { what, .. } => ("region_full", Some((*what).to_owned())),
             RegistryError::IdUnavailable { .. } => ("id_unavailable", Some("service".into())),
-            RegistryError::Acl(a) => (a.reason(), None),
+            RegistryError::Acl(a) => (a.reason(), a.field().map(str::to_owned)),
         };
         Self {
             reason: reason.to_owned(),

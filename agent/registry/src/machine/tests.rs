@@ -238,3 +238,204 @@ fn a_restarted_members_tier_waits_for_the_log_it_knew_committed() {
         "nothing was committed: nothing to wait for"
     );
 }
+
+/// One registry error of every kind, the access-control ones included.
+fn one_of_every_registry_error() -> Vec<RegistryError> {
+    use crate::acl::AclError;
+    use waymark_core::contract::ContractError;
+    use waymark_core::model::{Address, Origin};
+
+    let service: ServiceName = "pay".parse().unwrap();
+    let instance: InstanceId = "pay-r1".parse().unwrap();
+    let address = Address {
+        ip: std::net::Ipv4Addr::LOCALHOST.into(),
+        port: 0,
+    };
+    let errors = vec![
+        RegistryError::Acl(AclError::AlreadyBootstrapped),
+        RegistryError::Acl(AclError::BadName {
+            field: "token",
+            reason: "lowercase letters, digits and '-' only",
+        }),
+        RegistryError::Acl(AclError::Malformed("grant".into())),
+        RegistryError::Acl(AclError::UnknownGrant("grant".into())),
+        RegistryError::Acl(AclError::UnknownToken("ci".into())),
+        RegistryError::Acl(AclError::TokenExists("ci".into())),
+        RegistryError::Acl(AclError::BadExpiry {
+            name: "ci".into(),
+            expires_at_ms: 0,
+        }),
+        RegistryError::Acl(AclError::BadDigest("ci".into())),
+        RegistryError::Acl(AclError::Full {
+            what: "grants",
+            max: 1,
+        }),
+        RegistryError::Contract {
+            service: service.clone(),
+            source: ContractError::ProbeMissing,
+        },
+        RegistryError::UnknownService {
+            service: service.clone(),
+        },
+        RegistryError::ServiceInUse {
+            service: service.clone(),
+            count: 1,
+        },
+        RegistryError::UnknownInstance {
+            instance: instance.clone(),
+        },
+        RegistryError::Retired {
+            instance: instance.clone(),
+        },
+        RegistryError::NotLeased {
+            instance: instance.clone(),
+            origin: Origin::External,
+        },
+        RegistryError::BadAddress { address },
+        RegistryError::DuplicateAddress {
+            address,
+            existing: instance.clone(),
+        },
+        RegistryError::BadLease { lease_ms: 0 },
+        RegistryError::BadPolicy {
+            field: "min_healthy_override",
+            reason: "a fraction in permille, 1..=1000".into(),
+        },
+        RegistryError::OriginMismatch {
+            instance: instance.clone(),
+            origin: Origin::Orchestrator,
+        },
+        RegistryError::BadJustification {
+            field: "reason",
+            reason: "must not be empty",
+        },
+        RegistryError::TooLong {
+            field: "owner",
+            len: 2,
+            max: 1,
+        },
+        RegistryError::TooMany {
+            field: "tags",
+            count: 2,
+            max: 1,
+        },
+        RegistryError::Full {
+            what: "instances",
+            max: 1,
+        },
+        RegistryError::IdUnavailable {
+            service: service.clone(),
+        },
+        RegistryError::ServiceMismatch {
+            instance,
+            existing: service,
+        },
+    ];
+    // Exhaustive on purpose: a new kind of error stops this compiling until it has an
+    // example above, so that its reason is held to `Refusal::REASONS` (and from there to
+    // the API's status table).
+    for e in &errors {
+        match e {
+            RegistryError::Acl(a) => match a {
+                AclError::AlreadyBootstrapped
+                | AclError::BadName { .. }
+                | AclError::Malformed(_)
+                | AclError::UnknownGrant(_)
+                | AclError::UnknownToken(_)
+                | AclError::TokenExists(_)
+                | AclError::BadExpiry { .. }
+                | AclError::BadDigest(_)
+                | AclError::Full { .. } => {}
+            },
+            RegistryError::Contract { .. }
+            | RegistryError::UnknownService { .. }
+            | RegistryError::ServiceInUse { .. }
+            | RegistryError::UnknownInstance { .. }
+            | RegistryError::Retired { .. }
+            | RegistryError::NotLeased { .. }
+            | RegistryError::BadAddress { .. }
+            | RegistryError::DuplicateAddress { .. }
+            | RegistryError::BadLease { .. }
+            | RegistryError::BadPolicy { .. }
+            | RegistryError::OriginMismatch { .. }
+            | RegistryError::BadJustification { .. }
+            | RegistryError::TooLong { .. }
+            | RegistryError::TooMany { .. }
+            | RegistryError::Full { .. }
+            | RegistryError::IdUnavailable { .. }
+            | RegistryError::ServiceMismatch { .. } => {}
+        }
+    }
+    errors
+}
+
+#[test]
+fn every_refusal_reason_is_listed_and_every_listed_reason_is_given() {
+    // Goal: `Refusal::REASONS` is exactly what `From<&RegistryError>` gives, so tables
+    // keyed by reason (the API's statuses) can check that they cover every refusal.
+    let given: std::collections::BTreeSet<String> = one_of_every_registry_error()
+        .iter()
+        .map(|e| Refusal::from(e).reason)
+        .collect();
+    let listed: std::collections::BTreeSet<String> =
+        Refusal::REASONS.iter().map(ToString::to_string).collect();
+    assert_eq!(given, listed);
+    assert_eq!(
+        listed.len(),
+        Refusal::REASONS.len(),
+        "a reason is listed twice"
+    );
+}
+
+#[test]
+fn a_refusal_names_the_field_its_error_carries() {
+    // Goal: region_full and the access-control refusals used to leave `field` empty
+    // though the error knew it.
+    use crate::acl::AclError;
+    let cases = [
+        (
+            RegistryError::Full {
+                what: "services",
+                max: 1,
+            },
+            Some("services"),
+        ),
+        (
+            RegistryError::Acl(AclError::BadName {
+                field: "token",
+                reason: "1..=TOKEN_NAME_LEN_MAX bytes",
+            }),
+            Some("token"),
+        ),
+        (
+            RegistryError::Acl(AclError::Full {
+                what: "tokens",
+                max: 1,
+            }),
+            Some("tokens"),
+        ),
+        (RegistryError::Acl(AclError::TokenExists("ci".into())), None),
+    ];
+    for (error, field) in cases {
+        let refusal = Refusal::from(&error);
+        assert_eq!(refusal.field.as_deref(), field, "{error}");
+        assert_eq!(refusal.message, error.to_string());
+    }
+    // Every error that names a field keeps it.
+    for error in one_of_every_registry_error() {
+        let refusal = Refusal::from(&error);
+        let carries = !matches!(
+            error,
+            RegistryError::Acl(
+                AclError::AlreadyBootstrapped
+                    | AclError::Malformed(_)
+                    | AclError::UnknownGrant(_)
+                    | AclError::UnknownToken(_)
+                    | AclError::TokenExists(_)
+                    | AclError::BadExpiry { .. }
+                    | AclError::BadDigest(_)
+            )
+        );
+        assert_eq!(refusal.field.is_some(), carries, "{error}");
+    }
+}

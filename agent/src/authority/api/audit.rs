@@ -1,0 +1,173 @@
+//! The replicated audit log, read: `GET /v1/audit` (filtered, paged, as JSON lines) and
+//! `GET /v1/alarms` (the alarms still raised). Any member answers. The read path redacts
+//! what a probed target said; `explain` alone relays it.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::IntoResponse;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use waymark_registry::machine::{AuditEntry, AuditKind};
+
+use super::{AUDIT_PAGE_MAX, ApiState};
+use crate::evidence::TARGET_TEXT_MARKER;
+
+#[derive(Debug, Deserialize)]
+pub(super) struct AuditQuery {
+    kind: Option<AuditKind>,
+    actor: Option<String>,
+    service: Option<String>,
+    instance: Option<String>,
+    since_seq: Option<u64>,
+    limit: Option<usize>,
+}
+
+pub(super) async fn audit(
+    State(s): State<ApiState>,
+    Query(q): Query<AuditQuery>,
+) -> impl IntoResponse {
+    let limit = q.limit.unwrap_or(1000).min(AUDIT_PAGE_MAX);
+    let lines: String = s.raft.with_state(|state, _| {
+        let mut out = String::new();
+        for e in state
+            .audit()
+            .iter()
+            .filter(|e| q.since_seq.is_none_or(|s| e.seq > s))
+            .filter(|e| q.kind.is_none_or(|k| e.kind == k))
+            .filter(|e| q.actor.as_deref().is_none_or(|a| e.actor == a))
+            .filter(|e| {
+                q.service
+                    .as_deref()
+                    .is_none_or(|svc| e.service.as_ref().is_some_and(|x| x.as_str() == svc))
+            })
+            .filter(|e| {
+                q.instance
+                    .as_deref()
+                    .is_none_or(|i| e.instance.as_ref().is_some_and(|x| x.as_str() == i))
+            })
+            .take(limit)
+        {
+            if let Ok(line) = serde_json::to_string(&redacted(e)) {
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+        out
+    });
+    ([(header::CONTENT_TYPE, "application/jsonl")], lines)
+}
+
+/// What the audit read path shows of a check's detail in place of the target's own words.
+pub const REDACTED: &str = "[redacted: the target's answer is shown by explain]";
+
+/// An audit record as the audit read path shows it. Transition evidence keeps the check's
+/// own words (`Fail: HTTP 503`) but not what the probed target said: the target may be
+/// anything the registry names, and its answer is relayed only by `explain` (truncated).
+/// The record in the log is unchanged.
+fn redacted(e: &AuditEntry) -> std::borrow::Cow<'_, AuditEntry> {
+    if e.kind != AuditKind::Transition {
+        return std::borrow::Cow::Borrowed(e);
+    }
+    let mut out = e.clone();
+    if let Some(evidence) = out.detail.get_mut("evidence").and_then(Value::as_array_mut) {
+        for class in evidence {
+            if let Some(Value::String(last)) = class.get_mut("last")
+                && let Some(head) = check_words(last)
+            {
+                *last = format!("{head}{TARGET_TEXT_MARKER}{REDACTED}");
+            }
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// The check's own words of a detail that carries a target's text, if it does: up to the
+/// marker, or — in records written before the marker — up to the text after an HTTP
+/// status or a gRPC code.
+fn check_words(last: &str) -> Option<&str> {
+    if let Some((head, _)) = last.split_once(TARGET_TEXT_MARKER) {
+        return Some(head);
+    }
+    let (_health, rest) = last.split_once(": ")?;
+    let offset = last.len() - rest.len();
+    let said_at = if let Some(status) = rest.strip_prefix("HTTP ") {
+        let code = status
+            .get(..3)
+            .filter(|c| c.bytes().all(|b| b.is_ascii_digit()))?;
+        status[code.len()..]
+            .starts_with(": ")
+            .then_some(5 + code.len())?
+    } else if let Some(grpc) = rest.strip_prefix("gRPC ") {
+        5 + grpc.find(": ")?
+    } else {
+        return None;
+    };
+    Some(&last[..offset + said_at])
+}
+
+/// Current alarms: the latest alarm record per (service, alarm, zone) that is still raised.
+pub(super) async fn alarms(State(s): State<ApiState>) -> impl IntoResponse {
+    let raised: Vec<Value> = s.raft.with_state(|state, _| {
+        let mut latest: BTreeMap<(String, String, String), &AuditEntry> = BTreeMap::new();
+        for e in state.audit().iter().filter(|e| e.kind == AuditKind::Alarm) {
+            let family = match e.outcome.as_str() {
+                "guard_engaged" | "guard_released" => "fraction_guard",
+                "last_eligible_withdrawn" | "eligible_restored" => "last_eligible_withdrawn",
+                _ => continue,
+            };
+            let zone = e.detail.get("zone").and_then(Value::as_str).unwrap_or("").to_owned();
+            let service = e.service.as_ref().map(ToString::to_string).unwrap_or_default();
+            latest.insert((service, family.to_owned(), zone), e);
+        }
+        latest
+            .into_iter()
+            .filter(|(_, e)| matches!(e.outcome.as_str(), "guard_engaged" | "last_eligible_withdrawn"))
+            .map(|((service, alarm, zone), e)| json!({"service": service, "alarm": alarm, "zone": (!zone.is_empty()).then_some(zone), "since_ms": e.at_ms, "seq": e.seq, "detail": e.detail}))
+            .collect()
+    });
+    axum::Json(raised)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_audit_read_path_keeps_the_checks_words_and_drops_what_the_target_said() {
+        for (last, head) in [
+            ("Fail: HTTP 503; said: secret-token", Some("Fail: HTTP 503")),
+            (
+                "Fail: gRPC Unavailable; said: x",
+                Some("Fail: gRPC Unavailable"),
+            ),
+            // Records written before the marker existed.
+            ("Fail: HTTP 500: ami-id i-0abc", Some("Fail: HTTP 500")),
+            ("Fail: gRPC Internal: boom", Some("Fail: gRPC Internal")),
+            ("Fail: HTTP 503", None),
+            ("Refused: connection refused", None),
+            ("Timeout: no answer within 500ms", None),
+            ("not ready: warming up", None),
+        ] {
+            assert_eq!(check_words(last), head, "{last}");
+        }
+        let entry = AuditEntry {
+            seq: 1,
+            at_ms: 0,
+            kind: AuditKind::Transition,
+            actor: "waymark".into(),
+            service: None,
+            instance: None,
+            outcome: "ineligible".into(),
+            detail: json!({"evidence": [
+                {"class": "probe", "last": "Fail: HTTP 500; said: {\"AccessKeyId\": \"AKIA\"}"},
+                {"class": "self_report", "last": "ready"},
+            ]}),
+        };
+        let shown = serde_json::to_string(&redacted(&entry)).unwrap_or_default();
+        assert!(!shown.contains("AKIA"), "{shown}");
+        assert!(shown.contains("Fail: HTTP 500; said: [redacted"), "{shown}");
+        assert!(shown.contains("\"ready\""), "{shown}");
+    }
+}

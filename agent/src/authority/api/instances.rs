@@ -1,0 +1,383 @@
+//! Instances: registration (`POST /v1/instances`, `GET /v1/instances`), lease renewal
+//! (`PUT /v1/instances/{id}/renew`), deregistration (`DELETE /v1/instances/{id}`),
+//! external endpoints (`POST /v1/external`, `DELETE /v1/external/{id}`), overrides
+//! (`POST /v1/overrides`) and the evaluator's explanation
+//! (`GET /v1/instances/{id}/explain`, answered by the leader). Registration proves
+//! ownership (see `access`); an override is justified, rate-limited per actor and service,
+//! and audited whether granted or refused.
+
+use std::sync::PoisonError;
+use std::time::Instant;
+
+use axum::Extension;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use waymark_core::model::{Instance, InstanceId, ServiceName};
+use waymark_registry::acl::Action;
+use waymark_registry::machine::{AuditEntry, AuditKind};
+use waymark_registry::overrides::{OVERRIDE_WINDOW, OVERRIDES_PER_WINDOW, overrides_granted};
+use waymark_registry::state::{Applied, Command, Registration};
+
+use super::{ApiError, ApiResult, ApiState, Body, parse_name};
+use crate::authority::clock::now_ms;
+use crate::authority::fields;
+use crate::authority::metrics::OutcomeLabels;
+use crate::authority::principal::Caller;
+
+pub(super) async fn register(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Body(body): Body,
+) -> ApiResult<Response> {
+    let mut registration: Registration = s.body(&body)?;
+    s.fields(fields::registration(&registration))?;
+    let what = "POST /v1/instances";
+    let node = &registration.locality.node;
+    s.allow(
+        &caller,
+        Action::Register { node },
+        what,
+        Some(&registration.service),
+    )?;
+    s.owns_registration(&caller, &registration, what)?;
+    s.leader_only(&uri)?;
+    if registration.lease_ms == 0 {
+        registration.lease_ms = waymark_core::defaults::LEASE.as_millis() as u64;
+    }
+    match s.command(&uri, Command::Register(registration)).await? {
+        Applied::Registered {
+            instance,
+            expires_at_ms,
+        } => Ok((
+            StatusCode::CREATED,
+            axum::Json(json!({"instance": instance, "expires_at_ms": expires_at_ms})),
+        )
+            .into_response()),
+        other => Ok(axum::Json(json!({"applied": other})).into_response()),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct InstancesQuery {
+    service: Option<String>,
+}
+
+pub(super) async fn instances(
+    State(s): State<ApiState>,
+    Query(q): Query<InstancesQuery>,
+) -> impl IntoResponse {
+    let list: Vec<Value> = s.raft.with_state(|state, _| {
+        state
+            .registry()
+            .instances()
+            .filter(|r| {
+                q.service
+                    .as_deref()
+                    .is_none_or(|svc| r.instance.service.as_str() == svc)
+            })
+            .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
+            .collect()
+    });
+    axum::Json(list)
+}
+
+pub(super) async fn renew(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    let instance: InstanceId = parse_name(&id, "instance").map_err(|e| s.refuse(e))?;
+    s.owns_instance(&caller, &instance, "PUT /v1/instances/{id}/renew")?;
+    s.leader_only(&uri)?;
+    let applied = s.command(&uri, Command::Renew { instance }).await?;
+    Ok(axum::Json(json!({"applied": applied})).into_response())
+}
+
+pub(super) async fn deregister(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    let instance: InstanceId = parse_name(&id, "instance").map_err(|e| s.refuse(e))?;
+    s.owns_instance(&caller, &instance, "DELETE /v1/instances/{id}")?;
+    s.leader_only(&uri)?;
+    s.command(&uri, Command::Deregister { instance }).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+pub(super) async fn declare_external(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Body(body): Body,
+) -> ApiResult<Response> {
+    let instance: Instance = s.body(&body)?;
+    s.fields(fields::external(&instance))?;
+    let what = "POST /v1/external";
+    s.declares_externals(&caller, what)?;
+    let node = &instance.locality.node;
+    s.allow(
+        &caller,
+        Action::Register { node },
+        what,
+        Some(&instance.service),
+    )?;
+    s.leader_only(&uri)?;
+    let id = instance.id.clone();
+    s.command(&uri, Command::DeclareExternal { instance })
+        .await?;
+    Ok((StatusCode::CREATED, axum::Json(json!({"instance": id}))).into_response())
+}
+
+pub(super) async fn remove_external(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    let instance: InstanceId = parse_name(&id, "instance").map_err(|e| s.refuse(e))?;
+    let what = "DELETE /v1/external/{id}";
+    s.declares_externals(&caller, what)?;
+    s.owns_instance(&caller, &instance, what)?;
+    s.leader_only(&uri)?;
+    s.command(&uri, Command::RemoveExternal { instance })
+        .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+pub(super) async fn explain(
+    State(s): State<ApiState>,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let instance: InstanceId = parse_name(&id, "instance")?;
+    let asked = instance.clone();
+    let explanation = s
+        .leader
+        .ask(move |p, now| p.evaluator().explain(now, &asked).map(|e| (e, now)))
+        .await
+        .flatten();
+    let Some((e, now)) = explanation else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_instance",
+            Some("instance"),
+            format!("the evaluator holds no instance {instance}"),
+        ));
+    };
+    let classes: Vec<Value> = e
+        .classes
+        .iter()
+        .map(|c| {
+            json!({
+                "class": c.class, "provided": c.provided, "score": c.score.get(), "silent": c.silent,
+                "age_ms": c.age.map(|a| a.as_millis() as u64),
+                "reporter": c.reporter.as_ref().map(ToString::to_string), "last": c.last,
+            })
+        })
+        .collect();
+    let history: Vec<Value> = e
+        .history
+        .iter()
+        .map(|t| {
+            json!({
+                "ago_ms": now.saturating_duration_since(t.at).as_millis() as u64,
+                "from": t.from.map(|v| v.as_str()), "to": t.to.as_str(), "rule": t.rule,
+            })
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "instance": e.instance,
+        "service": e.service,
+        "verdict": e.eligibility.verdict().as_str(),
+        "eligibility": e.eligibility.record(now),
+        "rule": e.rule,
+        "for_ms": e.for_duration.as_millis() as u64,
+        "classes": classes,
+        "dependencies": e.dependencies.iter().map(|(n, st, shared)| json!({"name": n, "status": st, "shared": shared})).collect::<Vec<_>>(),
+        "flap_transitions": e.flap_transitions,
+        "quarantine_level": e.quarantine_level,
+        "history": history,
+        "text": e.to_string(),
+    }))
+    .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OverrideBody {
+    instance: InstanceId,
+    /// `maintenance_on` (take it out of rotation by hand) or `maintenance_off`.
+    action: String,
+    justification: Option<String>,
+}
+
+/// Take an instance out of rotation by hand, or put it back: justified, within the
+/// budget per actor and service, and audited whether granted or refused.
+pub(super) async fn override_instance(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Body(body): Body,
+) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let o: OverrideBody = s.body(&body)?;
+    // Anonymous requests never got here, and malformed ones are refused before the audit
+    // log is written: it is replicated to every member, and nobody may grow it by asking.
+    let actor = caller.actor();
+    s.override_is_well_formed(&o)?;
+    let svc = s.live_service_of(&o.instance)?;
+    let what = "POST /v1/overrides";
+    s.allow(
+        &caller,
+        Action::Override { service: &svc },
+        what,
+        Some(&svc),
+    )?;
+    // A named operator's attempt on a live instance is audited whether granted or not.
+    let refusal = s.override_refusal(&o, &actor, &svc);
+    s.audit_override(&o, &actor, svc, refusal.as_ref()).await?;
+    if let Some(e) = refusal {
+        return Err(s.refuse(e));
+    }
+    let reason = (o.action == "maintenance_on")
+        .then(|| format!("{} by {actor}", o.justification.unwrap_or_default()));
+    let applied = s
+        .command(
+            &uri,
+            Command::Maintenance {
+                instance: o.instance,
+                reason,
+            },
+        )
+        .await?;
+    Ok(axum::Json(json!({"applied": applied})).into_response())
+}
+
+impl ApiState {
+    /// An override's justification within its ceiling and a known action; refused before
+    /// anything is audited.
+    fn override_is_well_formed(&self, o: &OverrideBody) -> ApiResult<()> {
+        if let Some(j) = &o.justification {
+            self.fields(fields::text(
+                "justification",
+                j,
+                fields::OVERRIDE_JUSTIFICATION_LEN_MAX,
+            ))?;
+        }
+        if !matches!(o.action.as_str(), "maintenance_on" | "maintenance_off") {
+            return Err(self.refuse(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "bad_action",
+                Some("action"),
+                "action: maintenance_on or maintenance_off",
+            )));
+        }
+        Ok(())
+    }
+
+    /// The service of a live instance; `404 unknown_instance` otherwise.
+    fn live_service_of(&self, instance: &InstanceId) -> ApiResult<ServiceName> {
+        let service = self.raft.with_state(|st, _| {
+            st.registry()
+                .instance(instance)
+                .map(|r| r.instance.service.clone())
+        });
+        service.ok_or_else(|| {
+            self.refuse(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_instance",
+                Some("instance"),
+                format!("no live instance {instance}"),
+            ))
+        })
+    }
+
+    /// Why an authorised override is refused, if it is: no justification, or the budget
+    /// spent. A grant is counted in the local limiter.
+    fn override_refusal(
+        &self,
+        o: &OverrideBody,
+        actor: &str,
+        svc: &ServiceName,
+    ) -> Option<ApiError> {
+        if o.justification
+            .as_deref()
+            .map(str::trim)
+            .is_none_or(str::is_empty)
+        {
+            return Some(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "no_justification",
+                Some("justification"),
+                "an override needs a justification",
+            ));
+        }
+        // The replicated audit log remembers what earlier leaders granted, so a leader
+        // change does not reset anyone's budget; the local limiter covers requests still
+        // in flight here.
+        let granted = self
+            .raft
+            .with_state(|state, _| overrides_granted(state.audit(), actor, svc, now_ms()));
+        let ok = granted < OVERRIDES_PER_WINDOW
+            && self
+                .overrides
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .try_acquire(actor, svc.as_str(), Instant::now());
+        (!ok).then(|| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                None,
+                format!(
+                    "at most {OVERRIDES_PER_WINDOW} overrides per {} min per actor per service",
+                    OVERRIDE_WINDOW.as_secs() / 60
+                ),
+            )
+        })
+    }
+
+    /// Count and audit an override attempt, granted or refused (`refusal`).
+    async fn audit_override(
+        &self,
+        o: &OverrideBody,
+        actor: &str,
+        svc: ServiceName,
+        refusal: Option<&ApiError>,
+    ) -> ApiResult<()> {
+        let outcome = if refusal.is_some() {
+            "refused"
+        } else {
+            "granted"
+        };
+        self.metrics
+            .overrides
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
+        self.audit_write(AuditEntry {
+            seq: 0,
+            at_ms: now_ms(),
+            kind: AuditKind::Override,
+            actor: actor.to_owned(),
+            service: Some(svc),
+            instance: Some(o.instance.clone()),
+            outcome: outcome.into(),
+            detail: json!({
+                "action": o.action,
+                "justification": o.justification,
+                "reason": refusal.map(|r| r.reason.clone()),
+            }),
+        })
+        .await
+    }
+}

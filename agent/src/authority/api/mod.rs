@@ -1,0 +1,532 @@
+//! The query and policy API (HTTP + JSON), described by the OpenAPI document it serves at
+//! `/v1/openapi.json`.
+//!
+//! Every member answers reads from its replicated state. Writes and `explain` (which needs
+//! the leader's evaluator) are answered by the leader; a follower replies
+//! `307 Temporary Redirect` to the leader's same path, which clients follow with the same
+//! method and body. Every refusal is a JSON body `{"error": {"reason", "field", "message"}}`
+//! with a fitting status, a metric, and — for denials — an audit record; it changes nothing.
+//!
+//! Authentication and authorisation (ADR-15): every route but `/livez` and `/readyz` needs
+//! a verified principal — the identity of a client certificate the listener verified
+//! (its `PeerInfo`), or a bearer token (`Authorization: Bearer wmt.<name>.<secret>`) checked
+//! against the replicated tokens. Without one: `401 unauthenticated`, counted and logged,
+//! never audited. Reads need the `read` grant; each write names the capability it needs
+//! (`own:<service>`, `register:<node>`, `override:<service>`, `evacuate`, `raft`, `acl`).
+//! Without it: `403 forbidden` naming the capability, counted, logged, and audited folded
+//! per principal ([`super::principal::Denials`]). The actor recorded everywhere is the
+//! verified principal. Registration also proves ownership: a node agent registers only on
+//! its own node, in this region, at the address its connection comes from; a workload
+//! only itself. Grants and tokens are managed under `/v1/acl/`.
+//!
+//! Bounds: every route has an explicit body limit (`413 body_too_large` beyond it, before
+//! the body is parsed); free text and counts that would reach Raft or the audit log are
+//! checked against [`super::fields`] (`422 too_long`/`too_many` naming the field) before
+//! anything is proposed or audited. Requests refused as anonymous or malformed are counted
+//! and logged, never written to the log. Check output (probe response text) appears in
+//! `explain` only; the audit read path redacts it.
+//!
+//! Layout, by resource; each file says which routes it serves: `access` (who is asking and
+//! what they may do, before every route), `services` (services, contracts, policies),
+//! `instances` (registrations, leases, externals, overrides, explain), `routing` (zone
+//! evacuation and region failover), `acl` (grants and tokens), `audit` (the audit log and
+//! alarms) and `status` (probes, status, Raft membership, federation, proxy status,
+//! metrics). This file holds the state, the router, the error shape and the helpers every
+//! handler shares.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest};
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post, put};
+use prometheus_client::registry::Registry;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use waymark_core::model::RegionName;
+use waymark_federation_quic::FederationNode;
+use waymark_registry::machine::{AuditEntry, Refusal, Request, Response as RaftResponse};
+use waymark_registry::overrides::OverrideLimiter;
+use waymark_registry::state::{Applied, Command, Stamped};
+use waymark_xds::server::XdsServer;
+
+use super::clock::now_ms;
+use super::fields;
+use super::leader::LeaderHandle;
+use super::metrics::{AuthorityMetrics, ReasonLabels};
+use super::principal::Denials;
+use super::raft::{RaftNode, WriteError};
+use super::regions::RegionsHandle;
+
+mod access;
+mod acl;
+mod audit;
+mod instances;
+mod routing;
+mod services;
+mod status;
+
+pub use acl::new_secret;
+pub use audit::REDACTED;
+
+/// Audit records returned by one request at most.
+pub const AUDIT_PAGE_MAX: usize = 10_000;
+/// How long authorisation refusals fold before they are written to the audit log.
+pub const DENIAL_FLUSH_EVERY: Duration = Duration::from_secs(2);
+/// The longest token lifetime one request may ask for, in seconds (the registry's ceiling).
+pub const TOKEN_TTL_S_MAX: u64 = waymark_registry::acl::TOKEN_TTL_MS_MAX / 1000;
+
+/// Body limit of every route not listed below (reads, deletes, overrides, membership,
+/// evacuations, failovers: small JSON objects).
+pub const BODY_MAX: usize = 16 * 1024;
+/// Body limit of a service declaration and of contract validation (a health contract).
+pub const CONTRACT_BODY_MAX: usize = 64 * 1024;
+/// Body limit of a registration or a declared external endpoint: tags and metadata at
+/// their ceilings fit, with room for JSON.
+pub const INSTANCE_BODY_MAX: usize = 128 * 1024;
+/// Body limit of a service policy: `allowed_callers` at its ceiling of names fits.
+pub const POLICY_BODY_MAX: usize = 2 * 1024 * 1024;
+
+/// Shared state of the API handlers.
+#[derive(Clone)]
+pub struct ApiState {
+    raft: RaftNode,
+    leader: LeaderHandle,
+    metrics: AuthorityMetrics,
+    xds: XdsServer,
+    registry: Arc<Registry>,
+    region: RegionName,
+    overrides: Arc<Mutex<OverrideLimiter>>,
+    reconciliation: Arc<Mutex<Value>>,
+    federation: Option<Arc<FederationNode>>,
+    regions: Option<RegionsHandle>,
+    denials: Arc<Mutex<Denials>>,
+    /// `https` when the API listener is mutual TLS (redirects name the same scheme).
+    scheme: &'static str,
+}
+
+impl std::fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiState")
+            .field("region", &self.region)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiState {
+    /// State for the handlers.
+    pub fn new(
+        raft: RaftNode,
+        leader: LeaderHandle,
+        metrics: AuthorityMetrics,
+        xds: XdsServer,
+        registry: Arc<Registry>,
+        region: RegionName,
+    ) -> Self {
+        Self {
+            raft,
+            leader,
+            metrics,
+            xds,
+            registry,
+            region,
+            overrides: Arc::default(),
+            reconciliation: Arc::new(Mutex::new(Value::Null)),
+            federation: None,
+            regions: None,
+            denials: Arc::default(),
+            scheme: "http",
+        }
+    }
+
+    /// The API is served over TLS: redirects to the leader say `https`.
+    pub fn with_tls(mut self, tls: bool) -> Self {
+        self.scheme = if tls { "https" } else { "http" };
+        self
+    }
+
+    /// Serve `/v1/federation/*` from this member's federation node.
+    pub fn with_federation(
+        mut self,
+        node: Option<Arc<FederationNode>>,
+        regions: Option<RegionsHandle>,
+    ) -> Self {
+        self.federation = node;
+        self.regions = regions;
+        self
+    }
+
+    /// Where the reconciler publishes its latest diff (JSON) for `/v1/reconciliation`.
+    pub fn reconciliation(&self) -> Arc<Mutex<Value>> {
+        Arc::clone(&self.reconciliation)
+    }
+}
+
+/// The API routes, each with its body limit.
+pub fn router(state: ApiState) -> Router {
+    let limit = DefaultBodyLimit::max;
+    Router::new()
+        .route("/v1/openapi.json", get(openapi))
+        .route("/v1/status", get(status::status))
+        .route("/v1/operator/raft/peers", get(status::peers))
+        .route("/v1/operator/raft/members", post(status::add_member))
+        .route(
+            "/v1/operator/raft/members/{id}",
+            delete(status::remove_member),
+        )
+        .route("/v1/services", get(services::services))
+        .route(
+            "/v1/services/{service}",
+            put(services::put_service)
+                .get(services::get_service)
+                .delete(services::remove_service)
+                .layer(limit(CONTRACT_BODY_MAX)),
+        )
+        .route("/v1/services/{service}/view", get(services::service_view))
+        .route(
+            "/v1/services/{service}/policy",
+            put(services::put_policy)
+                .get(services::get_policy)
+                .layer(limit(POLICY_BODY_MAX)),
+        )
+        .route("/v1/zones", get(routing::zones))
+        .route("/v1/zones/{zone}/evacuation", post(routing::evacuation))
+        .route(
+            "/v1/contracts/validate",
+            post(services::validate_contract).layer(limit(CONTRACT_BODY_MAX)),
+        )
+        .route(
+            "/v1/instances",
+            post(instances::register)
+                .get(instances::instances)
+                .layer(limit(INSTANCE_BODY_MAX)),
+        )
+        .route("/v1/instances/{id}", delete(instances::deregister))
+        .route("/v1/instances/{id}/renew", put(instances::renew))
+        .route("/v1/instances/{id}/explain", get(instances::explain))
+        .route(
+            "/v1/external",
+            post(instances::declare_external).layer(limit(INSTANCE_BODY_MAX)),
+        )
+        .route("/v1/external/{id}", delete(instances::remove_external))
+        .route("/v1/overrides", post(instances::override_instance))
+        .route("/v1/audit", get(audit::audit))
+        .route("/v1/alarms", get(audit::alarms))
+        .route("/v1/reconciliation", get(status::reconciliation))
+        .route("/v1/proxy-status", get(status::proxy_status))
+        .route("/v1/federation/status", get(status::federation_status))
+        .route("/v1/federation/failovers", get(routing::region_failovers))
+        .route(
+            "/v1/federation/regions/{region}/failover",
+            post(routing::region_failover),
+        )
+        .route("/v1/acl/whoami", get(acl::whoami))
+        .route("/v1/acl/bootstrap", post(acl::acl_bootstrap))
+        .route("/v1/acl/grants", get(acl::list_grants).post(acl::add_grant))
+        .route("/v1/acl/grants/revoke", post(acl::revoke_grant))
+        .route(
+            "/v1/acl/tokens",
+            get(acl::list_tokens).post(acl::mint_token),
+        )
+        .route("/v1/acl/tokens/{name}", delete(acl::remove_token))
+        .route("/metrics", get(status::metrics))
+        // Every route above needs a verified principal; reads need `read`.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            access::authenticate,
+        ))
+        // Probes answer without credentials: they say nothing but alive and ready.
+        .route("/livez", get(status::livez))
+        .route("/readyz", get(status::readyz))
+        // Routes without their own limit: the small default. An inner (per-route) limit
+        // is applied after this one, so it wins.
+        .layer(limit(BODY_MAX))
+        .with_state(state)
+}
+
+/// A request body within its route's limit. Over the limit, or unreadable, the request
+/// is refused with the API's error shape (`413 body_too_large`), counted and logged.
+struct Body(Bytes);
+
+impl FromRequest<ApiState> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(
+        request: axum::extract::Request,
+        state: &ApiState,
+    ) -> Result<Self, ApiError> {
+        match Bytes::from_request(request, state).await {
+            Ok(bytes) => Ok(Self(bytes)),
+            Err(rejection) => {
+                let status = rejection.status();
+                let reason = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    "body_too_large"
+                } else {
+                    "unreadable_body"
+                };
+                Err(state.refuse(ApiError::new(status, reason, None, rejection.body_text())))
+            }
+        }
+    }
+}
+
+/// A refusal: status and body.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    reason: String,
+    field: Option<String>,
+    message: String,
+    location: Option<String>,
+    /// A 401: answer with `WWW-Authenticate: Bearer`.
+    authenticate: bool,
+}
+
+impl ApiError {
+    fn new(
+        status: StatusCode,
+        reason: &str,
+        field: Option<&str>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            reason: reason.to_owned(),
+            field: field.map(str::to_owned),
+            message: message.into(),
+            location: None,
+            authenticate: false,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body =
+            json!({"error": {"reason": self.reason, "field": self.field, "message": self.message}});
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(location) = self.location
+            && let Ok(v) = header::HeaderValue::from_str(&location)
+        {
+            response.headers_mut().insert(header::LOCATION, v);
+        }
+        if self.authenticate {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"waymark\""),
+            );
+        }
+        response
+    }
+}
+
+/// A registry refusal as the API answers it: the status its reason calls for
+/// ([`refusal_status`]), with its reason, field and message as the registry gave them.
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> Self {
+        // A reason without a status is a gap in the table, which its test catches; until
+        // then it is answered as the request's own fault, as most refusals are.
+        let status = refusal_status(&refusal.reason).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
+        Self::new(
+            status,
+            &refusal.reason,
+            refusal.field.as_deref(),
+            refusal.message,
+        )
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// The status of a registry refusal, by its reason: every reason in [`Refusal::REASONS`]
+/// has one (checked by `api/tests.rs`); `None` for any other.
+fn refusal_status(reason: &str) -> Option<StatusCode> {
+    let status = match reason {
+        // The request names something the registry does not hold.
+        "unknown_service" | "unknown_instance" => StatusCode::NOT_FOUND,
+        // The request is well formed but clashes with what the registry holds.
+        "duplicate_address" | "retired" | "service_in_use" | "origin_mismatch"
+        | "service_mismatch" => StatusCode::CONFLICT,
+        // The request itself is refused: a value out of range, too long, too many, or a
+        // ceiling of the region reached.
+        "contract" | "not_leased" | "bad_address" | "bad_lease" | "bad_policy"
+        | "bad_justification" | "too_long" | "too_many" | "region_full" | "id_unavailable" => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
+        // Access-control changes.
+        "already_bootstrapped"
+        | "bad_name"
+        | "malformed"
+        | "unknown_grant"
+        | "unknown_token"
+        | "token_exists"
+        | "bad_expiry"
+        | "bad_digest"
+        | "acl_full" => StatusCode::UNPROCESSABLE_ENTITY,
+        _ => return None,
+    };
+    Some(status)
+}
+
+impl ApiState {
+    fn refuse(&self, e: ApiError) -> ApiError {
+        self.metrics
+            .api_refusals
+            .get_or_create(&ReasonLabels {
+                reason: e.reason.clone(),
+            })
+            .inc();
+        tracing::info!(reason = %e.reason, field = ?e.field, message = %e.message, "api request refused");
+        e
+    }
+
+    /// Parse a JSON body; a malformed one is refused naming the field where serde can.
+    fn body<T: DeserializeOwned>(&self, bytes: &Bytes) -> ApiResult<T> {
+        serde_json::from_slice(bytes).map_err(|e| {
+            let message = e.to_string();
+            let field = field_of(&message);
+            self.refuse(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "malformed_body",
+                field.as_deref(),
+                message,
+            ))
+        })
+    }
+
+    /// On a follower: redirect to the leader's same path.
+    fn leader_only(&self, uri: &Uri) -> ApiResult<()> {
+        if self.raft.is_leader() {
+            return Ok(());
+        }
+        Err(self.redirect(uri, None))
+    }
+
+    fn redirect(&self, uri: &Uri, known: Option<(u64, super::raft::Member)>) -> ApiError {
+        match known.or_else(|| self.raft.leader()) {
+            Some((id, member)) => {
+                let path = uri.path_and_query().map_or("/", |p| p.as_str());
+                ApiError {
+                    location: Some(format!("{}://{}{}", self.scheme, member.api_addr, path)),
+                    ..ApiError::new(
+                        StatusCode::TEMPORARY_REDIRECT,
+                        "not_leader",
+                        None,
+                        format!("member {id} leads; ask it"),
+                    )
+                }
+            }
+            None => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_leader",
+                None,
+                "no leader is known (election in progress); retry",
+            ),
+        }
+    }
+
+    /// Commit a registry command; a refusal is a 4xx naming the field. The command's
+    /// stateless checks run first, so a request that could never apply is refused here
+    /// and never grows the log.
+    async fn command(&self, uri: &Uri, command: Command) -> ApiResult<Applied> {
+        if let Err(error) = command.check() {
+            return Err(self.refuse(Refusal::from(&error).into()));
+        }
+        let request = Request::Registry(Stamped {
+            at_ms: now_ms(),
+            command,
+        });
+        match self.raft.write(request).await {
+            Ok(RaftResponse::Registry {
+                outcome: Ok(applied),
+            }) => Ok(applied),
+            Ok(RaftResponse::Registry {
+                outcome: Err(refusal),
+            }) => Err(self.refuse(refusal.into())),
+            Ok(RaftResponse::ApplyFailed { message }) => Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "apply_failed",
+                None,
+                format!("the write committed but failed to apply: {message}"),
+            )),
+            Ok(other) => Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "unexpected_response",
+                None,
+                format!("{other:?}"),
+            )),
+            Err(WriteError::NotLeader { leader }) => Err(self.redirect(uri, leader)),
+            Err(e) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_committed",
+                None,
+                format!("the write was not committed: {e}; retry"),
+            )),
+        }
+    }
+
+    /// A field ceiling's verdict as the API's refusal: `422` naming the field, counted and
+    /// logged; nothing is proposed or audited.
+    fn fields(&self, checked: Result<(), fields::FieldError>) -> ApiResult<()> {
+        checked.map_err(|e| {
+            self.refuse(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                e.reason(),
+                Some(e.field()),
+                e.to_string(),
+            ))
+        })
+    }
+
+    async fn audit_write(&self, entry: AuditEntry) -> ApiResult<()> {
+        self.raft
+            .write(Request::Audit {
+                entries: vec![entry],
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not_committed",
+                    None,
+                    format!("the audit record was not committed: {e}; retry"),
+                )
+            })
+    }
+}
+
+/// serde_json names the field in "missing field `x`" and "unknown field `x`".
+fn field_of(message: &str) -> Option<String> {
+    let start = message.find('`')? + 1;
+    let len = message[start..].find('`')?;
+    let field = &message[start..start + len];
+    (message.contains("field")).then(|| field.to_owned())
+}
+
+fn parse_name<T: std::str::FromStr>(s: &str, field: &str) -> ApiResult<T>
+where
+    T::Err: std::fmt::Display,
+{
+    s.parse::<T>().map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_name",
+            Some(field),
+            format!("{field}: {e}"),
+        )
+    })
+}
+
+async fn openapi() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
+}
+
+/// The OpenAPI document for this API.
+pub const OPENAPI: &str = include_str!("../openapi.json");
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,280 @@
+//! Services, their health contracts and policies: `GET /v1/services`,
+//! `GET|PUT|DELETE /v1/services/{service}`, `GET /v1/services/{service}/view`,
+//! `GET|PUT /v1/services/{service}/policy` and `POST /v1/contracts/validate`. Writes need
+//! `own:<service>`; a policy change is audited whether applied or refused.
+
+use std::collections::BTreeMap;
+
+use axum::Extension;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use waymark_core::contract::HealthContract;
+use waymark_core::model::ServiceName;
+use waymark_registry::acl::Action;
+use waymark_registry::machine::{AuditEntry, AuditKind};
+use waymark_registry::state::{Command, ServicePolicyRecord};
+
+use super::{ApiError, ApiResult, ApiState, Body, parse_name};
+use crate::authority::clock::now_ms;
+use crate::authority::fields;
+use crate::authority::principal::Caller;
+
+#[derive(Debug, Serialize)]
+struct ServiceSummary {
+    service: ServiceName,
+    owner: String,
+    instances: usize,
+    verdicts: BTreeMap<String, usize>,
+    health_disregarded: Vec<String>,
+    no_eligible_in_region: bool,
+    version: Option<String>,
+}
+
+pub(super) async fn services(State(s): State<ApiState>) -> impl IntoResponse {
+    let list: Vec<ServiceSummary> = s.raft.with_state(|state, _| {
+        state
+            .registry()
+            .services()
+            .map(|(name, record)| {
+                let instances = state
+                    .registry()
+                    .instances()
+                    .filter(|i| &i.instance.service == name)
+                    .count();
+                let views: Vec<_> = state
+                    .published()
+                    .iter()
+                    .filter(|(k, _)| &k.service == name)
+                    .map(|(_, v)| v)
+                    .collect();
+                let mut verdicts: BTreeMap<String, usize> = BTreeMap::new();
+                if let Some(v) = views.first() {
+                    for e in v.view.endpoints.values() {
+                        if e.region == s.region {
+                            *verdicts.entry(e.verdict.as_str().to_owned()).or_default() += 1;
+                        }
+                    }
+                }
+                let routed: usize = verdicts.values().sum();
+                if instances > routed {
+                    verdicts.insert("withdrawn".into(), instances - routed);
+                }
+                let mut disregarded: Vec<String> = views
+                    .iter()
+                    .flat_map(|v| {
+                        v.view
+                            .markers
+                            .health_disregarded
+                            .iter()
+                            .map(ToString::to_string)
+                    })
+                    .collect();
+                disregarded.sort();
+                disregarded.dedup();
+                ServiceSummary {
+                    service: name.clone(),
+                    owner: record.owner.clone(),
+                    instances,
+                    verdicts,
+                    health_disregarded: disregarded,
+                    no_eligible_in_region: views
+                        .iter()
+                        .any(|v| v.view.markers.no_eligible_in_region),
+                    version: views.iter().map(|v| v.version).max().map(|v| v.to_string()),
+                }
+            })
+            .collect()
+    });
+    axum::Json(list)
+}
+
+pub(super) async fn get_service(
+    State(s): State<ApiState>,
+    Path(service): Path<String>,
+) -> ApiResult<Response> {
+    let name: ServiceName = parse_name(&service, "service")?;
+    s.raft.with_state(|state, _| {
+        let record = state.registry().service(&name).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_service",
+                Some("service"),
+                format!("service {name} is not registered"),
+            )
+        })?;
+        Ok(
+            axum::Json(
+                json!({"service": name, "owner": record.owner, "contract": record.contract}),
+            )
+            .into_response(),
+        )
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PutService {
+    owner: String,
+    contract: HealthContract,
+}
+
+pub(super) async fn put_service(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Path(service): Path<String>,
+    Body(body): Body,
+) -> ApiResult<Response> {
+    let service: ServiceName = parse_name(&service, "service").map_err(|e| s.refuse(e))?;
+    let what = "PUT /v1/services";
+    s.allow(
+        &caller,
+        Action::WriteService { service: &service },
+        what,
+        Some(&service),
+    )?;
+    s.leader_only(&uri)?;
+    let put: PutService = s.body(&body)?;
+    s.fields(fields::text("owner", &put.owner, fields::OWNER_LEN_MAX))?;
+    if put.owner.trim().is_empty() {
+        return Err(s.refuse(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "missing_owner",
+            Some("owner"),
+            "owner: a team to tell about quarantines is required",
+        )));
+    }
+    s.command(
+        &uri,
+        Command::PutService {
+            service: service.clone(),
+            owner: put.owner,
+            contract: put.contract,
+        },
+    )
+    .await?;
+    Ok((StatusCode::OK, axum::Json(json!({"service": service}))).into_response())
+}
+
+pub(super) async fn remove_service(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Path(service): Path<String>,
+) -> ApiResult<Response> {
+    let service: ServiceName = parse_name(&service, "service").map_err(|e| s.refuse(e))?;
+    let what = "DELETE /v1/services";
+    s.allow(
+        &caller,
+        Action::WriteService { service: &service },
+        what,
+        Some(&service),
+    )?;
+    s.leader_only(&uri)?;
+    s.command(&uri, Command::RemoveService { service }).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+pub(super) async fn service_view(
+    State(s): State<ApiState>,
+    Path(service): Path<String>,
+) -> ApiResult<Response> {
+    let name: ServiceName = parse_name(&service, "service")?;
+    let views: Vec<_> = s.raft.with_state(|state, _| {
+        state
+            .published()
+            .iter()
+            .filter(|(k, _)| k.service == name)
+            .map(|(_, v)| v.clone())
+            .collect()
+    });
+    Ok(axum::Json(views).into_response())
+}
+
+pub(super) async fn get_policy(
+    State(s): State<ApiState>,
+    Path(service): Path<String>,
+) -> ApiResult<Response> {
+    let name: ServiceName = parse_name(&service, "service")?;
+    s.raft.with_state(|state, _| {
+        if state.registry().service(&name).is_none() {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_service",
+                Some("service"),
+                format!("service {name} is not registered"),
+            ));
+        }
+        let policy = state.registry().policy(&name).cloned().unwrap_or_default();
+        Ok(axum::Json(policy).into_response())
+    })
+}
+
+pub(super) async fn put_policy(
+    State(s): State<ApiState>,
+    Extension(caller): Extension<Caller>,
+    uri: Uri,
+    Path(service): Path<String>,
+    Body(body): Body,
+) -> ApiResult<Response> {
+    let service: ServiceName = parse_name(&service, "service").map_err(|e| s.refuse(e))?;
+    let what = "PUT /v1/services/{service}/policy";
+    s.allow(
+        &caller,
+        Action::WriteService { service: &service },
+        what,
+        Some(&service),
+    )?;
+    s.leader_only(&uri)?;
+    let actor = caller.actor();
+    let policy: ServicePolicyRecord = s.body(&body)?;
+    s.fields(fields::policy(&policy))?;
+    let detail = serde_json::to_value(&policy).unwrap_or(Value::Null);
+    let result = s
+        .command(
+            &uri,
+            Command::SetPolicy {
+                service: service.clone(),
+                policy,
+            },
+        )
+        .await;
+    s.audit_write(AuditEntry {
+        seq: 0,
+        at_ms: now_ms(),
+        kind: AuditKind::Policy,
+        actor,
+        service: Some(service.clone()),
+        instance: None,
+        outcome: if result.is_ok() { "applied" } else { "refused" }.into(),
+        detail,
+    })
+    .await?;
+    result?;
+    Ok(axum::Json(json!({"service": service})).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ValidateBody {
+    contract: HealthContract,
+}
+
+pub(super) async fn validate_contract(
+    State(s): State<ApiState>,
+    Body(body): Body,
+) -> ApiResult<Response> {
+    let v: ValidateBody = s.body(&body)?;
+    match v.contract.validate() {
+        Ok(_) => Ok(axum::Json(json!({"valid": true})).into_response()),
+        Err(e) => Err(s.refuse(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "contract",
+            Some(&format!("contract.{}", e.field())),
+            e.to_string(),
+        ))),
+    }
+}
