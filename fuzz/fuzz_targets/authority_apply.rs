@@ -9,7 +9,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
-use waymark_agent::authority::machine::{AuthorityState, Request};
+use waymark_registry::machine::{AuthorityState, Request};
 use waymark_fuzz::{Gen, Limits, capped, is_json_lines, lines};
 
 fuzz_target!(|data: &[u8]| run(capped(data)));
