@@ -37,8 +37,21 @@ fn the_zone_evacuation_drill_passes_at_short_scale() {
 
 #[test]
 fn the_zone_evacuation_drill_fails_with_its_property_broken() {
-    // The break: no shedding: admissions queue withdrawals behind them. A drill that still passes
-    // cannot tell anyone anything.
+    // The break: no shedding. Whether admissions then delay withdrawals past the budget
+    // depends on how fast this machine commits, so the threshold is set to zero: every
+    // `Publish` commit counts as pressure, and a run that never declares shedding must fail
+    // on any machine. A drill that still passes cannot tell anyone anything.
     let dir = tempfile::tempdir().unwrap();
-    common::failing_run("zone-evacuation", &["--break-shedding"], dir.path());
+    let report = common::failing_run(
+        "zone-evacuation",
+        &["--break-shedding", "--pressure-after", "0ms"],
+        dir.path(),
+    );
+    let failures = report["verdict"]["failures"].as_array().unwrap();
+    assert!(
+        failures
+            .iter()
+            .any(|f| f.as_str().unwrap().contains("never declared shedding")),
+        "{failures:#?}"
+    );
 }

@@ -196,10 +196,23 @@ pub struct LimitsSection {
     /// admissions under a burst.
     #[serde(default = "default_true")]
     pub shed_admissions: bool,
+    /// A `Publish` commit slower than this reports delivery pressure, and admissions are
+    /// shed until a quicker one clears it (default
+    /// [`waymark_core::defaults::PUBLISH_PRESSURE_AFTER`]). `"0ms"` sheds whenever a
+    /// commit is under way: the strictest priority for withdrawals.
+    #[serde(
+        default = "default_publish_pressure_after",
+        with = "waymark_core::duration_str"
+    )]
+    pub publish_pressure_after: Duration,
 }
 
 fn default_true() -> bool {
     true
+}
+
+fn default_publish_pressure_after() -> Duration {
+    waymark_core::defaults::PUBLISH_PRESSURE_AFTER
 }
 
 impl Default for LimitsSection {
@@ -210,6 +223,7 @@ impl Default for LimitsSection {
             reconnect_expected_clients: 0,
             admit_releases_per_sec: default_admit_releases_per_sec(),
             shed_admissions: true,
+            publish_pressure_after: default_publish_pressure_after(),
         }
     }
 }
@@ -605,6 +619,7 @@ impl ConfigFile {
                 reconnect_expected_clients: a.limits.reconnect_expected_clients,
                 admit_releases_per_sec: a.limits.admit_releases_per_sec,
                 shed_admissions: a.limits.shed_admissions,
+                publish_pressure_after: a.limits.publish_pressure_after,
                 ..Limits::default()
             },
         })
@@ -848,6 +863,16 @@ keys = []
         );
         let bad = format!("{base}[authority.limits]\nadmit_releases_per_sec = 0\n");
         assert!(parse(&bad, &[]).is_err());
+        let strict = format!("{base}[authority.limits]\npublish_pressure_after = \"0ms\"\n");
+        let limits = parse(&strict, &[]).unwrap().member_config().unwrap().limits;
+        assert_eq!(limits.publish_pressure_after, Duration::ZERO);
+        let default = parse(base, &[]).unwrap().member_config().unwrap().limits;
+        assert_eq!(
+            default.publish_pressure_after,
+            waymark_core::defaults::PUBLISH_PRESSURE_AFTER
+        );
+        let unitless = format!("{base}[authority.limits]\npublish_pressure_after = \"5\"\n");
+        assert!(parse(&unitless, &[]).is_err());
     }
 
     #[test]

@@ -18,7 +18,6 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 use waymark_core::assembler::RemoteEndpoint;
-use waymark_core::defaults::PUBLISH_PRESSURE_AFTER;
 use waymark_core::model::{NodeName, RegionName, Sample, ServiceName, ZoneName};
 use waymark_core::view::{ReleasedView, ViewKey};
 use waymark_registry::machine::{AuditEntry, AuthorityState, Request, Response};
@@ -94,9 +93,10 @@ pub struct LeaderContext {
     pub pipeline: PipelineConfig,
     /// Peer regions' aggregates and the front-door signal, when this member federates.
     pub regions: Option<RegionsHandle>,
-    /// Whether a slow `Publish` commit reports delivery pressure, so admissions are shed
-    /// (`[authority.limits] shed_admissions`, on by default).
-    pub shed_admissions: bool,
+    /// A `Publish` commit slower than this reports delivery pressure, so admissions are
+    /// shed (`[authority.limits] publish_pressure_after`); `None` when shedding is off
+    /// (`shed_admissions = false`).
+    pub pressure_after: Option<Duration>,
 }
 
 /// Lead whenever this member is the leader, until Raft stops. Questions asked while not
@@ -513,8 +513,10 @@ fn record_metric(m: &AuthorityMetrics, change: MetricChange) {
 
 /// Commits releases in order, coalescing what arrives while a write is in flight (only
 /// the newest content of each view matters: releases are whole views). A commit slower
-/// than [`PUBLISH_PRESSURE_AFTER`] reports delivery pressure (the next quick one clears
-/// it), so the delta queues shed admissions before withdrawals queue behind them.
+/// than the configured threshold (by default
+/// [`waymark_core::defaults::PUBLISH_PRESSURE_AFTER`]) reports delivery pressure (the
+/// next quick one clears it), so the delta queues shed admissions before withdrawals queue
+/// behind them.
 ///
 /// A failed write is retried with backoff, merged with whatever was released meanwhile,
 /// for as long as this member leads: a withdrawal must never be dropped because one
@@ -526,7 +528,7 @@ async fn publisher(
 ) {
     let raft = ctx.raft.clone();
     let metrics = ctx.metrics.clone();
-    let shed = ctx.shed_admissions;
+    let pressure_after = ctx.pressure_after;
     publish_loop(
         rx,
         |request| {
@@ -537,7 +539,7 @@ async fn publisher(
             PublishOutcome::Committed { views, took } => {
                 metrics.views_published.inc_by(views);
                 metrics.publish_commit_seconds.observe(took.as_secs_f64());
-                let slow = shed && took > PUBLISH_PRESSURE_AFTER;
+                let slow = pressure_after.is_some_and(|after| took > after);
                 pressure.send_if_modified(|p| std::mem::replace(p, slow) != slow);
             }
             PublishOutcome::Failed => {

@@ -285,7 +285,10 @@ impl Authority {
                     fraction_guard: fraction_guard_on(),
                 },
                 regions: regions.clone(),
-                shed_admissions: config.limits.shed_admissions,
+                pressure_after: config
+                    .limits
+                    .shed_admissions
+                    .then_some(config.limits.publish_pressure_after),
             },
             leader_queries,
         )));

@@ -89,6 +89,8 @@ pub struct Limits {
     /// Shed admissions at all (under their rate budget or delivery pressure). Off only to
     /// show what shedding protects.
     pub shed_admissions: bool,
+    /// A `Publish` commit slower than this reports delivery pressure.
+    pub publish_pressure_after: Duration,
     /// The API listener's bounds.
     pub http: HttpLimits,
     /// The Raft listener's bounds.
@@ -105,6 +107,7 @@ impl Default for Limits {
             reconnect_expected_clients: AdmissionConfig::default().expected_clients,
             admit_releases_per_sec: waymark_core::defaults::ADMIT_RELEASES_PER_SEC,
             shed_admissions: true,
+            publish_pressure_after: waymark_core::defaults::PUBLISH_PRESSURE_AFTER,
             http: HttpLimits::AUTHORITY,
             raft: HttpLimits::RAFT,
             grpc: GrpcLimits::default(),

@@ -87,6 +87,11 @@ enum Drill {
         seed: Option<u64>,
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
+        /// How slow a `Publish` commit must be to count as delivery pressure (the
+        /// authority's `publish_pressure_after`; `0ms`: every commit does, so the burst is
+        /// always under pressure and shedding must be declared).
+        #[arg(long, value_parser = waymark_core::duration_str::parse)]
+        pressure_after: Option<std::time::Duration>,
         /// Break the property on purpose: admission shedding off (the budget of admission
         /// releases per second unlimited).
         #[arg(long)]
@@ -506,10 +511,14 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
             rate,
             seed,
             dir,
+            pressure_after,
             break_shedding,
         } => {
             let mut params = zone_evacuation::Params::for_scale(scale);
             params.break_shedding = break_shedding;
+            if let Some(d) = pressure_after {
+                params.limits.publish_pressure_after_ms = Some(u64::try_from(d.as_millis())?);
+            }
             if let Some(n) = subscriptions {
                 anyhow::ensure!(n > 0, "--subscriptions must be positive");
                 params.shape.subscriptions = n;

@@ -76,6 +76,14 @@ pub struct Budget {
 }
 
 impl Params {
+    /// How slow a `Publish` commit must be for the authority to report delivery pressure.
+    pub fn pressure_after(&self) -> Duration {
+        self.limits.publish_pressure_after_ms.map_or(
+            waymark_core::defaults::PUBLISH_PRESSURE_AFTER,
+            Duration::from_millis,
+        )
+    }
+
     pub fn for_scale(scale: Scale) -> Self {
         let (subscriptions, burst_s, withdrawals) = match scale {
             Scale::Short => (500, 20, 40),
@@ -183,8 +191,9 @@ pub struct Shedding {
     pub seen_shedding: bool,
     /// Share of the burst's metric samples with `waymark_shedding 1`.
     pub shedding_share: f64,
-    /// `Publish` commits slower than 512 ms from the burst's start to the end of the run:
-    /// delivery was under pressure, so shedding had to be declared. None slow means the
+    /// `Publish` commits slower than the authority's pressure threshold
+    /// ([`Params::pressure_after`]) from the burst's start to the end of the run: delivery
+    /// was under pressure, so shedding had to be declared. None slow means the
     /// authority delivered the burst without pressure and had nothing to shed.
     pub slow_publishes: f64,
 }
@@ -283,9 +292,10 @@ pub fn verdict(
     }
     if b.shedding_declared && shedding.slow_publishes > 0.0 && !shedding.declared() {
         failures.push(format!(
-            "delivery was under pressure ({} Publish commits over 512 ms) and the admission \
+            "delivery was under pressure ({} Publish commits over {} ms) and the admission \
              path never declared shedding",
-            shedding.slow_publishes
+            shedding.slow_publishes,
+            params.pressure_after().as_millis()
         ));
     }
     Verdict {
@@ -474,7 +484,7 @@ async fn drive(
     let epoch = progress.epoch();
     let before = api.metrics().await.unwrap_or_default();
     let episodes_before = fleet::metric(&before, "waymark_shed_episodes_total").unwrap_or(0.0);
-    let slow_before = fleet::slow_publishes(&before).unwrap_or(0.0);
+    let slow_before = fleet::slow_publishes(&before, params.pressure_after()).unwrap_or(0.0);
     let mut rng = Rng::new(params.seed);
     // The measured withdrawals: base instances of the evacuated zone, in random order.
     let mut victims: Vec<&fleet::Instance> =
@@ -604,7 +614,8 @@ async fn drive(
     let after = api.metrics().await.unwrap_or_default();
     let episodes_after =
         fleet::metric(&after, "waymark_shed_episodes_total").unwrap_or(episodes_before);
-    let slow_publishes = fleet::slow_publishes(&after).map_or(0.0, |s| s - slow_before);
+    let slow_publishes =
+        fleet::slow_publishes(&after, params.pressure_after()).map_or(0.0, |s| s - slow_before);
     let specs = subs.specs().to_vec();
     let (logs, contents) = subs.stop();
     let take = |m: &Arc<Mutex<Followed>>| {

@@ -55,6 +55,8 @@ pub struct Limits {
     pub reconnect_expected_clients: Option<u32>,
     pub admit_releases_per_sec: Option<u32>,
     pub shed_admissions: Option<bool>,
+    /// `publish_pressure_after`, in milliseconds.
+    pub publish_pressure_after_ms: Option<u64>,
 }
 
 impl Limits {
@@ -76,6 +78,9 @@ impl Limits {
         }
         if let Some(v) = self.shed_admissions {
             s.push_str(&format!("shed_admissions = {v}\n"));
+        }
+        if let Some(ms) = self.publish_pressure_after_ms {
+            s.push_str(&format!("publish_pressure_after = \"{ms}ms\"\n"));
         }
         s
     }
@@ -391,12 +396,31 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
     })
 }
 
-/// `Publish` commits slower than 512 ms so far (the histogram's bucket nearest the 500 ms
-/// past which the authority reports delivery pressure): `_count` minus the `le="0.512"`
-/// bucket of `waymark_publish_commit_seconds`.
-pub fn slow_publishes(text: &str) -> Option<f64> {
+/// `Publish` commits so far certainly slower than `after` (the threshold past which the
+/// authority reports delivery pressure), as the histogram `waymark_publish_commit_seconds`
+/// can tell: `_count` minus its narrowest bucket reaching `after` — a lower bound, so a
+/// commit the authority did not count as slow is never counted here. A zero threshold
+/// counts every commit.
+pub fn slow_publishes(text: &str, after: Duration) -> Option<f64> {
     let count = metric(text, "waymark_publish_commit_seconds_count")?;
-    let within = metric(text, "waymark_publish_commit_seconds_bucket{le=\"0.512\"}")?;
+    if after.is_zero() {
+        return Some(count);
+    }
+    let prefix = "waymark_publish_commit_seconds_bucket{le=\"";
+    let within = text
+        .lines()
+        .filter_map(|l| {
+            let (le, value) = l.strip_prefix(prefix)?.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            let value: f64 = value.trim().parse().ok()?;
+            (le >= after.as_secs_f64()).then_some((le, value))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map_or(count, |(_, n)| n);
     Some(count - within)
 }
 
@@ -813,6 +837,10 @@ mod tests {
         let h = "waymark_publish_commit_seconds_bucket{le=\"0.256\"} 7\n\
                  waymark_publish_commit_seconds_bucket{le=\"0.512\"} 9\n\
                  waymark_publish_commit_seconds_count 12\n";
-        assert_eq!(slow_publishes(h), Some(3.0));
+        assert_eq!(slow_publishes(h, Duration::from_millis(500)), Some(3.0));
+        assert_eq!(slow_publishes(h, Duration::from_millis(200)), Some(5.0));
+        // Past the widest bucket nothing is certainly slow.
+        assert_eq!(slow_publishes(h, Duration::from_secs(2)), Some(0.0));
+        assert_eq!(slow_publishes(h, Duration::ZERO), Some(12.0));
     }
 }
