@@ -1,14 +1,14 @@
 //! waymark-resolver: in-process service resolution for callers without an Envoy sidecar.
 //!
-//! A [`Resolver`] subscribes to the local waymark node agent over Delta xDS (CDS wildcard,
-//! EDS for the services asked for), translates each applied `ClusterLoadAssignment` into an
-//! immutable [`Table`], persists it to a cache file, and only then serves it. Reads are
-//! lock-free: an `ArcSwap<Table>` load and a hash lookup (see [`bench`](mod@bench) for the
-//! figures).
+//! A [`Resolver`] subscribes to the local waymark node agent over Delta xDS with
+//! `waymark_xds`'s `XdsClient` (CDS wildcard, EDS for the services asked for), translates
+//! each applied `ClusterLoadAssignment` into an immutable [`Table`], persists it to a cache
+//! file, and only then serves it. Reads are lock-free: an `ArcSwap<Table>` load and a hash
+//! lookup (see [`bench`](mod@bench) for the figures).
 //!
 //! ```text
-//! agent ──Delta xDS──► ClientState ──Table::update──► cache file ──► ArcSwap<Table> ◄── resolve
-//! cache file (at start) ─────────────────────────────────────────────┘
+//! agent ──Delta xDS──► XdsClient ──Table::update──► cache file ──► ArcSwap<Table> ◄── resolve
+//! cache file (at start) ───────────────────────────────────────────┘
 //! ```
 //!
 //! The client contract of ADR-01, as this crate enforces it:
