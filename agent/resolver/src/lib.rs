@@ -13,7 +13,8 @@
 //!
 //! The client contract of ADR-01, as this crate enforces it:
 //! - the last-known-good view is authoritative: it is loaded from disk at start and served
-//!   at once, and kept through any agent outage (its age is reported, [`Resolver::age`]);
+//!   at once, and kept through any agent outage (its age is reported, [`Resolver::age`],
+//!   and when the stream was lost, [`Resolver::lost_since`]);
 //! - "resolved to empty" ([`Resolution::Empty`]) and "could not resolve"
 //!   ([`Resolution::Unknown`]) are different answers, and an error never yields an empty
 //!   set: a malformed update is rejected whole (NACKed, counted; the previous table stays),

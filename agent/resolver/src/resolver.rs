@@ -345,6 +345,19 @@ impl Resolver {
         self.shared.connected.load(Ordering::Acquire)
     }
 
+    /// When the stream to the agent was lost, while none is open since; `None` while a
+    /// stream is open, and before the first one opened (the cache file's stamps then say
+    /// how old the view is, see [`Resolver::age`]). Wall-clock time, for reporting only.
+    pub fn lost_since(&self) -> Option<SystemTime> {
+        if self.is_connected() {
+            return None;
+        }
+        match self.shared.disconnected_unix_ms.load(Ordering::Acquire) {
+            0 => None,
+            ms => Some(UNIX_EPOCH + Duration::from_millis(ms)),
+        }
+    }
+
     /// The counters.
     pub fn stats(&self) -> ResolverStats {
         let s = &self.shared;
