@@ -12,10 +12,14 @@
 //! - [`XdsClient`] (shell): one task owning both, which opens `DeltaAggregatedResources`,
 //!   ACKs, publishes every applied state on a `watch` channel and reconnects on any error
 //!   or stream end. HTTP/2 keepalive is always set so a black-holed connection is noticed.
+//!   The stream itself is published on a second `watch` ([`XdsClient::stream_status`]):
+//!   open since when, or lost since when and why, with counters of opens and failed
+//!   attempts, so a caller can report its own staleness while it serves what it holds.
 //!
 //! ```text
 //! DeltaDiscoveryResponse ──► ClientState::handle_response ──► ACK/NACK ──► server
 //!                                                        └──► watch<Arc<Applied>>
+//! stream open / end / failed attempt ──► StreamStatus ──► watch<StreamStatus>
 //! stream end / error ──► Backoff::next_delay ──► reconnect with initial_requests
 //! ```
 
@@ -31,6 +35,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
@@ -391,6 +396,128 @@ pub fn retry_hint(status: &tonic::Status) -> Option<Duration> {
     Some(Duration::from_millis(ms))
 }
 
+// === Stream status ===
+
+/// Why an attempt or a stream ended. Every variant has the same effect: the applied state
+/// stays, and the client backs off and reconnects on its own; the caller need do nothing
+/// but report it (a certificate refusal names its reason through
+/// `waymark_certs::CertError::from_tls`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StreamError {
+    /// No connection could be made: the TCP connect or the TLS handshake failed or timed out.
+    #[error("connect failed")]
+    Connect(#[source] tonic::transport::Error),
+    /// The server refused or failed the stream (a refusal may carry a retry hint, see
+    /// [`retry_hint`]), or the connection under it broke.
+    #[error("stream failed")]
+    Status(#[source] tonic::Status),
+    /// The server ended the stream cleanly, or an answer could not be sent on it.
+    #[error("stream closed")]
+    Closed,
+}
+
+/// Where the client's stream to its server stands. Applied resources are kept in every
+/// state: only the server removes them.
+#[derive(Debug, Clone)]
+pub enum StreamState {
+    /// No stream has opened since the client started. `error` is why the latest attempt
+    /// failed; `None` until one has.
+    Connecting {
+        /// The latest attempt's failure.
+        error: Option<Arc<StreamError>>,
+    },
+    /// A stream is open.
+    Connected {
+        /// When it opened.
+        since: Instant,
+    },
+    /// The stream that was open ended, and none has opened since.
+    Lost {
+        /// When the stream ended (failed reconnect attempts do not move it).
+        since: Instant,
+        /// Why the latest attempt failed, or, before any, why the stream ended.
+        error: Arc<StreamError>,
+    },
+}
+
+/// The stream as the client's task last saw it, published on [`XdsClient::stream_status`]
+/// at every open, end and failed attempt. A reader that falls behind sees only the latest
+/// state; the counters say how many opens and failures it skipped.
+#[derive(Debug, Clone)]
+pub struct StreamStatus {
+    /// Open, lost, or not yet opened.
+    pub state: StreamState,
+    /// Streams opened since the client started (the same count as [`Applied::streams`]).
+    pub opened: u64,
+    /// Attempts that ended before a stream opened: the connect or TLS handshake failed, or
+    /// the server refused the stream.
+    pub failed_attempts: u64,
+}
+
+// === impl StreamStatus ===
+
+impl StreamStatus {
+    /// Whether a stream is open.
+    pub fn is_connected(&self) -> bool {
+        matches!(self.state, StreamState::Connected { .. })
+    }
+
+    /// When the stream was lost, if one was open and none is now.
+    pub fn lost_since(&self) -> Option<Instant> {
+        match self.state {
+            StreamState::Lost { since, .. } => Some(since),
+            _ => None,
+        }
+    }
+
+    /// Why the latest attempt or stream ended, if it did and none is open now.
+    pub fn error(&self) -> Option<&Arc<StreamError>> {
+        match &self.state {
+            StreamState::Connecting { error } => error.as_ref(),
+            StreamState::Lost { error, .. } => Some(error),
+            StreamState::Connected { .. } => None,
+        }
+    }
+
+    fn new() -> Self {
+        Self {
+            state: StreamState::Connecting { error: None },
+            opened: 0,
+            failed_attempts: 0,
+        }
+    }
+
+    fn handle_opened(&mut self, now: Instant) {
+        debug_assert!(!self.is_connected(), "a stream opened over an open one");
+        self.opened += 1;
+        self.state = StreamState::Connected { since: now };
+    }
+
+    /// An attempt ended before its stream opened: the state keeps its kind and `since`.
+    fn handle_attempt_failed(&mut self, error: StreamError) {
+        debug_assert!(
+            !self.is_connected(),
+            "an attempt failed while a stream is open"
+        );
+        self.failed_attempts += 1;
+        let error = Arc::new(error);
+        match &mut self.state {
+            StreamState::Connecting { error: latest } => *latest = Some(error),
+            StreamState::Lost { error: latest, .. } => *latest = error,
+            StreamState::Connected { .. } => {}
+        }
+    }
+
+    fn handle_lost(&mut self, now: Instant, error: StreamError) {
+        debug_assert!(self.is_connected(), "a stream was lost that never opened");
+        self.state = StreamState::Lost {
+            since: now,
+            error: Arc::new(error),
+        };
+    }
+}
+
 // === XdsClient ===
 
 /// Client settings.
@@ -478,6 +605,7 @@ enum Command {
 #[derive(Debug)]
 pub struct XdsClient {
     commands: mpsc::Sender<Command>,
+    status: watch::Receiver<StreamStatus>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -531,6 +659,7 @@ impl XdsClient {
             state = state.with_validator(v);
         }
         let (publish, applied) = watch::channel(Arc::new(state.applied()));
+        let (publish_status, status) = watch::channel(StreamStatus::new());
         let (commands, commands_rx) = mpsc::channel(config.request_buffer.max(1));
         let span = tracing::info_span!("xds_client", node_id = %node.id);
         let driver = Driver {
@@ -542,12 +671,30 @@ impl XdsClient {
             backoff: Backoff::new(config.backoff.clone(), config.seed),
             commands: commands_rx,
             publish,
+            status: StreamStatus::new(),
+            publish_status,
             request_buffer: config.request_buffer.max(1),
             response_bytes_max: config.response_bytes_max,
             persist: config.persist.clone(),
         };
         let task = tokio::spawn(driver.run().instrument(span));
-        (Self { commands, task }, applied)
+        let handle = Self {
+            commands,
+            status,
+            task,
+        };
+        (handle, applied)
+    }
+
+    /// The stream's state: open since when, or lost since when and why, with counters of
+    /// opens and failed attempts; updated at every change until the handle is dropped.
+    /// The applied state of an opening stream is published before its `Connected`, and
+    /// that of an ending one before its `Lost`. Each call returns a new receiver whose
+    /// first `changed` returns at once, so a loop over it starts from the current state.
+    pub fn stream_status(&self) -> watch::Receiver<StreamStatus> {
+        let mut status = self.status.clone();
+        status.mark_changed();
+        status
     }
 
     /// Add to a subscription; sent at once on an open stream, and on every reconnect.
@@ -573,23 +720,10 @@ impl Drop for XdsClient {
     }
 }
 
-/// Why a stream ended. Every variant keeps the applied state; the driver backs off and
-/// reconnects.
-#[derive(Debug, thiserror::Error)]
-enum StreamError {
-    /// No connection could be made.
-    #[error("connect failed")]
-    Connect(#[source] tonic::transport::Error),
-    /// The server refused or failed the stream (a refusal may carry a retry hint).
-    #[error("stream failed")]
-    Status(#[source] tonic::Status),
-    /// The server ended the stream cleanly, or the request side went away.
-    #[error("stream closed")]
-    Closed,
-}
-
-/// How a stream ended: `None` from [`Driver::run_stream`] means the handle is gone.
+/// How an attempt ended: `None` from [`Driver::run_stream`] means the handle is gone.
 struct Ended {
+    /// Whether its stream had opened (else the attempt failed).
+    opened: bool,
     lived: Duration,
     error: StreamError,
 }
@@ -604,6 +738,8 @@ struct Driver {
     backoff: Backoff,
     commands: mpsc::Receiver<Command>,
     publish: watch::Sender<Arc<Applied>>,
+    status: StreamStatus,
+    publish_status: watch::Sender<StreamStatus>,
     request_buffer: usize,
     response_bytes_max: usize,
     persist: Option<Persist>,
@@ -620,13 +756,23 @@ impl Driver {
                 _ => None,
             };
             let delay = self.backoff.next_delay(ended.lived, hint);
+            // A certificate refusal, ours or the server's, names its reason.
+            let cert = waymark_certs::CertError::from_tls(&ended.error).map(|e| e.reason());
             tracing::info!(
                 error = ?ended.error,
+                cert_reason = cert.map(|r| r.as_str()),
+                opened = ended.opened,
                 lived_ms = ended.lived.as_millis() as u64,
                 hint_ms = hint.map(|h| h.as_millis() as u64),
                 backoff_ms = delay.as_millis() as u64,
                 "xds stream ended; reconnecting after backoff"
             );
+            if ended.opened {
+                self.status.handle_lost(Instant::now(), ended.error);
+            } else {
+                self.status.handle_attempt_failed(ended.error);
+            }
+            self.publish_status();
             if !self.wait(delay).await {
                 return;
             }
@@ -635,7 +781,7 @@ impl Driver {
 
     /// Sleep for `delay`, still taking subscriptions; `false` if the handle is gone.
     async fn wait(&mut self, delay: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + delay;
+        let deadline = Instant::now() + delay;
         loop {
             tokio::select! {
                 () = tokio::time::sleep_until(deadline) => return true,
@@ -653,6 +799,7 @@ impl Driver {
     async fn run_stream(&mut self) -> Option<Ended> {
         let failed = |error| {
             Some(Ended {
+                opened: false,
                 lived: Duration::ZERO,
                 error,
             })
@@ -681,10 +828,12 @@ impl Driver {
             Ok(response) => response.into_inner(),
             Err(status) => return failed(StreamError::Status(status)),
         };
-        let opened = tokio::time::Instant::now();
+        let opened = Instant::now();
         self.state.handle_stream_opened();
         self.publish();
-        tracing::info!("xds stream opened");
+        self.status.handle_opened(opened);
+        self.publish_status();
+        tracing::info!(stream = self.status.opened, "xds stream opened");
         let error = loop {
             tokio::select! {
                 msg = inbound.message() => match msg {
@@ -711,6 +860,7 @@ impl Driver {
         self.state.handle_stream_closed();
         self.publish();
         Some(Ended {
+            opened: true,
             lived: opened.elapsed(),
             error,
         })
@@ -789,6 +939,10 @@ impl Driver {
 
     fn publish(&self) {
         self.publish.send_replace(Arc::new(self.state.applied()));
+    }
+
+    fn publish_status(&self) {
+        self.publish_status.send_replace(self.status.clone());
     }
 }
 

@@ -1,7 +1,8 @@
 //! The Delta client against the real ADS server over 127.0.0.1: subscribe, apply, ACK,
-//! withdraw, NACK, reconnect after a restart, and honour reconnection admission's hint.
+//! withdraw, NACK, reconnect after a restart, report a lost stream, and honour
+//! reconnection admission's hint.
 //!
-//! Client progress is awaited on its watch channel. The server's sync registry has no
+//! Client progress is awaited on its watch channels. The server's sync registry has no
 //! change notification, so server-side facts are awaited by bounded polling (`server_until`).
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
@@ -30,7 +31,8 @@ use tonic::transport::{Endpoint, Server};
 use waymark_core::view::{EndpointStatus, Markers, ReleasedView, ViewEndpoint};
 use waymark_xds::admission::AdmissionConfig;
 use waymark_xds::client::{
-    Applied, BackoffConfig, ClientConfig, Subscription, Validator, XdsClient,
+    Applied, BackoffConfig, ClientConfig, StreamError, StreamStatus, Subscription, Validator,
+    XdsClient,
 };
 use waymark_xds::sync::ClientSync;
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT};
@@ -347,6 +349,78 @@ async fn after_a_server_restart_the_client_reconnects_and_is_resent_only_what_ch
     assert!(
         !state[0].types.contains_key(TYPE_CLUSTER),
         "no cluster response"
+    );
+    restarted.stop().await;
+}
+
+/// Wait on the stream status channel for `cond`.
+async fn status_until(
+    rx: &mut watch::Receiver<StreamStatus>,
+    what: &str,
+    cond: impl Fn(&StreamStatus) -> bool,
+) -> StreamStatus {
+    let waited = timeout(WAIT, rx.wait_for(|s| cond(s)))
+        .await
+        .map(|r| r.map(|status| status.clone()));
+    match waited {
+        Ok(Ok(status)) => status,
+        Ok(Err(_)) => panic!("client stopped while waiting for {what}"),
+        Err(_) => panic!("timed out waiting for {what}; last: {:?}", *rx.borrow()),
+    }
+}
+
+#[tokio::test]
+async fn the_stream_status_reports_a_lost_stream_the_failed_attempts_and_the_reopen() {
+    // Goal: a caller learns when its stream is lost (and when, and why), sees reconnect
+    // attempts fail while the server is down, and sees the stream reopen, while the
+    // applied state is kept throughout.
+    let (mut running, addr) = Running::start(any_addr(), ServerConfig::default()).await;
+    running.release(&released(1, &[1, 2]));
+    let (client, mut applied) = client(addr, "node-a", fast_config());
+    let mut status = client.stream_status();
+    let open = status_until(&mut status, "the stream", StreamStatus::is_connected).await;
+    assert_eq!((open.opened, open.error().is_none()), (1, true));
+    until(&mut applied, "endpoints of v1", |a| {
+        endpoint_ports(a).is_some()
+    })
+    .await;
+
+    let stopping = tokio::time::Instant::now();
+    running.stop().await;
+    let lost = status_until(&mut status, "the loss", |s| s.lost_since().is_some()).await;
+    let since = lost.lost_since().unwrap();
+    assert!(since >= stopping && since <= tokio::time::Instant::now());
+    assert!(lost.error().is_some(), "{lost:?}");
+    assert!(!applied.borrow().connected, "published before the loss");
+    let retrying = status_until(&mut status, "a failed reconnect", |s| {
+        s.failed_attempts >= 1
+    })
+    .await;
+    assert_eq!(
+        retrying.lost_since(),
+        Some(since),
+        "the loss keeps its time"
+    );
+    assert!(matches!(
+        retrying.error().map(|e| &**e),
+        Some(StreamError::Connect(_))
+    ));
+    assert_eq!(
+        endpoint_ports(&applied.borrow()),
+        Some(vec![8001, 8002]),
+        "kept while lost"
+    );
+
+    let (restarted, same) = Running::start(addr, ServerConfig::default()).await;
+    assert_eq!(same, addr);
+    let back = status_until(&mut status, "the reopen", StreamStatus::is_connected).await;
+    assert_eq!(back.opened, 2);
+    assert!(back.failed_attempts >= retrying.failed_attempts);
+    assert_eq!(applied.borrow().streams, 2);
+    drop(client);
+    assert!(
+        timeout(WAIT, status.changed()).await.unwrap().is_err(),
+        "a dropped client ends the status channel"
     );
     restarted.stop().await;
 }

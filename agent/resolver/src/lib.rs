@@ -1,19 +1,20 @@
 //! waymark-resolver: in-process service resolution for callers without an Envoy sidecar.
 //!
-//! A [`Resolver`] subscribes to the local waymark node agent over Delta xDS (CDS wildcard,
-//! EDS for the services asked for), translates each applied `ClusterLoadAssignment` into an
-//! immutable [`Table`], persists it to a cache file, and only then serves it. Reads are
-//! lock-free: an `ArcSwap<Table>` load and a hash lookup (see [`bench`](mod@bench) for the
-//! figures).
+//! A [`Resolver`] subscribes to the local waymark node agent over Delta xDS with
+//! `waymark_xds`'s `XdsClient` (CDS wildcard, EDS for the services asked for), translates
+//! each applied `ClusterLoadAssignment` into an immutable [`Table`], persists it to a cache
+//! file, and only then serves it. Reads are lock-free: an `ArcSwap<Table>` load and a hash
+//! lookup (see [`bench`](mod@bench) for the figures).
 //!
 //! ```text
-//! agent ──Delta xDS──► ClientState ──Table::update──► cache file ──► ArcSwap<Table> ◄── resolve
-//! cache file (at start) ─────────────────────────────────────────────┘
+//! agent ──Delta xDS──► XdsClient ──Table::update──► cache file ──► ArcSwap<Table> ◄── resolve
+//! cache file (at start) ───────────────────────────────────────────┘
 //! ```
 //!
 //! The client contract of ADR-01, as this crate enforces it:
 //! - the last-known-good view is authoritative: it is loaded from disk at start and served
-//!   at once, and kept through any agent outage (its age is reported, [`Resolver::age`]);
+//!   at once, and kept through any agent outage (its age is reported, [`Resolver::age`],
+//!   and when the stream was lost, [`Resolver::lost_since`]);
 //! - "resolved to empty" ([`Resolution::Empty`]) and "could not resolve"
 //!   ([`Resolution::Unknown`]) are different answers, and an error never yields an empty
 //!   set: a malformed update is rejected whole (NACKed, counted; the previous table stays),

@@ -1,18 +1,21 @@
 //! [`Resolver`]: the lock-free read side and the task that keeps it current.
 //!
 //! ```text
-//! cache file ──load──► ArcSwap<Table> ◄──store── Shared::apply ◄── driver task
-//!                          │  ▲                       │              ▲   │
-//!                 resolve ─┘  └─ (readers: load+get)   └─persist─► file  │   └─ACK/NACK─► agent
-//!                                                                 DeltaDiscoveryResponse
+//! agent ──Delta xDS──► XdsClient ──watch<Applied>──────► Follower ──Shared::apply──► cache file
+//!                          └─────watch<StreamStatus>──►     │                          │
+//!                            connected / lost since ◄───────┘                          ▼
+//! resolve ──load──► ArcSwap<Table> ◄──────────────────────────────store (once on disk)─┘
 //! ```
 //!
-//! The driver task owns `waymark_xds`'s pure [`ClientState`] and [`Backoff`] (the same
-//! machines `XdsClient` runs) rather than an `XdsClient`, because the resolver must know
-//! when its stream is down (`XdsClient` publishes stream opens but not stream loss) and
-//! wants to persist an update *before* acknowledging it. Readers never take a lock: a
-//! read is `ArcSwap::load` plus a hash lookup. Writers (the task, or [`Resolver::apply`])
-//! are serialised by a mutex readers never touch.
+//! The stream is `waymark_xds`'s [`XdsClient`]: it subscribes (CDS wildcard, EDS for the
+//! services asked for), NACKs an assignment the table could not translate (its validator
+//! is the table's), ACKs the rest and reconnects with jittered backoff. The resolver's own
+//! task, the `Follower`, follows what the client publishes: each applied state is built
+//! into the next table, persisted, and only then served; each stream change moves
+//! `connected` and the time the stream was lost, from which [`Resolver::age`] reports
+//! staleness while the last view keeps answering. Readers never take a lock: a read is
+//! `ArcSwap::load` plus a hash lookup. Writers (the task, or [`Resolver::apply`]) are
+//! serialised by a mutex readers never touch.
 //!
 //! The stream is mutual TLS when [`ResolverConfig::tls`] is set (see `tls.rs`), and plain
 //! text otherwise, which [`Resolver::connect`] allows only towards a loopback address:
@@ -26,20 +29,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
-};
 use serde::Serialize;
-use tokio::sync::mpsc;
-use tokio_stream::StreamExt as _;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tonic::transport::Endpoint;
 use tracing::Instrument as _;
 use waymark_certs::CertError;
-use waymark_certs::grpc::TlsConnector;
 use waymark_certs::reload::{ReloadEvent, Reloader, WatchHandle};
-use waymark_xds::client::{Applied, Backoff, ClientConfig, ClientState, Subscription, retry_hint};
+use waymark_xds::client::{
+    Applied, ClientConfig, StreamState, StreamStatus, Subscription, Validator, XdsClient,
+};
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT};
 
 use crate::cache;
@@ -61,9 +60,10 @@ pub struct ResolverConfig {
     pub services: Vec<String>,
     /// Where to persist every applied view; `None` keeps nothing across restarts.
     pub cache_file: Option<PathBuf>,
-    /// Backoff, keepalive and buffer settings of the xDS stream. Its `validator` is
-    /// replaced by the resolver's own (which NACKs assignments it cannot translate), and
-    /// its `tls` is unused (see [`tls`](Self::tls)).
+    /// Backoff, keepalive, buffer and size settings of the xDS stream, as given to its
+    /// [`XdsClient`]. Its `validator` is replaced by the resolver's own (which NACKs
+    /// assignments it cannot translate), its `tls` by [`tls`](Self::tls), and its `seed` is
+    /// mixed with the node id so callers sharing a config do not reconnect in step.
     pub xds: ClientConfig,
     /// Mutual TLS towards the agent: this caller's workload certificate, checked against
     /// the agent's node certificate of the same region. `None` is plain text, allowed
@@ -165,7 +165,9 @@ pub struct ResolverStats {
 #[derive(Debug)]
 pub struct Resolver {
     shared: Arc<Shared>,
-    commands: Option<mpsc::Sender<String>>,
+    /// The stream to the agent (`None` from `from_table`); dropping it closes the stream.
+    client: Option<XdsClient>,
+    /// The `Follower` keeping the table current from the client.
     task: Option<tokio::task::JoinHandle<()>>,
     reloader: Option<Arc<Reloader>>,
     _cert_watch: Option<WatchHandle>,
@@ -181,7 +183,10 @@ struct Shared {
     /// When the last stream ended (unix ms; 0 = never).
     disconnected_unix_ms: AtomicU64,
     updates: AtomicU64,
+    /// Updates the table refused (the xDS layer's NACKs are in `nacks`).
     rejected: AtomicU64,
+    /// Responses the client NACKed (its validator is the table's).
+    nacks: AtomicU64,
     cache_corrupt: AtomicU64,
     persist_failures: AtomicU64,
     streams: AtomicU64,
@@ -220,49 +225,20 @@ impl Resolver {
         };
         let shared = Arc::new(Shared::new(config.cache_file.clone()));
         shared.load_cache();
-        let endpoint = endpoint
-            .http2_keep_alive_interval(config.xds.keepalive_interval)
-            .keep_alive_timeout(config.xds.keepalive_timeout)
-            .keep_alive_while_idle(true)
-            .connect_timeout(config.xds.connect_timeout);
-        let names = config.services.iter().cloned().collect();
-        let subscriptions = [
-            (TYPE_CLUSTER.to_owned(), wildcard()),
-            (
-                TYPE_ENDPOINT.to_owned(),
-                Subscription {
-                    wildcard: false,
-                    names,
-                },
-            ),
-        ];
-        let state = ClientState::new(subscriptions).with_validator(Arc::new(|type_url, any| {
-            crate::table::validate(type_url, any)
-        }));
-        let request_buffer = config.xds.request_buffer.max(1);
-        let (commands, commands_rx) = mpsc::channel(request_buffer);
-        let node = Node {
-            id: config.node_id.clone(),
-            locality: Some(Locality {
-                zone: config.zone.clone(),
-                ..Default::default()
-            }),
-            user_agent_name: "waymark-resolver".to_owned(),
-            ..Default::default()
-        };
-        let seed = config.xds.seed ^ fnv1a(config.node_id.as_bytes());
-        let driver = Driver {
-            state,
-            endpoint,
-            tls: tls.as_ref().map(|t| Arc::clone(&t.client)),
-            node,
-            backoff: Backoff::new(config.xds.backoff.clone(), seed),
-            commands: commands_rx,
-            shared: shared.clone(),
-            request_buffer,
-        };
-        let span = tracing::info_span!("resolver", node_id = %config.node_id);
-        let task = tokio::spawn(driver.run().instrument(span));
+        let span =
+            tracing::info_span!("resolver", node_id = %config.node_id, agent = %config.agent);
+        // Started inside the span, so the client's `xds_client` span is its child.
+        let (client, applied) = span.in_scope(|| {
+            let client_config = client_config(&config, tls.as_ref().map(|t| &t.client));
+            XdsClient::connect_with(
+                client_config,
+                endpoint,
+                node(&config),
+                subscriptions(&config.services),
+            )
+        });
+        let follower = Follower::new(Arc::clone(&shared), applied, client.stream_status());
+        let task = tokio::spawn(follower.run().instrument(span));
         let reloader = tls.map(|t| t.reloader);
         let cert_watch = reloader.as_ref().and_then(|r| match r.watch() {
             Ok(watch) => Some(watch),
@@ -273,7 +249,7 @@ impl Resolver {
         });
         Ok(Self {
             shared,
-            commands: Some(commands),
+            client: Some(client),
             task: Some(task),
             reloader,
             _cert_watch: cert_watch,
@@ -287,7 +263,7 @@ impl Resolver {
         shared.table.store(Arc::new(table));
         Self {
             shared: Arc::new(shared),
-            commands: None,
+            client: None,
             task: None,
             reloader: None,
             _cert_watch: None,
@@ -329,9 +305,13 @@ impl Resolver {
     /// reconnect). Until the agent answers, the service resolves as before (`Unknown`, or
     /// what the cache held).
     pub async fn subscribe(&self, service: &str) -> Result<(), ResolverError> {
-        let commands = self.commands.as_ref().ok_or(ResolverError::NotConnected)?;
-        commands
-            .send(service.to_owned())
+        let client = self.client.as_ref().ok_or(ResolverError::NotConnected)?;
+        let subscription = Subscription {
+            wildcard: false,
+            names: [service.to_owned()].into(),
+        };
+        client
+            .subscribe(TYPE_ENDPOINT, subscription)
             .await
             .map_err(|_| ResolverError::NotConnected)
     }
@@ -365,12 +345,25 @@ impl Resolver {
         self.shared.connected.load(Ordering::Acquire)
     }
 
+    /// When the stream to the agent was lost, while none is open since; `None` while a
+    /// stream is open, and before the first one opened (the cache file's stamps then say
+    /// how old the view is, see [`Resolver::age`]). Wall-clock time, for reporting only.
+    pub fn lost_since(&self) -> Option<SystemTime> {
+        if self.is_connected() {
+            return None;
+        }
+        match self.shared.disconnected_unix_ms.load(Ordering::Acquire) {
+            0 => None,
+            ms => Some(UNIX_EPOCH + Duration::from_millis(ms)),
+        }
+    }
+
     /// The counters.
     pub fn stats(&self) -> ResolverStats {
         let s = &self.shared;
         ResolverStats {
             updates: s.updates.load(Ordering::Relaxed),
-            rejected: s.rejected.load(Ordering::Relaxed),
+            rejected: s.rejected.load(Ordering::Relaxed) + s.nacks.load(Ordering::Relaxed),
             cache_corrupt: s.cache_corrupt.load(Ordering::Relaxed),
             persist_failures: s.persist_failures.load(Ordering::Relaxed),
             streams: s.streams.load(Ordering::Relaxed),
@@ -380,6 +373,7 @@ impl Resolver {
 }
 
 impl Drop for Resolver {
+    /// Stops the follower; the client closes its stream as it drops.
     fn drop(&mut self) {
         if let Some(task) = &self.task {
             task.abort();
@@ -399,6 +393,7 @@ impl Shared {
             disconnected_unix_ms: AtomicU64::new(0),
             updates: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
+            nacks: AtomicU64::new(0),
             cache_corrupt: AtomicU64::new(0),
             persist_failures: AtomicU64::new(0),
             streams: AtomicU64::new(0),
@@ -446,171 +441,161 @@ impl Shared {
     }
 }
 
-// === the stream task ===
+// === the stream ===
 
-/// How a stream ended; `None` from [`Driver::run_stream`] means the handle is gone.
-struct Ended {
-    lived: Duration,
-    error: StreamError,
+/// The client's settings: the caller's, with the resolver's validator, TLS and seed.
+fn client_config(config: &ResolverConfig, tls: Option<&Arc<rustls::ClientConfig>>) -> ClientConfig {
+    let validator: Validator = Arc::new(crate::table::validate);
+    ClientConfig {
+        seed: config.xds.seed ^ fnv1a(config.node_id.as_bytes()),
+        validator: Some(validator),
+        tls: tls.cloned(),
+        ..config.xds.clone()
+    }
 }
 
-/// Why a stream ended. Every variant keeps the table; the task backs off and reconnects.
-#[derive(Debug, thiserror::Error)]
-enum StreamError {
-    #[error("connect failed")]
-    Connect(#[source] tonic::transport::Error),
-    #[error("stream failed")]
-    Status(#[source] tonic::Status),
-    #[error("stream closed")]
-    Closed,
+fn node(config: &ResolverConfig) -> Node {
+    Node {
+        id: config.node_id.clone(),
+        locality: Some(Locality {
+            zone: config.zone.clone(),
+            ..Default::default()
+        }),
+        user_agent_name: "waymark-resolver".to_owned(),
+        ..Default::default()
+    }
 }
 
-struct Driver {
-    state: ClientState,
-    endpoint: Endpoint,
-    /// Mutual TLS towards the agent; `None` is plain text (loopback only).
-    tls: Option<Arc<rustls::ClientConfig>>,
-    node: Node,
-    backoff: Backoff,
-    commands: mpsc::Receiver<String>,
+/// CDS wildcard (the agent's catalogue), EDS for `services`.
+fn subscriptions(services: &[String]) -> [(String, Subscription); 2] {
+    let eds = Subscription {
+        wildcard: false,
+        names: services.iter().cloned().collect(),
+    };
+    let cds = Subscription {
+        wildcard: true,
+        names: Default::default(),
+    };
+    [
+        (TYPE_CLUSTER.to_owned(), cds),
+        (TYPE_ENDPOINT.to_owned(), eds),
+    ]
+}
+
+/// The task that follows an [`XdsClient`] into the table: it rebuilds, persists and serves
+/// each newly applied state, and mirrors the stream's state into [`Shared`]. One task, so
+/// table writes from the stream are ordered; it ends when the client does.
+struct Follower {
     shared: Arc<Shared>,
-    request_buffer: usize,
+    applied: watch::Receiver<Arc<Applied>>,
+    status: watch::Receiver<StreamStatus>,
+    /// `Applied::updates` of the state the table was last built from.
+    updates: u64,
+    /// `StreamStatus::opened` last seen.
+    opened: u64,
+    /// The loss last reported (`StreamState::Lost::since`).
+    lost: Option<Instant>,
 }
 
-impl Driver {
-    async fn run(mut self) {
-        while let Some(ended) = self.run_stream().await {
-            if self.shared.connected.swap(false, Ordering::AcqRel) {
-                self.shared
-                    .disconnected_unix_ms
-                    .store(unix_ms_now(), Ordering::Release);
-            }
-            let hint = match &ended.error {
-                StreamError::Status(status) => retry_hint(status),
-                _ => None,
-            };
-            let delay = self.backoff.next_delay(ended.lived, hint);
-            // A certificate refusal, ours or the agent's, names its reason.
-            let cert = CertError::from_tls(&ended.error).map(CertError::reason);
-            tracing::info!(
-                error = %ended.error,
-                cert_reason = cert.map(|r| r.as_str()),
-                lived_ms = ended.lived.as_millis() as u64,
-                backoff_ms = delay.as_millis() as u64,
-                "agent stream ended; serving the last view and reconnecting after backoff"
-            );
-            if !self.wait(delay).await {
-                return;
-            }
+// === impl Follower ===
+
+impl Follower {
+    fn new(
+        shared: Arc<Shared>,
+        applied: watch::Receiver<Arc<Applied>>,
+        status: watch::Receiver<StreamStatus>,
+    ) -> Self {
+        let updates = applied.borrow().updates;
+        Self {
+            shared,
+            applied,
+            status,
+            updates,
+            opened: 0,
+            lost: None,
         }
     }
 
-    /// Sleep for `delay`, still taking subscriptions; `false` if the handle is gone.
-    async fn wait(&mut self, delay: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + delay;
+    async fn run(mut self) {
         loop {
             tokio::select! {
-                () = tokio::time::sleep_until(deadline) => return true,
-                command = self.commands.recv() => match command {
-                    // Not connected: the next stream's initial requests carry it.
-                    Some(service) => { let _ = self.subscribe(service); }
-                    None => return false,
-                },
+                changed = self.status.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let status = self.status.borrow_and_update().clone();
+                    if self.handle_status(&status) {
+                        self.rebuild().await;
+                    }
+                }
+                changed = self.applied.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let (updates, nacks) = {
+                        let applied = self.applied.borrow_and_update();
+                        (applied.updates, applied.nacks)
+                    };
+                    self.shared.nacks.store(nacks, Ordering::Relaxed);
+                    if updates != self.updates {
+                        self.rebuild().await;
+                    }
+                }
             }
         }
     }
 
-    async fn run_stream(&mut self) -> Option<Ended> {
-        let failed = |error| {
-            self.shared.connect_failures.fetch_add(1, Ordering::Relaxed);
-            Some(Ended {
-                lived: Duration::ZERO,
-                error,
-            })
-        };
-        let connected = match &self.tls {
-            Some(tls) => {
-                let connector = TlsConnector::new(Arc::clone(tls));
-                self.endpoint.connect_with_connector(connector).await
+    /// Mirror `status` into [`Shared`] and log its transitions; whether the table must be
+    /// re-stamped (a stream opened: what the resolver holds was named to the agent, which
+    /// resends only what changed, so the rest is current again).
+    fn handle_status(&mut self, status: &StreamStatus) -> bool {
+        let shared = &self.shared;
+        shared.streams.store(status.opened, Ordering::Relaxed);
+        shared
+            .connect_failures
+            .store(status.failed_attempts, Ordering::Relaxed);
+        let reopened = status.opened != self.opened;
+        self.opened = status.opened;
+        match &status.state {
+            StreamState::Connected { .. } => {
+                shared.connected.store(true, Ordering::Release);
+                if reopened {
+                    tracing::info!(
+                        stream = status.opened,
+                        "agent stream open; the view is current"
+                    );
+                }
+                reopened
             }
-            None => self.endpoint.connect().await,
-        };
-        let channel = match connected {
-            Ok(c) => c,
-            Err(e) => return failed(StreamError::Connect(e)),
-        };
-        let (tx, rx) = mpsc::channel(self.request_buffer);
-        let initial = self.state.initial_requests(&self.node);
-        let outbound = tokio_stream::iter(initial).chain(ReceiverStream::new(rx));
-        let mut client = AggregatedDiscoveryServiceClient::new(channel);
-        let mut inbound = match client.delta_aggregated_resources(outbound).await {
-            Ok(response) => response.into_inner(),
-            Err(status) => return failed(StreamError::Status(status)),
-        };
-        let opened = tokio::time::Instant::now();
-        self.state.handle_stream_opened();
-        self.shared.streams.fetch_add(1, Ordering::Relaxed);
-        self.shared.connected.store(true, Ordering::Release);
-        tracing::info!("agent stream opened");
-        // What we hold is current again (the server was told our versions): re-stamp it.
-        self.apply().await;
-        let error = loop {
-            tokio::select! {
-                msg = inbound.message() => match msg {
-                    Ok(Some(resp)) => {
-                        if !self.handle_response(resp, &tx).await {
-                            break StreamError::Closed;
-                        }
-                    }
-                    Ok(None) => break StreamError::Closed,
-                    Err(status) => break StreamError::Status(status),
-                },
-                command = self.commands.recv() => match command {
-                    Some(service) => {
-                        if let Some(req) = self.subscribe(service)
-                            && tx.send(req).await.is_err()
-                        {
-                            break StreamError::Closed;
-                        }
-                    }
-                    None => return None,
-                },
+            StreamState::Lost { since, error } => {
+                if self.lost != Some(*since) {
+                    self.lost = Some(*since);
+                    let ago = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    shared
+                        .disconnected_unix_ms
+                        .store(unix_ms_now().saturating_sub(ago).max(1), Ordering::Release);
+                    shared.connected.store(false, Ordering::Release);
+                    let cert = CertError::from_tls(&**error).map(CertError::reason);
+                    tracing::warn!(
+                        error = %error,
+                        cert_reason = cert.map(|r| r.as_str()),
+                        lost_ms = ago,
+                        "agent stream lost; serving the last-known-good view"
+                    );
+                }
+                false
             }
-        };
-        Some(Ended {
-            lived: opened.elapsed(),
-            error,
-        })
+            // Each failed attempt is logged by the client, with its certificate reason.
+            StreamState::Connecting { .. } => false,
+        }
     }
 
-    /// Apply (persist, then serve) or reject, then answer; `false` if the answer could not
-    /// be sent. The ACK goes out only once the view is on disk.
-    async fn handle_response(
-        &mut self,
-        resp: DeltaDiscoveryResponse,
-        tx: &mpsc::Sender<DeltaDiscoveryRequest>,
-    ) -> bool {
-        let type_url = resp.type_url.clone();
-        let version = resp.system_version_info.clone();
-        let answer = match self.state.handle_response(resp) {
-            Ok(ack) => {
-                tracing::debug!(xds.type_url = %type_url, xds.version = %version, "xds response applied");
-                self.apply().await;
-                ack
-            }
-            Err(nack) => {
-                self.shared.rejected.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(xds.type_url = %type_url, xds.version = %version, error = %nack.error, "xds response rejected; serving the previous view");
-                nack.request
-            }
-        };
-        tx.send(answer).await.is_ok()
-    }
-
-    /// Rebuild, persist and serve from the client state, off the async workers (fsync).
-    async fn apply(&self) {
-        let applied = self.state.applied();
-        let shared = self.shared.clone();
+    /// Build, persist and serve the table from the client's latest applied state, off the
+    /// async workers (fsync).
+    async fn rebuild(&mut self) {
+        let applied = self.applied.borrow().clone();
+        self.updates = applied.updates;
+        let shared = Arc::clone(&self.shared);
         let now = unix_ms_now();
         // The table error is logged and counted inside; the task only propagates a panic.
         if let Err(join) = tokio::task::spawn_blocking(move || shared.apply(&applied, now)).await
@@ -618,14 +603,6 @@ impl Driver {
         {
             std::panic::resume_unwind(join.into_panic());
         }
-    }
-
-    fn subscribe(&mut self, service: String) -> Option<DeltaDiscoveryRequest> {
-        let subscription = Subscription {
-            wildcard: false,
-            names: [service].into_iter().collect(),
-        };
-        self.state.subscribe(TYPE_ENDPOINT, subscription)
     }
 }
 
@@ -638,13 +615,6 @@ fn is_loopback(uri: &tonic::codegen::http::Uri) -> bool {
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.to_canonical().is_loopback()),
         None => false,
-    }
-}
-
-fn wildcard() -> Subscription {
-    Subscription {
-        wildcard: true,
-        names: Default::default(),
     }
 }
 

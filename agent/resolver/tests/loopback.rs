@@ -1,6 +1,7 @@
 //! The resolver against a real `waymark_xds::XdsServer` on 127.0.0.1: it follows a publish,
-//! keeps answering from the last view when the server stops, and after a restart with the
-//! server still down answers from its cache file at once.
+//! keeps answering from the last view when the server stops, reports the lost stream and
+//! recovers when the server returns, and after a restart with the server still down
+//! answers from its cache file at once.
 //!
 //! The resolver has no change notification, so its progress is awaited by bounded polling
 //! (`until`, every 10 ms, failing with the last answer); never a fixed sleep.
@@ -9,7 +10,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -116,8 +117,9 @@ struct Running {
 }
 
 impl Running {
-    async fn start() -> (Self, SocketAddr) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    /// A server on `addr` (port 0: any free port).
+    async fn start(addr: SocketAddr) -> (Self, SocketAddr) {
+        let listener = TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (server, publisher) = XdsServer::new(ServerConfig::default());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -150,6 +152,10 @@ impl Running {
     }
 }
 
+fn any_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
 // === tests ===
 
 #[tokio::test]
@@ -157,7 +163,7 @@ async fn the_resolver_follows_publishes_survives_the_agent_stopping_and_restarts
     // Goal: ADR-01 end to end: stream → table → disk; outage → last view; restart → disk.
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("resolver-lkg.json");
-    let (mut running, addr) = Running::start().await;
+    let (mut running, addr) = Running::start(any_addr()).await;
     running.release(&released(1, &[1, 2]));
 
     let resolver = Resolver::connect(config(addr, &cache)).unwrap();
@@ -206,7 +212,7 @@ async fn the_resolver_follows_publishes_survives_the_agent_stopping_and_restarts
 async fn a_service_subscribed_later_resolves_once_the_agent_answers() {
     // Goal: `subscribe` adds a service to an open stream.
     let dir = tempfile::tempdir().unwrap();
-    let (mut running, addr) = Running::start().await;
+    let (mut running, addr) = Running::start(any_addr()).await;
     running.release(&released(1, &[3]));
     let mut config = config(addr, &dir.path().join("lkg.json"));
     config.services.clear();
@@ -216,4 +222,68 @@ async fn a_service_subscribed_later_resolves_once_the_agent_answers() {
     resolver.subscribe("pay").await.unwrap();
     until(&resolver, "pay", |r| ports(&r.resolve("pay")) == [8003]).await;
     running.stop().await;
+}
+
+#[tokio::test]
+async fn the_resolver_reports_a_lost_stream_serves_its_last_view_and_recovers_when_the_agent_returns()
+ {
+    // Goal: the resolver learns its stream is gone (not connected, lost since when, failed
+    // reconnects counted), keeps serving and ageing its last view, and on the agent's
+    // return is current again and follows what changed while it was away.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut running, addr) = Running::start(any_addr()).await;
+    running.release(&released(1, &[1, 2]));
+    let resolver = Resolver::connect(config(addr, &dir.path().join("lkg.json"))).unwrap();
+    until(&resolver, "v1", |r| {
+        ports(&r.resolve("pay")) == [8001, 8002]
+    })
+    .await;
+    until(&resolver, "the stream", Resolver::is_connected).await;
+    assert_eq!(resolver.lost_since(), None);
+    assert_eq!(resolver.stats().streams, 1);
+
+    let stopping = SystemTime::now();
+    running.stop().await;
+    until(&resolver, "the loss", |r| r.lost_since().is_some()).await;
+    assert!(!resolver.is_connected());
+    let lost = resolver.lost_since().unwrap();
+    // Wall-clock stamps are whole milliseconds.
+    assert!(
+        lost + Duration::from_millis(1) >= stopping,
+        "{lost:?} before {stopping:?}"
+    );
+    assert!(lost <= SystemTime::now());
+    let failures = resolver.stats().connect_failures;
+    until(&resolver, "a failed reconnect", |r| {
+        r.stats().connect_failures > failures
+    })
+    .await;
+    assert_eq!(
+        resolver.lost_since(),
+        Some(lost),
+        "a failed attempt keeps the loss time"
+    );
+    assert_eq!(
+        ports(&resolver.resolve("pay")),
+        [8001, 8002],
+        "the last view"
+    );
+    until(&resolver, "the view to age", |r| {
+        r.age("pay").is_some_and(|a| a > Duration::ZERO)
+    })
+    .await;
+
+    let (mut back, same) = Running::start(addr).await;
+    assert_eq!(same, addr);
+    back.release(&released(2, &[2]));
+    until(&resolver, "v2 after the return", |r| {
+        ports(&r.resolve("pay")) == [8002]
+    })
+    .await;
+    until(&resolver, "the second stream", Resolver::is_connected).await;
+    assert_eq!(resolver.stats().streams, 2);
+    assert_eq!(resolver.lost_since(), None);
+    assert_eq!(resolver.age("pay"), Some(Duration::ZERO), "current again");
+    assert_eq!(resolver.stats().rejected, 0);
+    back.stop().await;
 }

@@ -1,4 +1,5 @@
-//! The client's pure parts: what it asks for, what it applies, and how long it waits.
+//! The client's pure parts: what it asks for, what it applies, how long it waits and how
+//! it reports its stream.
 
 use std::collections::BTreeSet;
 
@@ -252,4 +253,43 @@ fn the_retry_hint_is_read_only_from_unavailable() {
         .insert(RETRY_PUSHBACK, "-1".parse().unwrap());
     assert_eq!(retry_hint(&negative), None);
     assert_eq!(retry_hint(&tonic::Status::unavailable("no hint")), None);
+}
+
+#[test]
+fn the_stream_status_keeps_the_time_of_loss_through_failed_reconnects() {
+    // Goal: `Lost { since }` is when the open stream ended, not the latest failed attempt,
+    // and the counters count every open and every failed attempt.
+    let start = Instant::now();
+    let mut status = StreamStatus::new();
+    assert!(matches!(
+        status.state,
+        StreamState::Connecting { error: None }
+    ));
+    status.handle_attempt_failed(StreamError::Closed);
+    assert!(status.error().is_some() && status.lost_since().is_none());
+    assert_eq!((status.opened, status.failed_attempts), (0, 1));
+
+    status.handle_opened(start);
+    assert!(status.is_connected() && status.error().is_none());
+    let lost_at = start + Duration::from_secs(5);
+    status.handle_lost(lost_at, StreamError::Closed);
+    assert!(!status.is_connected());
+    assert_eq!(status.lost_since(), Some(lost_at));
+
+    let refused = tonic::Status::unavailable("admission");
+    status.handle_attempt_failed(StreamError::Status(refused));
+    assert_eq!(
+        status.lost_since(),
+        Some(lost_at),
+        "a failed attempt keeps the loss time"
+    );
+    assert!(matches!(
+        status.error().map(|e| &**e),
+        Some(StreamError::Status(_))
+    ));
+    assert_eq!((status.opened, status.failed_attempts), (1, 2));
+
+    status.handle_opened(lost_at + Duration::from_secs(1));
+    assert!(status.is_connected() && status.lost_since().is_none());
+    assert_eq!(status.opened, 2);
 }
