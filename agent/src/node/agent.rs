@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
 use arc_swap::ArcSwap;
@@ -25,6 +25,7 @@ use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tonic::transport::Endpoint;
 use waymark_certs::CertMetrics;
 use waymark_certs::PeerPolicy;
@@ -287,11 +288,7 @@ impl NodeAgent {
             u32::from(config.bounds.max_ejection_percent),
         );
         let started_from = if loaded.records > 0 { "cache" } else { "empty" };
-        let restored = view.restore(
-            loaded.upstream.clone(),
-            loaded.served_high_water,
-            Instant::now(),
-        );
+        let restored = view.restore(loaded.upstream.clone(), loaded.served_high_water, now());
         tracing::info!(
             records = loaded.records,
             services = restored.services.len(),
@@ -658,7 +655,7 @@ async fn apply_loop(
         let due = shared.lock_view().poll_timeout();
         let timer = async {
             match due {
-                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                Some(at) => tokio::time::sleep_until(Instant::from_std(at)).await,
                 None => std::future::pending().await,
             }
         };
@@ -672,7 +669,7 @@ async fn apply_loop(
                 shared.metrics.upstream_connected.set(i64::from(state.connected));
                 shared.metrics.upstream_nacks.set(state.nacks as i64);
                 let mut view = shared.lock_view();
-                let changes = view.apply(&state.types, Instant::now());
+                let changes = view.apply(&state.types, now());
                 if !changes.is_empty() || !changes.refused.is_empty() {
                     tracing::info!(services = changes.services.len(), other = changes.other, refused = changes.refused.len(), "upstream view applied");
                 }
@@ -686,7 +683,7 @@ async fn apply_loop(
             }
             () = timer => {
                 let mut view = shared.lock_view();
-                let changes = view.handle_timeout(Instant::now());
+                let changes = view.handle_timeout(now());
                 shared.publish(&view, &changes);
             }
             _ = tick.tick() => {
@@ -699,6 +696,12 @@ async fn apply_loop(
             _ = stop.wait_for(|s| *s) => return,
         }
     }
+}
+
+/// The driver's clock, as the view's instant. tokio's, so paused-time tests work, and the
+/// view's deadlines are then on the clock `apply_loop` sleeps on.
+fn now() -> std::time::Instant {
+    Instant::now().into_std()
 }
 
 fn refresh_staleness(shared: &Shared) {

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::PoisonError;
-use std::time::Instant;
 
 use axum::Extension;
 use axum::extract::{Path, State};
@@ -200,7 +199,8 @@ pub(super) async fn reconciliation(State(s): State<ApiState>) -> impl IntoRespon
 }
 
 pub(super) async fn proxy_status(State(s): State<ApiState>) -> impl IntoResponse {
-    let now = Instant::now();
+    // The tier stamps `connected_since` on tokio's clock; read the same one.
+    let now = tokio::time::Instant::now().into_std();
     let clients: Vec<Value> = s
         .xds
         .sync_state()
