@@ -239,7 +239,7 @@ pub(super) async fn metrics(State(s): State<ApiState>, headers: HeaderMap) -> im
         ([(header::CONTENT_TYPE, ct)], text).into_response()
     } else {
         let ct = "text/plain; version=0.0.4; charset=utf-8";
-        let body = crate::authority::metrics::to_prometheus_text(&text);
+        let body = crate::metrics::to_prometheus_text(&text);
         ([(header::CONTENT_TYPE, ct)], body).into_response()
     }
 }
