@@ -3,6 +3,7 @@
 //! a real `waymark agent` over mutual TLS with certificates from `waymark certs`.
 //! (The Kubernetes manifests and systemd units: `deploy_manifests.rs`.)
 #![allow(clippy::unwrap_used)]
+#![allow(clippy::disallowed_methods)] // waits on real processes by the wall clock; no paused time here
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};

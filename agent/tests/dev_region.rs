@@ -7,6 +7,7 @@
 //! admin on 10000 and 9901, so this test runs alone (nextest group `processes`).
 #![allow(clippy::unwrap_used)]
 
+#[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
 mod common;
 #[path = "../../xds-edge/tests/support/mod.rs"]
 mod support;

@@ -10,6 +10,7 @@
 //! - on heal, `eu` and `ap` record a reconciliation in the audit log naming what each side
 //!   held, the aggregates converge on every region, and the failover shifts back.
 #![allow(clippy::unwrap_used)]
+#![allow(clippy::disallowed_methods)] // waits on real processes by the wall clock; no paused time here
 
 mod common;
 

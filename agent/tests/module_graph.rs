@@ -3,15 +3,16 @@
 //! Reads `agent/src` the way `scripts/module-graph` does (keep the two in step): every
 //! `use crate::…`/`use super::…`/`use self::…` statement, grouped or over several lines,
 //! and every `crate::…`/`super::…` path written inline, outside comments and strings. Each
-//! path is reduced to a node — `authority::<sub>` for the direct submodules of
-//! `agent/src/authority/`, else the top-level module of `agent/src` — and two graphs are
-//! checked:
+//! path is reduced to a node — `<role>::<sub>` for the direct submodules of the two roles,
+//! `agent/src/authority/` and `agent/src/node/`, else the top-level module of `agent/src` —
+//! and three graphs are checked:
 //!
 //! - between the top-level modules (`authority`, `node`, `gossip`, `evidence`, `cli`, …);
-//! - between `authority`'s direct submodules (`settings`, `config`, `member`, `raft`, …).
+//! - between `authority`'s direct submodules (`settings`, `config`, `member`, `raft`, …);
+//! - between `node`'s direct submodules (`agent`, `api`, `shared`, `view`, `probe`, …).
 //!
-//! A cycle in either fails with the edges around it and the lines that make them. So does
-//! any path between `authority` and `node`: what both roles use (gossip, the evidence
+//! A cycle in any of them fails with the edges around it and the lines that make them. So
+//! does any path between `authority` and `node`: what both roles use (gossip, the evidence
 //! protocol, the API client) lives where neither imports the other.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -22,6 +23,9 @@ use std::path::{Path, PathBuf};
 /// `from -> to -> the lines that make the edge`.
 type Graph = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
 
+/// The modules whose direct submodules get a graph of their own.
+const ROLES: [&str; 2] = ["authority", "node"];
+
 #[test]
 fn agent_modules_form_no_cycle() {
     let graphs = Graphs::of(&source_dir());
@@ -29,6 +33,7 @@ fn agent_modules_form_no_cycle() {
     for (title, graph) in [
         ("top-level modules of agent/src", &graphs.top),
         ("submodules of agent/src/authority", &graphs.authority),
+        ("submodules of agent/src/node", &graphs.node),
     ] {
         for component in cycles(graph) {
             let _ = writeln!(
@@ -66,6 +71,9 @@ fn the_analysis_sees_the_crate_s_known_edges() {
         (&graphs.authority, "member", "settings"),
         (&graphs.authority, "config", "settings"),
         (&graphs.authority, "member", "api"),
+        (&graphs.node, "agent", "api"),
+        (&graphs.node, "api", "shared"),
+        (&graphs.node, "cache", "view"),
     ] {
         assert!(
             graph
@@ -80,7 +88,7 @@ fn the_analysis_sees_the_crate_s_known_edges() {
 fn a_planted_back_edge_is_reported_as_a_cycle() {
     // A crate in miniature with the shapes the parse must follow: a grouped `use` over
     // several lines, `super::` from a nested file, an inline path, and a `use super::*`
-    // in a test module that must not count.
+    // in a test module that must not count; one cycle in each role.
     let dir = tempfile::tempdir().unwrap();
     let files = [
         (
@@ -105,11 +113,13 @@ fn a_planted_back_edge_is_reported_as_a_cycle() {
             "pub struct Settings;\nfn back() { super::member::start(); }\n\
              #[cfg(test)]\nmod tests {\n    use super::*;\n}\n",
         ),
-        ("node/mod.rs", "pub mod agent;\n"),
+        ("node/mod.rs", "pub mod agent;\nmod api;\n"),
         (
             "node/agent.rs",
-            "use crate::gossip::Gossip;\nuse crate::authority::settings::Settings;\n",
+            "use crate::gossip::Gossip;\nuse crate::authority::settings::Settings;\n\
+             fn serve() { super::api::router(); }\n",
         ),
+        ("node/api.rs", "use super::agent::Shared;\n"),
         ("gossip.rs", "pub struct Gossip;\n"),
     ];
     for (path, text) in files {
@@ -131,6 +141,12 @@ fn a_planted_back_edge_is_reported_as_a_cycle() {
     // Neither the comment nor the string in config.rs made an edge.
     assert!(!graphs.authority.contains_key("config"));
     assert!(graphs.top["node"].contains_key("gossip"));
+    assert_eq!(
+        cycles(&graphs.node),
+        vec![vec!["agent".to_string(), "api".to_string()]],
+        "{:#?}",
+        graphs.node
+    );
     assert!(path_between(&graphs.top, "node", "authority").is_some());
 }
 
@@ -140,11 +156,12 @@ fn source_dir() -> PathBuf {
 
 // === impl Graphs ===
 
-/// The two graphs the checks look at.
+/// The three graphs the checks look at.
 #[derive(Debug, Default)]
 struct Graphs {
     top: Graph,
     authority: Graph,
+    node: Graph,
 }
 
 impl Graphs {
@@ -159,11 +176,17 @@ impl Graphs {
             if top_a != top_b {
                 add(&mut graphs.top, top_a, top_b, &site);
             }
-            if let (Some(sub_a), Some(sub_b)) =
-                (a.strip_prefix("authority::"), b.strip_prefix("authority::"))
-                && sub_a != sub_b
-            {
-                add(&mut graphs.authority, sub_a, sub_b, &site);
+            for (role, graph) in [
+                ("authority", &mut graphs.authority),
+                ("node", &mut graphs.node),
+            ] {
+                let prefix = format!("{role}::");
+                if let (Some(sub_a), Some(sub_b)) =
+                    (a.strip_prefix(&prefix), b.strip_prefix(&prefix))
+                    && sub_a != sub_b
+                {
+                    add(graph, sub_a, sub_b, &site);
+                }
             }
         }
         graphs
@@ -190,7 +213,8 @@ struct Crate {
     src: PathBuf,
     files: Vec<(PathBuf, Vec<String>)>,
     top: BTreeSet<String>,
-    authority: BTreeSet<String>,
+    /// Each role's direct submodules.
+    subs: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Crate {
@@ -199,7 +223,10 @@ impl Crate {
             src: src.to_path_buf(),
             files: Vec::new(),
             top: BTreeSet::new(),
-            authority: BTreeSet::new(),
+            subs: ROLES
+                .iter()
+                .map(|role| (role.to_string(), BTreeSet::new()))
+                .collect(),
         };
         krate.walk(&src.join("lib.rs"), Vec::new());
         krate
@@ -237,8 +264,10 @@ impl Crate {
                 if module.is_empty() {
                     self.top.insert(name.clone());
                 }
-                if module == ["authority"] {
-                    self.authority.insert(name.clone());
+                if let [role] = module.as_slice()
+                    && let Some(subs) = self.subs.get_mut(role)
+                {
+                    subs.insert(name.clone());
                 }
                 let mut sub = module.clone();
                 sub.push(name);
@@ -255,11 +284,11 @@ impl Crate {
     /// The graph node a module path belongs to, if it is one of this crate's modules.
     fn node(&self, path: &[String]) -> Option<String> {
         let first = path.first()?;
-        if first == "authority"
+        if let Some(subs) = self.subs.get(first)
             && let Some(sub) = path.get(1)
-            && self.authority.contains(sub)
+            && subs.contains(sub)
         {
-            return Some(format!("authority::{sub}"));
+            return Some(format!("{first}::{sub}"));
         }
         self.top.contains(first).then(|| first.clone())
     }

@@ -10,6 +10,7 @@
 //! 5. the authority returns: the agent reconnects and nothing regresses.
 #![allow(clippy::unwrap_used)]
 
+#[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
 mod common;
 #[path = "../../xds-edge/tests/support/mod.rs"]
 mod support;

@@ -10,6 +10,7 @@
 //! response is persisted as one batch), at least the acknowledged one, with exactly the
 //! content that version had. 100 rounds by default (`WAYMARK_CRASH_ROUNDS`).
 #![allow(clippy::unwrap_used)]
+#![allow(clippy::disallowed_methods)] // waits on real processes by the wall clock; no paused time here
 
 mod common;
 

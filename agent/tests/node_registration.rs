@@ -2,6 +2,7 @@
 //! definition in its `services_dir` with a lease, renews it, and on SIGTERM deregisters it
 //! before it exits (the instance is gone at once, long before its lease would expire).
 #![allow(clippy::unwrap_used)]
+#![allow(clippy::disallowed_methods)] // waits on real processes by the wall clock; no paused time here
 
 mod common;
 

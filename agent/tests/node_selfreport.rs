@@ -3,6 +3,7 @@
 //! workload and relays the rest; the authority admits a relayed report only for an
 //! instance on the relaying node, and `explain` attributes it to the instance.
 #![allow(clippy::unwrap_used)]
+#![allow(clippy::disallowed_methods)] // waits on real processes by the wall clock; no paused time here
 
 mod common;
 

@@ -6,6 +6,7 @@
 //! `explain` and redacted on the audit read path.
 #![allow(clippy::unwrap_used)]
 
+#[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
 mod common;
 
 use common::dev::until;

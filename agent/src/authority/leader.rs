@@ -27,7 +27,7 @@ use waymark_registry::term::{
 };
 
 use super::clock::now_ms;
-use super::evidence::{Denial, EvidenceHub, LeaderFeed};
+use super::hub::{Denial, EvidenceHub, LeaderFeed};
 use super::metrics::{
     AuthorityMetrics, PeerRegionLabels, ReasonLabels, ServiceLabels, VerdictLabels, ZoneLabels,
 };

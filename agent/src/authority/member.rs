@@ -46,8 +46,8 @@ use waymark_xds::admission::AdmissionConfig;
 use waymark_xds::server::{ServerConfig, XdsServer};
 
 use super::api::{self, ApiState};
-use super::evidence::EvidenceHub;
 use super::existence;
+use super::hub::EvidenceHub;
 use super::kube::metrics::KubeMetrics;
 use super::leader::{self, LeaderContext};
 use super::metrics::AuthorityMetrics;

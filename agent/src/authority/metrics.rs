@@ -9,9 +9,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-// The API's `/metrics` route names it here; it lives with what both roles share.
-pub(crate) use crate::metrics::to_prometheus_text;
-
 /// `service` and `zone`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ZoneLabels {

@@ -98,9 +98,10 @@ pub async fn run(xds: waymark_xds::server::XdsServer, metrics: AuthorityMetrics)
     loop {
         tick.tick().await;
         let clients = xds.sync_state();
+        // tokio's clock, as the tier stamps its own instants (`connected_since`).
         let report = lag.sample(
             &clients,
-            Instant::now(),
+            tokio::time::Instant::now().into_std(),
             waymark_core::defaults::WITHDRAWAL_BUDGET_P99,
         );
         count_refusals(xds.stats(), &metrics, &mut refused);
@@ -156,6 +157,11 @@ mod tests {
 
     use super::*;
 
+    #[allow(clippy::disallowed_methods)] // the one anchor instant of these tests
+    fn t0() -> Instant {
+        Instant::now()
+    }
+
     fn client(stream: u64, sent: &str, acked: Option<&str>, now: Instant) -> ClientSync {
         ClientSync {
             node_id: format!("n{stream}"),
@@ -177,7 +183,7 @@ mod tests {
 
     #[test]
     fn an_unacknowledged_release_is_over_budget_once_and_stale_later() {
-        let t0 = Instant::now();
+        let t0 = t0();
         let budget = Duration::from_secs(5);
         let mut lag = Lag::default();
         let fine = client(1, "7", Some("7"), t0);

@@ -16,7 +16,7 @@
 //! The service is `waymark.evidence.v1.Evidence/Session`, bidirectional, with JSON messages
 //! (`application/grpc+json`): the agent sends `hello` and `samples`; the authority answers
 //! with the node's probe `assignment` whenever it changes and an `ack` per batch. Neither
-//! role owns it, so it sits beside both (the authority's sink is `authority/evidence.rs`,
+//! role owns it, so it sits beside both (the authority's sink is `authority/hub.rs`,
 //! the node's `node/selfreport.rs` and `node/session.rs`).
 
 mod client;

@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
 use arc_swap::ArcSwap;
@@ -25,6 +25,7 @@ use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tonic::transport::Endpoint;
 use waymark_certs::CertMetrics;
 use waymark_certs::PeerPolicy;
@@ -33,198 +34,30 @@ use waymark_certs::identity::{IdentityKind, KindSet, TrustDomain};
 use waymark_certs::reload::{MaterialPaths, Reloader, WatchHandle, load_material};
 use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config, server_config};
 use waymark_core::bounds::BoundsConfig;
-use waymark_core::model::{InstanceId, NodeName, SelfReport};
+use waymark_core::model::{InstanceId, SelfReport};
 use waymark_core::units::Permille;
 use waymark_lkg::{SledViewStore, ViewStore};
 use waymark_xds::client::{Applied, ClientConfig, Subscription, XdsClient};
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
-use waymark_xds::{Publisher, ServerConfig, XdsServer};
+use waymark_xds::{ServerConfig, XdsServer};
 
 use super::cache;
 use super::config::AgentConfig;
 use super::dns::{DnsConfig, DnsServer, DnsTable};
 use super::lrs::{LrsForwardConfig, LrsForwarder};
-use super::metrics::{AgentMetrics, RefusalLabels, ServiceLabels};
-use super::probe::{AddressPolicy, ProbeRefusal, Prober, ProberConfig};
+use super::metrics::{AgentMetrics, ServiceLabels};
+use super::probe::{AddressPolicy, Prober, ProberConfig};
 use super::session::{self, SessionConfig};
-use super::view::{Changes, LocalView, ServiceState};
+use super::shared::{Shared, ViewStatus};
+use super::view::LocalView;
 use crate::evidence::{AgentMessage, WireSample};
-use crate::gossip::{Gossip, GossipConfig, GossipId, Keyring, MemberState, Role};
+use crate::gossip::{Gossip, GossipConfig, GossipId, Keyring, Role};
 use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
 use waymark_core::model::Observation;
 
 /// Connections the local xDS/LRS listener takes at once: the host's sidecars and
 /// workloads, a few per pod.
 pub const LOCAL_GRPC_CONNECTIONS_MAX: usize = 1_024;
-
-/// What the HTTP API and tests read about the served view.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ViewStatus {
-    /// The upstream xDS stream is open.
-    pub upstream_connected: bool,
-    /// Where the view came from at start: `cache` or `empty`.
-    pub started_from: &'static str,
-    /// Seconds since the upstream last confirmed the view.
-    pub age_seconds: f64,
-    /// Per service.
-    pub services: Vec<ServiceStatus>,
-}
-
-/// One service's served view.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ServiceStatus {
-    /// The service.
-    pub service: String,
-    /// The upstream's version of its assignment.
-    pub upstream_version: String,
-    /// The version served to sidecars.
-    pub served_version: u64,
-    /// Endpoints served.
-    pub endpoints: usize,
-    /// Withdrawn upstream but still served (shrink cap).
-    pub held_back: usize,
-    /// The upstream asked for an empty set; the previous one is kept.
-    pub refused_empty: bool,
-    /// The upstream's assignment could not be decoded; the previous one is kept.
-    pub undecodable: bool,
-}
-
-/// Shared between the tasks and the API.
-pub(crate) struct Shared {
-    pub(crate) view: Mutex<LocalView>,
-    pub(crate) store: Arc<dyn ViewStore>,
-    pub(crate) high_water: std::sync::atomic::AtomicU64,
-    pub(crate) publisher: Publisher,
-    pub(crate) dns: Arc<ArcSwap<DnsTable>>,
-    pub(crate) lrs: LrsForwarder,
-    pub(crate) metrics: AgentMetrics,
-    pub(crate) registry: Mutex<Registry>,
-    pub(crate) connected: watch::Receiver<bool>,
-    pub(crate) confirmed_at: Mutex<SystemTime>,
-    pub(crate) started_from: &'static str,
-    pub(crate) gossip: Option<watch::Receiver<Vec<MemberState>>>,
-    pub(crate) outbound: mpsc::Sender<AgentMessage>,
-    pub(crate) heartbeat: Mutex<Instant>,
-    pub(crate) name: NodeName,
-    /// The prober's refused targets, once the prober runs.
-    pub(crate) probe_refusals: std::sync::OnceLock<watch::Receiver<Vec<ProbeRefusal>>>,
-    /// Services whose view age is exported, so a service that is no longer served stops
-    /// being reported instead of ageing for ever.
-    pub(crate) aged: Mutex<BTreeSet<String>>,
-}
-
-impl Shared {
-    fn lock_view(&self) -> std::sync::MutexGuard<'_, LocalView> {
-        self.view.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Publish the view to sidecars, DNS and the LRS address book.
-    fn publish(&self, view: &LocalView, changes: &Changes) {
-        for name in &changes.refused {
-            let reason = view
-                .states()
-                .find(|(n, _)| *n == name)
-                .map_or("removed", |(_, s)| {
-                    if s.undecodable {
-                        "undecodable"
-                    } else {
-                        "empty"
-                    }
-                });
-            self.metrics
-                .views_refused
-                .get_or_create(&RefusalLabels {
-                    service: name.clone(),
-                    reason: reason.to_owned(),
-                })
-                .inc();
-        }
-        if changes.is_empty() {
-            return;
-        }
-        let snapshot = view.snapshot();
-        // Durable before served: a restarted agent must serve above any version a
-        // sidecar already holds.
-        let hw = self.high_water.load(std::sync::atomic::Ordering::SeqCst);
-        if snapshot.version > hw {
-            match cache::served_high_water(self.store.as_ref(), snapshot.version) {
-                Ok(()) => self
-                    .high_water
-                    .store(snapshot.version, std::sync::atomic::Ordering::SeqCst),
-                Err(e) => {
-                    tracing::error!(error = %e, version = snapshot.version, "cannot record the served version; not serving it");
-                    return;
-                }
-            }
-        }
-        self.publisher.publish(snapshot);
-        self.dns
-            .store(Arc::new(DnsTable::build(view.assignments())));
-        self.lrs.set_assignments(view.assignments());
-        for (name, s) in view.states() {
-            self.metrics
-                .held_back_endpoints
-                .get_or_create(&ServiceLabels {
-                    service: name.clone(),
-                })
-                .set(s.held_back as i64);
-        }
-        self.metrics.views_published.inc();
-    }
-
-    /// The served view, for the API.
-    pub(crate) fn status(&self) -> ViewStatus {
-        let view = self.lock_view();
-        let age = SystemTime::now()
-            .duration_since(
-                *self
-                    .confirmed_at
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner),
-            )
-            .unwrap_or_default()
-            .as_secs_f64();
-        ViewStatus {
-            upstream_connected: *self.connected.borrow(),
-            started_from: self.started_from,
-            age_seconds: age,
-            services: view
-                .states()
-                .map(|(n, s): (&String, &ServiceState)| ServiceStatus {
-                    service: n.clone(),
-                    upstream_version: s.upstream_version.clone(),
-                    served_version: s.served_version,
-                    endpoints: s.endpoints,
-                    held_back: s.held_back,
-                    refused_empty: s.refused_empty,
-                    undecodable: s.undecodable,
-                })
-                .collect(),
-        }
-    }
-
-    /// Gossip members, if this agent gossips.
-    pub(crate) fn members(&self) -> Option<Vec<MemberState>> {
-        self.gossip.as_ref().map(|g| g.borrow().clone())
-    }
-
-    /// The Prometheus text exposition (0.0.4, what `promtool` and most scrapers read).
-    pub(crate) fn metrics_text(&self) -> String {
-        let mut out = String::new();
-        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
-        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
-        crate::metrics::to_prometheus_text(&out)
-    }
-
-    /// The main loop ticked recently (liveness is process-internal only).
-    pub(crate) fn alive(&self) -> bool {
-        self.heartbeat
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .elapsed()
-            < Duration::from_secs(10)
-    }
-}
 
 /// Local listeners as bound (port 0 resolved).
 #[derive(Debug, Clone, Copy)]
@@ -287,11 +120,7 @@ impl NodeAgent {
             u32::from(config.bounds.max_ejection_percent),
         );
         let started_from = if loaded.records > 0 { "cache" } else { "empty" };
-        let restored = view.restore(
-            loaded.upstream.clone(),
-            loaded.served_high_water,
-            Instant::now(),
-        );
+        let restored = view.restore(loaded.upstream.clone(), loaded.served_high_water, now());
         tracing::info!(
             records = loaded.records,
             services = restored.services.len(),
@@ -658,7 +487,7 @@ async fn apply_loop(
         let due = shared.lock_view().poll_timeout();
         let timer = async {
             match due {
-                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                Some(at) => tokio::time::sleep_until(Instant::from_std(at)).await,
                 None => std::future::pending().await,
             }
         };
@@ -672,7 +501,7 @@ async fn apply_loop(
                 shared.metrics.upstream_connected.set(i64::from(state.connected));
                 shared.metrics.upstream_nacks.set(state.nacks as i64);
                 let mut view = shared.lock_view();
-                let changes = view.apply(&state.types, Instant::now());
+                let changes = view.apply(&state.types, now());
                 if !changes.is_empty() || !changes.refused.is_empty() {
                     tracing::info!(services = changes.services.len(), other = changes.other, refused = changes.refused.len(), "upstream view applied");
                 }
@@ -686,7 +515,7 @@ async fn apply_loop(
             }
             () = timer => {
                 let mut view = shared.lock_view();
-                let changes = view.handle_timeout(Instant::now());
+                let changes = view.handle_timeout(now());
                 shared.publish(&view, &changes);
             }
             _ = tick.tick() => {
@@ -699,6 +528,12 @@ async fn apply_loop(
             _ = stop.wait_for(|s| *s) => return,
         }
     }
+}
+
+/// The driver's clock, as the view's instant. tokio's, so paused-time tests work, and the
+/// view's deadlines are then on the clock `apply_loop` sleeps on.
+fn now() -> std::time::Instant {
+    Instant::now().into_std()
 }
 
 fn refresh_staleness(shared: &Shared) {

@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
 
-use super::agent::Shared;
+use super::shared::Shared;
 
 /// Body limit of every route (none reads one).
 const BODY_MAX: usize = 1024;

@@ -10,6 +10,8 @@ pub mod probe;
 pub mod registration;
 pub mod selfreport;
 pub mod session;
+pub mod shared;
 pub mod view;
 
-pub use agent::{Bound, NodeAgent, ViewStatus};
+pub use agent::{Bound, NodeAgent};
+pub use shared::ViewStatus;

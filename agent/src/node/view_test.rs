@@ -11,6 +11,12 @@ use super::*;
 
 const SVC: &str = "pay";
 
+/// One real instant to offset from; the pure parts under test read no clock.
+#[allow(clippy::disallowed_methods)] // the one anchor instant of these tests
+fn t0() -> Instant {
+    Instant::now()
+}
+
 fn zone() -> ZoneName {
     ZoneName::try_new("az1").unwrap()
 }
@@ -96,7 +102,7 @@ fn state(v: &LocalView) -> ServiceState {
 #[test]
 fn a_new_service_is_served_as_sent_with_capped_clusters() {
     let mut v = view();
-    let changes = v.apply(&upstream(7, Some(cla(1..=3))), Instant::now());
+    let changes = v.apply(&upstream(7, Some(cla(1..=3))), t0());
     assert!(changes.services.contains(SVC));
     assert_eq!(served_ports(&v), keys(1..=3));
     assert_eq!(state(&v).served_version, 7);
@@ -118,7 +124,7 @@ fn a_new_service_is_served_as_sent_with_capped_clusters() {
 #[test]
 fn a_single_withdrawal_passes_at_once() {
     let mut v = view();
-    let t0 = Instant::now();
+    let t0 = t0();
     v.apply(&upstream(1, Some(cla(1..=3))), t0);
     v.apply(&upstream(2, Some(cla(1..=2))), t0);
     assert_eq!(served_ports(&v), keys(1..=2));
@@ -128,7 +134,7 @@ fn a_single_withdrawal_passes_at_once() {
 #[test]
 fn a_mass_withdrawal_is_slowed_and_released_by_the_window() {
     let mut v = view();
-    let t0 = Instant::now();
+    let t0 = t0();
     v.apply(&upstream(1, Some(cla(1..=10))), t0);
     let changes = v.apply(&upstream(2, Some(cla(1..=2))), t0);
     assert!(changes.services.contains(SVC));
@@ -162,7 +168,7 @@ fn a_mass_withdrawal_is_slowed_and_released_by_the_window() {
 #[test]
 fn an_empty_upstream_set_is_refused_and_declared() {
     let mut v = view();
-    let t0 = Instant::now();
+    let t0 = t0();
     v.apply(&upstream(1, Some(cla(1..=3))), t0);
     let changes = v.apply(&upstream(2, Some(cla([]))), t0);
     assert!(changes.services.is_empty());
@@ -177,7 +183,7 @@ fn an_empty_upstream_set_is_refused_and_declared() {
 #[test]
 fn an_assignment_removed_under_a_live_cluster_is_kept() {
     let mut v = view();
-    let t0 = Instant::now();
+    let t0 = t0();
     v.apply(&upstream(1, Some(cla(1..=3))), t0);
     let changes = v.apply(&upstream(2, None), t0);
     assert!(changes.refused.contains(SVC));
@@ -192,7 +198,7 @@ fn an_assignment_removed_under_a_live_cluster_is_kept() {
 #[test]
 fn an_undecodable_assignment_keeps_the_previous_one() {
     let mut v = view();
-    let t0 = Instant::now();
+    let t0 = t0();
     v.apply(&upstream(1, Some(cla(1..=3))), t0);
     let garbage = Any {
         type_url: TYPE_ENDPOINT.into(),
@@ -207,7 +213,7 @@ fn an_undecodable_assignment_keeps_the_previous_one() {
 #[test]
 fn restoring_serves_the_cache_and_the_same_upstream_changes_nothing() {
     let mut v = view();
-    let t0 = Instant::now();
+    let t0 = t0();
     let cached = upstream(5, Some(cla(1..=4)));
     v.restore(cached.clone(), 0, t0);
     assert_eq!(served_ports(&v), keys(1..=4));
@@ -218,7 +224,7 @@ fn restoring_serves_the_cache_and_the_same_upstream_changes_nothing() {
 #[test]
 fn restored_versions_rise_above_what_was_served_before() {
     let mut v = view();
-    v.restore(upstream(5, Some(cla(1..=4))), 9, Instant::now());
+    v.restore(upstream(5, Some(cla(1..=4))), 9, t0());
     assert_eq!(state(&v).served_version, 10);
     assert_eq!(v.max_served_version(), 10);
 }
@@ -226,7 +232,7 @@ fn restored_versions_rise_above_what_was_served_before() {
 #[test]
 fn served_versions_never_go_backwards_even_when_upstream_versions_are_close() {
     let mut v = view();
-    let t0 = Instant::now();
+    let t0 = t0();
     v.apply(&upstream(10, Some(cla(1..=10))), t0);
     v.apply(&upstream(11, Some(cla(1..=1))), t0); // held back: served as 11
     let due = v.poll_timeout().unwrap();

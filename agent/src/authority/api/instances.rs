@@ -7,7 +7,6 @@
 //! and audited whether granted or refused.
 
 use std::sync::PoisonError;
-use std::time::Instant;
 
 use axum::Extension;
 use axum::extract::{Path, Query, State};
@@ -331,7 +330,7 @@ impl ApiState {
                 .overrides
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .try_acquire(actor, svc.as_str(), Instant::now());
+                .try_acquire(actor, svc.as_str(), tokio::time::Instant::now().into_std());
         (!ok).then(|| {
             ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::PoisonError;
-use std::time::Instant;
 
 use axum::Extension;
 use axum::extract::{Path, State};
@@ -200,7 +199,8 @@ pub(super) async fn reconciliation(State(s): State<ApiState>) -> impl IntoRespon
 }
 
 pub(super) async fn proxy_status(State(s): State<ApiState>) -> impl IntoResponse {
-    let now = Instant::now();
+    // The tier stamps `connected_since` on tokio's clock; read the same one.
+    let now = tokio::time::Instant::now().into_std();
     let clients: Vec<Value> = s
         .xds
         .sync_state()
@@ -239,7 +239,7 @@ pub(super) async fn metrics(State(s): State<ApiState>, headers: HeaderMap) -> im
         ([(header::CONTENT_TYPE, ct)], text).into_response()
     } else {
         let ct = "text/plain; version=0.0.4; charset=utf-8";
-        let body = crate::authority::metrics::to_prometheus_text(&text);
+        let body = crate::metrics::to_prometheus_text(&text);
         ([(header::CONTENT_TYPE, ct)], body).into_response()
     }
 }

@@ -15,6 +15,12 @@ use super::*;
 const WINDOW: Duration = Duration::from_secs(1);
 const CAP: u64 = 1_000;
 
+/// One real instant to offset from; the pure parts under test read no clock.
+#[allow(clippy::disallowed_methods)] // the one anchor instant of these tests
+fn t0() -> Instant {
+    Instant::now()
+}
+
 fn addr(n: u8) -> SocketAddr {
     SocketAddr::from(([10, 0, 0, n], 80))
 }
@@ -71,7 +77,7 @@ fn totals(flush: &Flush) -> BTreeMap<SocketAddr, (u64, u64)> {
 fn a_flooding_reporter_counts_up_to_its_cap_while_an_honest_one_is_summed_exactly() {
     // Goal: 10⁹ claimed errors count as the cap's worth; the honest sidecar's three loads
     // on the same endpoint are summed to the request, and the excess is counted by reason.
-    let t0 = Instant::now();
+    let t0 = t0();
     let mut agg = capped(CAP, t0);
     let mut dropped = DroppedRequests::default();
     for _ in 0..3 {
@@ -114,7 +120,7 @@ fn one_sidecar_claiming_a_billion_errors_does_not_flip_the_hosts_passive_vote() 
         REPORTER_ENDPOINT_REQUESTS_MAX.get(),
         REPORTER_ENDPOINT_RATE_MAX * PASSIVE_INTERVAL.as_secs()
     );
-    let t0 = Instant::now();
+    let t0 = t0();
     let mut agg = LoadAggregator::new(
         AggregatorConfig {
             flush_interval: PASSIVE_INTERVAL,
@@ -149,7 +155,7 @@ fn one_sidecar_claiming_a_billion_errors_does_not_flip_the_hosts_passive_vote() 
 fn a_capped_load_keeps_its_error_ratio() {
     // Goal: the cap cuts weight, never what a reporter says: a quarter of errors stays a
     // quarter, all errors stay all, none stay none.
-    let t0 = Instant::now();
+    let t0 = t0();
     let mut agg = capped(100, t0);
     let cases = [
         (1, 1_000, 250, (100, 25)),
@@ -172,7 +178,7 @@ fn a_capped_load_keeps_its_error_ratio() {
 fn the_cap_is_per_reporter_and_endpoint_and_fresh_in_every_window() {
     // Goal: a reporter at its cap on one endpoint still counts on another, another
     // reporter still counts on the same one, and the next window starts from zero.
-    let t0 = Instant::now();
+    let t0 = t0();
     let mut agg = capped(10, t0);
     let r = |who: &str, address: u8, requests: u64| {
         report(declared(who), who, vec![load(address, requests, 0)])
@@ -190,7 +196,7 @@ fn the_cap_is_per_reporter_and_endpoint_and_fresh_in_every_window() {
 fn a_verified_identity_is_one_reporter_whatever_node_ids_its_streams_declare() {
     // Goal: opening more streams under new node ids buys a certificate holder no more
     // weight; a declared node id is a reporter of its own, apart from any identity.
-    let t0 = Instant::now();
+    let t0 = t0();
     let mut agg = capped(10, t0);
     for node_id in ["n-1", "n-2", "n-3"] {
         agg.handle_report(t0, &report(workload("i1"), node_id, vec![load(1, 10, 10)]));
@@ -205,7 +211,7 @@ fn a_verified_identity_is_one_reporter_whatever_node_ids_its_streams_declare() {
 fn pairs_beyond_the_maximum_are_dropped_whole_and_counted() {
     // Goal: a (reporter, endpoint) pair the window cannot track could not be capped, so
     // its load is not counted at all; pairs already tracked still are.
-    let t0 = Instant::now();
+    let t0 = t0();
     let mut agg = LoadAggregator::new(
         AggregatorConfig {
             reporter_endpoints_max: NonZeroUsize::MIN,
@@ -298,7 +304,7 @@ proptest! {
         // Goal: per window, every (reporter, address) counts min(reported, cap) requests,
         // exactly its errors below the cap and never more errors than it kept above it;
         // every request dropped is counted under `reporter_cap`; every load is accounted.
-        let t0 = Instant::now();
+        let t0 = t0();
         let mut now = t0;
         let mut agg = capped(CAP, t0);
         let mut told = Told::new();

@@ -20,6 +20,12 @@ use super::*;
 const SEC: Duration = Duration::from_secs(1);
 const FLUSH: Duration = Duration::from_secs(10);
 
+/// One real instant to offset from; the pure parts under test read no clock.
+#[allow(clippy::disallowed_methods)] // the one anchor instant of these tests
+fn t0() -> StdInstant {
+    StdInstant::now()
+}
+
 fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
@@ -139,7 +145,7 @@ fn flush_of(entries: &[(&str, u64, u64)]) -> Flush {
 #[test]
 fn loads_for_one_address_are_summed_across_reports_and_reporters() {
     // Goal: totals are exact sums per address, whichever Envoy reported them.
-    let t0 = StdInstant::now();
+    let t0 = t0();
     let mut agg = aggregator(t0);
     let a = agg.handle_report(
         t0,
@@ -177,7 +183,7 @@ fn loads_for_one_address_are_summed_across_reports_and_reporters() {
 #[test]
 fn a_load_without_requests_is_dropped_and_an_empty_window_flushes_nothing() {
     // Goal: zero requests is no evidence; it must not appear as a (clean) total.
-    let t0 = StdInstant::now();
+    let t0 = t0();
     let mut agg = aggregator(t0);
     let handled = agg.handle_report(t0, &report("envoy-a", vec![load("10.0.0.1:80", 0, 0)]));
     assert_eq!(
@@ -198,7 +204,7 @@ fn a_load_without_requests_is_dropped_and_an_empty_window_flushes_nothing() {
 
 #[test]
 fn a_flush_empties_the_window_so_nothing_is_counted_twice() {
-    let t0 = StdInstant::now();
+    let t0 = t0();
     let mut agg = aggregator(t0);
     agg.handle_report(t0, &report("envoy-a", vec![load("10.0.0.1:80", 7, 1)]));
     assert_eq!(agg.flush(t0 + FLUSH).totals.len(), 1);
@@ -214,7 +220,7 @@ fn a_flush_empties_the_window_so_nothing_is_counted_twice() {
 
 #[test]
 fn the_next_flush_is_due_one_interval_after_the_previous_one() {
-    let t0 = StdInstant::now();
+    let t0 = t0();
     let mut agg = aggregator(t0);
     assert_eq!(agg.poll_timeout(), t0 + FLUSH);
     // An early flush (the driver may flush on its own schedule) restarts the window.
@@ -225,7 +231,7 @@ fn the_next_flush_is_due_one_interval_after_the_previous_one() {
 
 #[test]
 fn a_zero_flush_interval_is_raised_to_the_minimum() {
-    let t0 = StdInstant::now();
+    let t0 = t0();
     let agg = LoadAggregator::new(
         AggregatorConfig {
             flush_interval: Duration::ZERO,
@@ -239,7 +245,7 @@ fn a_zero_flush_interval_is_raised_to_the_minimum() {
 
 #[test]
 fn addresses_beyond_the_maximum_are_dropped_while_held_ones_still_add_up() {
-    let t0 = StdInstant::now();
+    let t0 = t0();
     let mut agg = LoadAggregator::new(
         AggregatorConfig {
             endpoints_max: NonZeroUsize::new(1).unwrap(),
@@ -266,7 +272,7 @@ fn addresses_beyond_the_maximum_are_dropped_while_held_ones_still_add_up() {
 fn absurd_counts_saturate_instead_of_wrapping() {
     // Goal: hostile or buggy counts never panic, wrap, or yield errors above requests,
     // even with no cap to stop them first.
-    let t0 = StdInstant::now();
+    let t0 = t0();
     let mut agg = LoadAggregator::new(
         AggregatorConfig {
             flush_interval: FLUSH,
@@ -289,7 +295,7 @@ fn absurd_counts_saturate_instead_of_wrapping() {
 fn reporters_are_counted_once_each_per_window_up_to_the_cap() {
     // Goal: reporters beyond `reporters_max` are not tracked, so they could not be capped:
     // their loads are dropped and counted, not summed uncapped.
-    let t0 = StdInstant::now();
+    let t0 = t0();
     let mut agg = LoadAggregator::new(
         AggregatorConfig {
             reporters_max: NonZeroUsize::new(2).unwrap(),
@@ -346,7 +352,7 @@ proptest! {
         // every total is a real one (requests > 0, errors <= requests), each address once
         // per flush, and every load lands in exactly one `Handled` count.
         // Uncapped, so sums are exact whatever the counts; the cap has its own property.
-        let t0 = StdInstant::now();
+        let t0 = t0();
         let mut now = t0;
         let mut agg = LoadAggregator::new(
             AggregatorConfig {

@@ -11,6 +11,12 @@ use super::*;
 
 const SEC: Duration = Duration::from_secs(1);
 
+/// One real instant to offset from; the pure parts under test read no clock.
+#[allow(clippy::disallowed_methods)] // the one anchor instant of these tests
+fn t0() -> Instant {
+    Instant::now()
+}
+
 fn target(name: &str, interval: Duration) -> ProbeTarget {
     ProbeTarget {
         instance: InstanceId::try_new(name).unwrap(),
@@ -51,7 +57,7 @@ fn id(name: &str) -> InstanceId {
 #[test]
 fn new_targets_start_at_spread_offsets_within_one_interval() {
     // Goal: a fresh assignment is spread over the interval, and every target runs once in it.
-    let t0 = Instant::now();
+    let t0 = t0();
     let mut s = schedule(64);
     let targets: Vec<_> = (0..20).map(|i| target(&format!("i-{i}"), SEC)).collect();
     s.handle_targets(t0, targets);
@@ -68,7 +74,7 @@ fn new_targets_start_at_spread_offsets_within_one_interval() {
 #[test]
 fn the_same_seed_gives_the_same_schedule() {
     // Goal: offsets come from the injected seed only.
-    let t0 = Instant::now();
+    let t0 = t0();
     let timers = || {
         let mut s = schedule(4);
         s.handle_targets(t0, (0..5).map(|i| target(&format!("i-{i}"), SEC)).collect());
@@ -80,7 +86,7 @@ fn the_same_seed_gives_the_same_schedule() {
 #[test]
 fn removed_target_stops_its_run_at_once_and_its_result_is_dropped() {
     // Goal: removal stops the in-flight run in the same step; a late result is not current.
-    let t0 = Instant::now();
+    let t0 = t0();
     let mut s = schedule(4);
     s.handle_targets(t0, vec![target("a", SEC), target("b", SEC)]);
     s.handle_timeout(t0 + SEC);
@@ -102,7 +108,7 @@ fn removed_target_stops_its_run_at_once_and_its_result_is_dropped() {
 #[test]
 fn unchanged_target_keeps_its_phase() {
     // Goal: re-sending the same assignment changes nothing.
-    let t0 = Instant::now();
+    let t0 = t0();
     let mut s = schedule(4);
     s.handle_targets(t0, vec![target("a", SEC)]);
     let due = s.poll_timeout();
@@ -114,7 +120,7 @@ fn unchanged_target_keeps_its_phase() {
 #[test]
 fn changed_spec_restarts_the_target() {
     // Goal: a new spec stops the old run and schedules the target afresh.
-    let t0 = Instant::now();
+    let t0 = t0();
     let mut s = schedule(4);
     s.handle_targets(t0, vec![target("a", SEC)]);
     s.handle_timeout(t0 + SEC);
@@ -136,7 +142,7 @@ fn changed_spec_restarts_the_target() {
 #[test]
 fn a_probe_without_a_slot_waits_then_starts_when_one_frees() {
     // Goal: concurrency is bounded; a waiting probe takes the next free slot.
-    let t0 = Instant::now();
+    let t0 = t0();
     let mut s = schedule(1);
     s.handle_targets(t0, vec![target("a", SEC), target("b", SEC)]);
     s.handle_timeout(t0 + SEC);
@@ -153,7 +159,7 @@ fn a_probe_without_a_slot_waits_then_starts_when_one_frees() {
 #[test]
 fn a_probe_that_waits_a_whole_interval_is_skipped() {
     // Goal: a probe that cannot start within its interval is counted, not queued forever.
-    let t0 = Instant::now();
+    let t0 = t0();
     let mut s = schedule(1);
     s.handle_targets(t0, vec![target("a", SEC), target("b", SEC)]);
     s.handle_timeout(t0 + SEC);
@@ -177,7 +183,7 @@ fn a_probe_that_waits_a_whole_interval_is_skipped() {
 #[test]
 fn a_late_wakeup_does_not_make_up_missed_rounds() {
     // Goal: after a stall, each target runs once, not once per missed interval.
-    let t0 = Instant::now();
+    let t0 = t0();
     let mut s = schedule(4);
     s.handle_targets(t0, vec![target("a", SEC)]);
     s.handle_timeout(t0 + 10 * SEC);
@@ -207,7 +213,7 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..80),
     ) {
         // Goal: the module invariants hold after every step of any sequence.
-        let t0 = Instant::now();
+        let t0 = t0();
         let mut now = t0;
         let mut s = schedule(concurrency);
         let mut live: BTreeMap<RunId, InstanceId> = BTreeMap::new();
