@@ -18,7 +18,7 @@ use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::pki::{Pki, pem_of, request, tls_client};
+use common::pki::{estate, request, tls_client};
 use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
 use http::Method;
 use openraft::Vote;
@@ -30,6 +30,7 @@ use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::member::Authority;
 use waymark_agent::authority::raft::TypeConfig;
 use waymark_agent::authority::settings::{AuthorityConfig, TlsSettings};
+use waymark_certs::testing::{TestPkiDir, certified};
 use waymark_core::contract::HealthContract;
 use waymark_core::model::ServiceName;
 use waymark_registry::machine::Request;
@@ -537,7 +538,7 @@ async fn counted(a: &Authority, series: &str, want: u64) {
     common::counted(&a.api_client(METRICS_TOKEN.get().cloned()), series, want).await;
 }
 
-fn tls_member(pki: &Pki, dir: &Path, id: u64) -> AuthorityConfig {
+fn tls_member(pki: &TestPkiDir, dir: &Path, id: u64) -> AuthorityConfig {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     AuthorityConfig {
         id,
@@ -549,7 +550,7 @@ fn tls_member(pki: &Pki, dir: &Path, id: u64) -> AuthorityConfig {
         xds: any,
         ingest: None,
         tls: Some(TlsSettings {
-            trust_domain: pki.td.clone(),
+            trust_domain: pki.trust_domain().clone(),
             paths: pki.issue(&format!("region/eu/authority/{id}")),
         }),
         kubernetes: None,
@@ -560,7 +561,7 @@ fn tls_member(pki: &Pki, dir: &Path, id: u64) -> AuthorityConfig {
 }
 
 /// Three members over mutual TLS, in process, bootstrapped as one group.
-async fn tls_group(pki: &Pki, dir: &Path) -> Vec<Authority> {
+async fn tls_group(pki: &TestPkiDir, dir: &Path) -> Vec<Authority> {
     let mut members = Vec::new();
     for id in 1..=3 {
         members.push(Authority::start(tls_member(pki, dir, id)).await.unwrap());
@@ -631,7 +632,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     // counted; a member's certificate cannot speak for another member, and the forged
     // vote changes no term.
     waymark_certs::install_crypto_provider();
-    let pki = Pki::new(TD);
+    let pki = estate(TD);
     let dir = tempfile::tempdir().unwrap();
     let members = tls_group(&pki, dir.path()).await;
 
@@ -659,7 +660,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     // The API port serves no Raft: an anonymous vote is refused before any route (as
     // every anonymous request is), and the term below shows it changed nothing. Nor does
     // the API port speak plaintext.
-    let anonymous = tls_client(&pki, None).await;
+    let anonymous = tls_client(&pki, None);
     let (status, _) = request(
         api,
         Some(anonymous),
@@ -685,24 +686,21 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     // Refused at the handshake, each counted under its reason.
     let refused = [
         ("no_certificate", None),
-        ("wrong_kind", Some(pem_of(&pki.issue("region/eu/node/n1")))),
-        (
-            "wrong_region",
-            Some(pem_of(&pki.issue("region/us/authority/4"))),
-        ),
+        ("wrong_kind", Some(pki.certified("region/eu/node/n1"))),
+        ("wrong_region", Some(pki.certified("region/us/authority/4"))),
         (
             "wrong_trust_domain",
-            Some(pki.forge("eu", "spiffe://other.test/region/eu/authority/2")),
+            Some(certified(
+                &pki.forge("eu", "spiffe://other.test/region/eu/authority/2"),
+            )),
         ),
         (
             "wrong_ca",
-            Some(pem_of(
-                &Pki::new("other.test").issue("region/eu/authority/2"),
-            )),
+            Some(estate("other.test").certified("region/eu/authority/2")),
         ),
     ];
     for (reason, cert) in refused {
-        let client = tls_client(&pki, cert).await;
+        let client = tls_client(&pki, cert);
         let answer = request(
             raft,
             Some(client),
@@ -719,7 +717,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     }
 
     // Member 3's certificate, speaking as member 3, is served (a stale vote, not granted)…
-    let three = tls_client(&pki, Some(pem_of(&pki.issue("region/eu/authority/3")))).await;
+    let three = tls_client(&pki, Some(pki.certified("region/eu/authority/3")));
     let (status, body) = request(
         raft,
         Some(Arc::clone(&three)),
@@ -766,7 +764,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     })
     .unwrap();
     let follower = members.iter().find(|m| !m.raft().is_leader()).unwrap();
-    let three = tls_client(&pki, Some(pem_of(&pki.issue("region/eu/authority/3")))).await;
+    let three = tls_client(&pki, Some(pki.certified("region/eu/authority/3")));
     let (status, body) = request(
         follower.raft_addr(),
         Some(three),
@@ -779,7 +777,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     assert_eq!(status, 403, "{body}");
     counted(follower, mismatch, 1).await;
     // Audit records forwarded to the leader are admitted only as their sender, too.
-    let three = tls_client(&pki, Some(pem_of(&pki.issue("region/eu/authority/3")))).await;
+    let three = tls_client(&pki, Some(pki.certified("region/eu/authority/3")));
     let leader = agreed_leader(&members).await;
     let forged = json!({"from": 2, "entries": []}).to_string();
     let before = series(leader, mismatch).await;
@@ -829,7 +827,7 @@ async fn a_refusal_decided_by_a_follower_is_in_the_replicated_audit_log() {
     // commit the audit record, so it forwards it to the leader over the Raft listener (as
     // itself, over the members' mutual TLS), and every member's log then holds it.
     waymark_certs::install_crypto_provider();
-    let pki = Pki::new(TD);
+    let pki = estate(TD);
     let dir = tempfile::tempdir().unwrap();
     let members = tls_group(&pki, dir.path()).await;
     commit_everywhere(&members, "pay").await;

@@ -15,20 +15,15 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::time::Instant;
-use waymark_certs::ca::{IssuedLeaf, LeafSan, LeafSpec};
-use waymark_certs::error::PemPart;
-use waymark_certs::layout::PkiDir;
-use waymark_certs::material::{MaterialPem, parse_certs, parse_key, validate_material};
+use waymark_certs::ca::IssuedLeaf;
 use waymark_certs::metrics::RejectSource;
 use waymark_certs::quic::{ALPN_WAYMARK, quic_client_config};
+use waymark_certs::testing::{TestPkiDir, certified, raw_client_config};
 use waymark_certs::tls::LiveMaterial;
-use waymark_certs::verify::PeerVerifier;
-use waymark_certs::{
-    CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, RejectReason, TrustDomain,
-};
+use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, RejectReason, TrustDomain};
 use waymark_core::eligibility::Verdict;
 use waymark_core::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
 use waymark_core::units::Weight;
@@ -55,61 +50,6 @@ const STALE_AFTER: Duration = Duration::from_secs(1);
 const NOT_DIALLED: &str = "127.0.0.1:9";
 
 // === the PKI ===
-
-struct Pki {
-    _dir: tempfile::TempDir,
-    pki: PkiDir,
-    td: TrustDomain,
-}
-
-impl Pki {
-    fn new(td: &str, regions: &[&str]) -> Self {
-        waymark_certs::install_crypto_provider();
-        let dir = tempfile::tempdir().unwrap();
-        let pki = PkiDir::new(dir.path().join("pki"));
-        let td = TrustDomain::new(td).unwrap();
-        let regions: Vec<Name> = regions.iter().map(|r| Name::new(r).unwrap()).collect();
-        pki.init(&td, &regions, SystemTime::now()).unwrap();
-        Self { _dir: dir, pki, td }
-    }
-
-    /// Issues `spiffe://<td>/<path>` from its region's intermediate.
-    fn leaf(&self, path: &str) -> IssuedLeaf {
-        let identity = Identity::parse(&format!("spiffe://{}/{path}", self.td)).unwrap();
-        let (leaf, _) = self
-            .pki
-            .issue(
-                &identity,
-                None,
-                Duration::from_secs(24 * 3600),
-                None,
-                SystemTime::now(),
-            )
-            .unwrap();
-        leaf
-    }
-
-    fn bundle(&self) -> String {
-        std::fs::read_to_string(self.pki.bundle()).unwrap()
-    }
-
-    fn live(&self, path: &str) -> Arc<LiveMaterial> {
-        let leaf = self.leaf(path);
-        let bundle = self.bundle();
-        let fullchain = leaf.fullchain_pem();
-        let pem = MaterialPem {
-            cert_chain: fullchain.as_bytes(),
-            key: leaf.key_pem.as_bytes(),
-            bundle: bundle.as_bytes(),
-        };
-        let own = PeerPolicy {
-            trust_domain: self.td.clone(),
-            accepted: KindSet::ALL,
-            region: None,
-        };
-        LiveMaterial::new(validate_material(pem, &own, SystemTime::now()).unwrap())
-    }
-}
 
 fn authorities() -> PeerPolicy {
     PeerPolicy {
@@ -177,7 +117,7 @@ struct Fed {
 
 impl Fed {
     /// Starts member `a1` of region `name`, its peers each their region's member `a1`.
-    fn start(pki: &Pki, name: &'static str, peers: &[(&str, SocketAddr)]) -> Self {
+    fn start(pki: &TestPkiDir, name: &'static str, peers: &[(&str, SocketAddr)]) -> Self {
         let peers: Vec<_> = peers.iter().map(|(r, addr)| (*r, "a1", *addr)).collect();
         Self::member(pki, name, "a1", &peers)
     }
@@ -185,7 +125,7 @@ impl Fed {
     /// Starts `member` of region `name` on 127.0.0.1:0 with its own authority certificate,
     /// having published version 1 of `cart` and `pay`; `peers` are (region, member, addr).
     fn member(
-        pki: &Pki,
+        pki: &TestPkiDir,
         name: &'static str,
         member: &'static str,
         peers: &[(&str, &str, SocketAddr)],
@@ -315,7 +255,7 @@ impl Fed {
 }
 
 /// ap < eu < us: the lower name dials, so `us` starts first, then `eu`, then `ap`.
-fn three_regions(pki: &Pki) -> (Fed, Fed, Fed) {
+fn three_regions(pki: &TestPkiDir) -> (Fed, Fed, Fed) {
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let us = Fed::start(pki, "us", &[("ap", unused), ("eu", unused)]);
     let eu = Fed::start(pki, "eu", &[("ap", unused), ("us", us.addr())]);
@@ -364,7 +304,7 @@ fn all_v1() -> Versions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_regions_converge_over_mutually_authenticated_quic() {
     // Goal: each region's own entries reach the other two over real QUIC links.
-    let pki = Pki::new(TD, &["ap", "eu", "us"]);
+    let pki = TestPkiDir::new(TD, &["ap", "eu", "us"]);
     let (ap, eu, us) = three_regions(&pki);
     converge(&[&ap, &eu, &us], &all_v1()).await;
     wait_until("every link reports connected and fresh", || {
@@ -418,7 +358,7 @@ async fn three_regions_converge_over_mutually_authenticated_quic() {
 async fn a_partitioned_region_is_kept_stale_and_reconciled_when_it_returns() {
     // Goal: stopping ap's endpoint leaves every region's own entries alone, keeps ap's
     // entries (stale) in eu and us; on restart the divergence is reconciled and recorded.
-    let pki = Pki::new(TD, &["ap", "eu", "us"]);
+    let pki = TestPkiDir::new(TD, &["ap", "eu", "us"]);
     let (mut ap, eu, us) = three_regions(&pki);
     converge(&[&ap, &eu, &us], &all_v1()).await;
     for f in [&ap, &eu, &us] {
@@ -494,20 +434,9 @@ async fn a_partitioned_region_is_kept_stale_and_reconciled_when_it_returns() {
 }
 
 /// A raw client presenting `leaf` (any kind, any CA), trusting servers of our estate.
-fn raw_client(pki: &Pki, leaf: &IssuedLeaf) -> quinn::ClientConfig {
-    let chain = parse_certs(leaf.fullchain_pem().as_bytes(), PemPart::Certificate).unwrap();
-    let key = parse_key(leaf.key_pem.as_bytes()).unwrap();
-    // Trust our estate's root through a verifier reading any of our live materials.
-    let roots = pki.live("region/eu/node/verifier");
-    let verifier = PeerVerifier::new(roots, authorities(), CertMetrics::new());
-    let mut tls = rustls::ClientConfig::builder_with_provider(waymark_certs::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_client_auth_cert(chain, key)
-        .unwrap();
-    tls.alpn_protocols = vec![ALPN_WAYMARK.to_vec()];
+fn raw_client(pki: &TestPkiDir, leaf: &IssuedLeaf) -> quinn::ClientConfig {
+    let verifier = pki.verifier(KindSet::only(IdentityKind::Authority));
+    let tls = raw_client_config(Some(certified(leaf)), verifier, ALPN_WAYMARK);
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
     quinn::ClientConfig::new(Arc::new(crypto))
 }
@@ -532,24 +461,11 @@ async fn try_federate(addr: SocketAddr, config: quinn::ClientConfig) -> anyhow::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificates_of_the_wrong_kind_or_trust_domain_are_refused() {
     // Goal: only authority certificates of our trust domain complete a federation link.
-    let pki = Pki::new(TD, &["ap", "eu", "us"]);
-    let other = Pki::new("elsewhere.test", &["ap"]);
+    let pki = TestPkiDir::new(TD, &["ap", "eu", "us"]);
+    let other = TestPkiDir::new("elsewhere.test", &["ap"]);
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let eu = Fed::start(&pki, "eu", &[("ap", unused)]);
-    let hour = Duration::from_secs(3600);
-    let now = SystemTime::now();
-    let foreign_san = pki
-        .pki
-        .load_region(&Name::new("ap").unwrap())
-        .unwrap()
-        .issue_unchecked(LeafSpec {
-            sans: vec![LeafSan::Uri(
-                "spiffe://elsewhere.test/region/ap/authority/a1".into(),
-            )],
-            not_before: now - hour,
-            not_after: now + hour,
-        })
-        .unwrap();
+    let foreign_san = pki.forge("ap", "spiffe://elsewhere.test/region/ap/authority/a1");
     let cases = [
         (
             "node",
@@ -601,7 +517,7 @@ async fn certificates_of_the_wrong_kind_or_trust_domain_are_refused() {
 async fn authorities_of_our_own_an_unknown_or_the_dialled_region_are_refused() {
     // Goal: a valid authority certificate is not enough; its region must be a peer that
     // dials us. Each refusal closes the connection with an application error and counts.
-    let pki = Pki::new(TD, &["ap", "eu", "sa", "us"]);
+    let pki = TestPkiDir::new(TD, &["ap", "eu", "sa", "us"]);
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let eu = Fed::start(&pki, "eu", &[("ap", unused), ("us", unused)]);
     let cases = [
@@ -625,7 +541,7 @@ async fn authorities_of_our_own_an_unknown_or_the_dialled_region_are_refused() {
 
 /// eu < us, so eu's members dial: us's two members start first, then eu's two, each
 /// configured with both members of the other region. Returns (eu/a1, eu/a2, us/a1, us/a2).
-fn two_regions_of_two_members(pki: &Pki) -> (Fed, Fed, Fed, Fed) {
+fn two_regions_of_two_members(pki: &TestPkiDir) -> (Fed, Fed, Fed, Fed) {
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let eu_members = [("eu", "a1", unused), ("eu", "a2", unused)];
     let us_a1 = Fed::member(pki, "us", "a1", &eu_members);
@@ -642,7 +558,7 @@ async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_wh
     // Goal: with two authority members per region, each member keeps its own link to each
     // peer member (none replaces another), and a peer region stays fresh while any of its
     // members speaks; once all are silent it is stale and its entries are kept.
-    let pki = Pki::new(TD, &["eu", "us"]);
+    let pki = TestPkiDir::new(TD, &["eu", "us"]);
     let (eu_a1, eu_a2, mut us_a1, mut us_a2) = two_regions_of_two_members(&pki);
     let all = [&eu_a1, &eu_a2, &us_a1, &us_a2];
     let other = |f: &Fed| if f.name == "eu" { "us" } else { "eu" };
@@ -758,7 +674,7 @@ async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_wh
 async fn an_unconfigured_member_of_a_peer_region_is_refused_and_the_configured_one_kept() {
     // Goal: a valid authority of a peer region that is not one of its configured members is
     // refused as `unknown_member`, and does not disturb the configured member's link.
-    let pki = Pki::new(TD, &["ap", "eu"]);
+    let pki = TestPkiDir::new(TD, &["ap", "eu"]);
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let eu = Fed::start(&pki, "eu", &[("ap", unused)]);
     let ap = Fed::start(&pki, "ap", &[("eu", eu.addr())]);
@@ -803,7 +719,7 @@ async fn an_unconfigured_member_of_a_peer_region_is_refused_and_the_configured_o
 async fn a_dialled_server_of_the_right_region_but_another_member_is_refused() {
     // Goal: the dialer checks the member as well as the region: ap is told eu/a1 listens
     // where eu/a2 does, and refuses that server every time it dials, learning nothing.
-    let pki = Pki::new(TD, &["ap", "eu"]);
+    let pki = TestPkiDir::new(TD, &["ap", "eu"]);
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let eu_a2 = Fed::member(&pki, "eu", "a2", &[("ap", "a1", unused)]);
     let ap = Fed::start(&pki, "ap", &[("eu", eu_a2.addr())]);
@@ -850,7 +766,7 @@ async fn a_peer_speaks_only_for_its_own_region_on_its_link() {
     // entries (not us's, which it holds); a batch from ap naming us (a third region) or eu
     // is refused whole, counted as foreign_entry, and changes nothing; ap's own batch is
     // then merged on the same link.
-    let pki = Pki::new(TD, &["ap", "eu", "us"]);
+    let pki = TestPkiDir::new(TD, &["ap", "eu", "us"]);
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let eu = Fed::start(&pki, "eu", &[("ap", unused), ("us", unused)]);
     eu.aggregates

@@ -19,15 +19,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use http::Method;
 use serde_json::{Value, json};
 use tokio::net::UdpSocket;
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::cli::tls::{ClientFiles, api_client_config};
-use waymark_certs::layout::PkiDir;
-use waymark_certs::{Identity, Name, TrustDomain};
+use waymark_certs::testing::TestPkiDir;
 
 use common::free_port;
 
@@ -163,24 +162,12 @@ impl Drop for Region {
 
 /// The estate CA and one authority certificate per region, as files.
 fn pki(dir: &Path) -> BTreeMap<&'static str, (PathBuf, PathBuf, PathBuf)> {
-    let pki = PkiDir::new(dir.join("pki"));
-    let td = TrustDomain::new(TD).unwrap();
-    let regions: Vec<Name> = REGIONS.iter().map(|r| Name::new(r).unwrap()).collect();
-    pki.init(&td, &regions, SystemTime::now()).unwrap();
+    let pki = TestPkiDir::init(&dir.join("pki"), TD, &REGIONS);
     REGIONS
         .iter()
         .map(|r| {
-            let id = Identity::parse(&format!("spiffe://{TD}/region/{r}/authority/1")).unwrap();
-            let (_, paths) = pki
-                .issue(
-                    &id,
-                    None,
-                    Duration::from_secs(24 * 3600),
-                    None,
-                    SystemTime::now(),
-                )
-                .unwrap();
-            (*r, (paths.fullchain, paths.key, pki.bundle()))
+            let paths = pki.issue(&format!("region/{r}/authority/1"));
+            (*r, (paths.cert_chain, paths.key, paths.bundle))
         })
         .collect()
 }
