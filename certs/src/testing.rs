@@ -363,6 +363,15 @@ impl TestPkiDir {
     }
 }
 
+impl std::fmt::Debug for TestPkiDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestPkiDir")
+            .field("dir", &self.pki)
+            .field("trust_domain", &self.trust_domain)
+            .finish_non_exhaustive()
+    }
+}
+
 // === bad certificates and raw clients ===
 
 /// A leaf for `uri` signed by `ca` whatever it names, valid around `now`: what a
