@@ -25,6 +25,7 @@ use waymark_certs::testing::TestPkiDir;
 use waymark_certs::tls::{ALPN_H2, client_config};
 use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
 use waymark_core::model::{Health, Observation, SelfReport};
+use waymark_testkit::until;
 
 const TD: &str = "waymark.test";
 const WAIT: Duration = Duration::from_secs(20);
@@ -258,45 +259,35 @@ async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted
     // server first; `listener_refusals.rs` tries each reason from the server's side.
     let series =
         "waymark_grpc_tls_handshakes_failed_total{listener=\"ingest\",reason=\"wrong_region\"} ";
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    until(&format!("`{series}` counted"), WAIT, async || {
         let metrics = api.send(Method::GET, "/metrics", None).await.unwrap();
         let text = String::from_utf8_lossy(&metrics.body).into_owned();
         let refused: u64 = text
             .lines()
             .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
             .unwrap_or(0);
-        if refused >= 1 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "missing `{series}` in\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        if refused >= 1 { Ok(()) } else { Err(text) }
+    })
+    .await;
     assert!(
         text.contains("waymark_ingest_sessions_unattributed_total 0"),
         "{text}"
     );
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    let lines = until("the denials audited", WAIT, async || {
         let r = api
             .send(Method::GET, "/v1/audit?kind=denial", None)
             .await
             .unwrap();
         let lines = String::from_utf8_lossy(&r.body).into_owned();
         if lines.lines().count() >= 4 {
-            assert!(lines.contains("node/n2"), "{lines}");
-            assert!(lines.contains("not_assigned"), "{lines}");
-            break;
+            Ok(lines)
+        } else {
+            Err(lines)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "denials not audited: {lines}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert!(lines.contains("node/n2"), "{lines}");
+    assert!(lines.contains("not_assigned"), "{lines}");
     authority.shutdown().await;
 }
 

@@ -17,7 +17,6 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::Instant;
 use waymark_certs::ca::IssuedLeaf;
 use waymark_certs::metrics::RejectSource;
 use waymark_certs::quic::{ALPN_WAYMARK, quic_client_config};
@@ -36,13 +35,12 @@ use waymark_federation_quic::{
     FederationConfig, FederationError, FederationMetrics, FederationNode, FederationTls,
     PeerConfig, PeerStatus, RefusalReason, RegionStatus, SharedAggregates,
 };
+use waymark_testkit::until;
 use waymark_xds::client::BackoffConfig;
 
 const TD: &str = "waymark.test";
 /// The longest any expected state may take to appear.
 const WAIT: Duration = Duration::from_secs(30);
-/// How often a bounded wait re-checks its condition.
-const POLL: Duration = Duration::from_millis(25);
 /// A peer this silent is stale (short, so the test sees it).
 const STALE_AFTER: Duration = Duration::from_secs(1);
 /// Acceptors never dial, so the address they are configured with for a dialling peer is
@@ -218,16 +216,14 @@ impl Fed {
     /// in case the kernel has not released it yet).
     async fn restart(&mut self, addr: SocketAddr) {
         self.config.bind = addr;
-        let deadline = Instant::now() + WAIT;
-        loop {
-            match self.try_start() {
-                Ok(node) => break self.node = Some(node),
-                Err(FederationError::Bind { .. }) if Instant::now() < deadline => {
-                    tokio::time::sleep(POLL).await;
-                }
-                Err(e) => panic!("{}/{} did not restart: {e}", self.name, self.member),
-            }
-        }
+        let what = format!("{}/{} to restart on {addr}", self.name, self.member);
+        let node = until(&what, WAIT, async || match self.try_start() {
+            Ok(node) => Ok(node),
+            Err(e @ FederationError::Bind { .. }) => Err(e),
+            Err(e) => panic!("{}/{} did not restart: {e}", self.name, self.member),
+        })
+        .await;
+        self.node = Some(node);
     }
 
     /// The link to member `a1` of region `peer`.
@@ -273,18 +269,12 @@ fn exposition(metrics: &FederationMetrics) -> String {
     waymark_agent::metrics::to_prometheus_text(&text)
 }
 
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(POLL).await;
-    }
-}
-
 async fn converge(feds: &[&Fed], expected: &Versions) {
-    wait_until("every region holds every region's entries", || {
-        feds.iter().all(|f| f.digest() == *expected)
-    })
+    until(
+        "every region holds every region's entries",
+        WAIT,
+        async || feds.iter().all(|f| f.digest() == *expected),
+    )
     .await;
 }
 
@@ -307,7 +297,7 @@ async fn three_regions_converge_over_mutually_authenticated_quic() {
     let pki = TestPkiDir::new(TD, &["ap", "eu", "us"]);
     let (ap, eu, us) = three_regions(&pki);
     converge(&[&ap, &eu, &us], &all_v1()).await;
-    wait_until("every link reports connected and fresh", || {
+    until("every link reports connected and fresh", WAIT, async || {
         [
             (&ap, ["eu", "us"]),
             (&eu, ["ap", "us"]),
@@ -331,17 +321,22 @@ async fn three_regions_converge_over_mutually_authenticated_quic() {
     for f in [&ap, &eu, &us] {
         assert_eq!(f.metrics.refused(RefusalReason::Tls), 0, "{}", f.name);
     }
-    wait_until("eu's gauges show ap connected, fresh and aged", || {
-        let text = exposition(&eu.metrics);
-        text.contains("waymark_federation_peer_connected{peer_region=\"ap\",peer_member=\"a1\"} 1")
-            && text
+    until(
+        "eu's gauges show ap connected, fresh and aged",
+        WAIT,
+        async || {
+            let text = exposition(&eu.metrics);
+            text.contains(
+                "waymark_federation_peer_connected{peer_region=\"ap\",peer_member=\"a1\"} 1",
+            ) && text
                 .contains("waymark_federation_peer_stale{peer_region=\"ap\",peer_member=\"a1\"} 0")
-            && text.contains(
-                "waymark_federation_peer_age_seconds{peer_region=\"ap\",peer_member=\"a1\"}",
-            )
-            && text.contains("waymark_federation_region_stale{peer_region=\"ap\"} 0")
-            && text.contains("waymark_federation_region_age_seconds{peer_region=\"ap\"}")
-    })
+                && text.contains(
+                    "waymark_federation_peer_age_seconds{peer_region=\"ap\",peer_member=\"a1\"}",
+                )
+                && text.contains("waymark_federation_region_stale{peer_region=\"ap\"} 0")
+                && text.contains("waymark_federation_region_age_seconds{peer_region=\"ap\"}")
+        },
+    )
     .await;
     let text = exposition(&eu.metrics);
     for series in [
@@ -366,15 +361,19 @@ async fn a_partitioned_region_is_kept_stale_and_reconciled_when_it_returns() {
     }
 
     let ap_addr = ap.stop().await;
-    wait_until("eu and us report ap disconnected and stale", || {
-        [&eu, &us].iter().all(|f| {
-            let s = f.peer("ap");
-            let r = f.region("ap");
-            !s.connected && s.stale && s.last_error.is_some() && r.stale && r.links_up == 0
-        })
-    })
+    until(
+        "eu and us report ap disconnected and stale",
+        WAIT,
+        async || {
+            [&eu, &us].iter().all(|f| {
+                let s = f.peer("ap");
+                let r = f.region("ap");
+                !s.connected && s.stale && s.last_error.is_some() && r.stale && r.links_up == 0
+            })
+        },
+    )
     .await;
-    wait_until("eu's gauges show ap stale", || {
+    until("eu's gauges show ap stale", WAIT, async || {
         let text = exposition(&eu.metrics);
         text.contains("waymark_federation_peer_stale{peer_region=\"ap\",peer_member=\"a1\"} 1")
             && text.contains("waymark_federation_region_stale{peer_region=\"ap\"} 1")
@@ -398,12 +397,16 @@ async fn a_partitioned_region_is_kept_stale_and_reconciled_when_it_returns() {
     let mut healed = eu_us.clone();
     healed.insert((region("ap"), service("cart")), 2);
     converge(&[&ap, &eu, &us], &healed).await;
-    wait_until("eu and us report ap connected and fresh again", || {
-        [&eu, &us].iter().all(|f| {
-            let s = f.peer("ap");
-            s.connected && !s.stale && !f.region("ap").stale
-        })
-    })
+    until(
+        "eu and us report ap connected and fresh again",
+        WAIT,
+        async || {
+            [&eu, &us].iter().all(|f| {
+                let s = f.peer("ap");
+                s.connected && !s.stale && !f.region("ap").stale
+            })
+        },
+    )
     .await;
 
     // ap took eu's newer cart and eu took ap's: both recorded, with both versions, each
@@ -495,9 +498,11 @@ async fn certificates_of_the_wrong_kind_or_trust_domain_are_refused() {
             .await
             .expect("refused in time, not hung");
         assert!(result.is_err(), "{name}: a link was established");
-        wait_until(&format!("{name}: the refusal is counted"), || {
-            eu.metrics.refused(RefusalReason::Tls) == refused_before + 1
-        })
+        until(
+            &format!("{name}: the refusal is counted"),
+            WAIT,
+            async || eu.metrics.refused(RefusalReason::Tls) == refused_before + 1,
+        )
         .await;
         if let (Some(reason), Some(before)) = (reason, rejected_before) {
             assert_eq!(
@@ -569,9 +574,10 @@ async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_wh
         ("us", "pay", 1),
     ]);
     converge(&all, &v1).await;
-    wait_until(
+    until(
         "every member has both links to the other region up and fresh",
-        || {
+        WAIT,
+        async || {
             all.iter().all(|f| {
                 let r = f.region(other(f));
                 r.links == 2 && r.links_up == 2 && !r.stale
@@ -598,9 +604,10 @@ async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_wh
         let json = serde_json::to_value(&region).unwrap();
         assert!(json["age_ms"].is_u64() && json["links_up"] == 2, "{json}");
     }
-    wait_until(
+    until(
         "eu/a1's gauges show both us links and the us region",
-        || {
+        WAIT,
+        async || {
             let text = exposition(&eu_a1.metrics);
             ["a1", "a2"].iter().all(|m| {
                 text.contains(&format!(
@@ -619,7 +626,7 @@ async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_wh
     let mut v2 = v1.clone();
     v2.insert((region("us"), service("cart")), 2);
     converge(&[&eu_a1, &eu_a2, &us_a2], &v2).await;
-    wait_until("eu's links to us/a1 are down and stale", || {
+    until("eu's links to us/a1 are down and stale", WAIT, async || {
         [&eu_a1, &eu_a2].iter().all(|f| {
             let link = f.link("us", "a1");
             !link.connected && link.stale
@@ -636,10 +643,14 @@ async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_wh
         assert_eq!((r.links_up, r.links), (1, 2));
         assert!(r.age.unwrap() <= STALE_AFTER, "{r:?}");
     }
-    wait_until("eu/a1's gauges show the us/a1 link stale", || {
-        exposition(&eu_a1.metrics)
-            .contains("waymark_federation_peer_stale{peer_region=\"us\",peer_member=\"a1\"} 1")
-    })
+    until(
+        "eu/a1's gauges show the us/a1 link stale",
+        WAIT,
+        async || {
+            exposition(&eu_a1.metrics)
+                .contains("waymark_federation_peer_stale{peer_region=\"us\",peer_member=\"a1\"} 1")
+        },
+    )
     .await;
     // Written in the same refresh as the link's gauge above, or a later one.
     let text = exposition(&eu_a1.metrics);
@@ -650,16 +661,21 @@ async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_wh
 
     // us/a2 goes away too: now the region is stale, and what it published is kept.
     us_a2.stop().await;
-    wait_until("eu reports us stale with no link up", || {
+    until("eu reports us stale with no link up", WAIT, async || {
         [&eu_a1, &eu_a2].iter().all(|f| {
             let r = f.region("us");
             r.stale && r.links_up == 0
         })
     })
     .await;
-    wait_until("eu/a1's gauge shows the us region stale", || {
-        exposition(&eu_a1.metrics).contains("waymark_federation_region_stale{peer_region=\"us\"} 1")
-    })
+    until(
+        "eu/a1's gauge shows the us region stale",
+        WAIT,
+        async || {
+            exposition(&eu_a1.metrics)
+                .contains("waymark_federation_region_stale{peer_region=\"us\"} 1")
+        },
+    )
     .await;
     for f in [&eu_a1, &eu_a2] {
         assert_eq!(f.digest(), v2, "{}/{}: kept, not dropped", f.name, f.member);
@@ -685,7 +701,10 @@ async fn an_unconfigured_member_of_a_peer_region_is_refused_and_the_configured_o
         ("eu", "pay", 1),
     ]);
     converge(&[&ap, &eu], &v1).await;
-    wait_until("eu's link to ap/a1 is up", || eu.peer("ap").connected).await;
+    until("eu's link to ap/a1 is up", WAIT, async || {
+        eu.peer("ap").connected
+    })
+    .await;
 
     let config = quic_client_config(
         &pki.live("region/ap/authority/a9"),
@@ -723,7 +742,7 @@ async fn a_dialled_server_of_the_right_region_but_another_member_is_refused() {
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let eu_a2 = Fed::member(&pki, "eu", "a2", &[("ap", "a1", unused)]);
     let ap = Fed::start(&pki, "ap", &[("eu", eu_a2.addr())]);
-    wait_until("ap has refused eu/a2 on two dials", || {
+    until("ap has refused eu/a2 on two dials", WAIT, async || {
         ap.metrics.refused(RefusalReason::UnexpectedMember) >= 2
     })
     .await;
@@ -819,7 +838,7 @@ async fn a_peer_speaks_only_for_its_own_region_on_its_link() {
             entries: vec![entry("ap", "cart", 1), claimed],
         };
         write_message(&mut send, &batch).await;
-        wait_until("the foreign batch is counted", || {
+        until("the foreign batch is counted", WAIT, async || {
             eu.metrics.refused(RefusalReason::ForeignEntry) == n as u64 + 1
         })
         .await;
@@ -834,7 +853,10 @@ async fn a_peer_speaks_only_for_its_own_region_on_its_link() {
     .await;
     let mut merged = before.clone();
     merged.insert((region("ap"), service("cart")), 1);
-    wait_until("ap's own batch is merged", || eu.digest() == merged).await;
+    until("ap's own batch is merged", WAIT, async || {
+        eu.digest() == merged
+    })
+    .await;
     assert!(eu.peer("ap").connected, "the link stayed up");
     assert_eq!(eu.metrics.refused(RefusalReason::ForeignEntry), 2);
     let text = exposition(&eu.metrics);

@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use http::Method;
@@ -25,6 +25,7 @@ use waymark_certs::testing::TestPkiDir;
 use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config};
 use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
 use waymark_core::model::{Observation, SelfReport};
+use waymark_testkit::until;
 
 const TD: &str = "waymark.test";
 const WAIT: Duration = Duration::from_secs(30);
@@ -188,8 +189,7 @@ async fn a_workload_reports_about_itself_through_its_agent() {
     assert_eq!(refused, vec!["not_about_itself".to_owned()]);
 
     // The authority attributes the relayed report to the instance itself.
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let sr = until("the report attributed to the instance", WAIT, async || {
         let e = api
             .get_json(&format!("/v1/instances/{on_n1}/explain"))
             .await
@@ -202,12 +202,13 @@ async fn a_workload_reports_about_itself_through_its_agent() {
             .cloned()
             .unwrap();
         if sr["reporter"] == format!("instance/{on_n1}") {
-            assert!(sr["last"].to_string().contains("warming caches"), "{sr}");
-            break;
+            Ok(sr)
+        } else {
+            Err(e)
         }
-        assert!(Instant::now() < deadline, "never attributed: {e}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    assert!(sr["last"].to_string().contains("warming caches"), "{sr}");
 
     // A workload on another node, relayed through n1, is refused by the authority: the
     // agent relays it (the identity is the instance's), the authority checks the node.
@@ -227,19 +228,19 @@ async fn a_workload_reports_about_itself_through_its_agent() {
         1,
         "the agent relays what is about the sender"
     );
-    let deadline = Instant::now() + WAIT;
-    loop {
+    until("the denial audited", WAIT, async || {
         let audit = api
             .get_json("/v1/audit?kind=denial")
             .await
             .unwrap()
             .to_string();
         if audit.contains("not_on_relaying_node") {
-            break;
+            Ok(())
+        } else {
+            Err(audit)
         }
-        assert!(Instant::now() < deadline, "no denial audited: {audit}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     agent.shutdown().await;
     authority.shutdown().await;
 }
