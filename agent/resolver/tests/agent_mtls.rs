@@ -34,6 +34,7 @@ use waymark_core::view::{
     EndpointStatus, Markers, ReleasedView, Tier, Version, View, ViewEndpoint, ViewKey,
 };
 use waymark_resolver::{Resolution, Resolver, ResolverConfig, ResolverError, ResolverTls};
+use waymark_testkit::until;
 use waymark_xds::client::{BackoffConfig, ClientConfig};
 use waymark_xds::{Publisher, ServerConfig, SnapshotBuilder, XdsServer};
 
@@ -186,24 +187,16 @@ fn ports(r: &Resolution) -> Vec<u16> {
     }
 }
 
-async fn until(what: &str, mut cond: impl AsyncFnMut() -> Option<String>) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let Some(last) = cond().await else { return };
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}; last: {last}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Waits until `resolver` has failed to connect [`ATTEMPTS`] times, then asserts it never
 /// opened a stream and still knows nothing.
 async fn refused(resolver: &Resolver, what: &str) {
-    until(what, async || {
+    until(what, WAIT, async || {
         let stats = resolver.stats();
-        (stats.connect_failures < ATTEMPTS).then(|| format!("{stats:?}"))
+        if stats.connect_failures >= ATTEMPTS {
+            Ok(())
+        } else {
+            Err(format!("{stats:?}"))
+        }
     })
     .await;
     assert_eq!(resolver.stats().streams, 0, "{what}: a stream opened");
@@ -265,9 +258,13 @@ async fn a_resolver_presenting_its_workload_certificate_resolves_through_the_age
     let metrics = tls.metrics.clone();
     let cache = r.dir.path().join("lkg.json");
     let resolver = Resolver::connect(config(r.agent.bound().xds, &cache).with_tls(tls)).unwrap();
-    until("pay to resolve", async || {
+    until("pay to resolve", WAIT, async || {
         let got = resolver.resolve("pay");
-        (ports(&got) != [8001, 8002]).then(|| format!("{got:?}, {:?}", resolver.stats()))
+        if ports(&got) == [8001, 8002] {
+            Ok(())
+        } else {
+            Err(format!("{got:?}, {:?}", resolver.stats()))
+        }
     })
     .await;
     assert!(resolver.is_connected());
@@ -391,9 +388,13 @@ async fn a_workload_of_another_trust_domain_is_refused_at_the_handshake() {
     let resolver =
         Resolver::connect(config(xds, &r.dir.path().join("imp.json")).with_tls(tls)).unwrap();
     refused(&resolver, "the impostor to be refused").await;
-    until("the agent to count the impostor", async || {
+    until("the agent to count the impostor", WAIT, async || {
         let text = agent_metrics(&r.agent).await;
-        (counted(&text, "wrong_ca") < 1).then_some(text)
+        if counted(&text, "wrong_ca") >= 1 {
+            Ok(())
+        } else {
+            Err(text)
+        }
     })
     .await;
     r.agent.shutdown().await;
