@@ -33,7 +33,7 @@ pub mod material;
 pub mod metrics;
 pub mod quic;
 pub mod reload;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tls;
 pub mod verify;
