@@ -197,7 +197,7 @@ async fn grants_decide_what_a_principal_may_do_and_refusals_are_audited() {
 
     // The refusals reach the audit log, folded per principal and capability, with the
     // verified principal as the actor.
-    let audit = common::dev::until("the refusals audited", async || {
+    let audit = waymark_testkit::until("the refusals audited", common::dev::WAIT, async || {
         let r = ops
             .send(Method::GET, "/v1/audit?kind=denial", None)
             .await

@@ -15,6 +15,7 @@ use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::member::Authority;
+use waymark_testkit::until;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -214,8 +215,7 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
     );
 
     // The maintenance override takes it out of rotation; explain says why.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    let e = until("the override to apply", WAIT, async || {
         let (_, e) = call(
             &api,
             Method::GET,
@@ -224,21 +224,18 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
         )
         .await;
         if e["verdict"] == "draining" {
-            assert_eq!(e["eligibility"]["drain_cause"], "maintenance", "{e}");
-            assert_eq!(e["rule"]["rule"], "maintenance", "{e}");
-            assert!(e["text"].as_str().unwrap().contains(&id), "{e}");
-            break;
+            Ok(e)
+        } else {
+            Err(e)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "override not applied: {e}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert_eq!(e["eligibility"]["drain_cause"], "maintenance", "{e}");
+    assert_eq!(e["rule"]["rule"], "maintenance", "{e}");
+    assert!(e["text"].as_str().unwrap().contains(&id), "{e}");
 
     // Services and views: counts per verdict, a view per caller zone with its markers.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    let views = until("a view per caller zone", WAIT, async || {
         let (_, views) = call(&api, Method::GET, "/v1/services/pay/view", None).await;
         let zones: BTreeSet<String> = views
             .as_array()
@@ -247,12 +244,13 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
             .map(|v| v["view"]["key"]["zone"].as_str().unwrap().to_owned())
             .collect();
         if zones.len() == 2 {
-            assert!(views[0]["view"]["markers"].is_object());
-            break;
+            Ok(views)
+        } else {
+            Err(views)
         }
-        assert!(tokio::time::Instant::now() < deadline, "no views: {views}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    assert!(views[0]["view"]["markers"].is_object());
     let (_, services) = call(&api, Method::GET, "/v1/services", None).await;
     assert_eq!(services[0]["service"], "pay");
     assert_eq!(services[0]["instances"], 1);
@@ -297,18 +295,15 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
     )
     .await;
     assert_eq!(status, StatusCode::CONFLICT, "nothing awaits completion");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    until("evacuation progress recorded", WAIT, async || {
         let (_, zones) = call(&api, Method::GET, "/v1/zones", None).await;
         if zones["evacuations"]["a"]["moved"].as_u64().unwrap_or(0) > 0 {
-            break;
+            Ok(())
+        } else {
+            Err(zones)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "evacuation progress not recorded: {zones}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     let policy_audit = api
         .send(Method::GET, "/v1/audit?kind=policy", None)
         .await
@@ -384,16 +379,12 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
 
     // The exposition passes promtool and carries the alarms and signals.
     // Verdict counts are refreshed every couple of seconds: wait for the first.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let text = loop {
+    let text = until("verdict counts", WAIT, async || {
         let metrics = api.send(Method::GET, "/metrics", None).await.unwrap();
         let text = String::from_utf8(metrics.body.to_vec()).unwrap();
-        if text.contains("waymark_instances{") {
-            break text;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no verdict counts");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        text.contains("waymark_instances{").then_some(text)
+    })
+    .await;
     for name in [
         "waymark_api_refusals_total",
         "waymark_overrides_total",

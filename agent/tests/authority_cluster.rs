@@ -17,9 +17,9 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::pki::{Pki, pem_of, request, tls_client};
+use common::pki::{estate, request, tls_client};
 use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
 use http::Method;
 use openraft::Vote;
@@ -31,10 +31,12 @@ use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::member::Authority;
 use waymark_agent::authority::raft::TypeConfig;
 use waymark_agent::authority::settings::{AuthorityConfig, TlsSettings};
+use waymark_certs::testing::{TestPkiDir, certified};
 use waymark_core::contract::HealthContract;
 use waymark_core::model::ServiceName;
 use waymark_registry::machine::Request;
 use waymark_registry::state::{Command as Registry, Stamped};
+use waymark_testkit::until;
 use waymark_xds::client::{Applied, Subscription, XdsClient};
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT};
 
@@ -152,8 +154,7 @@ fn cluster(dir: &Path) -> Vec<Member> {
 
 /// The leader as the live members report it, once they agree.
 async fn leader(members: &[Member], except: Option<u64>) -> u64 {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    until("a leader the live members agree on", WAIT, async || {
         for m in members.iter().filter(|m| m.child.is_some()) {
             if let Ok(s) = m.api().get_json("/v1/status").await
                 && let Some(id) = s["leader"]["id"].as_u64()
@@ -161,15 +162,12 @@ async fn leader(members: &[Member], except: Option<u64>) -> u64 {
                 && s["is_leader"].as_bool() == Some(id == m.id)
                 && members.iter().any(|x| x.id == id && x.child.is_some())
             {
-                return id;
+                return Some(id);
             }
         }
-        assert!(
-            Instant::now() < deadline,
-            "no leader elected within {WAIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        None
+    })
+    .await
 }
 
 fn watcher(xds: u16, id: &str) -> (XdsClient, watch::Receiver<Arc<Applied>>) {
@@ -279,28 +277,28 @@ async fn writer(apis: Vec<ApiClient>, acked: Arc<Mutex<Acked>>, stop: watch::Rec
 
 /// Waits until some watcher has seen a version above `after`; returns it.
 async fn published_after(seen: &[Arc<Mutex<Vec<u64>>>], after: u64) -> u64 {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    until(&format!("a version above {after}"), WAIT, async || {
         let newest = seen
             .iter()
             .filter_map(|s| s.lock().unwrap().last().copied())
             .max()
             .unwrap_or(0);
-        if newest > after {
-            return newest;
-        }
-        assert!(Instant::now() < deadline, "nothing published above {after}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        (newest > after).then_some(newest)
+    })
+    .await
 }
 
 async fn writes_after(acked: &Arc<Mutex<Acked>>, more: usize) {
     let target = acked.lock().unwrap().writes + more;
-    let deadline = Instant::now() + WAIT;
-    while acked.lock().unwrap().writes < target {
-        assert!(Instant::now() < deadline, "writes stalled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until(&format!("{target} acknowledged writes"), WAIT, async || {
+        let writes = acked.lock().unwrap().writes;
+        if writes >= target {
+            Ok(())
+        } else {
+            Err(writes)
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -372,8 +370,8 @@ async fn leader_killed_repeatedly_loses_no_acknowledged_write_and_no_version_reg
         "too few registrations to mean anything"
     );
     for m in &members {
-        let deadline = Instant::now() + WAIT;
-        loop {
+        let what = format!("member {} to hold every acknowledged write", m.id);
+        until(&what, WAIT, async || {
             let list = m.api().get_json("/v1/instances?service=pay").await;
             let held: BTreeMap<String, u64> = list
                 .ok()
@@ -393,17 +391,16 @@ async fn leader_killed_repeatedly_loses_no_acknowledged_write_and_no_version_reg
                 .filter(|(id, exp)| held.get(*id).is_none_or(|h| h < *exp))
                 .collect();
             if missing.is_empty() {
-                break;
+                Ok(())
+            } else {
+                Err(format!(
+                    "lacks {}, e.g. {:?}",
+                    missing.len(),
+                    missing.first()
+                ))
             }
-            assert!(
-                Instant::now() < deadline,
-                "member {} lacks {} acknowledged writes, e.g. {:?}",
-                m.id,
-                missing.len(),
-                missing.first()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        })
+        .await;
     }
 
     // No watcher ever saw the view's version go backwards, and each saw it move.
@@ -494,27 +491,21 @@ async fn a_region_without_authority_for_longer_than_a_lease_retires_nothing_for_
 
     // The new leader gives the lease a whole length from its term's start before it
     // expires anything; a leader that expired first would retire it (None).
-    let deadline = Instant::now() + WAIT;
-    let restarted_end = loop {
+    let restarted_end = until("the lease to restart", WAIT, async || {
         match lease_end(m, &id).await {
             None => panic!("the instance was retired for the authority's own outage"),
-            Some(end) if end >= back_at + 5_000 => break end,
-            Some(_) => {}
+            Some(end) if end >= back_at + 5_000 => Ok(end),
+            Some(end) => Err(format!("ends at {end}")),
         }
-        assert!(Instant::now() < deadline, "the lease was never restarted");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     assert!(restarted_end > first_end + 2_000);
 
     // Expiry still works: unrenewed, it goes once the restarted lease ends.
-    let deadline = Instant::now() + WAIT;
-    while lease_end(m, &id).await.is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "the restarted lease never expired"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until("the restarted lease to expire", WAIT, async || {
+        lease_end(m, &id).await.is_none()
+    })
+    .await;
     assert!(unix_ms() >= restarted_end);
 }
 
@@ -538,7 +529,7 @@ async fn counted(a: &Authority, series: &str, want: u64) {
     common::counted(&a.api_client(METRICS_TOKEN.get().cloned()), series, want).await;
 }
 
-fn tls_member(pki: &Pki, dir: &Path, id: u64) -> AuthorityConfig {
+fn tls_member(pki: &TestPkiDir, dir: &Path, id: u64) -> AuthorityConfig {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     AuthorityConfig {
         id,
@@ -550,7 +541,7 @@ fn tls_member(pki: &Pki, dir: &Path, id: u64) -> AuthorityConfig {
         xds: any,
         ingest: None,
         tls: Some(TlsSettings {
-            trust_domain: pki.td.clone(),
+            trust_domain: pki.trust_domain().clone(),
             paths: pki.issue(&format!("region/eu/authority/{id}")),
         }),
         kubernetes: None,
@@ -561,7 +552,7 @@ fn tls_member(pki: &Pki, dir: &Path, id: u64) -> AuthorityConfig {
 }
 
 /// Three members over mutual TLS, in process, bootstrapped as one group.
-async fn tls_group(pki: &Pki, dir: &Path) -> Vec<Authority> {
+async fn tls_group(pki: &TestPkiDir, dir: &Path) -> Vec<Authority> {
     let mut members = Vec::new();
     for id in 1..=3 {
         members.push(Authority::start(tls_member(pki, dir, id)).await.unwrap());
@@ -575,24 +566,20 @@ async fn tls_group(pki: &Pki, dir: &Path) -> Vec<Authority> {
 
 /// The leader, once every member names the same one.
 async fn agreed_leader(members: &[Authority]) -> &Authority {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    until("a leader every member names", WAIT, async || {
         let named: BTreeSet<Option<u64>> = members
             .iter()
             .map(|m| m.raft().leader().map(|(id, _)| id))
             .collect();
-        if let [Some(id)] = named.into_iter().collect::<Vec<_>>()[..]
+        if let [Some(id)] = named.iter().copied().collect::<Vec<_>>()[..]
             && let Some(leader) = members.iter().find(|m| m.raft().is_leader())
         {
             assert_eq!(leader.raft().leader().map(|(l, _)| l), Some(id));
-            return leader;
+            return Ok(leader);
         }
-        assert!(
-            Instant::now() < deadline,
-            "no leader agreed within {WAIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Err(format!("named {named:?}"))
+    })
+    .await
 }
 
 /// Waits for a leader, has it commit a new service `name`, and waits until every member
@@ -632,7 +619,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     // counted; a member's certificate cannot speak for another member, and the forged
     // vote changes no term.
     waymark_certs::install_crypto_provider();
-    let pki = Pki::new(TD);
+    let pki = estate(TD);
     let dir = tempfile::tempdir().unwrap();
     let members = tls_group(&pki, dir.path()).await;
 
@@ -660,7 +647,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     // The API port serves no Raft: an anonymous vote is refused before any route (as
     // every anonymous request is), and the term below shows it changed nothing. Nor does
     // the API port speak plaintext.
-    let anonymous = tls_client(&pki, None).await;
+    let anonymous = tls_client(&pki, None);
     let (status, _) = request(
         api,
         Some(anonymous),
@@ -686,24 +673,21 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     // Refused at the handshake, each counted under its reason.
     let refused = [
         ("no_certificate", None),
-        ("wrong_kind", Some(pem_of(&pki.issue("region/eu/node/n1")))),
-        (
-            "wrong_region",
-            Some(pem_of(&pki.issue("region/us/authority/4"))),
-        ),
+        ("wrong_kind", Some(pki.certified("region/eu/node/n1"))),
+        ("wrong_region", Some(pki.certified("region/us/authority/4"))),
         (
             "wrong_trust_domain",
-            Some(pki.forge("eu", "spiffe://other.test/region/eu/authority/2")),
+            Some(certified(
+                &pki.forge("eu", "spiffe://other.test/region/eu/authority/2"),
+            )),
         ),
         (
             "wrong_ca",
-            Some(pem_of(
-                &Pki::new("other.test").issue("region/eu/authority/2"),
-            )),
+            Some(estate("other.test").certified("region/eu/authority/2")),
         ),
     ];
     for (reason, cert) in refused {
-        let client = tls_client(&pki, cert).await;
+        let client = tls_client(&pki, cert);
         let answer = request(
             raft,
             Some(client),
@@ -720,7 +704,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     }
 
     // Member 3's certificate, speaking as member 3, is served (a stale vote, not granted)…
-    let three = tls_client(&pki, Some(pem_of(&pki.issue("region/eu/authority/3")))).await;
+    let three = tls_client(&pki, Some(pki.certified("region/eu/authority/3")));
     let (status, body) = request(
         raft,
         Some(Arc::clone(&three)),
@@ -767,7 +751,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     })
     .unwrap();
     let follower = members.iter().find(|m| !m.raft().is_leader()).unwrap();
-    let three = tls_client(&pki, Some(pem_of(&pki.issue("region/eu/authority/3")))).await;
+    let three = tls_client(&pki, Some(pki.certified("region/eu/authority/3")));
     let (status, body) = request(
         follower.raft_addr(),
         Some(three),
@@ -780,7 +764,7 @@ async fn raft_over_mutual_tls_admits_only_the_regions_members_each_as_itself() {
     assert_eq!(status, 403, "{body}");
     counted(follower, mismatch, 1).await;
     // Audit records forwarded to the leader are admitted only as their sender, too.
-    let three = tls_client(&pki, Some(pem_of(&pki.issue("region/eu/authority/3")))).await;
+    let three = tls_client(&pki, Some(pki.certified("region/eu/authority/3")));
     let leader = agreed_leader(&members).await;
     let forged = json!({"from": 2, "entries": []}).to_string();
     let before = series(leader, mismatch).await;
@@ -830,7 +814,7 @@ async fn a_refusal_decided_by_a_follower_is_in_the_replicated_audit_log() {
     // commit the audit record, so it forwards it to the leader over the Raft listener (as
     // itself, over the members' mutual TLS), and every member's log then holds it.
     waymark_certs::install_crypto_provider();
-    let pki = Pki::new(TD);
+    let pki = estate(TD);
     let dir = tempfile::tempdir().unwrap();
     let members = tls_group(&pki, dir.path()).await;
     commit_everywhere(&members, "pay").await;
@@ -864,8 +848,8 @@ async fn a_refusal_decided_by_a_follower_is_in_the_replicated_audit_log() {
     // On every member, including the leader that never saw the request.
     for m in &members {
         let audit = m.api_client(Some(auditor.clone()));
-        let deadline = Instant::now() + WAIT;
-        loop {
+        let what = format!("member {} to record the refusal", m.http_addr());
+        let line = until(&what, WAIT, async || {
             let r = audit
                 .send(
                     Method::GET,
@@ -875,18 +859,11 @@ async fn a_refusal_decided_by_a_follower_is_in_the_replicated_audit_log() {
                 .await
                 .unwrap();
             let text = String::from_utf8_lossy(&r.body).into_owned();
-            if let Some(line) = text.lines().next() {
-                let record: Value = serde_json::from_str(line).unwrap();
-                assert!(record.to_string().contains("GET /v1/services"), "{record}");
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "member {} has no record of the refusal",
-                m.http_addr()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            text.lines().next().map(str::to_owned)
+        })
+        .await;
+        let record: Value = serde_json::from_str(&line).unwrap();
+        assert!(record.to_string().contains("GET /v1/services"), "{record}");
     }
     for m in members {
         m.shutdown().await;

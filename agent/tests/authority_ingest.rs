@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures::StreamExt;
 use http::Method;
@@ -22,86 +22,35 @@ use waymark_agent::authority::member::Authority;
 use waymark_agent::authority::settings::{AuthorityConfig, TlsSettings};
 use waymark_agent::evidence::{AgentMessage, AuthorityMessage, ClientSession, WireSample};
 use waymark_certs::grpc::TlsConnector;
-use waymark_certs::layout::PkiDir;
-use waymark_certs::reload::{MaterialPaths, load_material};
-use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config};
-use waymark_certs::{CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, TrustDomain};
+use waymark_certs::testing::TestPkiDir;
+use waymark_certs::tls::{ALPN_H2, client_config};
+use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
 use waymark_core::model::{Health, Observation, SelfReport};
+use waymark_testkit::until;
 
 const TD: &str = "waymark.test";
 const WAIT: Duration = Duration::from_secs(20);
 
-struct Pki {
-    _dir: tempfile::TempDir,
-    pki: PkiDir,
-    td: TrustDomain,
-}
-
-impl Pki {
-    fn new(td: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let pki = PkiDir::new(dir.path().join("pki"));
-        let td = TrustDomain::new(td).unwrap();
-        pki.init(
-            &td,
-            &[Name::new("eu").unwrap(), Name::new("us").unwrap()],
-            SystemTime::now(),
-        )
-        .unwrap();
-        Self { _dir: dir, pki, td }
-    }
-
-    fn issue(&self, path: &str) -> MaterialPaths {
-        let identity = Identity::parse(&format!("spiffe://{}/{path}", self.td.as_str())).unwrap();
-        let (_, paths) = self
-            .pki
-            .issue(
-                &identity,
-                Some(&Name::new("eu").unwrap()),
-                Duration::from_secs(24 * 3600),
-                None,
-                SystemTime::now(),
-            )
-            .unwrap();
-        MaterialPaths {
-            cert_chain: paths.fullchain,
-            key: paths.key,
-            bundle: self.pki.bundle(),
-        }
-    }
-}
-
-async fn session(pki: &Pki, who: &str, addr: SocketAddr) -> Result<ClientSession, tonic::Status> {
+async fn session(
+    pki: &TestPkiDir,
+    who: &str,
+    addr: SocketAddr,
+) -> Result<ClientSession, tonic::Status> {
     ClientSession::open(channel(pki, who, addr).await?).await
 }
 
 /// A mutual-TLS channel to the ingest listener as `who`.
 async fn channel(
-    pki: &Pki,
+    pki: &TestPkiDir,
     who: &str,
     addr: SocketAddr,
 ) -> Result<tonic::transport::Channel, tonic::Status> {
-    let paths = pki.issue(who);
-    let own = PeerPolicy {
-        trust_domain: pki.td.clone(),
-        accepted: KindSet::ALL,
-        region: None,
-    };
-    let material = load_material(&paths, &own, SystemTime::now())
-        .await
-        .unwrap();
     let servers = PeerPolicy {
         trust_domain: TrustDomain::new(TD).unwrap(),
         accepted: KindSet::only(IdentityKind::Authority),
         region: None,
     };
-    let config = client_config(
-        &LiveMaterial::new(material),
-        servers,
-        CertMetrics::new(),
-        &[ALPN_H2],
-    )
-    .unwrap();
+    let config = client_config(&pki.live(who), servers, CertMetrics::new(), &[ALPN_H2]).unwrap();
     let channel = Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect_with_connector(TlsConnector::new(Arc::new(config)))
@@ -150,7 +99,7 @@ fn ready(instance: &str) -> WireSample {
 /// A single-member authority with evidence ingest over mutual TLS, leading, with service
 /// `pay` registered.
 async fn leading_authority(
-    pki: &Pki,
+    pki: &TestPkiDir,
     data: &std::path::Path,
     gossip: Option<waymark_agent::authority::settings::GossipSettings>,
 ) -> (Authority, ApiClient) {
@@ -218,7 +167,7 @@ async fn register(api: &ApiClient, host: u8) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted_and_audited() {
-    let pki = Pki::new(TD);
+    let pki = TestPkiDir::new(TD, &["eu", "us"]);
     let data = tempfile::tempdir().unwrap();
     let (authority, api) = leading_authority(&pki, data.path(), None).await;
     let ids = [register(&api, 1).await, register(&api, 2).await];
@@ -287,7 +236,7 @@ async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted
     );
 
     // A certificate from another trust domain never completes the handshake.
-    let other = Pki::new("elsewhere.test");
+    let other = TestPkiDir::new("elsewhere.test", &["eu", "us"]);
     assert!(session(&other, "region/eu/node/n1", ingest).await.is_err());
 
     // Counted by reason, and the denials are in the audit log with the reporter.
@@ -311,45 +260,35 @@ async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted
     // server first; `listener_refusals.rs` tries each reason from the server's side.
     let series =
         "waymark_grpc_tls_handshakes_failed_total{listener=\"ingest\",reason=\"wrong_region\"} ";
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    until(&format!("`{series}` counted"), WAIT, async || {
         let metrics = api.send(Method::GET, "/metrics", None).await.unwrap();
         let text = String::from_utf8_lossy(&metrics.body).into_owned();
         let refused: u64 = text
             .lines()
             .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
             .unwrap_or(0);
-        if refused >= 1 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "missing `{series}` in\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        if refused >= 1 { Ok(()) } else { Err(text) }
+    })
+    .await;
     assert!(
         text.contains("waymark_ingest_sessions_unattributed_total 0"),
         "{text}"
     );
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    let lines = until("the denials audited", WAIT, async || {
         let r = api
             .send(Method::GET, "/v1/audit?kind=denial", None)
             .await
             .unwrap();
         let lines = String::from_utf8_lossy(&r.body).into_owned();
         if lines.lines().count() >= 4 {
-            assert!(lines.contains("node/n2"), "{lines}");
-            assert!(lines.contains("not_assigned"), "{lines}");
-            break;
+            Ok(lines)
+        } else {
+            Err(lines)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "denials not audited: {lines}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert!(lines.contains("node/n2"), "{lines}");
+    assert!(lines.contains("not_assigned"), "{lines}");
     authority.shutdown().await;
 }
 
@@ -357,7 +296,7 @@ async fn evidence_is_attributed_by_certificate_and_forgeries_are_refused_counted
 async fn a_changed_contract_reaches_the_probers_at_once() {
     // A new probe (another path, another protocol) must be what the probers check next,
     // not whatever they were told before; otherwise a pushed contract is silently ignored.
-    let pki = Pki::new(TD);
+    let pki = TestPkiDir::new(TD, &["eu", "us"]);
     let data = tempfile::tempdir().unwrap();
     let (authority, api) = leading_authority(&pki, data.path(), None).await;
     register(&api, 1).await;
@@ -406,7 +345,7 @@ async fn a_changed_contract_reaches_the_probers_at_once() {
 async fn gossip_membership_decides_which_connected_nodes_probe() {
     use waymark_agent::authority::settings::GossipSettings;
     use waymark_agent::gossip::{Gossip, GossipConfig, GossipId, Key, Keyring, Role};
-    let pki = Pki::new(TD);
+    let pki = TestPkiDir::new(TD, &["eu", "us"]);
     let data = tempfile::tempdir().unwrap();
     let keyring = Keyring::single(Key::from_bytes(&[9; 32]));
     let gossip_addr = std::net::UdpSocket::bind("127.0.0.1:0")
@@ -478,7 +417,7 @@ async fn gossip_membership_decides_which_connected_nodes_probe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_hello_ends_the_session_and_leaves_no_phantom_prober() {
     // Goal: one connection cannot count its node as connected more often than it leaves.
-    let pki = Pki::new(TD);
+    let pki = TestPkiDir::new(TD, &["eu", "us"]);
     let data = tempfile::tempdir().unwrap();
     let (authority, api) = leading_authority(&pki, data.path(), None).await;
     let _id = register(&api, 1).await;
@@ -528,7 +467,7 @@ async fn a_second_hello_ends_the_session_and_leaves_no_phantom_prober() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_over_the_size_cap_ends_the_session_before_it_is_decoded() {
     use waymark_agent::evidence::{AGENT_MESSAGE_BYTES_MAX, JsonCodec, SESSION_PATH};
-    let pki = Pki::new(TD);
+    let pki = TestPkiDir::new(TD, &["eu", "us"]);
     let data = tempfile::tempdir().unwrap();
     let (authority, api) = leading_authority(&pki, data.path(), None).await;
     let id = register(&api, 1).await;

@@ -20,6 +20,7 @@ use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::kube::standin::StandIn;
 use waymark_agent::authority::member::Authority;
 use waymark_agent::authority::settings::{AuthorityConfig, KubeSettings};
+use waymark_testkit::until;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -84,19 +85,20 @@ async fn routed(api: &ApiClient) -> BTreeMap<String, String> {
 }
 
 async fn until_routed(api: &ApiClient, want: &[&str]) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let now = routed(api).await;
-        let ids: Vec<&str> = now.keys().map(String::as_str).collect();
-        if ids == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "published view routes {now:?}, expected {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until(
+        &format!("the published view to route {want:?}"),
+        WAIT,
+        async || {
+            let now = routed(api).await;
+            let ids: Vec<&str> = now.keys().map(String::as_str).collect();
+            if ids == want {
+                Ok(())
+            } else {
+                Err(format!("routes {now:?}"))
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,8 +133,7 @@ async fn published_views_follow_the_orchestrator() {
         .unwrap();
     common::wait_leader(&a).await;
     let api = common::operator(&a, "test").await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    until("the service to be accepted (a leader)", WAIT, async || {
         let r = api
             .send(
                 Method::PUT,
@@ -142,11 +143,12 @@ async fn published_views_follow_the_orchestrator() {
             .await
             .unwrap();
         if r.status.is_success() {
-            break;
+            Ok(())
+        } else {
+            Err(r.status)
         }
-        assert!(tokio::time::Instant::now() < deadline, "no leader");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 
     // Three pods appear: three instances with pod-UID ids, routed.
     standin.apply(slice(vec![

@@ -9,12 +9,13 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::Method;
 use serde_json::json;
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::cli::tls::{ClientFiles, api_client_config};
+use waymark_testkit::until;
 
 fn print_config(role: &str, file: &Path) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_waymark"))
@@ -301,7 +302,7 @@ initial_management_token_file = "{token}"
         identity: None,
     };
     let tls = api_client_config(&files, std::time::SystemTime::now()).unwrap();
-    support::eventually(
+    until(
         "the authority to lead",
         Duration::from_secs(60),
         async || {
@@ -393,7 +394,7 @@ bundle = "{bundle}"
         tmp.path().join("agent.log"),
     );
     let agent_http = SocketAddr::from(([127, 0, 0, 1], http));
-    support::eventually(
+    until(
         "the agent to serve a view (/readyz)",
         Duration::from_secs(30),
         async || {
@@ -441,19 +442,13 @@ bundle = "{bundle}"
                 ]),
             dir.join("envoy.log"),
         );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let admin = loop {
+        let what = format!("{file}: Envoy's admin address");
+        let admin = until(&what, Duration::from_secs(30), async || {
             let written = std::fs::read_to_string(&admin_file).unwrap_or_default();
-            if let Ok(a) = written.trim().parse::<SocketAddr>() {
-                break a;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{file}: Envoy's admin never came up"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        support::eventually(
+            written.trim().parse::<SocketAddr>().ok()
+        })
+        .await;
+        until(
             &format!("{file}: the agent's `payments` cluster over mutual TLS"),
             Duration::from_secs(30),
             async || {

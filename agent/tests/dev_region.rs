@@ -14,11 +14,12 @@ mod support;
 
 use std::process::{Command, Stdio};
 
-use common::dev::until;
+use common::dev::WAIT;
 use http::Method;
 use serde_json::{Value, json};
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::dev::{DevArgs, DevRegion};
+use waymark_testkit::until;
 
 async fn verdicts(api: &ApiClient, service: &str) -> Value {
     let list = api.get_json("/v1/services").await.unwrap();
@@ -81,7 +82,7 @@ async fn the_dev_region_shows_every_verdict() {
 
     // Every instance becomes eligible from evidence alone (probes, self-reports).
     for (service, n) in [("web", 6), ("checkout", 3), ("inventory", 3)] {
-        until(&format!("{service}: {n} eligible"), async || {
+        until(&format!("{service}: {n} eligible"), WAIT, async || {
             (verdicts(&api, service).await["eligible"] == n).then_some(())
         })
         .await;
@@ -107,6 +108,7 @@ async fn the_dev_region_shows_every_verdict() {
     let listener = "127.0.0.1:10000".parse().unwrap();
     let body = until(
         "Envoy routes to a demo backend",
+        WAIT,
         async || match support::http::get(listener, "/").await {
             Ok(r) if r.status == 200 => Some(r.body),
             _ => None,
@@ -127,7 +129,7 @@ async fn the_dev_region_shows_every_verdict() {
     // A hard failure withdraws the instance.
     set_mode(&control, "web-az1-1", "fail-hard").await;
     let id = ids["web-az1-1"].to_string();
-    until("web-az1-1 ineligible (hard failure)", async || {
+    until("web-az1-1 ineligible (hard failure)", WAIT, async || {
         let e = explain(&api, &id).await;
         (e["verdict"] == "ineligible").then_some(())
     })
@@ -135,7 +137,7 @@ async fn the_dev_region_shows_every_verdict() {
     // A degraded shared dependency lowers weight, it does not withdraw.
     set_mode(&control, "checkout-az2-1", "degraded-dependency").await;
     let id = ids["checkout-az2-1"].to_string();
-    until("checkout-az2-1 degraded", async || {
+    until("checkout-az2-1 degraded", WAIT, async || {
         let e = explain(&api, &id).await;
         (e["verdict"] == "degraded").then_some(())
     })
@@ -143,7 +145,7 @@ async fn the_dev_region_shows_every_verdict() {
     // Back to healthy: it returns.
     set_mode(&control, "web-az1-1", "healthy").await;
     let id = ids["web-az1-1"].to_string();
-    until("web-az1-1 eligible again", async || {
+    until("web-az1-1 eligible again", WAIT, async || {
         let e = explain(&api, &id).await;
         (e["verdict"] == "eligible").then_some(())
     })

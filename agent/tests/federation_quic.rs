@@ -16,20 +16,14 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use tokio::time::Instant;
-use waymark_certs::ca::{IssuedLeaf, LeafSan, LeafSpec};
-use waymark_certs::error::PemPart;
-use waymark_certs::layout::PkiDir;
-use waymark_certs::material::{MaterialPem, parse_certs, parse_key, validate_material};
+use waymark_certs::ca::IssuedLeaf;
 use waymark_certs::metrics::RejectSource;
 use waymark_certs::quic::{ALPN_WAYMARK, quic_client_config};
+use waymark_certs::testing::{TestPkiDir, certified, raw_client_config};
 use waymark_certs::tls::LiveMaterial;
-use waymark_certs::verify::PeerVerifier;
-use waymark_certs::{
-    CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, RejectReason, TrustDomain,
-};
+use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, RejectReason, TrustDomain};
 use waymark_core::eligibility::Verdict;
 use waymark_core::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
 use waymark_core::units::Weight;
@@ -42,13 +36,12 @@ use waymark_federation_quic::{
     FederationConfig, FederationError, FederationMetrics, FederationNode, FederationTls,
     PeerConfig, PeerStatus, RefusalReason, RegionStatus, SharedAggregates,
 };
+use waymark_testkit::until;
 use waymark_xds::client::BackoffConfig;
 
 const TD: &str = "waymark.test";
 /// The longest any expected state may take to appear.
 const WAIT: Duration = Duration::from_secs(30);
-/// How often a bounded wait re-checks its condition.
-const POLL: Duration = Duration::from_millis(25);
 /// A peer this silent is stale (short, so the test sees it).
 const STALE_AFTER: Duration = Duration::from_secs(1);
 /// Acceptors never dial, so the address they are configured with for a dialling peer is
@@ -56,61 +49,6 @@ const STALE_AFTER: Duration = Duration::from_secs(1);
 const NOT_DIALLED: &str = "127.0.0.1:9";
 
 // === the PKI ===
-
-struct Pki {
-    _dir: tempfile::TempDir,
-    pki: PkiDir,
-    td: TrustDomain,
-}
-
-impl Pki {
-    fn new(td: &str, regions: &[&str]) -> Self {
-        waymark_certs::install_crypto_provider();
-        let dir = tempfile::tempdir().unwrap();
-        let pki = PkiDir::new(dir.path().join("pki"));
-        let td = TrustDomain::new(td).unwrap();
-        let regions: Vec<Name> = regions.iter().map(|r| Name::new(r).unwrap()).collect();
-        pki.init(&td, &regions, SystemTime::now()).unwrap();
-        Self { _dir: dir, pki, td }
-    }
-
-    /// Issues `spiffe://<td>/<path>` from its region's intermediate.
-    fn leaf(&self, path: &str) -> IssuedLeaf {
-        let identity = Identity::parse(&format!("spiffe://{}/{path}", self.td)).unwrap();
-        let (leaf, _) = self
-            .pki
-            .issue(
-                &identity,
-                None,
-                Duration::from_secs(24 * 3600),
-                None,
-                SystemTime::now(),
-            )
-            .unwrap();
-        leaf
-    }
-
-    fn bundle(&self) -> String {
-        std::fs::read_to_string(self.pki.bundle()).unwrap()
-    }
-
-    fn live(&self, path: &str) -> Arc<LiveMaterial> {
-        let leaf = self.leaf(path);
-        let bundle = self.bundle();
-        let fullchain = leaf.fullchain_pem();
-        let pem = MaterialPem {
-            cert_chain: fullchain.as_bytes(),
-            key: leaf.key_pem.as_bytes(),
-            bundle: bundle.as_bytes(),
-        };
-        let own = PeerPolicy {
-            trust_domain: self.td.clone(),
-            accepted: KindSet::ALL,
-            region: None,
-        };
-        LiveMaterial::new(validate_material(pem, &own, SystemTime::now()).unwrap())
-    }
-}
 
 fn authorities() -> PeerPolicy {
     PeerPolicy {
@@ -178,7 +116,7 @@ struct Fed {
 
 impl Fed {
     /// Starts member `a1` of region `name`, its peers each their region's member `a1`.
-    fn start(pki: &Pki, name: &'static str, peers: &[(&str, SocketAddr)]) -> Self {
+    fn start(pki: &TestPkiDir, name: &'static str, peers: &[(&str, SocketAddr)]) -> Self {
         let peers: Vec<_> = peers.iter().map(|(r, addr)| (*r, "a1", *addr)).collect();
         Self::member(pki, name, "a1", &peers)
     }
@@ -186,7 +124,7 @@ impl Fed {
     /// Starts `member` of region `name` on 127.0.0.1:0 with its own authority certificate,
     /// having published version 1 of `cart` and `pay`; `peers` are (region, member, addr).
     fn member(
-        pki: &Pki,
+        pki: &TestPkiDir,
         name: &'static str,
         member: &'static str,
         peers: &[(&str, &str, SocketAddr)],
@@ -279,16 +217,14 @@ impl Fed {
     /// in case the kernel has not released it yet).
     async fn restart(&mut self, addr: SocketAddr) {
         self.config.bind = addr;
-        let deadline = Instant::now() + WAIT;
-        loop {
-            match self.try_start() {
-                Ok(node) => break self.node = Some(node),
-                Err(FederationError::Bind { .. }) if Instant::now() < deadline => {
-                    tokio::time::sleep(POLL).await;
-                }
-                Err(e) => panic!("{}/{} did not restart: {e}", self.name, self.member),
-            }
-        }
+        let what = format!("{}/{} to restart on {addr}", self.name, self.member);
+        let node = until(&what, WAIT, async || match self.try_start() {
+            Ok(node) => Ok(node),
+            Err(e @ FederationError::Bind { .. }) => Err(e),
+            Err(e) => panic!("{}/{} did not restart: {e}", self.name, self.member),
+        })
+        .await;
+        self.node = Some(node);
     }
 
     /// The link to member `a1` of region `peer`.
@@ -316,7 +252,7 @@ impl Fed {
 }
 
 /// ap < eu < us: the lower name dials, so `us` starts first, then `eu`, then `ap`.
-fn three_regions(pki: &Pki) -> (Fed, Fed, Fed) {
+fn three_regions(pki: &TestPkiDir) -> (Fed, Fed, Fed) {
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let us = Fed::start(pki, "us", &[("ap", unused), ("eu", unused)]);
     let eu = Fed::start(pki, "eu", &[("ap", unused), ("us", us.addr())]);
@@ -334,18 +270,12 @@ fn exposition(metrics: &FederationMetrics) -> String {
     waymark_agent::metrics::to_prometheus_text(&text)
 }
 
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(POLL).await;
-    }
-}
-
 async fn converge(feds: &[&Fed], expected: &Versions) {
-    wait_until("every region holds every region's entries", || {
-        feds.iter().all(|f| f.digest() == *expected)
-    })
+    until(
+        "every region holds every region's entries",
+        WAIT,
+        async || feds.iter().all(|f| f.digest() == *expected),
+    )
     .await;
 }
 
@@ -365,10 +295,10 @@ fn all_v1() -> Versions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_regions_converge_over_mutually_authenticated_quic() {
     // Goal: each region's own entries reach the other two over real QUIC links.
-    let pki = Pki::new(TD, &["ap", "eu", "us"]);
+    let pki = TestPkiDir::new(TD, &["ap", "eu", "us"]);
     let (ap, eu, us) = three_regions(&pki);
     converge(&[&ap, &eu, &us], &all_v1()).await;
-    wait_until("every link reports connected and fresh", || {
+    until("every link reports connected and fresh", WAIT, async || {
         [
             (&ap, ["eu", "us"]),
             (&eu, ["ap", "us"]),
@@ -392,17 +322,22 @@ async fn three_regions_converge_over_mutually_authenticated_quic() {
     for f in [&ap, &eu, &us] {
         assert_eq!(f.metrics.refused(RefusalReason::Tls), 0, "{}", f.name);
     }
-    wait_until("eu's gauges show ap connected, fresh and aged", || {
-        let text = exposition(&eu.metrics);
-        text.contains("waymark_federation_peer_connected{peer_region=\"ap\",peer_member=\"a1\"} 1")
-            && text
+    until(
+        "eu's gauges show ap connected, fresh and aged",
+        WAIT,
+        async || {
+            let text = exposition(&eu.metrics);
+            text.contains(
+                "waymark_federation_peer_connected{peer_region=\"ap\",peer_member=\"a1\"} 1",
+            ) && text
                 .contains("waymark_federation_peer_stale{peer_region=\"ap\",peer_member=\"a1\"} 0")
-            && text.contains(
-                "waymark_federation_peer_age_seconds{peer_region=\"ap\",peer_member=\"a1\"}",
-            )
-            && text.contains("waymark_federation_region_stale{peer_region=\"ap\"} 0")
-            && text.contains("waymark_federation_region_age_seconds{peer_region=\"ap\"}")
-    })
+                && text.contains(
+                    "waymark_federation_peer_age_seconds{peer_region=\"ap\",peer_member=\"a1\"}",
+                )
+                && text.contains("waymark_federation_region_stale{peer_region=\"ap\"} 0")
+                && text.contains("waymark_federation_region_age_seconds{peer_region=\"ap\"}")
+        },
+    )
     .await;
     let text = exposition(&eu.metrics);
     for series in [
@@ -419,7 +354,7 @@ async fn three_regions_converge_over_mutually_authenticated_quic() {
 async fn a_partitioned_region_is_kept_stale_and_reconciled_when_it_returns() {
     // Goal: stopping ap's endpoint leaves every region's own entries alone, keeps ap's
     // entries (stale) in eu and us; on restart the divergence is reconciled and recorded.
-    let pki = Pki::new(TD, &["ap", "eu", "us"]);
+    let pki = TestPkiDir::new(TD, &["ap", "eu", "us"]);
     let (mut ap, eu, us) = three_regions(&pki);
     converge(&[&ap, &eu, &us], &all_v1()).await;
     for f in [&ap, &eu, &us] {
@@ -427,15 +362,19 @@ async fn a_partitioned_region_is_kept_stale_and_reconciled_when_it_returns() {
     }
 
     let ap_addr = ap.stop().await;
-    wait_until("eu and us report ap disconnected and stale", || {
-        [&eu, &us].iter().all(|f| {
-            let s = f.peer("ap");
-            let r = f.region("ap");
-            !s.connected && s.stale && s.last_error.is_some() && r.stale && r.links_up == 0
-        })
-    })
+    until(
+        "eu and us report ap disconnected and stale",
+        WAIT,
+        async || {
+            [&eu, &us].iter().all(|f| {
+                let s = f.peer("ap");
+                let r = f.region("ap");
+                !s.connected && s.stale && s.last_error.is_some() && r.stale && r.links_up == 0
+            })
+        },
+    )
     .await;
-    wait_until("eu's gauges show ap stale", || {
+    until("eu's gauges show ap stale", WAIT, async || {
         let text = exposition(&eu.metrics);
         text.contains("waymark_federation_peer_stale{peer_region=\"ap\",peer_member=\"a1\"} 1")
             && text.contains("waymark_federation_region_stale{peer_region=\"ap\"} 1")
@@ -459,12 +398,16 @@ async fn a_partitioned_region_is_kept_stale_and_reconciled_when_it_returns() {
     let mut healed = eu_us.clone();
     healed.insert((region("ap"), service("cart")), 2);
     converge(&[&ap, &eu, &us], &healed).await;
-    wait_until("eu and us report ap connected and fresh again", || {
-        [&eu, &us].iter().all(|f| {
-            let s = f.peer("ap");
-            s.connected && !s.stale && !f.region("ap").stale
-        })
-    })
+    until(
+        "eu and us report ap connected and fresh again",
+        WAIT,
+        async || {
+            [&eu, &us].iter().all(|f| {
+                let s = f.peer("ap");
+                s.connected && !s.stale && !f.region("ap").stale
+            })
+        },
+    )
     .await;
 
     // ap took eu's newer cart and eu took ap's: both recorded, with both versions, each
@@ -495,20 +438,9 @@ async fn a_partitioned_region_is_kept_stale_and_reconciled_when_it_returns() {
 }
 
 /// A raw client presenting `leaf` (any kind, any CA), trusting servers of our estate.
-fn raw_client(pki: &Pki, leaf: &IssuedLeaf) -> quinn::ClientConfig {
-    let chain = parse_certs(leaf.fullchain_pem().as_bytes(), PemPart::Certificate).unwrap();
-    let key = parse_key(leaf.key_pem.as_bytes()).unwrap();
-    // Trust our estate's root through a verifier reading any of our live materials.
-    let roots = pki.live("region/eu/node/verifier");
-    let verifier = PeerVerifier::new(roots, authorities(), CertMetrics::new());
-    let mut tls = rustls::ClientConfig::builder_with_provider(waymark_certs::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_client_auth_cert(chain, key)
-        .unwrap();
-    tls.alpn_protocols = vec![ALPN_WAYMARK.to_vec()];
+fn raw_client(pki: &TestPkiDir, leaf: &IssuedLeaf) -> quinn::ClientConfig {
+    let verifier = pki.verifier(KindSet::only(IdentityKind::Authority));
+    let tls = raw_client_config(Some(certified(leaf)), verifier, ALPN_WAYMARK);
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
     quinn::ClientConfig::new(Arc::new(crypto))
 }
@@ -533,24 +465,11 @@ async fn try_federate(addr: SocketAddr, config: quinn::ClientConfig) -> anyhow::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificates_of_the_wrong_kind_or_trust_domain_are_refused() {
     // Goal: only authority certificates of our trust domain complete a federation link.
-    let pki = Pki::new(TD, &["ap", "eu", "us"]);
-    let other = Pki::new("elsewhere.test", &["ap"]);
+    let pki = TestPkiDir::new(TD, &["ap", "eu", "us"]);
+    let other = TestPkiDir::new("elsewhere.test", &["ap"]);
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let eu = Fed::start(&pki, "eu", &[("ap", unused)]);
-    let hour = Duration::from_secs(3600);
-    let now = SystemTime::now();
-    let foreign_san = pki
-        .pki
-        .load_region(&Name::new("ap").unwrap())
-        .unwrap()
-        .issue_unchecked(LeafSpec {
-            sans: vec![LeafSan::Uri(
-                "spiffe://elsewhere.test/region/ap/authority/a1".into(),
-            )],
-            not_before: now - hour,
-            not_after: now + hour,
-        })
-        .unwrap();
+    let foreign_san = pki.forge("ap", "spiffe://elsewhere.test/region/ap/authority/a1");
     let cases = [
         (
             "node",
@@ -580,9 +499,11 @@ async fn certificates_of_the_wrong_kind_or_trust_domain_are_refused() {
             .await
             .expect("refused in time, not hung");
         assert!(result.is_err(), "{name}: a link was established");
-        wait_until(&format!("{name}: the refusal is counted"), || {
-            eu.metrics.refused(RefusalReason::Tls) == refused_before + 1
-        })
+        until(
+            &format!("{name}: the refusal is counted"),
+            WAIT,
+            async || eu.metrics.refused(RefusalReason::Tls) == refused_before + 1,
+        )
         .await;
         if let (Some(reason), Some(before)) = (reason, rejected_before) {
             assert_eq!(
@@ -602,7 +523,7 @@ async fn certificates_of_the_wrong_kind_or_trust_domain_are_refused() {
 async fn authorities_of_our_own_an_unknown_or_the_dialled_region_are_refused() {
     // Goal: a valid authority certificate is not enough; its region must be a peer that
     // dials us. Each refusal closes the connection with an application error and counts.
-    let pki = Pki::new(TD, &["ap", "eu", "sa", "us"]);
+    let pki = TestPkiDir::new(TD, &["ap", "eu", "sa", "us"]);
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let eu = Fed::start(&pki, "eu", &[("ap", unused), ("us", unused)]);
     let cases = [
@@ -626,7 +547,7 @@ async fn authorities_of_our_own_an_unknown_or_the_dialled_region_are_refused() {
 
 /// eu < us, so eu's members dial: us's two members start first, then eu's two, each
 /// configured with both members of the other region. Returns (eu/a1, eu/a2, us/a1, us/a2).
-fn two_regions_of_two_members(pki: &Pki) -> (Fed, Fed, Fed, Fed) {
+fn two_regions_of_two_members(pki: &TestPkiDir) -> (Fed, Fed, Fed, Fed) {
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let eu_members = [("eu", "a1", unused), ("eu", "a2", unused)];
     let us_a1 = Fed::member(pki, "us", "a1", &eu_members);
@@ -643,7 +564,7 @@ async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_wh
     // Goal: with two authority members per region, each member keeps its own link to each
     // peer member (none replaces another), and a peer region stays fresh while any of its
     // members speaks; once all are silent it is stale and its entries are kept.
-    let pki = Pki::new(TD, &["eu", "us"]);
+    let pki = TestPkiDir::new(TD, &["eu", "us"]);
     let (eu_a1, eu_a2, mut us_a1, mut us_a2) = two_regions_of_two_members(&pki);
     let all = [&eu_a1, &eu_a2, &us_a1, &us_a2];
     let other = |f: &Fed| if f.name == "eu" { "us" } else { "eu" };
@@ -654,9 +575,10 @@ async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_wh
         ("us", "pay", 1),
     ]);
     converge(&all, &v1).await;
-    wait_until(
+    until(
         "every member has both links to the other region up and fresh",
-        || {
+        WAIT,
+        async || {
             all.iter().all(|f| {
                 let r = f.region(other(f));
                 r.links == 2 && r.links_up == 2 && !r.stale
@@ -683,9 +605,10 @@ async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_wh
         let json = serde_json::to_value(&region).unwrap();
         assert!(json["age_ms"].is_u64() && json["links_up"] == 2, "{json}");
     }
-    wait_until(
+    until(
         "eu/a1's gauges show both us links and the us region",
-        || {
+        WAIT,
+        async || {
             let text = exposition(&eu_a1.metrics);
             ["a1", "a2"].iter().all(|m| {
                 text.contains(&format!(
@@ -704,7 +627,7 @@ async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_wh
     let mut v2 = v1.clone();
     v2.insert((region("us"), service("cart")), 2);
     converge(&[&eu_a1, &eu_a2, &us_a2], &v2).await;
-    wait_until("eu's links to us/a1 are down and stale", || {
+    until("eu's links to us/a1 are down and stale", WAIT, async || {
         [&eu_a1, &eu_a2].iter().all(|f| {
             let link = f.link("us", "a1");
             !link.connected && link.stale
@@ -721,10 +644,14 @@ async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_wh
         assert_eq!((r.links_up, r.links), (1, 2));
         assert!(r.age.unwrap() <= STALE_AFTER, "{r:?}");
     }
-    wait_until("eu/a1's gauges show the us/a1 link stale", || {
-        exposition(&eu_a1.metrics)
-            .contains("waymark_federation_peer_stale{peer_region=\"us\",peer_member=\"a1\"} 1")
-    })
+    until(
+        "eu/a1's gauges show the us/a1 link stale",
+        WAIT,
+        async || {
+            exposition(&eu_a1.metrics)
+                .contains("waymark_federation_peer_stale{peer_region=\"us\",peer_member=\"a1\"} 1")
+        },
+    )
     .await;
     // Written in the same refresh as the link's gauge above, or a later one.
     let text = exposition(&eu_a1.metrics);
@@ -735,16 +662,21 @@ async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_wh
 
     // us/a2 goes away too: now the region is stale, and what it published is kept.
     us_a2.stop().await;
-    wait_until("eu reports us stale with no link up", || {
+    until("eu reports us stale with no link up", WAIT, async || {
         [&eu_a1, &eu_a2].iter().all(|f| {
             let r = f.region("us");
             r.stale && r.links_up == 0
         })
     })
     .await;
-    wait_until("eu/a1's gauge shows the us region stale", || {
-        exposition(&eu_a1.metrics).contains("waymark_federation_region_stale{peer_region=\"us\"} 1")
-    })
+    until(
+        "eu/a1's gauge shows the us region stale",
+        WAIT,
+        async || {
+            exposition(&eu_a1.metrics)
+                .contains("waymark_federation_region_stale{peer_region=\"us\"} 1")
+        },
+    )
     .await;
     for f in [&eu_a1, &eu_a2] {
         assert_eq!(f.digest(), v2, "{}/{}: kept, not dropped", f.name, f.member);
@@ -759,7 +691,7 @@ async fn every_member_links_to_every_peer_member_and_a_region_goes_stale_only_wh
 async fn an_unconfigured_member_of_a_peer_region_is_refused_and_the_configured_one_kept() {
     // Goal: a valid authority of a peer region that is not one of its configured members is
     // refused as `unknown_member`, and does not disturb the configured member's link.
-    let pki = Pki::new(TD, &["ap", "eu"]);
+    let pki = TestPkiDir::new(TD, &["ap", "eu"]);
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let eu = Fed::start(&pki, "eu", &[("ap", unused)]);
     let ap = Fed::start(&pki, "ap", &[("eu", eu.addr())]);
@@ -770,7 +702,10 @@ async fn an_unconfigured_member_of_a_peer_region_is_refused_and_the_configured_o
         ("eu", "pay", 1),
     ]);
     converge(&[&ap, &eu], &v1).await;
-    wait_until("eu's link to ap/a1 is up", || eu.peer("ap").connected).await;
+    until("eu's link to ap/a1 is up", WAIT, async || {
+        eu.peer("ap").connected
+    })
+    .await;
 
     let config = quic_client_config(
         &pki.live("region/ap/authority/a9"),
@@ -804,11 +739,11 @@ async fn an_unconfigured_member_of_a_peer_region_is_refused_and_the_configured_o
 async fn a_dialled_server_of_the_right_region_but_another_member_is_refused() {
     // Goal: the dialer checks the member as well as the region: ap is told eu/a1 listens
     // where eu/a2 does, and refuses that server every time it dials, learning nothing.
-    let pki = Pki::new(TD, &["ap", "eu"]);
+    let pki = TestPkiDir::new(TD, &["ap", "eu"]);
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let eu_a2 = Fed::member(&pki, "eu", "a2", &[("ap", "a1", unused)]);
     let ap = Fed::start(&pki, "ap", &[("eu", eu_a2.addr())]);
-    wait_until("ap has refused eu/a2 on two dials", || {
+    until("ap has refused eu/a2 on two dials", WAIT, async || {
         ap.metrics.refused(RefusalReason::UnexpectedMember) >= 2
     })
     .await;
@@ -851,7 +786,7 @@ async fn a_peer_speaks_only_for_its_own_region_on_its_link() {
     // entries (not us's, which it holds); a batch from ap naming us (a third region) or eu
     // is refused whole, counted as foreign_entry, and changes nothing; ap's own batch is
     // then merged on the same link.
-    let pki = Pki::new(TD, &["ap", "eu", "us"]);
+    let pki = TestPkiDir::new(TD, &["ap", "eu", "us"]);
     let unused: SocketAddr = NOT_DIALLED.parse().unwrap();
     let eu = Fed::start(&pki, "eu", &[("ap", unused), ("us", unused)]);
     eu.aggregates
@@ -904,7 +839,7 @@ async fn a_peer_speaks_only_for_its_own_region_on_its_link() {
             entries: vec![entry("ap", "cart", 1), claimed],
         };
         write_message(&mut send, &batch).await;
-        wait_until("the foreign batch is counted", || {
+        until("the foreign batch is counted", WAIT, async || {
             eu.metrics.refused(RefusalReason::ForeignEntry) == n as u64 + 1
         })
         .await;
@@ -919,7 +854,10 @@ async fn a_peer_speaks_only_for_its_own_region_on_its_link() {
     .await;
     let mut merged = before.clone();
     merged.insert((region("ap"), service("cart")), 1);
-    wait_until("ap's own batch is merged", || eu.digest() == merged).await;
+    until("ap's own batch is merged", WAIT, async || {
+        eu.digest() == merged
+    })
+    .await;
     assert!(eu.peer("ap").connected, "the link stayed up");
     assert_eq!(eu.metrics.refused(RefusalReason::ForeignEntry), 2);
     let text = exposition(&eu.metrics);

@@ -20,15 +20,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use http::Method;
 use serde_json::{Value, json};
 use tokio::net::UdpSocket;
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::cli::tls::{ClientFiles, api_client_config};
-use waymark_certs::layout::PkiDir;
-use waymark_certs::{Identity, Name, TrustDomain};
+use waymark_certs::testing::TestPkiDir;
+use waymark_testkit::{POLL_INTERVAL, try_until, until};
 
 use common::free_port;
 
@@ -164,24 +164,12 @@ impl Drop for Region {
 
 /// The estate CA and one authority certificate per region, as files.
 fn pki(dir: &Path) -> BTreeMap<&'static str, (PathBuf, PathBuf, PathBuf)> {
-    let pki = PkiDir::new(dir.join("pki"));
-    let td = TrustDomain::new(TD).unwrap();
-    let regions: Vec<Name> = REGIONS.iter().map(|r| Name::new(r).unwrap()).collect();
-    pki.init(&td, &regions, SystemTime::now()).unwrap();
+    let pki = TestPkiDir::init(&dir.join("pki"), TD, &REGIONS);
     REGIONS
         .iter()
         .map(|r| {
-            let id = Identity::parse(&format!("spiffe://{TD}/region/{r}/authority/1")).unwrap();
-            let (_, paths) = pki
-                .issue(
-                    &id,
-                    None,
-                    Duration::from_secs(24 * 3600),
-                    None,
-                    SystemTime::now(),
-                )
-                .unwrap();
-            (*r, (paths.fullchain, paths.key, pki.bundle()))
+            let paths = pki.issue(&format!("region/{r}/authority/1"));
+            (*r, (paths.cert_chain, paths.key, paths.bundle))
         })
         .collect()
 }
@@ -244,17 +232,6 @@ fn spawn(config: &Path, log: &Path) -> Child {
         .stderr(log)
         .spawn()
         .unwrap()
-}
-
-async fn wait_for<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Registers an instance of `web` in `region` at 10.`octet`.0.`host`.
@@ -382,7 +359,7 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
         .collect();
     let [ap, eu, us] = [&regions[0], &regions[1], &regions[2]];
     for r in &regions {
-        wait_for("a leader", async || {
+        until("a leader", WAIT, async || {
             let s = r.api().get_json("/v1/status").await.ok()?;
             (s["is_leader"].as_bool() == Some(true)).then_some(())
         })
@@ -407,23 +384,25 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
     // Converged: every region routes its own two instances at tier 0 and the other four
     // at tier 2.
     for r in &regions {
-        let deadline = Instant::now() + WAIT;
-        loop {
+        let what = format!("{}: tier 2 from both peers", r.name);
+        let tier_2 = try_until(&what, WAIT, POLL_INTERVAL, async || {
             let v = view(r).await;
             let remote = v.values().filter(|(_, tier)| tier == "remote").count();
             if v.len() == 6 && remote == 4 {
-                break;
+                Ok(())
+            } else {
+                Err(format!("view {v:?}"))
             }
-            assert!(
-                Instant::now() < deadline,
-                "{}: no tier 2 from both peers: view {v:?}\nviews {:?} {:?} {:?}\nfederation {}",
-                r.name,
+        })
+        .await;
+        if let Err(timed_out) = tier_2 {
+            panic!(
+                "{timed_out}\nviews {:?} {:?} {:?}\nfederation {}",
                 view(&regions[0]).await,
                 view(&regions[1]).await,
                 view(&regions[2]).await,
                 fed_status(r).await,
             );
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
     let before: Vec<BTreeSet<String>> = {
@@ -439,12 +418,12 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
     relay.block(true);
     drop(door);
     for r in [ap, eu] {
-        wait_for("us reported stale", async || {
+        until("us reported stale", WAIT, async || {
             let st = fed_status(r).await;
             (peer(&st, "us")["stale"].as_bool() == Some(true)).then_some(())
         })
         .await;
-        wait_for("automatic failover away from us", async || {
+        until("automatic failover away from us", WAIT, async || {
             let f = failover(r, "us").await;
             (f["manual"] == false && f["moved"].as_u64().unwrap_or(0) > 0).then_some(())
         })
@@ -452,7 +431,7 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
     }
     // `us` changes while cut off; nobody else can hear of it.
     register(us, 3, 3).await;
-    let us_version = wait_for("us publishes its new aggregate", async || {
+    let us_version = until("us publishes its new aggregate", WAIT, async || {
         let own = us.api().get_json("/v1/federation/status").await.ok()?;
         let v = own["local_versions"]["web"].as_u64()?;
         let view = view(us).await;
@@ -485,13 +464,13 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
     let door = FrontDoor::open(door_addr).await;
     relay.block(false);
     for r in [ap, eu] {
-        wait_for("us fresh and converged", async || {
+        until("us fresh and converged", WAIT, async || {
             let st = fed_status(r).await;
             let p = peer(&st, "us");
             (p["stale"].as_bool() == Some(false) && held(&st, "us") == us_version).then_some(())
         })
         .await;
-        let log = wait_for("a reconciliation record for us", async || {
+        let log = until("a reconciliation record for us", WAIT, async || {
             let r = r
                 .api()
                 .send(
@@ -518,11 +497,11 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
         })
         .await;
         assert_eq!(log["actor"], "waymark:federation");
-        wait_for("the new us instance at tier 2", async || {
+        until("the new us instance at tier 2", WAIT, async || {
             (local_only(&view(r).await, "us").len() == 3).then_some(())
         })
         .await;
-        wait_for("shift-back under way", async || {
+        until("shift-back under way", WAIT, async || {
             let f = failover(r, "us").await;
             (f.is_null() || f["direction"] == "back").then_some(())
         })
@@ -564,7 +543,7 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
         String::from_utf8_lossy(&ok.stderr)
     );
     // The command is committed at once; its first step's record follows it into the log.
-    let f = wait_for("the manual failover's first step", async || {
+    let f = until("the manual failover's first step", WAIT, async || {
         let f = failover(eu, "ap").await;
         f.is_object().then_some(f)
     })
@@ -598,7 +577,7 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
         "{}",
         String::from_utf8_lossy(&back.stderr)
     );
-    wait_for("shifting back", async || {
+    until("shifting back", WAIT, async || {
         (failover(eu, "ap").await["direction"] == "back").then_some(())
     })
     .await;

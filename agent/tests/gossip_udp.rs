@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, timeout};
 use waymark_agent::gossip::{
     DropReason, Gossip, GossipConfig, GossipId, Key, Keyring, Liveness, MemberState, Role,
 };
 use waymark_core::model::{NodeName, ZoneName};
+use waymark_testkit::until;
 
 /// Generous bound for anything that should take well under a second.
 const CONVERGE: Duration = Duration::from_secs(5);
@@ -119,17 +120,6 @@ async fn all_see_alive(members: &[Gossip], n: usize) {
     }
 }
 
-async fn wait_for_metric(within: Duration, mut pred: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if pred() {
-            return true;
-        }
-        sleep(Duration::from_millis(20)).await;
-    }
-    pred()
-}
-
 /// Watches every member for `period` and fails if anyone stops being alive.
 async fn stays_connected(members: &[Gossip], n: usize, period: Duration, phase: &str) {
     let mut receivers: Vec<_> = members.iter().map(Gossip::subscribe).collect();
@@ -179,11 +169,11 @@ async fn a_seed_that_does_not_resolve_is_tried_again_every_round_while_gossip_ru
     )
     .await;
     let metrics = alone.metrics().clone();
-    assert!(
-        wait_for_metric(CONVERGE, || metrics.seed_resolve_failures() >= 3).await,
-        "three rounds, three attempts: {}",
-        metrics.seed_resolve_failures()
-    );
+    until("three rounds, three attempts", CONVERGE, async || {
+        let failures = metrics.seed_resolve_failures();
+        if failures >= 3 { Ok(()) } else { Err(failures) }
+    })
+    .await;
     let snapshot = alone.members();
     assert_eq!(alive(&snapshot), 1, "still running, alone: {snapshot:?}");
 }
@@ -321,12 +311,12 @@ async fn a_member_with_another_key_cannot_join_and_its_packets_are_dropped() {
 
     let intruder = member("intruder", "z0", &[&members[0]], Keyring::single(key(4))).await;
     let seed_metrics = members[0].metrics().clone();
-    assert!(
-        wait_for_metric(CONVERGE, || seed_metrics.packets_dropped(DropReason::Auth)
-            >= 3)
-        .await,
-        "seed never counted the intruder's announces"
-    );
+    until(
+        "the seed to count the intruder's announces",
+        CONVERGE,
+        async || seed_metrics.packets_dropped(DropReason::Auth) >= 3,
+    )
+    .await;
     for m in &members {
         assert_eq!(state_of(&m.members(), "intruder"), None);
         assert_eq!(alive(&m.members()), 3);
@@ -339,23 +329,23 @@ async fn a_member_with_another_key_cannot_join_and_its_packets_are_dropped() {
         .await
         .unwrap();
     let metrics = members[1].metrics().clone();
-    assert!(
-        wait_for_metric(CONVERGE, || metrics.packets_dropped(DropReason::Malformed)
-            >= 1)
-        .await,
-        "junk datagram was not counted as malformed"
-    );
+    until(
+        "the junk datagram counted as malformed",
+        CONVERGE,
+        async || metrics.packets_dropped(DropReason::Malformed) >= 1,
+    )
+    .await;
     // A datagram over the size cap is dropped before it is opened or decoded.
     let before = metrics.packets_dropped(DropReason::Malformed);
     junk.send_to(&vec![0u8; 60_000], members[1].local_addr())
         .await
         .unwrap();
-    assert!(
-        wait_for_metric(CONVERGE, || metrics.packets_dropped(DropReason::Malformed)
-            > before)
-        .await,
-        "an oversized datagram was not counted as malformed"
-    );
+    until(
+        "the oversized datagram counted as malformed",
+        CONVERGE,
+        async || metrics.packets_dropped(DropReason::Malformed) > before,
+    )
+    .await;
     assert_eq!(alive(&members[1].members()), 3);
 }
 
@@ -390,6 +380,11 @@ async fn a_rolling_key_rotation_keeps_the_pool_connected() {
     // Only B is accepted now: a member still on A is locked out.
     let stale = member("stale", "z0", &[&members[0]], Keyring::single(a)).await;
     let metrics = members[0].metrics().clone();
-    assert!(wait_for_metric(CONVERGE, || metrics.packets_dropped(DropReason::Auth) >= 1).await);
+    until(
+        "the stale member's announces refused",
+        CONVERGE,
+        async || metrics.packets_dropped(DropReason::Auth) >= 1,
+    )
+    .await;
     assert_eq!(stale.members().len(), 1);
 }

@@ -12,11 +12,12 @@ mod common;
 
 use std::process::Command;
 
-use common::dev::{call, start, until};
+use common::dev::{WAIT, call, start};
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::dev::DevRegion;
+use waymark_testkit::until;
 
 fn reason(v: &Value) -> (&str, &str) {
     (
@@ -74,7 +75,7 @@ async fn requests_that_once_halted_the_region_are_refused_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let dev = start(dir.path()).await;
     let api = dev.api_client();
-    until("web: 6 eligible", async || {
+    until("web: 6 eligible", WAIT, async || {
         (eligible(&api, "web").await == 6).then_some(())
     })
     .await;
@@ -167,7 +168,7 @@ async fn requests_that_once_halted_the_region_are_refused_and_change_nothing() {
         .await
         .unwrap();
     assert!(r.status.is_success());
-    until("the withdrawal reaches the agent", async || {
+    until("the withdrawal reaches the agent", WAIT, async || {
         (served(&dev, "web").is_some_and(|n| n < before)).then_some(())
     })
     .await;
@@ -178,7 +179,7 @@ async fn requests_that_once_halted_the_region_are_refused_and_change_nothing() {
     let api = dev.api_client();
     let ready = api.send(Method::GET, "/readyz", None).await.unwrap();
     assert_eq!(ready.status, StatusCode::OK);
-    until("web eligible after the restart", async || {
+    until("web eligible after the restart", WAIT, async || {
         (eligible(&api, "web").await > 0).then_some(())
     })
     .await;
@@ -218,7 +219,7 @@ async fn a_deleted_service_leaves_the_agents_view_and_dns() {
     .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let id = body["instance"].as_str().unwrap().to_owned();
-    until("the agent serves tmp", async || {
+    until("the agent serves tmp", WAIT, async || {
         (served(&dev, "tmp") == Some(1)).then_some(())
     })
     .await;
@@ -228,21 +229,25 @@ async fn a_deleted_service_leaves_the_agents_view_and_dns() {
     assert!(status.is_success(), "{status} {body}");
     let (status, body) = call(&api, Method::DELETE, "/v1/services/tmp", None).await;
     assert!(status.is_success(), "{status} {body}");
-    until("the agent forgets tmp", async || {
+    until("the agent forgets tmp", WAIT, async || {
         served(&dev, "tmp").is_none().then_some(())
     })
     .await;
     // Nor does the agent keep ageing a view it no longer serves.
     let agent = ApiClient::new(&dev.agent().bound().http.to_string(), None);
-    until("the agent stops reporting tmp's view age", async || {
-        let r = agent.send(Method::GET, "/metrics", None).await.ok()?;
-        let text = String::from_utf8_lossy(&r.body).into_owned();
-        let web = text.contains("waymark_agent_view_age_seconds{service=\"web\"}");
-        let tmp = text.contains("waymark_agent_view_age_seconds{service=\"tmp\"}");
-        (web && !tmp).then_some(())
-    })
+    until(
+        "the agent stops reporting tmp's view age",
+        WAIT,
+        async || {
+            let r = agent.send(Method::GET, "/metrics", None).await.ok()?;
+            let text = String::from_utf8_lossy(&r.body).into_owned();
+            let web = text.contains("waymark_agent_view_age_seconds{service=\"web\"}");
+            let tmp = text.contains("waymark_agent_view_age_seconds{service=\"tmp\"}");
+            (web && !tmp).then_some(())
+        },
+    )
     .await;
-    until("DNS forgets tmp", async || {
+    until("DNS forgets tmp", WAIT, async || {
         (dig_status(&dev, "tmp.service.waymark.") == "NXDOMAIN").then_some(())
     })
     .await;

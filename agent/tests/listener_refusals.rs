@@ -15,7 +15,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::pki::{Pki, pem_of, request, tls_client, tls_client_alpn};
+use common::pki::{estate, request, tls_client, tls_client_alpn};
+use rustls::sign::CertifiedKey;
 use serde_json::json;
 use tokio::io::AsyncReadExt as _;
 use tokio::net::TcpStream;
@@ -26,29 +27,36 @@ use waymark_agent::node::NodeAgent;
 use waymark_agent::node::config::{AgentConfig, Bounds, Listen, ProbeSection, Tls};
 use waymark_certs::ca::HostSan;
 use waymark_certs::reload::ReloadEvent;
+use waymark_certs::testing::{TestPkiDir, certified};
 
 const TD: &str = "waymark.test";
 const WAIT: Duration = Duration::from_secs(30);
 
-type Pem = (Vec<u8>, Vec<u8>);
+type Presented = Arc<CertifiedKey>;
 
 /// The credentials every listener is tried with, each with the reason it must be refused
 /// under (`None`: no certificate at all).
-fn strangers(pki: &Pki, other_estate: &Pki, wrong_kind: &str) -> Vec<(&'static str, Option<Pem>)> {
+fn strangers(
+    pki: &TestPkiDir,
+    other_estate: &TestPkiDir,
+    wrong_kind: &str,
+) -> Vec<(&'static str, Option<Presented>)> {
     vec![
         ("no_certificate", None),
-        ("wrong_kind", Some(pem_of(&pki.issue(wrong_kind)))),
+        ("wrong_kind", Some(pki.certified(wrong_kind))),
         (
             "wrong_region",
-            Some(pem_of(&pki.issue("region/us/service/pay/instance/p1"))),
+            Some(pki.certified("region/us/service/pay/instance/p1")),
         ),
         (
             "wrong_trust_domain",
-            Some(pki.forge("eu", "spiffe://other.test/region/eu/node/n1")),
+            Some(certified(
+                &pki.forge("eu", "spiffe://other.test/region/eu/node/n1"),
+            )),
         ),
         (
             "wrong_ca",
-            Some(pem_of(&other_estate.issue("region/eu/node/n1"))),
+            Some(other_estate.certified("region/eu/node/n1")),
         ),
     ]
 }
@@ -71,7 +79,7 @@ async fn grpc_admits(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> boo
     )
 }
 
-async fn authority(pki: &Pki, dir: &std::path::Path) -> Authority {
+async fn authority(pki: &TestPkiDir, dir: &std::path::Path) -> Authority {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     common::single_member(AuthorityConfig {
         id: 1,
@@ -83,7 +91,7 @@ async fn authority(pki: &Pki, dir: &std::path::Path) -> Authority {
         xds: any,
         ingest: Some(any),
         tls: Some(TlsSettings {
-            trust_domain: pki.td.clone(),
+            trust_domain: pki.trust_domain().clone(),
             paths: pki.issue_with_hosts("region/eu/authority/1", &HostSan::loopback()),
         }),
         kubernetes: None,
@@ -97,7 +105,7 @@ async fn authority(pki: &Pki, dir: &std::path::Path) -> Authority {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_authoritys_api_refuses_strangers_and_principals_without_the_grant() {
     waymark_certs::install_crypto_provider();
-    let (pki, other) = (Pki::new(TD), Pki::new("other.test"));
+    let (pki, other) = (estate(TD), estate("other.test"));
     let dir = tempfile::tempdir().unwrap();
     let a = authority(&pki, dir.path()).await;
     let operator = common::operator(&a, "alice").await;
@@ -106,7 +114,7 @@ async fn the_authoritys_api_refuses_strangers_and_principals_without_the_grant()
     // Plaintext to the TLS port gets no answer at all.
     assert!(request(api, None, "GET", "/v1/services", "").await.is_err());
     // TLS without a certificate or token: 401, naming what to present.
-    let anonymous = tls_client(&pki, None).await;
+    let anonymous = tls_client(&pki, None);
     let (status, body) = request(api, Some(Arc::clone(&anonymous)), "GET", "/v1/services", "")
         .await
         .unwrap();
@@ -123,7 +131,7 @@ async fn the_authoritys_api_refuses_strangers_and_principals_without_the_grant()
     // handshake here: a token may follow.)
     for (reason, cert) in strangers(&pki, &other, "region/eu/authority/2") {
         let Some(cert) = cert else { continue };
-        let client = tls_client(&pki, Some(cert)).await;
+        let client = tls_client(&pki, Some(cert));
         let answer = request(api, Some(client), "GET", "/v1/services", "").await;
         assert!(answer.is_err(), "{reason}: answered {answer:?}");
         let series = format!(
@@ -134,7 +142,7 @@ async fn the_authoritys_api_refuses_strangers_and_principals_without_the_grant()
 
     // A verified node agent of this region reads (its region-wide grant) but may not own
     // a service or take an instance out: 403 naming the capability, and nothing changes.
-    let node = tls_client(&pki, Some(pem_of(&pki.issue("region/eu/node/n1")))).await;
+    let node = tls_client(&pki, Some(pki.certified("region/eu/node/n1")));
     let (status, body) = request(api, Some(Arc::clone(&node)), "GET", "/v1/services", "")
         .await
         .unwrap();
@@ -152,8 +160,7 @@ async fn the_authoritys_api_refuses_strangers_and_principals_without_the_grant()
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("own:pay"), "{body}");
     // An operator certificate with no grant is refused the same way: default deny.
-    let stranger = pki.issue("operator/mallory");
-    let mallory = tls_client(&pki, Some(pem_of(&stranger))).await;
+    let mallory = tls_client(&pki, Some(pki.certified("operator/mallory")));
     let (status, body) = request(api, Some(mallory), "GET", "/v1/services", "")
         .await
         .unwrap();
@@ -173,7 +180,7 @@ async fn the_authoritys_api_refuses_strangers_and_principals_without_the_grant()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_authoritys_xds_and_ingest_listeners_admit_only_this_regions_nodes_and_workloads() {
     waymark_certs::install_crypto_provider();
-    let (pki, other) = (Pki::new(TD), Pki::new("other.test"));
+    let (pki, other) = (estate(TD), estate("other.test"));
     let dir = tempfile::tempdir().unwrap();
     let a = authority(&pki, dir.path()).await;
     let operator = common::operator(&a, "alice").await;
@@ -183,11 +190,10 @@ async fn the_authoritys_xds_and_ingest_listeners_admit_only_this_regions_nodes_a
     ];
     for (name, addr) in listeners {
         // This region's node agent is admitted: the refusals below are about who, not how.
-        let node =
-            tls_client_alpn(&pki, Some(pem_of(&pki.issue("region/eu/node/n1"))), b"h2").await;
+        let node = tls_client_alpn(&pki, Some(pki.certified("region/eu/node/n1")), b"h2");
         assert!(grpc_admits(addr, node).await, "{name} admits eu/n1");
         for (reason, cert) in strangers(&pki, &other, "region/eu/authority/2") {
-            let client = tls_client_alpn(&pki, cert, b"h2").await;
+            let client = tls_client_alpn(&pki, cert, b"h2");
             assert!(
                 !grpc_admits(addr, client).await,
                 "{name}: {reason} admitted"
@@ -204,7 +210,7 @@ async fn the_authoritys_xds_and_ingest_listeners_admit_only_this_regions_nodes_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_agents_sidecar_listener_admits_only_its_own_regions_workloads() {
     waymark_certs::install_crypto_provider();
-    let (pki, other) = (Pki::new(TD), Pki::new("other.test"));
+    let (pki, other) = (estate(TD), estate("other.test"));
     let dir = tempfile::tempdir().unwrap();
     let node = pki.issue("region/eu/node/n1");
     let agent = NodeAgent::start(AgentConfig {
@@ -238,15 +244,15 @@ async fn a_node_agents_sidecar_listener_admits_only_its_own_regions_workloads() 
     .unwrap();
     let bound = agent.bound();
     let local = ApiClient::new(&bound.http.to_string(), None);
-    let workload = pki.issue("region/eu/service/web/instance/w1");
-    let sidecar = tls_client_alpn(&pki, Some(pem_of(&workload)), b"h2").await;
+    let workload = pki.certified("region/eu/service/web/instance/w1");
+    let sidecar = tls_client_alpn(&pki, Some(workload), b"h2");
     assert!(
         grpc_admits(bound.xds, sidecar).await,
         "eu's workload admitted"
     );
     // Here the wrong kind is a node agent (of this very region).
     for (reason, cert) in strangers(&pki, &other, "region/eu/node/n2") {
-        let client = tls_client_alpn(&pki, cert, b"h2").await;
+        let client = tls_client_alpn(&pki, cert, b"h2");
         assert!(!grpc_admits(bound.xds, client).await, "{reason} admitted");
         let series = format!(
             "waymark_grpc_tls_handshakes_failed_total{{listener=\"agent_xds\",reason=\"{reason}\"}}"
@@ -277,10 +283,10 @@ async fn a_reissued_member_certificate_is_served_without_a_restart_and_a_foreign
     // Goal: rotating a member's certificate is replacing its files; the next connection
     // gets the new one. A file naming another member is refused and the old one serves on.
     waymark_certs::install_crypto_provider();
-    let pki = Pki::new(TD);
+    let pki = estate(TD);
     let dir = tempfile::tempdir().unwrap();
     let a = authority(&pki, dir.path()).await;
-    let anonymous = tls_client(&pki, None).await;
+    let anonymous = tls_client(&pki, None);
     let before = served_serial(a.http_addr(), Arc::clone(&anonymous)).await;
     // Reissued in place (the same files the member was started with). The file watcher
     // may apply it before the explicit reload does; either way the next connection has it.
@@ -312,7 +318,7 @@ async fn an_operator_certificate_bootstraps_a_new_region_once_through_the_cli() 
     // is how a region started without a management token gets its first grant; the CLI
     // then works as that operator, and nobody bootstraps twice.
     waymark_certs::install_crypto_provider();
-    let pki = Pki::new(TD);
+    let pki = estate(TD);
     let dir = tempfile::tempdir().unwrap();
     let a = authority(&pki, dir.path()).await;
     let root = pki.issue("operator/root");

@@ -25,9 +25,10 @@ use std::time::Duration;
 
 use http::Method;
 use serde_json::{Value, json};
-use support::{Backend, Envoy, EnvoyConfig, Route, Xds, XdsMode, eventually};
+use support::{Backend, Envoy, EnvoyConfig, Route, Xds, XdsMode};
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::member::Authority;
+use waymark_testkit::until;
 
 const WAIT: Duration = Duration::from_secs(60);
 const BACKENDS: usize = 10;
@@ -302,7 +303,7 @@ async fn envoy_routes_through_the_agent_across_outages_and_withdrawals() {
         remaining.remove(p);
     }
     let mut held = None;
-    eventually("the agent sees the withdrawal", WAIT, async || {
+    until("the agent sees the withdrawal", WAIT, async || {
         let Some(v) = agent.view().await else {
             return false;
         };
@@ -343,7 +344,7 @@ async fn envoy_routes_through_the_agent_across_outages_and_withdrawals() {
     // 4. The agent is killed and restarted with the authority still down: sled serves.
     agent.kill();
     agent.start();
-    eventually("the restarted agent answers", WAIT, async || {
+    until("the restarted agent answers", WAIT, async || {
         agent
             .view()
             .await
@@ -360,7 +361,7 @@ async fn envoy_routes_through_the_agent_across_outages_and_withdrawals() {
 
     // 5. The authority returns: the agent reconnects; nothing regresses.
     let auth = authority(&dir.path().join("authority"), xds_port).await;
-    eventually("the agent reconnects upstream", WAIT, async || {
+    until("the agent reconnects upstream", WAIT, async || {
         agent
             .view()
             .await

@@ -9,11 +9,12 @@ mod common;
 use common::free_port;
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::Method;
 use serde_json::{Value, json};
 use waymark_agent::api_client::ApiClient;
+use waymark_testkit::{POLL_INTERVAL, try_until};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -105,14 +106,11 @@ http = "127.0.0.1:{p3}"
     let log_of = || std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
 
     // Registered, with the agent's locality and the definition's tags.
-    let deadline = Instant::now() + WAIT;
-    let first = loop {
-        if let Some(v) = billing(&api).await {
-            break v;
-        }
-        assert!(Instant::now() < deadline, "never registered:\n{}", log_of());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let first = try_until("the registration", WAIT, POLL_INTERVAL, async || {
+        billing(&api).await
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}:\n{}", log_of()));
     assert_eq!(first["instance"]["locality"]["node"], "vm-1", "{first}");
     assert_eq!(first["instance"]["locality"]["zone"], "z1", "{first}");
     assert_eq!(first["instance"]["tags"], json!(["v2"]), "{first}");
@@ -120,16 +118,13 @@ http = "127.0.0.1:{p3}"
 
     // Renewed: the same instance's lease moves forward.
     let expires = first["lease_expires_at_ms"].as_u64().unwrap();
-    let deadline = Instant::now() + WAIT;
-    loop {
+    try_until("the renewal", WAIT, POLL_INTERVAL, async || {
         let now = billing(&api).await.expect("kept registered");
         assert_eq!(now["instance"]["id"], id, "the same instance, renewed");
-        if now["lease_expires_at_ms"].as_u64().unwrap() > expires {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never renewed:\n{}", log_of());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        now["lease_expires_at_ms"].as_u64().unwrap() > expires
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}:\n{}", log_of()));
 
     // SIGHUP after the definition changed: the old instance goes, a new one comes (ids are
     // never reused). A broken file next to it changes nothing.
@@ -146,20 +141,13 @@ http = "127.0.0.1:{p3}"
             .unwrap()
             .success()
     );
-    let deadline = Instant::now() + WAIT;
-    let moved = loop {
-        if let Some(v) = billing(&api).await
-            && v["instance"]["address"]["port"] == 8081
-        {
-            break v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "SIGHUP not applied:\n{}",
-            log_of()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let moved = try_until("SIGHUP applied", WAIT, POLL_INTERVAL, async || {
+        billing(&api)
+            .await
+            .filter(|v| v["instance"]["address"]["port"] == 8081)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}:\n{}", log_of()));
     assert_ne!(
         moved["instance"]["id"], id,
         "a changed definition is a new instance"

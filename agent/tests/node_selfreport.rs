@@ -9,7 +9,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use http::Method;
@@ -21,37 +21,19 @@ use waymark_agent::evidence::{AgentMessage, AuthorityMessage, ClientSession, Wir
 use waymark_agent::node::NodeAgent;
 use waymark_agent::node::config::{AgentConfig, Bounds, Listen, ProbeSection, Tls};
 use waymark_certs::grpc::TlsConnector;
-use waymark_certs::layout::PkiDir;
-use waymark_certs::reload::{MaterialPaths, load_material};
+use waymark_certs::reload::load_material;
+use waymark_certs::testing::TestPkiDir;
 use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config};
-use waymark_certs::{CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, TrustDomain};
+use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
 use waymark_core::model::{Observation, SelfReport};
+use waymark_testkit::until;
 
 const TD: &str = "waymark.test";
 const WAIT: Duration = Duration::from_secs(30);
 
-fn issue(pki: &PkiDir, path: &str) -> MaterialPaths {
-    let identity = Identity::parse(&format!("spiffe://{TD}/{path}")).unwrap();
-    let region = Name::new("eu").unwrap();
-    let (_, paths) = pki
-        .issue(
-            &identity,
-            Some(&region),
-            Duration::from_secs(24 * 3600),
-            None,
-            SystemTime::now(),
-        )
-        .unwrap();
-    MaterialPaths {
-        cert_chain: paths.fullchain,
-        key: paths.key,
-        bundle: pki.bundle(),
-    }
-}
-
 /// A workload's evidence session to its node agent.
-async fn workload_session(pki: &PkiDir, who: &str, agent: SocketAddr) -> ClientSession {
-    let paths = issue(pki, who);
+async fn workload_session(pki: &TestPkiDir, who: &str, agent: SocketAddr) -> ClientSession {
+    let paths = pki.issue(who);
     let own = PeerPolicy {
         trust_domain: TrustDomain::new(TD).unwrap(),
         accepted: KindSet::ALL,
@@ -97,13 +79,7 @@ async fn ack(s: &mut ClientSession) -> (u64, Vec<String>) {
 async fn a_workload_reports_about_itself_through_its_agent() {
     waymark_certs::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
-    let pki = PkiDir::new(dir.path().join("pki"));
-    pki.init(
-        &TrustDomain::new(TD).unwrap(),
-        &[Name::new("eu").unwrap()],
-        SystemTime::now(),
-    )
-    .unwrap();
+    let pki = TestPkiDir::init(&dir.path().join("pki"), TD, &["eu"]);
 
     let authority = Authority::start(AuthorityConfig {
         id: 1,
@@ -116,7 +92,7 @@ async fn a_workload_reports_about_itself_through_its_agent() {
         ingest: Some("127.0.0.1:0".parse().unwrap()),
         tls: Some(TlsSettings {
             trust_domain: TrustDomain::new(TD).unwrap(),
-            paths: issue(&pki, "region/eu/authority/1"),
+            paths: pki.issue("region/eu/authority/1"),
         }),
         kubernetes: None,
         gossip: None,
@@ -160,7 +136,7 @@ async fn a_workload_reports_about_itself_through_its_agent() {
     }
     let (on_n1, on_n2) = (ids[0].clone(), ids[1].clone());
 
-    let node = issue(&pki, "region/eu/node/n1");
+    let node = pki.issue("region/eu/node/n1");
     let agent = NodeAgent::start(AgentConfig {
         name: "n1".parse().unwrap(),
         region: "eu".parse().unwrap(),
@@ -214,8 +190,7 @@ async fn a_workload_reports_about_itself_through_its_agent() {
     assert_eq!(refused, vec!["not_about_itself".to_owned()]);
 
     // The authority attributes the relayed report to the instance itself.
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let sr = until("the report attributed to the instance", WAIT, async || {
         let e = api
             .get_json(&format!("/v1/instances/{on_n1}/explain"))
             .await
@@ -228,12 +203,13 @@ async fn a_workload_reports_about_itself_through_its_agent() {
             .cloned()
             .unwrap();
         if sr["reporter"] == format!("instance/{on_n1}") {
-            assert!(sr["last"].to_string().contains("warming caches"), "{sr}");
-            break;
+            Ok(sr)
+        } else {
+            Err(e)
         }
-        assert!(Instant::now() < deadline, "never attributed: {e}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    assert!(sr["last"].to_string().contains("warming caches"), "{sr}");
 
     // A workload on another node, relayed through n1, is refused by the authority: the
     // agent relays it (the identity is the instance's), the authority checks the node.
@@ -253,19 +229,19 @@ async fn a_workload_reports_about_itself_through_its_agent() {
         1,
         "the agent relays what is about the sender"
     );
-    let deadline = Instant::now() + WAIT;
-    loop {
+    until("the denial audited", WAIT, async || {
         let audit = api
             .get_json("/v1/audit?kind=denial")
             .await
             .unwrap()
             .to_string();
         if audit.contains("not_on_relaying_node") {
-            break;
+            Ok(())
+        } else {
+            Err(audit)
         }
-        assert!(Instant::now() < deadline, "no denial audited: {audit}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     agent.shutdown().await;
     authority.shutdown().await;
 }

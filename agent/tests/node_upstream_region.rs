@@ -11,31 +11,18 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use waymark_agent::node::NodeAgent;
 use waymark_agent::node::config::{AgentConfig, Bounds, Listen, ProbeSection, Tls};
-use waymark_certs::layout::PkiDir;
-use waymark_certs::reload::{MaterialPaths, load_material};
+use waymark_certs::reload::load_material;
+use waymark_certs::testing::TestPkiDir;
 use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
-use waymark_certs::{CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, TrustDomain};
+use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
 
 const TD: &str = "waymark.test";
 const WAIT: Duration = Duration::from_secs(30);
 
-fn issue(pki: &PkiDir, path: &str) -> MaterialPaths {
-    let identity = Identity::parse(&format!("spiffe://{TD}/{path}")).unwrap();
-    let day = Duration::from_secs(24 * 3600);
-    let (_, paths) = pki
-        .issue(&identity, None, day, None, SystemTime::now())
-        .unwrap();
-    MaterialPaths {
-        cert_chain: paths.fullchain,
-        key: paths.key,
-        bundle: pki.bundle(),
-    }
-}
-
 /// A TLS listener presenting `who`'s certificate and admitting node agents, reporting
 /// each handshake's outcome (`Err` carries the server's view of the failure).
 async fn fake_authority(
-    pki: &PkiDir,
+    pki: &TestPkiDir,
     who: &str,
 ) -> (SocketAddr, mpsc::Receiver<Result<(), String>>) {
     let policy = PeerPolicy {
@@ -43,7 +30,7 @@ async fn fake_authority(
         accepted: KindSet::ALL,
         region: None,
     };
-    let material = load_material(&issue(pki, who), &policy, SystemTime::now())
+    let material = load_material(&pki.issue(who), &policy, SystemTime::now())
         .await
         .unwrap();
     let nodes = PeerPolicy {
@@ -75,8 +62,8 @@ async fn fake_authority(
     (addr, rx)
 }
 
-async fn agent(pki: &PkiDir, dir: &std::path::Path, upstream: SocketAddr) -> NodeAgent {
-    let node = issue(pki, "region/eu/node/n1");
+async fn agent(pki: &TestPkiDir, dir: &std::path::Path, upstream: SocketAddr) -> NodeAgent {
+    let node = pki.issue("region/eu/node/n1");
     NodeAgent::start(AgentConfig {
         name: "n1".parse().unwrap(),
         region: "eu".parse().unwrap(),
@@ -113,10 +100,7 @@ async fn a_node_agent_refuses_another_regions_authority_and_accepts_its_own() {
     // refuses it, so the server sees the agent's alert) and completes it with an eu one.
     waymark_certs::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
-    let pki = PkiDir::new(dir.path().join("pki"));
-    let regions = [Name::new("eu").unwrap(), Name::new("us").unwrap()];
-    pki.init(&TrustDomain::new(TD).unwrap(), &regions, SystemTime::now())
-        .unwrap();
+    let pki = TestPkiDir::init(&dir.path().join("pki"), TD, &["eu", "us"]);
 
     let (us, mut us_handshakes) = fake_authority(&pki, "region/us/authority/a1").await;
     let refused = agent(&pki, &dir.path().join("agent-us"), us).await;

@@ -9,10 +9,11 @@
 #[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
 mod common;
 
-use common::dev::until;
+use common::dev::WAIT;
 use http::Method;
 use serde_json::{Value, json};
 use waymark_agent::api_client::ApiClient;
+use waymark_testkit::until;
 
 async fn register(api: &ApiClient, ip: &str, port: u16) -> String {
     let v = api
@@ -46,7 +47,7 @@ async fn metadata_and_link_local_targets_are_refused_and_what_a_target_said_stay
     let link_local = register(&api, "fe80::1", 80).await;
 
     // The agent refuses both, by class, and probes the loopback backends it is allowed.
-    let refused = until("the agent lists the refusals", async || {
+    let refused = until("the agent lists the refusals", WAIT, async || {
         let v = agent.get_json("/v1/probes/refused").await.ok()?;
         let list = v["refused"].as_array()?.clone();
         (list.len() == 2).then_some(list)
@@ -107,6 +108,7 @@ async fn metadata_and_link_local_targets_are_refused_and_what_a_target_said_stay
     assert!(r.status.is_success(), "{r:?}");
     let lasts = until(
         "a transition with the backend's 503 in the audit log",
+        WAIT,
         async || {
             let r = api
                 .send(
@@ -136,7 +138,7 @@ async fn metadata_and_link_local_targets_are_refused_and_what_a_target_said_stay
         assert!(last.contains("HTTP 503; said: [redacted"), "{last}");
         assert!(!last.contains("failing"), "{last}");
     }
-    let said = until("explain quotes the backend", async || {
+    let said = until("explain quotes the backend", WAIT, async || {
         let v = api
             .get_json(&format!("/v1/instances/{flapping}/explain"))
             .await

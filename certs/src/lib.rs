@@ -13,6 +13,7 @@
 //! reload       pure decision + file-watching shell; swaps material atomically
 //! ca, layout          rcgen CA (root → region intermediate → leaf) and its files on disk
 //! verify, tls, grpc, quic   rustls verifiers and configs for tonic (TCP) and quinn (QUIC)
+//! testing             test PKIs and refused certificates (feature `testing`)
 //! ```
 //!
 //! Call [`install_crypto_provider`] at the start of every `main` and test harness: with
@@ -32,6 +33,8 @@ pub mod material;
 pub mod metrics;
 pub mod quic;
 pub mod reload;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tls;
 pub mod verify;
 

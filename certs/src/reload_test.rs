@@ -1,50 +1,14 @@
-use std::time::SystemTime;
-
 use super::*;
-use crate::ca::RootCa;
-use crate::identity::{KindSet, Name, TrustDomain};
-use crate::lifetime::LEAF_TTL_DEFAULT;
+use crate::identity::KindSet;
+use crate::testing::TestPki;
 
-struct Fixture {
-    root: RootCa,
-    eu: crate::ca::RegionCa,
-    now: SystemTime,
-    policy: PeerPolicy,
+fn fixture() -> TestPki {
+    TestPki::new("mesh", &["eu"])
 }
 
-fn fixture() -> Fixture {
-    crate::install_crypto_provider();
-    let now = SystemTime::now();
-    let td = TrustDomain::new("mesh").unwrap();
-    let root = RootCa::generate(td.clone(), now).unwrap();
-    let eu = root.issue_region(Name::new("eu").unwrap(), now).unwrap();
-    let policy = PeerPolicy {
-        trust_domain: td,
-        accepted: KindSet::ALL,
-        region: None,
-    };
-    Fixture {
-        root,
-        eu,
-        now,
-        policy,
-    }
-}
-
-impl Fixture {
-    fn material(&self, identity: &str) -> Material {
-        let leaf = self
-            .eu
-            .issue(&identity.parse().unwrap(), self.now, LEAF_TTL_DEFAULT)
-            .unwrap();
-        let chain = leaf.fullchain_pem();
-        let pem = MaterialPem {
-            cert_chain: chain.as_bytes(),
-            key: leaf.key_pem.as_bytes(),
-            bundle: self.root.cert_pem().as_bytes(),
-        };
-        validate_material(pem, &self.policy, self.now).unwrap()
-    }
+/// A fresh leaf for `identity` as material admitting every kind.
+fn material(pki: &TestPki, identity: &str) -> Material {
+    pki.material(&pki.leaf(identity), KindSet::ALL)
 }
 
 const NODE: &str = "spiffe://mesh/region/eu/node/n1";
@@ -52,8 +16,8 @@ const NODE: &str = "spiffe://mesh/region/eu/node/n1";
 #[test]
 fn a_new_certificate_for_the_same_identity_is_swapped_in() {
     let f = fixture();
-    let current = f.material(NODE);
-    let next = f.material(NODE);
+    let current = material(&f, NODE);
+    let next = material(&f, NODE);
     let serial = next.leaf.serial.clone();
     match decide(&current, Ok(next)) {
         Decision::Swap(m) => assert_eq!(m.leaf.serial, serial),
@@ -64,7 +28,7 @@ fn a_new_certificate_for_the_same_identity_is_swapped_in() {
 #[test]
 fn the_same_files_again_are_unchanged() {
     let f = fixture();
-    let current = f.material(NODE);
+    let current = material(&f, NODE);
     let again = Material {
         identity: current.identity.clone(),
         leaf: current.leaf.clone(),
@@ -78,7 +42,7 @@ fn the_same_files_again_are_unchanged() {
 #[test]
 fn a_refused_candidate_is_rejected_with_its_error() {
     let f = fixture();
-    let current = f.material(NODE);
+    let current = material(&f, NODE);
     assert!(matches!(
         decide(&current, Err(CertError::KeyMismatch)),
         Decision::Reject(CertError::KeyMismatch)
@@ -88,8 +52,8 @@ fn a_refused_candidate_is_rejected_with_its_error() {
 #[test]
 fn a_different_identity_is_rejected() {
     let f = fixture();
-    let current = f.material(NODE);
-    let other = f.material("spiffe://mesh/region/eu/node/n2");
+    let current = material(&f, NODE);
+    let other = material(&f, "spiffe://mesh/region/eu/node/n2");
     match decide(&current, Ok(other)) {
         Decision::Reject(err) => assert_eq!(err.reason(), RejectReason::IdentityChanged),
         other => panic!("{other:?}"),

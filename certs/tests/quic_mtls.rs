@@ -22,7 +22,7 @@ struct QuicServer {
 }
 
 /// An authority-member endpoint that admits only node agents and echoes one stream.
-fn serve(pki: &Pki) -> QuicServer {
+fn serve(pki: &TestPki) -> QuicServer {
     let live = pki.live(AUTHORITY);
     let metrics = CertMetrics::new();
     let config =
@@ -73,7 +73,7 @@ async fn echo(addr: SocketAddr, config: quinn::ClientConfig) -> anyhow::Result<V
 
 #[tokio::test]
 async fn node_with_valid_certificate_completes_a_quic_round_trip() {
-    let pki = Pki::new(TD);
+    let pki = estate();
     let mut server = serve(&pki);
     let client_live = pki.live(NODE);
     let config = quic_client_config(
@@ -96,15 +96,13 @@ async fn node_with_valid_certificate_completes_a_quic_round_trip() {
 
 #[tokio::test]
 async fn each_bad_client_certificate_is_refused_over_quic_with_its_reason() {
-    let pki = Pki::new(TD);
+    let pki = estate();
     let mut server = serve(&pki);
-    let client_live = pki.live(NODE);
-    for case in pki.bad_clients() {
+    for case in pki.bad_clients(NODE, WORKLOAD) {
         let before = server.metrics.rejected(case.reason, RejectSource::Peer);
         let tls = raw_client_config(
-            case.key,
-            &client_live,
-            only(IdentityKind::Authority),
+            Some(case.key),
+            pki.verifier(only(IdentityKind::Authority)),
             ALPN_WAYMARK,
         );
         let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
@@ -141,7 +139,7 @@ async fn each_bad_client_certificate_is_refused_over_quic_with_its_reason() {
 
 #[tokio::test]
 async fn quic_client_refuses_a_server_of_the_wrong_kind() {
-    let pki = Pki::new(TD);
+    let pki = estate();
     let server = serve(&pki);
     let client_live = pki.live(NODE);
     let metrics = CertMetrics::new();

@@ -34,7 +34,7 @@ const US_AUTHORITY: &str = "spiffe://mesh.test/region/us/authority/a1";
 const OPERATOR: &str = "spiffe://mesh.test/operator/alice";
 
 /// A verifier admitting every kind (the scope check is what is under test), and its counter.
-fn verifier(pki: &Pki, region: Option<&str>) -> (PeerVerifier, CertMetrics) {
+fn verifier(pki: &TestPki, region: Option<&str>) -> (PeerVerifier, CertMetrics) {
     let mut policy = policy(KindSet::ALL);
     policy.region = region.map(|r| Name::new(r).unwrap());
     let metrics = CertMetrics::new();
@@ -43,14 +43,14 @@ fn verifier(pki: &Pki, region: Option<&str>) -> (PeerVerifier, CertMetrics) {
 }
 
 /// Presents `leaf`'s full chain to `v`, as a TLS client would.
-fn present(pki: &Pki, v: &PeerVerifier, fullchain: &str) -> Result<Identity, CertError> {
+fn present(pki: &TestPki, v: &PeerVerifier, fullchain: &str) -> Result<Identity, CertError> {
     let chain = parse_certs(fullchain.as_bytes(), PemPart::Certificate).unwrap();
     let (leaf, intermediates) = chain.split_first().unwrap();
     v.check(leaf, intermediates, unix_time(pki.now), Usage::Client)
 }
 
 /// Loads `leaf` as this process's own material, admitting every kind and region.
-fn load_own(pki: &Pki, fullchain: &str, key: &str) -> Result<(), CertError> {
+fn load_own(pki: &TestPki, fullchain: &str, key: &str) -> Result<(), CertError> {
     let pem = MaterialPem {
         cert_chain: fullchain.as_bytes(),
         key: key.as_bytes(),
@@ -59,7 +59,7 @@ fn load_own(pki: &Pki, fullchain: &str, key: &str) -> Result<(), CertError> {
     validate_material(pem, &policy(KindSet::ALL), pki.now).map(|_| ())
 }
 
-fn issued(ca: &RegionCa, pki: &Pki, identity: &str) -> IssuedLeaf {
+fn issued(ca: &RegionCa, pki: &TestPki, identity: &str) -> IssuedLeaf {
     ca.issue(
         &identity.parse().unwrap(),
         pki.now,
@@ -79,12 +79,12 @@ fn out_of_scope(result: Result<impl std::fmt::Debug, CertError>) -> Option<Optio
 fn a_region_intermediate_cannot_speak_for_another_region_of_any_kind() {
     // Goal: the us intermediate's leaves naming eu (every regional kind) and operators are
     // refused as peers and as our own material, and counted as outside_issuer_scope.
-    let pki = Pki::new(TD);
+    let pki = estate();
     let (v, metrics) = verifier(&pki, None);
     let us_scope = CaScope::parse("spiffe://mesh.test/region/us").unwrap();
     let forgeries = [EU_NODE, EU_AUTHORITY, EU_WORKLOAD, OPERATOR];
     for identity in forgeries {
-        let leaf = forged(&pki.us, identity, pki.now);
+        let leaf = forged(pki.region("us"), identity, pki.now);
         let fullchain = leaf.fullchain_pem();
         assert_eq!(
             out_of_scope(present(&pki, &v, &fullchain)),
@@ -101,7 +101,12 @@ fn a_region_intermediate_cannot_speak_for_another_region_of_any_kind() {
         metrics.rejected(RejectReason::OutsideIssuerScope, RejectSource::Peer),
         4
     );
-    let err = present(&pki, &v, &forged(&pki.us, EU_NODE, pki.now).fullchain_pem()).unwrap_err();
+    let err = present(
+        &pki,
+        &v,
+        &forged(pki.region("us"), EU_NODE, pki.now).fullchain_pem(),
+    )
+    .unwrap_err();
     assert_eq!(
         err.to_string(),
         "identity spiffe://mesh.test/region/eu/node/n1 is outside the scope of its issuing ca \
@@ -112,10 +117,10 @@ fn a_region_intermediate_cannot_speak_for_another_region_of_any_kind() {
 #[test]
 fn the_regions_own_intermediate_and_the_estate_root_speak_for_their_leaves() {
     // Goal: what the CA issues by policy passes every chain check.
-    let pki = Pki::new(TD);
+    let pki = estate();
     let (v, metrics) = verifier(&pki, None);
     for identity in [EU_NODE, EU_AUTHORITY, EU_WORKLOAD] {
-        let leaf = issued(&pki.eu, &pki, identity);
+        let leaf = issued(pki.region("eu"), &pki, identity);
         let fullchain = leaf.fullchain_pem();
         assert_eq!(present(&pki, &v, &fullchain).unwrap().to_string(), identity);
         load_own(&pki, &fullchain, &leaf.key_pem).unwrap();
@@ -143,7 +148,7 @@ fn the_regions_own_intermediate_and_the_estate_root_speak_for_their_leaves() {
 fn an_intermediate_without_its_leafs_region_scope_speaks_for_nobody() {
     // Goal: a CA the root signed without a region scope (none, the estate's, another trust
     // domain's eu) cannot vouch for an eu leaf, even though the chain itself verifies.
-    let pki = Pki::new(TD);
+    let pki = estate();
     let (v, metrics) = verifier(&pki, None);
     let cases = [
         (None, None),
@@ -174,9 +179,9 @@ fn an_intermediate_without_its_leafs_region_scope_speaks_for_nobody() {
 fn a_region_restricted_policy_refuses_other_regions_and_counts_them() {
     // Goal: with `region: eu`, a genuine us authority is refused as wrong_region; eu
     // identities pass; operators, which name no region and come only from the root, pass.
-    let pki = Pki::new(TD);
+    let pki = estate();
     let (v, metrics) = verifier(&pki, Some("eu"));
-    let us = issued(&pki.us, &pki, US_AUTHORITY);
+    let us = issued(pki.region("us"), &pki, US_AUTHORITY);
     let err = present(&pki, &v, &us.fullchain_pem()).unwrap_err();
     assert!(
         matches!(&err, CertError::WrongRegion { expected, .. } if expected.as_str() == "eu"),
@@ -187,7 +192,7 @@ fn a_region_restricted_policy_refuses_other_regions_and_counts_them() {
         metrics.rejected(RejectReason::WrongRegion, RejectSource::Peer),
         1
     );
-    let eu = issued(&pki.eu, &pki, EU_AUTHORITY);
+    let eu = issued(pki.region("eu"), &pki, EU_AUTHORITY);
     present(&pki, &v, &eu.fullchain_pem()).unwrap();
     let operator = pki
         .root
@@ -209,11 +214,11 @@ fn a_region_intermediate_distributed_as_the_trust_bundle_is_refused() {
     // Goal: a bundle holding the eu intermediate (alone, or next to the root) is refused as
     // our own material, typed and with its own reason: as an anchor it would end the path
     // of anything it signed, so an operator it forged would pass the issuer-scope check.
-    let pki = Pki::new(TD);
-    let leaf = issued(&pki.eu, &pki, EU_NODE);
+    let pki = estate();
+    let leaf = issued(pki.region("eu"), &pki, EU_NODE);
     let fullchain = leaf.fullchain_pem();
     let eu_scope = CaScope::parse("spiffe://mesh.test/region/eu").unwrap();
-    let forged_operator = forged(&pki.eu, OPERATOR, pki.now);
+    let forged_operator = forged(pki.region("eu"), OPERATOR, pki.now);
     let load = |chain: &str, key: &str, bundle: &str| {
         let pem = MaterialPem {
             cert_chain: chain.as_bytes(),
@@ -222,8 +227,8 @@ fn a_region_intermediate_distributed_as_the_trust_bundle_is_refused() {
         };
         validate_material(pem, &policy(KindSet::ALL), pki.now)
     };
-    let both = format!("{}{}", pki.root.cert_pem(), pki.eu.cert_pem());
-    for bundle in [pki.eu.cert_pem(), both.as_str()] {
+    let both = format!("{}{}", pki.root.cert_pem(), pki.region("eu").cert_pem());
+    for bundle in [pki.region("eu").cert_pem(), both.as_str()] {
         for (chain, key) in [
             (fullchain.as_str(), leaf.key_pem.as_str()),
             (
@@ -248,7 +253,7 @@ fn a_region_intermediate_distributed_as_the_trust_bundle_is_refused() {
 async fn a_client_held_to_its_region_refuses_another_regions_server_in_the_handshake() {
     // Goal: a node agent's upstream config (authorities of its own region only) ends the
     // handshake with a us authority, with a typed, counted error, and completes it with eu.
-    let pki = Pki::new(TD);
+    let pki = estate();
     let client_live = pki.live(NODE);
     let mut authorities = policy(KindSet::only(IdentityKind::Authority));
     authorities.region = client_live.current().identity.region().cloned();
@@ -256,7 +261,7 @@ async fn a_client_held_to_its_region_refuses_another_regions_server_in_the_hands
     let client = client_config(&client_live, authorities, metrics.clone(), &[ALPN_H2]).unwrap();
     let client = tokio_rustls::TlsConnector::from(Arc::new(client));
 
-    let us = pki.material(&issued(&pki.us, &pki, US_AUTHORITY), KindSet::ALL);
+    let us = pki.material(&issued(pki.region("us"), &pki, US_AUTHORITY), KindSet::ALL);
     let addr = tls_server(LiveMaterial::new(us)).await;
     let tcp = TcpStream::connect(addr).await.unwrap();
     let err = client
@@ -300,7 +305,7 @@ async fn tls_server(live: Arc<LiveMaterial>) -> std::net::SocketAddr {
 
 /// A full chain for `identity` under an intermediate the root signed with `san` as its
 /// only SAN (or none): a CA `waymark certs` would never make.
-fn odd_intermediate_leaf(pki: &Pki, san: Option<&str>, identity: &str) -> String {
+fn odd_intermediate_leaf(pki: &TestPki, san: Option<&str>, identity: &str) -> String {
     let hour = Duration::from_secs(3600);
     let root_key = KeyPair::from_pem(&pki.root.key_pem()).unwrap();
     let root = Issuer::from_ca_cert_pem(pki.root.cert_pem(), root_key).unwrap();

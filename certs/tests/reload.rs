@@ -12,54 +12,33 @@ use std::time::Duration;
 use common::*;
 use tokio::sync::broadcast;
 use waymark_certs::ca::{IssuedLeaf, LeafSan};
-use waymark_certs::layout::{PkiDir, write_public, write_secret};
+use waymark_certs::layout::{write_public, write_secret};
 use waymark_certs::metrics::{RejectSource, ReloadOutcome};
 use waymark_certs::reload::{MaterialPaths, ReloadEvent, Reloader, load_material};
+use waymark_certs::testing::TestPkiDir;
 use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
-use waymark_certs::{CertMetrics, IdentityKind, Name, RejectReason, TrustDomain};
+use waymark_certs::verify::PeerVerifier;
+use waymark_certs::{CertMetrics, IdentityKind, Name, RejectReason};
 
 struct Setup {
-    _dir: tempfile::TempDir,
-    pki_dir: PkiDir,
+    pki: TestPkiDir,
     paths: MaterialPaths,
     live: Arc<LiveMaterial>,
     reloader: Arc<Reloader>,
     metrics: CertMetrics,
 }
 
-fn authority() -> waymark_certs::Identity {
-    AUTHORITY.parse().unwrap()
-}
-
 /// A PKI on disk, an authority leaf issued into it, and a reloader over that leaf.
 async fn setup() -> Setup {
-    waymark_certs::install_crypto_provider();
-    let dir = tempfile::tempdir().unwrap();
-    let pki_dir = PkiDir::new(dir.path().join("pki"));
-    let now = std::time::SystemTime::now();
-    let td = TrustDomain::new(TD).unwrap();
-    pki_dir.init(&td, &[Name::new("eu").unwrap()], now).unwrap();
-    let (_, issued) = pki_dir
-        .issue(
-            &authority(),
-            None,
-            Duration::from_secs(24 * 3600),
-            None,
-            now,
-        )
-        .unwrap();
-    let paths = MaterialPaths {
-        cert_chain: issued.fullchain,
-        key: issued.key,
-        bundle: pki_dir.bundle(),
-    };
+    let pki = TestPkiDir::new(TD, &["eu"]);
+    let paths = pki.issue(AUTHORITY);
     let own = policy(only(IdentityKind::Authority));
+    let now = std::time::SystemTime::now();
     let live = LiveMaterial::new(load_material(&paths, &own, now).await.unwrap());
     let metrics = CertMetrics::new();
     let reloader = Reloader::new(paths.clone(), Arc::clone(&live), own, metrics.clone());
     Setup {
-        _dir: dir,
-        pki_dir,
+        pki,
         paths,
         live,
         reloader,
@@ -96,14 +75,14 @@ async fn served_serial(live: &Arc<LiveMaterial>) -> String {
             .accept(tcp)
             .await;
     });
-    let pki = Pki::new(TD);
+    let pki = estate();
     // The client trusts the on-disk bundle (same as the server's) and presents a node leaf.
-    let client = raw_client_config(
-        certified(&pki.leaf(NODE)),
-        live,
-        only(IdentityKind::Authority),
-        ALPN_H2,
+    let trusting_live = PeerVerifier::new(
+        Arc::clone(live),
+        policy(only(IdentityKind::Authority)),
+        CertMetrics::new(),
     );
+    let client = raw_client_config(Some(certified(&pki.leaf(NODE))), trusting_live, ALPN_H2);
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
     let stream = tokio_rustls::TlsConnector::from(Arc::new(client))
@@ -122,16 +101,7 @@ async fn watcher_swaps_in_a_reissued_certificate_and_new_connections_present_it(
     let old = s.live.current().leaf.serial.clone();
     assert_eq!(served_serial(&s.live).await, old);
 
-    let now = std::time::SystemTime::now();
-    s.pki_dir
-        .issue(
-            &authority(),
-            None,
-            Duration::from_secs(24 * 3600),
-            None,
-            now,
-        )
-        .unwrap();
+    s.pki.issue(AUTHORITY);
     // Several file events may arrive; wait for the swap, skipping "unchanged" and the
     // brief key-without-certificate state an issue passes through.
     let new = loop {
@@ -186,8 +156,8 @@ async fn watcher_refuses_a_truncated_certificate_and_the_old_one_keeps_serving()
 #[tokio::test]
 async fn each_bad_file_set_is_refused_with_its_reason_and_changes_nothing() {
     let s = setup().await;
-    let pki_root = s.pki_dir.load_root().unwrap();
-    let eu = s.pki_dir.load_region(&Name::new("eu").unwrap()).unwrap();
+    let pki_root = s.pki.dir().load_root().unwrap();
+    let eu = s.pki.dir().load_region(&Name::new("eu").unwrap()).unwrap();
     let now = std::time::SystemTime::now();
     let hour = Duration::from_secs(3600);
     let custom = |sans: Vec<LeafSan>, nb, na| {
@@ -203,7 +173,7 @@ async fn each_bad_file_set_is_refused_with_its_reason_and_changes_nothing() {
     let good = std::fs::read(&s.paths.cert_chain).unwrap();
     let good_key = std::fs::read(&s.paths.key).unwrap();
     let bundle = std::fs::read(&s.paths.bundle).unwrap();
-    let other = Pki::new(TD);
+    let other = estate();
     assert_eq!(pki_root.cert_pem().as_bytes(), bundle.as_slice());
 
     type Files = (Vec<u8>, Vec<u8>, Vec<u8>);

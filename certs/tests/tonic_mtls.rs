@@ -24,7 +24,7 @@ struct Harness {
 
 /// Serves grpc.health.v1 over mTLS as `server_identity`, admitting `accepted` kinds; the
 /// interceptor records the identity tonic hands to handlers.
-async fn serve(pki: &Pki, server_identity: &str, accepted: KindSet) -> Harness {
+async fn serve(pki: &TestPki, server_identity: &str, accepted: KindSet) -> Harness {
     let live = pki.live(server_identity);
     let metrics = CertMetrics::new();
     let tls = server_config(&live, policy(accepted), metrics.clone(), &[ALPN_H2]).unwrap();
@@ -78,7 +78,7 @@ async fn check(addr: std::net::SocketAddr, config: rustls::ClientConfig) -> anyh
 
 #[tokio::test]
 async fn node_with_valid_certificate_reaches_health_and_handler_sees_its_identity() {
-    let pki = Pki::new(TD);
+    let pki = estate();
     let server = serve(&pki, AUTHORITY, only(IdentityKind::Node)).await;
     let client_live = pki.live(NODE);
     let config = client_config(
@@ -95,15 +95,13 @@ async fn node_with_valid_certificate_reaches_health_and_handler_sees_its_identit
 
 #[tokio::test]
 async fn each_bad_client_certificate_is_refused_and_counted_by_reason() {
-    let pki = Pki::new(TD);
+    let pki = estate();
     let server = serve(&pki, AUTHORITY, only(IdentityKind::Node)).await;
-    let client_live = pki.live(NODE);
-    for case in pki.bad_clients() {
+    for case in pki.bad_clients(NODE, WORKLOAD) {
         let before = server.metrics.rejected(case.reason, RejectSource::Peer);
         let config = raw_client_config(
-            case.key,
-            &client_live,
-            only(IdentityKind::Authority),
+            Some(case.key),
+            pki.verifier(only(IdentityKind::Authority)),
             ALPN_H2,
         );
         let result = check(server.addr, config).await;
@@ -133,7 +131,7 @@ async fn each_bad_client_certificate_is_refused_and_counted_by_reason() {
 
 #[tokio::test]
 async fn client_refuses_a_server_of_the_wrong_kind_with_a_typed_error() {
-    let pki = Pki::new(TD);
+    let pki = estate();
     // The server is a node agent, but this client only talks to authority members.
     let server = serve(&pki, NODE, only(IdentityKind::Node)).await;
     let client_live = pki.live(NODE);
@@ -162,7 +160,7 @@ async fn client_refuses_a_server_of_the_wrong_kind_with_a_typed_error() {
 
 #[tokio::test]
 async fn server_rotation_is_seen_by_the_next_connection() {
-    let pki = Pki::new(TD);
+    let pki = estate();
     let live: Arc<LiveMaterial> = pki.live(AUTHORITY);
     let tls = server_config(
         &live,

@@ -23,6 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 use tonic::transport::Channel;
 use waymark_core::view::{EndpointStatus, Markers, ReleasedView, ViewEndpoint};
+use waymark_testkit::until;
 use waymark_xds::admission::AdmissionConfig;
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT};
 use waymark_xds::{Keepalive, Publisher, ServerConfig, SnapshotBuilder, XdsServer};
@@ -194,7 +195,7 @@ async fn a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded()
                 && c.types.len() == 2
         })
     };
-    wait_for("acks recorded", synced).await;
+    until("acks recorded", WAIT, async || synced()).await;
 }
 
 #[tokio::test]
@@ -224,7 +225,7 @@ async fn a_nack_keeps_the_acknowledged_version_and_records_the_error() {
             })
         })
     };
-    wait_for("nack recorded", recorded).await;
+    until("nack recorded", WAIT, async || recorded()).await;
     assert_eq!(
         fx.server
             .stats()
@@ -326,7 +327,7 @@ async fn a_client_that_stops_reading_is_disconnected_and_others_keep_their_updat
             .load(std::sync::atomic::Ordering::Relaxed)
             == 1
     };
-    wait_for("slow client disconnected", disconnected).await;
+    until("slow client disconnected", WAIT, async || disconnected()).await;
     drop(slow);
 }
 
@@ -348,7 +349,7 @@ async fn unknown_types_and_bad_first_requests_are_counted_and_harmless() {
             .load(std::sync::atomic::Ordering::Relaxed)
             == 1
     };
-    wait_for("unknown type counted", unknown).await;
+    until("unknown type counted", WAIT, async || unknown()).await;
     // A stream that closes before its first request.
     let (tx, requests) = mpsc::channel::<DeltaDiscoveryRequest>(1);
     drop(tx);
@@ -371,19 +372,6 @@ async fn unknown_types_and_bad_first_requests_are_counted_and_harmless() {
     assert_eq!(c.next().await.resources[0].version, "2");
 }
 
-/// Poll a condition that crosses the network with no signal to wait on (server-side
-/// bookkeeping after a client message); bounded, with a clear failure.
-async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !done() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_nonce_from_another_stream_is_stale_and_types_are_acked_separately() {
     let mut fx = Fixture::start(ServerConfig::default()).await;
@@ -402,7 +390,7 @@ async fn a_nonce_from_another_stream_is_stale_and_types_are_acked_separately() {
             .load(std::sync::atomic::Ordering::Relaxed)
             == 1
     };
-    wait_for("stale nonce counted", stale).await;
+    until("stale nonce counted", WAIT, async || stale()).await;
     // Nonces are per type: acking CDS says nothing about EDS. Subscribing to EDS with a
     // duplicated name yields one resource.
     two.send(ack(&cds_two)).await;
@@ -421,7 +409,7 @@ async fn a_nonce_from_another_stream_is_stale_and_types_are_acked_separately() {
             c.types[TYPE_CLUSTER].acked.is_some() && c.types[TYPE_ENDPOINT].acked.is_none()
         })
     };
-    wait_for("cds acked, eds not yet", acked).await;
+    until("cds acked, eds not yet", WAIT, async || acked()).await;
 }
 
 #[tokio::test]

@@ -226,18 +226,15 @@ async fn server_until(
     what: &str,
     cond: impl Fn(&[ClientSync]) -> bool,
 ) -> Vec<ClientSync> {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    waymark_testkit::until(what, WAIT, async || {
         let state = server.sync_state();
         if cond(&state) {
-            return state;
+            Ok(state)
+        } else {
+            Err(format!("{state:?}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}; last: {state:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await
 }
 
 fn acked_all(state: &[ClientSync]) -> bool {

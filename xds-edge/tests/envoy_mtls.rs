@@ -11,45 +11,22 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use support::{Backend, Envoy, EnvoyConfig, Route, TlsFiles, Xds, XdsMode, views};
-use waymark_certs::layout::PkiDir;
 use waymark_certs::reload::{MaterialPaths, load_material};
+use waymark_certs::testing::TestPkiDir;
 use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
-use waymark_certs::{
-    CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, RejectReason, TrustDomain,
-};
+use waymark_certs::{CertMetrics, IdentityKind, KindSet, RejectReason};
 use waymark_core::view::{EndpointStatus, Markers, ReleasedView};
 use waymark_xds::{Keepalive, ServerConfig, SnapshotBuilder, XdsServer};
 
 const TD: &str = "mesh.test";
 const PATIENCE: Duration = Duration::from_secs(20);
 
-struct Pki {
-    dir: tempfile::TempDir,
-    pki: PkiDir,
-}
-
-impl Pki {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let pki = PkiDir::new(dir.path().join("pki"));
-        let td = TrustDomain::new(TD).unwrap();
-        pki.init(&td, &[Name::new("eu").unwrap()], SystemTime::now())
-            .unwrap();
-        Self { dir, pki }
-    }
-
-    fn issue(&self, identity: &str) -> TlsFiles {
-        let identity = Identity::parse(identity).unwrap();
-        let ttl = Duration::from_secs(24 * 3600);
-        let (_, paths) = self
-            .pki
-            .issue(&identity, None, ttl, None, SystemTime::now())
-            .unwrap();
-        TlsFiles {
-            cert_chain: paths.fullchain,
-            key: paths.key,
-            ca: self.pki.bundle(),
-        }
+/// What Envoy's bootstrap names for its upstream TLS context.
+fn envoy_tls(paths: MaterialPaths) -> TlsFiles {
+    TlsFiles {
+        cert_chain: paths.cert_chain,
+        key: paths.key,
+        ca: paths.bundle,
     }
 }
 
@@ -66,28 +43,16 @@ fn view(backend: &Backend) -> ReleasedView {
 }
 
 /// Our server over mutual TLS as an authority member, admitting node identities only.
-async fn authority(pki: &Pki, backend: &Backend) -> (XdsServer, CertMetrics, std::net::SocketAddr) {
-    waymark_certs::install_crypto_provider();
-    let own = pki.issue(&format!("spiffe://{TD}/region/eu/authority/a1"));
-    let paths = MaterialPaths {
-        cert_chain: own.cert_chain,
-        key: own.key,
-        bundle: own.ca,
-    };
-    let td = TrustDomain::new(TD).unwrap();
-    let own_policy = PeerPolicy {
-        trust_domain: td.clone(),
-        accepted: KindSet::only(IdentityKind::Authority),
-        region: None,
-    };
+async fn authority(
+    pki: &TestPkiDir,
+    backend: &Backend,
+) -> (XdsServer, CertMetrics, std::net::SocketAddr) {
+    let paths = pki.issue("region/eu/authority/a1");
+    let own_policy = pki.policy(KindSet::only(IdentityKind::Authority));
     let material = load_material(&paths, &own_policy, SystemTime::now())
         .await
         .unwrap();
-    let policy = PeerPolicy {
-        trust_domain: td,
-        accepted: KindSet::only(IdentityKind::Node),
-        region: None,
-    };
+    let policy = pki.policy(KindSet::only(IdentityKind::Node));
     let metrics = CertMetrics::new();
     let tls = server_config(
         &LiveMaterial::new(material),
@@ -134,11 +99,11 @@ fn sidecar(addr: std::net::SocketAddr, node: &str, tls: TlsFiles) -> EnvoyConfig
 
 #[tokio::test]
 async fn envoy_speaks_ads_over_mutual_tls_with_its_node_identity() {
-    let pki = Pki::new();
+    let pki = TestPkiDir::new(TD, &["eu"]);
     let backend = Backend::start("pay-a").await;
     let (server, _, addr) = authority(&pki, &backend).await;
     let node = format!("spiffe://{TD}/region/eu/node/n1");
-    let envoy = Envoy::start(sidecar(addr, "n1", pki.issue(&node))).await;
+    let envoy = Envoy::start(sidecar(addr, "n1", envoy_tls(pki.issue(&node)))).await;
     envoy.wait_live(PATIENCE).await;
     envoy
         .wait_until("the pay host", PATIENCE, async || {
@@ -153,15 +118,14 @@ async fn envoy_speaks_ads_over_mutual_tls_with_its_node_identity() {
         Some(node.as_str()),
         "the stream is attributed to the node"
     );
-    let _keep = &pki.dir;
 }
 
 #[tokio::test]
 async fn a_sidecar_presenting_a_workload_identity_is_refused_and_counted() {
-    let pki = Pki::new();
+    let pki = TestPkiDir::new(TD, &["eu"]);
     let backend = Backend::start("pay-a").await;
     let (server, metrics, addr) = authority(&pki, &backend).await;
-    let workload = pki.issue(&format!("spiffe://{TD}/region/eu/service/pay/instance/i1"));
+    let workload = envoy_tls(pki.issue("region/eu/service/pay/instance/i1"));
     let envoy = Envoy::start(sidecar(addr, "impostor", workload)).await;
     envoy
         .wait_until("the refusal counted", PATIENCE, async || {

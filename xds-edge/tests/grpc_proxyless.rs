@@ -33,6 +33,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::task::JoinHandle;
 use waymark_core::view::{EndpointStatus, Markers, ReleasedView};
+use waymark_testkit::try_until;
 use waymark_xds::sync::ClientSync;
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
 use waymark_xds::{Keepalive, Publisher, ServerConfig, SnapshotBuilder, XdsServer};
@@ -388,38 +389,36 @@ impl ControlPlane {
     /// once on any NACK.
     async fn wait_synced(&self, node_id: &str, eds_version: u64, client: &GrpcClient) {
         let eds_version = eds_version.to_string();
-        let start = tokio::time::Instant::now();
-        loop {
-            if let Some(c) = self.client(node_id) {
-                if let Some((t, nack)) = c
-                    .types
-                    .iter()
-                    .find_map(|(t, s)| s.last_nack.as_ref().map(|n| (t, n)))
-                {
-                    client.peer.fail(
-                        &format!("it rejected (NACKed) our {t}: {nack:?}"),
-                        Some(self),
-                    );
-                }
-                let synced = ALL_TYPES.iter().all(|t| {
-                    c.types
-                        .get(*t)
-                        .is_some_and(|s| s.sent.is_some() && s.acked == s.sent)
-                });
-                if synced && c.types[TYPE_ENDPOINT].acked.as_deref() == Some(eds_version.as_str()) {
-                    return;
-                }
-            }
-            if start.elapsed() > PATIENCE {
+        let what = format!("{node_id} to ACK all four types");
+        let synced = try_until(&what, PATIENCE, POLL_INTERVAL, async || {
+            let c = self.client(node_id)?;
+            if let Some((t, nack)) = c
+                .types
+                .iter()
+                .find_map(|(t, s)| s.last_nack.as_ref().map(|n| (t, n)))
+            {
                 client.peer.fail(
-                    &format!(
-                        "not subscribed to and ACKing all of LDS, RDS, CDS and EDS \
-                         (EDS at version {eds_version}) within {PATIENCE:?}"
-                    ),
+                    &format!("it rejected (NACKed) our {t}: {nack:?}"),
                     Some(self),
                 );
             }
-            tokio::time::sleep(POLL_INTERVAL).await;
+            let synced = ALL_TYPES.iter().all(|t| {
+                c.types
+                    .get(*t)
+                    .is_some_and(|s| s.sent.is_some() && s.acked == s.sent)
+            });
+            (synced && c.types[TYPE_ENDPOINT].acked.as_deref() == Some(eds_version.as_str()))
+                .then_some(())
+        })
+        .await;
+        if synced.is_err() {
+            client.peer.fail(
+                &format!(
+                    "not subscribed to and ACKing all of LDS, RDS, CDS and EDS \
+                     (EDS at version {eds_version}) within {PATIENCE:?}"
+                ),
+                Some(self),
+            );
         }
     }
 

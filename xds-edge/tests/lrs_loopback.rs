@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::address::Address as AddressKind;
 use envoy_types::pb::envoy::config::core::v3::socket_address::PortSpecifier;
@@ -27,11 +27,10 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::transport::{Channel, Endpoint, Server};
-use waymark_certs::ca::{IssuedLeaf, RootCa};
 use waymark_certs::grpc::{IncomingConfig, TlsConnector, incoming};
-use waymark_certs::material::{MaterialPem, validate_material};
+use waymark_certs::testing::TestPki;
 use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config, server_config};
-use waymark_certs::{CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, TrustDomain};
+use waymark_certs::{CertMetrics, Identity, IdentityKind, KindSet, PeerPolicy, TrustDomain};
 use waymark_xds::lrs::{ChannelSink, LoadReport, LrsConfig, LrsReporter, LrsServer};
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -251,14 +250,9 @@ fn policy(kind: IdentityKind) -> PeerPolicy {
     }
 }
 
-fn live(root: &RootCa, leaf: &IssuedLeaf, kind: IdentityKind) -> Arc<LiveMaterial> {
-    let fullchain = leaf.fullchain_pem();
-    let pem = MaterialPem {
-        cert_chain: fullchain.as_bytes(),
-        key: leaf.key_pem.as_bytes(),
-        bundle: root.cert_pem().as_bytes(),
-    };
-    LiveMaterial::new(validate_material(pem, &policy(kind), SystemTime::now()).unwrap())
+/// A fresh leaf for `who` as live material admitting only `kind` as peers.
+fn live(pki: &TestPki, who: &str, kind: IdentityKind) -> Arc<LiveMaterial> {
+    LiveMaterial::new(pki.material(&pki.leaf(who), KindSet::only(kind)))
 }
 
 /// Opens an LRS stream declaring `node_id` and reads the first response.
@@ -297,23 +291,10 @@ async fn open(
 async fn over_mutual_tls_a_report_is_keyed_by_the_certificate_not_the_declared_node_id() {
     // Goal: a workload that declares someone else's node id is still its certificate's
     // identity to the sink, so the name a client writes can never dodge its cap.
-    waymark_certs::install_crypto_provider();
-    let now = SystemTime::now();
-    let root = RootCa::generate(TrustDomain::new(TD).unwrap(), now).unwrap();
-    let eu = root.issue_region(Name::new("eu").unwrap(), now).unwrap();
-    let day = Duration::from_secs(24 * 3600);
-    let node_id: Identity = "spiffe://mesh.test/region/eu/node/n1".parse().unwrap();
+    let pki = TestPki::new(TD, &["eu"]);
+    let node = live(&pki, "region/eu/node/n1", IdentityKind::Node);
+    let client = live(&pki, WORKLOAD, IdentityKind::Workload);
     let workload: Identity = WORKLOAD.parse().unwrap();
-    let node = live(
-        &root,
-        &eu.issue(&node_id, now, day).unwrap(),
-        IdentityKind::Node,
-    );
-    let client = live(
-        &root,
-        &eu.issue(&workload, now, day).unwrap(),
-        IdentityKind::Workload,
-    );
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -22,14 +22,11 @@ use tonic::transport::{Endpoint, Server};
 use waymark_agent::node::NodeAgent;
 use waymark_agent::node::config::{AgentConfig, Bounds, Listen, ProbeSection, Tls};
 use waymark_certs::grpc::{IncomingConfig, TlsConnector, incoming};
-use waymark_certs::layout::{IssuedPaths, PkiDir};
 use waymark_certs::metrics::RejectSource;
-use waymark_certs::reload::{MaterialPaths, load_material};
+use waymark_certs::reload::load_material;
+use waymark_certs::testing::{TestPkiDir, raw_client_config};
 use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
-use waymark_certs::verify::PeerVerifier;
-use waymark_certs::{
-    CertMetrics, Identity, IdentityKind, KindSet, Name, PeerPolicy, RejectReason, TrustDomain,
-};
+use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, RejectReason, TrustDomain};
 use waymark_core::eligibility::Verdict;
 use waymark_core::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
 use waymark_core::units::Weight;
@@ -37,6 +34,7 @@ use waymark_core::view::{
     EndpointStatus, Markers, ReleasedView, Tier, Version, View, ViewEndpoint, ViewKey,
 };
 use waymark_resolver::{Resolution, Resolver, ResolverConfig, ResolverError, ResolverTls};
+use waymark_testkit::until;
 use waymark_xds::client::{BackoffConfig, ClientConfig};
 use waymark_xds::{Publisher, ServerConfig, SnapshotBuilder, XdsServer};
 
@@ -47,46 +45,15 @@ const ATTEMPTS: u64 = 2;
 
 // === PKI ===
 
-struct Estate {
-    pki: PkiDir,
+/// An estate of `trust_domain` with regions eu and us, in `dir`.
+fn estate(dir: &Path, trust_domain: &str) -> TestPkiDir {
+    TestPkiDir::init(dir, trust_domain, &["eu", "us"])
 }
 
-impl Estate {
-    fn new(dir: &Path, trust_domain: &str) -> Self {
-        let pki = PkiDir::new(dir);
-        let regions = [Name::new("eu").unwrap(), Name::new("us").unwrap()];
-        pki.init(
-            &TrustDomain::new(trust_domain).unwrap(),
-            &regions,
-            SystemTime::now(),
-        )
-        .unwrap();
-        Self { pki }
-    }
-
-    fn issue(&self, uri: &str) -> IssuedPaths {
-        let identity = Identity::parse(uri).unwrap();
-        let day = Duration::from_secs(24 * 3600);
-        let (_, paths) = self
-            .pki
-            .issue(&identity, None, day, None, SystemTime::now())
-            .unwrap();
-        paths
-    }
-
-    fn material(&self, uri: &str) -> MaterialPaths {
-        let paths = self.issue(uri);
-        MaterialPaths {
-            cert_chain: paths.fullchain,
-            key: paths.key,
-            bundle: self.pki.bundle(),
-        }
-    }
-
-    fn resolver_tls(&self, uri: &str) -> ResolverTls {
-        let m = self.material(uri);
-        ResolverTls::new(TD, m.cert_chain, m.key, m.bundle)
-    }
+/// The resolver's TLS option for `uri`, of this test's trust domain.
+fn resolver_tls(estate: &TestPkiDir, uri: &str) -> ResolverTls {
+    let m = estate.issue(uri);
+    ResolverTls::new(TD, m.cert_chain, m.key, m.bundle)
 }
 
 // === the view upstream, behind mutual TLS ===
@@ -127,13 +94,13 @@ fn released() -> ReleasedView {
 
 /// An `XdsServer` presenting an eu authority certificate and admitting node agents,
 /// publishing [`released`]. The publisher must outlive the test (dropping it ends streams).
-async fn authority(estate: &Estate) -> (SocketAddr, Publisher) {
+async fn authority(estate: &TestPkiDir) -> (SocketAddr, Publisher) {
     let policy = PeerPolicy {
         trust_domain: TrustDomain::new(TD).unwrap(),
         accepted: KindSet::only(IdentityKind::Authority),
         region: None,
     };
-    let paths = estate.material(&format!("spiffe://{TD}/region/eu/authority/a1"));
+    let paths = estate.issue(&format!("spiffe://{TD}/region/eu/authority/a1"));
     let material = load_material(&paths, &policy, SystemTime::now())
         .await
         .unwrap();
@@ -163,8 +130,8 @@ async fn authority(estate: &Estate) -> (SocketAddr, Publisher) {
     (addr, publisher)
 }
 
-async fn node_agent(estate: &Estate, dir: &Path, upstream: SocketAddr) -> NodeAgent {
-    let node = estate.material(&format!("spiffe://{TD}/region/eu/node/n1"));
+async fn node_agent(estate: &TestPkiDir, dir: &Path, upstream: SocketAddr) -> NodeAgent {
+    let node = estate.issue(&format!("spiffe://{TD}/region/eu/node/n1"));
     NodeAgent::start(AgentConfig {
         name: "n1".parse().unwrap(),
         region: "eu".parse().unwrap(),
@@ -220,24 +187,16 @@ fn ports(r: &Resolution) -> Vec<u16> {
     }
 }
 
-async fn until(what: &str, mut cond: impl AsyncFnMut() -> Option<String>) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let Some(last) = cond().await else { return };
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}; last: {last}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Waits until `resolver` has failed to connect [`ATTEMPTS`] times, then asserts it never
 /// opened a stream and still knows nothing.
 async fn refused(resolver: &Resolver, what: &str) {
-    until(what, async || {
+    until(what, WAIT, async || {
         let stats = resolver.stats();
-        (stats.connect_failures < ATTEMPTS).then(|| format!("{stats:?}"))
+        if stats.connect_failures >= ATTEMPTS {
+            Ok(())
+        } else {
+            Err(format!("{stats:?}"))
+        }
     })
     .await;
     assert_eq!(resolver.stats().streams, 0, "{what}: a stream opened");
@@ -266,7 +225,7 @@ fn counted(metrics: &str, reason: &str) -> u64 {
 
 struct Running {
     agent: NodeAgent,
-    estate: Estate,
+    estate: TestPkiDir,
     _publisher: Publisher,
     dir: tempfile::TempDir,
 }
@@ -274,7 +233,7 @@ struct Running {
 async fn running() -> Running {
     waymark_certs::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
-    let estate = Estate::new(&dir.path().join("pki"), TD);
+    let estate = estate(&dir.path().join("pki"), TD);
     let (upstream, publisher) = authority(&estate).await;
     let agent = node_agent(&estate, &dir.path().join("agent"), upstream).await;
     Running {
@@ -292,15 +251,20 @@ async fn a_resolver_presenting_its_workload_certificate_resolves_through_the_age
     // Goal: the TLS option end to end: workload certificate out, the agent's node identity
     // (own region) admitted, the agent's view resolved; the agent counts no refusal.
     let r = running().await;
-    let tls = r
-        .estate
-        .resolver_tls(&format!("spiffe://{TD}/region/eu/service/cart/instance/i1"));
+    let tls = resolver_tls(
+        &r.estate,
+        &format!("spiffe://{TD}/region/eu/service/cart/instance/i1"),
+    );
     let metrics = tls.metrics.clone();
     let cache = r.dir.path().join("lkg.json");
     let resolver = Resolver::connect(config(r.agent.bound().xds, &cache).with_tls(tls)).unwrap();
-    until("pay to resolve", async || {
+    until("pay to resolve", WAIT, async || {
         let got = resolver.resolve("pay");
-        (ports(&got) != [8001, 8002]).then(|| format!("{got:?}, {:?}", resolver.stats()))
+        if ports(&got) == [8001, 8002] {
+            Ok(())
+        } else {
+            Err(format!("{got:?}, {:?}", resolver.stats()))
+        }
     })
     .await;
     assert!(resolver.is_connected());
@@ -329,35 +293,9 @@ async fn without_a_certificate_the_agent_refuses_the_handshake() {
     // resolver towards the mutual-TLS listener never opens one either.
     let r = running().await;
     let xds = r.agent.bound().xds;
-    let own = r
-        .estate
-        .material(&format!("spiffe://{TD}/region/eu/service/cart/instance/i1"));
-    let anyone = PeerPolicy {
-        trust_domain: TrustDomain::new(TD).unwrap(),
-        accepted: KindSet::ALL,
-        region: None,
-    };
-    let live = LiveMaterial::new(
-        load_material(&own, &anyone, SystemTime::now())
-            .await
-            .unwrap(),
-    );
     // It checks the agent like the resolver would, but has no certificate to present.
-    let verifier = PeerVerifier::new(
-        live,
-        PeerPolicy {
-            accepted: KindSet::only(IdentityKind::Node),
-            ..anyone
-        },
-        CertMetrics::new(),
-    );
-    let mut tls = rustls::ClientConfig::builder_with_provider(waymark_certs::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![ALPN_H2.to_vec()];
+    let verifier = r.estate.verifier(KindSet::only(IdentityKind::Node));
+    let tls = raw_client_config(None, verifier, ALPN_H2);
     let attempt = async {
         let channel = Endpoint::from_shared(format!("http://{xds}"))
             .unwrap()
@@ -397,9 +335,10 @@ async fn a_workload_of_another_region_refuses_the_agent_and_is_counted() {
     // Goal: the resolver's policy takes its region from its own certificate, so a genuine
     // us workload refuses the eu agent's node identity as wrong_region.
     let r = running().await;
-    let tls = r
-        .estate
-        .resolver_tls(&format!("spiffe://{TD}/region/us/service/cart/instance/i2"));
+    let tls = resolver_tls(
+        &r.estate,
+        &format!("spiffe://{TD}/region/us/service/cart/instance/i2"),
+    );
     let metrics = tls.metrics.clone();
     let cache = r.dir.path().join("us.json");
     let resolver = Resolver::connect(config(r.agent.bound().xds, &cache).with_tls(tls)).unwrap();
@@ -415,8 +354,8 @@ async fn a_workload_of_another_trust_domain_is_refused_at_the_handshake() {
     // trust domain but comes from a CA this estate never trusted is refused by the agent,
     // and the refusal shows on the agent's /metrics (wrong_ca).
     let r = running().await;
-    let elsewhere = Estate::new(&r.dir.path().join("pki-elsewhere"), "elsewhere.test");
-    let m = elsewhere.material("spiffe://elsewhere.test/region/eu/service/cart/instance/i1");
+    let elsewhere = estate(&r.dir.path().join("pki-elsewhere"), "elsewhere.test");
+    let m = elsewhere.issue("spiffe://elsewhere.test/region/eu/service/cart/instance/i1");
     let tls = ResolverTls::new("elsewhere.test", m.cert_chain, m.key, m.bundle);
     let metrics = tls.metrics.clone();
     let xds = r.agent.bound().xds;
@@ -426,7 +365,7 @@ async fn a_workload_of_another_trust_domain_is_refused_at_the_handshake() {
     assert!(metrics.rejected(RejectReason::WrongCa, RejectSource::Peer) >= ATTEMPTS);
 
     // Our own trust domain with the other estate's files is refused before dialling.
-    let m = elsewhere.material("spiffe://elsewhere.test/region/eu/service/cart/instance/i1");
+    let m = elsewhere.issue("spiffe://elsewhere.test/region/eu/service/cart/instance/i1");
     let mismatched = ResolverTls::new(TD, m.cert_chain, m.key, m.bundle);
     let err = Resolver::connect(config(xds, &r.dir.path().join("x.json")).with_tls(mismatched))
         .unwrap_err();
@@ -436,11 +375,11 @@ async fn a_workload_of_another_trust_domain_is_refused_at_the_handshake() {
     );
 
     // An impostor: a root of its own claiming our trust domain, trusting both roots.
-    let impostor = Estate::new(&r.dir.path().join("pki-impostor"), TD);
-    let m = impostor.material(&format!("spiffe://{TD}/region/eu/service/cart/instance/i9"));
+    let impostor = estate(&r.dir.path().join("pki-impostor"), TD);
+    let m = impostor.issue(&format!("spiffe://{TD}/region/eu/service/cart/instance/i9"));
     let both = r.dir.path().join("both.pem");
     let bundle = [
-        std::fs::read(r.estate.pki.bundle()).unwrap(),
+        std::fs::read(r.estate.bundle()).unwrap(),
         std::fs::read(&m.bundle).unwrap(),
     ]
     .concat();
@@ -449,9 +388,13 @@ async fn a_workload_of_another_trust_domain_is_refused_at_the_handshake() {
     let resolver =
         Resolver::connect(config(xds, &r.dir.path().join("imp.json")).with_tls(tls)).unwrap();
     refused(&resolver, "the impostor to be refused").await;
-    until("the agent to count the impostor", async || {
+    until("the agent to count the impostor", WAIT, async || {
         let text = agent_metrics(&r.agent).await;
-        (counted(&text, "wrong_ca") < 1).then_some(text)
+        if counted(&text, "wrong_ca") >= 1 {
+            Ok(())
+        } else {
+            Err(text)
+        }
     })
     .await;
     r.agent.shutdown().await;

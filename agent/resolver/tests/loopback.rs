@@ -25,6 +25,7 @@ use waymark_core::view::{
     EndpointStatus, Markers, ReleasedView, Tier, Version, View, ViewEndpoint, ViewKey,
 };
 use waymark_resolver::{Resolution, Resolver, ResolverConfig};
+use waymark_testkit::until;
 use waymark_xds::client::{BackoffConfig, ClientConfig};
 use waymark_xds::{Publisher, ServerConfig, SnapshotBuilder, XdsServer};
 
@@ -93,18 +94,21 @@ fn ports(r: &Resolution) -> Vec<u16> {
     }
 }
 
-async fn until(resolver: &Resolver, what: &str, cond: impl Fn(&Resolver) -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !cond(resolver) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}; last: {:?}, connected {}, stats {:?}",
-            resolver.resolve("pay"),
-            resolver.is_connected(),
-            resolver.stats()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// Waits until `cond` holds of `resolver`; a timeout shows what it resolves `pay` to.
+async fn resolver_until(resolver: &Resolver, what: &str, cond: impl Fn(&Resolver) -> bool) {
+    until(what, WAIT, async || {
+        if cond(resolver) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{:?}, connected {}, stats {:?}",
+                resolver.resolve("pay"),
+                resolver.is_connected(),
+                resolver.stats()
+            ))
+        }
+    })
+    .await;
 }
 
 // === a server we can stop ===
@@ -168,7 +172,7 @@ async fn the_resolver_follows_publishes_survives_the_agent_stopping_and_restarts
 
     let resolver = Resolver::connect(config(addr, &cache)).unwrap();
     assert_eq!(resolver.resolve("cart"), Resolution::Unknown);
-    until(&resolver, "v1", |r| {
+    resolver_until(&resolver, "v1", |r| {
         ports(&r.resolve("pay")) == [8001, 8002]
     })
     .await;
@@ -182,17 +186,17 @@ async fn the_resolver_follows_publishes_survives_the_agent_stopping_and_restarts
 
     // A withdrawal follows the publish.
     running.release(&released(2, &[1]));
-    until(&resolver, "v2", |r| ports(&r.resolve("pay")) == [8001]).await;
+    resolver_until(&resolver, "v2", |r| ports(&r.resolve("pay")) == [8001]).await;
 
     // Everything withdrawn: resolved to empty, not unknown.
     running.release(&released(3, &[]));
-    until(&resolver, "v3", |r| r.resolve("pay") == Resolution::Empty).await;
+    resolver_until(&resolver, "v3", |r| r.resolve("pay") == Resolution::Empty).await;
     running.release(&released(4, &[2]));
-    until(&resolver, "v4", |r| ports(&r.resolve("pay")) == [8002]).await;
+    resolver_until(&resolver, "v4", |r| ports(&r.resolve("pay")) == [8002]).await;
 
     // The agent goes away: the last view keeps answering, and ages.
     running.stop().await;
-    until(&resolver, "the stream to end", |r| !r.is_connected()).await;
+    resolver_until(&resolver, "the stream to end", |r| !r.is_connected()).await;
     assert_eq!(ports(&resolver.resolve("pay")), [8002]);
     tokio::time::sleep(Duration::from_millis(30)).await;
     assert!(resolver.age("pay").unwrap() >= Duration::from_millis(20));
@@ -217,10 +221,10 @@ async fn a_service_subscribed_later_resolves_once_the_agent_answers() {
     let mut config = config(addr, &dir.path().join("lkg.json"));
     config.services.clear();
     let resolver = Resolver::connect(config).unwrap();
-    until(&resolver, "the stream", Resolver::is_connected).await;
+    resolver_until(&resolver, "the stream", Resolver::is_connected).await;
     assert_eq!(resolver.resolve("pay"), Resolution::Unknown);
     resolver.subscribe("pay").await.unwrap();
-    until(&resolver, "pay", |r| ports(&r.resolve("pay")) == [8003]).await;
+    resolver_until(&resolver, "pay", |r| ports(&r.resolve("pay")) == [8003]).await;
     running.stop().await;
 }
 

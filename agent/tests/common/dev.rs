@@ -1,7 +1,7 @@
-//! A dev region on free loopback ports, and the polling its tests share.
+//! A dev region on free loopback ports, and how long its tests wait for any one state.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::{Method, StatusCode};
 use serde_json::Value;
@@ -24,19 +24,6 @@ pub async fn start(dir: &Path) -> DevRegion {
     })
     .await
     .expect("the dev region starts")
-}
-
-/// Poll `check` until it returns `Some`, at most [`WAIT`]: for states with no signal to
-/// wait on, read across a process's APIs.
-pub async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// One API call: the status and the JSON body (`Null` when it is not JSON).

@@ -147,17 +147,11 @@ pub async fn metrics_text(api: &waymark_agent::api_client::ApiClient) -> String 
 /// Waits until `series` read through `api` reaches `want`, and asserts it went no
 /// further (a refusal is counted as the server's task ends, just after the client saw it).
 pub async fn counted(api: &waymark_agent::api_client::ApiClient, series: &str, want: u64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
+    let what = format!("{series} to reach {want}");
+    let got = waymark_testkit::until(&what, Duration::from_secs(60), async || {
         let got = series_value(&metrics_text(api).await, series);
-        if got >= want {
-            assert_eq!(got, want, "{series}");
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{series} stayed at {got}, not {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        if got >= want { Ok(got) } else { Err(got) }
+    })
+    .await;
+    assert_eq!(got, want, "{series}");
 }

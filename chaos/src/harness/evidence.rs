@@ -12,15 +12,15 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use http::Method;
 use serde_json::{Value, json};
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::dev::backends::{BackendOptions, BackendSpec, Backends, Mode, SelfReportFn};
-use waymark_certs::layout::PkiDir;
-use waymark_certs::{Identity, Name, TrustDomain};
+use waymark_certs::reload::MaterialPaths;
+use waymark_certs::testing::TestPkiDir;
 
 use super::{Proc, RoleProc, free_port, loopback, wait_serving, wait_until};
 use crate::rng::SplitMix64;
@@ -29,68 +29,46 @@ use crate::rng::SplitMix64;
 pub const TRUST_DOMAIN: &str = "drill.waymark";
 /// The actor the drills act as on the authority's API.
 const ACTOR: &str = "waymark-drill";
-/// Leaf certificates live this long (longer than any drill).
-const LEAF_TTL: Duration = Duration::from_secs(24 * 3600);
 
-/// A CA in the run folder, its region intermediate, and the region's gossip key.
-#[derive(Debug, Clone)]
+/// The drill CA in the run folder (made by `waymark_certs::testing`, through the same
+/// layout code as `waymark certs init`), its one region, and the region's gossip key.
+#[derive(Debug)]
 pub struct RegionPki {
-    dir: PkiDir,
+    pki: TestPkiDir,
     region: String,
     gossip_key: String,
 }
 
-/// One identity's files.
-#[derive(Debug, Clone)]
-pub struct Material {
-    pub cert_chain: PathBuf,
-    pub key: PathBuf,
-    pub bundle: PathBuf,
-}
-
-impl Material {
-    /// The `[*.tls]` TOML table for `section` (e.g. `agent.tls`).
-    fn toml(&self, section: &str) -> String {
-        format!(
-            "[{section}]\ntrust_domain = \"{TRUST_DOMAIN}\"\ncert_chain = \"{}\"\nkey = \"{}\"\nbundle = \"{}\"\n",
-            self.cert_chain.display(),
-            self.key.display(),
-            self.bundle.display()
-        )
-    }
+/// The `[*.tls]` TOML table for `section` (e.g. `agent.tls`) naming `tls`'s files.
+fn tls_toml(section: &str, tls: &MaterialPaths) -> String {
+    format!(
+        "[{section}]\ntrust_domain = \"{TRUST_DOMAIN}\"\ncert_chain = \"{}\"\nkey = \"{}\"\nbundle = \"{}\"\n",
+        tls.cert_chain.display(),
+        tls.key.display(),
+        tls.bundle.display()
+    )
 }
 
 impl RegionPki {
     /// Creates the CA and `region`'s intermediate under `dir`, and a gossip key from `seed`.
     pub fn create(dir: &Path, region: &str, seed: u64) -> anyhow::Result<Self> {
-        let td = TrustDomain::new(TRUST_DOMAIN)?;
-        let pki = PkiDir::new(dir.to_path_buf());
-        pki.init(&td, &[Name::new(region)?], SystemTime::now())
-            .context("creating the drill CA")?;
+        let pki =
+            TestPkiDir::try_init(dir, TRUST_DOMAIN, &[region]).context("creating the drill CA")?;
         let mut rng = SplitMix64::new(seed ^ 0x6b65_7972_696e_6721);
         let gossip_key: String = (0..4).map(|_| format!("{:016x}", rng.next_u64())).collect();
         Ok(Self {
-            dir: pki,
+            pki,
             region: region.to_owned(),
             gossip_key,
         })
     }
 
     /// Issues `spiffe://<td>/region/<region>/<what>`.
-    fn issue(&self, what: &str) -> anyhow::Result<Material> {
-        let identity = Identity::parse(&format!(
-            "spiffe://{TRUST_DOMAIN}/region/{}/{what}",
-            self.region
-        ))?;
-        let (_, paths) = self
-            .dir
-            .issue(&identity, None, LEAF_TTL, None, SystemTime::now())
-            .with_context(|| format!("issuing {identity}"))?;
-        Ok(Material {
-            cert_chain: paths.fullchain,
-            key: paths.key,
-            bundle: self.dir.bundle(),
-        })
+    fn issue(&self, what: &str) -> anyhow::Result<MaterialPaths> {
+        let path = format!("region/{}/{what}", self.region);
+        self.pki
+            .try_issue(&path)
+            .with_context(|| format!("issuing {path}"))
     }
 }
 
@@ -155,12 +133,12 @@ keys = ["{key}"]
                 acl = super::acl_toml(dir)?,
                 region = pki.region,
                 data = dir.join("data").display(),
-                tls = tls.toml("authority.tls"),
+                tls = tls_toml("authority.tls", &tls),
                 key = pki.gossip_key,
             ),
         )
         .with_context(|| format!("writing {}", config.display()))?;
-        super::api_over_tls(http, &pki.dir.bundle())?;
+        super::api_over_tls(http, &pki.pki.bundle())?;
         Ok(Self {
             bin: bin.to_path_buf(),
             config,
@@ -283,7 +261,7 @@ allow_cidrs = ["127.0.0.0/8"]
                 api = authority.http,
                 seed = authority.gossip,
                 key = pki.gossip_key,
-                tls = tls.toml("agent.tls"),
+                tls = tls_toml("agent.tls", &tls),
             ),
         )
         .with_context(|| format!("writing {}", config.display()))?;

@@ -274,19 +274,9 @@ impl RoleProc {
 pub async fn wait_until<T>(
     what: &str,
     deadline: Duration,
-    mut check: impl AsyncFnMut() -> Option<T>,
+    check: impl AsyncFnMut() -> Option<T>,
 ) -> anyhow::Result<T> {
-    let until = tokio::time::Instant::now() + deadline;
-    loop {
-        if let Some(v) = check().await {
-            return Ok(v);
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < until,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        tokio::time::sleep(POLL).await;
-    }
+    Ok(waymark_testkit::try_until(what, deadline, POLL, check).await?)
 }
 
 /// The management token every drill region starts with (`[authority.acl]`), one per

@@ -16,11 +16,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-// Real processes on real time, through tokio's clock like every driver.
-use tokio::time::Instant;
-
 use serde_json::{Value, json};
 use tempfile::TempDir;
+use waymark_testkit::try_until;
 
 use super::http;
 
@@ -412,29 +410,26 @@ impl Envoy {
             dir,
         };
 
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
+        let answered = try_until("the admin API", START_TIMEOUT, POLL_INTERVAL, async || {
             if let Some(status) = envoy.exit_status() {
-                panic!(
-                    "Envoy exited during start-up ({status}){}",
-                    envoy.log_report()
-                );
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "Envoy's admin API did not answer within {START_TIMEOUT:?}{}",
-                    envoy.log_report()
-                );
+                return Some(Err(status));
             }
             let written = std::fs::read_to_string(&admin_path).unwrap_or_default();
-            if let Ok(admin) = written.trim().parse::<SocketAddr>()
-                && http::get(admin, "/ready").await.is_ok()
-            {
-                envoy.admin = admin;
-                break;
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+            let admin = written.trim().parse::<SocketAddr>().ok()?;
+            http::get(admin, "/ready").await.ok().map(|_| Ok(admin))
+        })
+        .await;
+        envoy.admin = match answered {
+            Ok(Ok(admin)) => admin,
+            Ok(Err(status)) => panic!(
+                "Envoy exited during start-up ({status}){}",
+                envoy.log_report()
+            ),
+            Err(_) => panic!(
+                "Envoy's admin API did not answer within {START_TIMEOUT:?}{}",
+                envoy.log_report()
+            ),
+        };
 
         // Static listeners are bound while the bootstrap loads, before Envoy is LIVE, so
         // the kernel-chosen port is already on /listeners.
@@ -635,24 +630,20 @@ impl Envoy {
         timeout: Duration,
         mut check: impl AsyncFnMut() -> Option<T>,
     ) -> T {
-        let deadline = Instant::now() + timeout;
-        loop {
+        let waited = try_until(what, timeout, POLL_INTERVAL, async || {
             if let Some(value) = check().await {
-                return value;
+                return Some(Ok(value));
             }
-            if let Some(status) = self.exit_status() {
-                panic!(
-                    "Envoy exited ({status}) while waiting for {what}{}",
-                    self.log_report()
-                );
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "timed out after {timeout:?} waiting for {what}{}",
-                    self.log_report()
-                );
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
+            self.exit_status().map(Err)
+        })
+        .await;
+        match waited {
+            Ok(Ok(value)) => value,
+            Ok(Err(status)) => panic!(
+                "Envoy exited ({status}) while waiting for {what}{}",
+                self.log_report()
+            ),
+            Err(timed_out) => panic!("{timed_out}{}", self.log_report()),
         }
     }
 }
@@ -669,20 +660,6 @@ impl Drop for Envoy {
         if std::thread::panicking() && !self.log_reported.load(Ordering::SeqCst) {
             eprintln!("{}", self.log_report());
         }
-    }
-}
-
-/// Polls `check` every [`POLL_INTERVAL`] until it returns true; panics after `timeout`.
-/// For waits that involve no Envoy (e.g. a backend's hit count); prefer
-/// [`Envoy::wait_until`] when one is involved, for its log on failure.
-pub async fn eventually(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(
-            Instant::now() <= deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(POLL_INTERVAL).await;
     }
 }
 

@@ -9,8 +9,9 @@
 //!
 //! Synchronisation: Envoy applies configuration asynchronously and offers nothing an outside
 //! observer can wait on, so tests poll the admin API with a bound ([`Envoy::wait_until`],
-//! every 50 ms, panicking with Envoy's log tail on timeout). That bounded poll is the honest
-//! way to wait here; never replace it with a fixed sleep.
+//! every 50 ms, panicking with Envoy's log tail on timeout); waits that involve no Envoy use
+//! `waymark_testkit::until`. That bounded poll is the honest way to wait here; never
+//! replace it with a fixed sleep.
 //!
 //! Each `tests/*.rs` file that needs Envoy declares `mod support;` and uses a part of this
 //! module, so what one file leaves unused is not dead code.
@@ -24,5 +25,5 @@ pub mod views;
 pub use backend::Backend;
 pub use envoy::{
     Envoy, EnvoyConfig, Route, StaticCluster, TlsFiles, Xds, XdsMode, envoy_bin, envoy_bin_from,
-    eventually, missing_envoy_message, resolve_envoy_bin,
+    missing_envoy_message, resolve_envoy_bin,
 };
