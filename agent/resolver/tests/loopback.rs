@@ -238,17 +238,17 @@ async fn the_resolver_reports_a_lost_stream_serves_its_last_view_and_recovers_wh
     let (mut running, addr) = Running::start(any_addr()).await;
     running.release(&released(1, &[1, 2]));
     let resolver = Resolver::connect(config(addr, &dir.path().join("lkg.json"))).unwrap();
-    until(&resolver, "v1", |r| {
+    resolver_until(&resolver, "v1", |r| {
         ports(&r.resolve("pay")) == [8001, 8002]
     })
     .await;
-    until(&resolver, "the stream", Resolver::is_connected).await;
+    resolver_until(&resolver, "the stream", Resolver::is_connected).await;
     assert_eq!(resolver.lost_since(), None);
     assert_eq!(resolver.stats().streams, 1);
 
     let stopping = SystemTime::now();
     running.stop().await;
-    until(&resolver, "the loss", |r| r.lost_since().is_some()).await;
+    resolver_until(&resolver, "the loss", |r| r.lost_since().is_some()).await;
     assert!(!resolver.is_connected());
     let lost = resolver.lost_since().unwrap();
     // Wall-clock stamps are whole milliseconds.
@@ -258,7 +258,7 @@ async fn the_resolver_reports_a_lost_stream_serves_its_last_view_and_recovers_wh
     );
     assert!(lost <= SystemTime::now());
     let failures = resolver.stats().connect_failures;
-    until(&resolver, "a failed reconnect", |r| {
+    resolver_until(&resolver, "a failed reconnect", |r| {
         r.stats().connect_failures > failures
     })
     .await;
@@ -272,7 +272,7 @@ async fn the_resolver_reports_a_lost_stream_serves_its_last_view_and_recovers_wh
         [8001, 8002],
         "the last view"
     );
-    until(&resolver, "the view to age", |r| {
+    resolver_until(&resolver, "the view to age", |r| {
         r.age("pay").is_some_and(|a| a > Duration::ZERO)
     })
     .await;
@@ -280,11 +280,11 @@ async fn the_resolver_reports_a_lost_stream_serves_its_last_view_and_recovers_wh
     let (mut back, same) = Running::start(addr).await;
     assert_eq!(same, addr);
     back.release(&released(2, &[2]));
-    until(&resolver, "v2 after the return", |r| {
+    resolver_until(&resolver, "v2 after the return", |r| {
         ports(&r.resolve("pay")) == [8002]
     })
     .await;
-    until(&resolver, "the second stream", Resolver::is_connected).await;
+    resolver_until(&resolver, "the second stream", Resolver::is_connected).await;
     assert_eq!(resolver.stats().streams, 2);
     assert_eq!(resolver.lost_since(), None);
     assert_eq!(resolver.age("pay"), Some(Duration::ZERO), "current again");
