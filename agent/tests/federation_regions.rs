@@ -252,7 +252,11 @@ async fn register(r: &Region, octet: u8, host: u8) {
 
 /// The endpoints of `web` as region `r` serves them to callers in zone `a`: address → (region, tier).
 async fn view(r: &Region) -> BTreeMap<String, (String, String)> {
-    let views = r.api().get_json("/v1/services/web/view").await.unwrap();
+    endpoints(&r.api().get_json("/v1/services/web/view").await.unwrap())
+}
+
+/// The endpoints of a `/v1/services/web/view` answer: address → (region, tier).
+fn endpoints(views: &Value) -> BTreeMap<String, (String, String)> {
     let mut out = BTreeMap::new();
     for v in views.as_array().into_iter().flatten() {
         for e in v["view"]["endpoints"]
@@ -431,11 +435,21 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
     }
     // `us` changes while cut off; nobody else can hear of it.
     register(us, 3, 3).await;
+    // The aggregate is published from the committed views a moment after they change, so
+    // the view can show the new instance while `local_versions` is still the old one: take
+    // the version only once the aggregate is the one built from the views seen (its version
+    // is their newest).
     let us_version = until("us publishes its new aggregate", WAIT, async || {
+        let views = us.api().get_json("/v1/services/web/view").await.ok()?;
+        let newest = views
+            .as_array()?
+            .iter()
+            .filter_map(|v| v["version"].as_u64())
+            .max()?;
+        (local_only(&endpoints(&views), "us").len() == 3).then_some(())?;
         let own = us.api().get_json("/v1/federation/status").await.ok()?;
-        let v = own["local_versions"]["web"].as_u64()?;
-        let view = view(us).await;
-        (local_only(&view, "us").len() == 3).then_some(v)
+        let published = own["local_versions"]["web"].as_u64()?;
+        (published == newest).then_some(published)
     })
     .await;
     for (r, own) in regions.iter().zip(&before).take(2) {
