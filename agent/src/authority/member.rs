@@ -54,7 +54,9 @@ use super::metrics::AuthorityMetrics;
 use super::raft::admission::member_id;
 use super::raft::{Member, RaftConfig, RaftNode, RaftRpcMetrics, Senders};
 use super::regions::{self, RegionMetrics, RegionsHandle, SharedSignal};
-use super::settings::{AuthorityConfig, FederationSettings, TlsSettings, plaintext_off_loopback};
+use super::settings::{
+    AuthorityConfig, FederationSettings, GossipSettings, TlsSettings, plaintext_off_loopback,
+};
 use super::tier;
 use crate::api_client::ApiClient;
 use crate::evidence::EvidenceService;
@@ -95,6 +97,10 @@ impl std::fmt::Debug for Authority {
 impl Authority {
     /// Open the member's state and start serving. The group still has to be initialised
     /// (once, on one member) or this member added to an existing group.
+    ///
+    /// In order: every listener is bound (so a taken port fails before anything starts),
+    /// the certificate loaded, Raft opened; then the tasks around it start, each from what
+    /// the ones before it built.
     pub async fn start(config: AuthorityConfig) -> anyhow::Result<Self> {
         waymark_certs::install_crypto_provider();
         if config.tls.is_none()
@@ -102,18 +108,8 @@ impl Authority {
         {
             anyhow::bail!("{}: {}", refused.key, refused.message);
         }
-        let http_listener = TcpListener::bind(config.http)
-            .await
-            .with_context(|| format!("binding the HTTP listener on {}", config.http))?;
-        let http = http_listener.local_addr()?;
-        let raft_listener = TcpListener::bind(config.raft)
-            .await
-            .with_context(|| format!("binding the Raft listener on {}", config.raft))?;
-        let raft_addr = raft_listener.local_addr()?;
-        let xds_listener = TcpListener::bind(config.xds)
-            .await
-            .with_context(|| format!("binding the xDS listener on {}", config.xds))?;
-        let xds = xds_listener.local_addr()?;
+        let listeners = Listeners::bind(&config).await?;
+        let (http, raft_addr, xds) = listeners.addrs()?;
         // Before Raft opens: its client presents this member's certificate.
         let cert_metrics = CertMetrics::new();
         let tls = match &config.tls {
@@ -128,182 +124,76 @@ impl Authority {
         raft_config.tls = tls.as_ref().map(|t| Arc::clone(&t.raft_client));
         let raft = RaftNode::open(raft_config).await.context("opening raft")?;
 
-        let metrics = AuthorityMetrics {
-            // The store counts failed applies itself; the metric is that same counter.
-            apply_failures: raft.apply_failures_total(),
-            ..AuthorityMetrics::default()
+        let mut families = Families::new(&config, &raft, cert_metrics);
+        let metrics = families.authority.clone();
+        let gossip = match &config.gossip {
+            Some(g) => Some(start_gossip(config.id, g, &mut families.registry).await?),
+            None => None,
         };
-        let mut registry = Registry::default();
-        metrics.register(&mut registry);
-        cert_metrics.register(&mut registry);
-        let raft_metrics = RaftRpcMetrics::default();
-        raft_metrics.register(&mut registry);
-        let http_metrics = HttpMetrics::default();
-        http_metrics.register(&mut registry);
-        let grpc_metrics = GrpcMetrics::default();
-        grpc_metrics.register(&mut registry);
-        let kube_metrics = config.kubernetes.as_ref().map(|_| {
-            let m = KubeMetrics::new();
-            m.register(&mut registry);
-            m
-        });
-        let mut gossip = None;
         let mut hub = EvidenceHub::new(raft.clone(), metrics.clone());
-        if let Some(g) = &config.gossip {
-            let name = NodeName::try_new(format!("authority-{}", config.id))
-                .map_err(|e| anyhow::anyhow!("gossip name: {e}"))?;
-            // Bound first, so port 0 works: the identity carries the address peers use.
-            let socket = tokio::net::UdpSocket::bind(g.bind)
-                .await
-                .with_context(|| format!("binding gossip on {}", g.bind))?;
-            let addr = socket.local_addr()?;
-            let identity = GossipId::new(name, addr, g.zone.clone(), Role::Authority);
-            let mut gc = GossipConfig::new(addr, identity, g.keyring.clone());
-            gc.seeds = g.seeds.clone();
-            gc.metrics.register(&mut registry);
-            let started = Gossip::start_with_socket(gc, socket).context("starting gossip")?;
-            hub = hub.with_gossip(started.subscribe());
-            gossip = Some(started);
+        if let Some(g) = &gossip {
+            hub = hub.with_gossip(g.subscribe());
         }
-        let (leader_handle, leader_queries) = leader::LeaderHandle::new();
 
-        let callers = Arc::new(arc_swap::ArcSwap::from_pointee(
-            super::authorize::CallerPolicy::new(),
-        ));
-        let (xds_server, publisher) = XdsServer::new(ServerConfig {
-            filter: Some(super::authorize::filter(Arc::clone(&callers))),
-            admission: AdmissionConfig {
-                share: config.limits.reconnect,
-                floor: config.limits.reconnect_floor,
-                expected_clients: config.limits.reconnect_expected_clients,
-                ..AdmissionConfig::default()
-            },
-            ..ServerConfig::default()
-        });
         let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(tier::follow(raft.clone(), publisher, callers)));
-
-        let serving = xds_server.clone();
-        let xds_tls = tls.as_ref().map(|t| Arc::clone(&t.xds));
-        let grpc = config.limits.grpc;
-        let xds_incoming = IncomingConfig::named("authority_xds", &grpc_metrics);
-        tasks.push(tokio::spawn(async move {
-            let router = grpc.server().add_service(serving.service());
-            let result = match xds_tls {
-                Some(tls) => {
-                    router
-                        .serve_with_incoming(grpc::incoming(xds_listener, tls, xds_incoming))
-                        .await
-                }
-                None => {
-                    router
-                        .serve_with_incoming(grpc::incoming_plain(xds_listener, xds_incoming))
-                        .await
-                }
-            };
-            if let Err(error) = result {
-                tracing::error!(%error, "xds tier stopped");
-            }
-        }));
-
+        let xds_server = serve_xds(
+            &config,
+            &raft,
+            listeners.xds,
+            tls.as_ref(),
+            &families.grpc,
+            &mut tasks,
+        );
         tasks.push(tokio::spawn(super::staleness::run(
             xds_server.clone(),
             metrics.clone(),
         )));
-        let mut ingest = None;
-        if let (
-            Some(addr),
-            Some(MemberTls {
-                ingest: ingest_tls, ..
-            }),
-        ) = (config.ingest, &tls)
-        {
-            let listener = TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding the ingest listener on {addr}"))?;
-            ingest = Some(listener.local_addr()?);
-            let service = EvidenceService::new(
-                Arc::new(hub.clone()),
-                config.region.clone(),
-                metrics.sessions_unattributed.clone(),
-            );
-            let incoming = grpc::incoming(
-                listener,
-                Arc::clone(ingest_tls),
-                IncomingConfig::named("ingest", &grpc_metrics),
-            );
-            tasks.push(tokio::spawn(async move {
-                let result = grpc
-                    .server()
-                    .add_service(service)
-                    .serve_with_incoming(incoming)
-                    .await;
-                if let Err(error) = result {
-                    tracing::error!(%error, "evidence ingest stopped");
-                }
-            }));
-        }
-
-        let mut federation = None;
-        let mut regions = None;
-        if let Some(f) = &config.federation {
-            let (Some(t), Some(MemberTls { live, .. })) = (&config.tls, &tls) else {
-                anyhow::bail!("federation needs mutual TLS ([authority.tls])");
-            };
-            let started = start_federation(
-                &config,
-                f,
-                FederationTls {
+        let ingest = match (config.ingest, &tls) {
+            (Some(addr), Some(t)) => {
+                Some(serve_ingest(&config, addr, &hub, &t.ingest, &families, &mut tasks).await?)
+            }
+            _ => None,
+        };
+        let federation = match &config.federation {
+            Some(f) => {
+                let (Some(t), Some(MemberTls { live, .. })) = (&config.tls, &tls) else {
+                    anyhow::bail!("federation needs mutual TLS ([authority.tls])");
+                };
+                let tls = FederationTls {
                     live: Arc::clone(live),
                     trust_domain: t.trust_domain.clone(),
-                    metrics: cert_metrics.clone(),
-                },
-                &raft,
-                &mut registry,
-                &mut tasks,
-            )?;
-            regions = Some(started.regions);
-            federation = Some(started.node);
-        }
+                    metrics: families.certs.clone(),
+                };
+                Some(start_federation(
+                    &config,
+                    f,
+                    tls,
+                    &raft,
+                    &mut families.registry,
+                    &mut tasks,
+                )?)
+            }
+            None => None,
+        };
+        let regions = federation.as_ref().map(|f| f.regions.clone());
+        let (leader_handle, leader_queries) = leader::LeaderHandle::new();
         tasks.push(tokio::spawn(leader::run(
-            LeaderContext {
-                raft: raft.clone(),
-                hub: hub.clone(),
-                metrics: metrics.clone(),
-                pipeline: PipelineConfig {
-                    region: config.region.clone(),
-                    zones: config.zones.clone(),
-                    evaluator: EvaluatorConfig::default(),
-                    delta: DeltaConfig {
-                        admit_releases_per_sec: if config.limits.shed_admissions {
-                            config.limits.admit_releases_per_sec
-                        } else {
-                            u32::MAX
-                        },
-                        ..DeltaConfig::default()
-                    },
-                    fraction_guard: fraction_guard_on(),
-                },
-                regions: regions.clone(),
-                pressure_after: config
-                    .limits
-                    .shed_admissions
-                    .then_some(config.limits.publish_pressure_after),
-            },
+            leader_context(&config, &raft, &hub, &metrics, regions.clone()),
             leader_queries,
         )));
 
+        let node = federation.map(|f| f.node);
         let api = ApiState::new(
             raft.clone(),
             leader_handle,
             metrics.clone(),
             xds_server.clone(),
-            Arc::new(registry),
+            Arc::new(families.registry),
             config.region.clone(),
         )
-        .with_federation(federation.clone(), regions.clone())
+        .with_federation(node.clone(), regions)
         .with_tls(tls.is_some());
-        if let (Some(kube), Some(kube_metrics)) = (config.kubernetes.clone(), kube_metrics) {
+        if let (Some(kube), Some(kube_metrics)) = (config.kubernetes.clone(), families.kube) {
             tasks.push(tokio::spawn(existence::run_kube(
                 raft.clone(),
                 kube,
@@ -313,12 +203,12 @@ impl Authority {
             )));
         }
         tasks.push(tokio::spawn(serve_http(
-            http_listener,
+            listeners.http,
             "authority",
             api::router(api),
             tls.as_ref().map(|t| Arc::clone(&t.api)),
             config.limits.http,
-            http_metrics.clone(),
+            families.http.clone(),
         )));
         // Behind mutual TLS each RPC must come from the member its certificate names.
         let senders = match tls {
@@ -326,25 +216,16 @@ impl Authority {
             None => Senders::Unchecked,
         };
         tasks.push(tokio::spawn(serve_http(
-            raft_listener,
+            listeners.raft,
             "raft",
-            raft.router(senders, raft_metrics),
+            raft.router(senders, families.raft_rpc),
             tls.as_ref().map(|t| Arc::clone(&t.raft_server)),
             config.limits.raft,
-            http_metrics,
+            families.http,
         )));
         info!(id = config.id, %http, raft = %raft_addr, tls = tls.is_some(), %xds, ingest = ?ingest, "authority member serving");
         let reloader = tls.as_ref().map(|t| Arc::clone(&t.reloader));
-        let cert_watch = match &reloader {
-            Some(r) => match r.watch() {
-                Ok(w) => Some(w),
-                Err(error) => {
-                    warn!(%error, "cannot watch certificate files; reload on SIGHUP only");
-                    None
-                }
-            },
-            None => None,
-        };
+        let cert_watch = reloader.as_ref().and_then(watch_certificates);
         Ok(Self {
             reloader,
             _cert_watch: cert_watch,
@@ -360,7 +241,7 @@ impl Authority {
             tasks,
             hub,
             gossip,
-            federation,
+            federation: node,
         })
     }
 
@@ -470,6 +351,230 @@ impl Authority {
         // Every task holding the node has ended; close its endpoint so the port is free.
         if let Some(node) = self.federation.and_then(|f| Arc::try_unwrap(f).ok()) {
             node.shutdown().await;
+        }
+    }
+}
+
+/// The member's TCP listeners, bound before anything starts.
+struct Listeners {
+    http: TcpListener,
+    raft: TcpListener,
+    xds: TcpListener,
+}
+
+impl Listeners {
+    async fn bind(config: &AuthorityConfig) -> anyhow::Result<Self> {
+        async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the {what} listener on {addr}"))
+        }
+        Ok(Self {
+            http: bind(config.http, "HTTP").await?,
+            raft: bind(config.raft, "Raft").await?,
+            xds: bind(config.xds, "xDS").await?,
+        })
+    }
+
+    /// The bound addresses (HTTP, Raft, xDS): a configured port 0 is a real one here.
+    fn addrs(&self) -> std::io::Result<(SocketAddr, SocketAddr, SocketAddr)> {
+        Ok((
+            self.http.local_addr()?,
+            self.raft.local_addr()?,
+            self.xds.local_addr()?,
+        ))
+    }
+}
+
+/// Every metric family the member exposes, in the one registry `/metrics` reads.
+struct Families {
+    registry: Registry,
+    authority: AuthorityMetrics,
+    certs: CertMetrics,
+    raft_rpc: RaftRpcMetrics,
+    http: HttpMetrics,
+    grpc: GrpcMetrics,
+    kube: Option<KubeMetrics>,
+}
+
+impl Families {
+    fn new(config: &AuthorityConfig, raft: &RaftNode, certs: CertMetrics) -> Self {
+        let authority = AuthorityMetrics {
+            // The store counts failed applies itself; the metric is that same counter.
+            apply_failures: raft.apply_failures_total(),
+            ..AuthorityMetrics::default()
+        };
+        let mut registry = Registry::default();
+        authority.register(&mut registry);
+        certs.register(&mut registry);
+        let raft_rpc = RaftRpcMetrics::default();
+        raft_rpc.register(&mut registry);
+        let http = HttpMetrics::default();
+        http.register(&mut registry);
+        let grpc = GrpcMetrics::default();
+        grpc.register(&mut registry);
+        let kube = config.kubernetes.as_ref().map(|_| {
+            let m = KubeMetrics::new();
+            m.register(&mut registry);
+            m
+        });
+        Self {
+            registry,
+            authority,
+            certs,
+            raft_rpc,
+            http,
+            grpc,
+            kube,
+        }
+    }
+}
+
+/// Joins the region's gossip pool as `authority-<id>` (prober liveness for the hub).
+async fn start_gossip(
+    id: u64,
+    g: &GossipSettings,
+    registry: &mut Registry,
+) -> anyhow::Result<Gossip> {
+    let name = NodeName::try_new(format!("authority-{id}"))
+        .map_err(|e| anyhow::anyhow!("gossip name: {e}"))?;
+    // Bound first, so port 0 works: the identity carries the address peers use.
+    let socket = tokio::net::UdpSocket::bind(g.bind)
+        .await
+        .with_context(|| format!("binding gossip on {}", g.bind))?;
+    let addr = socket.local_addr()?;
+    let identity = GossipId::new(name, addr, g.zone.clone(), Role::Authority);
+    let mut gc = GossipConfig::new(addr, identity, g.keyring.clone());
+    gc.seeds = g.seeds.clone();
+    gc.metrics.register(registry);
+    Gossip::start_with_socket(gc, socket).context("starting gossip")
+}
+
+/// The xDS tier: follows the committed views into its snapshot (admitting callers by the
+/// replicated policy) and serves it on `listener`.
+fn serve_xds(
+    config: &AuthorityConfig,
+    raft: &RaftNode,
+    listener: TcpListener,
+    tls: Option<&MemberTls>,
+    grpc_metrics: &GrpcMetrics,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> XdsServer {
+    let callers = Arc::new(arc_swap::ArcSwap::from_pointee(
+        super::authorize::CallerPolicy::new(),
+    ));
+    let (xds_server, publisher) = XdsServer::new(ServerConfig {
+        filter: Some(super::authorize::filter(Arc::clone(&callers))),
+        admission: AdmissionConfig {
+            share: config.limits.reconnect,
+            floor: config.limits.reconnect_floor,
+            expected_clients: config.limits.reconnect_expected_clients,
+            ..AdmissionConfig::default()
+        },
+        ..ServerConfig::default()
+    });
+    tasks.push(tokio::spawn(tier::follow(raft.clone(), publisher, callers)));
+    let router = config
+        .limits
+        .grpc
+        .server()
+        .add_service(xds_server.service());
+    let tls = tls.map(|t| Arc::clone(&t.xds));
+    let incoming = IncomingConfig::named("authority_xds", grpc_metrics);
+    tasks.push(tokio::spawn(async move {
+        let result = match tls {
+            Some(tls) => {
+                router
+                    .serve_with_incoming(grpc::incoming(listener, tls, incoming))
+                    .await
+            }
+            None => {
+                router
+                    .serve_with_incoming(grpc::incoming_plain(listener, incoming))
+                    .await
+            }
+        };
+        if let Err(error) = result {
+            tracing::error!(%error, "xds tier stopped");
+        }
+    }));
+    xds_server
+}
+
+/// Evidence ingest over mutual TLS on `addr`; returns the bound address.
+async fn serve_ingest(
+    config: &AuthorityConfig,
+    addr: SocketAddr,
+    hub: &EvidenceHub,
+    tls: &Arc<rustls::ServerConfig>,
+    families: &Families,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the ingest listener on {addr}"))?;
+    let bound = listener.local_addr()?;
+    let service = EvidenceService::new(
+        Arc::new(hub.clone()),
+        config.region.clone(),
+        families.authority.sessions_unattributed.clone(),
+    );
+    let incoming = grpc::incoming(
+        listener,
+        Arc::clone(tls),
+        IncomingConfig::named("ingest", &families.grpc),
+    );
+    let server = config.limits.grpc.server().add_service(service);
+    tasks.push(tokio::spawn(async move {
+        if let Err(error) = server.serve_with_incoming(incoming).await {
+            tracing::error!(%error, "evidence ingest stopped");
+        }
+    }));
+    Ok(bound)
+}
+
+/// What the leader loop needs, from the member's configuration and the parts started.
+fn leader_context(
+    config: &AuthorityConfig,
+    raft: &RaftNode,
+    hub: &EvidenceHub,
+    metrics: &AuthorityMetrics,
+    regions: Option<RegionsHandle>,
+) -> LeaderContext {
+    let limits = &config.limits;
+    LeaderContext {
+        raft: raft.clone(),
+        hub: hub.clone(),
+        metrics: metrics.clone(),
+        pipeline: PipelineConfig {
+            region: config.region.clone(),
+            zones: config.zones.clone(),
+            evaluator: EvaluatorConfig::default(),
+            delta: DeltaConfig {
+                admit_releases_per_sec: if limits.shed_admissions {
+                    limits.admit_releases_per_sec
+                } else {
+                    u32::MAX
+                },
+                ..DeltaConfig::default()
+            },
+            fraction_guard: fraction_guard_on(),
+        },
+        regions,
+        pressure_after: limits
+            .shed_admissions
+            .then_some(limits.publish_pressure_after),
+    }
+}
+
+/// Watches the certificate files so a reissued certificate is loaded without a signal;
+/// without a watch (the platform refused one), SIGHUP still reloads.
+fn watch_certificates(reloader: &Arc<Reloader>) -> Option<WatchHandle> {
+    match reloader.watch() {
+        Ok(w) => Some(w),
+        Err(error) => {
+            warn!(%error, "cannot watch certificate files; reload on SIGHUP only");
+            None
         }
     }
 }
