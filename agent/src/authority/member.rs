@@ -98,9 +98,10 @@ impl Authority {
     /// Open the member's state and start serving. The group still has to be initialised
     /// (once, on one member) or this member added to an existing group.
     ///
-    /// In order: every listener is bound (so a taken port fails before anything starts),
-    /// the certificate loaded, Raft opened; then the tasks around it start, each from what
-    /// the ones before it built.
+    /// In order: the API, Raft and xDS listeners are bound (so a taken port fails before
+    /// Raft opens), the certificate loaded, Raft opened; then gossip, the xDS tier, ingest
+    /// and federation (each binding its own socket), the leader loop and the listeners'
+    /// servers, each from what the ones before it built.
     pub async fn start(config: AuthorityConfig) -> anyhow::Result<Self> {
         waymark_certs::install_crypto_provider();
         if config.tls.is_none()
@@ -355,7 +356,7 @@ impl Authority {
     }
 }
 
-/// The member's TCP listeners, bound before anything starts.
+/// The member's API, Raft and xDS listeners, bound before Raft opens.
 struct Listeners {
     http: TcpListener,
     raft: TcpListener,
