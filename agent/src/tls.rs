@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use waymark_certs::reload::MaterialPaths;
 
 /// `[authority.tls]` or `[agent.tls]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,4 +19,16 @@ pub struct TlsSection {
     pub key: PathBuf,
     /// Trust bundle.
     pub bundle: PathBuf,
+}
+
+impl TlsSection {
+    /// The section naming `paths`' files under `trust_domain`.
+    pub fn new(trust_domain: &str, paths: &MaterialPaths) -> Self {
+        Self {
+            trust_domain: trust_domain.to_owned(),
+            cert_chain: paths.cert_chain.clone(),
+            key: paths.key.clone(),
+            bundle: paths.bundle.clone(),
+        }
+    }
 }

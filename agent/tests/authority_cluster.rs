@@ -13,13 +13,14 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::pki::{estate, request, tls_client};
+use common::{authority_file, free_port, write_authority};
 use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
 use http::Method;
 use openraft::Vote;
@@ -28,6 +29,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tonic::transport::Endpoint;
 use waymark_agent::api_client::ApiClient;
+use waymark_agent::authority::config::MemberEntry;
 use waymark_agent::authority::member::Authority;
 use waymark_agent::authority::raft::TypeConfig;
 use waymark_agent::authority::settings::{AuthorityConfig, TlsSettings};
@@ -97,33 +99,21 @@ impl Drop for Member {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn cluster(dir: &Path) -> Vec<Member> {
     let token = waymark_agent::authority::credentials::generate("management").unwrap();
     let token_file = dir.join("management.token");
     std::fs::write(&token_file, &token).unwrap();
-    let acl = format!(
-        "[authority.acl]\ninitial_management_token_file = \"{}\"\n",
-        token_file.display()
-    );
     let ports: Vec<(u16, u16, u16)> = (0..3)
         .map(|_| (free_port(), free_port(), free_port()))
         .collect();
-    let members_toml: String = ports
+    let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+    let members: Vec<MemberEntry> = ports
         .iter()
         .enumerate()
-        .map(|(i, (h, r, _))| {
-            format!(
-                "[[authority.members]]\nid = {}\naddr = \"127.0.0.1:{h}\"\nraft = \"127.0.0.1:{r}\"\n",
-                i + 1
-            )
+        .map(|(i, (h, r, _))| MemberEntry {
+            id: i as u64 + 1,
+            addr: loopback(*h).to_string(),
+            raft: loopback(*r).to_string(),
         })
         .collect();
     ports
@@ -132,13 +122,13 @@ fn cluster(dir: &Path) -> Vec<Member> {
         .map(|(i, (http, raft, xds))| {
             let id = i as u64 + 1;
             let config = dir.join(format!("m{id}.toml"));
-            let text = format!(
-                "[authority]\nid = {id}\nregion = \"eu\"\nzones = [\"a\", \"b\"]\n\
-                 data_dir = \"{}\"\nhttp = \"127.0.0.1:{http}\"\nraft = \"127.0.0.1:{raft}\"\n\
-                 xds = \"127.0.0.1:{xds}\"\n\n{members_toml}\n{acl}",
-                dir.join(format!("m{id}")).display()
-            );
-            std::fs::write(&config, text).unwrap();
+            let mut a = authority_file(id, "eu", &["a", "b"], &dir.join(format!("m{id}")));
+            a.http = loopback(*http);
+            a.raft = loopback(*raft);
+            a.xds = loopback(*xds);
+            a.members = members.clone();
+            a.acl.initial_management_token_file = Some(token_file.clone());
+            write_authority(&config, a);
             Member {
                 id,
                 http: *http,

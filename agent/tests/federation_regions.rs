@@ -26,11 +26,15 @@ use http::Method;
 use serde_json::{Value, json};
 use tokio::net::UdpSocket;
 use waymark_agent::api_client::ApiClient;
+use waymark_agent::authority::config::{FederationSection, MemberEntry};
+use waymark_agent::authority::settings::{FederationPeerEntry, FrontDoorEntry};
 use waymark_agent::cli::tls::{ClientFiles, api_client_config};
+use waymark_agent::tls::TlsSection;
+use waymark_certs::reload::MaterialPaths;
 use waymark_certs::testing::TestPkiDir;
 use waymark_testkit::{POLL_INTERVAL, try_until, until};
 
-use common::free_port;
+use common::{authority_file, free_port, write_authority};
 
 const TD: &str = "fed.test";
 const REGIONS: [&str; 3] = ["ap", "eu", "us"];
@@ -163,14 +167,11 @@ impl Drop for Region {
 }
 
 /// The estate CA and one authority certificate per region, as files.
-fn pki(dir: &Path) -> BTreeMap<&'static str, (PathBuf, PathBuf, PathBuf)> {
+fn pki(dir: &Path) -> BTreeMap<&'static str, MaterialPaths> {
     let pki = TestPkiDir::init(&dir.join("pki"), TD, &REGIONS);
     REGIONS
         .iter()
-        .map(|r| {
-            let paths = pki.issue(&format!("region/{r}/authority/1"));
-            (*r, (paths.cert_chain, paths.key, paths.bundle))
-        })
+        .map(|r| (*r, pki.issue(&format!("region/{r}/authority/1"))))
         .collect()
 }
 
@@ -181,40 +182,51 @@ fn config(
     name: &str,
     http: u16,
     fed: u16,
-    tls: &(PathBuf, PathBuf, PathBuf),
+    tls: &MaterialPaths,
     peers: &BTreeMap<&str, SocketAddr>,
     front_door: SocketAddr,
     token: &str,
 ) -> PathBuf {
-    let raft = free_port();
+    let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+    let (http, raft) = (loopback(http), loopback(free_port()));
     let token_file = dir.join(format!("{name}.token"));
     std::fs::write(&token_file, token).unwrap();
-    let mut text = format!(
-        "[authority]\nid = 1\nregion = \"{name}\"\nzones = [\"a\"]\ndata_dir = \"{data}\"\n\
-         http = \"127.0.0.1:{http}\"\nraft = \"127.0.0.1:{raft}\"\nxds = \"127.0.0.1:0\"\n\n\
-         [[authority.members]]\nid = 1\naddr = \"127.0.0.1:{http}\"\nraft = \"127.0.0.1:{raft}\"\n\n\
-         [authority.tls]\ntrust_domain = \"{TD}\"\ncert_chain = \"{chain}\"\nkey = \"{key}\"\nbundle = \"{bundle}\"\n\n\
-         [authority.federation]\nbind = \"127.0.0.1:{fed}\"\nstale_after = \"2s\"\ndigest_interval = \"200ms\"\n\
-         probe_interval = \"300ms\"\nprobe_timeout = \"200ms\"\nfail_after = 2\nrecover_after = 2\n\n\
-         [authority.acl]\ninitial_management_token_file = \"{token}\"\n",
-        token = token_file.display(),
-        data = dir.join(name).display(),
-        chain = tls.0.display(),
-        key = tls.1.display(),
-        bundle = tls.2.display(),
-    );
-    for (peer, addr) in peers.iter().filter(|(p, _)| **p != name) {
-        text.push_str(&format!(
-            "\n[[authority.federation.peers]]\nregion = \"{peer}\"\nmember = \"1\"\naddr = \"{addr}\"\n"
-        ));
-    }
+    let mut a = authority_file(1, name, &["a"], &dir.join(name));
+    a.http = http;
+    a.raft = raft;
+    a.xds = loopback(0);
+    a.members = vec![MemberEntry {
+        id: 1,
+        addr: http.to_string(),
+        raft: raft.to_string(),
+    }];
+    a.tls = Some(TlsSection::new(TD, tls));
+    let mut federation = FederationSection::new(loopback(fed));
+    federation.stale_after = Duration::from_secs(2);
+    federation.digest_interval = Duration::from_millis(200);
+    federation.probe_interval = Duration::from_millis(300);
+    federation.probe_timeout = Duration::from_millis(200);
+    federation.fail_after = 2;
+    federation.recover_after = 2;
+    federation.peers = peers
+        .iter()
+        .filter(|(p, _)| **p != name)
+        .map(|(peer, addr)| FederationPeerEntry {
+            region: peer.parse().unwrap(),
+            member: "1".into(),
+            addr: *addr,
+        })
+        .collect();
     if name != "us" {
-        text.push_str(&format!(
-            "\n[[authority.federation.front_doors]]\nregion = \"us\"\naddrs = [\"{front_door}\"]\n"
-        ));
+        federation.front_doors = vec![FrontDoorEntry {
+            region: "us".parse().unwrap(),
+            addrs: vec![front_door.to_string()],
+        }];
     }
+    a.federation = Some(federation);
+    a.acl.initial_management_token_file = Some(token_file);
     let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, text).unwrap();
+    write_authority(&path, a);
     path
 }
 
@@ -357,7 +369,7 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
                 fed,
                 child: spawn(&path, &dir.path().join(format!("{r}.log"))),
                 token,
-                bundle: certs[r].2.clone(),
+                bundle: certs[r].bundle.clone(),
             }
         })
         .collect();

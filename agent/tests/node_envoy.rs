@@ -15,7 +15,7 @@ mod common;
 #[path = "../../xds-edge/tests/support/mod.rs"]
 mod support;
 
-use common::free_port;
+use common::{agent_file, free_port, write_agent};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -28,6 +28,7 @@ use serde_json::{Value, json};
 use support::{Backend, Envoy, EnvoyConfig, Route, Xds, XdsMode};
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::member::Authority;
+use waymark_agent::node::config::Bounds;
 use waymark_testkit::until;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -51,30 +52,17 @@ impl Agent {
     fn new(dir: &Path, upstream: SocketAddr) -> Self {
         let (xds, dns, http) = (free_port(), free_port(), free_port());
         let config = dir.join("agent.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"[agent]
-name = "n1"
-region = "r1"
-zone = "z1"
-data_dir = "{data}"
-upstream = ["{upstream}"]
-
-[agent.listen]
-xds = "127.0.0.1:{xds}"
-dns = "127.0.0.1:{dns}"
-http = "127.0.0.1:{http}"
-
-[agent.bounds]
-shrink_max_permille = 300
-shrink_window = "3s"
-max_ejection_percent = 20
-"#,
-                data = dir.join("agent-data").display()
-            ),
-        )
-        .unwrap();
+        let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+        let mut a = agent_file("n1", "r1", "z1", &dir.join("agent-data"), &[upstream]);
+        a.listen.xds = loopback(xds);
+        a.listen.dns = loopback(dns);
+        a.listen.http = loopback(http);
+        a.bounds = Bounds {
+            shrink_max_permille: 300,
+            shrink_window: Duration::from_secs(3),
+            max_ejection_percent: 20,
+        };
+        write_agent(&config, a);
         Self {
             config,
             log: dir.join("agent.log"),

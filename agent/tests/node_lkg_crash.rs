@@ -37,7 +37,7 @@ use waymark_xds::snapshot::{Encoded, Snapshot};
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, cluster, to_any};
 use waymark_xds::{Keepalive, ServerConfig, XdsServer};
 
-use common::free_port;
+use common::{agent_file, free_port, write_agent};
 
 const SERVICES: [&str; 4] = ["pay", "cart", "search", "auth"];
 const NODE: &str = "crash-node";
@@ -110,22 +110,13 @@ fn snapshot(version: u64) -> Snapshot {
 
 fn write_config(dir: &Path, upstream: &str, xds: u16, http: u16) -> PathBuf {
     let path = dir.join(format!("agent-{xds}-{}.toml", upstream.replace(':', "_")));
-    let text = format!(
-        r#"[agent]
-name = "{NODE}"
-region = "r1"
-zone = "z1"
-data_dir = "{data}"
-upstream = ["{upstream}"]
-
-[agent.listen]
-xds = "127.0.0.1:{xds}"
-dns = "127.0.0.1:0"
-http = "127.0.0.1:{http}"
-"#,
-        data = dir.join("data").display(),
-    );
-    std::fs::write(&path, text).unwrap();
+    let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+    let mut a = agent_file(NODE, "r1", "z1", &dir.join("data"), &[]);
+    a.upstream = vec![upstream.to_owned()];
+    a.listen.xds = loopback(xds);
+    a.listen.dns = loopback(0);
+    a.listen.http = loopback(http);
+    write_agent(&path, a);
     path
 }
 

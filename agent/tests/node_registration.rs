@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::free_port;
+use common::{agent_file, free_port, write_agent};
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -64,35 +64,21 @@ async fn definitions_are_registered_renewed_and_deregistered_on_sigterm() {
     )
     .unwrap();
     let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"[agent]
-name = "vm-1"
-region = "r1"
-zone = "z1"
-data_dir = "{data}"
-upstream = ["{xds}"]
-api = ["{http}"]
-api_token_file = "{token}"
-services_dir = "{services}"
-
-[agent.listen]
-xds = "127.0.0.1:{p1}"
-dns = "127.0.0.1:{p2}"
-http = "127.0.0.1:{p3}"
-"#,
-            data = dir.path().join("agent").display(),
-            xds = auth.xds_addr(),
-            http = auth.http_addr(),
-            services = services.display(),
-            token = agent_token_file.display(),
-            p1 = free_port(),
-            p2 = free_port(),
-            p3 = free_port(),
-        ),
-    )
-    .unwrap();
+    let loopback = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut a = agent_file(
+        "vm-1",
+        "r1",
+        "z1",
+        &dir.path().join("agent"),
+        &[auth.xds_addr()],
+    );
+    a.api = vec![auth.http_addr().to_string()];
+    a.api_token_file = Some(agent_token_file.clone());
+    a.services_dir = Some(services.clone());
+    a.listen.xds = loopback(free_port());
+    a.listen.dns = loopback(free_port());
+    a.listen.http = loopback(free_port());
+    write_agent(&config, a);
     let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
     let mut agent = Command::new(env!("CARGO_BIN_EXE_waymark"))
         .args(["agent", "--config"])

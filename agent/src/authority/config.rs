@@ -152,6 +152,31 @@ pub struct AuthoritySection {
     pub acl: AclSection,
 }
 
+impl AuthoritySection {
+    /// Member `id` of `region` with every optional section absent and every default
+    /// filled in: what a file naming only the four required keys says. Tests and drills
+    /// build their files from this and [`ConfigFile::to_toml`], never by formatting TOML.
+    pub fn new(id: u64, region: RegionName, zones: BTreeSet<ZoneName>, data_dir: PathBuf) -> Self {
+        Self {
+            id,
+            region,
+            zones,
+            data_dir,
+            http: default_http(),
+            raft: default_raft(),
+            xds: default_xds(),
+            ingest: None,
+            members: Vec::new(),
+            tls: None,
+            kubernetes: None,
+            gossip: None,
+            federation: None,
+            limits: LimitsSection::default(),
+            acl: AclSection::default(),
+        }
+    }
+}
+
 /// `[authority.acl]`: how the region's access control starts.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -284,6 +309,24 @@ pub struct FederationSection {
     pub drop_stale_peers: bool,
 }
 
+impl FederationSection {
+    /// Federation on `bind` with no peers and every interval at its default.
+    pub fn new(bind: SocketAddr) -> Self {
+        Self {
+            bind,
+            peers: Vec::new(),
+            front_doors: Vec::new(),
+            stale_after: default_stale_after(),
+            digest_interval: default_digest_interval(),
+            probe_interval: default_probe_interval(),
+            probe_timeout: default_probe_timeout(),
+            fail_after: default_fail_after(),
+            recover_after: default_recover_after(),
+            drop_stale_peers: false,
+        }
+    }
+}
+
 fn default_stale_after() -> Duration {
     Duration::from_secs(60)
 }
@@ -407,6 +450,11 @@ impl ConfigFile {
             },
             other => other,
         })
+    }
+
+    /// The file as TOML, which [`ConfigFile::parse`] reads back to the same value.
+    pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string_pretty(self)
     }
 
     /// Parse TOML text, apply the `WAYMARK_AUTHORITY_*` variables of `env`, and check.
@@ -771,6 +819,90 @@ mod tests {
     use super::*;
 
     const KEY: &str = "0e6f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7";
+
+    fn zones(names: &[&str]) -> BTreeSet<ZoneName> {
+        names.iter().map(|z| z.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn the_four_required_keys_are_what_new_builds() {
+        let text = "[authority]\nid = 3\nregion = \"eu\"\nzones = [\"a\", \"b\"]\n\
+                    data_dir = \"/d\"\n";
+        let file = ConfigFile::parse(text, []).unwrap();
+        let built =
+            AuthoritySection::new(3, "eu".parse().unwrap(), zones(&["a", "b"]), "/d".into());
+        assert_eq!(file.authority, built);
+    }
+
+    #[test]
+    fn every_section_survives_to_toml_and_back() {
+        let mut a = AuthoritySection::new(
+            1,
+            "eu".parse().unwrap(),
+            zones(&["a", "b"]),
+            "/var/lib/waymark".into(),
+        );
+        a.http = "10.0.0.1:8500".parse().unwrap();
+        a.raft = "10.0.0.1:8501".parse().unwrap();
+        a.xds = "10.0.0.1:18000".parse().unwrap();
+        a.ingest = Some("10.0.0.1:8502".parse().unwrap());
+        a.members = vec![
+            MemberEntry {
+                id: 1,
+                addr: "10.0.0.1:8500".into(),
+                raft: "10.0.0.1:8501".into(),
+            },
+            MemberEntry {
+                id: 2,
+                addr: "auth-2.example:8500".into(),
+                raft: "auth-2.example:8501".into(),
+            },
+        ];
+        a.tls = Some(TlsSection {
+            trust_domain: "example.org".into(),
+            cert_chain: "/tls/chain.pem".into(),
+            key: "/tls/key.pem".into(),
+            bundle: "/tls/bundle.pem".into(),
+        });
+        a.kubernetes = Some(KubeSettings {
+            api_url: Some("https://10.0.0.9:6443".into()),
+            cluster: "eks-eu".into(),
+            namespace: Some("shop".into()),
+            default_zone: Some("a".parse().unwrap()),
+        });
+        a.gossip = Some(GossipSection {
+            bind: "10.0.0.1:7946".parse().unwrap(),
+            zone: Some("a".parse().unwrap()),
+            seeds: vec!["seed.example:7946".parse().unwrap()],
+            keys: vec![KEY.into()],
+        });
+        let mut federation = FederationSection::new("10.0.0.1:8503".parse().unwrap());
+        federation.peers = vec![FederationPeerEntry {
+            region: "us".parse().unwrap(),
+            member: "1".into(),
+            addr: "10.1.0.1:8503".parse().unwrap(),
+        }];
+        federation.front_doors = vec![FrontDoorEntry {
+            region: "us".parse().unwrap(),
+            addrs: vec!["10.1.9.1:443".into()],
+        }];
+        federation.stale_after = Duration::from_millis(1500);
+        federation.drop_stale_peers = true;
+        a.federation = Some(federation);
+        a.limits = LimitsSection {
+            reconnect_permille: 1000,
+            reconnect_floor: 3,
+            reconnect_expected_clients: 40,
+            admit_releases_per_sec: 7,
+            shed_admissions: false,
+            publish_pressure_after: Duration::ZERO,
+        };
+        a.acl.initial_management_token_file = Some("/etc/waymark/token".into());
+        let file = ConfigFile { authority: a };
+        let text = file.to_toml().unwrap();
+        let back = ConfigFile::parse(&text, []).unwrap();
+        assert_eq!(back, file, "{text}");
+    }
 
     /// One file for every member of a StatefulSet: DNS names, per-member settings left to
     /// the environment.

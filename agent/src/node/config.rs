@@ -78,6 +78,36 @@ pub struct AgentConfig {
     pub probe: ProbeSection,
 }
 
+impl AgentConfig {
+    /// Node `name` in `region`/`zone` subscribing to `upstream`, with every optional section
+    /// absent and every default filled in: what a file naming only the required keys says.
+    /// Tests and drills build their files from this and [`AgentFile::to_toml`].
+    pub fn new(
+        name: NodeName,
+        region: RegionName,
+        zone: ZoneName,
+        data_dir: PathBuf,
+        upstream: Vec<String>,
+    ) -> Self {
+        Self {
+            name,
+            region,
+            zone,
+            data_dir,
+            upstream,
+            ingest: Vec::new(),
+            api: Vec::new(),
+            api_token_file: None,
+            listen: Listen::default(),
+            bounds: Bounds::default(),
+            services_dir: None,
+            gossip: None,
+            tls: None,
+            probe: ProbeSection::default(),
+        }
+    }
+}
+
 /// `[agent.probe]`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -209,8 +239,23 @@ impl AgentFile {
             path: path.to_owned(),
             source,
         })?;
-        let mut file: Self = toml::from_str(&text).map_err(|e| AgentConfigError::Parse {
-            path: path.to_owned(),
+        Self::parse(&text, env, flags).map_err(|e| match e {
+            AgentConfigError::Parse { message, .. } => AgentConfigError::Parse {
+                path: path.to_owned(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parse TOML text, apply `env`, then `flags`, and check.
+    pub fn parse(
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &Overrides,
+    ) -> Result<Self, AgentConfigError> {
+        let mut file: Self = toml::from_str(text).map_err(|e| AgentConfigError::Parse {
+            path: PathBuf::new(),
             message: e.to_string(),
         })?;
         file.apply_env(env)?;
@@ -378,6 +423,61 @@ upstream = ["10.0.0.1:18000"]
         std::fs::write(&path, text).unwrap();
         let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
         AgentFile::load(&path, env, flags)
+    }
+
+    #[test]
+    fn the_minimal_file_is_what_new_builds() {
+        let file = load(MINIMAL, &[], &Overrides::default()).unwrap();
+        let built = AgentConfig::new(
+            "n1".parse().unwrap(),
+            "eu".parse().unwrap(),
+            "a".parse().unwrap(),
+            "/var/lib/waymark/agent".into(),
+            vec!["10.0.0.1:18000".into()],
+        );
+        assert_eq!(file.agent, built);
+    }
+
+    #[test]
+    fn every_section_survives_to_toml_and_back() {
+        let mut a = AgentConfig::new(
+            "n1".parse().unwrap(),
+            "eu".parse().unwrap(),
+            "a".parse().unwrap(),
+            "/var/lib/waymark/agent".into(),
+            vec!["10.0.0.1:18000".into(), "auth-1.example:18000".into()],
+        );
+        a.ingest = vec!["10.0.0.1:8502".into()];
+        a.api = vec!["10.0.0.1:8500".into()];
+        a.api_token_file = Some("/etc/waymark/token".into());
+        a.listen = Listen {
+            xds: "127.0.0.1:19000".parse().unwrap(),
+            dns: "127.0.0.1:8653".parse().unwrap(),
+            http: "127.0.0.1:8401".parse().unwrap(),
+            local_plaintext: true,
+        };
+        a.bounds = Bounds {
+            shrink_max_permille: 250,
+            shrink_window: Duration::from_millis(1500),
+            max_ejection_percent: 20,
+        };
+        a.services_dir = Some("/etc/waymark/services".into());
+        a.gossip = Some(Gossip {
+            bind: "10.0.0.7:7946".parse().unwrap(),
+            seeds: vec!["seed.example:7946".parse().unwrap()],
+            keys: vec!["ab".repeat(32)],
+        });
+        a.tls = Some(Tls {
+            trust_domain: "example.org".into(),
+            cert_chain: "/tls/chain.pem".into(),
+            key: "/tls/key.pem".into(),
+            bundle: "/tls/bundle.pem".into(),
+        });
+        a.probe.allow_cidrs = vec!["127.0.0.0/8".parse().unwrap()];
+        let file = AgentFile { agent: a };
+        let text = file.to_toml().unwrap();
+        let back = AgentFile::parse(&text, [], &Overrides::default()).unwrap();
+        assert_eq!(back, file, "{text}");
     }
 
     #[test]

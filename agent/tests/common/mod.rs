@@ -11,8 +11,10 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::Duration;
 
+use waymark_agent::authority::config::{AuthoritySection, ConfigFile};
 use waymark_agent::authority::member::Authority;
 use waymark_agent::authority::settings::AuthorityConfig;
+use waymark_agent::node::config::{AgentConfig, AgentFile};
 
 /// How long a single member may take to lead.
 pub const LEAD_WAIT: Duration = Duration::from_secs(60);
@@ -44,6 +46,48 @@ pub fn plain(dir: &Path, region: &str, zones: &[&str], xds: SocketAddr) -> Autho
         federation: None,
         limits: Default::default(),
     }
+}
+
+/// `[authority]` of member `id` of `region` with `zones`, storing in `data_dir`; every
+/// other key at its default. Change what the test needs, then [`write_authority`].
+pub fn authority_file(id: u64, region: &str, zones: &[&str], data_dir: &Path) -> AuthoritySection {
+    AuthoritySection::new(
+        id,
+        region.parse().unwrap(),
+        zones.iter().map(|z| z.parse().unwrap()).collect(),
+        data_dir.to_path_buf(),
+    )
+}
+
+/// Writes `authority` to `path` as a member's configuration file.
+pub fn write_authority(path: &Path, authority: AuthoritySection) {
+    let text = ConfigFile { authority }.to_toml().unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// `[agent]` of node `name` in `region`/`zone`, its cache in `data_dir`, subscribing to
+/// `upstream`; every other key at its default. Change what the test needs, then
+/// [`write_agent`].
+pub fn agent_file(
+    name: &str,
+    region: &str,
+    zone: &str,
+    data_dir: &Path,
+    upstream: &[SocketAddr],
+) -> AgentConfig {
+    AgentConfig::new(
+        name.parse().unwrap(),
+        region.parse().unwrap(),
+        zone.parse().unwrap(),
+        data_dir.to_path_buf(),
+        upstream.iter().map(SocketAddr::to_string).collect(),
+    )
+}
+
+/// Writes `agent` to `path` as a node agent's configuration file.
+pub fn write_agent(path: &Path, agent: AgentConfig) {
+    let text = AgentFile { agent }.to_toml().unwrap();
+    std::fs::write(path, text).unwrap();
 }
 
 /// Start `config` as the only member (bootstrapping it the first time) and wait until it

@@ -375,11 +375,6 @@ async fn start_estate(
             .filter(|p| **p != r)
             .map(|p| ((*p).to_owned(), "1".to_owned(), addrs[p].federation))
             .collect();
-        let extra = if params.break_stale_drop && r != CUT {
-            "drop_stale_peers = true\n".to_owned()
-        } else {
-            String::new()
-        };
         let spec = AuthoritySpec {
             region: r.into(),
             zones: vec![ZONE.into()],
@@ -389,7 +384,7 @@ async fn start_estate(
                 peers,
                 stale_after: Duration::from_millis(params.budget.stale_after_ms),
                 digest_interval: Duration::from_millis(200),
-                extra,
+                drop_stale_peers: params.break_stale_drop && r != CUT,
             }),
         };
         let mut a = RegionAuthority::new(&waymark, &run_dir.join(r), &spec, addrs[r])?;

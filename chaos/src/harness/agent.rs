@@ -5,10 +5,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use waymark_agent::api_client::ApiClient;
 
-use super::{RoleProc, free_port, loopback};
+use super::{RoleProc, configs, free_port, loopback};
 
 /// A node agent whose ports and data directory survive restarts.
 #[derive(Debug)]
@@ -33,29 +32,12 @@ impl AgentProc {
         let (xds, dns, http) = (free_port()?, free_port()?, free_port()?);
         std::fs::create_dir_all(dir)?;
         let config = dir.join("agent.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"[agent]
-name = "{name}"
-region = "{region}"
-zone = "{zone}"
-data_dir = "{data}"
-upstream = ["{upstream}"]
-
-[agent.listen]
-xds = "127.0.0.1:{xds}"
-dns = "127.0.0.1:{dns}"
-http = "127.0.0.1:{http}"
-
-# The drills' backends listen on loopback, which the prober refuses unless allowed.
-[agent.probe]
-allow_cidrs = ["127.0.0.0/8"]
-"#,
-                data = dir.join("data").display()
-            ),
-        )
-        .with_context(|| format!("writing {}", config.display()))?;
+        let data = dir.join("data");
+        let mut a = configs::agent(name, region, zone, &data, &[upstream.to_string()])?;
+        a.listen.xds = loopback(xds);
+        a.listen.dns = loopback(dns);
+        a.listen.http = loopback(http);
+        configs::write_agent(&config, a)?;
         Ok(Self {
             process: RoleProc::new("agent", bin, config, dir.join("agent.log"), loopback(http)),
             data: dir.join("data"),

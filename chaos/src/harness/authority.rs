@@ -3,14 +3,13 @@
 //! first start and resumes from its redb state on every later one; [`AuthorityProc::member`]
 //! is one member of a larger group (see [`super::cluster::AuthorityCluster`]).
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
 
-use super::{RoleProc, free_port, loopback};
+use super::{RoleProc, configs, free_port, loopback};
 
 /// One initial voter: its id, API address and Raft address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,27 +49,14 @@ impl Config {
     /// Writes the file for member `id` with `members` as the initial voters (only the
     /// lowest id initialises the group).
     fn write(&self, id: u64, members: &[Voter]) -> anyhow::Result<()> {
-        let zones: Vec<String> = self.zones.iter().map(|z| format!("\"{z}\"")).collect();
-        let mut text = format!(
-            "[authority]\nid = {id}\nregion = \"{}\"\nzones = [{}]\ndata_dir = \"{}\"\n\
-             http = \"{}\"\nraft = \"{}\"\nxds = \"{}\"\n",
-            self.region,
-            zones.join(", "),
-            self.data.display(),
-            self.http,
-            self.raft,
-            self.xds,
-        );
-        for v in members {
-            write!(
-                text,
-                "\n[[authority.members]]\nid = {}\naddr = \"{}\"\nraft = \"{}\"\n",
-                v.id, v.http, v.raft
-            )?;
-        }
-        let dir = self.path.parent().unwrap_or(&self.data);
-        text.push_str(&super::acl_toml(dir)?);
-        std::fs::write(&self.path, text).with_context(|| format!("writing {}", self.path.display()))
+        let zones: Vec<&str> = self.zones.iter().map(String::as_str).collect();
+        let mut a = configs::authority(id, &self.region, &zones, &self.data)?;
+        a.http = self.http;
+        a.raft = self.raft;
+        a.xds = self.xds;
+        a.members = configs::members(members);
+        a.acl = configs::drill_acl(self.path.parent().unwrap_or(&self.data))?;
+        configs::write_authority(&self.path, a)
     }
 }
 

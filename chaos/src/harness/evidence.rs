@@ -18,11 +18,15 @@ use anyhow::Context as _;
 use http::Method;
 use serde_json::{Value, json};
 use waymark_agent::api_client::ApiClient;
+use waymark_agent::authority::config::GossipSection;
 use waymark_agent::dev::backends::{BackendOptions, BackendSpec, Backends, Mode, SelfReportFn};
+use waymark_agent::node::config::Gossip;
+use waymark_agent::tls::TlsSection;
 use waymark_certs::reload::MaterialPaths;
 use waymark_certs::testing::TestPkiDir;
 
-use super::{Proc, RoleProc, free_port, loopback, wait_serving, wait_until};
+use super::authority::Voter;
+use super::{Proc, RoleProc, configs, free_port, loopback, wait_serving, wait_until};
 use crate::rng::SplitMix64;
 
 /// The drills' trust domain.
@@ -37,16 +41,6 @@ pub struct RegionPki {
     pki: TestPkiDir,
     region: String,
     gossip_key: String,
-}
-
-/// The `[*.tls]` TOML table for `section` (e.g. `agent.tls`) naming `tls`'s files.
-fn tls_toml(section: &str, tls: &MaterialPaths) -> String {
-    format!(
-        "[{section}]\ntrust_domain = \"{TRUST_DOMAIN}\"\ncert_chain = \"{}\"\nkey = \"{}\"\nbundle = \"{}\"\n",
-        tls.cert_chain.display(),
-        tls.key.display(),
-        tls.bundle.display()
-    )
 }
 
 impl RegionPki {
@@ -107,37 +101,21 @@ impl EvidenceAuthority {
         // The member name is its Raft id (1): peers admit Raft RPC only as the id it names.
         let tls = pki.issue("authority/1")?;
         let config = dir.join("authority.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"[authority]
-id = 1
-region = "{region}"
-zones = ["{zone}"]
-data_dir = "{data}"
-http = "{http}"
-raft = "{raft}"
-xds = "{xds}"
-ingest = "{ingest}"
-
-[[authority.members]]
-id = 1
-addr = "{http}"
-raft = "{raft}"
-
-{tls}
-[authority.gossip]
-bind = "{gossip}"
-keys = ["{key}"]
-{acl}"#,
-                acl = super::acl_toml(dir)?,
-                region = pki.region,
-                data = dir.join("data").display(),
-                tls = tls_toml("authority.tls", &tls),
-                key = pki.gossip_key,
-            ),
-        )
-        .with_context(|| format!("writing {}", config.display()))?;
+        let mut a = configs::authority(1, &pki.region, &[zone], &dir.join("data"))?;
+        a.http = http;
+        a.raft = raft;
+        a.xds = xds;
+        a.ingest = Some(ingest);
+        a.members = configs::members(&[Voter { id: 1, http, raft }]);
+        a.tls = Some(TlsSection::new(TRUST_DOMAIN, &tls));
+        a.gossip = Some(GossipSection {
+            bind: gossip,
+            zone: None,
+            seeds: Vec::new(),
+            keys: vec![pki.gossip_key.clone()],
+        });
+        a.acl = configs::drill_acl(dir)?;
+        configs::write_authority(&config, a)?;
         super::api_over_tls(http, &pki.pki.bundle())?;
         Ok(Self {
             bin: bin.to_path_buf(),
@@ -226,45 +204,26 @@ impl EvidenceAgent {
         std::fs::create_dir_all(dir)?;
         let tls = pki.issue(&format!("node/{name}"))?;
         let config = dir.join("agent.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"[agent]
-name = "{name}"
-region = "{region}"
-zone = "{zone}"
-data_dir = "{data}"
-upstream = ["{upstream}"]
-ingest = ["{ingest}"]
-api = ["{api}"]
-
-[agent.listen]
-xds = "127.0.0.1:{xds}"
-dns = "127.0.0.1:{dns}"
-http = "127.0.0.1:{http}"
-local_plaintext = true
-
-[agent.gossip]
-bind = "{gossip}"
-seeds = ["{seed}"]
-keys = ["{key}"]
-
-# The drills' backends listen on loopback, which the prober refuses unless allowed.
-[agent.probe]
-allow_cidrs = ["127.0.0.0/8"]
-
-{tls}"#,
-                region = pki.region,
-                data = dir.join("data").display(),
-                upstream = authority.xds,
-                ingest = authority.ingest,
-                api = authority.http,
-                seed = authority.gossip,
-                key = pki.gossip_key,
-                tls = tls_toml("agent.tls", &tls),
-            ),
-        )
-        .with_context(|| format!("writing {}", config.display()))?;
+        let mut a = configs::agent(
+            name,
+            &pki.region,
+            zone,
+            &dir.join("data"),
+            &[authority.xds.to_string()],
+        )?;
+        a.ingest = vec![authority.ingest.to_string()];
+        a.api = vec![authority.http.to_string()];
+        a.listen.xds = loopback(xds);
+        a.listen.dns = loopback(dns);
+        a.listen.http = loopback(http);
+        a.listen.local_plaintext = true;
+        a.gossip = Some(Gossip {
+            bind: gossip,
+            seeds: vec![configs::name(&authority.gossip.to_string())?],
+            keys: vec![pki.gossip_key.clone()],
+        });
+        a.tls = Some(TlsSection::new(TRUST_DOMAIN, &tls));
+        configs::write_agent(&config, a)?;
         Ok(Self {
             process: RoleProc::new("agent", bin, config, dir.join("agent.log"), loopback(http)),
             name: name.to_owned(),

@@ -35,10 +35,12 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::time::Instant;
 use waymark_agent::api_client::ApiClient;
+use waymark_agent::authority::config::LimitsSection;
 use waymark_xds::client::{Applied, ClientConfig, Subscription, XdsClient};
 use waymark_xds::translate::TYPE_ENDPOINT;
 
-use super::{RoleProc, free_port, loopback, wait_until};
+use super::authority::Voter;
+use super::{RoleProc, configs, free_port, loopback, wait_until};
 use crate::traffic::ms;
 
 /// The actor the drills act as on the authority's API.
@@ -60,27 +62,26 @@ pub struct Limits {
 }
 
 impl Limits {
-    fn toml(&self) -> String {
-        let mut s = String::from("[authority.limits]\n");
-        let fields = [
-            ("reconnect_permille", self.reconnect_permille),
-            ("reconnect_floor", self.reconnect_floor),
-            (
-                "reconnect_expected_clients",
-                self.reconnect_expected_clients,
-            ),
-            ("admit_releases_per_sec", self.admit_releases_per_sec),
-        ];
-        for (k, v) in fields {
-            if let Some(v) = v {
-                s.push_str(&format!("{k} = {v}\n"));
-            }
+    /// The defaults, with every budget this names set.
+    fn section(&self) -> LimitsSection {
+        let mut s = LimitsSection::default();
+        if let Some(v) = self.reconnect_permille {
+            s.reconnect_permille = v;
+        }
+        if let Some(v) = self.reconnect_floor {
+            s.reconnect_floor = v;
+        }
+        if let Some(v) = self.reconnect_expected_clients {
+            s.reconnect_expected_clients = v;
+        }
+        if let Some(v) = self.admit_releases_per_sec {
+            s.admit_releases_per_sec = v;
         }
         if let Some(v) = self.shed_admissions {
-            s.push_str(&format!("shed_admissions = {v}\n"));
+            s.shed_admissions = v;
         }
         if let Some(ms) = self.publish_pressure_after_ms {
-            s.push_str(&format!("publish_pressure_after = \"{ms}ms\"\n"));
+            s.publish_pressure_after = Duration::from_millis(ms);
         }
         s
     }
@@ -137,34 +138,19 @@ impl FleetAuthority {
 
     /// Rewrites the configuration with `limits` (read at the next start).
     pub fn set_limits(&self, limits: Limits) -> anyhow::Result<()> {
-        let zones: Vec<String> = self.zones.iter().map(|z| format!("{z:?}")).collect();
-        let text = format!(
-            r#"[authority]
-id = 1
-region = "{region}"
-zones = [{zones}]
-data_dir = "{data}"
-http = "{http}"
-raft = "{raft}"
-xds = "{xds}"
-
-[[authority.members]]
-id = 1
-addr = "{http}"
-raft = "{raft}"
-{acl}
-{limits}"#,
-            acl = super::acl_toml(&self.dir)?,
-            region = self.region,
-            zones = zones.join(", "),
-            data = self.dir.join("data").display(),
-            http = self.http,
-            raft = self.raft,
-            xds = self.xds,
-            limits = limits.toml(),
-        );
-        std::fs::write(&self.config, text)
-            .with_context(|| format!("writing {}", self.config.display()))
+        let zones: Vec<&str> = self.zones.iter().map(String::as_str).collect();
+        let mut a = configs::authority(1, &self.region, &zones, &self.dir.join("data"))?;
+        a.http = self.http;
+        a.raft = self.raft;
+        a.xds = self.xds;
+        a.members = configs::members(&[Voter {
+            id: 1,
+            http: self.http,
+            raft: self.raft,
+        }]);
+        a.acl = configs::drill_acl(&self.dir)?;
+        a.limits = limits.section();
+        configs::write_authority(&self.config, a)
     }
 
     pub fn http_addr(&self) -> SocketAddr {

@@ -18,6 +18,7 @@ pub mod authority;
 pub mod backends;
 pub mod callers;
 pub mod cluster;
+pub mod configs;
 pub mod envoy;
 pub mod evidence;
 pub mod fleet;
@@ -287,19 +288,6 @@ pub fn management_token() -> &'static str {
         waymark_agent::authority::credentials::generate("waymark-drill")
             .expect("waymark-drill is a valid token name")
     })
-}
-
-/// Writes [`management_token`] under `dir` and returns the `[authority.acl]` section that
-/// names it.
-pub fn acl_toml(dir: &Path) -> anyhow::Result<String> {
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join("management.token");
-    std::fs::write(&path, management_token())
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok(format!(
-        "\n[authority.acl]\ninitial_management_token_file = \"{}\"\n",
-        path.display()
-    ))
 }
 
 /// The authority APIs the drills reach over TLS: address → a client config trusting the

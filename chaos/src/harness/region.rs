@@ -8,7 +8,6 @@
 //! single-member harness is [`super::authority`]; this one is for drills whose property
 //! depends on probing, gossip or federation.
 
-use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,8 +15,13 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use waymark_agent::api_client::ApiClient;
+use waymark_agent::authority::config::{AuthoritySection, FederationSection, GossipSection};
+use waymark_agent::authority::settings::FederationPeerEntry;
+use waymark_agent::node::config::Gossip;
+use waymark_agent::tls::TlsSection;
 
-use super::{RoleProc, free_port};
+use super::authority::Voter;
+use super::{RoleProc, configs, free_port};
 
 /// The estate's CA, made with `waymark certs init`.
 #[derive(Debug, Clone)]
@@ -34,6 +38,18 @@ pub struct TlsFiles {
     pub chain: PathBuf,
     pub key: PathBuf,
     pub bundle: PathBuf,
+}
+
+impl TlsFiles {
+    /// `[authority.tls]` or `[agent.tls]` naming these files.
+    pub fn section(&self) -> TlsSection {
+        TlsSection {
+            trust_domain: self.trust_domain.clone(),
+            cert_chain: self.chain.clone(),
+            key: self.key.clone(),
+            bundle: self.bundle.clone(),
+        }
+    }
 }
 
 impl Pki {
@@ -149,8 +165,8 @@ pub struct FederationSpec {
     pub peers: Vec<(String, String, SocketAddr)>,
     pub stale_after: Duration,
     pub digest_interval: Duration,
-    /// Extra lines for `[authority.federation]` (a drill's break knob).
-    pub extra: String,
+    /// `drop_stale_peers` (a drill's break knob: it breaks ADR-14).
+    pub drop_stale_peers: bool,
 }
 
 /// What an authority member runs with.
@@ -181,8 +197,9 @@ impl RegionAuthority {
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let config = dir.join("authority.toml");
-        let text = authority_toml(spec, &addrs, &dir.join("data")) + &super::acl_toml(dir)?;
-        std::fs::write(&config, text).with_context(|| format!("writing {}", config.display()))?;
+        let mut section = authority_section(spec, &addrs, &dir.join("data"))?;
+        section.acl = configs::drill_acl(dir)?;
+        configs::write_authority(&config, section)?;
         super::api_over_tls(addrs.http, &spec.tls.bundle)?;
         Ok(Self {
             process: RoleProc::new(
@@ -236,52 +253,45 @@ impl RegionAuthority {
     }
 }
 
-/// The `authority.toml` of [`RegionAuthority`].
-pub fn authority_toml(spec: &AuthoritySpec, a: &AuthorityAddrs, data: &Path) -> String {
-    let zones: Vec<String> = spec.zones.iter().map(|z| format!("\"{z}\"")).collect();
-    let mut t = format!(
-        "[authority]\nid = 1\nregion = \"{region}\"\nzones = [{zones}]\ndata_dir = \"{data}\"\n\
-         http = \"{http}\"\nraft = \"{raft}\"\nxds = \"{xds}\"\ningest = \"{ingest}\"\n\n\
-         [[authority.members]]\nid = 1\naddr = \"{http}\"\nraft = \"{raft}\"\n\n\
-         [authority.tls]\ntrust_domain = \"{td}\"\ncert_chain = \"{chain}\"\nkey = \"{key}\"\nbundle = \"{bundle}\"\n",
-        region = spec.region,
-        zones = zones.join(", "),
-        data = data.display(),
-        http = a.http,
-        raft = a.raft,
-        xds = a.xds,
-        ingest = a.ingest,
-        td = spec.tls.trust_domain,
-        chain = spec.tls.chain.display(),
-        key = spec.tls.key.display(),
-        bundle = spec.tls.bundle.display(),
-    );
-    if let Some(keys) = &spec.gossip_keys {
-        let keys: Vec<String> = keys.iter().map(|k| format!("\"{k}\"")).collect();
-        let _ = write!(
-            t,
-            "\n[authority.gossip]\nbind = \"{}\"\nkeys = [{}]\n",
-            a.gossip,
-            keys.join(", ")
-        );
-    }
+/// The `[authority]` of [`RegionAuthority`] (without its `[authority.acl]`).
+pub fn authority_section(
+    spec: &AuthoritySpec,
+    a: &AuthorityAddrs,
+    data: &Path,
+) -> anyhow::Result<AuthoritySection> {
+    let zones: Vec<&str> = spec.zones.iter().map(String::as_str).collect();
+    let mut s = configs::authority(1, &spec.region, &zones, data)?;
+    s.http = a.http;
+    s.raft = a.raft;
+    s.xds = a.xds;
+    s.ingest = Some(a.ingest);
+    s.members = configs::members(&[Voter {
+        id: 1,
+        http: a.http,
+        raft: a.raft,
+    }]);
+    s.tls = Some(spec.tls.section());
+    s.gossip = spec.gossip_keys.as_ref().map(|keys| GossipSection {
+        bind: a.gossip,
+        zone: None,
+        seeds: Vec::new(),
+        keys: keys.clone(),
+    });
     if let Some(f) = &spec.federation {
-        let _ = write!(
-            t,
-            "\n[authority.federation]\nbind = \"{}\"\nstale_after = \"{}ms\"\ndigest_interval = \"{}ms\"\n{}",
-            a.federation,
-            f.stale_after.as_millis(),
-            f.digest_interval.as_millis(),
-            f.extra
-        );
+        let mut section = FederationSection::new(a.federation);
+        section.stale_after = f.stale_after;
+        section.digest_interval = f.digest_interval;
+        section.drop_stale_peers = f.drop_stale_peers;
         for (region, member, addr) in &f.peers {
-            let _ = write!(
-                t,
-                "\n[[authority.federation.peers]]\nregion = \"{region}\"\nmember = \"{member}\"\naddr = \"{addr}\"\n"
-            );
+            section.peers.push(FederationPeerEntry {
+                region: configs::name(region)?,
+                member: member.clone(),
+                addr: *addr,
+            });
         }
+        s.federation = Some(section);
     }
-    t
+    Ok(s)
 }
 
 /// What a node agent runs with.
@@ -317,37 +327,31 @@ impl RegionAgent {
         let xds = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), free_port()?);
         let dns = SocketAddr::new(spec.ip, free_port()?);
         let a = &spec.authority;
-        let mut t = format!(
-            "[agent]\nname = \"{name}\"\nregion = \"{region}\"\nzone = \"{zone}\"\ndata_dir = \"{data}\"\n\
-             upstream = [\"{up}\"]\ningest = [\"{ingest}\"]\napi = [\"{api}\"]\n\n\
-             [agent.listen]\nxds = \"{xds}\"\ndns = \"{dns}\"\nhttp = \"{http}\"\nlocal_plaintext = true\n\n\
-             [agent.probe]\nallow_cidrs = [\"127.0.0.0/8\"]\n\n\
-             [agent.tls]\ntrust_domain = \"{td}\"\ncert_chain = \"{chain}\"\nkey = \"{key}\"\nbundle = \"{bundle}\"\n",
-            name = spec.name,
-            region = spec.region,
-            zone = spec.zone,
-            data = dir.join("data").display(),
-            up = a.xds,
-            ingest = a.ingest,
-            api = a.http,
-            td = spec.tls.trust_domain,
-            chain = spec.tls.chain.display(),
-            key = spec.tls.key.display(),
-            bundle = spec.tls.bundle.display(),
-        );
+        let mut c = configs::agent(
+            &spec.name,
+            &spec.region,
+            &spec.zone,
+            &dir.join("data"),
+            &[a.xds.to_string()],
+        )?;
+        c.ingest = vec![a.ingest.to_string()];
+        c.api = vec![a.http.to_string()];
+        c.listen.xds = xds;
+        c.listen.dns = dns;
+        c.listen.http = http;
+        c.listen.local_plaintext = true;
+        c.tls = Some(spec.tls.section());
         if let Some(keys) = &spec.gossip_keys {
-            let keys: Vec<String> = keys.iter().map(|k| format!("\"{k}\"")).collect();
             // A namespace has its own port space: a port free on loopback is free there.
             let bind = SocketAddr::new(spec.ip, free_udp_port("127.0.0.1".parse()?)?);
-            let _ = write!(
-                t,
-                "\n[agent.gossip]\nbind = \"{bind}\"\nseeds = [\"{}\"]\nkeys = [{}]\n",
-                a.gossip,
-                keys.join(", ")
-            );
+            c.gossip = Some(Gossip {
+                bind,
+                seeds: vec![configs::name(&a.gossip.to_string())?],
+                keys: keys.clone(),
+            });
         }
         let config = dir.join("agent.toml");
-        std::fs::write(&config, t).with_context(|| format!("writing {}", config.display()))?;
+        configs::write_agent(&config, c)?;
         Ok(Self {
             process: RoleProc::new("agent", bin, config, dir.join("agent.log"), http),
             http,
@@ -398,6 +402,7 @@ impl RegionAgent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use waymark_agent::authority::config::ConfigFile;
 
     fn tls() -> TlsFiles {
         TlsFiles {
@@ -428,23 +433,21 @@ mod tests {
                 peers: vec![("us".into(), "1".into(), SocketAddr::new(ip, 9))],
                 stale_after: Duration::from_secs(2),
                 digest_interval: Duration::from_millis(200),
-                extra: String::new(),
+                drop_stale_peers: false,
             }),
         };
-        let t = authority_toml(&spec, &a, Path::new("/d"));
-        assert!(t.contains("zones = [\"a\", \"b\"]"), "{t}");
+        let section = authority_section(&spec, &a, Path::new("/d")).unwrap();
+        let text = ConfigFile { authority: section }.to_toml().unwrap();
         // Raft on its own port, off loopback: accepted because [authority.tls] is set.
-        assert!(t.contains("raft = \"10.64.0.1:6\""), "{t}");
-        waymark_agent::authority::config::ConfigFile::parse(&t, []).unwrap();
-        assert!(
-            t.contains("[authority.gossip]\nbind = \"10.64.0.1:4\""),
-            "{t}"
-        );
-        assert!(t.contains("stale_after = \"2000ms\""), "{t}");
-        assert!(
-            t.contains("region = \"us\"\nmember = \"1\"\naddr = \"10.64.0.1:9\""),
-            "{t}"
-        );
+        let read = ConfigFile::parse(&text, []).unwrap().authority;
+        assert_eq!(read.raft, SocketAddr::new(ip, 6), "{text}");
+        assert_eq!(read.zones.len(), 2, "{text}");
+        assert_eq!(read.gossip.map(|g| g.bind), Some(a.gossip), "{text}");
+        let federation = read.federation.expect("federation");
+        assert_eq!(federation.stale_after, Duration::from_secs(2));
+        assert_eq!(federation.peers.len(), 1);
+        assert_eq!(federation.peers[0].addr, SocketAddr::new(ip, 9));
+        assert_eq!(federation.peers[0].member, "1");
     }
 
     #[test]
