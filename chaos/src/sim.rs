@@ -13,6 +13,7 @@
 //!
 //! One seed reproduces a run exactly; the seed and fault parameters are printed first.
 
+mod federation;
 pub mod region;
 
 use std::collections::{BTreeMap, BTreeSet};

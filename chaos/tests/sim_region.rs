@@ -192,3 +192,45 @@ fn a_member_that_lost_its_disk_removes_nothing_while_it_catches_up() {
         broken.trace.last()
     );
 }
+
+/// A quiet region whose peer region is cut off for 20 s from the 60th second.
+fn peer_partition(seed: u64, breaks: SimBreaks) -> RegionSimConfig {
+    RegionSimConfig {
+        crash_permille: 0,
+        partition_permille: 0,
+        seconds: 120,
+        peer_cut: Some((60, 20)),
+        breaks,
+        ..RegionSimConfig::prototype(seed)
+    }
+}
+
+#[test]
+fn a_silent_peer_region_stays_routed_and_dropping_it_is_caught() {
+    // ADR-14, and the break the region-partition drill runs: a peer region that stops
+    // answering is reported stale and keeps its endpoints in tier 2; a leader that drops
+    // them when the peer goes silent takes cross-region capacity away and is caught.
+    let fixed = run(peer_partition(4, SimBreaks::default()));
+    assert_clean(4, &fixed);
+    assert!(
+        fixed.peer_batches > 0 && fixed.peer_routed_services > 0,
+        "the peer region never reached the views: {} batches, {} services routed",
+        fixed.peer_batches,
+        fixed.peer_routed_services
+    );
+    let broken = run(peer_partition(
+        4,
+        SimBreaks {
+            drop_stale_peers: true,
+            ..SimBreaks::default()
+        },
+    ));
+    assert!(
+        broken
+            .violations
+            .iter()
+            .any(|v| v.what.contains("dropped the endpoints of region peer")),
+        "dropping a stale peer went unnoticed: {:?}",
+        broken.trace.last()
+    );
+}

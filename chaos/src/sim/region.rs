@@ -21,7 +21,11 @@
 //!   budget (10 s) of the region having a leader and the subscriber being current;
 //! - silence never withdraws; no zone is published below its floor undeclared;
 //! - a new leader publishes nothing before its hold ends;
-//! - a registered instance whose node agent kept renewing is never retired.
+//! - a registered instance whose node agent kept renewing is never retired;
+//! - federation (`federation.rs`: the real anti-entropy sessions to one peer region, one
+//!   link per member, cut off for a while): no member goes back to an older version of a
+//!   peer's entry, no two members send different contents under one version, and a silent
+//!   peer's endpoints stay in the published views (ADR-14).
 //!
 //! The seed and every parameter are printed first; the same seed gives the same trace.
 
@@ -52,6 +56,7 @@ use waymark_xds::protocol::DeltaState;
 use waymark_xds::snapshot::{Snapshot, SnapshotBuilder};
 use waymark_xds::translate::TYPE_ENDPOINT;
 
+use super::federation::Federation;
 use crate::rng::SplitMix64;
 
 /// One step of virtual time.
@@ -78,6 +83,9 @@ pub struct SimBreaks {
     /// not with the highest version it ever held, as before the fix: a member that has
     /// applied nothing yet tells the client that its views were removed.
     pub remove_when_behind: bool,
+    /// The leader drops a stale peer region's endpoints from tier 2 (the
+    /// `drop_stale_peers` break of the `region-partition` drill), which ADR-14 forbids.
+    pub drop_stale_peers: bool,
 }
 
 /// The region's size and the faults' rates.
@@ -120,6 +128,9 @@ pub struct RegionSimConfig {
     /// At this second this member is killed and loses its disk; it comes back empty and
     /// catches up from the leader.
     pub wipe: Option<(u64, usize)>,
+    /// The peer region unreachable from every member from this second, for this many
+    /// seconds (a region partition: its entries go stale and must stay routed).
+    pub peer_cut: Option<(u64, u64)>,
     /// Reverted fixes.
     pub breaks: SimBreaks,
 }
@@ -146,6 +157,7 @@ impl RegionSimConfig {
             outage: None,
             rolling_restart: None,
             wipe: None,
+            peer_cut: Some((60, 20)),
             breaks: SimBreaks::default(),
         }
     }
@@ -189,6 +201,10 @@ pub struct RegionSimReport {
     pub delivered: usize,
     /// Instances that died.
     pub deaths: usize,
+    /// Batches of a peer region's entries the members received.
+    pub peer_batches: usize,
+    /// Services the published views routed to the peer region at some point.
+    pub peer_routed_services: usize,
     /// Broken invariants; empty on a good run.
     pub violations: Vec<Violation>,
     /// Every event, in order: the whole output a seed must reproduce.
@@ -311,6 +327,7 @@ struct Sim {
     /// Samples in flight to a member.
     samples: VecDeque<(Instant, usize, Sample)>,
     probers: Vec<(NodeName, ZoneName)>,
+    fed: Federation,
     report: RegionSimReport,
 }
 
@@ -339,6 +356,7 @@ impl Sim {
             pending: VecDeque::new(),
             samples: VecDeque::new(),
             probers: Vec::new(),
+            fed: Federation::new(c.members, region()),
             report: RegionSimReport::default(),
             zones,
         };
@@ -469,6 +487,7 @@ impl Sim {
         self.consensus();
         self.replicate();
         self.deliver_samples();
+        self.federate(second_boundary);
         self.lead();
         self.serve();
         self.agents_step(second_boundary);
@@ -541,6 +560,7 @@ impl Sim {
         }
         member.up = false;
         member.term = None;
+        self.fed.crashed(m);
         member.restart_at = Some(self.now + down);
         self.report.crashes += 1;
         self.trace(format!("crash m{m} for {}s", down.as_secs()));
@@ -686,8 +706,15 @@ impl Sim {
         };
         let now_ms = self.now_ms();
         let hold = hold_for(self.members[l].state.registry());
-        let env = Env::new(&self.members[l].state, &self.probers, now_ms);
-        self.members[l].term = Some(LeaderTerm::new(config, self.now, &env));
+        let peers = Peers {
+            fed: &self.fed,
+            member: l,
+            now: self.now,
+            drop_stale: self.c.breaks.drop_stale_peers,
+        };
+        let env = Env::new(&self.members[l].state, &self.probers, now_ms, peers);
+        let term = LeaderTerm::new(config, self.now, &env);
+        self.members[l].term = Some(term);
         self.leader = Some(l);
         self.led_since = Some(self.now);
         self.hold_until = Some(self.now + hold);
@@ -824,7 +851,13 @@ impl Sim {
             let now_ms = START_MS + u64::try_from((self.now - self.start).as_millis()).unwrap_or(0);
             let member = &mut self.members[m];
             if let Some(term) = member.term.as_mut() {
-                let env = Env::new(&member.state, &self.probers, now_ms);
+                let peers = Peers {
+                    fed: &self.fed,
+                    member: m,
+                    now: self.now,
+                    drop_stale: self.c.breaks.drop_stale_peers,
+                };
+                let env = Env::new(&member.state, &self.probers, now_ms, peers);
                 term.handle_applied(self.now, done, &env);
             }
         }
@@ -907,6 +940,54 @@ impl Sim {
         }
     }
 
+    // === federation ===
+
+    /// The peer region publishes, members publish this region's aggregates, and every
+    /// member's link runs a tick; the published views keep the peer's endpoints.
+    fn federate(&mut self, second_boundary: bool) {
+        if second_boundary {
+            let services: Vec<ServiceName> = (0..self.c.services).map(service).collect();
+            if self.at_ms() <= 1000 {
+                for s in &services {
+                    self.fed
+                        .peer_publishes(&mut self.rng, std::slice::from_ref(s));
+                }
+            } else if self.rng.chance(300) {
+                self.fed.peer_publishes(&mut self.rng, &services);
+            }
+            for m in 0..self.members.len() {
+                if self.members[m].up {
+                    self.fed
+                        .publish_local(m, self.members[m].state.published().values());
+                }
+            }
+            let broke = self
+                .fed
+                .check_published(self.now, self.truth.published().values());
+            for what in broke {
+                self.violate(what);
+            }
+        }
+        let max = self.c.delay_ms_max.max(1);
+        let second = self.at_ms() / 1000;
+        let cut = self
+            .c
+            .peer_cut
+            .is_some_and(|(from, len)| (from..from + len).contains(&second));
+        for m in 0..self.members.len() {
+            let up = self.member_reachable(m) && !cut;
+            let rng = &mut self.rng;
+            let broke = self.fed.step(m, self.now, up, || {
+                Duration::from_millis(1 + rng.below(max))
+            });
+            for what in broke {
+                self.violate(what);
+            }
+        }
+        self.report.peer_batches = self.fed.merged;
+        self.report.peer_routed_services = self.fed.routed_ever.len();
+    }
+
     // === the leader ===
 
     fn lead(&mut self) {
@@ -920,7 +1001,13 @@ impl Sim {
             let Some(term) = member.term.as_mut() else {
                 return;
             };
-            let env = Env::new(&member.state, &self.probers, now_ms);
+            let peers = Peers {
+                fed: &self.fed,
+                member: l,
+                now: end,
+                drop_stale: self.c.breaks.drop_stale_peers,
+            };
+            let env = Env::new(&member.state, &self.probers, now_ms, peers);
             let mut commands = term.take_commands();
             while let Some(due) = term.poll_timeout().filter(|t| *t <= end) {
                 term.handle_timeout(due, &env);
@@ -1344,14 +1431,30 @@ struct Env<'a> {
     state: &'a AuthorityState,
     probers: &'a [(NodeName, ZoneName)],
     now_ms: u64,
+    peers: Peers<'a>,
+}
+
+/// What the leader's member knows of peer regions.
+struct Peers<'a> {
+    fed: &'a Federation,
+    member: usize,
+    now: Instant,
+    /// Report stale peers to the core, which then drops their endpoints (a break).
+    drop_stale: bool,
 }
 
 impl<'a> Env<'a> {
-    fn new(state: &'a AuthorityState, probers: &'a [(NodeName, ZoneName)], now_ms: u64) -> Self {
+    fn new(
+        state: &'a AuthorityState,
+        probers: &'a [(NodeName, ZoneName)],
+        now_ms: u64,
+        peers: Peers<'a>,
+    ) -> Self {
         Self {
             state,
             probers,
             now_ms,
+            peers,
         }
     }
 }
@@ -1370,15 +1473,19 @@ impl Surroundings for Env<'_> {
     }
 
     fn peer_digest(&self) -> Vec<((RegionName, ServiceName), u64)> {
-        Vec::new()
+        self.peers.fed.digest(self.peers.member)
     }
 
-    fn peer_endpoints(&self, _: &RegionName, _: &ServiceName) -> Vec<RemoteEndpoint> {
-        Vec::new()
+    fn peer_endpoints(&self, region: &RegionName, service: &ServiceName) -> Vec<RemoteEndpoint> {
+        self.peers.fed.endpoints(self.peers.member, region, service)
     }
 
     fn stale_peers(&self) -> BTreeSet<RegionName> {
-        BTreeSet::new()
+        if self.peers.drop_stale {
+            self.peers.fed.stale(self.peers.member, self.peers.now)
+        } else {
+            BTreeSet::new()
+        }
     }
 
     fn front_doors(&self) -> Vec<(RegionName, bool)> {
