@@ -38,5 +38,11 @@ fn the_bad_health_check_drill_fails_with_its_property_broken() {
     // The break: the fraction guard off: the failing check drains the service, undeclared. A drill
     // that still passes cannot tell anyone anything.
     let dir = tempfile::tempdir().unwrap();
-    common::failing_run("bad-health-check", &["--break-fraction-guard"], dir.path());
+    // The drain happens within seconds of the bad contract, so 10 s of it shows it.
+    common::failing_on(
+        "bad-health-check",
+        &["--duration", "10s", "--break-fraction-guard"],
+        dir.path(),
+        "drained at the authority",
+    );
 }

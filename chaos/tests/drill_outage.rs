@@ -66,9 +66,10 @@ fn the_outage_drill_fails_with_its_property_broken() {
     // The break: the agent's cache deleted before its restart: nothing to route from. A drill that
     // still passes cannot tell anyone anything.
     let dir = tempfile::tempdir().unwrap();
-    common::failing_run(
+    common::failing_on(
         "outage",
         &["--duration", "12s", "--steady", "5s", "--break-cache"],
         dir.path(),
+        "did not start from its cache",
     );
 }

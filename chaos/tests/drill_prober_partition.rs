@@ -40,5 +40,11 @@ fn the_prober_partition_drill_fails_with_its_property_broken() {
     // The break: silence read as failure: cut-off probers withdraw healthy instances. A drill that
     // still passes cannot tell anyone anything.
     let dir = tempfile::tempdir().unwrap();
-    common::failing_run("prober-partition", &["--break-silence"], dir.path());
+    // Silence read as failure withdraws within seconds of the cut, so 10 s of it shows it.
+    common::failing_on(
+        "prober-partition",
+        &["--duration", "10s", "--break-silence"],
+        dir.path(),
+        "taken out of rotation",
+    );
 }

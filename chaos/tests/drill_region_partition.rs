@@ -39,5 +39,10 @@ fn the_region_partition_drill_fails_with_its_property_broken() {
     // The break: a stale peer's tier 2 dropped: callers lose its endpoints. A drill that still
     // passes cannot tell anyone anything.
     let dir = tempfile::tempdir().unwrap();
-    common::failing_run("region-partition", &["--break-stale-drop"], dir.path());
+    common::failing_on(
+        "region-partition",
+        &["--break-stale-drop"],
+        dir.path(),
+        "tier 2 must be kept",
+    );
 }

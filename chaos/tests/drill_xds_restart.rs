@@ -28,5 +28,11 @@ fn the_xds_restart_drill_fails_with_its_property_broken() {
     // The break: no reconnection admission: the whole population reconnects at once. A drill that
     // still passes cannot tell anyone anything.
     let dir = tempfile::tempdir().unwrap();
-    common::failing_run("xds-restart", &["--break-reconnect-admission"], dir.path());
+    // Everyone is back within the first window, so 15 s of watching shows it.
+    common::failing_on(
+        "xds-restart",
+        &["--duration", "15s", "--break-reconnect-admission"],
+        dir.path(),
+        "reconnected in one 10 s window",
+    );
 }

@@ -44,7 +44,15 @@ fn the_zone_evacuation_drill_fails_with_its_property_broken() {
     let dir = tempfile::tempdir().unwrap();
     let report = common::failing_run(
         "zone-evacuation",
-        &["--break-shedding", "--pressure-after", "0ms"],
+        &[
+            "--break-shedding",
+            "--pressure-after",
+            "0ms",
+            "--duration",
+            "8s",
+            "--subscriptions",
+            "200",
+        ],
         dir.path(),
     );
     let failures = report["verdict"]["failures"].as_array().unwrap();

@@ -216,6 +216,11 @@ enum Drill {
         /// Registration operations per second.
         #[arg(long)]
         rate: Option<u32>,
+        /// Override how long, after the load stops, the members may take to agree and
+        /// the subscribers to catch up (default 30 s and 20 s; a run whose verdict is
+        /// known to fail, such as a break, need not wait them out).
+        #[arg(long, value_parser = drill::parse_duration)]
+        settle: Option<std::time::Duration>,
         /// Seed of the operations' choices.
         #[arg(long)]
         seed: Option<u64>,
@@ -689,11 +694,17 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
             kills,
             every,
             rate,
+            settle,
             seed,
             dir,
             break_wipe_on_restart,
         } => {
             let mut params = leader_churn::Params::for_scale(scale);
+            if let Some(d) = settle {
+                let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                params.budget.converge_ms = ms;
+                params.budget.catch_up_ms = ms;
+            }
             params.break_wipe_on_restart = break_wipe_on_restart;
             if let Some(k) = kills {
                 params.kills = k;

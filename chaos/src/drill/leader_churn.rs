@@ -87,6 +87,9 @@ pub struct Budget {
     pub restart_ready_ms: u64,
     /// From the end of the load until every member holds every acknowledged write.
     pub converge_ms: u64,
+    /// Then, until every subscriber holds its zone's newest version (a stopped or lagging
+    /// subscriber could hide a regression).
+    pub catch_up_ms: u64,
     /// Fewer acknowledged writes than this and the run proves nothing.
     pub min_acked: usize,
 }
@@ -131,6 +134,7 @@ impl Params {
                 election_ms: 30_000,
                 restart_ready_ms: 30_000,
                 converge_ms: 30_000,
+                catch_up_ms: 20_000,
                 min_acked: 100,
             },
             break_wipe_on_restart: false,
@@ -379,7 +383,7 @@ async fn drive(
     };
     let caught_up = wait_until(
         "every subscriber holds its zone's newest version",
-        WATCH_CATCH_UP,
+        Duration::from_millis(params.budget.catch_up_ms),
         async || (!watches.iter().any(behind_newest)).then_some(()),
     )
     .await;
@@ -767,9 +771,6 @@ impl ServicesPoller {
     }
 }
 
-/// How long subscribers may take to catch up after the load (their reconnection backoff
-/// is capped at [`WATCH_BACKOFF_CAP`]).
-const WATCH_CATCH_UP: Duration = Duration::from_secs(20);
 /// The drill's subscribers back off at most this long between reconnections (node
 /// agents' default is 30 s, which would only lengthen the run).
 const WATCH_BACKOFF_CAP: Duration = Duration::from_secs(5);

@@ -31,6 +31,24 @@ pub(crate) fn failing_run(drill: &str, extra: &[&str], dir: &Path) -> serde_json
     report
 }
 
+/// [`failing_run`], and one of the verdict's failures names `broken`: the run failed
+/// because of the property broken on purpose, not for a reason of its own (a shortened
+/// run that merely timed out would prove nothing).
+#[allow(dead_code)] // not every drill test file has a break run
+pub(crate) fn failing_on(drill: &str, extra: &[&str], dir: &Path, broken: &str) {
+    let report = failing_run(drill, extra, dir);
+    let failures = report["verdict"]["failures"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        failures
+            .iter()
+            .any(|f| f.as_str().is_some_and(|f| f.contains(broken))),
+        "no failure names {broken:?}: {failures:#?}"
+    );
+}
+
 fn run(drill: &str, extra: &[&str], dir: &Path) -> (serde_json::Value, bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
         .args(["run", drill, "--scale", "short"])
