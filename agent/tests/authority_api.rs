@@ -480,3 +480,76 @@ async fn a_member_joins_under_a_dns_name_and_an_address_that_is_not_host_port_is
     second.shutdown().await;
     leader.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_registrations_share_log_entries_and_each_gets_its_own_answer() {
+    // Group commit: registrations that arrive while others commit are proposed as one log
+    // entry, yet every caller is answered with its own command's outcome, after it
+    // committed: a refusal in a batch refuses only its own caller.
+    let dir = tempfile::tempdir().unwrap();
+    let a = single_member(dir.path()).await;
+    let api = common::operator(&a, "test").await;
+    let ok = json!({"owner": "payments", "contract": {}});
+    let (status, _) = call(&api, Method::PUT, "/v1/services/pay", Some(ok)).await;
+    assert_eq!(status, StatusCode::OK);
+    let ghost = |ip: &str| {
+        let mut r = registration(ip, 0);
+        r["service"] = json!("ghost");
+        r
+    };
+    // What a lone registration of an unknown service gets.
+    let (alone, body) = call(&api, Method::POST, "/v1/instances", Some(ghost("10.9.0.1"))).await;
+    assert!(alone.is_client_error(), "{alone} {body}");
+
+    const N: usize = 96;
+    let before = a
+        .raft()
+        .watch_metrics()
+        .borrow()
+        .last_log_index
+        .unwrap_or(0);
+    let calls: Vec<_> = (0..N)
+        .map(|i| {
+            let api = api.clone();
+            let ip = format!("10.1.{}.{}", i / 200, i % 200 + 1);
+            let body = if i % 4 == 0 {
+                ghost(&ip)
+            } else {
+                registration(&ip, 0)
+            };
+            tokio::spawn(async move { call(&api, Method::POST, "/v1/instances", Some(body)).await })
+        })
+        .collect();
+    let mut created = BTreeSet::new();
+    for (i, c) in calls.into_iter().enumerate() {
+        let (status, body) = c.await.unwrap();
+        if i % 4 == 0 {
+            assert_eq!(status, alone, "call {i}: {body}");
+        } else {
+            assert_eq!(status, StatusCode::CREATED, "call {i}: {body}");
+            assert!(created.insert(body["instance"].as_str().unwrap().to_owned()));
+        }
+    }
+    let after = a
+        .raft()
+        .watch_metrics()
+        .borrow()
+        .last_log_index
+        .unwrap_or(0);
+    // Fewer entries than commands (the leader's own publish and audit entries included):
+    // they were batched.
+    assert!(
+        after - before < N as u64 / 2,
+        "{} log entries for {N} registrations",
+        after - before
+    );
+    // Every acknowledged registration is in the committed state.
+    let (_, list) = call(&api, Method::GET, "/v1/instances", None).await;
+    let listed: BTreeSet<String> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["instance"]["id"].as_str().map(str::to_owned))
+        .collect();
+    assert!(created.is_subset(&listed), "{list}");
+}

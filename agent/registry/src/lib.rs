@@ -11,6 +11,7 @@
 
 pub mod acl;
 pub mod assignment;
+pub mod batch;
 pub mod fold;
 pub mod ingest;
 pub mod machine;

@@ -27,6 +27,12 @@ pub const AUDIT_RETAINED: usize = 1_000_000;
 pub enum Request {
     /// A change to the desired state.
     Registry(Stamped),
+    /// Changes to the desired state proposed together (group commit, `batch`), applied in
+    /// order as if each were its own entry; each caller gets its own outcome.
+    Batch {
+        /// The commands, in arrival order.
+        commands: Vec<Stamped>,
+    },
     /// Views the leader released, in order.
     Publish {
         /// The views.
@@ -55,6 +61,11 @@ pub enum Response {
     Registry {
         /// The outcome.
         outcome: Result<Applied, Refusal>,
+    },
+    /// A batch's commands applied or refused, one outcome per command, in order.
+    Batch {
+        /// The outcomes.
+        outcomes: Vec<Result<Applied, Refusal>>,
     },
     /// Views were recorded; stale ones (at or below the held version) were skipped.
     Published {
@@ -225,17 +236,28 @@ pub struct AuthorityState {
 }
 
 impl AuthorityState {
+    /// One registry command, as its own entry or as one of a batch's.
+    fn apply_registry(&mut self, stamped: Stamped) -> Result<Applied, Refusal> {
+        let outcome = self.registry.apply(stamped).map_err(|e| Refusal::from(&e));
+        if let Ok(Applied::ServiceRemoved { service }) = &outcome {
+            self.remove_views(service);
+        }
+        outcome
+    }
+
     /// Apply one entry. Deterministic and total: every request ends in a response, a
     /// refused registry command in a typed [`Refusal`] that changed nothing.
     pub fn apply(&mut self, request: Request) -> Response {
         match request {
-            Request::Registry(stamped) => {
-                let outcome = self.registry.apply(stamped).map_err(|e| Refusal::from(&e));
-                if let Ok(Applied::ServiceRemoved { service }) = &outcome {
-                    self.remove_views(service);
-                }
-                Response::Registry { outcome }
-            }
+            Request::Registry(stamped) => Response::Registry {
+                outcome: self.apply_registry(stamped),
+            },
+            Request::Batch { commands } => Response::Batch {
+                outcomes: commands
+                    .into_iter()
+                    .map(|stamped| self.apply_registry(stamped))
+                    .collect(),
+            },
             Request::Publish { views } => {
                 let mut accepted = 0;
                 for view in views {

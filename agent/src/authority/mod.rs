@@ -4,6 +4,7 @@
 pub mod api;
 pub mod authorize;
 pub mod clock;
+pub mod commit;
 pub mod config;
 pub mod credentials;
 pub mod existence;

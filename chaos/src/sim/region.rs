@@ -1516,6 +1516,10 @@ fn address(s: usize, i: usize) -> Address {
 fn summarise(request: &Request) -> String {
     match request {
         Request::Registry(s) => format!("registry {}", command_name(&s.command)),
+        Request::Batch { commands } => {
+            let names: Vec<String> = commands.iter().map(|s| command_name(&s.command)).collect();
+            format!("batch [{}]", names.join(" "))
+        }
         Request::Publish { views } => {
             let versions: Vec<String> = views
                 .iter()

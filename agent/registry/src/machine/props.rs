@@ -29,21 +29,29 @@ fn released() -> impl Strategy<Value = ReleasedView> {
         })
 }
 
-fn request() -> impl Strategy<Value = Request> {
+fn registry_command() -> impl Strategy<Value = Stamped> {
     prop_oneof![
-        3 => prop::collection::vec(released(), 0..4).prop_map(|views| Request::Publish { views }),
-        2 => service().prop_map(|service| Request::Registry(Stamped {
+        2 => service().prop_map(|service| Stamped {
             at_ms: 1,
             command: Command::PutService {
                 service,
                 owner: "team".into(),
                 contract: HealthContract::default(),
             },
-        })),
-        1 => service().prop_map(|service| Request::Registry(Stamped {
+        }),
+        1 => service().prop_map(|service| Stamped {
             at_ms: 2,
             command: Command::RemoveService { service },
-        })),
+        }),
+    ]
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        3 => prop::collection::vec(released(), 0..4).prop_map(|views| Request::Publish { views }),
+        3 => registry_command().prop_map(Request::Registry),
+        1 => prop::collection::vec(registry_command(), 0..6)
+            .prop_map(|commands| Request::Batch { commands }),
         1 => (0u64..u64::MAX, 0usize..3).prop_map(|(at_ms, n)| Request::Audit {
             entries: (0..n)
                 .map(|i| AuditEntry {
@@ -67,6 +75,34 @@ fn request() -> impl Strategy<Value = Request> {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Group commit changes nothing but the number of entries: a batch leaves the state a
+    /// replica reaches applying its commands one entry each, with the same outcome each.
+    #[test]
+    fn a_batch_applies_as_its_commands_one_by_one(
+        log in prop::collection::vec(request(), 0..10),
+        commands in prop::collection::vec(registry_command(), 0..12),
+    ) {
+        let mut batched = AuthorityState::default();
+        for r in &log {
+            batched.apply(r.clone());
+        }
+        let mut single = batched.clone();
+        let Response::Batch { outcomes } = batched.apply(Request::Batch {
+            commands: commands.clone(),
+        }) else {
+            panic!("a batch is answered as a batch");
+        };
+        let one_by_one: Vec<_> = commands
+            .into_iter()
+            .map(|c| match single.apply(Request::Registry(c)) {
+                Response::Registry { outcome } => outcome,
+                other => panic!("a registry command is answered as one: {other:?}"),
+            })
+            .collect();
+        prop_assert_eq!(outcomes, one_by_one);
+        prop_assert_eq!(batched, single);
+    }
 
     #[test]
     fn apply_is_total_and_replicas_agree(log in prop::collection::vec(request(), 1..40)) {

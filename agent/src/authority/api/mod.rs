@@ -48,12 +48,14 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use waymark_core::model::RegionName;
 use waymark_federation_quic::FederationNode;
-use waymark_registry::machine::{AuditEntry, Refusal, Request, Response as RaftResponse};
+use waymark_registry::batch::GroupCommitConfig;
+use waymark_registry::machine::{AuditEntry, Refusal, Request};
 use waymark_registry::overrides::OverrideLimiter;
 use waymark_registry::state::{Applied, Command, Stamped};
 use waymark_xds::server::XdsServer;
 
 use super::clock::now_ms;
+use super::commit::{CommitError, Committer};
 use super::fields;
 use super::leader::LeaderHandle;
 use super::metrics::{AuthorityMetrics, ReasonLabels};
@@ -94,6 +96,8 @@ pub const POLICY_BODY_MAX: usize = 2 * 1024 * 1024;
 #[derive(Clone)]
 pub struct ApiState {
     raft: RaftNode,
+    /// Registry commands go through group commit.
+    commits: Committer,
     leader: LeaderHandle,
     metrics: AuthorityMetrics,
     xds: XdsServer,
@@ -127,6 +131,7 @@ impl ApiState {
         region: RegionName,
     ) -> Self {
         Self {
+            commits: Committer::start(raft.clone(), GroupCommitConfig::default()),
             raft,
             leader,
             metrics,
@@ -435,30 +440,38 @@ impl ApiState {
         if let Err(error) = command.check() {
             return Err(self.refuse(Refusal::from(&error).into()));
         }
-        let request = Request::Registry(Stamped {
+        let stamped = Stamped {
             at_ms: now_ms(),
             command,
-        });
-        match self.raft.write(request).await {
-            Ok(RaftResponse::Registry {
-                outcome: Ok(applied),
-            }) => Ok(applied),
-            Ok(RaftResponse::Registry {
-                outcome: Err(refusal),
-            }) => Err(self.refuse(refusal.into())),
-            Ok(RaftResponse::ApplyFailed { message }) => Err(ApiError::new(
+        };
+        match self.commits.commit(stamped).await {
+            Ok(Ok(applied)) => Ok(applied),
+            Ok(Err(refusal)) => Err(self.refuse(refusal.into())),
+            Err(CommitError::ApplyFailed(message)) => Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "apply_failed",
                 None,
                 format!("the write committed but failed to apply: {message}"),
             )),
-            Ok(other) => Err(ApiError::new(
+            Err(CommitError::Unexpected(what)) => Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "unexpected_response",
                 None,
-                format!("{other:?}"),
+                what,
             )),
-            Err(WriteError::NotLeader { leader }) => Err(self.redirect(uri, leader)),
+            Err(CommitError::Write(e)) if matches!(*e, WriteError::NotLeader { .. }) => {
+                let leader = match &*e {
+                    WriteError::NotLeader { leader } => leader.clone(),
+                    _ => None,
+                };
+                Err(self.redirect(uri, leader))
+            }
+            Err(e @ CommitError::Full(_)) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "commit_queue_full",
+                None,
+                format!("{e}"),
+            )),
             Err(e) => Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not_committed",
