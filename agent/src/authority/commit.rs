@@ -44,6 +44,8 @@ type Outcome = Result<Result<Applied, Refusal>, CommitError>;
 
 struct Submitted {
     stamped: Stamped,
+    /// Its encoded size, which bounds a batch's.
+    bytes: usize,
     reply: oneshot::Sender<Outcome>,
 }
 
@@ -64,9 +66,14 @@ impl Committer {
 
     /// Commit one registry command and wait for its own outcome.
     pub async fn commit(&self, stamped: Stamped) -> Outcome {
+        let bytes = serde_json::to_vec(&stamped).map_or(0, |v| v.len());
         let (reply, answer) = oneshot::channel();
         self.tx
-            .try_send(Submitted { stamped, reply })
+            .try_send(Submitted {
+                stamped,
+                bytes,
+                reply,
+            })
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => CommitError::Full(Full { waiting: CHANNEL }),
                 mpsc::error::TrySendError::Closed(_) => CommitError::Stopped,
@@ -89,7 +96,8 @@ async fn drive(raft: RaftNode, mut rx: mpsc::Receiver<Submitted>, config: GroupC
         tokio::select! {
             submitted = rx.recv(), if open => match submitted {
                 Some(s) => {
-                    if let Err((full, s)) = core.submit(s) {
+                    let bytes = s.bytes;
+                    if let Err((full, s)) = core.submit(s, bytes) {
                         let _ = s.reply.send(Err(CommitError::Full(full)));
                     }
                 }
