@@ -151,6 +151,8 @@ write("authority_apply", "publish.jsonl", lines(
     {"kind": "publish", "views": [view("web", TERM2 + 1)]},
 ))
 write("authority_apply", "registry.jsonl", lines(*[reg(s) for s in LIFECYCLE]))
+write("authority_apply", "batch.jsonl", lines({"kind": "batch", "commands": LIFECYCLE},
+                                              {"kind": "batch", "commands": []}))
 
 # --- contracts and policies -------------------------------------------------------------------
 CONTRACTS = {

@@ -1,4 +1,5 @@
-//! `AuthorityState::apply` over arbitrary log entries: registry commands, published views,
+//! `AuthorityState::apply` over arbitrary log entries: registry commands (alone and in
+//! group-committed batches), published views,
 //! observed-state snapshots and audit records, as the authority's Raft log carries them.
 //!
 //! Input: JSON lines of `Request`, or bytes for the structured decoder. After every apply
@@ -70,10 +71,15 @@ fn requests(data: &[u8]) -> Vec<Request> {
 /// One log entry as JSON: mostly registry commands and views, like a leader's log.
 fn request(g: &mut Gen<'_>, version: &mut u64) -> Value {
     match g.below(8) {
-        0..=3 => {
+        0..=2 => {
             let mut v = g.stamped();
             v["kind"] = json!("registry");
             v
+        }
+        3 => {
+            // A group-committed batch: several commands in one entry.
+            let commands: Vec<Value> = (0..g.below(6)).map(|_| g.stamped()).collect();
+            json!({"kind": "batch", "commands": commands})
         }
         4 | 5 => {
             let views: Vec<Value> = (0..g.below(4))
