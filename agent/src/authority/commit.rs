@@ -14,7 +14,7 @@ use waymark_registry::batch::{Full, GroupCommit, GroupCommitConfig};
 use waymark_registry::machine::{Refusal, Request, Response};
 use waymark_registry::state::{Applied, Stamped};
 
-use super::raft::{RaftNode, WriteError};
+use super::raft::{Member, RaftNode, WriteError};
 
 /// Commands queued on the way to the batching task; beyond it a caller is refused at once.
 const CHANNEL: usize = 1024;
@@ -22,6 +22,12 @@ const CHANNEL: usize = 1024;
 /// Why a command was not committed (or its outcome is unknown).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CommitError {
+    /// This member is not the leader; nothing was proposed. Redirect to `leader` if known.
+    #[error("not the leader")]
+    NotLeader {
+        /// The leader, when known.
+        leader: Option<(u64, Member)>,
+    },
     /// Raft refused or failed the entry holding it; nothing is promised about it unless
     /// the error says so.
     #[error(transparent)]
@@ -127,6 +133,7 @@ async fn write(raft: RaftNode, batch: Vec<Submitted>) {
             vec![Err(CommitError::ApplyFailed(message)); size]
         }
         Ok(other) => vec![Err(CommitError::Unexpected(format!("{other:?}"))); size],
+        Err(WriteError::NotLeader { leader }) => vec![Err(CommitError::NotLeader { leader }); size],
         Err(e) => vec![Err(CommitError::Write(Arc::new(e))); size],
     };
     debug!(commands = size, "registry batch answered");

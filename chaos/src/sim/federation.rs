@@ -117,7 +117,7 @@ impl Federation {
         self.peer_version += 1;
         let zone = ZoneName::try_new("peer-a").expect("valid");
         let count = 1 + rng.below(3);
-        let endpoints = (0..count)
+        let mut endpoints: Vec<_> = (0..count)
             .map(|i| AggregateEndpoint {
                 instance: InstanceId::try_new(format!("{service}-p{}", rng.below(4) + i * 4))
                     .expect("valid"),
@@ -130,9 +130,9 @@ impl Federation {
                 status: EndpointStatus::Eligible,
                 verdict: Verdict::Eligible,
             })
-            .collect::<BTreeSet<_>>()
-            .into_iter()
             .collect();
+        // Sorted by instance, as a region publishes them.
+        endpoints.sort();
         let entry = Entry {
             region: self.peer.clone(),
             service,
@@ -194,16 +194,14 @@ impl Federation {
     ) -> Vec<String> {
         let mut broke = Vec::new();
         let link = &mut self.links[m];
-        if up && !link.up {
-            link.ours.handle_connected(now, &link.aggregates);
-            link.theirs.handle_connected(now, &self.peer_state);
-        }
+        let was_up = std::mem::replace(&mut link.up, up);
         if !up {
             link.wire.clear();
-        }
-        link.up = up;
-        if !up {
             return broke;
+        }
+        if !was_up {
+            link.ours.handle_connected(now, &link.aggregates);
+            link.theirs.handle_connected(now, &self.peer_state);
         }
         link.ours.handle_timeout(now, &link.aggregates);
         link.theirs.handle_timeout(now, &self.peer_state);

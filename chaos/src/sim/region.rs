@@ -706,12 +706,7 @@ impl Sim {
         };
         let now_ms = self.now_ms();
         let hold = hold_for(self.members[l].state.registry());
-        let peers = Peers {
-            fed: &self.fed,
-            member: l,
-            now: self.now,
-            drop_stale: self.c.breaks.drop_stale_peers,
-        };
+        let peers = Peers::new(&self.fed, l, self.now, &self.c.breaks);
         let env = Env::new(&self.members[l].state, &self.probers, now_ms, peers);
         let term = LeaderTerm::new(config, self.now, &env);
         self.members[l].term = Some(term);
@@ -851,12 +846,7 @@ impl Sim {
             let now_ms = START_MS + u64::try_from((self.now - self.start).as_millis()).unwrap_or(0);
             let member = &mut self.members[m];
             if let Some(term) = member.term.as_mut() {
-                let peers = Peers {
-                    fed: &self.fed,
-                    member: m,
-                    now: self.now,
-                    drop_stale: self.c.breaks.drop_stale_peers,
-                };
+                let peers = Peers::new(&self.fed, m, self.now, &self.c.breaks);
                 let env = Env::new(&member.state, &self.probers, now_ms, peers);
                 term.handle_applied(self.now, done, &env);
             }
@@ -1001,12 +991,7 @@ impl Sim {
             let Some(term) = member.term.as_mut() else {
                 return;
             };
-            let peers = Peers {
-                fed: &self.fed,
-                member: l,
-                now: end,
-                drop_stale: self.c.breaks.drop_stale_peers,
-            };
+            let peers = Peers::new(&self.fed, l, end, &self.c.breaks);
             let env = Env::new(&member.state, &self.probers, now_ms, peers);
             let mut commands = term.take_commands();
             while let Some(due) = term.poll_timeout().filter(|t| *t <= end) {
@@ -1441,6 +1426,17 @@ struct Peers<'a> {
     now: Instant,
     /// Report stale peers to the core, which then drops their endpoints (a break).
     drop_stale: bool,
+}
+
+impl<'a> Peers<'a> {
+    fn new(fed: &'a Federation, member: usize, now: Instant, breaks: &SimBreaks) -> Self {
+        Self {
+            fed,
+            member,
+            now,
+            drop_stale: breaks.drop_stale_peers,
+        }
+    }
 }
 
 impl<'a> Env<'a> {

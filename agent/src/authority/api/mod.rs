@@ -60,7 +60,7 @@ use super::fields;
 use super::leader::LeaderHandle;
 use super::metrics::{AuthorityMetrics, ReasonLabels};
 use super::principal::Denials;
-use super::raft::{RaftNode, WriteError};
+use super::raft::RaftNode;
 use super::regions::RegionsHandle;
 
 mod access;
@@ -459,13 +459,7 @@ impl ApiState {
                 None,
                 what,
             )),
-            Err(CommitError::Write(e)) if matches!(*e, WriteError::NotLeader { .. }) => {
-                let leader = match &*e {
-                    WriteError::NotLeader { leader } => leader.clone(),
-                    _ => None,
-                };
-                Err(self.redirect(uri, leader))
-            }
+            Err(CommitError::NotLeader { leader }) => Err(self.redirect(uri, leader)),
             Err(e @ CommitError::Full(_)) => Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "commit_queue_full",
