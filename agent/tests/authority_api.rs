@@ -552,4 +552,26 @@ async fn concurrent_registrations_share_log_entries_and_each_gets_its_own_answer
         .filter_map(|i| i["instance"]["id"].as_str().map(str::to_owned))
         .collect();
     assert!(created.is_subset(&listed), "{list}");
+    // And the leader followed every batched command as it follows a lone one: each
+    // registration reaches the published view.
+    until("every batched registration in the view", WAIT, async || {
+        let (_, views) = call(&api, Method::GET, "/v1/services/pay/view", None).await;
+        let in_view: BTreeSet<String> = views
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["view"]["endpoints"].as_object())
+            .flat_map(|e| e.keys().cloned())
+            .collect();
+        if created.is_subset(&in_view) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} of {} in the view",
+                created.intersection(&in_view).count(),
+                created.len()
+            ))
+        }
+    })
+    .await;
 }

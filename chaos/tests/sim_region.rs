@@ -66,6 +66,11 @@ fn a_region_keeps_its_invariants_through_crashes_partitions_and_loss() {
             "SEED={seed}: the run did nothing: {}",
             r.trace.last().unwrap()
         );
+        // The node agents' commands went through group commit, some of them together.
+        assert!(
+            r.trace.iter().any(|l| l.contains(" batch [")),
+            "SEED={seed}: no batched entry was committed"
+        );
     }
 }
 
@@ -126,18 +131,32 @@ fn a_restarted_member_serving_before_its_replay_is_caught() {
         serve_before_replay: true,
         ..SimBreaks::default()
     };
-    for breaks in [SimBreaks::default(), gate_only, rule_only] {
-        let r = run(rolling(5, breaks));
-        assert!(r.violations.is_empty(), "{breaks:?}: {}", around(&r));
-    }
-    let broken = run(rolling(5, neither));
-    assert!(
-        broken
+    // Whether a rolling restart catches a client mid-reconnect depends on the seed's
+    // timing; over these seeds it must happen, and the fixes must hold on every one.
+    let seeds = 1..=3;
+    let mut caught = Vec::new();
+    for seed in seeds.clone() {
+        for breaks in [SimBreaks::default(), gate_only, rule_only] {
+            let r = run(rolling(seed, breaks));
+            assert!(
+                r.violations.is_empty(),
+                "seed {seed} {breaks:?}: {}",
+                around(&r)
+            );
+        }
+        let broken = run(rolling(seed, neither));
+        if broken
             .violations
             .iter()
-            .any(|v| v.what.contains("was removed")),
-        "the reverted fixes went unnoticed: {:?}",
-        broken.trace.last()
+            .any(|v| v.what.contains("was removed"))
+        {
+            caught.push(seed);
+        }
+    }
+    eprintln!("seeds catching the reverted fixes: {caught:?}");
+    assert!(
+        !caught.is_empty(),
+        "the reverted fixes went unnoticed on seeds {seeds:?}"
     );
 }
 

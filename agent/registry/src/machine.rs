@@ -53,6 +53,28 @@ pub enum Request {
     },
 }
 
+/// The registry commands an applied entry carried and each one's outcome, in order: one for
+/// a `registry` entry, every command of a `batch`, none for anything else (or for a
+/// response that does not belong to the request). Whoever follows the registry's changes
+/// reads them through this, so a batched command is seen exactly as a lone one.
+pub fn registry_outcomes<'a>(
+    request: &'a Request,
+    response: &'a Response,
+) -> impl Iterator<Item = (&'a Stamped, &'a Result<Applied, Refusal>)> + 'a {
+    let pairs: Box<dyn Iterator<Item = _> + 'a> = match (request, response) {
+        (Request::Registry(stamped), Response::Registry { outcome }) => {
+            Box::new(std::iter::once((stamped, outcome)))
+        }
+        (Request::Batch { commands }, Response::Batch { outcomes })
+            if commands.len() == outcomes.len() =>
+        {
+            Box::new(commands.iter().zip(outcomes))
+        }
+        _ => Box::new(std::iter::empty()),
+    };
+    pairs
+}
+
 /// What applying an entry produced.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]

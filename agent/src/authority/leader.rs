@@ -20,7 +20,7 @@ use tracing::{debug, error, info, warn};
 use waymark_core::assembler::RemoteEndpoint;
 use waymark_core::model::{NodeName, RegionName, Sample, ServiceName, ZoneName};
 use waymark_core::view::{ReleasedView, ViewKey};
-use waymark_registry::machine::{AuditEntry, AuthorityState, Request, Response};
+use waymark_registry::machine::{AuditEntry, AuthorityState, Request, Response, registry_outcomes};
 use waymark_registry::pipeline::{PipelineConfig, RegionPipeline};
 use waymark_registry::term::{
     LeaderCommand, LeaderTerm, MetricChange, Purpose, Surroundings, TermBreaks, TermConfig, Written,
@@ -208,10 +208,10 @@ fn step(core: &mut LeaderTerm, env: &Env<'_>, applied: &mut Option<u64>, input: 
                 return true;
             }
             *applied = Some(entry.index);
-            if let (Request::Registry(_), Response::Registry { outcome: Ok(done) }) =
-                (&entry.request, &entry.response)
-            {
-                core.handle_applied(now(), done, env);
+            for (_, outcome) in registry_outcomes(&entry.request, &entry.response) {
+                if let Ok(done) = outcome {
+                    core.handle_applied(now(), done, env);
+                }
             }
         }
         // A snapshot was installed, or the loop fell behind the log.

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tokio::sync::broadcast::error::RecvError;
 use tracing::{debug, warn};
-use waymark_registry::state::{Applied, Command, Stamped};
+use waymark_registry::state::{Applied, Command};
 use waymark_xds::server::Publisher;
 use waymark_xds::snapshot::SnapshotBuilder;
 
 use super::authorize::{self, CallerPolicy};
 use super::raft::{RaftNode, StateEvent};
-use waymark_registry::machine::{Request, Response};
+use waymark_registry::machine::{Request, Response, registry_outcomes};
 
 /// Follow the log and publish snapshots until the node's event channel closes; keep the
 /// resolution-authorisation policy the xDS filter reads in step with the registry.
@@ -51,19 +51,21 @@ async fn follow_log(
                     continue;
                 }
                 applied = Some(entry.index);
-                if let Request::Registry(Stamped {
-                    command: Command::SetPolicy { .. },
-                    ..
-                }) = &entry.request
-                {
+                let mut policy = false;
+                let mut removed = false;
+                for (stamped, outcome) in registry_outcomes(&entry.request, &entry.response) {
+                    policy |= matches!(stamped.command, Command::SetPolicy { .. });
+                    if let Ok(Applied::ServiceRemoved { service }) = outcome
+                        && builder.handle_service_removed(service)
+                    {
+                        debug!(index = entry.index, service = %service, "removing a deleted service's cluster and views");
+                        removed = true;
+                    }
+                }
+                if policy {
                     refresh_callers(&raft, &callers, &publisher, &builder);
                 }
-                if let Response::Registry {
-                    outcome: Ok(Applied::ServiceRemoved { service }),
-                } = &entry.response
-                    && builder.handle_service_removed(service)
-                {
-                    debug!(index = entry.index, service = %service, "removing a deleted service's cluster and views");
+                if removed {
                     publisher.publish(builder.build());
                 }
                 if let (Request::Publish { views }, Response::Published { accepted }) =

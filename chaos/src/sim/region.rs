@@ -45,8 +45,11 @@ use waymark_core::model::{
 };
 use waymark_core::units::Weight;
 use waymark_core::view::{ReleasedView, ViewKey};
+use waymark_registry::batch::{GroupCommit, GroupCommitConfig};
 use waymark_registry::ingest::{Denial, admit};
-use waymark_registry::machine::{AuditEntry, AuthorityState, ReplayGate, Request, Response};
+use waymark_registry::machine::{
+    AuditEntry, AuthorityState, ReplayGate, Request, Response, registry_outcomes,
+};
 use waymark_registry::pipeline::PipelineConfig;
 use waymark_registry::state::{Applied, Command, Registration, RetireCause, Stamped};
 use waymark_registry::term::{
@@ -278,6 +281,8 @@ struct Agent {
     registrar: bool,
     /// Leased instances it registered (acknowledged) and renews.
     registered: Vec<InstanceId>,
+    /// When each of those registrations was acknowledged.
+    acknowledged: BTreeMap<InstanceId, Instant>,
     next_renew: Instant,
     register_in_flight: bool,
 }
@@ -294,8 +299,13 @@ enum Waiting {
     Leader(Purpose),
     Publish,
     Audit,
-    Register { agent: usize },
+    Register {
+        agent: usize,
+    },
     Renew,
+    /// Node agents' commands proposed together by the API's group commit, each caller's
+    /// own wait in order.
+    Api(Vec<Waiting>),
 }
 
 struct Pending {
@@ -324,6 +334,9 @@ struct Sim {
     hold_until: Option<Instant>,
     election_at: Instant,
     pending: VecDeque<Pending>,
+    /// The API's group commit: node agents' commands wait here while entries are in
+    /// flight and go together, as the real API's do (`agent/src/authority/commit.rs`).
+    api: GroupCommit<(Stamped, Waiting)>,
     /// Samples in flight to a member.
     samples: VecDeque<(Instant, usize, Sample)>,
     probers: Vec<(NodeName, ZoneName)>,
@@ -354,6 +367,7 @@ impl Sim {
             hold_until: None,
             election_at: start,
             pending: VecDeque::new(),
+            api: GroupCommit::new(GroupCommitConfig::default()),
             samples: VecDeque::new(),
             probers: Vec::new(),
             fed: Federation::new(c.members, region()),
@@ -372,6 +386,7 @@ impl Sim {
                     current_since: None,
                     registrar: a == 0 && c.registered_per_zone > 0,
                     registered: Vec::new(),
+                    acknowledged: BTreeMap::new(),
                     next_renew: start,
                     register_in_flight: false,
                 });
@@ -727,6 +742,27 @@ impl Sim {
         });
     }
 
+    /// A node agent's command through the API: queued for group commit, proposed when the
+    /// entries in flight leave room.
+    fn submit(&mut self, stamped: Stamped, waiting: Waiting) {
+        // The sim does not size commands; the count bound is what batches here.
+        if let Err((_, (_, waiting))) = self.api.submit((stamped, waiting), 0) {
+            self.resolve_waiting(waiting, self.raft_term, None);
+        }
+        self.flush_api();
+    }
+
+    fn flush_api(&mut self) {
+        while let Some(batch) = self.api.next_batch() {
+            let (mut commands, waits): (Vec<Stamped>, Vec<Waiting>) = batch.into_iter().unzip();
+            let request = match commands.len() {
+                1 => Request::Registry(commands.remove(0)),
+                _ => Request::Batch { commands },
+            };
+            self.propose(request, Waiting::Api(waits));
+        }
+    }
+
     fn commit_pending(&mut self) {
         while self
             .pending
@@ -769,16 +805,41 @@ impl Sim {
 
     /// A proposal's outcome, to whoever waits for it (`None`: not committed).
     fn resolve(&mut self, p: Pending, response: Option<Response>) {
+        self.resolve_waiting(p.waiting, p.term, response);
+    }
+
+    fn resolve_waiting(&mut self, waiting: Waiting, proposed: u64, response: Option<Response>) {
         let written = match &response {
             None => Written::Failed,
             Some(Response::Registry { outcome: Err(_) }) => Written::Refused,
             Some(_) => Written::Applied,
         };
-        match p.waiting {
+        match waiting {
+            Waiting::Api(waits) => {
+                self.api.finished();
+                // Each caller gets its own command's outcome, as if it had been alone.
+                let mut outcomes = match response {
+                    Some(Response::Batch { outcomes }) if outcomes.len() == waits.len() => {
+                        outcomes.into_iter().map(Some).collect()
+                    }
+                    Some(Response::Registry { outcome }) if waits.len() == 1 => vec![Some(outcome)],
+                    _ => vec![None; waits.len()],
+                }
+                .into_iter();
+                for w in waits {
+                    let outcome = outcomes.next().flatten();
+                    self.resolve_waiting(
+                        w,
+                        proposed,
+                        outcome.map(|outcome| Response::Registry { outcome }),
+                    );
+                }
+                self.flush_api();
+            }
             Waiting::Leader(purpose) => {
                 let now = self.now;
                 if let Some(term) = self.leader.and_then(|l| self.members[l].term.as_mut())
-                    && p.term == self.raft_term
+                    && proposed == self.raft_term
                 {
                     term.handle_written(now, purpose, written);
                 }
@@ -789,6 +850,9 @@ impl Sim {
                     outcome: Ok(Applied::Registered { instance, .. }),
                 }) = response
                 {
+                    self.agents[agent]
+                        .acknowledged
+                        .insert(instance.clone(), self.now);
                     self.agents[agent].registered.push(instance);
                 }
             }
@@ -839,16 +903,17 @@ impl Sim {
             }
         }
         // The leader's term follows the registry's committed changes.
-        if self.leader == Some(m)
-            && let (Request::Registry(_), Response::Registry { outcome: Ok(done) }) =
-                (&request, &response)
-        {
+        if self.leader == Some(m) {
             let now_ms = START_MS + u64::try_from((self.now - self.start).as_millis()).unwrap_or(0);
             let member = &mut self.members[m];
             if let Some(term) = member.term.as_mut() {
                 let peers = Peers::new(&self.fed, m, self.now, &self.c.breaks);
                 let env = Env::new(&member.state, &self.probers, now_ms, peers);
-                term.handle_applied(self.now, done, &env);
+                for (_, outcome) in registry_outcomes(&request, &response) {
+                    if let Ok(done) = outcome {
+                        term.handle_applied(self.now, done, &env);
+                    }
+                }
             }
         }
     }
@@ -1229,20 +1294,20 @@ impl Sim {
                 metadata: BTreeMap::new(),
                 lease_ms: LEASE_MS,
             };
-            let request = Request::Registry(Stamped {
+            let stamped = Stamped {
                 at_ms: self.now_ms(),
                 command: Command::Register(registration),
-            });
-            self.propose(request, Waiting::Register { agent: a });
+            };
+            self.submit(stamped, Waiting::Register { agent: a });
         }
         if self.now >= self.agents[a].next_renew {
             self.agents[a].next_renew = self.now + RENEW_EVERY;
             for id in self.agents[a].registered.clone() {
-                let request = Request::Registry(Stamped {
+                let stamped = Stamped {
                     at_ms: self.now_ms(),
                     command: Command::Renew { instance: id },
-                });
-                self.propose(request, Waiting::Renew);
+                };
+                self.submit(stamped, Waiting::Renew);
             }
         }
     }
@@ -1327,6 +1392,43 @@ impl Sim {
                 }
             }
         }
+        // An acknowledged registration reaches every current subscriber within the
+        // admission budget of the region having a leader and the subscriber being current
+        // (the leader follows every committed command, batched or alone).
+        let admission = d::ADMISSION_BUDGET_P99;
+        let mut unseen = Vec::new();
+        let acknowledged: Vec<(&InstanceId, Instant)> = self
+            .agents
+            .iter()
+            .flat_map(|a| a.acknowledged.iter().map(|(id, at)| (id, *at)))
+            .collect();
+        for agent in &self.agents {
+            let (Some(current), Some(led)) = (agent.current_since, self.led_since) else {
+                continue;
+            };
+            for &(id, at) in &acknowledged {
+                let Some(record) = self.truth.registry().instance(id) else {
+                    continue;
+                };
+                let since = at.max(current).max(led);
+                if self.now.saturating_duration_since(since) <= admission {
+                    continue;
+                }
+                let name = record.instance.service.to_string();
+                if agent
+                    .held
+                    .get(&name)
+                    .is_some_and(|(_, v)| !v.view.endpoints.contains_key(id))
+                {
+                    late.push(format!(
+                        "{} has not seen {id}, registered at {} ms",
+                        agent.name,
+                        (at - self.start).as_millis()
+                    ));
+                    unseen.push(id.clone());
+                }
+            }
+        }
         for inst in &self.insts {
             if inst.silenced_routed && matches!(inst.truth, Truth::Unobserved { .. }) {
                 let out = self.truth.published().values().any(|v| {
@@ -1343,6 +1445,12 @@ impl Sim {
         }
         for what in late {
             self.violate(what);
+        }
+        // Report each unseen registration once.
+        for a in &mut self.agents {
+            for id in &unseen {
+                a.acknowledged.remove(id);
+            }
         }
         // Report each dead instance once.
         for inst in &mut self.insts {
