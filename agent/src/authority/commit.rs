@@ -14,6 +14,7 @@ use waymark_registry::batch::{Full, GroupCommit, GroupCommitConfig};
 use waymark_registry::machine::{Refusal, Request, Response};
 use waymark_registry::state::{Applied, Stamped};
 
+use super::metrics::AuthorityMetrics;
 use super::raft::{Member, RaftNode, WriteError};
 
 /// Commands queued on the way to the batching task; beyond it a caller is refused at once.
@@ -64,9 +65,10 @@ pub struct Committer {
 impl Committer {
     /// Start the batching task over `raft` (needs a Tokio runtime). It ends when every
     /// handle is dropped and the entries in flight are answered.
-    pub fn start(raft: RaftNode, config: GroupCommitConfig) -> Self {
+    /// Each entry proposed counts in `metrics` (entries, commands, time to outcome).
+    pub fn start(raft: RaftNode, config: GroupCommitConfig, metrics: AuthorityMetrics) -> Self {
         let (tx, rx) = mpsc::channel(CHANNEL);
-        tokio::spawn(drive(raft, rx, config).instrument(info_span!("group_commit")));
+        tokio::spawn(drive(raft, rx, config, metrics).instrument(info_span!("group_commit")));
         Self { tx }
     }
 
@@ -88,13 +90,18 @@ impl Committer {
     }
 }
 
-async fn drive(raft: RaftNode, mut rx: mpsc::Receiver<Submitted>, config: GroupCommitConfig) {
+async fn drive(
+    raft: RaftNode,
+    mut rx: mpsc::Receiver<Submitted>,
+    config: GroupCommitConfig,
+    metrics: AuthorityMetrics,
+) {
     let mut core = GroupCommit::new(config);
     let mut writes = FuturesUnordered::new();
     let mut open = true;
     loop {
         while let Some(batch) = core.next_batch() {
-            writes.push(write(raft.clone(), batch));
+            writes.push(write(raft.clone(), batch, &metrics));
         }
         if !open && writes.is_empty() && core.waiting() == 0 {
             return;
@@ -116,10 +123,13 @@ async fn drive(raft: RaftNode, mut rx: mpsc::Receiver<Submitted>, config: GroupC
 
 /// Propose one batch (a lone command as its own entry, as before batching) and answer its
 /// callers.
-async fn write(raft: RaftNode, batch: Vec<Submitted>) {
+async fn write(raft: RaftNode, batch: Vec<Submitted>, metrics: &AuthorityMetrics) {
     let (commands, replies): (Vec<Stamped>, Vec<_>) =
         batch.into_iter().map(|s| (s.stamped, s.reply)).unzip();
     let size = commands.len();
+    metrics.registry_commit_entries.inc();
+    metrics.registry_commit_commands.inc_by(size as u64);
+    let proposed = tokio::time::Instant::now();
     let request = match <[Stamped; 1]>::try_from(commands) {
         Ok([one]) => Request::Registry(one),
         Err(commands) => Request::Batch { commands },
@@ -136,7 +146,13 @@ async fn write(raft: RaftNode, batch: Vec<Submitted>) {
         Err(WriteError::NotLeader { leader }) => vec![Err(CommitError::NotLeader { leader }); size],
         Err(e) => vec![Err(CommitError::Write(Arc::new(e))); size],
     };
-    debug!(commands = size, "registry batch answered");
+    let took = proposed.elapsed();
+    metrics.registry_commit_seconds.observe(took.as_secs_f64());
+    debug!(
+        commands = size,
+        took_ms = took.as_millis() as u64,
+        "registry batch answered"
+    );
     for (reply, outcome) in replies.into_iter().zip(outcomes) {
         let _ = reply.send(outcome);
     }

@@ -87,6 +87,12 @@ pub struct AuthorityMetrics {
     pub views_published: Counter,
     /// Time from a release to its commit.
     pub publish_commit_seconds: Histogram,
+    /// Log entries group commit proposed for the API's registry commands.
+    pub registry_commit_entries: Counter,
+    /// Registry commands those entries carried (÷ entries = commands per entry).
+    pub registry_commit_commands: Counter,
+    /// Time from proposing a group-commit entry to its outcome.
+    pub registry_commit_seconds: Histogram,
     /// The leader's own log writes (views, audit) that failed and will be retried, by
     /// reason (`publish`, `audit`).
     pub leader_write_failures: Family<ReasonLabels, Counter>,
@@ -130,6 +136,9 @@ impl Default for AuthorityMetrics {
             sessions_unattributed: Counter::default(),
             views_published: Counter::default(),
             publish_commit_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
+            registry_commit_entries: Counter::default(),
+            registry_commit_commands: Counter::default(),
+            registry_commit_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             leader_write_failures: Family::default(),
             versions_exhausted: Counter::default(),
             apply_failures: Counter::default(),
@@ -217,6 +226,21 @@ impl AuthorityMetrics {
             "publish_commit_seconds",
             "Time from a view's release to its commit in the log",
             self.publish_commit_seconds.clone(),
+        );
+        r.register(
+            "registry_commit_entries",
+            "Log entries group commit proposed for the API's registry commands",
+            self.registry_commit_entries.clone(),
+        );
+        r.register(
+            "registry_commit_commands",
+            "Registry commands carried by the entries group commit proposed",
+            self.registry_commit_commands.clone(),
+        );
+        r.register(
+            "registry_commit_seconds",
+            "Time from proposing a group-commit entry to its outcome",
+            self.registry_commit_seconds.clone(),
         );
         r.register(
             "leader_write_failures",

@@ -131,7 +131,7 @@ impl ApiState {
         region: RegionName,
     ) -> Self {
         Self {
-            commits: Committer::start(raft.clone(), GroupCommitConfig::default()),
+            commits: Committer::start(raft.clone(), GroupCommitConfig::default(), metrics.clone()),
             raft,
             leader,
             metrics,
