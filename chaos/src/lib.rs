@@ -14,3 +14,4 @@ pub mod harness;
 pub mod rng;
 pub mod sim;
 pub mod traffic;
+pub mod writes;

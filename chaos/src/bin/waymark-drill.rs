@@ -360,6 +360,32 @@ enum Bench {
         #[command(flatten)]
         shape: RebuildArgs,
     },
+    /// Acknowledged registry writes per second through the authority's API at each client
+    /// count, beside a single-member etcd (Debian's `etcd-server`, installed if missing)
+    /// driven by the same client on the same work.
+    Writes {
+        /// Concurrent clients, one phase each (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "16,64")]
+        clients: Vec<usize>,
+        /// Seconds each phase measures.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Times each phase runs on each store.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Services the estate spreads over.
+        #[arg(long, default_value_t = 450)]
+        services: usize,
+        /// Instances loaded before measuring.
+        #[arg(long, default_value_t = 60_000)]
+        estate: usize,
+        /// Instances each client holds before deregistering its oldest.
+        #[arg(long, default_value_t = 16)]
+        hold: usize,
+        /// Where the stores keep their files [default: a new temporary folder].
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
     /// One change, then re-assembly and diff of the affected views, against a plain clone.
     Assemble {
         #[command(flatten)]
@@ -410,6 +436,23 @@ fn main() -> anyhow::Result<()> {
                 sizes.push(bench::rebuild(shape));
             }
             serde_json::to_string(&bench::RebuildSummary::new(sizes))
+        }
+        Bench::Writes { clients, seconds, repeats, services, estate, hold, dir } => {
+            let params = waymark_chaos::writes::Params {
+                clients,
+                phase_s: seconds,
+                repeats,
+                services,
+                estate,
+                hold,
+            };
+            let dir = match dir {
+                Some(d) => d,
+                None => std::env::temp_dir().join(format!("waymark-bench-writes-{}", std::process::id())),
+            };
+            eprintln!("bench writes: {params:?}");
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            serde_json::to_string(&runtime.block_on(waymark_chaos::writes::run(params, &dir))?)
         }
         Bench::Assemble { shape, changes } => {
             let shape = shape.shape()?;

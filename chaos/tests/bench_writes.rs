@@ -1,0 +1,58 @@
+//! `waymark-drill bench writes`, smoke-sized: a real authority and a real single-member etcd
+//! (Debian's `etcd-server`, which `./scripts/test` installs) take the same churn from the
+//! same client, and the report carries both rates, their ratio, and group commit's own
+//! counters. The full-size run is a separate command (README, "Benchmarks"); this only
+//! proves the bench measures real work on both stores.
+//!
+//! Needs the `waymark` binary next to `waymark-drill` or `WAYMARK_BIN`.
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+#[test]
+fn the_writes_bench_measures_both_stores_on_the_same_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
+        .args([
+            "bench",
+            "writes",
+            "--clients",
+            "8",
+            "--seconds",
+            "1",
+            "--repeats",
+            "1",
+        ])
+        .args(["--services", "8", "--estate", "200", "--hold", "4", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let r: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap())
+        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    assert_eq!(r["bench"], "writes");
+    assert!(
+        r["etcd_version"].as_str().unwrap().contains("etcd"),
+        "{r:#}"
+    );
+    let c = &r["by_clients"][0];
+    assert_eq!(c["clients"], 8, "{r:#}");
+    for store in ["waymark_phases", "etcd_phases"] {
+        let phase = &c[store][0];
+        // Every client wrote (its registrations, then deregistrations of its oldest), and
+        // nothing was refused.
+        assert!(phase["writes"].as_u64().unwrap() >= 8, "{store}: {phase:#}");
+        assert_eq!(phase["failed"], 0, "{store}: {phase:#}");
+    }
+    let ratio = c["ratio"].as_f64().unwrap();
+    let expected = c["waymark_per_sec"]["median"].as_f64().unwrap()
+        / c["etcd_per_sec"]["median"].as_f64().unwrap();
+    assert!((ratio - expected).abs() < 1e-9, "{r:#}");
+    assert_eq!(r["ratio"], c["ratio"]);
+    // Group commit's counters moved with the measured writes: at least one command per
+    // entry, and an entry for every phase's writes at the most.
+    assert!(r["raft_entries"].as_u64().unwrap() >= 1, "{r:#}");
+    assert!(r["commands_per_entry"].as_f64().unwrap() >= 1.0, "{r:#}");
+}
