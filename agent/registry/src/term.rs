@@ -364,6 +364,24 @@ impl LeaderTerm {
 
     /// A registry command committed and applied (`state` already includes it).
     pub fn handle_applied(&mut self, now: Instant, applied: &Applied, env: &impl Surroundings) {
+        self.handle_applied_all(now, std::iter::once(applied), env);
+    }
+
+    /// Every command one entry applied (a `batch` carries many), followed in order; the
+    /// outputs are drained once, after the last, rather than once per command.
+    pub fn handle_applied_all<'a>(
+        &mut self,
+        now: Instant,
+        applied: impl IntoIterator<Item = &'a Applied>,
+        env: &impl Surroundings,
+    ) {
+        for applied in applied {
+            self.follow(now, applied, env);
+        }
+        self.drain(now);
+    }
+
+    fn follow(&mut self, now: Instant, applied: &Applied, env: &impl Surroundings) {
         let pipeline = &mut self.pipeline;
         env.read_state(|s| pipeline.handle_applied(now, applied, s.registry()));
         // A contract change is a change of what the probers check (kind, path,
@@ -385,7 +403,6 @@ impl LeaderTerm {
         ) {
             self.assignment_dirty = true;
         }
-        self.drain(now);
     }
 
     /// The leader fell behind the log or a snapshot was installed: rebuild computed state

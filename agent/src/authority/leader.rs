@@ -208,10 +208,11 @@ fn step(core: &mut LeaderTerm, env: &Env<'_>, applied: &mut Option<u64>, input: 
                 return true;
             }
             *applied = Some(entry.index);
-            for (_, outcome) in registry_outcomes(&entry.request, &entry.response) {
-                if let Ok(done) = outcome {
-                    core.handle_applied(now(), done, env);
-                }
+            let done: Vec<_> = registry_outcomes(&entry.request, &entry.response)
+                .filter_map(|(_, outcome)| outcome.as_ref().ok())
+                .collect();
+            if !done.is_empty() {
+                core.handle_applied_all(now(), done, env);
             }
         }
         // A snapshot was installed, or the loop fell behind the log.

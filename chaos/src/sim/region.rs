@@ -909,10 +909,11 @@ impl Sim {
             if let Some(term) = member.term.as_mut() {
                 let peers = Peers::new(&self.fed, m, self.now, &self.c.breaks);
                 let env = Env::new(&member.state, &self.probers, now_ms, peers);
-                for (_, outcome) in registry_outcomes(&request, &response) {
-                    if let Ok(done) = outcome {
-                        term.handle_applied(self.now, done, &env);
-                    }
+                let done: Vec<_> = registry_outcomes(&request, &response)
+                    .filter_map(|(_, outcome)| outcome.as_ref().ok())
+                    .collect();
+                if !done.is_empty() {
+                    term.handle_applied_all(self.now, done, &env);
                 }
             }
         }
