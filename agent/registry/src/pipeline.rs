@@ -177,6 +177,24 @@ impl RegionPipeline {
 
     /// Follow a command the registry applied.
     pub fn handle_applied(&mut self, now: Instant, applied: &Applied, state: &DesiredState) {
+        self.handle_applied_all(now, std::iter::once(applied), state);
+    }
+
+    /// Follow every command of a run of applied entries (`state` includes them all), then
+    /// move the effects downstream once: a service many of them touched is assembled once.
+    pub fn handle_applied_all<'a>(
+        &mut self,
+        now: Instant,
+        applied: impl IntoIterator<Item = &'a Applied>,
+        state: &DesiredState,
+    ) {
+        for applied in applied {
+            self.follow(now, applied, state);
+        }
+        self.pump(now);
+    }
+
+    fn follow(&mut self, now: Instant, applied: &Applied, state: &DesiredState) {
         match applied {
             Applied::ServicePut => {
                 for (name, record) in state.services() {
@@ -267,7 +285,6 @@ impl RegionPipeline {
             | Applied::RegionFailoverProgress
             | Applied::Acl { .. } => {}
         }
-        self.pump(now);
     }
 
     /// A peer region's endpoints for a service, from its read-only aggregate (tier 2);

@@ -367,23 +367,26 @@ impl LeaderTerm {
         self.handle_applied_all(now, std::iter::once(applied), env);
     }
 
-    /// Every command one entry applied (a `batch` carries many), followed in order; the
-    /// outputs are drained once, after the last, rather than once per command.
+    /// Every command a run of entries applied (a `batch` carries many), followed in order
+    /// under one read of the state; the pipeline pumps and the outputs drain once, after
+    /// the last, rather than once per command.
     pub fn handle_applied_all<'a>(
         &mut self,
         now: Instant,
         applied: impl IntoIterator<Item = &'a Applied>,
         env: &impl Surroundings,
     ) {
+        let applied: Vec<&Applied> = applied.into_iter().collect();
+        let pipeline = &mut self.pipeline;
+        env.read_state(|s| pipeline.handle_applied_all(now, applied.iter().copied(), s.registry()));
         for applied in applied {
-            self.follow(now, applied, env);
+            self.follow(applied);
         }
         self.drain(now);
     }
 
-    fn follow(&mut self, now: Instant, applied: &Applied, env: &impl Surroundings) {
-        let pipeline = &mut self.pipeline;
-        env.read_state(|s| pipeline.handle_applied(now, applied, s.registry()));
+    /// What a command means for the probers.
+    fn follow(&mut self, applied: &Applied) {
         // A contract change is a change of what the probers check (kind, path,
         // interval): hand them the new targets at once, not at the next reassignment.
         if matches!(
@@ -410,7 +413,7 @@ impl LeaderTerm {
     pub fn handle_rebuild(&mut self, now: Instant, env: &impl Surroundings) {
         warn!(
             term = self.term,
-            "leader fell behind the log or a snapshot was installed; rebuilding"
+            "rebuilding computed state from the replicated state"
         );
         let now_ms = env.now_ms();
         self.wall = (now, now_ms);

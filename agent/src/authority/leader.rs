@@ -10,10 +10,11 @@
 //! by the task that owns it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
@@ -31,7 +32,7 @@ use super::hub::{Denial, EvidenceHub, LeaderFeed};
 use super::metrics::{
     AuthorityMetrics, PeerRegionLabels, ReasonLabels, ServiceLabels, VerdictLabels, ZoneLabels,
 };
-use super::raft::{RaftNode, StateEvent, WriteError};
+use super::raft::{AppliedEntry, RaftNode, StateEvent, WriteError};
 use super::regions::RegionsHandle;
 
 pub use waymark_registry::term::{HOLD_MAX, OBSERVED_EVERY, PROBERS_PER_TARGET, SIGNAL_ACTOR};
@@ -171,6 +172,7 @@ async fn lead_term(
         membership: ctx.hub.membership(),
         pressure,
         written: written_rx,
+        stashed: None,
     };
     loop {
         if shell.execute(core.take_commands()) {
@@ -203,12 +205,18 @@ fn step(core: &mut LeaderTerm, env: &Env<'_>, applied: &mut Option<u64>, input: 
         Input::Denial(denial) => core.handle_denial(denial),
         Input::Pressure(saturated) => core.handle_pressure(now(), saturated),
         Input::Written(purpose, outcome) => core.handle_written(now(), purpose, outcome),
-        Input::Event(Ok(StateEvent::Applied(entry))) => {
-            if applied.is_some_and(|a| entry.index <= a) {
+        Input::Applied(entries) => {
+            let fresh: Vec<_> = entries
+                .iter()
+                .filter(|e| applied.is_none_or(|a| e.index > a))
+                .collect();
+            let Some(last) = fresh.last() else {
                 return true;
-            }
-            *applied = Some(entry.index);
-            let done: Vec<_> = registry_outcomes(&entry.request, &entry.response)
+            };
+            *applied = Some(last.index);
+            let done: Vec<_> = fresh
+                .iter()
+                .flat_map(|e| registry_outcomes(&e.request, &e.response))
                 .filter_map(|(_, outcome)| outcome.as_ref().ok())
                 .collect();
             if !done.is_empty() {
@@ -216,7 +224,16 @@ fn step(core: &mut LeaderTerm, env: &Env<'_>, applied: &mut Option<u64>, input: 
             }
         }
         // A snapshot was installed, or the loop fell behind the log.
-        Input::Event(_) => {
+        Input::Event(event) => {
+            match event {
+                Err(RecvError::Lagged(missed)) => {
+                    warn!(missed, applied = ?*applied, "leader fell behind the log");
+                }
+                Ok(StateEvent::SnapshotInstalled { index }) => {
+                    info!(index, "a snapshot was installed under the leader");
+                }
+                _ => {}
+            }
             core.handle_rebuild(now(), env);
             *applied = env.read_index();
         }
@@ -238,6 +255,8 @@ struct Inputs<'a> {
     membership: watch::Receiver<u64>,
     pressure: watch::Receiver<bool>,
     written: mpsc::UnboundedReceiver<(Purpose, Written)>,
+    /// A state event read while collecting an applied run, followed next.
+    stashed: Option<Result<StateEvent, RecvError>>,
 }
 
 /// The next thing that happened.
@@ -250,6 +269,11 @@ enum Input {
     Denial(Denial),
     Pressure(bool),
     Written(Purpose, Written),
+    /// Applied entries, in log order: every one already waiting when the first arrived
+    /// (up to [`APPLIED_RUN_MAX`]), so a loop that falls behind catches up in runs whose
+    /// services are assembled once, instead of once per entry.
+    Applied(Vec<Arc<AppliedEntry>>),
+    /// Any other state event: a snapshot installed, the log lost to lag, or the end.
     Event(Result<StateEvent, RecvError>),
     Membership,
     Query(Query),
@@ -258,6 +282,9 @@ enum Input {
 
 impl Inputs<'_> {
     async fn next(&mut self, deadline: Option<Instant>) -> Input {
+        if let Some(event) = self.stashed.take() {
+            return Input::Event(event);
+        }
         let sleep = async {
             match deadline {
                 Some(d) => tokio::time::sleep_until(d).await,
@@ -276,13 +303,55 @@ impl Inputs<'_> {
             Some(denial) = self.feed.denials.recv() => Input::Denial(denial),
             Ok(()) = self.pressure.changed() => Input::Pressure(*self.pressure.borrow_and_update()),
             Some((purpose, outcome)) = self.written.recv() => Input::Written(purpose, outcome),
-            event = self.events.recv() => Input::Event(event),
+            event = self.events.recv() => self.applied_run(event),
             _ = self.membership.changed() => Input::Membership,
             Some(query) = self.queries.recv() => Input::Query(query),
             () = sleep => Input::Timeout,
         }
     }
 }
+
+impl Inputs<'_> {
+    /// `first`, and the applied entries queued behind it, as one input.
+    fn applied_run(&mut self, first: Result<StateEvent, RecvError>) -> Input {
+        let Ok(StateEvent::Applied(entry)) = first else {
+            return Input::Event(first);
+        };
+        let (run, stashed) = applied_run(entry, &mut self.events, APPLIED_RUN_MAX);
+        self.stashed = stashed;
+        Input::Applied(run)
+    }
+}
+
+/// `first` and the applied entries already queued behind it, up to `max`; the event that
+/// ended the run, when it was not an applied entry, is returned to be followed after it.
+fn applied_run(
+    first: Arc<AppliedEntry>,
+    events: &mut broadcast::Receiver<StateEvent>,
+    max: usize,
+) -> (
+    Vec<Arc<AppliedEntry>>,
+    Option<Result<StateEvent, RecvError>>,
+) {
+    let mut run = vec![first];
+    while run.len() < max {
+        let stop = match events.try_recv() {
+            Ok(StateEvent::Applied(entry)) => {
+                run.push(entry);
+                continue;
+            }
+            Err(TryRecvError::Empty) => None,
+            Ok(other) => Some(Ok(other)),
+            Err(TryRecvError::Lagged(missed)) => Some(Err(RecvError::Lagged(missed))),
+            Err(TryRecvError::Closed) => Some(Err(RecvError::Closed)),
+        };
+        return (run, stop);
+    }
+    (run, None)
+}
+
+/// Most applied entries followed as one input.
+const APPLIED_RUN_MAX: usize = 1024;
 
 /// The driver's clock, as the core's instant (`tokio::time::pause` controls it).
 fn now() -> std::time::Instant {
@@ -698,6 +767,61 @@ mod publisher_tests {
                 zone: "a".parse::<ZoneName>().unwrap(),
             }),
         }
+    }
+
+    fn applied(index: u64) -> StateEvent {
+        StateEvent::Applied(Arc::new(AppliedEntry {
+            index,
+            term: 1,
+            request: Request::Audit { entries: vec![] },
+            response: Response::Audited { last_seq: 0 },
+        }))
+    }
+
+    fn indexes(run: &[Arc<AppliedEntry>]) -> Vec<u64> {
+        run.iter().map(|e| e.index).collect()
+    }
+
+    #[test]
+    fn queued_entries_are_followed_as_one_run_and_what_ends_it_comes_next() {
+        let (tx, mut rx) = broadcast::channel(64);
+        for i in 1..=3 {
+            tx.send(applied(i)).unwrap();
+        }
+        tx.send(StateEvent::SnapshotInstalled { index: 9 }).unwrap();
+        tx.send(applied(10)).unwrap();
+        let Ok(StateEvent::Applied(first)) = rx.try_recv() else {
+            panic!("the first event is an applied entry");
+        };
+        let (run, stop) = applied_run(first, &mut rx, APPLIED_RUN_MAX);
+        assert_eq!(indexes(&run), [1, 2, 3]);
+        assert!(matches!(
+            stop,
+            Some(Ok(StateEvent::SnapshotInstalled { index: 9 }))
+        ));
+        // The rest stays queued, in order.
+        assert!(matches!(rx.try_recv(), Ok(StateEvent::Applied(e)) if e.index == 10));
+    }
+
+    #[test]
+    fn a_run_is_bounded_and_a_lag_behind_it_is_reported() {
+        let (tx, mut rx) = broadcast::channel(4);
+        for i in 1..=3 {
+            tx.send(applied(i)).unwrap();
+        }
+        let Ok(StateEvent::Applied(first)) = rx.try_recv() else {
+            panic!("the first event is an applied entry");
+        };
+        let (run, stop) = applied_run(first, &mut rx, 2);
+        assert_eq!(indexes(&run), [1, 2]);
+        assert!(stop.is_none(), "a full run ends without an event");
+        // Overrun the channel behind the receiver: the next run ends with the lag.
+        for i in 4..=9 {
+            tx.send(applied(i)).unwrap();
+        }
+        let (run, stop) = applied_run(run[1].clone(), &mut rx, APPLIED_RUN_MAX);
+        assert_eq!(indexes(&run), [2]);
+        assert!(matches!(stop, Some(Err(RecvError::Lagged(_)))));
     }
 
     #[tokio::test(start_paused = true)]
