@@ -175,6 +175,17 @@ impl RegionPipeline {
         p
     }
 
+    /// Forget the transitions produced so far. A rebuild reconstructs verdicts the audit
+    /// log already holds (every instance enters the evaluator anew, `from` none): at the
+    /// reference estate's 60,000 instances, auditing them again would write 60,000
+    /// records on every election and every catch-up. Each instance's own history keeps
+    /// them for `explain`; the first real change after the rebuild is audited from the
+    /// rebuilt verdict.
+    pub fn forget_transitions(&mut self) {
+        self.outputs
+            .retain(|output| !matches!(output, Output::Transition(_)));
+    }
+
     /// Follow a command the registry applied.
     pub fn handle_applied(&mut self, now: Instant, applied: &Applied, state: &DesiredState) {
         self.handle_applied_all(now, std::iter::once(applied), state);

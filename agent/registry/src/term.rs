@@ -943,6 +943,7 @@ fn rebuild(
         );
         p.restore_observed(now, snapshot, age);
     }
+    p.forget_transitions();
     p
 }
 
