@@ -257,6 +257,18 @@ fn proposals(commands: &[LeaderCommand]) -> Vec<(&Purpose, &Request)> {
         .collect()
 }
 
+/// Node `n1`'s probe of `instance` found the connection refused.
+fn refused_probe(instance: Instance) -> Sample {
+    Sample {
+        instance: instance.id,
+        reporter: Reporter::Node(node("n1")),
+        observation: Observation::Probe {
+            health: Health::Refused,
+            detail: None,
+        },
+    }
+}
+
 fn audits(commands: &[LeaderCommand]) -> Vec<&AuditEntry> {
     commands
         .iter()
@@ -341,14 +353,7 @@ fn nothing_is_published_while_the_hold_lasts_and_everything_new_at_its_end() {
     let mut fx = Fx::new(config(1), &world);
     // A withdrawal computed during the hold waits for it like everything else.
     fx.run_to(&world, Duration::from_millis(100));
-    let refused = Sample {
-        instance: pod(1, "a").id,
-        reporter: Reporter::Node(node("n1")),
-        observation: Observation::Probe {
-            health: Health::Refused,
-            detail: None,
-        },
-    };
+    let refused = refused_probe(pod(1, "a"));
     fx.term.handle_sample(fx.now, refused).unwrap();
     let during = fx.run_to(&world, hold - Duration::from_millis(1));
     assert!(publishes(&during).is_empty(), "published during the hold");
@@ -385,14 +390,7 @@ fn a_failover_alone_publishes_nothing_at_the_hold_end() {
     let end = second.run_to(&world, hold);
     assert!(publishes(&end).is_empty(), "{end:?}");
     // What it computes later is released at once, with the new term's versions.
-    let sample = Sample {
-        instance: pod(1, "a").id,
-        reporter: Reporter::Node(node("n1")),
-        observation: Observation::Probe {
-            health: Health::Refused,
-            detail: None,
-        },
-    };
+    let sample = refused_probe(pod(1, "a"));
     second.term.handle_sample(second.now, sample).unwrap();
     let after = second.run_to(&world, hold + Duration::from_secs(2));
     let released = publishes(&after);
@@ -449,14 +447,7 @@ fn a_rebuild_reconstructs_state_without_auditing_transitions_again() {
     let rebuilt = fx.term.take_commands();
     assert_eq!(transitions(&rebuilt), 0, "a rebuild audits: {rebuilt:?}");
     // What changes after the rebuild is audited as ever, from the rebuilt verdict.
-    let sample = Sample {
-        instance: pod(1, "a").id,
-        reporter: Reporter::Node(node("n1")),
-        observation: Observation::Probe {
-            health: Health::Refused,
-            detail: None,
-        },
-    };
+    let sample = refused_probe(pod(1, "a"));
     fx.term.handle_sample(fx.now, sample).unwrap();
     let commands = fx.term.take_commands();
     let records = audits(&commands);
@@ -713,14 +704,7 @@ fn versions_start_above_everything_published() {
     world.state.apply(Request::Publish { views });
     // The same term again (a rebuild): new versions continue above the floor.
     let mut again = Fx::new(config(3), &world);
-    let sample = Sample {
-        instance: pod(3, "b").id,
-        reporter: Reporter::Node(node("n1")),
-        observation: Observation::Probe {
-            health: Health::Refused,
-            detail: None,
-        },
-    };
+    let sample = refused_probe(pod(3, "b"));
     again.run_to(&world, hold);
     again.term.handle_sample(again.now, sample).unwrap();
     let released = again.run_to(&world, hold + Duration::from_secs(2));
