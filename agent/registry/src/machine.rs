@@ -75,6 +75,15 @@ pub fn registry_outcomes<'a>(
     pairs
 }
 
+/// The registry changes an applied entry made: [`registry_outcomes`] without the commands
+/// and the refusals, which changed nothing.
+pub fn registry_applied<'a>(
+    request: &'a Request,
+    response: &'a Response,
+) -> impl Iterator<Item = &'a Applied> + 'a {
+    registry_outcomes(request, response).filter_map(|(_, outcome)| outcome.as_ref().ok())
+}
+
 /// What applying an entry produced.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]

@@ -369,7 +369,7 @@ impl LeaderTerm {
 
     /// Every command a run of entries applied (a `batch` carries many), followed in order
     /// under one read of the state; the pipeline pumps and the outputs drain once, after
-    /// the last, rather than once per command.
+    /// the last, rather than once per command. None is nothing to do.
     pub fn handle_applied_all<'a>(
         &mut self,
         now: Instant,
@@ -377,6 +377,9 @@ impl LeaderTerm {
         env: &impl Surroundings,
     ) {
         let applied: Vec<&Applied> = applied.into_iter().collect();
+        if applied.is_empty() {
+            return;
+        }
         let pipeline = &mut self.pipeline;
         env.read_state(|s| pipeline.handle_applied_all(now, applied.iter().copied(), s.registry()));
         for applied in applied {

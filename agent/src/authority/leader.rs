@@ -21,7 +21,7 @@ use tracing::{debug, error, info, warn};
 use waymark_core::assembler::RemoteEndpoint;
 use waymark_core::model::{NodeName, RegionName, Sample, ServiceName, ZoneName};
 use waymark_core::view::{ReleasedView, ViewKey};
-use waymark_registry::machine::{AuditEntry, AuthorityState, Request, Response, registry_outcomes};
+use waymark_registry::machine::{AuditEntry, AuthorityState, Request, Response, registry_applied};
 use waymark_registry::pipeline::{PipelineConfig, RegionPipeline};
 use waymark_registry::term::{
     LeaderCommand, LeaderTerm, MetricChange, Purpose, Surroundings, TermBreaks, TermConfig, Written,
@@ -224,14 +224,10 @@ fn step(core: &mut LeaderTerm, env: &Env<'_>, applied: &mut Option<u64>, input: 
                 return true;
             };
             *applied = Some(last.index);
-            let done: Vec<_> = fresh
+            let done = fresh
                 .iter()
-                .flat_map(|e| registry_outcomes(&e.request, &e.response))
-                .filter_map(|(_, outcome)| outcome.as_ref().ok())
-                .collect();
-            if !done.is_empty() {
-                core.handle_applied_all(now(), done, env);
-            }
+                .flat_map(|e| registry_applied(&e.request, &e.response));
+            core.handle_applied_all(now(), done, env);
         }
         // A snapshot was installed, or the loop fell behind the log.
         Input::Event(event) => {
@@ -319,9 +315,7 @@ impl Inputs<'_> {
             () = sleep => Input::Timeout,
         }
     }
-}
 
-impl Inputs<'_> {
     /// `first`, and the applied entries queued behind it, as one input.
     fn applied_run(&mut self, first: Result<StateEvent, RecvError>) -> Input {
         let Ok(StateEvent::Applied(entry)) = first else {
@@ -345,17 +339,15 @@ fn applied_run(
 ) {
     let mut run = vec![first];
     while run.len() < max {
-        let stop = match events.try_recv() {
-            Ok(StateEvent::Applied(entry)) => {
-                run.push(entry);
-                continue;
+        match events.try_recv() {
+            Ok(StateEvent::Applied(entry)) => run.push(entry),
+            Err(TryRecvError::Empty) => break,
+            Ok(other) => return (run, Some(Ok(other))),
+            Err(TryRecvError::Lagged(missed)) => {
+                return (run, Some(Err(RecvError::Lagged(missed))));
             }
-            Err(TryRecvError::Empty) => None,
-            Ok(other) => Some(Ok(other)),
-            Err(TryRecvError::Lagged(missed)) => Some(Err(RecvError::Lagged(missed))),
-            Err(TryRecvError::Closed) => Some(Err(RecvError::Closed)),
-        };
-        return (run, stop);
+            Err(TryRecvError::Closed) => return (run, Some(Err(RecvError::Closed))),
+        }
     }
     (run, None)
 }
@@ -784,61 +776,6 @@ mod publisher_tests {
         }
     }
 
-    fn applied(index: u64) -> StateEvent {
-        StateEvent::Applied(Arc::new(AppliedEntry {
-            index,
-            term: 1,
-            request: Request::Audit { entries: vec![] },
-            response: Response::Audited { last_seq: 0 },
-        }))
-    }
-
-    fn indexes(run: &[Arc<AppliedEntry>]) -> Vec<u64> {
-        run.iter().map(|e| e.index).collect()
-    }
-
-    #[test]
-    fn queued_entries_are_followed_as_one_run_and_what_ends_it_comes_next() {
-        let (tx, mut rx) = broadcast::channel(64);
-        for i in 1..=3 {
-            tx.send(applied(i)).unwrap();
-        }
-        tx.send(StateEvent::SnapshotInstalled { index: 9 }).unwrap();
-        tx.send(applied(10)).unwrap();
-        let Ok(StateEvent::Applied(first)) = rx.try_recv() else {
-            panic!("the first event is an applied entry");
-        };
-        let (run, stop) = applied_run(first, &mut rx, APPLIED_RUN_MAX);
-        assert_eq!(indexes(&run), [1, 2, 3]);
-        assert!(matches!(
-            stop,
-            Some(Ok(StateEvent::SnapshotInstalled { index: 9 }))
-        ));
-        // The rest stays queued, in order.
-        assert!(matches!(rx.try_recv(), Ok(StateEvent::Applied(e)) if e.index == 10));
-    }
-
-    #[test]
-    fn a_run_is_bounded_and_a_lag_behind_it_is_reported() {
-        let (tx, mut rx) = broadcast::channel(4);
-        for i in 1..=3 {
-            tx.send(applied(i)).unwrap();
-        }
-        let Ok(StateEvent::Applied(first)) = rx.try_recv() else {
-            panic!("the first event is an applied entry");
-        };
-        let (run, stop) = applied_run(first, &mut rx, 2);
-        assert_eq!(indexes(&run), [1, 2]);
-        assert!(stop.is_none(), "a full run ends without an event");
-        // Overrun the channel behind the receiver: the next run ends with the lag.
-        for i in 4..=9 {
-            tx.send(applied(i)).unwrap();
-        }
-        let (run, stop) = applied_run(run[1].clone(), &mut rx, APPLIED_RUN_MAX);
-        assert_eq!(indexes(&run), [2]);
-        assert!(matches!(stop, Some(Err(RecvError::Lagged(_)))));
-    }
-
     #[tokio::test(start_paused = true)]
     async fn a_failed_publish_is_retried_and_later_releases_still_commit() {
         // Goal: one failed commit must not end publishing for the rest of the term.
@@ -927,5 +864,71 @@ mod publisher_tests {
         merge_releases(&mut pending, vec![release("pay", 6)]);
         let versions: Vec<Version> = pending.values().map(|v| v.version).collect();
         assert_eq!(versions, vec![Version(6)]);
+    }
+}
+
+#[cfg(test)]
+mod applied_run_tests {
+    use std::sync::Arc;
+
+    use tokio::sync::broadcast;
+    use tokio::sync::broadcast::error::RecvError;
+    use waymark_registry::machine::{Request, Response};
+
+    use super::{APPLIED_RUN_MAX, AppliedEntry, StateEvent, applied_run};
+
+    fn applied(index: u64) -> StateEvent {
+        StateEvent::Applied(Arc::new(AppliedEntry {
+            index,
+            term: 1,
+            request: Request::Audit { entries: vec![] },
+            response: Response::Audited { last_seq: 0 },
+        }))
+    }
+
+    fn indexes(run: &[Arc<AppliedEntry>]) -> Vec<u64> {
+        run.iter().map(|e| e.index).collect()
+    }
+
+    #[test]
+    fn queued_entries_are_followed_as_one_run_and_what_ends_it_comes_next() {
+        let (tx, mut rx) = broadcast::channel(64);
+        for i in 1..=3 {
+            tx.send(applied(i)).unwrap();
+        }
+        tx.send(StateEvent::SnapshotInstalled { index: 9 }).unwrap();
+        tx.send(applied(10)).unwrap();
+        let Ok(StateEvent::Applied(first)) = rx.try_recv() else {
+            panic!("the first event is an applied entry");
+        };
+        let (run, stop) = applied_run(first, &mut rx, APPLIED_RUN_MAX);
+        assert_eq!(indexes(&run), [1, 2, 3]);
+        assert!(matches!(
+            stop,
+            Some(Ok(StateEvent::SnapshotInstalled { index: 9 }))
+        ));
+        // The rest stays queued, in order.
+        assert!(matches!(rx.try_recv(), Ok(StateEvent::Applied(e)) if e.index == 10));
+    }
+
+    #[test]
+    fn a_run_is_bounded_and_a_lag_behind_it_is_reported() {
+        let (tx, mut rx) = broadcast::channel(4);
+        for i in 1..=3 {
+            tx.send(applied(i)).unwrap();
+        }
+        let Ok(StateEvent::Applied(first)) = rx.try_recv() else {
+            panic!("the first event is an applied entry");
+        };
+        let (run, stop) = applied_run(first, &mut rx, 2);
+        assert_eq!(indexes(&run), [1, 2]);
+        assert!(stop.is_none(), "a full run ends without an event");
+        // Overrun the channel behind the receiver: the next run ends with the lag.
+        for i in 4..=9 {
+            tx.send(applied(i)).unwrap();
+        }
+        let (run, stop) = applied_run(run[1].clone(), &mut rx, APPLIED_RUN_MAX);
+        assert_eq!(indexes(&run), [2]);
+        assert!(matches!(stop, Some(Err(RecvError::Lagged(_)))));
     }
 }

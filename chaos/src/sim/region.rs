@@ -48,7 +48,7 @@ use waymark_core::view::{ReleasedView, ViewKey};
 use waymark_registry::batch::{GroupCommit, GroupCommitConfig};
 use waymark_registry::ingest::{Denial, admit};
 use waymark_registry::machine::{
-    AuditEntry, AuthorityState, ReplayGate, Request, Response, registry_outcomes,
+    AuditEntry, AuthorityState, ReplayGate, Request, Response, registry_applied,
 };
 use waymark_registry::pipeline::PipelineConfig;
 use waymark_registry::state::{Applied, Command, Registration, RetireCause, Stamped};
@@ -909,12 +909,7 @@ impl Sim {
             if let Some(term) = member.term.as_mut() {
                 let peers = Peers::new(&self.fed, m, self.now, &self.c.breaks);
                 let env = Env::new(&member.state, &self.probers, now_ms, peers);
-                let done: Vec<_> = registry_outcomes(&request, &response)
-                    .filter_map(|(_, outcome)| outcome.as_ref().ok())
-                    .collect();
-                if !done.is_empty() {
-                    term.handle_applied_all(self.now, done, &env);
-                }
+                term.handle_applied_all(self.now, registry_applied(&request, &response), &env);
             }
         }
     }
