@@ -40,7 +40,7 @@ use waymark_core::model::{
     EvidenceClass, InstanceId, NodeName, RegionName, Sample, ServiceName, ZoneName,
 };
 use waymark_core::units::Permille;
-use waymark_core::view::{ReleasedView, ViewKey};
+use waymark_core::view::{ReleasedView, Tier, ViewKey};
 
 use crate::assignment::assign;
 use crate::fold::Fold;
@@ -254,6 +254,9 @@ pub struct LeaderTerm {
     leases: Leases,
     /// The version of each peer region's aggregate the pipeline holds as tier 2.
     remote_fed: BTreeMap<(RegionName, ServiceName), u64>,
+    /// Tier-2 entries taken from the published views when the pipeline was rebuilt, not yet
+    /// replaced by this member's own replica of the peer's aggregate (see [`seed_tier2`]).
+    tier2_seeded: BTreeSet<(RegionName, ServiceName)>,
     /// Regions with a signal-driven failover being committed.
     failover_in_flight: BTreeSet<RegionName>,
     commands: Vec<LeaderCommand>,
@@ -293,7 +296,7 @@ impl LeaderTerm {
     /// started.
     pub fn new(config: TermConfig, now: Instant, env: &impl Surroundings) -> Self {
         let now_ms = env.now_ms();
-        let (pipeline, floor, hold) = env.read_state(|s| {
+        let ((pipeline, tier2_seeded), floor, hold) = env.read_state(|s| {
             (
                 rebuild(&config.pipeline, s, now, now_ms),
                 s.max_version(),
@@ -335,6 +338,7 @@ impl LeaderTerm {
             denials: DenialDigest::default(),
             leases: Leases::default(),
             remote_fed: BTreeMap::new(),
+            tier2_seeded,
             failover_in_flight: BTreeSet::new(),
             commands: Vec::new(),
         };
@@ -421,7 +425,7 @@ impl LeaderTerm {
         let now_ms = env.now_ms();
         self.wall = (now, now_ms);
         let config = &self.config;
-        self.pipeline = env.read_state(|s| rebuild(config, s, now, now_ms));
+        (self.pipeline, self.tier2_seeded) = env.read_state(|s| rebuild(config, s, now, now_ms));
         self.assignment_dirty = true;
         self.remote_fed.clear();
         self.due.remote = now;
@@ -865,7 +869,24 @@ impl LeaderTerm {
             debug!(peer_region = %region, %service, version, endpoints = endpoints.len(), "tier 2 updated from a peer region");
             self.pipeline
                 .handle_remote(now, &service, region.clone(), endpoints);
-            self.remote_fed.insert((region, service), version);
+            let key = (region, service);
+            self.tier2_seeded.remove(&key);
+            self.remote_fed.insert(key, version);
+        }
+        // A seeded entry the replica has not replaced is dropped like the replica's own
+        // would be: only when its region is stale and stale regions are dropped.
+        let dropped: Vec<_> = self
+            .tier2_seeded
+            .iter()
+            .filter(|(region, _)| stale.contains(region))
+            .cloned()
+            .collect();
+        for (region, service) in dropped {
+            debug!(peer_region = %region, %service, "tier 2 taken from the published views dropped: the region is stale");
+            self.pipeline
+                .handle_remote(now, &service, region.clone(), Vec::new());
+            self.tier2_seeded.remove(&(region.clone(), service.clone()));
+            self.remote_fed.insert((region, service), DROPPED_STALE);
         }
     }
 
@@ -935,8 +956,9 @@ fn rebuild(
     s: &AuthorityState,
     now: Instant,
     now_ms: u64,
-) -> RegionPipeline {
+) -> (RegionPipeline, BTreeSet<(RegionName, ServiceName)>) {
     let mut p = RegionPipeline::rebuild(config.clone(), s.registry(), now);
+    let seeded = seed_tier2(&mut p, s, now);
     if let Some((at_ms, snapshot)) = s.observed() {
         let age = Duration::from_millis(now_ms.saturating_sub(*at_ms));
         info!(
@@ -947,7 +969,51 @@ fn rebuild(
         p.restore_observed(now, snapshot, age);
     }
     p.forget_transitions();
-    p
+    (p, seeded)
+}
+
+/// Give a rebuilt pipeline the tier 2 the region last published, per peer region and
+/// service, and return which entries it seeded.
+///
+/// Peer aggregates live in each member's memory, not in the log: a member that restarted,
+/// or was cut off from the peer, may win an election before its replica has learned them
+/// again. Without a seed its first views would drop every peer endpoint the region's
+/// callers hold — on a leader change alone, which ADR-14 does not allow (losing replication
+/// degrades cross-region resolution, it never removes what callers had). The member's own
+/// replica replaces a seeded entry as soon as it holds that entry. Weights are as
+/// published: during a region failover they already carry its shift, which the seed then
+/// applies once more until the replica replaces them.
+fn seed_tier2(
+    p: &mut RegionPipeline,
+    s: &AuthorityState,
+    now: Instant,
+) -> BTreeSet<(RegionName, ServiceName)> {
+    let mut tier2: BTreeMap<(RegionName, ServiceName), BTreeMap<InstanceId, RemoteEndpoint>> =
+        BTreeMap::new();
+    for (key, released) in s.published() {
+        for e in released.view.endpoints.values() {
+            if e.tier != Tier::Remote {
+                continue;
+            }
+            let remote = RemoteEndpoint {
+                instance: e.instance.clone(),
+                address: e.address,
+                zone: e.zone.clone(),
+                weight: e.weight,
+                status: e.status,
+                verdict: e.verdict,
+            };
+            tier2
+                .entry((e.region.clone(), key.service.clone()))
+                .or_default()
+                .insert(e.instance.clone(), remote);
+        }
+    }
+    let seeded = tier2.keys().cloned().collect();
+    for ((region, service), endpoints) in tier2 {
+        p.handle_remote(now, &service, region, endpoints.into_values().collect());
+    }
+    seeded
 }
 
 /// How long a new leader holds: the longest evidence interval of any contract, at most

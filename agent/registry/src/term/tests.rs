@@ -783,3 +783,65 @@ fn denials_reach_the_log_folded_at_the_next_count() {
     assert_eq!(denials[0].detail["count"], 3);
     assert_eq!(denials[0].at_ms, T0_MS + ms(COUNTS_EVERY));
 }
+
+#[test]
+fn a_new_leader_keeps_the_published_tier_2_until_its_own_replica_replaces_it() {
+    // Goal: a leader elected before its in-memory replica of the peer's aggregate has
+    // learned it again (after a restart) keeps the peer endpoints the region published;
+    // they go only the way the replica's own would, when the peer is dropped as stale.
+    let mut world = World::new(region_state());
+    let us = region("us");
+    world.digest.insert((us.clone(), pay()), 1);
+    world
+        .endpoints
+        .insert((us.clone(), pay()), vec![remote("us:pay-1")]);
+    let hold = hold_for(world.state.registry());
+    let mut first = Fx::new(config(1), &world);
+    let views = publishes(&first.run_to(&world, hold))[0].clone();
+    let routes_us = |v: &ReleasedView| v.view.endpoints.values().any(|e| e.region == us);
+    assert!(
+        views
+            .iter()
+            .filter(|v| v.view.key.service == pay())
+            .all(routes_us)
+    );
+    world.state.apply(Request::Publish { views });
+
+    // The next leader's replica is empty.
+    world.digest.clear();
+    world.endpoints.clear();
+    let mut next = Fx::new(config(2), &world);
+    next.run_to(&world, hold);
+    next.term
+        .handle_sample(next.now, refused_probe(pod(1, "a")))
+        .unwrap();
+    let released = next.run_to(&world, hold + Duration::from_secs(2));
+    let pay_views: Vec<_> = publishes(&released)
+        .into_iter()
+        .flatten()
+        .filter(|v| v.view.key.service == pay())
+        .collect();
+    assert!(
+        !pay_views.is_empty(),
+        "the withdrawal publishes pay's views"
+    );
+    assert!(
+        pay_views.iter().all(|v| routes_us(v)),
+        "a leader change dropped the peer region's endpoints"
+    );
+
+    // Stale peers dropped: the seeded entry goes as the replica's would.
+    world.stale.insert(us.clone());
+    let later = next.run_to(&world, hold + Duration::from_secs(2) + REMOTE_EVERY * 2);
+    let last = publishes(&later)
+        .into_iter()
+        .flatten()
+        .rfind(|v| v.view.key.service == pay())
+        .expect("dropping tier 2 changes pay's views");
+    assert!(!routes_us(last));
+    assert_eq!(
+        world.endpoint_reads.borrow().len(),
+        1,
+        "the seed reads no replica"
+    );
+}
