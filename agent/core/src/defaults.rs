@@ -84,6 +84,12 @@ pub const SLOW_START: Duration = Duration::from_secs(60);
 pub const SLOW_START_STEPS: u32 = 6;
 /// The first step's share of full weight.
 pub const SLOW_START_FIRST: Permille = Permille::saturating(100);
+/// Slow-start steps fall on a grid this fine, shared by every instance: steps are
+/// admissions, released at most once per admission window anyway, and on a shared grid the
+/// steps of every ramping instance of a service land together and are assembled as one
+/// change (60,000 instances admitted over half a minute otherwise step at 6,000 different
+/// instants a second). A step is only ever later, by less than this, never earlier.
+pub const SLOW_START_STEP_GRID: Duration = ADMIT_WINDOW;
 /// Reconnections admitted per window, as a share of the known client population.
 pub const RECONNECT_PERMILLE: Permille = Permille::saturating(50);
 /// The window the reconnection cap is counted over.

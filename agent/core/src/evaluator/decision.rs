@@ -10,7 +10,7 @@ use super::{Effect, EvaluatorStats, QuarantineEvent, ServiceEntry};
 use crate::audit::TransitionRecord;
 use crate::defaults as d;
 use crate::eligibility::{Eligibility, IneligibleReason, Rule, Verdict};
-use crate::evaluator::instance::{Decision, InstanceState};
+use crate::evaluator::instance::{Decision, InstanceState, StepGrid};
 use crate::model::{InstanceId, ServiceName};
 
 /// Everything a decision may write to, borrowed apart from the instance map.
@@ -20,15 +20,16 @@ pub(super) struct Outputs<'a> {
     pub(super) stats: &'a mut EvaluatorStats,
     pub(super) services: &'a BTreeMap<ServiceName, ServiceEntry>,
     pub(super) history_len: usize,
+    pub(super) grid: StepGrid,
 }
 
 /// Walk the decision path for one instance and publish what changed.
 pub(super) fn reevaluate(state: &mut InstanceState, now: Instant, out: &mut Outputs<'_>) {
     state.update_hysteresis(now);
-    let mut decision = state.decide(now);
+    let mut decision = state.decide(now, out.grid);
     if counts_as_flap(&state.eligibility, &decision.eligibility) && record_flap(state, now) {
         start_quarantine(state, now, out);
-        decision = state.decide(now);
+        decision = state.decide(now, out.grid);
     }
     let from = Some(state.eligibility.verdict());
     apply(state, now, from, decision, out);

@@ -24,6 +24,27 @@ pub(crate) struct Decision {
     pub(crate) deadline: Option<Instant>,
 }
 
+/// The grid slow-start steps fall on: every `quantum` from the evaluator's first instant.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StepGrid {
+    pub(crate) epoch: Option<Instant>,
+    pub(crate) quantum: Duration,
+}
+
+impl StepGrid {
+    /// The first grid point at or after `at` (`at` itself without a grid).
+    pub(crate) fn ceil(self, at: Instant) -> Instant {
+        let Some(epoch) = self.epoch else { return at };
+        let q = self.quantum.as_nanos();
+        if q == 0 || at <= epoch {
+            return at;
+        }
+        let since = at.duration_since(epoch).as_nanos();
+        let up = since.div_ceil(q).saturating_mul(q);
+        epoch + Duration::from_nanos(u64::try_from(up).unwrap_or(u64::MAX))
+    }
+}
+
 /// Deliberate and existential facts that bypass scoring.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Lifecycle {
@@ -105,7 +126,7 @@ impl InstanceState {
     }
 
     /// The decision path, in order. Pure: reads state, changes nothing.
-    pub(crate) fn decide(&self, now: Instant) -> Decision {
+    pub(crate) fn decide(&self, now: Instant, grid: StepGrid) -> Decision {
         let timers = self.timers(now);
         let out = |eligibility, rule| Decision {
             eligibility,
@@ -157,10 +178,10 @@ impl InstanceState {
             let reason = IneligibleReason::SoftFailure;
             return out(Eligibility::Ineligible { reason }, rule);
         }
-        self.decide_routed(now, timers)
+        self.decide_routed(now, timers, grid)
     }
 
-    fn decide_routed(&self, now: Instant, timers: Option<Instant>) -> Decision {
+    fn decide_routed(&self, now: Instant, timers: Option<Instant>, grid: StepGrid) -> Decision {
         let c = &self.contract;
         // Entering rotation now starts the ramp now.
         let ramp_from = if self.eligibility.is_routed() {
@@ -169,6 +190,7 @@ impl InstanceState {
             self.next_ramp_start(now)
         };
         let (ramp, step) = ramp(c, ramp_from, now);
+        let step = step.map(|at| grid.ceil(at));
         let deadline = earliest(timers, step);
         let weight = self.base_weight.scale(ramp);
         let done = |eligibility, rule| Decision {
@@ -320,7 +342,8 @@ impl InstanceState {
     }
 }
 
-/// The slow-start share at `now` for a ramp begun at `from`, and the next step's time.
+/// The slow-start share at `now` for a ramp begun at `from`, and the next step's time
+/// (before the grid; the share is always the one `now` has reached on the ramp itself).
 pub(crate) fn ramp(
     c: &ValidContract,
     from: Option<Instant>,

@@ -35,7 +35,7 @@ use crate::model::{
 };
 use crate::units::Permille;
 use decision::Outputs;
-use instance::InstanceState;
+use instance::{InstanceState, StepGrid};
 use score::{ClassState, LastSeen, bounded};
 
 type InstanceMap = std::collections::HashMap<
@@ -53,6 +53,9 @@ pub struct EvaluatorConfig {
     pub tombstones_max: usize,
     /// Distinct callers remembered per instance.
     pub callers_max: usize,
+    /// The grid slow-start steps fall on ([`d::SLOW_START_STEP_GRID`]); zero steps each
+    /// instance exactly on its own ramp.
+    pub step_grid: std::time::Duration,
 }
 
 impl Default for EvaluatorConfig {
@@ -61,6 +64,7 @@ impl Default for EvaluatorConfig {
             history_len: 16,
             tombstones_max: 100_000,
             callers_max: d::PASSIVE_REPORTERS_MAX,
+            step_grid: d::SLOW_START_STEP_GRID,
         }
     }
 }
@@ -254,6 +258,8 @@ pub struct Evaluator {
     effects: Vec<Effect>,
     stats: EvaluatorStats,
     last_now: Option<Instant>,
+    /// The first instant this evaluator saw: the origin of the slow-start step grid.
+    epoch: Option<Instant>,
 }
 
 // === impl Evaluator ===
@@ -271,6 +277,7 @@ impl Evaluator {
             effects: Vec::new(),
             stats: EvaluatorStats::default(),
             last_now: None,
+            epoch: None,
         }
     }
 
@@ -628,6 +635,10 @@ impl Evaluator {
             stats: &mut self.stats,
             services: &self.services,
             history_len: self.config.history_len,
+            grid: StepGrid {
+                epoch: self.epoch,
+                quantum: self.config.step_grid,
+            },
         };
         (&mut self.instances, out)
     }
@@ -637,7 +648,7 @@ impl Evaluator {
         let state = instances
             .get_mut(id)
             .expect("a new instance was just inserted");
-        let decision = state.decide(now);
+        let decision = state.decide(now, out.grid);
         decision::apply(state, now, None, decision, &mut out);
     }
 
@@ -678,6 +689,7 @@ impl Evaluator {
             "time went backwards"
         );
         self.last_now = Some(now);
+        self.epoch.get_or_insert(now);
     }
 
     fn count<T>(&mut self, result: Result<T, EvaluatorError>) -> Result<T, EvaluatorError> {

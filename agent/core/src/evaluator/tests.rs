@@ -837,3 +837,51 @@ fn passive_counts_near_the_end_of_u64_are_judged_not_overflowed() {
     fx.feed(Duration::from_secs(2), small);
     assert_ne!(fx.verdict(), Verdict::Ineligible);
 }
+
+#[test]
+fn ramps_admitted_apart_step_together_on_the_grid_and_never_early() {
+    // Goal: the slow-start steps of instances admitted at different moments land on one
+    // shared instant (one assembly per service), each no earlier than its own ramp allows.
+    let mut fx = Fx::new(ValidContract::default(), Admission::New);
+    let late = instance("pay", "pay-2", "a", 2);
+    let admitted_late = fx.start + Duration::from_millis(300);
+    fx.ev
+        .handle_instance(admitted_late, &late, Admission::New)
+        .unwrap();
+    fx.ev.take_effects();
+    let step = d::SLOW_START / d::SLOW_START_STEPS;
+    let first_boundary_of_late = admitted_late + step;
+    let mut stepped: BTreeMap<InstanceId, Instant> = BTreeMap::new();
+    while stepped.len() < 2 {
+        let due = fx
+            .ev
+            .poll_timeout()
+            .expect("ramping instances keep a timer");
+        fx.ev.handle_timeout(due);
+        for effect in fx.ev.take_effects() {
+            if let Effect::Eligibility { instance, .. } = effect {
+                stepped.entry(instance).or_insert(due);
+            }
+        }
+    }
+    let (first, second) = (stepped[&fx.id], stepped[&late.id]);
+    assert!(
+        second >= first_boundary_of_late,
+        "the late instance stepped {:?} before its ramp allows",
+        first_boundary_of_late - second
+    );
+    assert!(
+        second < first_boundary_of_late + d::SLOW_START_STEP_GRID,
+        "a step is delayed by less than one grid"
+    );
+    // The early one's boundary (start + step) is on the grid; the late one's is 300 ms
+    // past it and rounds up to the next grid point, so the two are one grid apart, and
+    // every later step of both falls on grid points too.
+    assert_eq!(second - first, d::SLOW_START_STEP_GRID);
+    let on_grid = |t: Instant| {
+        (t - fx.start)
+            .as_nanos()
+            .is_multiple_of(d::SLOW_START_STEP_GRID.as_nanos())
+    };
+    assert!(on_grid(first) && on_grid(second), "{first:?} {second:?}");
+}
