@@ -15,6 +15,7 @@ use std::fmt::{self, Debug};
 use std::io::Cursor;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
@@ -22,7 +23,7 @@ use openraft::{
     Entry, EntryPayload, LogId, LogState, OptionalSend, RaftLogReader, RaftSnapshotBuilder,
     Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
 };
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{broadcast, watch};
 
 use super::{Member, TypeConfig};
@@ -115,7 +116,8 @@ from_redb!(
     redb::TransactionError,
     redb::TableError,
     redb::StorageError,
-    redb::CommitError
+    redb::CommitError,
+    redb::SetDurabilityError
 );
 
 /// The replicated state as the rest of the member sees it, plus what was last applied.
@@ -205,7 +207,10 @@ pub(crate) fn open(
         apply_failures_total: Default::default(),
         closed,
     };
-    let log = LogStore { db: db.clone() };
+    let log = LogStore {
+        db: db.clone(),
+        committed: Arc::default(),
+    };
     let sm = StateMachineStore {
         db,
         shared: shared.clone(),
@@ -244,8 +249,18 @@ fn get_meta<T: serde::de::DeserializeOwned>(
 }
 
 fn put_meta<T: serde::Serialize>(db: &Database, key: &str, value: &T) -> Result<(), StoreError> {
+    put_meta_with(db, key, value, Durability::Immediate)
+}
+
+fn put_meta_with<T: serde::Serialize>(
+    db: &Database,
+    key: &str,
+    value: &T,
+    durability: Durability,
+) -> Result<(), StoreError> {
     let bytes = serde_json::to_vec(value)?;
-    let txn = db.begin_write()?;
+    let mut txn = db.begin_write()?;
+    txn.set_durability(durability)?;
     {
         let mut table = txn.open_table(META)?;
         table.insert(key, bytes.as_slice())?;
@@ -289,6 +304,19 @@ fn save_snapshot(
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Db>,
+    committed: Arc<CommittedFlush>,
+}
+
+/// How long a committed index saved without an fsync waits for one of its own, if no log
+/// append (each of which is durable, and persists it) came first.
+const COMMITTED_FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The committed index saved last, not yet known durable, and whether a flush of it is
+/// scheduled (see [`LogStore::save_committed`]).
+#[derive(Default)]
+struct CommittedFlush {
+    latest: Mutex<Option<Option<LogId<NodeId>>>>,
+    scheduled: AtomicBool,
 }
 
 impl Debug for LogStore {
@@ -383,10 +411,46 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|e| StorageIOError::read_vote(&e).into())
     }
 
+    /// Without an fsync of its own: openraft awaits this before every apply, so a durable
+    /// write here cost one more fsync per commit on the path every write waits on. The
+    /// record becomes durable with the next log append (redb persists a non-durable commit
+    /// with the next durable one); after a crash it may be behind, which only means fewer
+    /// entries are re-applied at start-up before the leader's commit index arrives. It is
+    /// never ahead of what was committed.
+    ///
+    /// When no append follows (the region went quiet), a flush scheduled
+    /// [`COMMITTED_FLUSH_AFTER`] later writes the latest value durably, so an idle member's
+    /// record is at most that much behind.
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
-        blocking(&self.db, move |db| put_meta(db, KEY_COMMITTED, &committed))
-            .await
-            .map_err(|e| StorageIOError::write(&e).into())
+        blocking(&self.db, move |db| {
+            put_meta_with(db, KEY_COMMITTED, &committed, Durability::None)
+        })
+        .await
+        .map_err(|e| StorageIOError::write(&e))?;
+        *self
+            .committed
+            .latest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(committed);
+        if !self.committed.scheduled.swap(true, Ordering::AcqRel) {
+            let (db, flush) = (Arc::clone(&self.db), Arc::clone(&self.committed));
+            tokio::spawn(async move {
+                tokio::time::sleep(COMMITTED_FLUSH_AFTER).await;
+                flush.scheduled.store(false, Ordering::Release);
+                let latest = flush
+                    .latest
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                let Some(committed) = latest else { return };
+                let durable = blocking(&db, move |db| put_meta(db, KEY_COMMITTED, &committed));
+                if let Err(error) = durable.await {
+                    // Not fatal: the next log append persists it.
+                    tracing::warn!(%error, "flushing the committed index failed");
+                }
+            });
+        }
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {

@@ -52,9 +52,9 @@ fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
 async fn a_reopened_store_keeps_vote_purge_and_truncate() {
     // Goal: everything the log store acknowledged is there after a reopen.
     let dir = TempDir::new().unwrap();
-    {
+    let mut closed = {
         let (events, _) = broadcast::channel(16);
-        let (mut log, _, _) = store::open(dir.path(), events).unwrap();
+        let (mut log, _, shared) = store::open(dir.path(), events).unwrap();
         log.save_vote(&Vote::new(3, 2)).await.unwrap();
         log.blocking_append((1..=10).map(|i| blank(1, i)))
             .await
@@ -65,10 +65,14 @@ async fn a_reopened_store_keeps_vote_purge_and_truncate() {
         log.truncate(LogId::new(CommittedLeaderId::new(1, 1), 8))
             .await
             .unwrap();
+        // Saved without an fsync of its own and no append after it: its scheduled
+        // flush makes it durable before the store closes.
         log.save_committed(Some(LogId::new(CommittedLeaderId::new(1, 1), 6)))
             .await
             .unwrap();
-    }
+        shared.closed.clone()
+    };
+    while closed.changed().await.is_ok() {}
     let (events, _) = broadcast::channel(16);
     let (mut log, _, _) = store::open(dir.path(), events).unwrap();
     assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(3, 2)));
