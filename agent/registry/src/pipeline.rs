@@ -199,9 +199,29 @@ impl RegionPipeline {
         applied: impl IntoIterator<Item = &'a Applied>,
         state: &DesiredState,
     ) {
+        self.follow_applied(now, applied, state);
+        self.settle(now);
+    }
+
+    /// The half of [`RegionPipeline::handle_applied_all`] that reads the replicated state:
+    /// take in the commands, leaving their effects queued. A shell that reads the state
+    /// under the lock the state machine applies under holds it only this long, and calls
+    /// [`RegionPipeline::settle`] after releasing it — assembly, the expensive half, must
+    /// not stall the commits behind it.
+    pub fn follow_applied<'a>(
+        &mut self,
+        now: Instant,
+        applied: impl IntoIterator<Item = &'a Applied>,
+        state: &DesiredState,
+    ) {
         for applied in applied {
             self.follow(now, applied, state);
         }
+    }
+
+    /// Move what [`RegionPipeline::follow_applied`] queued downstream: evaluation effects
+    /// into the assembler, changed views into the delta queues.
+    pub fn settle(&mut self, now: Instant) {
         self.pump(now);
     }
 

@@ -81,7 +81,8 @@ pub trait Surroundings {
     /// Wall-clock time, unix milliseconds, as data: it stamps records and commands and is
     /// compared with lease deadlines, never used to order events.
     fn now_ms(&self) -> u64;
-    /// Read the replicated state as of the last applied entry.
+    /// Read the replicated state as of the last applied entry. The shell may hold the lock
+    /// the state machine applies under for as long as `read` runs: keep it to reading.
     fn read_state<T>(&self, read: impl FnOnce(&AuthorityState) -> T) -> T;
     /// Connected probers, each with its zone.
     fn probers(&self) -> Vec<(NodeName, ZoneName)>;
@@ -384,8 +385,11 @@ impl LeaderTerm {
         if applied.is_empty() {
             return;
         }
+        // Only the commands are read under the state's lock; assembling what they changed
+        // happens after it is released, so the state machine is never held up by it.
         let pipeline = &mut self.pipeline;
-        env.read_state(|s| pipeline.handle_applied_all(now, applied.iter().copied(), s.registry()));
+        env.read_state(|s| pipeline.follow_applied(now, applied.iter().copied(), s.registry()));
+        self.pipeline.settle(now);
         for applied in applied {
             self.follow(applied);
         }
