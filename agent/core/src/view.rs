@@ -234,24 +234,46 @@ impl View {
 /// What changed from `old` to `new` (same key).
 pub fn diff(old: &View, new: &View) -> ViewDelta {
     debug_assert_eq!(old.key, new.key, "diff across different views");
-    let upserted = new
-        .endpoints
-        .iter()
-        .filter(|(id, e)| old.endpoints.get(*id) != Some(*e))
-        .map(|(_, e)| e.clone())
-        .collect();
-    let removed = old
-        .endpoints
-        .keys()
-        .filter(|id| !new.endpoints.contains_key(*id))
-        .cloned()
-        .collect();
+    let mut upserted = Vec::new();
+    let mut removed = Vec::new();
+    for (was, is) in paired(&old.endpoints, &new.endpoints) {
+        match (was, is) {
+            (Some(was), Some(is)) if was != is => upserted.push(is.clone()),
+            (None, Some(is)) => upserted.push(is.clone()),
+            (Some(was), None) => removed.push(was.instance.clone()),
+            _ => {}
+        }
+    }
     ViewDelta {
         key: new.key.clone(),
         upserted,
         removed,
         markers: new.markers.clone(),
     }
+}
+
+/// The endpoints of two views side by side, in instance order: each instance once, with
+/// what each view holds of it. One pass over both, no lookups (views are compared on every
+/// change of a service, so this is on the leader's hot path).
+pub fn paired<'a>(
+    old: &'a BTreeMap<InstanceId, ViewEndpoint>,
+    new: &'a BTreeMap<InstanceId, ViewEndpoint>,
+) -> impl Iterator<Item = (Option<&'a ViewEndpoint>, Option<&'a ViewEndpoint>)> + 'a {
+    let mut old = old.iter().peekable();
+    let mut new = new.iter().peekable();
+    std::iter::from_fn(move || {
+        let order = match (old.peek(), new.peek()) {
+            (None, None) => return None,
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (Some((a, _)), Some((b, _))) => a.cmp(b),
+        };
+        Some(match order {
+            std::cmp::Ordering::Less => (old.next().map(|(_, e)| e), None),
+            std::cmp::Ordering::Greater => (None, new.next().map(|(_, e)| e)),
+            std::cmp::Ordering::Equal => (old.next().map(|(_, e)| e), new.next().map(|(_, e)| e)),
+        })
+    })
 }
 
 /// `old` with `delta` applied.

@@ -575,8 +575,7 @@ impl ViewAssembler {
             zone: caller.clone(),
         };
         let caller_moved = self.moved(caller);
-        let mut endpoints = BTreeMap::new();
-        let mut raw: Vec<(ViewEndpoint, u32)> = Vec::new();
+        let mut raw: Vec<(ViewEndpoint, u32)> = Vec::with_capacity(slot.members.len());
         for m in slot.members.values() {
             let Some(eligibility) = m.eligibility else {
                 continue;
@@ -614,10 +613,16 @@ impl ViewAssembler {
         // Envoy wants contiguous priorities from 0: compact the ranks in order.
         let ranks: BTreeSet<u32> = raw.iter().map(|(_, r)| *r).collect();
         let dense: BTreeMap<u32, u32> = ranks.into_iter().zip(0..).collect();
-        for (mut e, rank) in raw {
-            e.priority = dense[&rank];
-            endpoints.insert(e.instance.clone(), e);
-        }
+        // Members come in instance order and peers after them: built in one pass (the map
+        // sorts what is not in order yet; for a repeated instance the last one stays, as
+        // inserting one by one would keep).
+        let endpoints: BTreeMap<InstanceId, ViewEndpoint> = raw
+            .into_iter()
+            .map(|(mut e, rank)| {
+                e.priority = dense[&rank];
+                (e.instance.clone(), e)
+            })
+            .collect();
         View {
             key,
             endpoints,
@@ -663,17 +668,18 @@ impl ViewAssembler {
 
 /// Routed and total candidates per zone, as the evaluator judged them.
 fn tally(slot: &ServiceSlot) -> BTreeMap<ZoneName, ZoneTally> {
-    let mut tallies: BTreeMap<ZoneName, ZoneTally> = BTreeMap::new();
+    // Keyed by reference while counting: one name clone per zone, not per member.
+    let mut tallies: BTreeMap<&ZoneName, ZoneTally> = BTreeMap::new();
     for m in slot.members.values() {
         let Some(e) = m.eligibility else { continue };
         if matches!(e, Eligibility::Draining { .. }) {
             continue; // deliberate exits are not capacity the guard may restore
         }
-        let t = tallies.entry(m.instance.locality.zone.clone()).or_default();
+        let t = tallies.entry(&m.instance.locality.zone).or_default();
         t.total += 1;
         t.routed += usize::from(e.is_routed());
     }
-    tallies
+    tallies.into_iter().map(|(z, t)| (z.clone(), t)).collect()
 }
 
 /// The fewest of `total` candidates that meet `floor`, rounded up.

@@ -24,7 +24,11 @@ pub(crate) struct Decision {
     pub(crate) deadline: Option<Instant>,
 }
 
-/// The grid slow-start steps fall on: every `quantum` from the evaluator's first instant.
+/// The grid slow-start steps fall on: every `quantum` from the evaluator's first instant,
+/// each service at its own phase inside the quantum (from a stable hash of its name). The
+/// steps of one service land together and are assembled once; different services step at
+/// different moments, so a region-wide ramp (an estate loaded at once) is not released as
+/// one burst of every view each quantum.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct StepGrid {
     pub(crate) epoch: Option<Instant>,
@@ -32,16 +36,21 @@ pub(crate) struct StepGrid {
 }
 
 impl StepGrid {
-    /// The first grid point at or after `at` (`at` itself without a grid).
-    pub(crate) fn ceil(self, at: Instant) -> Instant {
+    /// The first point of `service`'s grid at or after `at` (`at` itself without a grid).
+    pub(crate) fn ceil(self, at: Instant, service: &ServiceName) -> Instant {
         let Some(epoch) = self.epoch else { return at };
         let q = self.quantum.as_nanos();
-        if q == 0 || at <= epoch {
+        if q == 0 {
             return at;
         }
-        let since = at.duration_since(epoch).as_nanos();
+        let phase = u128::from(crate::hash::fnv1a(service.as_str().as_bytes())) % q;
+        let origin = epoch + Duration::from_nanos(u64::try_from(phase).unwrap_or(0));
+        if at <= origin {
+            return origin;
+        }
+        let since = at.duration_since(origin).as_nanos();
         let up = since.div_ceil(q).saturating_mul(q);
-        epoch + Duration::from_nanos(u64::try_from(up).unwrap_or(u64::MAX))
+        origin + Duration::from_nanos(u64::try_from(up).unwrap_or(u64::MAX))
     }
 }
 
@@ -190,7 +199,7 @@ impl InstanceState {
             self.next_ramp_start(now)
         };
         let (ramp, step) = ramp(c, ramp_from, now);
-        let step = step.map(|at| grid.ceil(at));
+        let step = step.map(|at| grid.ceil(at, &self.service));
         let deadline = earliest(timers, step);
         let weight = self.base_weight.scale(ramp);
         let done = |eligibility, rule| Decision {

@@ -874,14 +874,35 @@ fn ramps_admitted_apart_step_together_on_the_grid_and_never_early() {
         second < first_boundary_of_late + d::SLOW_START_STEP_GRID,
         "a step is delayed by less than one grid"
     );
-    // The early one's boundary (start + step) is on the grid; the late one's is 300 ms
-    // past it and rounds up to the next grid point, so the two are one grid apart, and
-    // every later step of both falls on grid points too.
-    assert_eq!(second - first, d::SLOW_START_STEP_GRID);
-    let on_grid = |t: Instant| {
-        (t - fx.start)
-            .as_nanos()
-            .is_multiple_of(d::SLOW_START_STEP_GRID.as_nanos())
+    // Both fall on pay's grid: one quantum apart at most, a whole number of quanta apart.
+    let q = d::SLOW_START_STEP_GRID;
+    assert!(second - first <= q, "{:?} apart", second - first);
+    assert!((second - first).as_nanos().is_multiple_of(q.as_nanos()));
+    assert!(first >= fx.start + step && first < fx.start + step + q);
+}
+
+#[test]
+fn services_step_at_different_phases_of_the_grid() {
+    // Goal: a region-wide ramp is not one burst: each service's grid is offset by a
+    // stable hash of its name, inside the quantum.
+    use crate::evaluator::instance::StepGrid;
+    let epoch = t0();
+    let q = Duration::from_secs(1);
+    let grid = StepGrid {
+        epoch: Some(epoch),
+        quantum: q,
     };
-    assert!(on_grid(first) && on_grid(second), "{first:?} {second:?}");
+    let at = epoch + Duration::from_millis(10_000);
+    let points: BTreeSet<Instant> = (0..20)
+        .map(|i| grid.ceil(at, &svc(&format!("svc-{i}"))))
+        .collect();
+    assert!(points.len() > 10, "services share phases: {points:?}");
+    assert!(points.iter().all(|p| *p >= at && *p < at + q));
+    // Stable: the same name always lands on the same point.
+    assert_eq!(grid.ceil(at, &svc("pay")), grid.ceil(at, &svc("pay")));
+    let none = StepGrid {
+        epoch: Some(epoch),
+        quantum: Duration::ZERO,
+    };
+    assert_eq!(none.ceil(at, &svc("pay")), at);
 }

@@ -66,6 +66,17 @@ proptest! {
         prop_assert!(delta.upserted.iter().all(|e| !removed.contains(&e.instance)));
         prop_assert_eq!(delta.is_empty(&old.markers), old == new);
     }
+
+    #[test]
+    fn pairing_yields_each_instance_once_with_what_each_view_holds(old in view_strategy(), new in view_strategy()) {
+        let ids: Vec<_> = old.endpoints.keys().chain(new.endpoints.keys()).collect::<BTreeSet<_>>().into_iter().collect();
+        let pairs: Vec<_> = paired(&old.endpoints, &new.endpoints).collect();
+        prop_assert_eq!(pairs.len(), ids.len());
+        for (id, (was, is)) in ids.into_iter().zip(pairs) {
+            prop_assert_eq!(was, old.endpoints.get(id));
+            prop_assert_eq!(is, new.endpoints.get(id));
+        }
+    }
 }
 
 #[test]
