@@ -466,18 +466,18 @@ async fn a_second_hello_ends_the_session_and_leaves_no_phantom_prober() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_over_the_size_cap_ends_the_session_before_it_is_decoded() {
-    use waymark_agent::evidence::{AGENT_MESSAGE_BYTES_MAX, JsonCodec, SESSION_PATH};
+    use waymark_agent::evidence::AGENT_MESSAGE_BYTES_MAX;
+    use waymark_agent::evidence::pb::{self, authority_message, evidence_client::EvidenceClient};
     let pki = TestPkiDir::new(TD, &["eu", "us"]);
     let data = tempfile::tempdir().unwrap();
     let (authority, api) = leading_authority(&pki, data.path(), None).await;
     let id = register(&api, 1).await;
     let ingest = authority.ingest_addr().unwrap();
 
-    // A client without the agent's own encoding cap, sending one sample whose detail
-    // alone is over the server's decoding cap.
+    // A client without the agent's own encoding cap (the generated client's default has
+    // none), sending one sample whose detail alone is over the server's decoding cap.
     let channel = channel(&pki, "region/eu/node/n1", ingest).await.unwrap();
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.unwrap();
+    let mut client = EvidenceClient::new(channel);
     let huge = AgentMessage::Samples {
         samples: vec![WireSample {
             instance: id.parse().unwrap(),
@@ -487,21 +487,19 @@ async fn a_message_over_the_size_cap_ends_the_session_before_it_is_decoded() {
             },
         }],
     };
-    let outbound = futures::stream::iter([huge]);
-    let response = grpc
-        .streaming(
-            tonic::Request::new(outbound),
-            http::uri::PathAndQuery::from_static(SESSION_PATH),
-            JsonCodec::<AgentMessage, AuthorityMessage>::default(),
-        )
-        .await;
+    let outbound = futures::stream::iter([pb::AgentMessage::from(huge)]);
+    let response = client.session(tonic::Request::new(outbound)).await;
     let status = match response {
         Err(status) => status,
         Ok(r) => {
             let mut inbound = r.into_inner();
             loop {
                 match tokio::time::timeout(WAIT, inbound.next()).await.unwrap() {
-                    Some(Ok(AuthorityMessage::Ack { .. })) => panic!("an oversized batch was read"),
+                    Some(Ok(m))
+                        if matches!(m.message, Some(authority_message::Message::Ack(_))) =>
+                    {
+                        panic!("an oversized batch was read")
+                    }
                     Some(Ok(_)) => continue,
                     Some(Err(status)) => break status,
                     None => panic!("the session ended without a status"),
