@@ -178,27 +178,6 @@ write("contract", "policy.json", json.dumps({"min_healthy_override": 700, "failo
                                              "failover_regions": ["us"], "allowed_callers": ["web"]}))
 write("contract", "durations.jsonl", '"250ms"\n"10s"\n"5m"\n"1h"\n"1.5s"\n"18446744073709551615ms"\n')
 
-# --- evidence: a registry, a session identity, samples ----------------------------------------
-SAMPLES = [{"instance": "pod-1", "observation": {"class": "probe", "health": "fail", "detail": "503"}},
-           {"instance": "pod-1", "observation": {"class": "passive", "requests": 100, "errors": 30}},
-           {"instance": "pod-1", "observation": {"class": "self_report", "kind": "ready"}},
-           {"instance": "pod-1", "observation": {"class": "self_report", "kind": "dependency",
-                                                 "name": "db", "status": "down"}}]
-write("evidence", "session.jsonl", lines(
-    stamped(T0, put("web", {"profile": {"probe": True, "self_report": True, "passive": True}})),
-    stamped(T0 + 1, {"op": "observe", "instance": instance("pod-1", "web", "10.0.1.1")}),
-    stamped(T0 + 1, {"op": "observe", "instance": instance("pod-2", "web", "10.0.1.2", zone="eu-west-1b")}),
-    stamped(T0 + 2, {"op": "set_assignment", "assignment": {"pod-1": ["node-1"], "pod-2": ["node-1"]}}),
-    "spiffe://example.org/region/web/node/node-1",
-    {"type": "hello", "zone": "eu-west-1a"},
-    {"type": "samples", "samples": SAMPLES},
-    {"type": "samples", "samples": SAMPLES[:1] * 5},
-    {"type": "relayed", "samples": SAMPLES},
-    "spiffe://example.org/region/web/service/web/instance/pod-1",
-    {"type": "samples", "samples": SAMPLES},
-    {"type": "ack", "accepted": 3, "refused": [{"instance": "pod-9", "reason": "unknown_target"}]},
-))
-
 # --- API bodies (authority_api.rs, hostile_inputs.rs) -------------------------------------------
 ROUTES = ["POST /v1/operator/raft/members", "DELETE /v1/operator/raft/members/{id}",
           "PUT /v1/services/{service}", "DELETE /v1/services/{service}",
@@ -336,6 +315,74 @@ def field(num, value):
     if isinstance(value, int):
         return varint(num << 3) + varint(value)
     return varint((num << 3) | 2) + varint(len(value)) + value
+
+
+# --- evidence: a registry, a session identity, samples (protobuf by hand, evidence.proto) ----
+HEALTH = {"pass": 1, "fail": 2, "timeout": 3, "refused": 4}
+DEPENDENCY_STATUS = {"ok": 1, "degraded": 2, "down": 3}
+
+
+def observation(o):
+    # Observation { probe (1) | self_report (2) | passive (3) }
+    if o["class"] == "probe":
+        probe = field(1, HEALTH[o["health"]])
+        if o.get("detail") is not None:
+            probe += field(2, o["detail"].encode())
+        return field(1, probe)
+    if o["class"] == "passive":
+        return field(3, field(1, o["requests"]) + field(2, o["errors"]))
+    # SelfReport { ready (1) | not_ready (2) | draining (3) | dependency (4) }
+    kind = o["kind"]
+    if kind == "ready":
+        report = field(1, b"")
+    elif kind == "draining":
+        report = field(3, b"")
+    elif kind == "not_ready":
+        report = field(2, field(1, o["detail"].encode()))
+    else:
+        report = field(4, field(1, o["name"].encode()) + field(2, DEPENDENCY_STATUS[o["status"]]))
+    return field(2, report)
+
+
+def sample(s):
+    # Sample { instance (1), observation (2) }
+    return field(1, s["instance"].encode()) + field(2, observation(s["observation"]))
+
+
+def agent_message(kind, value):
+    # AgentMessage { hello (1) { zone (1) } | samples (2) | relayed (3) { samples (1) } }
+    if kind == "hello":
+        return {"agent_message": field(1, field(1, value.encode())).hex()}
+    batch = b"".join(field(1, sample(s)) for s in value)
+    return {"agent_message": field({"samples": 2, "relayed": 3}[kind], batch).hex()}
+
+
+def ack(accepted, refused):
+    # AuthorityMessage { ack (2) { accepted (1), refused (2) { instance (1), reason (2) } } }
+    body = field(1, accepted) + b"".join(
+        field(2, field(1, i.encode()) + field(2, r.encode())) for i, r in refused)
+    return {"authority_message": field(2, body).hex()}
+
+
+SAMPLES = [{"instance": "pod-1", "observation": {"class": "probe", "health": "fail", "detail": "503"}},
+           {"instance": "pod-1", "observation": {"class": "passive", "requests": 100, "errors": 30}},
+           {"instance": "pod-1", "observation": {"class": "self_report", "kind": "ready"}},
+           {"instance": "pod-1", "observation": {"class": "self_report", "kind": "dependency",
+                                                 "name": "db", "status": "down"}}]
+write("evidence", "session.jsonl", lines(
+    stamped(T0, put("web", {"profile": {"probe": True, "self_report": True, "passive": True}})),
+    stamped(T0 + 1, {"op": "observe", "instance": instance("pod-1", "web", "10.0.1.1")}),
+    stamped(T0 + 1, {"op": "observe", "instance": instance("pod-2", "web", "10.0.1.2", zone="eu-west-1b")}),
+    stamped(T0 + 2, {"op": "set_assignment", "assignment": {"pod-1": ["node-1"], "pod-2": ["node-1"]}}),
+    "spiffe://example.org/region/web/node/node-1",
+    agent_message("hello", "eu-west-1a"),
+    agent_message("samples", SAMPLES),
+    agent_message("samples", SAMPLES[:1] * 5),
+    agent_message("relayed", SAMPLES),
+    "spiffe://example.org/region/web/service/web/instance/pod-1",
+    agent_message("samples", SAMPLES),
+    ack(3, [("pod-9", "unknown_target")]),
+))
 
 
 def socket_address(ip, port):

@@ -466,18 +466,18 @@ async fn a_second_hello_ends_the_session_and_leaves_no_phantom_prober() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_over_the_size_cap_ends_the_session_before_it_is_decoded() {
-    use waymark_agent::evidence::{AGENT_MESSAGE_BYTES_MAX, JsonCodec, SESSION_PATH};
+    use waymark_agent::evidence::AGENT_MESSAGE_BYTES_MAX;
+    use waymark_agent::evidence::pb::{self, authority_message, evidence_client::EvidenceClient};
     let pki = TestPkiDir::new(TD, &["eu", "us"]);
     let data = tempfile::tempdir().unwrap();
     let (authority, api) = leading_authority(&pki, data.path(), None).await;
     let id = register(&api, 1).await;
     let ingest = authority.ingest_addr().unwrap();
 
-    // A client without the agent's own encoding cap, sending one sample whose detail
-    // alone is over the server's decoding cap.
+    // A client without the agent's own encoding cap (the generated client's default has
+    // none), sending one sample whose detail alone is over the server's decoding cap.
     let channel = channel(&pki, "region/eu/node/n1", ingest).await.unwrap();
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.unwrap();
+    let mut client = EvidenceClient::new(channel);
     let huge = AgentMessage::Samples {
         samples: vec![WireSample {
             instance: id.parse().unwrap(),
@@ -487,21 +487,19 @@ async fn a_message_over_the_size_cap_ends_the_session_before_it_is_decoded() {
             },
         }],
     };
-    let outbound = futures::stream::iter([huge]);
-    let response = grpc
-        .streaming(
-            tonic::Request::new(outbound),
-            http::uri::PathAndQuery::from_static(SESSION_PATH),
-            JsonCodec::<AgentMessage, AuthorityMessage>::default(),
-        )
-        .await;
+    let outbound = futures::stream::iter([pb::AgentMessage::from(huge)]);
+    let response = client.session(tonic::Request::new(outbound)).await;
     let status = match response {
         Err(status) => status,
         Ok(r) => {
             let mut inbound = r.into_inner();
             loop {
                 match tokio::time::timeout(WAIT, inbound.next()).await.unwrap() {
-                    Some(Ok(AuthorityMessage::Ack { .. })) => panic!("an oversized batch was read"),
+                    Some(Ok(m))
+                        if matches!(m.message, Some(authority_message::Message::Ack(_))) =>
+                    {
+                        panic!("an oversized batch was read")
+                    }
                     Some(Ok(_)) => continue,
                     Some(Err(status)) => break status,
                     None => panic!("the session ended without a status"),
@@ -515,4 +513,146 @@ async fn a_message_over_the_size_cap_ends_the_session_before_it_is_decoded() {
     let mut n1 = session(&pki, "region/eu/node/n1", ingest).await.unwrap();
     let (_, refused) = report(&mut n1, vec![probe(&id, Health::Pass)]).await;
     assert_eq!(refused, ["not_assigned"]);
+}
+
+/// Sends raw bytes as the session's messages: what a client with a broken encoder sends.
+#[derive(Debug, Default)]
+struct RawCodec;
+
+#[derive(Debug)]
+struct RawEncoder;
+
+impl tonic::codec::Encoder for RawEncoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = waymark_agent::evidence::pb::AuthorityMessage;
+    type Encoder = RawEncoder;
+    type Decoder = waymark_agent::evidence::ProtoDecoder<Self::Decode>;
+
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        waymark_agent::evidence::ProtoCodec::<Vec<u8>, Self::Decode>::default().decoder()
+    }
+}
+
+/// The status a session of one raw `message` ends with.
+async fn refusal_of(channel: tonic::transport::Channel, message: Vec<u8>) -> tonic::Status {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let response = grpc
+        .streaming(
+            tonic::Request::new(futures::stream::iter([message])),
+            http::uri::PathAndQuery::from_static(waymark_agent::evidence::SESSION_PATH),
+            RawCodec,
+        )
+        .await;
+    let mut inbound = match response {
+        Err(status) => return status,
+        Ok(r) => r.into_inner(),
+    };
+    match tokio::time::timeout(WAIT, inbound.next()).await.unwrap() {
+        Some(Ok(m)) => panic!("a malformed message was answered: {m:?}"),
+        Some(Err(status)) => status,
+        None => panic!("the session ended without a status"),
+    }
+}
+
+/// The value of the `series` line (name and labels, then a space) in `/metrics`.
+async fn counter(api: &ApiClient, series: &str) -> u64 {
+    let metrics = api.send(Method::GET, "/metrics", None).await.unwrap();
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_message_ends_its_session_is_counted_and_changes_nothing() {
+    // Goal: a message that does not parse, or parses but breaks a bound, is the sender's
+    // fault (INVALID_ARGUMENT naming what is wrong), is counted by fault, and nothing it
+    // carried is admitted, not even its valid samples.
+    use prost::Message;
+    use waymark_agent::evidence::pb;
+    let pki = TestPkiDir::new(TD, &["eu", "us"]);
+    let data = tempfile::tempdir().unwrap();
+    let (authority, api) = leading_authority(&pki, data.path(), None).await;
+    let id = register(&api, 1).await;
+    let ingest = authority.ingest_addr().unwrap();
+    let mut n1 = session(&pki, "region/eu/node/n1", ingest).await.unwrap();
+    n1.send(AgentMessage::Hello {
+        zone: "a".parse().unwrap(),
+    })
+    .await
+    .unwrap();
+    while !matches!(
+        next_message(&mut n1).await.unwrap(),
+        AuthorityMessage::Assignment { targets } if targets.len() == 1
+    ) {}
+    let accepted = "waymark_ingest_samples_accepted_total ";
+    let before = counter(&api, accepted).await;
+
+    // A valid probe result beside one whose health is from no version we know.
+    let mut message = pb::AgentMessage::from(AgentMessage::Samples {
+        samples: vec![probe(&id, Health::Pass), probe(&id, Health::Fail)],
+    });
+    let Some(pb::agent_message::Message::Samples(batch)) = &mut message.message else {
+        unreachable!("a samples message")
+    };
+    let Some(pb::observation::Class::Probe(p)) = batch.samples[1]
+        .observation
+        .as_mut()
+        .and_then(|o| o.class.as_mut())
+    else {
+        unreachable!("a probe result")
+    };
+    p.health = 99;
+    let channel = || channel(&pki, "region/eu/node/n1", ingest);
+    let status = refusal_of(channel().await.unwrap(), message.encode_to_vec()).await;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("samples.samples[1]: observation.probe.health: 99"),
+        "{status:?}"
+    );
+
+    // Bytes that are not protobuf at all: still the sender's fault, not INTERNAL.
+    let status = refusal_of(channel().await.unwrap(), vec![0xff; 8]).await;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().starts_with("malformed message: "),
+        "{status:?}"
+    );
+
+    for reason in ["unknown_enum", "undecodable"] {
+        let series = format!("waymark_ingest_messages_malformed_total{{reason=\"{reason}\"}} ");
+        assert_eq!(counter(&api, &series).await, 1, "{series}");
+    }
+    assert_eq!(
+        counter(&api, accepted).await,
+        before,
+        "the malformed batch's valid sample was admitted"
+    );
+
+    // The member serves on, and the counter that stayed put does move.
+    let (n, refused) = report(&mut n1, vec![probe(&id, Health::Pass)]).await;
+    assert_eq!((n, refused), (1, vec![]));
+    assert_eq!(counter(&api, accepted).await, before + 1);
+    authority.shutdown().await;
 }

@@ -1,25 +1,32 @@
-//! Evidence, from the wire to released views: the evidence stream's JSON messages
-//! (`AgentMessage`, `AuthorityMessage`), identity → reporter (`reporter_of`), admission
-//! (`waymark_registry::ingest::admit`) against a registry the input builds, and the
-//! leader's pipeline (`RegionPipeline`: evaluator, assembler, delta queues) fed the admitted
-//! samples, registry changes and timeouts with a virtual clock.
+//! Evidence, from the wire to released views: the evidence stream's protobuf messages
+//! (`pb::AgentMessage`, `pb::AuthorityMessage` decoded by prost, then validated by their
+//! `TryFrom` into `AgentMessage` / `AuthorityMessage`), identity → reporter
+//! (`reporter_of`), admission (`waymark_registry::ingest::admit`) against a registry the
+//! input builds, and the leader's pipeline (`RegionPipeline`: evaluator, assembler, delta
+//! queues) fed the admitted samples, registry changes and timeouts with a virtual clock.
 //!
-//! Input: JSON lines (each a `Stamped` command, an `AgentMessage`, an `AuthorityMessage` or
-//! a `"spiffe://…"` identity string naming the session), or bytes for the structured
-//! decoder. Checked: nothing panics, and every released view's version is above the last
-//! one released for its key.
+//! Input: JSON lines (each a `Stamped` command, `{"agent_message": "<hex protobuf>"}`,
+//! `{"authority_message": "<hex protobuf>"}` or a `"spiffe://…"` identity string naming the
+//! session), or bytes for the structured decoder, which builds messages from the
+//! vocabulary (invalid names, unknown enum values, unset oneofs included) or takes raw
+//! bytes as protobuf. Checked: nothing panics; a message that validates survives its own
+//! encoding unchanged; every released view's version is above the last one released for
+//! its key.
 #![no_main]
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
-use serde_json::{Value, json};
-use waymark_agent::evidence::{AgentMessage, AuthorityMessage, BATCH_MAX, reporter_of};
+use prost::Message as _;
+use serde_json::Value;
+use waymark_agent::evidence::{AgentMessage, AuthorityMessage, BATCH_MAX, pb, reporter_of};
 use waymark_certs::identity::Identity;
 use waymark_core::delta::DeltaConfig;
 use waymark_core::evaluator::EvaluatorConfig;
-use waymark_core::model::{EvidenceClass, NodeName, RegionName, Reporter, Sample, ZoneName};
+use waymark_core::model::{
+    EvidenceClass, NodeName, Observation, RegionName, Reporter, Sample, ZoneName,
+};
 use waymark_core::view::{MonotonicCounter, Version, ViewKey};
 use waymark_fuzz::{Gen, Limits, capped, is_json_lines, lines};
 use waymark_registry::ingest::admit;
@@ -117,9 +124,8 @@ impl Region {
             AgentMessage::Samples { samples } => (samples, false),
             AgentMessage::Relayed { samples } => (samples, true),
         };
-        if samples.len() > BATCH_MAX {
-            return;
-        }
+        // The wire refuses larger batches before a message gets here.
+        assert!(samples.len() <= BATCH_MAX, "a batch of {}", samples.len());
         for wire in samples {
             let reporter = if relayed {
                 if wire.observation.class() != EvidenceClass::SelfReport {
@@ -157,19 +163,62 @@ impl Region {
     }
 }
 
+/// What the serving side does with a message's bytes: decode, validate. A message that
+/// validates must survive its own encoding.
+fn agent_message(bytes: &[u8]) -> Option<AgentMessage> {
+    let wire = pb::AgentMessage::decode(bytes).ok()?;
+    let message = AgentMessage::try_from(wire).ok()?;
+    let again = pb::AgentMessage::decode(
+        pb::AgentMessage::from(message.clone())
+            .encode_to_vec()
+            .as_slice(),
+    )
+    .expect("our own encoding parses");
+    assert_eq!(
+        AgentMessage::try_from(again).as_ref(),
+        Ok(&message),
+        "round trip"
+    );
+    Some(message)
+}
+
+/// What the agent's client does with the authority's bytes.
+fn authority_message(bytes: &[u8]) {
+    let Ok(wire) = pb::AuthorityMessage::decode(bytes) else {
+        return;
+    };
+    let Ok(message) = AuthorityMessage::try_from(wire) else {
+        return;
+    };
+    let again = pb::AuthorityMessage::decode(
+        pb::AuthorityMessage::from(message.clone())
+            .encode_to_vec()
+            .as_slice(),
+    )
+    .expect("our own encoding parses");
+    assert_eq!(
+        AuthorityMessage::try_from(again).as_ref(),
+        Ok(&message),
+        "round trip"
+    );
+}
+
 fn steps(data: &[u8]) -> Vec<Step> {
     if is_json_lines(data) || data.first() == Some(&b'"') {
         let mut out = Vec::new();
         for line in lines(data) {
             if let Ok(s) = serde_json::from_slice::<Stamped>(line) {
                 out.push(Step::Command(s));
-            } else if let Ok(m) = serde_json::from_slice::<AgentMessage>(line) {
-                out.push(Step::Message(m));
             } else if let Ok(uri) = serde_json::from_slice::<String>(line) {
                 out.push(Step::Identity(uri));
-            } else {
-                // What the agent's client decodes; nothing to apply.
-                let _ = serde_json::from_slice::<AuthorityMessage>(line);
+            } else if let Ok(v) = serde_json::from_slice::<Value>(line) {
+                if let Some(bytes) = v["agent_message"].as_str().and_then(unhex) {
+                    if let Some(m) = agent_message(&bytes) {
+                        out.push(Step::Message(m));
+                    }
+                } else if let Some(bytes) = v["authority_message"].as_str().and_then(unhex) {
+                    authority_message(&bytes);
+                }
             }
             out.push(Step::Advance(Duration::from_secs(1)));
         }
@@ -179,7 +228,7 @@ fn steps(data: &[u8]) -> Vec<Step> {
     let mut probe = DesiredState::new();
     let mut out = Vec::new();
     while !g.is_empty() && out.len() < Limits::STEPS_MAX * 2 {
-        let step = match g.below(8) {
+        let step = match g.below(9) {
             0..=2 => {
                 let Some(s) = waymark_fuzz::decode::<Stamped>(g.stamped()) else {
                     continue;
@@ -190,12 +239,21 @@ fn steps(data: &[u8]) -> Vec<Step> {
                 Step::Command(s)
             }
             3..=5 => {
-                let Some(m) = waymark_fuzz::decode::<AgentMessage>(message(&mut g)) else {
+                let Some(m) = agent_message(&message(&mut g).encode_to_vec()) else {
                     continue;
                 };
                 Step::Message(m)
             }
-            6 => Step::Identity(identity(&mut g)),
+            6 => {
+                // Raw bytes as protobuf, for both halves.
+                let raw = g.bytes(4096);
+                authority_message(raw);
+                let Some(m) = agent_message(raw) else {
+                    continue;
+                };
+                Step::Message(m)
+            }
+            7 => Step::Identity(identity(&mut g)),
             _ => Step::Advance(Duration::from_millis(
                 [1, 100, 1_000, 5_000, 30_000, 600_000][g.below(6)],
             )),
@@ -205,16 +263,74 @@ fn steps(data: &[u8]) -> Vec<Step> {
     out
 }
 
-fn message(g: &mut Gen<'_>) -> Value {
-    if g.one_in(8) {
-        return json!({"type": "hello", "zone": g.valid_name()});
+/// A message built from the vocabulary: the names may be invalid, and sometimes a oneof is
+/// unset, an enum holds a value no version knows, or a batch is over its cap.
+fn message(g: &mut Gen<'_>) -> pb::AgentMessage {
+    use pb::agent_message::Message;
+    if g.one_in(16) {
+        return pb::AgentMessage { message: None };
     }
-    let n = [1, 2, 4, 16][g.below(4)];
-    let samples: Vec<Value> = (0..n)
-        .map(|_| json!({"instance": g.instance_id(), "observation": g.observation()}))
-        .collect();
-    let kind = if g.one_in(3) { "relayed" } else { "samples" };
-    json!({"type": kind, "samples": samples})
+    if g.one_in(8) {
+        return pb::AgentMessage {
+            message: Some(Message::Hello(pb::Hello {
+                zone: g.valid_name(),
+            })),
+        };
+    }
+    let n = if g.one_in(64) {
+        BATCH_MAX + 1
+    } else {
+        [1, 2, 4, 16][g.below(4)]
+    };
+    let mut samples: Vec<pb::Sample> = Vec::with_capacity(n);
+    for i in 0..n {
+        if i >= 16 {
+            // Past the few the vocabulary varies, copies: the cap is what is under test.
+            samples.push(samples[i % 16].clone());
+            continue;
+        }
+        samples.push(sample(g));
+    }
+    if g.one_in(3) {
+        pb::AgentMessage {
+            message: Some(Message::Relayed(pb::Relayed { samples })),
+        }
+    } else {
+        pb::AgentMessage {
+            message: Some(Message::Samples(pb::Samples { samples })),
+        }
+    }
+}
+
+fn sample(g: &mut Gen<'_>) -> pb::Sample {
+    use pb::observation::Class;
+    use pb::self_report::Kind;
+    let mut observation = waymark_fuzz::decode::<Observation>(g.observation())
+        .map(pb::Observation::from)
+        .unwrap_or_default();
+    match (g.below(8), observation.class.as_mut()) {
+        (0, _) => observation.class = None,
+        (1, Some(Class::Probe(p))) => p.health = [0, 5, 99, -1][g.below(4)],
+        (1, Some(Class::SelfReport(r))) => match r.kind.as_mut() {
+            Some(Kind::Dependency(d)) => d.status = [0, 4, 99, -1][g.below(4)],
+            _ => r.kind = None,
+        },
+        _ => {}
+    }
+    pb::Sample {
+        instance: g.instance_id(),
+        observation: (!g.one_in(16)).then_some(observation),
+    }
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 fn identity(g: &mut Gen<'_>) -> String {

@@ -59,7 +59,7 @@ use super::settings::{
 };
 use super::tier;
 use crate::api_client::ApiClient;
-use crate::evidence::EvidenceService;
+use crate::evidence::{EvidenceService, SessionMetrics};
 use crate::gossip::{Gossip, GossipConfig, GossipId, Role};
 use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
 
@@ -518,8 +518,12 @@ async fn serve_ingest(
     let service = EvidenceService::new(
         Arc::new(hub.clone()),
         config.region.clone(),
-        families.authority.sessions_unattributed.clone(),
-    );
+        SessionMetrics {
+            unattributed: families.authority.sessions_unattributed.clone(),
+            malformed: families.authority.messages_malformed.clone(),
+        },
+    )
+    .into_server();
     let incoming = grpc::incoming(
         listener,
         Arc::clone(tls),

@@ -9,6 +9,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::evidence::MalformedLabels;
+
 /// `service` and `zone`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ZoneLabels {
@@ -83,6 +85,8 @@ pub struct AuthorityMetrics {
     pub samples_refused: Family<ReasonLabels, Counter>,
     /// Evidence sessions refused because the peer could not be attributed.
     pub sessions_unattributed: Counter,
+    /// Evidence messages refused as malformed (each ended its session), by fault.
+    pub messages_malformed: Family<MalformedLabels, Counter>,
     /// Views committed to the log by this leader.
     pub views_published: Counter,
     /// Time from a release to its commit.
@@ -134,6 +138,7 @@ impl Default for AuthorityMetrics {
             samples_accepted: Counter::default(),
             samples_refused: Family::default(),
             sessions_unattributed: Counter::default(),
+            messages_malformed: Family::default(),
             views_published: Counter::default(),
             publish_commit_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             registry_commit_entries: Counter::default(),
@@ -216,6 +221,11 @@ impl AuthorityMetrics {
             "ingest_sessions_unattributed",
             "Evidence sessions refused because the peer had no usable identity",
             self.sessions_unattributed.clone(),
+        );
+        r.register(
+            "ingest_messages_malformed",
+            "Evidence messages refused as malformed, ending their session, by fault",
+            self.messages_malformed.clone(),
         );
         r.register(
             "views_published",

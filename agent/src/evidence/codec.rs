@@ -1,68 +1,81 @@
-//! The evidence stream's gRPC codec: messages as JSON, for both halves.
+//! The evidence stream's gRPC codec: protobuf through prost, as tonic-prost's, except that a
+//! message that does not parse is the sender's fault (`INVALID_ARGUMENT`), not ours.
+//!
+//! The generated stubs (`pb::evidence_client`, `pb::evidence_server`) name this codec
+//! through `codec_path` in `build.rs`. What a message that *parses* may say is checked
+//! afterwards, by the conversions in `wire.rs`.
 
 use std::marker::PhantomData;
 
-use bytes::{Buf, BufMut};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use prost::Message;
 use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
-/// gRPC messages as JSON (`application/grpc+json`), encoding `E` and decoding `D`.
+/// Protobuf messages (`application/grpc`), encoding `E` and decoding `D`.
 #[derive(Debug)]
-pub struct JsonCodec<E, D>(PhantomData<fn(E) -> D>);
+pub struct ProtoCodec<E, D>(PhantomData<fn(E) -> D>);
 
-impl<E, D> Default for JsonCodec<E, D> {
+impl<E, D> Default for ProtoCodec<E, D> {
     fn default() -> Self {
         Self(PhantomData)
     }
 }
 
-impl<E, D> Codec for JsonCodec<E, D>
+impl<E, D> Codec for ProtoCodec<E, D>
 where
-    E: Serialize + Send + 'static,
-    D: DeserializeOwned + Send + 'static,
+    E: Message + Send + 'static,
+    D: Message + Default + Send + 'static,
 {
     type Encode = E;
     type Decode = D;
-    type Encoder = JsonEncoder<E>;
-    type Decoder = JsonDecoder<D>;
+    type Encoder = ProtoEncoder<E>;
+    type Decoder = ProtoDecoder<D>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        JsonEncoder(PhantomData)
+        ProtoEncoder(PhantomData)
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        JsonDecoder(PhantomData)
+        ProtoDecoder(PhantomData)
     }
 }
 
-/// The encoding half of [`JsonCodec`].
+/// The encoding half of [`ProtoCodec`].
 #[derive(Debug)]
-pub struct JsonEncoder<E>(PhantomData<fn(E)>);
+pub struct ProtoEncoder<E>(PhantomData<fn(E)>);
 
-impl<E: Serialize> Encoder for JsonEncoder<E> {
+impl<E: Message> Encoder for ProtoEncoder<E> {
     type Item = E;
     type Error = Status;
 
     fn encode(&mut self, item: E, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        serde_json::to_writer(dst.writer(), &item)
+        // `EncodeBuf` grows as needed, so the only error prost has (too little room)
+        // cannot happen; map it anyway rather than assume.
+        item.encode(dst)
             .map_err(|e| Status::internal(format!("encoding a message: {e}")))
     }
 }
 
-/// The decoding half of [`JsonCodec`]. A malformed message fails the stream with
-/// `INVALID_ARGUMENT` naming what is wrong.
+/// The decoding half of [`ProtoCodec`]. A message that is not valid protobuf for `D` fails
+/// the stream with `INVALID_ARGUMENT` naming what is wrong.
 #[derive(Debug)]
-pub struct JsonDecoder<D>(PhantomData<fn() -> D>);
+pub struct ProtoDecoder<D>(PhantomData<fn() -> D>);
 
-impl<D: DeserializeOwned> Decoder for JsonDecoder<D> {
+impl<D: Message + Default> Decoder for ProtoDecoder<D> {
     type Item = D;
     type Error = Status;
 
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<D>, Status> {
-        let item = serde_json::from_reader(src.reader())
-            .map_err(|e| Status::invalid_argument(format!("malformed message: {e}")))?;
+        let item = D::decode(src).map_err(|e| Status::invalid_argument(malformed(&e)))?;
         Ok(Some(item))
     }
 }
+
+/// The status message for a message that does not parse. The session's driver recognises
+/// a decode failure by this prefix (see `server.rs`), to count and log it as malformed.
+pub(super) fn malformed(error: &dyn std::fmt::Display) -> String {
+    format!("{MALFORMED_PREFIX}{error}")
+}
+
+/// What every malformed-message status starts with.
+pub(super) const MALFORMED_PREFIX: &str = "malformed message: ";

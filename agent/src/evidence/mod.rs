@@ -13,23 +13,38 @@
 //! about an assigned target, a self-report only about itself). Refusals are counted and
 //! returned in the acknowledgement; they are never applied.
 //!
-//! The service is `waymark.evidence.v1.Evidence/Session`, bidirectional, with JSON messages
-//! (`application/grpc+json`): the agent sends `hello` and `samples`; the authority answers
-//! with the node's probe `assignment` whenever it changes and an `ack` per batch. Neither
-//! role owns it, so it sits beside both (the authority's sink is `authority/hub.rs`,
-//! the node's `node/selfreport.rs` and `node/session.rs`).
+//! The service is `waymark.evidence.v1.Evidence/Session`, bidirectional, with protobuf
+//! messages defined in `agent/proto/waymark/evidence/v1/evidence.proto` (generated into
+//! [`pb`] by `build.rs`), so a workload in any language can self-report with stock gRPC
+//! tooling. The agent sends `hello` and `samples`; the authority answers with the node's
+//! probe `assignment` whenever it changes and an `ack` per batch. The types below are the
+//! validated form the roles work with; `wire.rs` converts, refusing a malformed message
+//! with a typed [`WireError`]. Neither role owns the protocol, so it sits beside both (the
+//! authority's sink is `authority/hub.rs`, the node's `node/selfreport.rs` and
+//! `node/session.rs`).
 
 mod client;
 mod codec;
 mod server;
+mod wire;
 
-use serde::{Deserialize, Serialize};
 use waymark_core::contract::ProbeSpec;
 use waymark_core::model::{Address, InstanceId, Observation, ServiceName, ZoneName};
 
-pub use client::ClientSession;
-pub use codec::{JsonCodec, JsonDecoder, JsonEncoder};
-pub use server::{Ack, EvidenceService, EvidenceSink, reporter_of};
+pub use client::{ClientSession, Inbound};
+pub use codec::{ProtoCodec, ProtoDecoder, ProtoEncoder};
+pub use server::{
+    Ack, EvidenceService, EvidenceSink, MalformedLabels, SessionMetrics, SessionStream, reporter_of,
+};
+pub use wire::WireError;
+
+/// The messages and service stubs generated from `evidence.proto` (package
+/// `waymark.evidence.v1`). Speak the validated types above; convert at the edge with
+/// `From` / `TryFrom` (see [`WireError`]).
+#[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
+pub mod pb {
+    include!(concat!(env!("OUT_DIR"), "/waymark.evidence.v1.rs"));
+}
 
 /// The gRPC service name.
 pub const SERVICE: &str = "waymark.evidence.v1.Evidence";
@@ -37,15 +52,21 @@ pub const SERVICE: &str = "waymark.evidence.v1.Evidence";
 pub const SESSION_PATH: &str = "/waymark.evidence.v1.Evidence/Session";
 /// Samples accepted in one message; larger batches are refused whole.
 pub const BATCH_MAX: usize = 4096;
-/// Largest message an agent may send (a full batch with every detail at its ceiling fits);
-/// a larger one ends the session with `RESOURCE_EXHAUSTED` before it is decoded.
+/// Largest message an agent may send (a full batch of probe results or self-reports with
+/// every detail at [`DETAIL_BYTES_MAX`] does not fit: such a batch is split by its sender);
+/// a larger one ends the session with `OUT_OF_RANGE` before it is decoded.
 pub const AGENT_MESSAGE_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Largest message the authority sends (a node's whole probe assignment).
 pub const AUTHORITY_MESSAGE_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Longest detail (a probe's output, a workload's not-ready explanation) a sample may
+/// carry. The core keeps [`waymark_core::audit::DETAIL_LEN_MAX`] of it; the wire admits
+/// more so that a reporter that does not cut its own words is not refused for it.
+pub const DETAIL_BYTES_MAX: usize = 4096;
+/// Longest refusal reason label in an acknowledgement.
+pub const REASON_BYTES_MAX: usize = 64;
 
 /// What an agent sends.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "type")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AgentMessage {
     /// First message of a node agent: its zone, so it can be assigned probe targets there.
     Hello {
@@ -73,7 +94,7 @@ pub enum AgentMessage {
 pub const TARGET_TEXT_MARKER: &str = "; said: ";
 
 /// One sample as sent: about which instance, and what was observed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WireSample {
     /// The instance it is about.
     pub instance: InstanceId,
@@ -82,8 +103,7 @@ pub struct WireSample {
 }
 
 /// What the authority sends.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "type")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthorityMessage {
     /// The node's probe targets, whole, whenever they change.
     Assignment {
@@ -100,7 +120,7 @@ pub enum AuthorityMessage {
 }
 
 /// One target a node must probe.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeTarget {
     /// The instance.
     pub instance: InstanceId,
@@ -113,7 +133,7 @@ pub struct ProbeTarget {
 }
 
 /// A refused sample.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RefusedSample {
     /// The instance it was about.
     pub instance: InstanceId,

@@ -1,24 +1,28 @@
 //! The serving half of the evidence protocol: [`EvidenceService`] attributes each session to
-//! its peer's verified identity and hands what it carries to an [`EvidenceSink`] — the
-//! authority's evidence hub, or a node agent's relay for the workloads on its host.
+//! its peer's verified identity, validates each message (`wire.rs`), and hands what it
+//! carries to an [`EvidenceSink`] — the authority's evidence hub, or a node agent's relay
+//! for the workloads on its host. A malformed message ends the session with
+//! `INVALID_ARGUMENT`, is logged and counted ([`SessionMetrics::malformed`]), and reaches no
+//! sink.
 
-use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::sync::{mpsc, watch};
-use tonic::server::NamedService;
 use tonic::{Status, Streaming};
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 use waymark_certs::identity::{Identity, Subject};
 use waymark_core::model::{NodeName, RegionName, Reporter, ZoneName};
 
-use super::codec::JsonCodec;
+use super::codec::{MALFORMED_PREFIX, malformed};
+use super::pb::evidence_server::{Evidence, EvidenceServer};
 use super::{
     AGENT_MESSAGE_BYTES_MAX, AUTHORITY_MESSAGE_BYTES_MAX, AgentMessage, AuthorityMessage,
-    BATCH_MAX, ProbeTarget, RefusedSample, SERVICE, SESSION_PATH, WireSample,
+    ProbeTarget, RefusedSample, WireSample, pb,
 };
 
 /// Where ingested evidence goes: the leader's pipeline, or a refusal naming the leader.
@@ -64,11 +68,31 @@ pub fn reporter_of(identity: &Identity, region: &RegionName) -> Option<Reporter>
     }
 }
 
-/// The ingest service, for `tonic::transport::Server::add_service`.
+/// What a session refuses before any sink sees it, counted. Clones share state.
+#[derive(Debug, Clone, Default)]
+pub struct SessionMetrics {
+    /// Sessions refused because the peer had no usable identity.
+    pub unattributed: Counter,
+    /// Messages refused as malformed (they ended their session), by
+    /// [`WireError::label`](super::WireError::label), or `undecodable` for bytes that are
+    /// not the message at all.
+    pub malformed: Family<MalformedLabels, Counter>,
+}
+
+/// The kind of fault in a malformed message.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct MalformedLabels {
+    /// `missing`, `unknown_enum`, `out_of_range`, `bad_length`, `too_many`, `bad_name`,
+    /// `bad_address` or `undecodable`.
+    pub reason: String,
+}
+
+/// The ingest service. Serve it with [`EvidenceService::into_server`], which applies the
+/// message size caps.
 pub struct EvidenceService {
     sink: Arc<dyn EvidenceSink>,
     region: RegionName,
-    refused_unattributed: prometheus_client::metrics::counter::Counter,
+    metrics: SessionMetrics,
 }
 
 impl std::fmt::Debug for EvidenceService {
@@ -79,41 +103,40 @@ impl std::fmt::Debug for EvidenceService {
     }
 }
 
-impl Clone for EvidenceService {
-    fn clone(&self) -> Self {
-        Self {
-            sink: Arc::clone(&self.sink),
-            region: self.region.clone(),
-            refused_unattributed: self.refused_unattributed.clone(),
-        }
-    }
-}
-
 impl EvidenceService {
-    /// A service feeding `sink`, accepting identities of `region`. `unattributed` counts
-    /// sessions refused because the peer had no usable identity.
-    pub fn new(
-        sink: Arc<dyn EvidenceSink>,
-        region: RegionName,
-        unattributed: prometheus_client::metrics::counter::Counter,
-    ) -> Self {
+    /// A service feeding `sink`, accepting identities of `region`, counting what it refuses
+    /// in `metrics`.
+    pub fn new(sink: Arc<dyn EvidenceSink>, region: RegionName, metrics: SessionMetrics) -> Self {
         Self {
             sink,
             region,
-            refused_unattributed: unattributed,
+            metrics,
         }
     }
 
+    /// The service for `tonic::transport::Server::add_service`, with the protocol's
+    /// message size caps.
+    pub fn into_server(self) -> EvidenceServer<Self> {
+        EvidenceServer::new(self)
+            .max_decoding_message_size(AGENT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(AUTHORITY_MESSAGE_BYTES_MAX)
+    }
+}
+
+#[tonic::async_trait]
+impl Evidence for EvidenceService {
+    type SessionStream = SessionStream;
+
     async fn session(
-        self,
-        request: tonic::Request<Streaming<AgentMessage>>,
+        &self,
+        request: tonic::Request<Streaming<pb::AgentMessage>>,
     ) -> Result<tonic::Response<SessionStream>, Status> {
         let identity = waymark_certs::grpc::peer_identity(&request).cloned();
         let Some(reporter) = identity
             .as_ref()
             .and_then(|id| reporter_of(id, &self.region))
         else {
-            self.refused_unattributed.inc();
+            self.metrics.unattributed.inc();
             warn!(
                 peer = identity.as_ref().map(tracing::field::display),
                 "evidence session refused: unattributable peer"
@@ -122,119 +145,184 @@ impl EvidenceService {
                 "evidence must come over mutual TLS from a node or workload identity of this region",
             ));
         };
-        let mut inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel::<Result<AuthorityMessage, Status>>(16);
-        let sink = Arc::clone(&self.sink);
-        tokio::spawn(async move {
-            let mut assignment: Option<watch::Receiver<Vec<ProbeTarget>>> = None;
-            let mut hello_node: Option<NodeName> = None;
-            loop {
-                let next = tokio::select! {
-                    next = inbound.next() => next,
-                    changed = wait_changed(&mut assignment) => {
-                        if changed {
-                            if let Some(rx) = &assignment {
-                                let targets = rx.borrow().clone();
-                                if tx.send(Ok(AuthorityMessage::Assignment { targets })).await.is_err() {
-                                    break;
-                                }
-                            }
-                        } else {
-                            assignment = None;
-                        }
-                        continue;
-                    }
-                };
-                let message = match next {
-                    Some(Ok(m)) => m,
-                    Some(Err(status)) => {
-                        // The agent went away, or its message could not be decoded (over
-                        // the size cap, malformed): say which, if it is still listening.
-                        debug!(%reporter, %status, "evidence session ended: the agent's side failed");
-                        let _ = tx.try_send(Err(status));
-                        break;
-                    }
-                    None => break,
-                };
-                match message {
-                    AgentMessage::Hello { .. } if hello_node.is_some() => {
-                        // One hello per session: a second would count the node as
-                        // connected once more than it ever says goodbye.
-                        warn!(%reporter, "evidence session ended: a second hello");
-                        let _ = tx
-                            .send(Err(Status::failed_precondition(
-                                "hello: at most once per session",
-                            )))
-                            .await;
-                        break;
-                    }
-                    AgentMessage::Hello { zone } => {
-                        let Reporter::Node(node) = &reporter else {
-                            let _ = tx
-                                .send(Err(Status::permission_denied(
-                                    "only node agents say hello (they probe)",
-                                )))
-                                .await;
-                            break;
-                        };
-                        match sink.hello(node, &zone) {
-                            Ok(mut rx) => {
-                                let targets = rx.borrow_and_update().clone();
-                                info!(%node, %zone, targets = targets.len(), "node agent connected");
-                                hello_node = Some(node.clone());
-                                assignment = Some(rx);
-                                if tx
-                                    .send(Ok(AuthorityMessage::Assignment { targets }))
-                                    .await
-                                    .is_err()
-                                {
-                                    break;
-                                }
-                            }
-                            Err(status) => {
-                                let _ = tx.send(Err(status)).await;
-                                break;
-                            }
-                        }
-                    }
-                    AgentMessage::Samples { samples } | AgentMessage::Relayed { samples }
-                        if samples.len() > BATCH_MAX =>
-                    {
-                        let _ = tx
-                            .send(Err(Status::invalid_argument(format!(
-                                "samples: {} in one message, at most {BATCH_MAX}",
-                                samples.len()
-                            ))))
-                            .await;
-                        break;
-                    }
-                    AgentMessage::Relayed { samples } => {
-                        let Reporter::Node(node) = &reporter else {
-                            let _ = tx
-                                .send(Err(Status::permission_denied(
-                                    "only node agents relay self-reports",
-                                )))
-                                .await;
-                            break;
-                        };
-                        if !answer(&tx, sink.ingest_relayed(node, samples)).await {
-                            break;
-                        }
-                    }
-                    AgentMessage::Samples { samples } => {
-                        if !answer(&tx, sink.ingest(&reporter, samples)).await {
-                            break;
-                        }
-                    }
-                }
-            }
-            if let Some(node) = hello_node {
-                sink.goodbye(&node);
-            }
-        });
+        let (tx, rx) = mpsc::channel::<Result<pb::AuthorityMessage, Status>>(16);
+        let session = Session {
+            sink: Arc::clone(&self.sink),
+            metrics: self.metrics.clone(),
+            reporter,
+            tx,
+            assignment: None,
+            hello_node: None,
+        };
+        tokio::spawn(session.run(request.into_inner()).in_current_span());
         Ok(tonic::Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+}
+
+/// One session's driver: reads the reporter's messages, answers them, forwards the
+/// assignment while it changes.
+struct Session {
+    sink: Arc<dyn EvidenceSink>,
+    metrics: SessionMetrics,
+    reporter: Reporter,
+    tx: mpsc::Sender<Result<pb::AuthorityMessage, Status>>,
+    assignment: Option<watch::Receiver<Vec<ProbeTarget>>>,
+    hello_node: Option<NodeName>,
+}
+
+impl Session {
+    async fn run(mut self, mut inbound: Streaming<pb::AgentMessage>) {
+        loop {
+            let next = tokio::select! {
+                next = inbound.next() => next,
+                changed = wait_changed(&mut self.assignment) => {
+                    if !changed {
+                        self.assignment = None;
+                    } else if let Some(rx) = &self.assignment {
+                        let targets = rx.borrow().clone();
+                        if !self.send(AuthorityMessage::Assignment { targets }).await {
+                            break;
+                        }
+                    }
+                    continue;
+                }
+            };
+            let message = match next {
+                Some(Ok(m)) => m,
+                Some(Err(status)) => {
+                    self.inbound_failed(status);
+                    break;
+                }
+                None => break,
+            };
+            let message = match AgentMessage::try_from(message) {
+                Ok(m) => m,
+                Err(e) => {
+                    self.refuse_malformed(e.label(), &e.chain()).await;
+                    break;
+                }
+            };
+            if !self.handle(message).await {
+                break;
+            }
+        }
+        if let Some(node) = &self.hello_node {
+            self.sink.goodbye(node);
+        }
+    }
+
+    /// Answer one valid message; `false` when the session is over.
+    async fn handle(&mut self, message: AgentMessage) -> bool {
+        let reporter = &self.reporter;
+        match message {
+            AgentMessage::Hello { .. } if self.hello_node.is_some() => {
+                // One hello per session: a second would count the node as connected once
+                // more than it ever says goodbye.
+                warn!(%reporter, "evidence session ended: a second hello");
+                self.fail(Status::failed_precondition(
+                    "hello: at most once per session",
+                ))
+                .await
+            }
+            AgentMessage::Hello { zone } => {
+                let Reporter::Node(node) = reporter else {
+                    return self
+                        .fail(Status::permission_denied(
+                            "only node agents say hello (they probe)",
+                        ))
+                        .await;
+                };
+                match self.sink.hello(node, &zone) {
+                    Ok(mut rx) => {
+                        let targets = rx.borrow_and_update().clone();
+                        info!(%node, %zone, targets = targets.len(), "node agent connected");
+                        self.hello_node = Some(node.clone());
+                        self.assignment = Some(rx);
+                        self.send(AuthorityMessage::Assignment { targets }).await
+                    }
+                    Err(status) => self.fail(status).await,
+                }
+            }
+            AgentMessage::Relayed { samples } => {
+                let Reporter::Node(node) = reporter else {
+                    return self
+                        .fail(Status::permission_denied(
+                            "only node agents relay self-reports",
+                        ))
+                        .await;
+                };
+                let outcome = self.sink.ingest_relayed(node, samples);
+                self.answer(outcome).await
+            }
+            AgentMessage::Samples { samples } => {
+                let outcome = self.sink.ingest(reporter, samples);
+                self.answer(outcome).await
+            }
+        }
+    }
+
+    /// The reporter's side failed: it went away, or its message could not be read (over
+    /// the size cap, not protobuf). Say which, if it is still listening.
+    fn inbound_failed(&self, status: Status) {
+        let reporter = &self.reporter;
+        // Our codec's parse failure (see `codec.rs`); everything else is the transport's.
+        if status.code() == tonic::Code::InvalidArgument
+            && status.message().starts_with(MALFORMED_PREFIX)
+        {
+            self.count_malformed("undecodable");
+            warn!(%reporter, reason = "undecodable", error = status.message(), "evidence message refused: malformed");
+        } else {
+            debug!(%reporter, %status, "evidence session ended: the agent's side failed");
+        }
+        let _ = self.tx.try_send(Err(status));
+    }
+
+    /// A message that parsed but says something invalid: counted, logged, and the session
+    /// ends with `INVALID_ARGUMENT` naming the field. Nothing it carried reached the sink.
+    async fn refuse_malformed(&self, reason: &'static str, error: &str) {
+        let reporter = &self.reporter;
+        self.count_malformed(reason);
+        warn!(%reporter, reason, error, "evidence message refused: malformed");
+        let _ = self
+            .tx
+            .send(Err(Status::invalid_argument(malformed(&error))))
+            .await;
+    }
+
+    fn count_malformed(&self, reason: &str) {
+        self.metrics
+            .malformed
+            .get_or_create(&MalformedLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Send a batch's outcome: its acknowledgement, or the status that ends the session.
+    async fn answer(&self, outcome: Result<Ack, Status>) -> bool {
+        match outcome {
+            Ok(ack) => {
+                self.send(AuthorityMessage::Ack {
+                    accepted: ack.accepted,
+                    refused: ack.refused,
+                })
+                .await
+            }
+            Err(status) => self.fail(status).await,
+        }
+    }
+
+    /// `false` when the reporter is gone.
+    async fn send(&self, message: AuthorityMessage) -> bool {
+        self.tx.send(Ok(message.into())).await.is_ok()
+    }
+
+    /// End the session with `status`; always `false`.
+    async fn fail(&self, status: Status) -> bool {
+        let _ = self.tx.send(Err(status)).await;
+        false
     }
 }
 
@@ -247,73 +335,5 @@ async fn wait_changed(rx: &mut Option<watch::Receiver<Vec<ProbeTarget>>>) -> boo
     }
 }
 
-type SessionStream = Pin<Box<dyn Stream<Item = Result<AuthorityMessage, Status>> + Send>>;
-type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
-
-impl NamedService for EvidenceService {
-    const NAME: &'static str = SERVICE;
-}
-
-struct SessionMethod(EvidenceService);
-
-impl tonic::server::StreamingService<AgentMessage> for SessionMethod {
-    type Response = AuthorityMessage;
-    type ResponseStream = SessionStream;
-    type Future = BoxFuture<Result<tonic::Response<SessionStream>, Status>>;
-
-    fn call(&mut self, request: tonic::Request<Streaming<AgentMessage>>) -> Self::Future {
-        let service = self.0.clone();
-        Box::pin(service.session(request))
-    }
-}
-
-impl<B> tower::Service<http::Request<B>> for EvidenceService
-where
-    B: tonic::codegen::Body + Send + 'static,
-    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let service = self.clone();
-        Box::pin(async move {
-            if request.uri().path() != SESSION_PATH {
-                return Ok(Status::unimplemented("no such method").into_http());
-            }
-            let mut grpc =
-                tonic::server::Grpc::new(JsonCodec::<AuthorityMessage, AgentMessage>::default())
-                    .apply_max_message_size_config(
-                        Some(AGENT_MESSAGE_BYTES_MAX),
-                        Some(AUTHORITY_MESSAGE_BYTES_MAX),
-                    );
-            Ok(grpc.streaming(SessionMethod(service), request).await)
-        })
-    }
-}
-
-/// Send a batch's outcome: its acknowledgement, or the status that ends the session.
-/// `false` when the session is over.
-async fn answer(
-    tx: &mpsc::Sender<Result<AuthorityMessage, Status>>,
-    outcome: Result<Ack, Status>,
-) -> bool {
-    match outcome {
-        Ok(ack) => {
-            let msg = AuthorityMessage::Ack {
-                accepted: ack.accepted,
-                refused: ack.refused,
-            };
-            tx.send(Ok(msg)).await.is_ok()
-        }
-        Err(status) => {
-            let _ = tx.send(Err(status)).await;
-            false
-        }
-    }
-}
+/// What a session sends, as the generated service wants it.
+pub type SessionStream = Pin<Box<dyn Stream<Item = Result<pb::AuthorityMessage, Status>> + Send>>;

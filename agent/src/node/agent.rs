@@ -200,14 +200,20 @@ impl NodeAgent {
                 .server()
                 .add_service(xds.service())
                 .add_service(shared.lrs.service())
-                .add_service(crate::evidence::EvidenceService::new(
-                    Arc::new(super::selfreport::LocalRelay::new(
-                        outbound_tx.clone(),
-                        metrics.clone(),
-                    )),
-                    config.region.clone(),
-                    metrics.self_reports_refused.clone(),
-                ));
+                .add_service(
+                    crate::evidence::EvidenceService::new(
+                        Arc::new(super::selfreport::LocalRelay::new(
+                            outbound_tx.clone(),
+                            metrics.clone(),
+                        )),
+                        config.region.clone(),
+                        crate::evidence::SessionMetrics {
+                            unattributed: metrics.self_reports_refused.clone(),
+                            malformed: metrics.self_report_messages_malformed.clone(),
+                        },
+                    )
+                    .into_server(),
+                );
             let stop_fut = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };

@@ -7,6 +7,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
+use crate::evidence::MalformedLabels;
+
 /// A service label.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ServiceLabels {
@@ -56,6 +58,8 @@ pub struct AgentMetrics {
     pub self_reports_relayed: Counter,
     /// Workload self-reports refused here (not about itself, not a self-report).
     pub self_reports_refused: Counter,
+    /// Messages from workloads refused as malformed (each ended its session), by fault.
+    pub self_report_messages_malformed: Family<MalformedLabels, Counter>,
 }
 
 impl AgentMetrics {
@@ -131,6 +135,11 @@ impl AgentMetrics {
             "self_reports_refused",
             "Workload self-reports refused by the agent (not about itself, not a self-report)",
             self.self_reports_refused.clone(),
+        );
+        r.register(
+            "self_report_messages_malformed",
+            "Evidence messages from workloads refused as malformed, ending their session, by fault",
+            self.self_report_messages_malformed.clone(),
         );
         r.register(
             "evidence_connected",
