@@ -879,17 +879,14 @@ impl LeaderTerm {
         }
         // A seeded entry the replica has not replaced is dropped like the replica's own
         // would be: only when its region is stale and stale regions are dropped.
-        let dropped: Vec<_> = self
-            .tier2_seeded
-            .iter()
-            .filter(|(region, _)| stale.contains(region))
-            .cloned()
-            .collect();
+        let (dropped, kept): (BTreeSet<_>, BTreeSet<_>) = std::mem::take(&mut self.tier2_seeded)
+            .into_iter()
+            .partition(|(region, _)| stale.contains(region));
+        self.tier2_seeded = kept;
         for (region, service) in dropped {
             debug!(peer_region = %region, %service, "tier 2 taken from the published views dropped: the region is stale");
             self.pipeline
                 .handle_remote(now, &service, region.clone(), Vec::new());
-            self.tier2_seeded.remove(&(region.clone(), service.clone()));
             self.remote_fed.insert((region, service), DROPPED_STALE);
         }
     }
