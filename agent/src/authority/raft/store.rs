@@ -7,8 +7,11 @@
 //!
 //! redb is blocking and every commit syncs to disk, so each call runs on tokio's blocking
 //! pool. Durability, per operation:
-//! - `append`, `save_vote`, `save_committed`, `truncate`, `purge`: durable (redb commit with
-//!   `Durability::Immediate`) before the call returns or the flush callback fires;
+//! - `append`, `save_vote`, `truncate`, `purge`: durable (redb's default immediate
+//!   durability) before the call returns or the flush callback fires;
+//! - `save_committed`: kept in memory and written by the next `append`, or by a durable
+//!   flush [`COMMITTED_FLUSH_AFTER`] later when none comes; it may be behind after a crash,
+//!   never ahead;
 //! - `install_snapshot`, `build_snapshot`: the snapshot is durable before the call returns.
 
 use std::fmt::{self, Debug};
@@ -23,7 +26,7 @@ use openraft::{
     Entry, EntryPayload, LogId, LogState, OptionalSend, RaftLogReader, RaftSnapshotBuilder,
     Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
 };
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{broadcast, watch};
 
 use super::{Member, TypeConfig};
@@ -116,8 +119,7 @@ from_redb!(
     redb::TransactionError,
     redb::TableError,
     redb::StorageError,
-    redb::CommitError,
-    redb::SetDurabilityError
+    redb::CommitError
 );
 
 /// The replicated state as the rest of the member sees it, plus what was last applied.
@@ -249,18 +251,8 @@ fn get_meta<T: serde::de::DeserializeOwned>(
 }
 
 fn put_meta<T: serde::Serialize>(db: &Database, key: &str, value: &T) -> Result<(), StoreError> {
-    put_meta_with(db, key, value, Durability::Immediate)
-}
-
-fn put_meta_with<T: serde::Serialize>(
-    db: &Database,
-    key: &str,
-    value: &T,
-    durability: Durability,
-) -> Result<(), StoreError> {
     let bytes = serde_json::to_vec(value)?;
-    let mut txn = db.begin_write()?;
-    txn.set_durability(durability)?;
+    let txn = db.begin_write()?;
     {
         let mut table = txn.open_table(META)?;
         table.insert(key, bytes.as_slice())?;
@@ -307,16 +299,39 @@ pub struct LogStore {
     committed: Arc<CommittedFlush>,
 }
 
+impl LogStore {
+    /// The same store with the idle flush of the committed index put off by `after`, so a
+    /// test can tell what an append persisted from what the flush did.
+    #[cfg(test)]
+    pub(crate) fn with_committed_flush_after(mut self, after: std::time::Duration) -> Self {
+        self.committed = Arc::new(CommittedFlush {
+            after,
+            ..CommittedFlush::default()
+        });
+        self
+    }
+}
+
 /// How long a committed index saved without an fsync waits for one of its own, if no log
 /// append (each of which is durable, and persists it) came first.
 const COMMITTED_FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The committed index saved last, not yet known durable, and whether a flush of it is
 /// scheduled (see [`LogStore::save_committed`]).
-#[derive(Default)]
 struct CommittedFlush {
     latest: Mutex<Option<Option<LogId<NodeId>>>>,
     scheduled: AtomicBool,
+    after: std::time::Duration,
+}
+
+impl Default for CommittedFlush {
+    fn default() -> Self {
+        Self {
+            latest: Mutex::default(),
+            scheduled: AtomicBool::default(),
+            after: COMMITTED_FLUSH_AFTER,
+        }
+    }
 }
 
 impl Debug for LogStore {
@@ -411,22 +426,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|e| StorageIOError::read_vote(&e).into())
     }
 
-    /// Without an fsync of its own: openraft awaits this before every apply, so a durable
-    /// write here cost one more fsync per commit on the path every write waits on. The
-    /// record becomes durable with the next log append (redb persists a non-durable commit
-    /// with the next durable one); after a crash it may be behind, which only means fewer
-    /// entries are re-applied at start-up before the leader's commit index arrives. It is
-    /// never ahead of what was committed.
+    /// Kept in memory, not written here: openraft awaits this before every apply, so any
+    /// write here (even one without an fsync: redb still copies and allocates pages for
+    /// each transaction) sat on the path every write waits on. The next log append writes
+    /// the latest value in its own durable transaction; after a crash the record may be
+    /// behind, which only means fewer entries are re-applied at start-up before the
+    /// leader's commit index arrives. It is never ahead of what was committed.
     ///
     /// When no append follows (the region went quiet), a flush scheduled
     /// [`COMMITTED_FLUSH_AFTER`] later writes the latest value durably, so an idle member's
     /// record is at most that much behind.
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
-        blocking(&self.db, move |db| {
-            put_meta_with(db, KEY_COMMITTED, &committed, Durability::None)
-        })
-        .await
-        .map_err(|e| StorageIOError::write(&e))?;
         *self
             .committed
             .latest
@@ -435,7 +445,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if !self.committed.scheduled.swap(true, Ordering::AcqRel) {
             let (db, flush) = (Arc::clone(&self.db), Arc::clone(&self.committed));
             tokio::spawn(async move {
-                tokio::time::sleep(COMMITTED_FLUSH_AFTER).await;
+                tokio::time::sleep(flush.after).await;
                 flush.scheduled.store(false, Ordering::Release);
                 let latest = flush
                     .latest
@@ -473,6 +483,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .map_err(|e| StorageIOError::write_log_entry(entry.log_id, &e))?;
             encoded.push((entry.log_id.index, bytes));
         }
+        // The committed index saved since the last write rides this transaction.
+        let committed = self
+            .committed
+            .latest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .map(|c| serde_json::to_vec(&c))
+            .transpose()
+            .map_err(|e| StorageIOError::write(&e))?;
         blocking(&self.db, move |db| {
             let txn = db.begin_write()?;
             {
@@ -480,6 +500,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 for (index, bytes) in &encoded {
                     table.insert(*index, bytes.as_slice())?;
                 }
+            }
+            if let Some(committed) = &committed {
+                txn.open_table(META)?
+                    .insert(KEY_COMMITTED, committed.as_slice())?;
             }
             txn.commit()?;
             Ok(())

@@ -93,6 +93,28 @@ async fn a_reopened_store_keeps_vote_purge_and_truncate() {
     assert_eq!(indexes, [4, 5, 6, 7]);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_append_persists_the_committed_index() {
+    // Goal: saving the committed index writes nothing itself; the next log append carries
+    // it in its own transaction (the idle flush is put off past the test).
+    let dir = TempDir::new().unwrap();
+    let (events, _) = broadcast::channel(16);
+    let (log, _, _) = store::open(dir.path(), events).unwrap();
+    let mut log = log.with_committed_flush_after(Duration::from_secs(3600));
+    log.blocking_append((1..=4).map(|i| blank(1, i)))
+        .await
+        .unwrap();
+    log.save_committed(Some(LogId::new(CommittedLeaderId::new(1, 1), 3)))
+        .await
+        .unwrap();
+    assert_eq!(log.read_committed().await.unwrap(), None, "written at once");
+    log.blocking_append([blank(1, 5)]).await.unwrap();
+    assert_eq!(
+        log.read_committed().await.unwrap().map(|l| l.index),
+        Some(3)
+    );
+}
+
 #[test]
 fn a_state_with_published_views_encodes_as_a_snapshot() {
     // Goal: snapshot encoding (serde_json) covers every part of the state.
