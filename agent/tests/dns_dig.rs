@@ -88,7 +88,7 @@ fn released(service: &str, eps: &[Ep], disregarded: &[&str]) -> ReleasedView {
                 service: ServiceName::try_new(service).expect("test service"),
                 zone: ZoneName::try_new("zone-a").expect("test zone"),
             },
-            endpoints,
+            endpoints: endpoints.into(),
             markers: Markers {
                 health_disregarded: disregarded
                     .iter()

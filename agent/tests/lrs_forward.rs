@@ -68,7 +68,8 @@ fn released(service: &str, endpoints: &[(&str, &str)]) -> ReleasedView {
             };
             (instance, endpoint)
         })
-        .collect();
+        .collect::<std::collections::BTreeMap<_, _>>()
+        .into();
     ReleasedView {
         version: Version(7),
         view: View {

@@ -100,7 +100,7 @@ fn view(version: u64, endpoints: usize, without: usize) -> ReleasedView {
         version: Version(version),
         view: View {
             key,
-            endpoints,
+            endpoints: endpoints.into(),
             markers: Markers::default(),
         },
     }

@@ -414,7 +414,8 @@ mod tests {
                 };
                 (e.instance.clone(), e)
             })
-            .collect();
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into();
         let mut markers = Markers::default();
         markers.zone_floor.insert(zone(0), floor);
         Output::Release(Box::new(ReleasedView {

@@ -89,7 +89,8 @@ mod tests {
                 endpoints: endpoints
                     .into_iter()
                     .map(|e| (e.instance.clone(), e))
-                    .collect::<BTreeMap<_, _>>(),
+                    .collect::<BTreeMap<_, _>>()
+                    .into(),
                 markers: Markers::default(),
             },
         }

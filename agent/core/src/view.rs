@@ -165,13 +165,19 @@ impl std::fmt::Display for ViewKey {
     }
 }
 
+/// A view's endpoints by instance, shared by every holder of the view (the assembler's
+/// target, the delta queues' target and release, the publisher, the xDS tier): cloning a
+/// view copies a pointer, and changing one copies the map only while another holder still
+/// has it (`Arc::make_mut`).
+pub type Endpoints = Arc<BTreeMap<InstanceId, ViewEndpoint>>;
+
 /// A view's content (unversioned).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct View {
     /// Which view.
     pub key: ViewKey,
     /// Endpoints by instance.
-    pub endpoints: BTreeMap<InstanceId, ViewEndpoint>,
+    pub endpoints: Endpoints,
     /// Declared markers.
     pub markers: Markers,
 }
@@ -212,7 +218,7 @@ impl View {
     pub fn empty(key: ViewKey) -> Self {
         Self {
             key,
-            endpoints: BTreeMap::new(),
+            endpoints: Endpoints::default(),
             markers: Markers::default(),
         }
     }
@@ -280,10 +286,10 @@ pub fn paired<'a>(
 pub fn apply(old: &View, delta: &ViewDelta) -> View {
     let mut view = old.clone();
     for id in &delta.removed {
-        view.endpoints.remove(id);
+        Arc::make_mut(&mut view.endpoints).remove(id);
     }
     for e in &delta.upserted {
-        view.endpoints.insert(e.instance.clone(), e.clone());
+        Arc::make_mut(&mut view.endpoints).insert(e.instance.clone(), e.clone());
     }
     view.markers = delta.markers.clone();
     view

@@ -86,7 +86,8 @@ fn released() -> ReleasedView {
                 .map(endpoint)
                 .into_iter()
                 .map(|e| (e.instance.clone(), e))
-                .collect(),
+                .collect::<std::collections::BTreeMap<_, _>>()
+                .into(),
             markers: Markers::default(),
         },
     }

@@ -65,7 +65,8 @@ fn released(version: u64, eps: &[u8]) -> ReleasedView {
                 .iter()
                 .map(|n| endpoint(*n))
                 .map(|e| (e.instance.clone(), e))
-                .collect(),
+                .collect::<std::collections::BTreeMap<_, _>>()
+                .into(),
             markers: Markers::default(),
         },
     }

@@ -85,7 +85,7 @@ fn view_with(eps: &[(&str, u8)]) -> View {
             service: ServiceName::try_new("pay").unwrap(),
             zone: ZoneName::try_new("a").unwrap(),
         },
-        endpoints,
+        endpoints: endpoints.into(),
         markers: Markers::default(),
     }
 }

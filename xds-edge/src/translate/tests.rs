@@ -59,7 +59,7 @@ pub(crate) fn released(
         version: Version(version),
         view: View {
             key,
-            endpoints,
+            endpoints: endpoints.into(),
             markers,
         },
     }

@@ -62,7 +62,7 @@ pub fn released(
         version: Version(version),
         view: View {
             key,
-            endpoints,
+            endpoints: endpoints.into(),
             markers,
         },
     }

@@ -7,6 +7,14 @@
 //! the last call and emits a [`Effect::Target`] for each view whose content changed. Versions
 //! are not assigned here: the delta queues stamp them when they release (see `delta`).
 //!
+//! A service whose only changes since its last assembly are to some of its instances (a
+//! verdict, a registration, a retirement — nearly every change in a busy region) has its
+//! views patched rather than rebuilt: each changed instance's endpoint is recomputed and put
+//! in (or taken out of) a copy of the previous view. Anything that can move every endpoint —
+//! the guard engaging or releasing in a zone, a policy, an evacuation or failover step, a
+//! peer region's endpoints, a failover priority appearing or vanishing — rebuilds the service
+//! from scratch. A property test holds the two paths to the same views.
+//!
 //! The fraction guard sits here, downstream of evaluation, so it survives bugs in evaluation
 //! (ADR-08): per service per zone, if fewer than the minimum healthy fraction of the zone's
 //! instances would be routed, the zone's full set is published as `Disregarded`, the view
@@ -196,6 +204,19 @@ struct ServiceSlot {
     guarded: BTreeSet<ZoneName>,
     had_eligible: Option<bool>,
     targets: BTreeMap<ZoneName, View>,
+    /// Per caller zone, how many endpoints of its target hold each failover rank before
+    /// ranks are made contiguous: a patch that leaves the set of ranks alone leaves every
+    /// other endpoint's priority alone.
+    ranks: BTreeMap<ZoneName, BTreeMap<u32, usize>>,
+}
+
+/// What changed in a service since its views were last assembled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Touched {
+    /// Only these instances (their verdict, record or existence).
+    Members(BTreeSet<InstanceId>),
+    /// Something that can move every endpoint: rebuild.
+    All,
 }
 
 /// The view assembler. See the module documentation.
@@ -206,7 +227,7 @@ pub struct ViewAssembler {
     zones: BTreeSet<ZoneName>,
     evacuations: Shifts<ZoneName>,
     region_failovers: Shifts<RegionName>,
-    dirty: BTreeSet<ServiceName>,
+    dirty: BTreeMap<ServiceName, Touched>,
     effects: Vec<Effect>,
 }
 
@@ -229,7 +250,7 @@ impl ViewAssembler {
             zones,
             evacuations: Shifts::new(),
             region_failovers: Shifts::new(),
-            dirty: BTreeSet::new(),
+            dirty: BTreeMap::new(),
             effects: Vec::new(),
         }
     }
@@ -241,8 +262,14 @@ impl ViewAssembler {
 
     /// An instance exists (or its address, weight, tags changed).
     pub fn handle_instance(&mut self, instance: &Instance) {
-        self.zones.insert(instance.locality.zone.clone());
-        let slot = self.slot(&instance.service);
+        let new_zone = self.zones.insert(instance.locality.zone.clone());
+        let new_service = !self.services.contains_key(&instance.service);
+        if new_zone || new_service {
+            self.touch_all(&instance.service);
+        } else {
+            self.touch_member(&instance.service, &instance.id);
+        }
+        let slot = self.services.entry(instance.service.clone()).or_default();
         let tags = Arc::new(instance.tags.clone());
         let metadata = Arc::new(instance.metadata.clone());
         let instance = Arc::new(instance.clone());
@@ -271,7 +298,7 @@ impl ViewAssembler {
             && m.eligibility != Some(eligibility)
         {
             m.eligibility = Some(eligibility);
-            self.dirty.insert(service.clone());
+            self.touch_member(service, id);
         }
     }
 
@@ -280,7 +307,7 @@ impl ViewAssembler {
         if let Some(slot) = self.services.get_mut(service)
             && slot.members.remove(id).is_some()
         {
-            self.dirty.insert(service.clone());
+            self.touch_member(service, id);
         }
     }
 
@@ -421,8 +448,8 @@ impl ViewAssembler {
     /// Rebuild every service touched since the last call; emits effects.
     pub fn assemble(&mut self) {
         let dirty = std::mem::take(&mut self.dirty);
-        for service in dirty {
-            self.assemble_service(&service);
+        for (service, touched) in dirty {
+            self.assemble_service(&service, &touched);
         }
     }
 
@@ -452,8 +479,27 @@ impl ViewAssembler {
     // --- assembly ---
 
     fn slot(&mut self, service: &ServiceName) -> &mut ServiceSlot {
-        self.dirty.insert(service.clone());
+        self.touch_all(service);
         self.services.entry(service.clone()).or_default()
+    }
+
+    /// The service's views must be rebuilt.
+    fn touch_all(&mut self, service: &ServiceName) {
+        self.dirty.insert(service.clone(), Touched::All);
+    }
+
+    /// One instance of the service changed; its views may be patched.
+    fn touch_member(&mut self, service: &ServiceName, id: &InstanceId) {
+        match self.dirty.entry(service.clone()) {
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(Touched::Members(BTreeSet::from([id.clone()])));
+            }
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                if let Touched::Members(ids) = o.get_mut() {
+                    ids.insert(id.clone());
+                }
+            }
+        }
     }
 
     fn evacuation_changed(&mut self, zone: &ZoneName) {
@@ -468,17 +514,41 @@ impl ViewAssembler {
             moved,
             awaiting_completion,
         });
-        self.dirty.extend(self.services.keys().cloned());
+        let all: Vec<ServiceName> = self.services.keys().cloned().collect();
+        for service in &all {
+            self.touch_all(service);
+        }
     }
 
-    fn assemble_service(&mut self, service: &ServiceName) {
+    fn assemble_service(&mut self, service: &ServiceName, touched: &Touched) {
         let Some(mut slot) = self.services.remove(service) else {
             return;
         };
         let tallies = tally(&slot);
-        self.update_guard(service, &mut slot, &tallies);
+        let guard_moved = self.update_guard(service, &mut slot, &tallies);
         self.update_incident(service, &mut slot);
-        let markers = Markers {
+        let markers = self.markers(&slot, &tallies);
+        for caller in self.zones.clone() {
+            let patched = match touched {
+                Touched::Members(ids) if !guard_moved => {
+                    self.patch_view(&slot, &caller, ids, &markers)
+                }
+                _ => None,
+            };
+            let (view, ranks) =
+                patched.unwrap_or_else(|| self.build_view(service, &slot, &caller, &markers));
+            slot.ranks.insert(caller.clone(), ranks);
+            if slot.targets.get(&caller) != Some(&view) {
+                slot.targets.insert(caller, view.clone());
+                self.effects.push(Effect::Target(view));
+            }
+        }
+        self.services.insert(service.clone(), slot);
+    }
+
+    /// What every view of the service declares, given its guard state and tallies.
+    fn markers(&self, slot: &ServiceSlot, tallies: &BTreeMap<ZoneName, ZoneTally>) -> Markers {
+        Markers {
             health_disregarded: slot.guarded.clone(),
             evacuating: self
                 .evacuations
@@ -491,23 +561,93 @@ impl ViewAssembler {
                 .filter(|(z, _)| !slot.guarded.contains(*z))
                 .map(|(z, t)| (z.clone(), floor_count(t.total, slot.policy.min_healthy)))
                 .collect(),
-        };
-        for caller in self.zones.clone() {
-            let view = self.build_view(service, &slot, &caller, &markers);
-            if slot.targets.get(&caller) != Some(&view) {
-                slot.targets.insert(caller, view.clone());
-                self.effects.push(Effect::Target(view));
-            }
         }
-        self.services.insert(service.clone(), slot);
     }
 
+    /// The view a rebuild from scratch would give now, whatever changed: what a patched
+    /// view must equal.
+    #[cfg(test)]
+    fn rebuilt(&self, key: &ViewKey) -> Option<View> {
+        let slot = self.services.get(&key.service)?;
+        let markers = self.markers(slot, &tally(slot));
+        Some(self.build_view(&key.service, slot, &key.zone, &markers).0)
+    }
+
+    /// The caller's previous target with the endpoints of `ids` recomputed, or `None` when
+    /// a patch cannot give what a rebuild would: no previous target, a changed instance
+    /// that a peer region's endpoint shadows, or a failover rank appearing or vanishing
+    /// (which renumbers the priorities of endpoints that did not change).
+    fn patch_view(
+        &self,
+        slot: &ServiceSlot,
+        caller: &ZoneName,
+        ids: &BTreeSet<InstanceId>,
+        markers: &Markers,
+    ) -> Option<(View, BTreeMap<u32, usize>)> {
+        let old = slot.targets.get(caller)?;
+        let old_ranks = slot.ranks.get(caller)?;
+        let shadowed = |id: &InstanceId| {
+            slot.remote
+                .values()
+                .any(|list| list.iter().any(|r| &r.instance == id))
+        };
+        let caller_moved = self.moved(caller);
+        let mut ranks = old_ranks.clone();
+        let mut fresh = Vec::with_capacity(ids.len());
+        for id in ids {
+            if !slot.remote.is_empty() && shadowed(id) {
+                return None;
+            }
+            if let Some(prev) = old.endpoints.get(id) {
+                let tier = tier_of(&prev.zone, caller);
+                let (_, rank) = self.shift(&prev.zone, caller_moved, tier, prev.weight, slot);
+                let held = ranks.get_mut(&rank)?;
+                *held -= 1;
+                if *held == 0 {
+                    ranks.remove(&rank);
+                }
+            }
+            let new = slot
+                .members
+                .get(id)
+                .and_then(|m| self.member_endpoint(m, slot, caller, caller_moved));
+            if let Some((_, rank)) = &new {
+                *ranks.entry(*rank).or_default() += 1;
+            }
+            fresh.push((id, new));
+        }
+        if !ranks.keys().eq(old_ranks.keys()) {
+            return None;
+        }
+        let dense: BTreeMap<u32, u32> = ranks.keys().copied().zip(0..).collect();
+        let mut endpoints = old.endpoints.clone();
+        let map = Arc::make_mut(&mut endpoints);
+        for (id, new) in fresh {
+            match new {
+                Some((mut e, rank)) => {
+                    e.priority = dense[&rank];
+                    map.insert(id.clone(), e);
+                }
+                None => {
+                    map.remove(id);
+                }
+            }
+        }
+        let view = View {
+            key: old.key.clone(),
+            endpoints,
+            markers: markers.clone(),
+        };
+        Some((view, ranks))
+    }
+
+    /// Engage and release the guard per zone from the tallies; whether any zone's changed.
     fn update_guard(
         &mut self,
         service: &ServiceName,
         slot: &mut ServiceSlot,
         tallies: &BTreeMap<ZoneName, ZoneTally>,
-    ) {
+    ) -> bool {
         let floor = slot.policy.min_healthy;
         let on = self.config.fraction_guard;
         let now_guarded: BTreeSet<ZoneName> = tallies
@@ -535,7 +675,9 @@ impl ViewAssembler {
                 zone: zone.clone(),
             });
         }
+        let moved = slot.guarded != now_guarded;
         slot.guarded = now_guarded;
+        moved
     }
 
     fn update_incident(&mut self, service: &ServiceName, slot: &mut ServiceSlot) {
@@ -563,40 +705,26 @@ impl ViewAssembler {
         slot.had_eligible = Some(any);
     }
 
+    /// The caller's view of the service from scratch, and how many endpoints hold each
+    /// failover rank before the ranks are made contiguous.
     fn build_view(
         &self,
         service: &ServiceName,
         slot: &ServiceSlot,
         caller: &ZoneName,
         markers: &Markers,
-    ) -> View {
+    ) -> (View, BTreeMap<u32, usize>) {
         let key = ViewKey {
             service: service.clone(),
             zone: caller.clone(),
         };
         let caller_moved = self.moved(caller);
         let mut raw: Vec<(ViewEndpoint, u32)> = Vec::with_capacity(slot.members.len());
-        for m in slot.members.values() {
-            let Some(eligibility) = m.eligibility else {
-                continue;
-            };
-            let zone = &m.instance.locality.zone;
-            let Some((status, weight)) =
-                publish(&eligibility, m.instance.weight, slot.guarded.contains(zone))
-            else {
-                continue;
-            };
-            let tier = if zone == caller {
-                Tier::Local
-            } else {
-                Tier::Region
-            };
-            let (weight, rank) = self.shift(zone, caller_moved, tier, weight, slot);
-            raw.push((
-                endpoint(m, tier, weight, status, eligibility.verdict()),
-                rank,
-            ));
-        }
+        raw.extend(
+            slot.members
+                .values()
+                .filter_map(|m| self.member_endpoint(m, slot, caller, caller_moved)),
+        );
         let region_ranks = local_ranks(&self.zones, slot) + 2;
         let order = slot.policy.failover.as_ref().map(|f| f.regions.as_slice());
         for (region, list) in &slot.remote {
@@ -610,24 +738,53 @@ impl ViewAssembler {
                 raw.push((e, region_ranks + rank));
             }
         }
-        // Envoy wants contiguous priorities from 0: compact the ranks in order.
-        let ranks: BTreeSet<u32> = raw.iter().map(|(_, r)| *r).collect();
-        let dense: BTreeMap<u32, u32> = ranks.into_iter().zip(0..).collect();
-        // Members come in instance order and peers after them: built in one pass (the map
-        // sorts what is not in order yet; for a repeated instance the last one stays, as
-        // inserting one by one would keep).
-        let endpoints: BTreeMap<InstanceId, ViewEndpoint> = raw
+        // Envoy wants contiguous priorities from 0: compact the ranks in order. Members come
+        // in instance order and peers after them: built in one pass (the map sorts what is
+        // not in order yet; for a repeated instance the last one stays, as inserting one by
+        // one would keep, and only what stays is counted).
+        let endpoints: BTreeMap<InstanceId, (ViewEndpoint, u32)> = raw
             .into_iter()
-            .map(|(mut e, rank)| {
+            .map(|(e, rank)| (e.instance.clone(), (e, rank)))
+            .collect();
+        let mut ranks: BTreeMap<u32, usize> = BTreeMap::new();
+        for (_, rank) in endpoints.values() {
+            *ranks.entry(*rank).or_default() += 1;
+        }
+        let dense: BTreeMap<u32, u32> = ranks.keys().copied().zip(0..).collect();
+        let endpoints: BTreeMap<InstanceId, ViewEndpoint> = endpoints
+            .into_iter()
+            .map(|(id, (mut e, rank))| {
                 e.priority = dense[&rank];
-                (e.instance.clone(), e)
+                (id, e)
             })
             .collect();
-        View {
+        let view = View {
             key,
-            endpoints,
+            endpoints: endpoints.into(),
             markers: markers.clone(),
-        }
+        };
+        (view, ranks)
+    }
+
+    /// A member's endpoint in the caller's view with its failover rank (before ranks are
+    /// made contiguous), or `None` if it is not published there.
+    fn member_endpoint(
+        &self,
+        m: &Member,
+        slot: &ServiceSlot,
+        caller: &ZoneName,
+        caller_moved: Permille,
+    ) -> Option<(ViewEndpoint, u32)> {
+        let eligibility = m.eligibility?;
+        let zone = &m.instance.locality.zone;
+        let (status, weight) =
+            publish(&eligibility, m.instance.weight, slot.guarded.contains(zone))?;
+        let tier = tier_of(zone, caller);
+        let (weight, rank) = self.shift(zone, caller_moved, tier, weight, slot);
+        Some((
+            endpoint(m, tier, weight, status, eligibility.verdict()),
+            rank,
+        ))
     }
 
     /// Weight and priority rank after evacuation shifts.
@@ -663,6 +820,15 @@ impl ViewAssembler {
         self.evacuations
             .get(zone)
             .map_or(Permille::ZERO, |e| e.moved)
+    }
+}
+
+/// A member's tier in a caller's view: local to the caller's zone, or elsewhere in the region.
+fn tier_of(zone: &ZoneName, caller: &ZoneName) -> Tier {
+    if zone == caller {
+        Tier::Local
+    } else {
+        Tier::Region
     }
 }
 

@@ -1,4 +1,6 @@
-//! Property: after every step, no zone publishes below its floor without declaring it.
+//! Properties: after every step, no zone publishes below its floor without declaring it;
+//! region failover never removes an endpoint and moves one step per interval; and a view
+//! patched for the instances that changed is the view a rebuild would give.
 
 use proptest::prelude::*;
 
@@ -167,6 +169,111 @@ proptest! {
                 let first_moved = remote.filter(|e| full(&e.region)).map(|e| e.priority).min();
                 if let (Some(kept), Some(moved)) = (last_kept, first_moved) {
                     prop_assert!(moved > kept, "moved region at {} not after {}", moved, kept);
+                }
+            }
+        }
+    }
+}
+
+/// One input to the incremental-assembly property.
+#[derive(Debug, Clone)]
+enum AsmOp {
+    /// Instance `n` of service `s` gets a verdict.
+    Verdict(usize, usize, Eligibility),
+    /// Instance `n` of service `s` is (re)registered in zone `z` with a weight.
+    Register(usize, usize, usize, u32),
+    /// Instance `n` of service `s` is retired.
+    Remove(usize, usize),
+    /// A peer region sends endpoints for service `s`; the first may share a member's id.
+    Remote(usize, Vec<EndpointStatus>, bool),
+    /// Service `s` gets a failover order over the zones, or loses it.
+    Failover(usize, bool),
+    /// Zone `z` starts evacuating, or shifts back.
+    Evacuate(usize, bool),
+    /// Time passes (evacuation steps fall due).
+    Tick(u64),
+}
+
+fn asm_op() -> impl Strategy<Value = AsmOp> {
+    let (s, n, z) = (0usize..2, 0usize..9, 0usize..3);
+    prop_oneof![
+        8 => (s.clone(), n.clone(), eligibility()).prop_map(|(s, n, e)| AsmOp::Verdict(s, n, e)),
+        3 => (s.clone(), n.clone(), z.clone(), 1u32..200).prop_map(|(s, n, z, w)| AsmOp::Register(s, n, z, w)),
+        2 => (s.clone(), n).prop_map(|(s, n)| AsmOp::Remove(s, n)),
+        1 => (s.clone(), prop::collection::vec(remote_status(), 0..3), any::<bool>())
+            .prop_map(|(s, st, shadow)| AsmOp::Remote(s, st, shadow)),
+        1 => (s, any::<bool>()).prop_map(|(s, on)| AsmOp::Failover(s, on)),
+        1 => (z, any::<bool>()).prop_map(|(z, on)| AsmOp::Evacuate(z, on)),
+        1 => (0u64..40_000).prop_map(AsmOp::Tick),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn patched_views_are_the_views_a_rebuild_gives(
+        floor in 100u16..=900,
+        batch in 1usize..4,
+        ops in prop::collection::vec(asm_op(), 1..80),
+    ) {
+        let zones = ["a", "b", "c"];
+        let services = ["pay", "cart"];
+        let mut asm = ViewAssembler::new(AssemblerConfig::new(region(), zones.iter().map(|z| zone(z))));
+        for s in services {
+            asm.handle_policy(&svc(s), ServicePolicy { min_healthy: Permille::new(floor).unwrap(), failover: None });
+            for n in 0..9u8 {
+                let i = instance(s, &format!("{s}-{n}"), zones[n as usize % 3], n);
+                asm.handle_instance(&i);
+                asm.handle_eligibility(&svc(s), &i.id, Eligibility::Eligible { weight: Weight::DEFAULT });
+            }
+        }
+        asm.assemble();
+        let mut now = crate::testkit::t0();
+        for (step, op) in ops.into_iter().enumerate() {
+            match op {
+                AsmOp::Verdict(s, n, e) => {
+                    asm.handle_eligibility(&svc(services[s]), &iid(&format!("{}-{n}", services[s])), e);
+                }
+                AsmOp::Register(s, n, z, w) => {
+                    let mut i = instance(services[s], &format!("{}-{n}", services[s]), zones[z], n as u8);
+                    i.weight = Weight::new(w);
+                    asm.handle_instance(&i);
+                }
+                AsmOp::Remove(s, n) => asm.handle_removed(&svc(services[s]), &iid(&format!("{}-{n}", services[s]))),
+                AsmOp::Remote(s, statuses, shadow) => {
+                    let list = statuses.iter().enumerate().map(|(k, status)| RemoteEndpoint {
+                        instance: if shadow && k == 0 { iid(&format!("{}-0", services[s])) } else { iid(&format!("far-{k}")) },
+                        address: instance("x", "x", "z", 200 + k as u8).address,
+                        zone: zone("z"),
+                        weight: Weight::DEFAULT,
+                        status: *status,
+                        verdict: Verdict::Eligible,
+                    }).collect();
+                    asm.handle_remote(&svc(services[s]), RegionName::try_new("far").unwrap(), list);
+                }
+                AsmOp::Failover(s, on) => {
+                    let failover = on.then(|| FailoverOrder { zones: vec![zone("c"), zone("a")], regions: Vec::new() });
+                    asm.handle_policy(&svc(services[s]), ServicePolicy { min_healthy: Permille::new(floor).unwrap(), failover });
+                }
+                AsmOp::Evacuate(z, on) => {
+                    let command = if on { EvacuationCommand::Evacuate { manual: false } } else { EvacuationCommand::ShiftBack };
+                    let _ = asm.handle_evacuation(now, &zone(zones[z]), command);
+                }
+                AsmOp::Tick(wait) => {
+                    now += ms(wait);
+                    asm.handle_timeout(now);
+                }
+            }
+            // Several changes may land between two assemblies, as they do under load.
+            if step % batch != 0 {
+                continue;
+            }
+            asm.assemble();
+            for s in services {
+                for z in zones {
+                    let key = ViewKey { service: svc(s), zone: zone(z) };
+                    let held = asm.target(&key).unwrap();
+                    let rebuilt = asm.rebuilt(&key).unwrap();
+                    prop_assert_eq!(held, &rebuilt, "{} after step {}", key, step);
                 }
             }
         }

@@ -157,7 +157,10 @@ impl ViewAssembler {
             .iter()
             .filter(|(_, slot)| slot.remote.contains_key(region))
             .map(|(name, _)| name.clone());
-        self.dirty.extend(touched);
+        let touched: Vec<_> = touched.collect();
+        for service in &touched {
+            self.touch_all(service);
+        }
     }
 }
 

@@ -17,7 +17,7 @@ fn key() -> ViewKey {
 fn view_of(eps: &[ViewEndpoint]) -> View {
     let mut v = View::empty(key());
     for e in eps {
-        v.endpoints.insert(e.instance.clone(), e.clone());
+        std::sync::Arc::make_mut(&mut v.endpoints).insert(e.instance.clone(), e.clone());
     }
     v
 }
@@ -291,7 +291,7 @@ proptest! {
             // zone routes fewer endpoints than the target does.
             if let Some(before) = before {
                 let now = fx.released();
-                for (id, e) in &before.endpoints {
+                for (id, e) in before.endpoints.iter() {
                     if e.status.is_routed() && !target.routes_to(id) {
                         prop_assert!(!now.routes_to(id), "{} still routed", id);
                     }

@@ -158,7 +158,11 @@ fn released(eps: Vec<ViewEndpoint>, markers: Markers) -> ReleasedView {
                 service: ServiceName::try_new("pay").unwrap(),
                 zone: ZoneName::try_new("a").unwrap(),
             },
-            endpoints: eps.into_iter().map(|e| (e.instance.clone(), e)).collect(),
+            endpoints: eps
+                .into_iter()
+                .map(|e| (e.instance.clone(), e))
+                .collect::<std::collections::BTreeMap<_, _>>()
+                .into(),
             markers,
         },
     }

@@ -103,7 +103,8 @@ fn assignment(service: &str, eps: &[(&str, &str)]) -> ClusterLoadAssignment {
     let endpoints = eps
         .iter()
         .map(|(instance, address)| (id(instance), endpoint(instance, address)))
-        .collect();
+        .collect::<std::collections::BTreeMap<_, _>>()
+        .into();
     load_assignment(&ReleasedView {
         version: Version(1),
         view: View {

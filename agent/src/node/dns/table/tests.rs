@@ -106,7 +106,7 @@ pub(crate) fn assignment(
                 service: ServiceName::try_new(service).expect("test service"),
                 zone: ZoneName::try_new("zone-a").expect("test zone"),
             },
-            endpoints,
+            endpoints: endpoints.into(),
             markers,
         },
     })
