@@ -834,14 +834,23 @@ fn tier_of(zone: &ZoneName, caller: &ZoneName) -> Tier {
 
 /// Routed and total candidates per zone, as the evaluator judged them.
 fn tally(slot: &ServiceSlot) -> BTreeMap<ZoneName, ZoneTally> {
-    // Keyed by reference while counting: one name clone per zone, not per member.
-    let mut tallies: BTreeMap<&ZoneName, ZoneTally> = BTreeMap::new();
+    // A region has a handful of zones: a list searched in place beats a map per member,
+    // and a name is cloned once per zone, not per member.
+    let mut tallies: Vec<(&ZoneName, ZoneTally)> = Vec::new();
     for m in slot.members.values() {
         let Some(e) = m.eligibility else { continue };
         if matches!(e, Eligibility::Draining { .. }) {
             continue; // deliberate exits are not capacity the guard may restore
         }
-        let t = tallies.entry(&m.instance.locality.zone).or_default();
+        let zone = &m.instance.locality.zone;
+        let at = match tallies.iter().position(|(z, _)| *z == zone) {
+            Some(at) => at,
+            None => {
+                tallies.push((zone, ZoneTally::default()));
+                tallies.len() - 1
+            }
+        };
+        let t = &mut tallies[at].1;
         t.total += 1;
         t.routed += usize::from(e.is_routed());
     }
