@@ -181,6 +181,15 @@ pub enum Command {
         /// Targets and their probers.
         assignment: BTreeMap<InstanceId, Vec<NodeName>>,
     },
+    /// Change the prober assignment of some targets only (the leader's answer to instances
+    /// that came or changed while the probers stayed the same), so an entry's size follows
+    /// what changed, not the region. Targets no longer registered are skipped.
+    PatchAssignment {
+        /// Targets and their new probers.
+        set: BTreeMap<InstanceId, Vec<NodeName>>,
+        /// Targets that no longer have a prober.
+        remove: BTreeSet<InstanceId>,
+    },
     /// Change the region's grants or tokens (authorised by the API before proposing).
     Acl {
         /// The change.
@@ -707,6 +716,17 @@ impl DesiredState {
                 self.assignment = assignment;
                 Ok(Applied::AssignmentSet)
             }
+            Command::PatchAssignment { set, remove } => {
+                for id in &remove {
+                    self.assignment.remove(id);
+                }
+                for (id, probers) in set {
+                    if self.instances.contains_key(&id) {
+                        self.assignment.insert(id, probers);
+                    }
+                }
+                Ok(Applied::AssignmentSet)
+            }
             Command::Acl { change } => Ok(Applied::Acl {
                 applied: self.acl.apply(change, self.clock_ms)?,
             }),
@@ -1137,6 +1157,14 @@ impl Command {
             Command::SetAssignment { assignment } => {
                 counted("assignment", assignment.len(), INSTANCES_MAX)?;
                 for probers in assignment.values() {
+                    counted("assignment.probers", probers.len(), PROBERS_PER_TARGET_MAX)?;
+                }
+                Ok(())
+            }
+            Command::PatchAssignment { set, remove } => {
+                counted("assignment", set.len(), INSTANCES_MAX)?;
+                counted("remove", remove.len(), INSTANCES_MAX)?;
+                for probers in set.values() {
                     counted("assignment.probers", probers.len(), PROBERS_PER_TARGET_MAX)?;
                 }
                 Ok(())

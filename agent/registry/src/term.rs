@@ -250,7 +250,10 @@ pub struct LeaderTerm {
     due: Due,
     /// The wall clock as of the last input that read it, to stamp records between reads.
     wall: (Instant, u64),
-    assignment_dirty: bool,
+    /// What changed since the prober assignment was last computed.
+    reassign: Reassign,
+    /// The probers the assignment was last computed over.
+    probers: Vec<(NodeName, ZoneName)>,
     denials: DenialDigest,
     leases: Leases,
     /// The version of each peer region's aggregate the pipeline holds as tier 2.
@@ -269,6 +272,34 @@ struct Hold {
     /// Until the timeout that ends it, computed views are kept here, newest per view.
     pending: bool,
     held: BTreeMap<ViewKey, ReleasedView>,
+}
+
+/// What the prober assignment must take in at its next computation.
+#[derive(Debug, Default)]
+enum Reassign {
+    /// Nothing changed.
+    #[default]
+    Nothing,
+    /// These instances came or changed (and nothing else did).
+    Instances(BTreeSet<InstanceId>),
+    /// The probers, a contract, or the whole state may have: compute it all.
+    All,
+}
+
+impl Reassign {
+    /// Instances beyond which one pass over the region costs no more than the patch.
+    const INSTANCES_MAX: usize = 4_096;
+
+    fn instance(&mut self, id: &InstanceId) {
+        match self {
+            Self::Nothing => *self = Self::Instances(BTreeSet::from([id.clone()])),
+            Self::Instances(ids) if ids.len() < Self::INSTANCES_MAX => {
+                ids.insert(id.clone());
+            }
+            Self::Instances(_) => *self = Self::All,
+            Self::All => {}
+        }
+    }
 }
 
 /// When each periodic duty is next due.
@@ -335,7 +366,8 @@ impl LeaderTerm {
                 remote: now,
             },
             wall: (now, now_ms),
-            assignment_dirty: true,
+            reassign: Reassign::All,
+            probers: Vec::new(),
             denials: DenialDigest::default(),
             leases: Leases::default(),
             remote_fed: BTreeMap::new(),
@@ -406,16 +438,15 @@ impl LeaderTerm {
         ) {
             self.commands.push(LeaderCommand::RefreshTargets);
         }
-        // A contract that gains or loses its probe changes which instances are targets.
-        if matches!(
-            applied,
-            Applied::Registered { .. }
-                | Applied::Observed { .. }
-                | Applied::Retired { .. }
-                | Applied::ServicePut
-                | Applied::ServiceRemoved { .. }
-        ) {
-            self.assignment_dirty = true;
+        // A contract that gains or loses its probe changes which instances are targets; a
+        // new or changed instance changes only its own. A retired one takes its entry with
+        // it when applied.
+        match applied {
+            Applied::Registered { instance, .. } | Applied::Observed { instance, .. } => {
+                self.reassign.instance(instance);
+            }
+            Applied::ServicePut | Applied::ServiceRemoved { .. } => self.reassign = Reassign::All,
+            _ => {}
         }
     }
 
@@ -430,7 +461,7 @@ impl LeaderTerm {
         self.wall = (now, now_ms);
         let config = &self.config;
         (self.pipeline, self.tier2_seeded) = env.read_state(|s| rebuild(config, s, now, now_ms));
-        self.assignment_dirty = true;
+        self.reassign = Reassign::All;
         self.remote_fed.clear();
         self.due.remote = now;
         self.drain(now);
@@ -438,7 +469,7 @@ impl LeaderTerm {
 
     /// Gossip membership changed: probers may have come or gone.
     pub fn handle_membership_changed(&mut self) {
-        self.assignment_dirty = true;
+        self.reassign = Reassign::All;
     }
 
     /// How a [`LeaderCommand::Propose`] ended.
@@ -475,7 +506,14 @@ impl LeaderTerm {
                     detail: serde_json::json!({"peer_region": region, "intent": intent, "reason": reason}),
                 });
             }
-            Purpose::Assignment | Purpose::Observed | Purpose::Progress => {
+            Purpose::Assignment => {
+                if !written.committed() {
+                    // What it carried is lost: compute the whole assignment again.
+                    debug!(?purpose, "leader proposal not committed");
+                    self.reassign = Reassign::All;
+                }
+            }
+            Purpose::Observed | Purpose::Progress => {
                 if !written.committed() {
                     debug!(?purpose, "leader proposal not committed");
                 }
@@ -501,8 +539,10 @@ impl LeaderTerm {
         }
         if self.due.reassign <= now {
             self.due.reassign = now + REASSIGN_EVERY;
-            if std::mem::take(&mut self.assignment_dirty) {
-                self.reassign(now, env);
+            match std::mem::take(&mut self.reassign) {
+                Reassign::Nothing => {}
+                Reassign::All => self.reassign(now, env),
+                Reassign::Instances(ids) => self.reassign_instances(now, env, &ids),
             }
         }
         if self.due.observed <= now {
@@ -830,11 +870,62 @@ impl LeaderTerm {
                 && r.assignment_len() == wanted.len();
             (!same).then_some(wanted)
         });
+        self.probers = probers;
         if let Some(assignment) = wanted {
             self.propose_command(
                 now,
                 Purpose::Assignment,
                 Command::SetAssignment { assignment },
+            );
+        }
+    }
+
+    /// Only these instances came or changed since the last assignment, and the probers
+    /// did not: assign them alone, and propose only where that differs from what is held.
+    /// A region taking thousands of registrations a second reassigns in proportion to
+    /// them, without a scan of every instance under the state lock.
+    fn reassign_instances(
+        &mut self,
+        now: Instant,
+        env: &impl Surroundings,
+        ids: &BTreeSet<InstanceId>,
+    ) {
+        let probers = env.probers();
+        if probers != self.probers {
+            return self.reassign(now, env);
+        }
+        let patch = env.read_state(|s| {
+            let r = s.registry();
+            let targets: Vec<(InstanceId, ZoneName)> = ids
+                .iter()
+                .filter_map(|id| r.instance(id))
+                .filter(|i| {
+                    r.service(&i.instance.service)
+                        .is_some_and(|s| s.contract.probe.is_some())
+                })
+                .map(|i| (i.instance.id.clone(), i.instance.locality.zone.clone()))
+                .collect();
+            let mut wanted = assign(&targets, &probers, PROBERS_PER_TARGET);
+            let mut set = BTreeMap::new();
+            let mut remove = BTreeSet::new();
+            for id in ids {
+                let want = wanted.remove(id).unwrap_or_default();
+                if r.probers(id) == want.as_slice() {
+                    continue;
+                }
+                if want.is_empty() {
+                    remove.insert(id.clone());
+                } else {
+                    set.insert(id.clone(), want);
+                }
+            }
+            (!set.is_empty() || !remove.is_empty()).then_some((set, remove))
+        });
+        if let Some((set, remove)) = patch {
+            self.propose_command(
+                now,
+                Purpose::Assignment,
+                Command::PatchAssignment { set, remove },
             );
         }
     }

@@ -263,6 +263,17 @@ fn command() -> impl Strategy<Value = Command> {
                     .collect(),
             )]),
         }),
+        1 => (instance_id(), 0usize..20, instance_id()).prop_map(|(target, n, gone)| {
+            Command::PatchAssignment {
+                set: BTreeMap::from([(
+                    target,
+                    (0..n)
+                        .map(|i| NodeName::try_new(format!("n{i}")).unwrap())
+                        .collect(),
+                )]),
+                remove: BTreeSet::from([gone]),
+            }
+        }),
     ]
 }
 

@@ -566,6 +566,89 @@ fn a_connected_prober_is_assigned_its_zones_targets_once() {
     );
 }
 
+#[test]
+fn an_instance_that_comes_while_the_probers_stay_is_assigned_alone() {
+    // Goal: with the probers unchanged, a new instance costs a patch for itself, not the
+    // region's whole assignment; a prober joining still reassigns everything.
+    let mut world = World::new(region_state());
+    world.probers = vec![(node("pa"), zone("a")), (node("pb"), zone("b"))];
+    let mut fx = Fx::new(config(1), &world);
+    let first = fx.run_to(&world, REASSIGN_EVERY);
+    let Some((_, Request::Registry(Stamped { command: full, .. }))) = proposals(&first)
+        .into_iter()
+        .find(|(p, _)| **p == Purpose::Assignment)
+    else {
+        panic!("no assignment proposed: {first:?}");
+    };
+    assert!(matches!(full, Command::SetAssignment { .. }), "{full:?}");
+    let applied = apply(&mut world.state, full.clone());
+    fx.term.handle_applied(fx.now, &applied, &world);
+    fx.term
+        .handle_written(fx.now, Purpose::Assignment, Written::Applied);
+    fx.term.take_commands();
+
+    let newcomer = pod(9, "b");
+    let applied = apply(
+        &mut world.state,
+        Command::Observe {
+            instance: newcomer.clone(),
+            draining: false,
+        },
+    );
+    fx.term.handle_applied(fx.now, &applied, &world);
+    let commands = fx.run_to(&world, REASSIGN_EVERY * 2);
+    let assigned: Vec<_> = proposals(&commands)
+        .into_iter()
+        .filter(|(p, _)| **p == Purpose::Assignment)
+        .map(|(_, r)| r.clone())
+        .collect();
+    let wanted = assign(
+        &[(newcomer.id.clone(), zone("b"))],
+        &world.probers,
+        PROBERS_PER_TARGET,
+    );
+    assert_eq!(
+        assigned,
+        vec![registry(
+            T0_MS + ms(REASSIGN_EVERY * 2),
+            Command::PatchAssignment {
+                set: wanted.clone(),
+                remove: BTreeSet::new(),
+            }
+        )]
+    );
+    apply(
+        &mut world.state,
+        Command::PatchAssignment {
+            set: wanted.clone(),
+            remove: BTreeSet::new(),
+        },
+    );
+    assert_eq!(
+        world.state.registry().probers(&newcomer.id),
+        wanted[&newcomer.id].as_slice()
+    );
+
+    // A prober joins: the whole assignment is computed again.
+    world.probers.push((node("pc"), zone("a")));
+    fx.term.handle_membership_changed();
+    let joined = fx.run_to(&world, REASSIGN_EVERY * 3);
+    let kinds: Vec<_> = proposals(&joined)
+        .into_iter()
+        .filter(|(p, _)| **p == Purpose::Assignment)
+        .map(|(_, r)| match r {
+            Request::Registry(Stamped { command, .. }) => std::mem::discriminant(command),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![std::mem::discriminant(&Command::SetAssignment {
+            assignment: BTreeMap::new()
+        })]
+    );
+}
+
 fn remote(id: &str) -> RemoteEndpoint {
     RemoteEndpoint {
         instance: InstanceId::try_new(id).unwrap(),
