@@ -38,13 +38,19 @@ pub const DB_FILE: &str = "raft.redb";
 /// Log entries by index, each a JSON-encoded `openraft::Entry`.
 const LOGS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("raft_logs");
 /// Small records by name, JSON-encoded: see the `KEY_*` constants.
-const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("raft_meta");
+pub(super) const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("raft_meta");
+/// The latest snapshot (`KEY_SNAPSHOT_META`, `KEY_SNAPSHOT_DATA`), in a table of its own:
+/// redb keeps a value in its B-tree leaf, and a leaf is copied whole by any insert into it,
+/// so a snapshot beside the committed index made every log append copy (and sync) the
+/// snapshot. Files written before this table existed hold the snapshot in `META`; it is
+/// read from there until the next snapshot moves it.
+const SNAPSHOT: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("raft_snapshot");
 
 const KEY_VOTE: &str = "vote";
 const KEY_COMMITTED: &str = "committed";
 const KEY_PURGED: &str = "last_purged";
-const KEY_SNAPSHOT_META: &str = "snapshot_meta";
-const KEY_SNAPSHOT_DATA: &str = "snapshot_data";
+pub(super) const KEY_SNAPSHOT_META: &str = "snapshot_meta";
+pub(super) const KEY_SNAPSHOT_DATA: &str = "snapshot_data";
 
 type NodeId = u64;
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
@@ -261,11 +267,15 @@ fn put_meta<T: serde::Serialize>(db: &Database, key: &str, value: &T) -> Result<
     Ok(())
 }
 
-type StoredSnapshot = (SnapshotMeta<NodeId, Member>, Vec<u8>);
+pub(super) type StoredSnapshot = (SnapshotMeta<NodeId, Member>, Vec<u8>);
 
-fn load_snapshot(db: &Database) -> Result<Option<StoredSnapshot>, StoreError> {
+pub(super) fn load_snapshot(db: &Database) -> Result<Option<StoredSnapshot>, StoreError> {
     let txn = db.begin_read()?;
-    let table = txn.open_table(META)?;
+    let table = match txn.open_table(SNAPSHOT) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => txn.open_table(META)?,
+        Err(e) => return Err(e.into()),
+    };
     let (Some(meta), Some(data)) = (table.get(KEY_SNAPSHOT_META)?, table.get(KEY_SNAPSHOT_DATA)?)
     else {
         return Ok(None);
@@ -274,7 +284,7 @@ fn load_snapshot(db: &Database) -> Result<Option<StoredSnapshot>, StoreError> {
     Ok(Some((meta, data.value().to_vec())))
 }
 
-fn save_snapshot(
+pub(super) fn save_snapshot(
     db: &Database,
     meta: &SnapshotMeta<NodeId, Member>,
     data: &[u8],
@@ -282,9 +292,12 @@ fn save_snapshot(
     let meta = serde_json::to_vec(meta)?;
     let txn = db.begin_write()?;
     {
-        let mut table = txn.open_table(META)?;
+        let mut table = txn.open_table(SNAPSHOT)?;
         table.insert(KEY_SNAPSHOT_META, meta.as_slice())?;
         table.insert(KEY_SNAPSHOT_DATA, data)?;
+        let mut old = txn.open_table(META)?;
+        old.remove(KEY_SNAPSHOT_META)?;
+        old.remove(KEY_SNAPSHOT_DATA)?;
     }
     txn.commit()?;
     Ok(())

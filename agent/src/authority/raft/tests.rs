@@ -116,6 +116,48 @@ async fn the_next_append_persists_the_committed_index() {
 }
 
 #[test]
+fn a_snapshot_kept_beside_the_small_records_is_still_read_and_moved_by_the_next() {
+    // Goal: a file written when the snapshot lived in the metadata table still opens with
+    // its snapshot; the next snapshot goes to its own table and leaves none behind.
+    use openraft::{SnapshotMeta, StoredMembership};
+    use redb::{ReadableDatabase as _, ReadableTable as _};
+    let dir = TempDir::new().unwrap();
+    let db = redb::Database::create(dir.path().join("old.redb")).unwrap();
+    let meta = |index| SnapshotMeta::<u64, Member> {
+        last_log_id: Some(LogId::new(CommittedLeaderId::new(1, 1), index)),
+        last_membership: StoredMembership::default(),
+        snapshot_id: format!("s{index}"),
+    };
+    {
+        let txn = db.begin_write().unwrap();
+        {
+            let mut old = txn.open_table(store::META).unwrap();
+            let encoded = serde_json::to_vec(&meta(5)).unwrap();
+            old.insert(store::KEY_SNAPSHOT_META, encoded.as_slice())
+                .unwrap();
+            old.insert(store::KEY_SNAPSHOT_DATA, b"old".as_slice())
+                .unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let (held, data) = store::load_snapshot(&db).unwrap().unwrap();
+    assert_eq!(
+        (held.snapshot_id.as_str(), data.as_slice()),
+        ("s5", &b"old"[..])
+    );
+
+    store::save_snapshot(&db, &meta(9), b"new").unwrap();
+    let (held, data) = store::load_snapshot(&db).unwrap().unwrap();
+    assert_eq!(
+        (held.snapshot_id.as_str(), data.as_slice()),
+        ("s9", &b"new"[..])
+    );
+    let txn = db.begin_read().unwrap();
+    let old = txn.open_table(store::META).unwrap();
+    assert!(old.get(store::KEY_SNAPSHOT_DATA).unwrap().is_none());
+}
+
+#[test]
 fn a_state_with_published_views_encodes_as_a_snapshot() {
     // Goal: snapshot encoding (serde_json) covers every part of the state.
     use waymark_core::model::ZoneName;
