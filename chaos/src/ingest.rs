@@ -4,20 +4,23 @@
 //!
 //! One `waymark authority` process ([`FleetAuthority`] with its ingest listener) holds the
 //! estate (the reference region's 60,000 instances over 450 services unless sized down),
-//! registered through its API on the nodes of the sessions, under a contract with all three
+//! registered through its API on the sessions' nodes, under a contract with all three
 //! evidence classes. Each session is a node agent as the real one connects: its own
 //! certificate from the run's CA, the agent's TLS policy and keepalives, the evidence client
 //! ([`ClientSession`]), `hello` with its zone, then the probe assignment the leader hands it.
 //! Its stream, per round: a probe result for every target it is assigned, a relayed
 //! self-report for every instance on its node, and callers' outcomes for its share of the
-//! estate, in batches of the agent's size, with a few batches unacknowledged at a time.
+//! estate, in batches of the agent's size. By default a session keeps `window` messages
+//! unacknowledged and sends on as each is answered (a closed loop: the most the authority
+//! will take); `rate` paces all sessions to an offered load instead, and `backoff_ms` makes
+//! a session hold off after an overload.
 //!
 //! *Admitted* is what the authority's acknowledgements say it admitted (beside the change
 //! of `waymark_ingest_samples_accepted_total` over the same window), counted over a window
-//! after a warm-up, so the hub's bounded queue is at its steady state and refusals for
-//! overload count against the rate, never for it. The per-core figure divides by the CPU
-//! time the authority process spent in the window (`/proc/<pid>/stat`). The bench's own
-//! sessions run on the same machine and their CPU is reported beside it.
+//! after a warm-up, so the hub's bounded queue is at its steady state and overload
+//! refusals count against the rate, never for it. The per-core figure divides by the CPU
+//! time the authority process spent in the window (`/proc/<pid>/stat`); the sessions' own
+//! CPU and the rest of the machine's are reported beside it.
 //!
 //! The limit replays the very samples the sessions sent, interleaved as they arrive,
 //! through a [`waymark_core::evaluator::Evaluator`] holding the same services and
@@ -36,7 +39,9 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
 use tonic::transport::Endpoint;
-use waymark_agent::evidence::{AgentMessage, AuthorityMessage, ClientSession, WireSample};
+use waymark_agent::evidence::{
+    AgentMessage, AuthorityMessage, ClientSession, RefusedSample, WireSample,
+};
 use waymark_core::contract::{CapabilityProfile, HealthContract};
 use waymark_core::evaluator::{Admission, Evaluator, EvaluatorConfig};
 use waymark_core::model::{
@@ -80,6 +85,12 @@ pub struct Params {
     pub batch: usize,
     /// Messages a session keeps unacknowledged.
     pub window: usize,
+    /// How long a session holds off after an acknowledgement refusing samples as
+    /// `overloaded` (0: it sends on at once, a flood of what will be refused).
+    pub backoff_ms: u64,
+    /// Samples per second offered by all sessions together, evenly paced (0: as fast as
+    /// the window lets them, a closed loop).
+    pub rate: u64,
     /// Seconds streamed before the measured window of each phase.
     pub warmup_s: u64,
     /// Seconds each measured window lasts.
@@ -117,9 +128,15 @@ pub struct Phase {
     pub per_core: f64,
     /// CPU time this process (the sessions) spent in the window.
     pub sessions_cpu_s: f64,
+    /// CPU time everything else on the machine spent in the window, in cores: the
+    /// machine is shared, and what others run is taken from the authority.
+    pub other_cores: f64,
     /// How long, after the sessions stopped, the last acknowledgement took and the
     /// authority took to go idle (its queue drained).
     pub drain_s: f64,
+    /// Whether it went idle within the drain's 15 s: if not, admitted samples were still
+    /// queued for the leader and the next phase starts behind.
+    pub drained: bool,
 }
 
 /// One replay of the stream through the evaluator alone.
@@ -129,6 +146,10 @@ pub struct LimitPhase {
     pub samples: u64,
     /// Of those, applied (the rest the evaluator refused, see `rejected`).
     pub applied: u64,
+    /// Eligibility changes the samples produced (each is a re-assembly of its service's
+    /// views at the leader), and of those, transitions between verdicts.
+    pub eligibility_changes: u64,
+    pub transitions: u64,
     /// Time spent in the evaluator.
     pub seconds: f64,
     /// `samples / seconds`.
@@ -413,6 +434,21 @@ struct Counters {
 }
 
 impl Counters {
+    /// One acknowledgement; whether it refused samples as `overloaded`.
+    fn acknowledged(&self, accepted: u64, refused: Vec<RefusedSample>) -> bool {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.accepted.fetch_add(accepted, Ordering::Relaxed);
+        if refused.is_empty() {
+            return false;
+        }
+        let overloaded = refused.iter().any(|r| r.reason == "overloaded");
+        let mut by = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        for r in refused {
+            *by.entry(r.reason).or_default() += 1;
+        }
+        overloaded
+    }
+
     fn refused(&self) -> BTreeMap<String, u64> {
         self.refused
             .lock()
@@ -473,7 +509,13 @@ async fn open_sessions(
             rx,
             Arc::clone(&targets),
             Arc::clone(counters),
-            params.window,
+            Pace {
+                window: params.window,
+                backoff: Duration::from_millis(params.backoff_ms),
+                per_sample: (params.rate > 0).then(|| {
+                    Duration::from_secs(1).mul_f64(params.sessions as f64 / params.rate as f64)
+                }),
+            },
         ));
         sessions.push(AgentSession {
             node,
@@ -503,20 +545,34 @@ async fn connect(
     Ok(ClientSession::open(channel).await?)
 }
 
-/// Streams the messages `control` names, round after round, keeping `window` of them
-/// unacknowledged; counts what the authority answers.
+/// How a session paces what it sends.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    /// Messages unacknowledged at most.
+    window: usize,
+    /// Held off after an overload.
+    backoff: Duration,
+    /// This session's share of the offered rate, as time per sample; `None`: unpaced.
+    per_sample: Option<Duration>,
+}
+
+/// Streams the messages `control` names, round after round, as `pace` allows; counts what
+/// the authority answers.
 async fn drive(
     mut session: ClientSession,
     mut control: watch::Receiver<Option<Arc<Vec<AgentMessage>>>>,
     targets: Arc<Mutex<Vec<InstanceId>>>,
     counters: Arc<Counters>,
-    window: usize,
+    pace: Pace,
 ) {
     let (mut next, mut in_flight) = (0usize, 0usize);
+    let mut resume = tokio::time::Instant::now();
     let ended = loop {
         let stream = control.borrow().clone();
+        let held = tokio::time::Instant::now() < resume;
         if let Some(messages) = stream.filter(|m| !m.is_empty())
-            && in_flight < window
+            && in_flight < pace.window
+            && !held
         {
             let message = messages[next % messages.len()].clone();
             next += 1;
@@ -529,23 +585,25 @@ async fn drive(
             if let Err(status) = session.send(message).await {
                 break format!("send: {status}");
             }
+            if let Some(per_sample) = pace.per_sample {
+                // Evenly paced from where the last message's share ended, never banking
+                // time a stopped phase did not use.
+                resume = resume.max(tokio::time::Instant::now() - per_sample * 64)
+                    + per_sample * samples as u32;
+            }
             in_flight += 1;
             counters.in_flight.fetch_add(1, Ordering::Relaxed);
             counters.sent.fetch_add(samples as u64, Ordering::Relaxed);
             continue;
         }
         tokio::select! {
+            () = tokio::time::sleep_until(resume), if held => {}
             changed = control.changed() => if changed.is_err() { return },
             message = session.inbound.next() => match message {
                 Some(Ok(AuthorityMessage::Ack { accepted, refused })) => {
                     in_flight = in_flight.saturating_sub(1);
-                    counters.in_flight.fetch_sub(1, Ordering::Relaxed);
-                    counters.accepted.fetch_add(accepted, Ordering::Relaxed);
-                    if !refused.is_empty() {
-                        let mut by = counters.refused.lock().unwrap_or_else(PoisonError::into_inner);
-                        for r in refused {
-                            *by.entry(r.reason).or_default() += 1;
-                        }
+                    if counters.acknowledged(accepted, refused) {
+                        resume = resume.max(tokio::time::Instant::now() + pace.backoff);
                     }
                 }
                 Some(Ok(AuthorityMessage::Assignment { targets: t })) => {
@@ -790,7 +848,8 @@ async fn replay_limit(
     tokio::task::spawn_blocking(move || {
         let mut ev = ev;
         let applied_before = ev.stats().samples_applied;
-        let (mut spent, mut fed) = (Duration::ZERO, 0u64);
+        let transitions_before = ev.stats().transitions;
+        let (mut spent, mut fed, mut changes) = (Duration::ZERO, 0u64, 0u64);
         loop {
             for chunk in samples.chunks(LIMIT_CHUNK) {
                 let chunk = chunk.to_vec();
@@ -802,7 +861,13 @@ async fn replay_limit(
                 for sample in chunk {
                     let _ = ev.handle_sample(start, sample);
                 }
-                std::hint::black_box(ev.take_effects());
+                // The leader consumes the effects; here they are counted and dropped.
+                let effects = std::hint::black_box(ev.take_effects());
+                changes += effects
+                    .iter()
+                    .filter(|e| matches!(e, waymark_core::evaluator::Effect::Eligibility { .. }))
+                    .count() as u64;
+                drop(effects);
                 spent += start.elapsed();
                 fed += n;
             }
@@ -814,6 +879,8 @@ async fn replay_limit(
         let phase = LimitPhase {
             samples: fed,
             applied: ev.stats().samples_applied - applied_before,
+            eligibility_changes: changes,
+            transitions: ev.stats().transitions - transitions_before,
             seconds,
             per_sec: if seconds > 0.0 {
                 fed as f64 / seconds
@@ -836,6 +903,7 @@ struct Mark {
     metric: f64,
     authority_ticks: u64,
     own_ticks: u64,
+    machine_ticks: u64,
 }
 
 impl Mark {
@@ -851,6 +919,7 @@ impl Mark {
             metric,
             authority_ticks: cpu_ticks(&format!("/proc/{pid}/stat"))?,
             own_ticks: cpu_ticks("/proc/self/stat")?,
+            machine_ticks: machine_busy_ticks()?,
         })
     }
 }
@@ -875,12 +944,13 @@ async fn measure(
     for s in sessions {
         s.control.send_replace(None);
     }
-    let drain_s = drain(counters, pid).await?;
+    let (drain_s, drained) = drain(counters, pid).await?;
     counters.check_errors()?;
     let tick = clock_ticks_per_sec();
     let seconds = (to.at - from.at).as_secs_f64();
     let admitted = to.accepted - from.accepted;
     let authority_cpu_s = (to.authority_ticks - from.authority_ticks) as f64 / tick;
+    let other_cores = others(&from, &to) / tick / seconds;
     let mut refused = to.refused;
     for (reason, n) in &from.refused {
         if let Some(m) = refused.get_mut(reason) {
@@ -903,15 +973,18 @@ async fn measure(
             0.0
         },
         sessions_cpu_s: (to.own_ticks - from.own_ticks) as f64 / tick,
+        other_cores,
         drain_s,
+        drained,
     })
 }
 
 /// Waits for the last acknowledgement, then for the authority to go idle (under a tenth
-/// of a core over a quarter second: its queue is empty); the seconds it took.
-async fn drain(counters: &Counters, pid: u32) -> anyhow::Result<f64> {
+/// of a core over a quarter second: its queue is empty); the seconds it took, and whether
+/// it did go idle.
+async fn drain(counters: &Counters, pid: u32) -> anyhow::Result<(f64, bool)> {
     const LOOK: Duration = Duration::from_millis(250);
-    const LONGEST: Duration = Duration::from_secs(30);
+    const LONGEST: Duration = Duration::from_secs(15);
     let started = Instant::now();
     while counters.in_flight.load(Ordering::Relaxed) > 0 && started.elapsed() < LONGEST {
         counters.check_errors()?;
@@ -923,10 +996,10 @@ async fn drain(counters: &Counters, pid: u32) -> anyhow::Result<f64> {
         let before = cpu_ticks(&stat)?;
         tokio::time::sleep(LOOK).await;
         if ((cpu_ticks(&stat)? - before) as f64) < idle_ticks {
-            break;
+            return Ok((started.elapsed().as_secs_f64(), true));
         }
     }
-    Ok(started.elapsed().as_secs_f64())
+    Ok((started.elapsed().as_secs_f64(), false))
 }
 
 /// User plus system CPU time of a process so far, in clock ticks (`/proc/<pid>/stat`
@@ -942,6 +1015,32 @@ fn parse_cpu_ticks(text: &str) -> Option<u64> {
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// Ticks the rest of the machine was busy between two marks.
+fn others(from: &Mark, to: &Mark) -> f64 {
+    let all = to.machine_ticks.saturating_sub(from.machine_ticks);
+    let ours = (to.authority_ticks - from.authority_ticks) + (to.own_ticks - from.own_ticks);
+    all.saturating_sub(ours) as f64
+}
+
+/// Every CPU's busy time so far (`/proc/stat`'s first line, all but idle and iowait), in
+/// clock ticks.
+fn machine_busy_ticks() -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    parse_busy_ticks(&text).context("/proc/stat has no cpu line")
+}
+
+fn parse_busy_ticks(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal (guest is inside user already).
+    let busy: u64 = fields.iter().take(8).sum::<u64>() - fields.get(3)? - fields.get(4)?;
+    Some(busy)
 }
 
 /// `getconf CLK_TCK`; 100, Linux's value everywhere in practice, if it cannot say.
@@ -1007,6 +1106,8 @@ mod tests {
         let stat = "4242 (way mark) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 750 250 0 0 20 0 9 0";
         assert_eq!(parse_cpu_ticks(stat), Some(1_000));
         assert_eq!(parse_cpu_ticks("4242 (waymark"), None);
+        let stat = "cpu  100 5 50 900 40 3 2 0 7 0\ncpu0 50 2 25 450 20 1 1 0 3 0\n";
+        assert_eq!(parse_busy_ticks(stat), Some(160));
     }
 
     #[test]
@@ -1017,6 +1118,8 @@ mod tests {
             sessions: 7,
             batch: 512,
             window: 4,
+            backoff_ms: 0,
+            rate: 0,
             warmup_s: 0,
             phase_s: 1,
             limit_s: 1,

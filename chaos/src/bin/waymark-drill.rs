@@ -404,6 +404,14 @@ enum Bench {
         /// Messages each session keeps unacknowledged.
         #[arg(long, default_value_t = 4)]
         window: usize,
+        /// Milliseconds a session holds off after samples were refused as `overloaded`
+        /// (0: it sends on at once).
+        #[arg(long, default_value_t = 0)]
+        backoff_ms: u64,
+        /// Samples per second offered by all sessions together, evenly paced (0: as fast
+        /// as the window lets them).
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
         /// Seconds each measured window lasts.
         #[arg(long, default_value_t = 10)]
         seconds: u64,
@@ -499,6 +507,8 @@ fn main() -> anyhow::Result<()> {
             sessions,
             batch,
             window,
+            backoff_ms,
+            rate,
             seconds,
             warmup,
             limit_seconds,
@@ -513,6 +523,8 @@ fn main() -> anyhow::Result<()> {
                 sessions,
                 batch,
                 window,
+                backoff_ms,
+                rate,
                 warmup_s: warmup,
                 phase_s: seconds,
                 limit_s: limit_seconds,
