@@ -11,6 +11,7 @@ pub mod bench;
 pub mod drill;
 pub mod fanout;
 pub mod harness;
+pub mod ingest;
 pub mod rng;
 pub mod sim;
 pub mod traffic;

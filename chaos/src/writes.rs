@@ -92,7 +92,8 @@ pub struct Spread {
 }
 
 impl Spread {
-    fn of(values: &[f64]) -> Self {
+    /// The median and extremes of `values`.
+    pub fn of(values: &[f64]) -> Self {
         Self {
             median: quantile(values, 0.5).unwrap_or(0.0),
             min: values.iter().copied().fold(f64::INFINITY, f64::min),

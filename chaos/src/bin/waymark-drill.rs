@@ -386,6 +386,53 @@ enum Bench {
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
     },
+    /// Evidence samples admitted per second by a real authority leader from many node-agent
+    /// sessions over mutual TLS, against the evaluator alone fed the same samples.
+    Ingest {
+        /// Services the estate spreads over.
+        #[arg(long, default_value_t = 450)]
+        services: usize,
+        /// Instances registered.
+        #[arg(long, default_value_t = 60_000)]
+        estate: usize,
+        /// Node-agent sessions streaming evidence.
+        #[arg(long, default_value_t = 64)]
+        sessions: usize,
+        /// Samples per message (the node agent batches 512).
+        #[arg(long, default_value_t = 512)]
+        batch: usize,
+        /// Messages each session keeps unacknowledged.
+        #[arg(long, default_value_t = 4)]
+        window: usize,
+        /// Milliseconds a session holds off after samples were refused as `overloaded`
+        /// (0: it sends on at once).
+        #[arg(long, default_value_t = 0)]
+        backoff_ms: u64,
+        /// Samples per second offered by all sessions together, evenly paced (0: as fast
+        /// as the window lets them).
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+        /// Seconds each measured window lasts.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Seconds streamed before each window is measured.
+        #[arg(long, default_value_t = 2)]
+        warmup: u64,
+        /// Seconds of samples the evaluator replays per phase (one round at least).
+        #[arg(long, default_value_t = 3)]
+        limit_seconds: u64,
+        /// Times each phase runs.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Share of instances failing, in permille.
+        #[arg(long, default_value_t = 30)]
+        failing_permille: u64,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Where the authority keeps its files [default: a new temporary folder].
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
     /// One change, then re-assembly and diff of the affected views, against a plain clone.
     Assemble {
         #[command(flatten)]
@@ -453,6 +500,45 @@ fn main() -> anyhow::Result<()> {
             eprintln!("bench writes: {params:?}");
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             serde_json::to_string(&runtime.block_on(waymark_chaos::writes::run(params, &dir))?)
+        }
+        Bench::Ingest {
+            services,
+            estate,
+            sessions,
+            batch,
+            window,
+            backoff_ms,
+            rate,
+            seconds,
+            warmup,
+            limit_seconds,
+            repeats,
+            failing_permille,
+            seed,
+            dir,
+        } => {
+            let params = waymark_chaos::ingest::Params {
+                services,
+                estate,
+                sessions,
+                batch,
+                window,
+                backoff_ms,
+                rate,
+                warmup_s: warmup,
+                phase_s: seconds,
+                limit_s: limit_seconds,
+                repeats,
+                failing_permille,
+                seed,
+            };
+            let dir = match dir {
+                Some(d) => d,
+                None => std::env::temp_dir().join(format!("waymark-bench-ingest-{}", std::process::id())),
+            };
+            eprintln!("bench ingest: {params:?}");
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            serde_json::to_string(&runtime.block_on(waymark_chaos::ingest::run(params, &dir))?)
         }
         Bench::Assemble { shape, changes } => {
             let shape = shape.shape()?;

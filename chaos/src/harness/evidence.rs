@@ -58,11 +58,44 @@ impl RegionPki {
     }
 
     /// Issues `spiffe://<td>/region/<region>/<what>`.
-    fn issue(&self, what: &str) -> anyhow::Result<MaterialPaths> {
+    pub(crate) fn issue(&self, what: &str) -> anyhow::Result<MaterialPaths> {
         let path = format!("region/{}/{what}", self.region);
         self.pki
             .try_issue(&path)
             .with_context(|| format!("issuing {path}"))
+    }
+
+    /// `bundle.pem`, what every peer of the region trusts.
+    pub fn bundle(&self) -> PathBuf {
+        self.pki.bundle()
+    }
+
+    /// The client side of node `node`'s mutual TLS towards its region's authorities, built
+    /// as a node agent builds it: a certificate issued into the run folder, loaded from its
+    /// files, and a policy admitting only authority members of this region.
+    pub async fn node_client(&self, node: &str) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+        use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config};
+        use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
+        let paths = self.issue(&format!("node/{node}"))?;
+        let trust_domain = TrustDomain::new(TRUST_DOMAIN)?;
+        let own = PeerPolicy {
+            trust_domain: trust_domain.clone(),
+            accepted: KindSet::only(IdentityKind::Node),
+            region: None,
+        };
+        let material =
+            waymark_certs::reload::load_material(&paths, &own, std::time::SystemTime::now())
+                .await
+                .with_context(|| format!("loading node {node}'s certificate"))?;
+        let live = LiveMaterial::new(material);
+        let region = live.current().identity.region().cloned();
+        let authorities = PeerPolicy {
+            trust_domain,
+            accepted: KindSet::only(IdentityKind::Authority),
+            region,
+        };
+        let config = client_config(&live, authorities, CertMetrics::new(), &[ALPN_H2])?;
+        Ok(Arc::new(config))
     }
 }
 

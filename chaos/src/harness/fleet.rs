@@ -36,10 +36,12 @@ use serde_json::json;
 use tokio::time::Instant;
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::config::LimitsSection;
+use waymark_agent::tls::TlsSection;
 use waymark_xds::client::{Applied, ClientConfig, Subscription, XdsClient};
 use waymark_xds::translate::TYPE_ENDPOINT;
 
 use super::authority::Voter;
+use super::evidence::{RegionPki, TRUST_DOMAIN};
 use super::{RoleProc, configs, free_port, loopback, wait_until};
 use crate::traffic::ms;
 
@@ -98,6 +100,10 @@ pub struct FleetAuthority {
     http: SocketAddr,
     raft: SocketAddr,
     xds: SocketAddr,
+    limits: Limits,
+    /// Mutual TLS and the evidence ingest listener, when [`FleetAuthority::with_ingest`]
+    /// asked for them.
+    ingest: Option<(SocketAddr, TlsSection)>,
 }
 
 impl FleetAuthority {
@@ -131,9 +137,33 @@ impl FleetAuthority {
             http,
             raft,
             xds,
+            limits,
+            ingest: None,
         };
         me.set_limits(limits)?;
         Ok(me)
+    }
+
+    /// Adds mutual TLS (a member certificate from `pki`) and an evidence ingest listener,
+    /// as a region whose node agents report evidence runs it; the API is then served over
+    /// TLS too, and this harness's API clients speak it. Rewrites the configuration.
+    pub fn with_ingest(mut self, pki: &RegionPki) -> anyhow::Result<Self> {
+        // The member name is its Raft id (1): peers admit Raft RPC only as the id it names.
+        let tls = TlsSection::new(TRUST_DOMAIN, &pki.issue("authority/1")?);
+        self.ingest = Some((loopback(free_port()?), tls));
+        super::api_over_tls(self.http, &pki.bundle())?;
+        self.set_limits(self.limits)?;
+        Ok(self)
+    }
+
+    /// The evidence ingest listener, when there is one.
+    pub fn ingest_addr(&self) -> Option<SocketAddr> {
+        self.ingest.as_ref().map(|(addr, _)| *addr)
+    }
+
+    /// The process's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
     }
 
     /// Rewrites the configuration with `limits` (read at the next start).
@@ -150,6 +180,10 @@ impl FleetAuthority {
         }]);
         a.acl = configs::drill_acl(&self.dir)?;
         a.limits = limits.section();
+        if let Some((ingest, tls)) = &self.ingest {
+            a.ingest = Some(*ingest);
+            a.tls = Some(tls.clone());
+        }
         configs::write_authority(&self.config, a)
     }
 
@@ -245,7 +279,17 @@ impl Api {
     /// Declares `services` (default contract), retrying while the authority is not yet
     /// accepting writes, up to `deadline`.
     pub async fn declare(&self, services: &[String], deadline: Duration) -> anyhow::Result<()> {
-        let body = json!({"owner": ACTOR, "contract": {}});
+        self.declare_with(services, json!({}), deadline).await
+    }
+
+    /// [`Self::declare`] under `contract`.
+    pub async fn declare_with(
+        &self,
+        services: &[String],
+        contract: serde_json::Value,
+        deadline: Duration,
+    ) -> anyhow::Result<()> {
+        let body = json!({"owner": ACTOR, "contract": contract});
         for s in services {
             let path = format!("/v1/services/{s}");
             wait_until("the authority accepts a service", deadline, async || {
@@ -260,16 +304,28 @@ impl Api {
         Ok(())
     }
 
-    /// Registers one instance; its issued id.
+    /// Registers one instance on node `node-<zone>`; its issued id.
     pub async fn register(
         &self,
         service: &str,
         zone: &str,
         addr: SocketAddr,
     ) -> anyhow::Result<String> {
+        self.register_on(service, zone, &format!("node-{zone}"), addr)
+            .await
+    }
+
+    /// Registers one instance running on `node`; its issued id.
+    pub async fn register_on(
+        &self,
+        service: &str,
+        zone: &str,
+        node: &str,
+        addr: SocketAddr,
+    ) -> anyhow::Result<String> {
         let reg = json!({
             "service": service,
-            "locality": {"region": self.region, "zone": zone, "node": format!("node-{zone}")},
+            "locality": {"region": self.region, "zone": zone, "node": node},
             "address": {"ip": addr.ip().to_string(), "port": addr.port()},
             "lease_ms": LEASE_MS,
         });

@@ -248,6 +248,11 @@ impl RoleProc {
         wait_serving(proc, &what, deadline, self.http, "/readyz").await
     }
 
+    /// The process's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().and_then(Proc::pid)
+    }
+
     /// Whether the process was started and has not exited.
     pub fn is_running(&mut self) -> bool {
         self.proc
