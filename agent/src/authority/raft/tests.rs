@@ -120,7 +120,7 @@ fn a_snapshot_kept_beside_the_small_records_is_still_read_and_moved_by_the_next(
     // Goal: a file written when the snapshot lived in the metadata table still opens with
     // its snapshot; the next snapshot goes to its own table and leaves none behind.
     use openraft::{SnapshotMeta, StoredMembership};
-    use redb::{ReadableDatabase as _, ReadableTable as _};
+    use redb::ReadableDatabase as _;
     let dir = TempDir::new().unwrap();
     let db = redb::Database::create(dir.path().join("old.redb")).unwrap();
     let meta = |index| SnapshotMeta::<u64, Member> {
