@@ -535,10 +535,13 @@ impl ViewAssembler {
                 }
                 _ => None,
             };
-            let (view, ranks) =
-                patched.unwrap_or_else(|| self.build_view(service, &slot, &caller, &markers));
+            let (view, ranks, changed) = patched.unwrap_or_else(|| {
+                let (view, ranks) = self.build_view(service, &slot, &caller, &markers);
+                let changed = slot.targets.get(&caller) != Some(&view);
+                (view, ranks, changed)
+            });
             slot.ranks.insert(caller.clone(), ranks);
-            if slot.targets.get(&caller) != Some(&view) {
+            if changed {
                 slot.targets.insert(caller, view.clone());
                 self.effects.push(Effect::Target(view));
             }
@@ -573,7 +576,8 @@ impl ViewAssembler {
         Some(self.build_view(&key.service, slot, &key.zone, &markers).0)
     }
 
-    /// The caller's previous target with the endpoints of `ids` recomputed, or `None` when
+    /// The caller's previous target with the endpoints of `ids` recomputed, and whether
+    /// that changed anything (if not, the previous view itself), or `None` when
     /// a patch cannot give what a rebuild would: no previous target, a changed instance
     /// that a peer region's endpoint shadows, or a failover rank appearing or vanishing
     /// (which renumbers the priorities of endpoints that did not change).
@@ -583,7 +587,7 @@ impl ViewAssembler {
         caller: &ZoneName,
         ids: &BTreeSet<InstanceId>,
         markers: &Markers,
-    ) -> Option<(View, BTreeMap<u32, usize>)> {
+    ) -> Option<(View, BTreeMap<u32, usize>, bool)> {
         let old = slot.targets.get(caller)?;
         let old_ranks = slot.ranks.get(caller)?;
         let shadowed = |id: &InstanceId| {
@@ -620,12 +624,30 @@ impl ViewAssembler {
             return None;
         }
         let dense: BTreeMap<u32, u32> = ranks.keys().copied().zip(0..).collect();
+        let fresh: Vec<(&InstanceId, Option<ViewEndpoint>)> = fresh
+            .into_iter()
+            .map(|(id, new)| {
+                let new = new.map(|(mut e, rank)| {
+                    e.priority = dense[&rank];
+                    e
+                });
+                (id, new)
+            })
+            .collect();
+        // Often nothing a caller sees changed (a registration not yet judged, a verdict
+        // that publishes the same): keep the previous view itself, copying nothing.
+        let same = *markers == old.markers
+            && fresh
+                .iter()
+                .all(|(id, new)| old.endpoints.get(*id) == new.as_ref());
+        if same {
+            return Some((old.clone(), ranks, false));
+        }
         let mut endpoints = old.endpoints.clone();
         let map = Arc::make_mut(&mut endpoints);
         for (id, new) in fresh {
             match new {
-                Some((mut e, rank)) => {
-                    e.priority = dense[&rank];
+                Some(e) => {
                     map.insert(id.clone(), e);
                 }
                 None => {
@@ -638,7 +660,7 @@ impl ViewAssembler {
             endpoints,
             markers: markers.clone(),
         };
-        Some((view, ranks))
+        Some((view, ranks, true))
     }
 
     /// Engage and release the guard per zone from the tallies; whether any zone's changed.
