@@ -665,11 +665,14 @@ async fn publish_loop<W, F>(
             merge_releases(&mut pending, more);
         }
         let started = Instant::now();
-        let views: Vec<ReleasedView> = pending.values().cloned().collect();
+        let keys = next_chunk(&pending, PUBLISH_ENDPOINTS_MAX);
+        let views: Vec<ReleasedView> = keys.iter().map(|k| pending[k].clone()).collect();
         let n = views.len() as u64;
         match write(Request::Publish { views }).await {
             Ok(_) => {
-                pending.clear();
+                for key in &keys {
+                    pending.remove(key);
+                }
                 backoff = WRITE_RETRY_MIN;
                 report(PublishOutcome::Committed {
                     views: n,
@@ -688,6 +691,36 @@ async fn publish_loop<W, F>(
             }
         }
     }
+}
+
+/// Endpoints one `Publish` entry carries at most, unless a single service's views hold
+/// more: a busy region's releases go out as several bounded entries, not one that grows
+/// with the region.
+const PUBLISH_ENDPOINTS_MAX: usize = 16_384;
+
+/// The views the next `Publish` entry carries: whole services, in order, until adding the
+/// next service would pass `max_endpoints` (the first service always goes, whatever its
+/// size). Every view of a service commits in one entry, so no subscriber ever holds one
+/// zone's view of a service at a newer release than another's.
+fn next_chunk(pending: &BTreeMap<ViewKey, ReleasedView>, max_endpoints: usize) -> Vec<ViewKey> {
+    let mut chunk: Vec<ViewKey> = Vec::new();
+    let mut endpoints = 0;
+    let mut services = pending.iter().peekable();
+    while let Some((key, _)) = services.peek() {
+        let service = key.service.clone();
+        let mut size = 0;
+        let mut keys = Vec::new();
+        while let Some((key, view)) = services.next_if(|(k, _)| k.service == service) {
+            size += view.view.endpoints.len();
+            keys.push(key.clone());
+        }
+        if !chunk.is_empty() && endpoints + size > max_endpoints {
+            break;
+        }
+        endpoints += size;
+        chunk.extend(keys);
+    }
+    chunk
 }
 
 /// Keep the newest release of each view.
@@ -855,6 +888,70 @@ mod publisher_tests {
         .await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         drop(tx);
+    }
+
+    fn sized(service: &str, zone: &str, endpoints: u8) -> ReleasedView {
+        let mut v = release(service, 1);
+        v.view.key.zone = zone.parse().unwrap();
+        let map = std::sync::Arc::make_mut(&mut v.view.endpoints);
+        for n in 0..endpoints {
+            let e = waymark_core::view::ViewEndpoint {
+                instance: format!("{service}-{n}").parse().unwrap(),
+                address: waymark_core::model::Address {
+                    ip: std::net::Ipv4Addr::new(10, 0, 0, n).into(),
+                    port: 80,
+                },
+                region: "r".parse().unwrap(),
+                zone: "a".parse().unwrap(),
+                tier: waymark_core::view::Tier::Local,
+                priority: 0,
+                weight: waymark_core::units::Weight::DEFAULT,
+                status: waymark_core::view::EndpointStatus::Eligible,
+                verdict: waymark_core::eligibility::Verdict::Eligible,
+                tags: Default::default(),
+                metadata: Default::default(),
+            };
+            map.insert(e.instance.clone(), e);
+        }
+        v
+    }
+
+    #[test]
+    fn publishes_are_bounded_and_never_split_a_service() {
+        // Goal: every pending view goes out exactly once, each entry holds whole services,
+        // and an entry passes the bound only when one service alone does.
+        let mut pending = BTreeMap::new();
+        let releases = vec![
+            sized("a", "z1", 4),
+            sized("a", "z2", 4),
+            sized("b", "z1", 3),
+            sized("c", "z1", 9),
+            sized("c", "z2", 9),
+            sized("d", "z1", 1),
+        ];
+        merge_releases(&mut pending, releases);
+        let mut entries: Vec<Vec<ViewKey>> = Vec::new();
+        while !pending.is_empty() {
+            let chunk = next_chunk(&pending, 10);
+            assert!(!chunk.is_empty());
+            for k in &chunk {
+                pending.remove(k);
+            }
+            entries.push(chunk);
+        }
+        let services: Vec<Vec<String>> = entries
+            .iter()
+            .map(|e| e.iter().map(|k| k.to_string()).collect())
+            .collect();
+        assert_eq!(
+            services,
+            vec![
+                vec!["a@z1", "a@z2"],
+                vec!["b@z1"],
+                vec!["c@z1", "c@z2"],
+                vec!["d@z1"]
+            ]
+        );
     }
 
     #[test]
