@@ -274,6 +274,21 @@ struct Hold {
     held: BTreeMap<ViewKey, ReleasedView>,
 }
 
+/// Those of `instances` whose service's contract probes them, with their zones: what the
+/// prober assignment is computed over.
+fn probe_targets<'a>(
+    r: &DesiredState,
+    instances: impl Iterator<Item = &'a crate::state::InstanceRecord>,
+) -> Vec<(InstanceId, ZoneName)> {
+    instances
+        .filter(|i| {
+            r.service(&i.instance.service)
+                .is_some_and(|s| s.contract.probe.is_some())
+        })
+        .map(|i| (i.instance.id.clone(), i.instance.locality.zone.clone()))
+        .collect()
+}
+
 /// What the prober assignment must take in at its next computation.
 #[derive(Debug, Default)]
 enum Reassign {
@@ -854,14 +869,7 @@ impl LeaderTerm {
         let probers = env.probers();
         let wanted = env.read_state(|s| {
             let r = s.registry();
-            let targets: Vec<(InstanceId, ZoneName)> = r
-                .instances()
-                .filter(|i| {
-                    r.service(&i.instance.service)
-                        .is_some_and(|s| s.contract.probe.is_some())
-                })
-                .map(|i| (i.instance.id.clone(), i.instance.locality.zone.clone()))
-                .collect();
+            let targets = probe_targets(r, r.instances());
             let mut wanted = assign(&targets, &probers, PROBERS_PER_TARGET);
             wanted.retain(|_, p| !p.is_empty());
             let same = targets
@@ -896,15 +904,7 @@ impl LeaderTerm {
         }
         let patch = env.read_state(|s| {
             let r = s.registry();
-            let targets: Vec<(InstanceId, ZoneName)> = ids
-                .iter()
-                .filter_map(|id| r.instance(id))
-                .filter(|i| {
-                    r.service(&i.instance.service)
-                        .is_some_and(|s| s.contract.probe.is_some())
-                })
-                .map(|i| (i.instance.id.clone(), i.instance.locality.zone.clone()))
-                .collect();
+            let targets = probe_targets(r, ids.iter().filter_map(|id| r.instance(id)));
             let mut wanted = assign(&targets, &probers, PROBERS_PER_TARGET);
             let mut set = BTreeMap::new();
             let mut remove = BTreeSet::new();

@@ -487,6 +487,16 @@ fn a_failover_order_naming_foreign_zones_never_ranks_a_zone_of_the_region_with_a
     );
 }
 
+/// Assemble, and count the targets it emitted.
+fn assembled_targets(fx: &mut Fx) -> usize {
+    fx.asm.assemble();
+    fx.asm
+        .take_effects()
+        .into_iter()
+        .filter(|e| matches!(e, Effect::Target(_)))
+        .count()
+}
+
 #[test]
 fn a_change_no_caller_sees_keeps_the_view_itself() {
     // Goal: a registration not yet judged, or a verdict that publishes what was already
@@ -496,24 +506,12 @@ fn a_change_no_caller_sees_keeps_the_view_itself() {
     let newcomer = instance("pay", "pay-a-9", "a", 99);
     fx.asm.handle_instance(&newcomer);
     fx.set("pay-a-0", E);
-    fx.asm.assemble();
-    let targets = fx
-        .asm
-        .take_effects()
-        .into_iter()
-        .filter(|e| matches!(e, Effect::Target(_)))
-        .count();
+    let targets = assembled_targets(&mut fx);
     assert_eq!(targets, 0);
     assert!(Arc::ptr_eq(&before.endpoints, &fx.view("a").endpoints));
     // Once judged, it is published: one target per caller zone, the rest shared as before.
     fx.asm.handle_eligibility(&svc("pay"), &newcomer.id, E);
-    fx.asm.assemble();
-    let targets = fx
-        .asm
-        .take_effects()
-        .into_iter()
-        .filter(|e| matches!(e, Effect::Target(_)))
-        .count();
+    let targets = assembled_targets(&mut fx);
     assert_eq!(targets, 2);
     assert!(fx.view("a").endpoints.contains_key(&newcomer.id));
 }
