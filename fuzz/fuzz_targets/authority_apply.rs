@@ -98,7 +98,39 @@ fn request(g: &mut Gen<'_>, version: &mut u64) -> Value {
                     g.released_view(&service, zone, *version)
                 })
                 .collect();
-            json!({"kind": "publish", "views": views})
+            if g.one_in(2) {
+                return json!({"kind": "publish", "views": views});
+            }
+            // The same views as releases: whole, or as patches on a base that is mostly
+            // the version just before (what a member holds) and now and then anything.
+            let releases: Vec<Value> = views
+                .into_iter()
+                .map(|mut v| {
+                    if g.one_in(3) {
+                        v["kind"] = json!("whole");
+                        return v;
+                    }
+                    let to = v["version"].as_u64().unwrap_or(0);
+                    let base = if g.one_in(4) { g.u64() } else { to.saturating_sub(1) };
+                    let upserted: Vec<Value> = v["view"]["endpoints"]
+                        .as_object()
+                        .map(|m| m.values().cloned().collect())
+                        .unwrap_or_default();
+                    let removed: Vec<Value> = (0..g.below(3)).map(|_| json!(g.instance_id())).collect();
+                    json!({
+                        "kind": "patch",
+                        "base": base,
+                        "version": to,
+                        "delta": {
+                            "key": v["view"]["key"],
+                            "upserted": upserted,
+                            "removed": removed,
+                            "markers": v["view"]["markers"],
+                        },
+                    })
+                })
+                .collect();
+            json!({"kind": "release", "releases": releases})
         }
         6 => {
             let mut instances = serde_json::Map::new();

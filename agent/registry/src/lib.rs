@@ -17,5 +17,6 @@ pub mod ingest;
 pub mod machine;
 pub mod overrides;
 pub mod pipeline;
+pub mod release;
 pub mod state;
 pub mod term;

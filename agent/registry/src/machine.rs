@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::release::{Release, apply_patch};
 use crate::state::{Applied, DesiredState, RegistryError, Stamped};
 use serde::{Deserialize, Serialize};
 use waymark_core::evaluator::ObservedInstance;
@@ -33,10 +34,17 @@ pub enum Request {
         /// The commands, in arrival order.
         commands: Vec<Stamped>,
     },
-    /// Views the leader released, in order.
+    /// Views the leader released, in order, each whole (the log's first encoding: still
+    /// applied when replayed, no longer written).
     Publish {
         /// The views.
         views: Vec<ReleasedView>,
+    },
+    /// Views the leader released, in order, each whole or as a patch against the version
+    /// every member holds ([`crate::release`]).
+    Release {
+        /// The releases.
+        releases: Vec<Release>,
     },
     /// The leader's observed-state snapshot (scores, hard latches, quarantines), replacing
     /// the previous one; a new leader resumes from it (ADR-02).
@@ -84,6 +92,18 @@ pub fn registry_applied<'a>(
     registry_outcomes(request, response).filter_map(|(_, outcome)| outcome.as_ref().ok())
 }
 
+/// The views an applied entry put in force, whole, in the entry's order: what the xDS tier
+/// and the region's aggregates follow. For the log's first encoding (whole views, without
+/// saying which were newer) every view of an entry that accepted any; a follower refuses
+/// the ones it already holds newer.
+pub fn published_views<'a>(request: &'a Request, response: &'a Response) -> &'a [ReleasedView] {
+    match (request, response) {
+        (Request::Publish { views }, Response::Published { accepted }) if *accepted > 0 => views,
+        (Request::Release { .. }, Response::Released { views, .. }) => views,
+        _ => &[],
+    }
+}
+
 /// What applying an entry produced.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
@@ -102,6 +122,15 @@ pub enum Response {
     Published {
         /// How many were newer than what was held.
         accepted: usize,
+    },
+    /// Releases were applied: the views they put in force (sharing the state's endpoint
+    /// maps), and how many were skipped (a whole view not newer than the one held, a patch
+    /// whose base is not the version held).
+    Released {
+        /// The views now in force, in the entry's order.
+        views: Vec<ReleasedView>,
+        /// Releases that changed nothing.
+        skipped: usize,
     },
     /// Audit records were appended, ending at this sequence number.
     Audited {
@@ -305,6 +334,17 @@ impl AuthorityState {
                 }
                 Response::Published { accepted }
             }
+            Request::Release { releases } => {
+                let mut views = Vec::with_capacity(releases.len());
+                let mut skipped = 0;
+                for release in releases {
+                    match self.release(release) {
+                        Some(view) => views.push(view.clone()),
+                        None => skipped += 1,
+                    }
+                }
+                Response::Released { views, skipped }
+            }
             Request::Observed { at_ms, instances } => {
                 self.observed = Some((at_ms, instances));
                 Response::ObservedSaved
@@ -323,6 +363,32 @@ impl AuthorityState {
                 }
             }
         }
+    }
+
+    /// Put one release in force, or `None` if it changes nothing here.
+    fn release(&mut self, release: Release) -> Option<&ReleasedView> {
+        let key = release.key().clone();
+        let version = release.version();
+        match release {
+            Release::Whole(view) => {
+                let newer = self
+                    .published
+                    .get(&key)
+                    .is_none_or(|held| held.version < version);
+                if !newer {
+                    return None;
+                }
+                self.published.insert(key.clone(), view);
+            }
+            Release::Patch(patch) => {
+                if patch.delta.key != key {
+                    return None;
+                }
+                apply_patch(self.published.get_mut(&key), patch).ok()?;
+            }
+        }
+        self.version_floor = self.version_floor.max(version);
+        self.published.get(&key)
     }
 
     /// The registry.

@@ -23,6 +23,7 @@ use waymark_core::model::{NodeName, RegionName, Sample, ServiceName, ZoneName};
 use waymark_core::view::{ReleasedView, ViewKey};
 use waymark_registry::machine::{AuditEntry, AuthorityState, Request, Response, registry_applied};
 use waymark_registry::pipeline::{PipelineConfig, RegionPipeline};
+use waymark_registry::release::{Release, ReleaseEncoder};
 use waymark_registry::term::{
     LeaderCommand, LeaderTerm, MetricChange, Purpose, Surroundings, TermBreaks, TermConfig, Written,
 };
@@ -653,6 +654,7 @@ async fn publish_loop<W, F>(
     F: std::future::Future<Output = Result<Response, WriteError>>,
 {
     let mut pending: BTreeMap<ViewKey, ReleasedView> = BTreeMap::new();
+    let mut encoder = ReleaseEncoder::new();
     let mut backoff = WRITE_RETRY_MIN;
     loop {
         if pending.is_empty() {
@@ -665,13 +667,28 @@ async fn publish_loop<W, F>(
             merge_releases(&mut pending, more);
         }
         let started = Instant::now();
-        let keys = next_chunk(&pending, PUBLISH_ENDPOINTS_MAX);
-        let views: Vec<ReleasedView> = keys.iter().map(|k| pending[k].clone()).collect();
-        let n = views.len() as u64;
-        match write(Request::Publish { views }).await {
-            Ok(_) => {
-                for key in &keys {
-                    pending.remove(key);
+        let releases = next_chunk(&pending, &encoder, PUBLISH_ENDPOINTS_MAX);
+        let sent: Vec<(ViewKey, bool)> = releases
+            .iter()
+            .map(|r| (r.key().clone(), matches!(r, Release::Patch(_))))
+            .collect();
+        let n = releases.len() as u64;
+        match write(Request::Release { releases }).await {
+            Ok(response) => {
+                let in_force = match &response {
+                    Response::Released { views, .. } => views.as_slice(),
+                    _ => &[],
+                };
+                encoder.handle_committed(sent.iter().map(|(k, _)| k), in_force);
+                for (key, patch) in &sent {
+                    // A patch the log skipped (its base was not what the log held) goes
+                    // again, whole; a skipped whole view was older than what is held.
+                    let put = in_force.iter().any(|v| &v.view.key == key);
+                    if put || !patch {
+                        pending.remove(key);
+                    } else {
+                        warn!(view = %key, "a patched release was skipped by the log; sending it whole");
+                    }
                 }
                 backoff = WRITE_RETRY_MIN;
                 report(PublishOutcome::Committed {
@@ -684,6 +701,7 @@ async fn publish_loop<W, F>(
                 return;
             }
             Err(error) => {
+                encoder.handle_failed(sent.iter().map(|(k, _)| k));
                 warn!(%error, views = n, backoff_ms = backoff.as_millis() as u64, "publishing views failed; retrying");
                 report(PublishOutcome::Failed);
                 tokio::time::sleep(backoff).await;
@@ -698,27 +716,33 @@ async fn publish_loop<W, F>(
 /// with the region.
 const PUBLISH_ENDPOINTS_MAX: usize = 16_384;
 
-/// The views the next `Publish` entry carries: whole services, in order, until adding the
-/// next service would pass `max_endpoints` (the first service always goes, whatever its
-/// size). Every view of a service commits in one entry, so no subscriber ever holds one
-/// zone's view of a service at a newer release than another's.
-fn next_chunk(pending: &BTreeMap<ViewKey, ReleasedView>, max_endpoints: usize) -> Vec<ViewKey> {
-    let mut chunk: Vec<ViewKey> = Vec::new();
+/// The releases the next entry carries, each a patch where `encoder` knows what the log
+/// holds: whole services, in order, until adding the next service would pass
+/// `max_endpoints` carried (the first service always goes, whatever its size). Every view
+/// of a service commits in one entry, so no subscriber ever holds one zone's view of a
+/// service at a newer release than another's.
+fn next_chunk(
+    pending: &BTreeMap<ViewKey, ReleasedView>,
+    encoder: &ReleaseEncoder,
+    max_endpoints: usize,
+) -> Vec<Release> {
+    let mut chunk: Vec<Release> = Vec::new();
     let mut endpoints = 0;
     let mut services = pending.iter().peekable();
     while let Some((key, _)) = services.peek() {
         let service = key.service.clone();
         let mut size = 0;
-        let mut keys = Vec::new();
-        while let Some((key, view)) = services.next_if(|(k, _)| k.service == service) {
-            size += view.view.endpoints.len();
-            keys.push(key.clone());
+        let mut releases = Vec::new();
+        while let Some((_, view)) = services.next_if(|(k, _)| k.service == service) {
+            let release = encoder.encode(view);
+            size += release.endpoints();
+            releases.push(release);
         }
         if !chunk.is_empty() && endpoints + size > max_endpoints {
             break;
         }
         endpoints += size;
-        chunk.extend(keys);
+        chunk.extend(releases);
     }
     chunk
 }
@@ -830,15 +854,20 @@ mod publisher_tests {
                                 openraft::error::Fatal::Stopped,
                             )));
                         }
-                        let Request::Publish { views } = request else {
-                            panic!("only publishes")
+                        let Request::Release { releases } = request else {
+                            panic!("only releases")
                         };
                         w.lock()
                             .unwrap()
-                            .push(views.iter().map(|v| v.version).collect());
-                        Ok(Response::Published {
-                            accepted: views.len(),
-                        })
+                            .push(releases.iter().map(Release::version).collect());
+                        let views = releases
+                            .into_iter()
+                            .map(|r| match r {
+                                Release::Whole(v) => v,
+                                Release::Patch(_) => panic!("nothing committed to patch"),
+                            })
+                            .collect();
+                        Ok(Response::Released { views, skipped: 0 })
                     }
                 },
                 |outcome| {
@@ -931,8 +960,12 @@ mod publisher_tests {
         ];
         merge_releases(&mut pending, releases);
         let mut entries: Vec<Vec<ViewKey>> = Vec::new();
+        let encoder = ReleaseEncoder::new();
         while !pending.is_empty() {
-            let chunk = next_chunk(&pending, 10);
+            let chunk: Vec<ViewKey> = next_chunk(&pending, &encoder, 10)
+                .iter()
+                .map(|r| r.key().clone())
+                .collect();
             assert!(!chunk.is_empty());
             for k in &chunk {
                 pending.remove(k);
@@ -952,6 +985,54 @@ mod publisher_tests {
                 vec!["d@z1"]
             ]
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_patch_the_log_skips_is_sent_again_whole() {
+        // Goal: the publisher never leaves a release out of force because the log held
+        // another version than the one its patch was made against.
+        let state = Arc::new(Mutex::new(AuthorityState::default()));
+        let sent = Arc::new(Mutex::new(Vec::<(Version, bool)>::new()));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (st, log) = (state.clone(), sent.clone());
+        let publisher = tokio::spawn(publish_loop(
+            rx,
+            move |request| {
+                if let Request::Release { releases } = &request {
+                    let mut log = log.lock().unwrap();
+                    for r in releases {
+                        log.push((r.version(), matches!(r, Release::Patch(_))));
+                    }
+                }
+                let response = st.lock().unwrap().apply(request);
+                async move { Ok(response) }
+            },
+            |_| {},
+        ));
+        let v1 = sized("pay", "a", 10);
+        tx.send(vec![v1.clone()]).unwrap();
+        while sent.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        // Another release of the view reaches the log behind the publisher's back.
+        let mut foreign = v1.clone();
+        foreign.version = Version(2);
+        Arc::make_mut(&mut foreign.view.endpoints).pop_first();
+        state.lock().unwrap().apply(Request::Publish {
+            views: vec![foreign],
+        });
+        let mut v3 = v1.clone();
+        v3.version = Version(3);
+        Arc::make_mut(&mut v3.view.endpoints).pop_last();
+        tx.send(vec![v3.clone()]).unwrap();
+        drop(tx);
+        publisher.await.unwrap();
+        assert_eq!(
+            *sent.lock().unwrap(),
+            vec![(Version(1), false), (Version(3), true), (Version(3), false)],
+            "whole, a patch against version 1, then whole again"
+        );
+        assert_eq!(state.lock().unwrap().published()[&v1.view.key], v3);
     }
 
     #[test]

@@ -44,7 +44,7 @@ use super::clock::now_ms;
 use super::metrics::PeerRegionLabels;
 use super::raft::{RaftNode, StateEvent};
 use super::settings::FrontDoorEntry;
-use waymark_registry::machine::{AuditEntry, AuditKind, AuthorityState, Request, Response};
+use waymark_registry::machine::{AuditEntry, AuditKind, AuthorityState, Request, published_views};
 
 /// The actor named on federation's audit records.
 pub const FEDERATION_ACTOR: &str = "waymark:federation";
@@ -135,10 +135,8 @@ pub async fn publish_local(
     loop {
         match events.recv().await {
             Ok(StateEvent::Applied(entry)) => {
-                if let (Request::Publish { views }, Response::Published { accepted }) =
-                    (&entry.request, &entry.response)
-                    && *accepted > 0
-                {
+                let views = published_views(&entry.request, &entry.response);
+                if !views.is_empty() {
                     let touched: BTreeSet<ServiceName> =
                         views.iter().map(|v| v.view.key.service.clone()).collect();
                     raft.with_state(|s, _| {

@@ -16,7 +16,7 @@ use waymark_xds::snapshot::SnapshotBuilder;
 
 use super::authorize::{self, CallerPolicy};
 use super::raft::{RaftNode, StateEvent};
-use waymark_registry::machine::{Request, Response, registry_outcomes};
+use waymark_registry::machine::{published_views, registry_outcomes};
 
 /// Follow the log and publish snapshots until the node's event channel closes; keep the
 /// resolution-authorisation policy the xDS filter reads in step with the registry.
@@ -68,12 +68,8 @@ async fn follow_log(
                 if removed {
                     publisher.publish(builder.build());
                 }
-                if let (Request::Publish { views }, Response::Published { accepted }) =
-                    (&entry.request, &entry.response)
-                {
-                    if *accepted == 0 {
-                        continue;
-                    }
+                let views = published_views(&entry.request, &entry.response);
+                if !views.is_empty() {
                     let mut changed = false;
                     for view in views {
                         changed |= builder.handle_release(view);

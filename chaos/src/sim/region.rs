@@ -48,9 +48,10 @@ use waymark_core::view::{ReleasedView, ViewKey};
 use waymark_registry::batch::{GroupCommit, GroupCommitConfig};
 use waymark_registry::ingest::{Denial, admit};
 use waymark_registry::machine::{
-    AuditEntry, AuthorityState, ReplayGate, Request, Response, registry_applied,
+    AuditEntry, AuthorityState, ReplayGate, Request, Response, published_views, registry_applied,
 };
 use waymark_registry::pipeline::PipelineConfig;
+use waymark_registry::release::{Release, ReleaseEncoder};
 use waymark_registry::state::{Applied, Command, Registration, RetireCause, Stamped};
 use waymark_registry::term::{
     LeaderCommand, LeaderTerm, Purpose, Surroundings, TermBreaks, TermConfig, Written, hold_for,
@@ -263,6 +264,9 @@ struct Member {
     epoch: u64,
     gate: ReplayGate,
     term: Option<LeaderTerm>,
+    /// What this member, leading, knows the log holds per view: its releases go as
+    /// patches against it, as the authority's publisher sends them.
+    encoder: ReleaseEncoder,
 }
 
 struct Agent {
@@ -297,7 +301,8 @@ struct Delivery {
 #[derive(Debug, Clone)]
 enum Waiting {
     Leader(Purpose),
-    Publish,
+    /// Releases of these views, each with whether it went as a patch.
+    Publish(Vec<(ReleasedView, bool)>),
     Audit,
     Register {
         agent: usize,
@@ -725,6 +730,7 @@ impl Sim {
         let env = Env::new(&self.members[l].state, &self.probers, now_ms, peers);
         let term = LeaderTerm::new(config, self.now, &env);
         self.members[l].term = Some(term);
+        self.members[l].encoder = ReleaseEncoder::new();
         self.leader = Some(l);
         self.led_since = Some(self.now);
         self.hold_until = Some(self.now + hold);
@@ -856,7 +862,49 @@ impl Sim {
                     self.agents[agent].registered.push(instance);
                 }
             }
-            Waiting::Publish | Waiting::Audit | Waiting::Renew => {}
+            Waiting::Publish(sent) => self.released(proposed, sent, response),
+            Waiting::Audit | Waiting::Renew => {}
+        }
+    }
+
+    /// Propose `views` from leader `l`, each a patch where its encoder knows the base.
+    fn propose_releases(&mut self, l: usize, views: Vec<ReleasedView>) {
+        let encoder = &self.members[l].encoder;
+        let releases: Vec<Release> = views.iter().map(|v| encoder.encode(v)).collect();
+        let sent = views
+            .into_iter()
+            .zip(&releases)
+            .map(|(v, r)| (v, matches!(r, Release::Patch(_))))
+            .collect();
+        self.propose(Request::Release { releases }, Waiting::Publish(sent));
+    }
+
+    /// A release's outcome reaches the leader's encoder; a patch the log skipped goes
+    /// again whole, as the authority's publisher does.
+    fn released(
+        &mut self,
+        proposed: u64,
+        sent: Vec<(ReleasedView, bool)>,
+        response: Option<Response>,
+    ) {
+        let Some(l) = self.leader.filter(|_| proposed == self.raft_term) else {
+            return;
+        };
+        let encoder = &mut self.members[l].encoder;
+        let keys = sent.iter().map(|(v, _)| &v.view.key);
+        let Some(Response::Released { views, .. }) = response else {
+            encoder.handle_failed(keys);
+            return;
+        };
+        encoder.handle_committed(keys, &views);
+        let again: Vec<ReleasedView> = sent
+            .into_iter()
+            .filter(|(v, patch)| *patch && !views.iter().any(|p| p.view.key == v.view.key))
+            .map(|(v, _)| v)
+            .collect();
+        if !again.is_empty() {
+            self.trace(format!("{} skipped patches go again whole", again.len()));
+            self.propose_releases(l, again);
         }
     }
 
@@ -884,17 +932,12 @@ impl Sim {
         let index = self.members[m].applied;
         let request = self.committed[index].clone();
         let member = &mut self.members[m];
-        let publish = match &request {
-            Request::Publish { views } => Some(views.clone()),
-            _ => None,
-        };
         let response = member.state.apply(request.clone());
         member.applied += 1;
-        if let (Some(views), Response::Published { accepted }) = (publish, &response)
-            && *accepted > 0
-        {
+        let views = published_views(&request, &response);
+        if !views.is_empty() {
             let mut changed = false;
-            for v in &views {
+            for v in views {
                 changed |= member.builder.handle_release(v);
             }
             if changed {
@@ -1072,7 +1115,7 @@ impl Sim {
                             views.len()
                         ));
                     }
-                    self.propose(Request::Publish { views }, Waiting::Publish);
+                    self.propose_releases(l, views);
                 }
                 LeaderCommand::Audit(entry) => audit.push(entry),
                 LeaderCommand::Propose { purpose, request } => {
@@ -1335,8 +1378,8 @@ impl Sim {
                 }
             }
         }
-        if let Some(Request::Publish { views }) = self.committed.last() {
-            let views = views.clone();
+        if let Some(request) = self.committed.last() {
+            let views = published_views(request, response).to_vec();
             for r in views {
                 for (z, floor) in &r.view.markers.zone_floor {
                     let declared = r.view.markers.health_disregarded.contains(z);
@@ -1510,6 +1553,7 @@ impl Member {
             epoch: 0,
             gate: ReplayGate::new(None, now, REPLAY_WAIT),
             term: None,
+            encoder: ReleaseEncoder::new(),
         }
     }
 }
@@ -1627,6 +1671,20 @@ fn summarise(request: &Request) -> String {
                 .collect();
             format!("publish [{}]", versions.join(" "))
         }
+        Request::Release { releases } => {
+            let versions: Vec<String> = releases
+                .iter()
+                .map(|r| {
+                    let kind = if matches!(r, Release::Patch(_)) {
+                        "~"
+                    } else {
+                        ""
+                    };
+                    format!("{}@{}{kind}", r.key(), r.version().0 & 0xFFFF_FFFF)
+                })
+                .collect();
+            format!("release [{}]", versions.join(" "))
+        }
         Request::Observed { instances, .. } => format!("observed {}", instances.len()),
         Request::Audit { entries } => format!("audit {}", entries.len()),
     }
@@ -1642,6 +1700,9 @@ fn outcome(r: &Response) -> String {
         Response::Registry { outcome: Ok(_) } => "ok".into(),
         Response::Registry { outcome: Err(e) } => format!("refused {}", e.reason),
         Response::Published { accepted } => format!("accepted {accepted}"),
+        Response::Released { views, skipped } => {
+            format!("in force {}, skipped {skipped}", views.len())
+        }
         Response::Audited { last_seq } => format!("seq {last_seq}"),
         other => format!("{other:?}"),
     }

@@ -29,6 +29,39 @@ fn released() -> impl Strategy<Value = ReleasedView> {
         })
 }
 
+/// A release of one of [`released`]'s views: whole, or a patch on an arbitrary base (most
+/// of which no member holds) with a few endpoints changed.
+fn release() -> impl Strategy<Value = crate::release::Release> {
+    use crate::release::{Release, ViewPatch};
+    prop_oneof![
+        released().prop_map(Release::Whole),
+        (
+            released(),
+            0u64..20,
+            prop::collection::vec((0u8..6, 1u32..4), 0..4),
+            prop::collection::vec(0u8..6, 0..3),
+        )
+            .prop_map(|(target, base, upserted, removed)| {
+                Release::Patch(ViewPatch {
+                    base: Version(base),
+                    version: target.version,
+                    delta: waymark_core::view::ViewDelta {
+                        key: target.view.key,
+                        upserted: upserted
+                            .into_iter()
+                            .map(|(n, w)| crate::release::tests::endpoint(n, w))
+                            .collect(),
+                        removed: removed
+                            .into_iter()
+                            .map(|n| crate::release::tests::endpoint(n, 1).instance)
+                            .collect(),
+                        markers: Default::default(),
+                    },
+                })
+            }),
+    ]
+}
+
 fn registry_command() -> impl Strategy<Value = Stamped> {
     prop_oneof![
         2 => service().prop_map(|service| Stamped {
@@ -49,6 +82,7 @@ fn registry_command() -> impl Strategy<Value = Stamped> {
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
         3 => prop::collection::vec(released(), 0..4).prop_map(|views| Request::Publish { views }),
+        3 => prop::collection::vec(release(), 0..4).prop_map(|releases| Request::Release { releases }),
         3 => registry_command().prop_map(Request::Registry),
         1 => prop::collection::vec(registry_command(), 0..6)
             .prop_map(|commands| Request::Batch { commands }),
