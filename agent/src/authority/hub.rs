@@ -50,6 +50,8 @@ pub struct EvidenceHub {
     membership: watch::Sender<u64>,
     /// Live agents per gossip, when this member gossips: only they are assigned targets.
     gossip: Option<watch::Receiver<Vec<MemberState>>>,
+    /// Admitted samples the leader's queue holds before new ones are shed.
+    queue_len: usize,
 }
 
 impl EvidenceHub {
@@ -61,7 +63,15 @@ impl EvidenceHub {
             inner: Arc::default(),
             membership: watch::Sender::new(0),
             gossip: None,
+            queue_len: QUEUE_LEN,
         }
+    }
+
+    /// A shorter queue than [`QUEUE_LEN`], so tests can fill it.
+    #[cfg(test)]
+    fn with_queue_len(mut self, len: usize) -> Self {
+        self.queue_len = len;
+        self
     }
 
     /// Take prober liveness from gossip: a connected node is assigned targets only while
@@ -80,7 +90,7 @@ impl EvidenceHub {
 
     /// Start feeding a leader; the previous feed (if any) is closed.
     pub fn lead(&self) -> LeaderFeed {
-        let (stx, srx) = mpsc::channel(QUEUE_LEN);
+        let (stx, srx) = mpsc::channel(self.queue_len);
         let (dtx, drx) = mpsc::channel(1024);
         self.lock().feed = Some((stx, dtx));
         LeaderFeed {
@@ -118,35 +128,22 @@ impl EvidenceHub {
 
     /// Hand every connected prober its targets from the registry's assignment.
     pub fn refresh_targets(&self, registry: &DesiredState) {
-        let mut per_node: BTreeMap<NodeName, Vec<ProbeTarget>> = BTreeMap::new();
-        for record in registry.instances() {
-            let i = &record.instance;
-            let Some(probe) = registry
-                .service(&i.service)
-                .and_then(|s| s.contract.probe.clone())
-            else {
-                continue;
-            };
-            for node in registry.probers(&i.id) {
-                per_node.entry(node.clone()).or_default().push(ProbeTarget {
-                    instance: i.id.clone(),
-                    service: i.service.clone(),
-                    address: i.address,
-                    probe: probe.clone(),
-                });
-            }
-        }
+        let connected: std::collections::BTreeSet<NodeName> =
+            self.lock().targets.keys().cloned().collect();
+        let mut per_node = assigned_targets(registry, |node| connected.contains(node));
         let inner = self.lock();
         for (node, tx) in &inner.targets {
-            let targets = per_node.remove(node).unwrap_or_default();
-            tx.send_if_modified(|held| {
-                if *held == targets {
-                    false
-                } else {
-                    *held = targets;
-                    true
-                }
-            });
+            offer(tx, per_node.remove(node).unwrap_or_default());
+        }
+    }
+
+    /// Hand one prober its targets: what a connecting node needs, without recomputing
+    /// every other node's (a fleet reconnecting at once would otherwise cost a scan of
+    /// every node's targets per connection, under the state's lock).
+    fn refresh_node(&self, registry: &DesiredState, node: &NodeName) {
+        let mut mine = assigned_targets(registry, |n| n == node);
+        if let Some(tx) = self.lock().targets.get(node) {
+            offer(tx, mine.remove(node).unwrap_or_default());
         }
     }
 
@@ -162,6 +159,52 @@ impl EvidenceHub {
             .unwrap_or_else(|| "unknown (election in progress)".to_owned());
         Status::unavailable(format!("not the leader; the leader is {hint}"))
     }
+}
+
+/// The probe targets the registry assigns to the nodes `wanted` picks.
+fn assigned_targets(
+    registry: &DesiredState,
+    wanted: impl Fn(&NodeName) -> bool,
+) -> BTreeMap<NodeName, Vec<ProbeTarget>> {
+    let mut per_node: BTreeMap<NodeName, Vec<ProbeTarget>> = BTreeMap::new();
+    for record in registry.instances() {
+        let i = &record.instance;
+        let mut nodes = registry
+            .probers(&i.id)
+            .iter()
+            .filter(|n| wanted(n))
+            .peekable();
+        if nodes.peek().is_none() {
+            continue;
+        }
+        let Some(probe) = registry
+            .service(&i.service)
+            .and_then(|s| s.contract.probe.as_ref())
+        else {
+            continue;
+        };
+        for node in nodes {
+            per_node.entry(node.clone()).or_default().push(ProbeTarget {
+                instance: i.id.clone(),
+                service: i.service.clone(),
+                address: i.address,
+                probe: probe.clone(),
+            });
+        }
+    }
+    per_node
+}
+
+/// Replace what a prober holds, waking it only if that changed.
+fn offer(tx: &watch::Sender<Vec<ProbeTarget>>, targets: Vec<ProbeTarget>) {
+    tx.send_if_modified(|held| {
+        if *held == targets {
+            false
+        } else {
+            *held = targets;
+            true
+        }
+    });
 }
 
 impl EvidenceSink for EvidenceHub {
@@ -189,7 +232,7 @@ impl EvidenceSink for EvidenceHub {
         };
         self.membership.send_modify(|n| *n += 1);
         self.raft
-            .with_state(|s, _| self.refresh_targets(s.registry()));
+            .with_state(|s, _| self.refresh_node(s.registry(), node));
         Ok(rx)
     }
 
@@ -239,6 +282,11 @@ impl EvidenceSink for EvidenceHub {
 impl EvidenceHub {
     /// Admit `samples`, each with its own reporter, after `precheck` (a refusal label or
     /// `None`); denials are recorded against `session`, the connection's identity.
+    ///
+    /// Room in the leader's queue is checked first: while it is full, a message is refused
+    /// whole as `overloaded` without its attribution checks taking the state's lock, and
+    /// shedding is counted, not audited sample by sample (it says nothing about who sent
+    /// it). The reporter learns which samples were refused either way.
     fn ingest_as(
         &self,
         session: &Reporter,
@@ -250,6 +298,10 @@ impl EvidenceHub {
             return Err(self.not_leader());
         };
         let mut ack = Ack::default();
+        if tx.capacity() == 0 {
+            self.shed(&mut ack, samples.iter().map(|(_, w)| &w.instance));
+            return Ok(ack);
+        }
         let mut refuse = |instance: &waymark_core::model::InstanceId, reason: &str| {
             self.metrics
                 .samples_refused
@@ -291,16 +343,178 @@ impl EvidenceHub {
                 })
                 .collect()
         });
-        for sample in admitted {
-            let instance = sample.instance.clone();
+        let mut admitted = admitted.into_iter();
+        let mut accepted = 0;
+        for sample in admitted.by_ref() {
             match tx.try_send(sample) {
-                Ok(()) => {
-                    ack.accepted += 1;
-                    self.metrics.samples_accepted.inc();
+                Ok(()) => accepted += 1,
+                Err(
+                    mpsc::error::TrySendError::Full(sample)
+                    | mpsc::error::TrySendError::Closed(sample),
+                ) => {
+                    let rest: Vec<Sample> = std::iter::once(sample).chain(admitted).collect();
+                    self.shed(&mut ack, rest.iter().map(|s| &s.instance));
+                    break;
                 }
-                Err(_) => refuse(&instance, "overloaded"),
             }
         }
+        ack.accepted = accepted;
+        self.metrics.samples_accepted.inc_by(accepted);
         Ok(ack)
+    }
+
+    /// Refuse these samples as `overloaded`: the leader's queue is full.
+    fn shed<'a>(
+        &self,
+        ack: &mut Ack,
+        instances: impl Iterator<Item = &'a waymark_core::model::InstanceId>,
+    ) {
+        let before = ack.refused.len();
+        ack.refused.extend(instances.map(|instance| RefusedSample {
+            instance: instance.clone(),
+            reason: OVERLOADED.to_owned(),
+        }));
+        let shed = (ack.refused.len() - before) as u64;
+        self.metrics
+            .samples_refused
+            .get_or_create(&ReasonLabels {
+                reason: OVERLOADED.to_owned(),
+            })
+            .inc_by(shed);
+    }
+}
+
+/// The refusal reason for samples shed because the leader's queue is full.
+const OVERLOADED: &str = "overloaded";
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use tempfile::TempDir;
+    use waymark_core::contract::HealthContract;
+    use waymark_core::model::{InstanceId, Locality, Observation, SelfReport};
+    use waymark_registry::machine::{Request, Response};
+    use waymark_registry::state::{Applied, Command, Registration, Stamped};
+
+    use super::*;
+    use crate::authority::raft::{Member, RaftConfig};
+
+    /// A single-member authority that leads, holding one registered instance.
+    async fn leading() -> (TempDir, RaftNode, InstanceId) {
+        let dir = TempDir::new().unwrap();
+        let member = Member {
+            raft_addr: "127.0.0.1:1".into(),
+            api_addr: "127.0.0.1:1".into(),
+        };
+        let raft = RaftNode::open(RaftConfig::new(1, dir.path().join("raft"), member.clone()))
+            .await
+            .unwrap();
+        raft.initialize(BTreeMap::from([(1, member)]))
+            .await
+            .unwrap();
+        let mut metrics = raft.watch_metrics();
+        while !metrics.borrow_and_update().state.is_leader() {
+            metrics.changed().await.unwrap();
+        }
+        let write = |command| {
+            let raft = raft.clone();
+            async move {
+                raft.write(Request::Registry(Stamped { at_ms: 1, command }))
+                    .await
+                    .unwrap()
+            }
+        };
+        write(Command::PutService {
+            service: "pay".parse().unwrap(),
+            owner: "team".into(),
+            contract: HealthContract::default(),
+        })
+        .await;
+        let registered = write(Command::Register(Registration {
+            service: "pay".parse().unwrap(),
+            locality: Locality {
+                region: "r1".parse().unwrap(),
+                zone: "a".parse().unwrap(),
+                node: "n1".parse().unwrap(),
+            },
+            address: waymark_core::model::Address {
+                ip: std::net::Ipv4Addr::new(10, 0, 0, 1).into(),
+                port: 80,
+            },
+            weight: Default::default(),
+            tags: Default::default(),
+            metadata: Default::default(),
+            lease_ms: 30_000,
+        }))
+        .await;
+        let Response::Registry {
+            outcome: Ok(Applied::Registered { instance, .. }),
+        } = registered
+        else {
+            panic!("the instance registers: {registered:?}");
+        };
+        (dir, raft, instance)
+    }
+
+    fn ready(instance: &InstanceId, n: usize) -> Vec<WireSample> {
+        (0..n)
+            .map(|_| WireSample {
+                instance: instance.clone(),
+                observation: Observation::SelfReport(SelfReport::Ready),
+            })
+            .collect()
+    }
+
+    fn refused(hub: &EvidenceHub, reason: &str) -> u64 {
+        hub.metrics
+            .samples_refused
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .get()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_queue_sheds_samples_as_overloaded_without_auditing_them() {
+        // Goal: what does not fit is refused by name and counted, what fits is admitted,
+        // and shedding never floods the audit path with denials.
+        let (_dir, raft, instance) = leading().await;
+        let hub = EvidenceHub::new(raft.clone(), AuthorityMetrics::default()).with_queue_len(3);
+        let mut feed = hub.lead();
+        let me = Reporter::Instance(instance.clone());
+
+        let ack = hub.ingest(&me, ready(&instance, 5)).unwrap();
+        assert_eq!(ack.accepted, 3);
+        assert_eq!(ack.refused.len(), 2);
+        assert!(
+            ack.refused
+                .iter()
+                .all(|r| r.reason == OVERLOADED && r.instance == instance)
+        );
+
+        // The queue is full: a whole message is shed before any check.
+        let ack = hub.ingest(&me, ready(&instance, 4)).unwrap();
+        assert_eq!((ack.accepted, ack.refused.len()), (0, 4));
+        assert_eq!(refused(&hub, OVERLOADED), 6);
+        assert!(feed.denials.try_recv().is_err(), "shedding is not audited");
+
+        // Once the leader drains, samples are admitted again, and a real denial is audited.
+        for _ in 0..3 {
+            feed.samples.recv().await.unwrap();
+        }
+        let stranger = Reporter::Instance("pay-elsewhere".parse().unwrap());
+        let ack = hub.ingest(&stranger, ready(&instance, 1)).unwrap();
+        assert_eq!(ack.accepted, 0);
+        assert_ne!(ack.refused[0].reason, OVERLOADED);
+        let denial = tokio::time::timeout(Duration::from_secs(5), feed.denials.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(denial.instance, instance.to_string());
+        let ack = hub.ingest(&me, ready(&instance, 2)).unwrap();
+        assert_eq!(ack.accepted, 2);
+        raft.shutdown().await;
     }
 }
