@@ -339,6 +339,22 @@ impl RegionPipeline {
         result
     }
 
+    /// Attributed samples that arrived together, evaluated in order and assembled once:
+    /// a service many of them touch is rebuilt or patched once, not once per sample.
+    /// Returns each refusal by the evaluator (which changed nothing), in order.
+    pub fn handle_samples(
+        &mut self,
+        now: Instant,
+        samples: impl IntoIterator<Item = Sample>,
+    ) -> Vec<EvaluatorError> {
+        let refused = samples
+            .into_iter()
+            .filter_map(|sample| self.evaluator.handle_sample(now, sample).err())
+            .collect();
+        self.pump(now);
+        refused
+    }
+
     /// The driver's report of delivery pressure (releases committing or sending slowly):
     /// while it lasts the delta queues shed admissions; withdrawals are never slowed.
     pub fn handle_pressure(&mut self, now: Instant, saturated: bool) {

@@ -402,6 +402,18 @@ impl LeaderTerm {
         result
     }
 
+    /// Admitted samples that arrived together, assembled once (see
+    /// [`RegionPipeline::handle_samples`]); returns the evaluator's refusals.
+    pub fn handle_samples(
+        &mut self,
+        now: Instant,
+        samples: impl IntoIterator<Item = Sample>,
+    ) -> Vec<EvaluatorError> {
+        let refused = self.pipeline.handle_samples(now, samples);
+        self.drain(now);
+        refused
+    }
+
     /// A sample refused at ingest: folded into one audit record per reporter and reason
     /// per [`COUNTS_EVERY`].
     pub fn handle_denial(&mut self, denial: Denial) {

@@ -208,8 +208,8 @@ async fn lead_term(
 fn step(core: &mut LeaderTerm, env: &Env<'_>, applied: &mut Option<u64>, input: Input) -> bool {
     match input {
         Input::Deposed | Input::Event(Err(RecvError::Closed)) => return false,
-        Input::Sample(sample) => {
-            if let Err(error) = core.handle_sample(now(), sample) {
+        Input::Samples(samples) => {
+            for error in core.handle_samples(now(), samples) {
                 debug!(%error, "sample refused by the evaluator");
             }
         }
@@ -252,6 +252,11 @@ fn step(core: &mut LeaderTerm, env: &Env<'_>, applied: &mut Option<u64>, input: 
     true
 }
 
+/// Samples the loop takes from the hub's queue at once: enough that assembly is paid once
+/// per run rather than per sample, few enough that timers and committed entries are not
+/// kept waiting behind a flood.
+const SAMPLES_RUN_MAX: usize = 4096;
+
 /// What the loop waits on while it leads.
 struct Inputs<'a> {
     term: u64,
@@ -272,7 +277,9 @@ enum Input {
     Deposed,
     /// Raft's metrics changed, and this member still leads this term.
     StillLeading,
-    Sample(Sample),
+    /// Admitted samples: every one already queued when the first arrived (up to
+    /// [`SAMPLES_RUN_MAX`]), evaluated together and assembled once.
+    Samples(Vec<Sample>),
     Denial(Denial),
     Pressure(bool),
     Written(Purpose, Written),
@@ -306,7 +313,16 @@ impl Inputs<'_> {
                 };
                 if still { Input::StillLeading } else { Input::Deposed }
             }
-            Some(sample) = self.feed.samples.recv() => Input::Sample(sample),
+            Some(first) = self.feed.samples.recv() => {
+                let mut run = vec![first];
+                while run.len() < SAMPLES_RUN_MAX {
+                    match self.feed.samples.try_recv() {
+                        Ok(sample) => run.push(sample),
+                        Err(_) => break,
+                    }
+                }
+                Input::Samples(run)
+            }
             Some(denial) = self.feed.denials.recv() => Input::Denial(denial),
             Ok(()) = self.pressure.changed() => Input::Pressure(*self.pressure.borrow_and_update()),
             Some((purpose, outcome)) = self.written.recv() => Input::Written(purpose, outcome),

@@ -582,3 +582,79 @@ fn under_delivery_pressure_admissions_are_shed_declared_and_withdrawals_still_le
         "the admission waited"
     );
 }
+
+#[test]
+fn samples_handled_together_end_where_one_by_one_ends() {
+    // Goal: assembling once per run of samples changes when views are built, never what
+    // they hold: same transitions, same final views, the same refusals.
+    let observations = [
+        ("pay-a-1", Health::Refused),
+        ("pay-a-2", Health::Pass),
+        ("pay-b-3", Health::Fail),
+        ("pay-gone", Health::Pass),
+        ("pay-a-1", Health::Pass),
+        ("pay-b-4", Health::Refused),
+    ];
+    let samples: Vec<Sample> = observations
+        .iter()
+        .map(|(id, health)| Sample {
+            instance: InstanceId::try_new(*id).unwrap(),
+            reporter: Reporter::Node(NodeName::try_new("n").unwrap()),
+            observation: Observation::Probe {
+                health: *health,
+                detail: None,
+            },
+        })
+        .collect();
+    let (mut single, mut batched) = (Fx::new(), Fx::new());
+    for fx in [&mut single, &mut batched] {
+        fx.run_to(d::ADMIT_WINDOW);
+    }
+    let at = single.now - single.start;
+    let one_by_one: Vec<String> = samples
+        .iter()
+        .filter_map(|s| single.p.handle_sample(single.now, s.clone()).err())
+        .map(|e| e.to_string())
+        .collect();
+    let together: Vec<String> = batched
+        .p
+        .handle_samples(batched.now, samples)
+        .into_iter()
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(one_by_one.len(), 1, "the unregistered instance");
+    assert_eq!(together, one_by_one);
+    let transitions = |out: &[(Duration, Output)]| -> Vec<String> {
+        out.iter()
+            .filter_map(|(_, o)| match o {
+                Output::Transition(t) => Some(format!(
+                    "{} {:?} -> {:?} by {:?}",
+                    t.instance, t.from, t.eligibility, t.rule
+                )),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut single_out = single
+        .p
+        .take_outputs()
+        .into_iter()
+        .map(|o| (at, o))
+        .collect::<Vec<_>>();
+    let mut batched_out = batched
+        .p
+        .take_outputs()
+        .into_iter()
+        .map(|o| (at, o))
+        .collect::<Vec<_>>();
+    single_out.extend(single.run_to(at + Duration::from_secs(30)));
+    batched_out.extend(batched.run_to(at + Duration::from_secs(30)));
+    assert!(!transitions(&single_out).is_empty());
+    assert_eq!(transitions(&single_out), transitions(&batched_out));
+    for z in ["a", "b"] {
+        let last =
+            |out: &[(Duration, Output)]| releases(out, z).last().map(|(_, v)| v.view.clone());
+        assert!(last(&single_out).is_some());
+        assert_eq!(last(&single_out), last(&batched_out), "zone {z}");
+    }
+}
