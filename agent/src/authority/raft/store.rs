@@ -218,6 +218,7 @@ pub(crate) fn open(
     let log = LogStore {
         db: db.clone(),
         committed: Arc::default(),
+        recent: Arc::default(),
     };
     let sm = StateMachineStore {
         db,
@@ -310,6 +311,94 @@ pub(super) fn save_snapshot(
 pub struct LogStore {
     db: Arc<Db>,
     committed: Arc<CommittedFlush>,
+    recent: Arc<Mutex<Recent>>,
+}
+
+/// Bytes of encoded entries [`Recent`] keeps at most.
+const RECENT_BYTES_MAX: usize = 64 << 20;
+
+/// The entries appended last, decoded, so the state machine applies what was just written
+/// without reading it back and decoding it again (at reference size that decode was a
+/// tenth of the authority's CPU). Contiguous by index; what it lacks is read from the
+/// log, so it changes what a read costs, never what it returns.
+#[derive(Default)]
+struct Recent {
+    entries: std::collections::VecDeque<(Entry<TypeConfig>, usize)>,
+    bytes: usize,
+}
+
+impl Recent {
+    fn first_index(&self) -> Option<u64> {
+        self.entries.front().map(|(e, _)| e.log_id.index)
+    }
+
+    /// Entries were appended durably: keep them, after whatever they follow.
+    fn appended(&mut self, entries: Vec<(Entry<TypeConfig>, usize)>) {
+        let Some((first, _)) = entries.first() else {
+            return;
+        };
+        let follows = self
+            .entries
+            .back()
+            .is_none_or(|(last, _)| last.log_id.index.checked_add(1) == Some(first.log_id.index));
+        if !follows {
+            self.clear();
+        }
+        for (entry, size) in entries {
+            self.bytes += size;
+            self.entries.push_back((entry, size));
+        }
+        while self.bytes > RECENT_BYTES_MAX {
+            let Some((_, size)) = self.entries.pop_front() else {
+                break;
+            };
+            self.bytes -= size;
+        }
+    }
+
+    /// Forget entries from `index` on (a truncated, conflicting suffix).
+    fn truncated(&mut self, index: u64) {
+        while self
+            .entries
+            .back()
+            .is_some_and(|(e, _)| e.log_id.index >= index)
+        {
+            if let Some((_, size)) = self.entries.pop_back() {
+                self.bytes -= size;
+            }
+        }
+    }
+
+    /// Forget entries up to `index` (purged).
+    fn purged(&mut self, index: u64) {
+        while self.first_index().is_some_and(|first| first <= index) {
+            if let Some((_, size)) = self.entries.pop_front() {
+                self.bytes -= size;
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
+    /// Every entry of `[start, end]` if all are held.
+    fn get(&self, start: u64, end: u64) -> Option<Vec<Entry<TypeConfig>>> {
+        let first = self.first_index()?;
+        let last = self.entries.back()?.0.log_id.index;
+        if start < first || end > last || start > end {
+            return None;
+        }
+        let from = usize::try_from(start - first).ok()?;
+        let to = usize::try_from(end - first).ok()?;
+        Some(
+            self.entries
+                .range(from..=to)
+                .map(|(e, _)| e.clone())
+                .collect(),
+        )
+    }
 }
 
 impl LogStore {
@@ -391,6 +480,21 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let range = (range.start_bound().cloned(), range.end_bound().cloned());
         if is_empty_range(&range) {
             return Ok(Vec::new());
+        }
+        let bounds = match range {
+            (Bound::Included(s), Bound::Included(e)) => Some((s, e)),
+            (Bound::Included(s), Bound::Excluded(e)) => e.checked_sub(1).map(|e| (s, e)),
+            _ => None,
+        };
+        if let Some((start, end)) = bounds {
+            let held = self
+                .recent
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(start, end);
+            if let Some(entries) = held {
+                return Ok(entries);
+            }
         }
         blocking(&self.db, move |db| read_entries(db, range))
             .await
@@ -491,10 +595,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         // Encode here so the blocking closure owns plain bytes.
         let mut encoded = Vec::new();
+        let mut decoded = Vec::new();
         for entry in entries {
             let bytes = serde_json::to_vec(&entry)
                 .map_err(|e| StorageIOError::write_log_entry(entry.log_id, &e))?;
             encoded.push((entry.log_id.index, bytes));
+            let size = encoded.last().map_or(0, |(_, b)| b.len());
+            decoded.push((entry, size));
         }
         // The committed index saved since the last write rides this transaction.
         let committed = self
@@ -523,6 +630,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         })
         .await
         .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .appended(decoded);
         // The commit above is durable: only now may openraft count these entries.
         callback.log_io_completed(Ok(()));
         Ok(())
@@ -530,6 +641,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
         tracing::debug!(index = log_id.index, "raft log truncate");
+        self.recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .truncated(log_id.index);
         blocking(&self.db, move |db| {
             let txn = db.begin_write()?;
             {
@@ -545,6 +660,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
         tracing::debug!(index = log_id.index, "raft log purge");
+        self.recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .purged(log_id.index);
         blocking(&self.db, move |db| {
             let purged = serde_json::to_vec(&Some(log_id))?;
             let txn = db.begin_write()?;

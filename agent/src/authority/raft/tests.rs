@@ -94,6 +94,55 @@ async fn a_reopened_store_keeps_vote_purge_and_truncate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_read_back_are_what_the_log_holds_after_truncation_and_purge() {
+    // Goal: the decoded entries the store keeps from its appends never answer for a
+    // suffix that was truncated and rewritten, nor for a purged prefix.
+    let dir = TempDir::new().unwrap();
+    let (events, _) = broadcast::channel(16);
+    let (mut log, _, _) = store::open(dir.path(), events).unwrap();
+    log.blocking_append((1..=10).map(|i| blank(1, i)))
+        .await
+        .unwrap();
+    let terms = |entries: Vec<Entry<TypeConfig>>| -> Vec<(u64, u64)> {
+        entries
+            .iter()
+            .map(|e| (e.log_id.index, e.log_id.leader_id.term))
+            .collect()
+    };
+    log.truncate(LogId::new(CommittedLeaderId::new(1, 1), 6))
+        .await
+        .unwrap();
+    let kept: Vec<(u64, u64)> = (1..=5).map(|i| (i, 1)).collect();
+    assert_eq!(terms(log.try_get_log_entries(1..=10).await.unwrap()), kept);
+    log.blocking_append((6..=8).map(|i| blank(2, i)))
+        .await
+        .unwrap();
+    let expected: Vec<(u64, u64)> = (1..=5)
+        .map(|i| (i, 1))
+        .chain((6..=8).map(|i| (i, 2)))
+        .collect();
+    assert_eq!(
+        terms(log.try_get_log_entries(1..=8).await.unwrap()),
+        expected
+    );
+    assert_eq!(
+        terms(log.try_get_log_entries(6..9).await.unwrap()),
+        expected[5..]
+    );
+    assert_eq!(
+        terms(log.try_get_log_entries(7..).await.unwrap()),
+        expected[6..]
+    );
+    log.purge(LogId::new(CommittedLeaderId::new(1, 1), 4))
+        .await
+        .unwrap();
+    assert_eq!(
+        terms(log.try_get_log_entries(1..=8).await.unwrap()),
+        expected[4..]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_append_persists_the_committed_index() {
     // Goal: saving the committed index writes nothing itself; the next log append carries
     // it in its own transaction (the idle flush is put off past the test).
