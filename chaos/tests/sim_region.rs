@@ -71,6 +71,13 @@ fn a_region_keeps_its_invariants_through_crashes_partitions_and_loss() {
             r.trace.iter().any(|l| l.contains(" batch [")),
             "SEED={seed}: no batched entry was committed"
         );
+        // Views reached the log as patches against what the members held, not only whole.
+        assert!(
+            r.trace
+                .iter()
+                .any(|l| l.contains(" release [") && l.contains('~')),
+            "SEED={seed}: no release went as a patch"
+        );
     }
 }
 
