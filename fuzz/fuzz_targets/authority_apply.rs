@@ -10,8 +10,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
-use waymark_registry::machine::{AuthorityState, Request};
 use waymark_fuzz::{Gen, Limits, capped, is_json_lines, lines};
+use waymark_registry::machine::{AuthorityState, Request};
 
 fuzz_target!(|data: &[u8]| run(capped(data)));
 
@@ -111,12 +111,17 @@ fn request(g: &mut Gen<'_>, version: &mut u64) -> Value {
                         return v;
                     }
                     let to = v["version"].as_u64().unwrap_or(0);
-                    let base = if g.one_in(4) { g.u64() } else { to.saturating_sub(1) };
+                    let base = if g.one_in(4) {
+                        g.u64()
+                    } else {
+                        to.saturating_sub(1)
+                    };
                     let upserted: Vec<Value> = v["view"]["endpoints"]
                         .as_object()
                         .map(|m| m.values().cloned().collect())
                         .unwrap_or_default();
-                    let removed: Vec<Value> = (0..g.below(3)).map(|_| json!(g.instance_id())).collect();
+                    let removed: Vec<Value> =
+                        (0..g.below(3)).map(|_| json!(g.instance_id())).collect();
                     json!({
                         "kind": "patch",
                         "base": base,

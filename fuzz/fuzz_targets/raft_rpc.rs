@@ -18,9 +18,9 @@ use openraft::raft::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use waymark_registry::machine::{AuthorityState, Request};
 use waymark_agent::authority::raft::TypeConfig;
 use waymark_fuzz::{Limits, capped};
+use waymark_registry::machine::{AuthorityState, Request};
 use waymark_registry::state::{Command, Stamped};
 
 type NodeId = u64;
