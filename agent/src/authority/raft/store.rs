@@ -215,10 +215,15 @@ pub(crate) fn open(
         apply_failures_total: Default::default(),
         closed,
     };
+    let hint = CommittedHint::open(&dir.join(HINT_FILE)).map_err(|source| StoreError::Dir {
+        path: dir.join(HINT_FILE),
+        source,
+    })?;
     let log = LogStore {
         db: db.clone(),
         committed: Arc::default(),
         recent: Arc::default(),
+        hint: Arc::new(hint),
     };
     let sm = StateMachineStore {
         db,
@@ -312,6 +317,79 @@ pub struct LogStore {
     db: Arc<Db>,
     committed: Arc<CommittedFlush>,
     recent: Arc<Mutex<Recent>>,
+    hint: Arc<CommittedHint>,
+}
+
+/// The file beside the database holding [`CommittedHint`].
+const HINT_FILE: &str = "committed.hint";
+
+/// The latest committed index, rewritten in place (no fsync) every time it is saved.
+///
+/// The durable record rides the next log append or the idle flush, so a process killed in
+/// between would restart knowing an older committed index, re-apply less than it had
+/// served, and open its replay gate on a state behind what its clients saw. The write
+/// survives a process kill (it sits in the page cache); what an OS crash loses is caught
+/// up from the leader, as with any committed index not yet known. At open the later of the
+/// two records wins; a hint that does not decode is ignored and logged.
+struct CommittedHint {
+    file: Mutex<std::fs::File>,
+}
+
+/// Longest encoded hint: a JSON `LogId` is well under this.
+const HINT_LEN_MAX: usize = 256;
+
+impl CommittedHint {
+    fn open(path: &Path) -> std::io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        Ok(Self {
+            file: Mutex::new(file),
+        })
+    }
+
+    /// Record `committed`: one small positioned write, a length then the JSON.
+    fn write(&self, committed: &Option<LogId<NodeId>>) {
+        use std::os::unix::fs::FileExt as _;
+        let Ok(json) = serde_json::to_vec(committed) else {
+            return;
+        };
+        let Ok(len) = u16::try_from(json.len()) else {
+            return;
+        };
+        let mut record = len.to_le_bytes().to_vec();
+        record.extend_from_slice(&json);
+        let file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Err(error) = file.write_all_at(&record, 0) {
+            tracing::warn!(%error, "writing the committed-index hint failed");
+        }
+    }
+
+    /// The recorded index, if the file holds one that decodes.
+    fn read(&self) -> Option<LogId<NodeId>> {
+        use std::os::unix::fs::FileExt as _;
+        let file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut buf = [0u8; HINT_LEN_MAX];
+        let n = file.read_at(&mut buf, 0).ok()?;
+        if n < 2 {
+            return None;
+        }
+        let len = usize::from(u16::from_le_bytes([buf[0], buf[1]]));
+        let Some(json) = buf.get(2..2 + len).filter(|_| 2 + len <= n) else {
+            tracing::warn!(bytes = n, "the committed-index hint is truncated; ignored");
+            return None;
+        };
+        match serde_json::from_slice::<Option<LogId<NodeId>>>(json) {
+            Ok(committed) => committed,
+            Err(error) => {
+                tracing::warn!(%error, "the committed-index hint does not decode; ignored");
+                None
+            }
+        }
+    }
 }
 
 /// Bytes of encoded entries [`Recent`] keeps at most.
@@ -402,6 +480,21 @@ impl Recent {
 }
 
 impl LogStore {
+    /// The committed index the database holds (without the hint).
+    pub(crate) async fn durable_committed(&self) -> StorageResult<Option<LogId<NodeId>>> {
+        blocking(&self.db, |db| {
+            Ok(get_meta::<Option<LogId<NodeId>>>(db, KEY_COMMITTED)?.flatten())
+        })
+        .await
+        .map_err(|e| StorageIOError::read(&e).into())
+    }
+
+    /// The committed index the hint file holds.
+    #[cfg(test)]
+    pub(crate) fn hinted_committed(&self) -> Option<LogId<NodeId>> {
+        self.hint.read()
+    }
+
     /// The same store with the idle flush of the committed index put off by `after`, so a
     /// test can tell what an append persisted from what the flush did.
     #[cfg(test)]
@@ -554,6 +647,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// [`COMMITTED_FLUSH_AFTER`] later writes the latest value durably, so an idle member's
     /// record is at most that much behind.
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
+        self.hint.write(&committed);
         *self
             .committed
             .latest
@@ -581,11 +675,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
-        blocking(&self.db, |db| {
-            Ok(get_meta::<Option<LogId<NodeId>>>(db, KEY_COMMITTED)?.flatten())
-        })
-        .await
-        .map_err(|e| StorageIOError::read(&e).into())
+        let durable = self.durable_committed().await?;
+        Ok(durable.max(self.hint.read()))
     }
 
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>

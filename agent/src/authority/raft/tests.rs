@@ -156,12 +156,38 @@ async fn the_next_append_persists_the_committed_index() {
     log.save_committed(Some(LogId::new(CommittedLeaderId::new(1, 1), 3)))
         .await
         .unwrap();
-    assert_eq!(log.read_committed().await.unwrap(), None, "written at once");
-    log.blocking_append([blank(1, 5)]).await.unwrap();
+    assert_eq!(
+        log.durable_committed().await.unwrap(),
+        None,
+        "written at once"
+    );
+    // What a process killed now would restart from: the hint, beside the database.
+    assert_eq!(log.hinted_committed().map(|l| l.index), Some(3));
     assert_eq!(
         log.read_committed().await.unwrap().map(|l| l.index),
         Some(3)
     );
+    log.blocking_append([blank(1, 5)]).await.unwrap();
+    assert_eq!(
+        log.durable_committed().await.unwrap().map(|l| l.index),
+        Some(3)
+    );
+}
+
+#[test]
+fn a_committed_index_hint_that_does_not_decode_is_ignored() {
+    // Goal: a damaged hint never stops a member opening or names an index it never saved.
+    let dir = TempDir::new().unwrap();
+    for bytes in [
+        &b"\xff\xff garbage"[..],
+        &b"\x05\x00{\"no"[..],
+        &b"\x01"[..],
+    ] {
+        std::fs::write(dir.path().join("committed.hint"), bytes).unwrap();
+        let (events, _) = broadcast::channel(16);
+        let (log, _, _) = store::open(dir.path(), events).unwrap();
+        assert_eq!(log.hinted_committed(), None, "{bytes:?}");
+    }
 }
 
 #[test]
