@@ -319,19 +319,10 @@ impl AuthorityState {
                     .collect(),
             },
             Request::Publish { views } => {
-                let mut accepted = 0;
-                for view in views {
-                    let key = view.view.key.clone();
-                    let newer = self
-                        .published
-                        .get(&key)
-                        .is_none_or(|held| held.version < view.version);
-                    if newer {
-                        self.version_floor = self.version_floor.max(view.version);
-                        self.published.insert(key, view);
-                        accepted += 1;
-                    }
-                }
+                let accepted = views
+                    .into_iter()
+                    .filter_map(|view| self.release(Release::Whole(view)).map(|_| ()))
+                    .count();
                 Response::Published { accepted }
             }
             Request::Release { releases } => {

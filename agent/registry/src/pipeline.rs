@@ -334,9 +334,7 @@ impl RegionPipeline {
 
     /// One attributed sample (the shell has checked identity and assignment).
     pub fn handle_sample(&mut self, now: Instant, sample: Sample) -> Result<(), EvaluatorError> {
-        let result = self.evaluator.handle_sample(now, sample);
-        self.pump(now);
-        result
+        self.handle_samples(now, [sample]).pop().map_or(Ok(()), Err)
     }
 
     /// Attributed samples that arrived together, evaluated in order and assembled once:

@@ -143,20 +143,29 @@ impl ReleaseEncoder {
         }
     }
 
-    /// An entry carrying releases of `sent` committed, and put `in_force` in force (what
-    /// its response says each member now holds). A sent view missing from `in_force` was
-    /// refused or superseded, so what the log holds for it is no longer known here.
+    /// An entry carrying the releases `sent` (each view's key, and whether it went as a
+    /// patch) committed and put `in_force` in force (what its response says each member
+    /// now holds). A sent view missing from `in_force` was skipped, so what the log holds
+    /// for it is no longer known here. Returns the skipped patches' views: they must go
+    /// again, whole. (A skipped whole view was not newer than what the log holds.)
     pub fn handle_committed<'a>(
         &mut self,
-        sent: impl IntoIterator<Item = &'a ViewKey>,
+        sent: impl IntoIterator<Item = (&'a ViewKey, bool)>,
         in_force: &[ReleasedView],
-    ) {
-        for key in sent {
+    ) -> Vec<ViewKey> {
+        let put: std::collections::BTreeSet<&ViewKey> =
+            in_force.iter().map(|v| &v.view.key).collect();
+        let mut again = Vec::new();
+        for (key, patch) in sent {
             self.held.remove(key);
+            if patch && !put.contains(key) {
+                again.push(key.clone());
+            }
         }
         for view in in_force {
             self.held.insert(view.view.key.clone(), view.clone());
         }
+        again
     }
 
     /// A write carrying releases of `sent` failed: it may or may not have committed, so

@@ -397,9 +397,7 @@ impl LeaderTerm {
     /// An admitted sample (the shell checked identity and assignment). A refusal by the
     /// evaluator changed nothing.
     pub fn handle_sample(&mut self, now: Instant, sample: Sample) -> Result<(), EvaluatorError> {
-        let result = self.pipeline.handle_sample(now, sample);
-        self.drain(now);
-        result
+        self.handle_samples(now, [sample]).pop().map_or(Ok(()), Err)
     }
 
     /// Admitted samples that arrived together, assembled once (see

@@ -299,7 +299,7 @@ impl EvidenceHub {
         };
         let mut ack = Ack::default();
         if tx.capacity() == 0 {
-            self.shed(&mut ack, samples.iter().map(|(_, w)| &w.instance));
+            self.shed(&mut ack, samples.into_iter().map(|(_, w)| w.instance));
             return Ok(ack);
         }
         let mut refuse = |instance: &waymark_core::model::InstanceId, reason: &str| {
@@ -352,8 +352,8 @@ impl EvidenceHub {
                     mpsc::error::TrySendError::Full(sample)
                     | mpsc::error::TrySendError::Closed(sample),
                 ) => {
-                    let rest: Vec<Sample> = std::iter::once(sample).chain(admitted).collect();
-                    self.shed(&mut ack, rest.iter().map(|s| &s.instance));
+                    let rest = std::iter::once(sample).chain(admitted.by_ref());
+                    self.shed(&mut ack, rest.map(|s| s.instance));
                     break;
                 }
             }
@@ -364,14 +364,14 @@ impl EvidenceHub {
     }
 
     /// Refuse these samples as `overloaded`: the leader's queue is full.
-    fn shed<'a>(
+    fn shed(
         &self,
         ack: &mut Ack,
-        instances: impl Iterator<Item = &'a waymark_core::model::InstanceId>,
+        instances: impl Iterator<Item = waymark_core::model::InstanceId>,
     ) {
         let before = ack.refused.len();
         ack.refused.extend(instances.map(|instance| RefusedSample {
-            instance: instance.clone(),
+            instance,
             reason: OVERLOADED.to_owned(),
         }));
         let shed = (ack.refused.len() - before) as u64;

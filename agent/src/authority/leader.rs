@@ -695,16 +695,15 @@ async fn publish_loop<W, F>(
                     Response::Released { views, .. } => views.as_slice(),
                     _ => &[],
                 };
-                encoder.handle_committed(sent.iter().map(|(k, _)| k), in_force);
-                for (key, patch) in &sent {
-                    // A patch the log skipped (its base was not what the log held) goes
-                    // again, whole; a skipped whole view was older than what is held.
-                    let put = in_force.iter().any(|v| &v.view.key == key);
-                    if put || !patch {
+                let again = encoder.handle_committed(sent.iter().map(|(k, p)| (k, *p)), in_force);
+                for (key, _) in &sent {
+                    if !again.contains(key) {
                         pending.remove(key);
-                    } else {
-                        warn!(view = %key, "a patched release was skipped by the log; sending it whole");
                     }
+                }
+                for key in &again {
+                    // Its base was not what the log held: it stays pending, to go whole.
+                    warn!(view = %key, "a patched release was skipped by the log; sending it whole");
                 }
                 backoff = WRITE_RETRY_MIN;
                 report(PublishOutcome::Committed {

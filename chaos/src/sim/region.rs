@@ -891,15 +891,15 @@ impl Sim {
             return;
         };
         let encoder = &mut self.members[l].encoder;
-        let keys = sent.iter().map(|(v, _)| &v.view.key);
         let Some(Response::Released { views, .. }) = response else {
-            encoder.handle_failed(keys);
+            encoder.handle_failed(sent.iter().map(|(v, _)| &v.view.key));
             return;
         };
-        encoder.handle_committed(keys, &views);
+        let skipped =
+            encoder.handle_committed(sent.iter().map(|(v, patch)| (&v.view.key, *patch)), &views);
         let again: Vec<ReleasedView> = sent
             .into_iter()
-            .filter(|(v, patch)| *patch && !views.iter().any(|p| p.view.key == v.view.key))
+            .filter(|(v, _)| skipped.contains(&v.view.key))
             .map(|(v, _)| v)
             .collect();
         if !again.is_empty() {

@@ -66,7 +66,11 @@ fn commit(state: &mut AuthorityState, enc: &mut ReleaseEncoder, view: &ReleasedV
         releases: vec![release.clone()],
     };
     let response = state.apply(request.clone());
-    enc.handle_committed([&view.view.key], published_views(&request, &response));
+    let patch = matches!(release, Release::Patch(_));
+    enc.handle_committed(
+        [(&view.view.key, patch)],
+        published_views(&request, &response),
+    );
     release
 }
 
@@ -216,6 +220,7 @@ proptest! {
             match fate {
                 2 => enc.handle_failed([&view.view.key]),
                 _ => {
+                    let request_sent = request.clone();
                     let response = patched.apply(request.clone());
                     follower.apply(request);
                     if fate == 1 {
@@ -225,7 +230,11 @@ proptest! {
                             &Request::Release { releases: vec![] },
                             &response,
                         ).to_vec();
-                        enc.handle_committed([&view.view.key], &put);
+                        let patch = matches!(
+                            &request_sent,
+                            Request::Release { releases } if matches!(releases[..], [Release::Patch(_)])
+                        );
+                        enc.handle_committed([(&view.view.key, patch)], &put);
                     }
                     whole.apply(Request::Publish { views: vec![view.clone()] });
                     prop_assert_eq!(&patched.published()[&view.view.key], &view);
