@@ -2,8 +2,7 @@
 //! what its grants allow (ADR-15): a real single-member authority, called over HTTP.
 #![allow(clippy::unwrap_used)]
 
-#[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

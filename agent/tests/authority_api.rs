@@ -4,8 +4,7 @@
 //! (linted by `promtool`), and the CLI wrappers.
 #![allow(clippy::unwrap_used)]
 
-#[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::process::Command;

@@ -4,8 +4,7 @@
 //! list/watch protocol to the real kube client — see the README.)
 #![allow(clippy::unwrap_used)]
 
-#[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

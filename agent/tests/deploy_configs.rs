@@ -77,8 +77,7 @@ fn example_service_definitions_parse() {
     assert!(!defs.is_empty(), "no example service definitions");
 }
 
-#[path = "../../xds-edge/tests/support/mod.rs"]
-mod support;
+use crate::support;
 
 /// Where the sidecar bootstraps expect their TLS material and SDS files.
 const SIDECAR_DIR: &str = "/etc/envoy/waymark/";

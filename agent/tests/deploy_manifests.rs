@@ -93,7 +93,7 @@ fn missing_tools_message(what_was_tried: &str) -> String {
          was found ({what_was_tried}). Install them with `./scripts/install-test-peers` from \
          the workspace root (it prints the venv's python), or point WAYMARK_PYTHON at a python \
          that has them: WAYMARK_PYTHON=$(./scripts/install-test-peers | tail -1) \
-         cargo test -p waymark-agent --test deploy_manifests"
+         cargo test -p waymark-agent --test integration deploy_manifests::"
     )
 }
 

@@ -3,8 +3,7 @@
 //! the same commands without them are refused. What is refused changes nothing.
 #![allow(clippy::unwrap_used)]
 
-#[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Output};

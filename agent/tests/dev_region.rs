@@ -7,10 +7,8 @@
 //! admin on 10000 and 9901, so this test runs alone (nextest group `processes`).
 #![allow(clippy::unwrap_used)]
 
-#[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
-mod common;
-#[path = "../../xds-edge/tests/support/mod.rs"]
-mod support;
+use crate::common;
+use crate::support;
 
 use std::process::{Command, Stdio};
 

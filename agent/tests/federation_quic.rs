@@ -9,8 +9,7 @@
 //! naming a third region or ours is refused whole and counted).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -7,8 +7,7 @@
 //! Needs `dig` (Debian `dnsutils`; `./scripts/test` installs it).
 #![allow(clippy::unwrap_used)]
 
-#[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -5,8 +5,7 @@
 //! member up and its state as it was — nothing proposed, nothing audited.
 #![allow(clippy::unwrap_used)]
 
-#[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

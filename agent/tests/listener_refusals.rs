@@ -8,8 +8,7 @@
 //! `federation_quic.rs`, gossip's (keyed, not certified) in `gossip_udp.rs`.
 #![allow(clippy::unwrap_used)]
 
-#[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

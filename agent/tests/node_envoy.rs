@@ -10,10 +10,8 @@
 //! 5. the authority returns: the agent reconnects and nothing regresses.
 #![allow(clippy::unwrap_used)]
 
-#[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
-mod common;
-#[path = "../../xds-edge/tests/support/mod.rs"]
-mod support;
+use crate::common;
+use crate::support;
 
 use common::{agent_file, free_port, write_agent};
 

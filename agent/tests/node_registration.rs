@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 #![allow(clippy::disallowed_methods)] // waits on real processes by the wall clock; no paused time here
 
-mod common;
+use crate::common;
 
 use common::{agent_file, free_port, write_agent};
 

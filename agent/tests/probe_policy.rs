@@ -6,8 +6,7 @@
 //! `explain` and redacted on the audit read path.
 #![allow(clippy::unwrap_used)]
 
-#[allow(clippy::disallowed_methods)] // its waits poll real processes by the wall clock
-mod common;
+use crate::common;
 
 use common::dev::WAIT;
 use http::Method;

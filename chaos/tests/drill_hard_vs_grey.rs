@@ -8,7 +8,7 @@
 //! Needs `ENVOY_BIN` and the `waymark` binary next to `waymark-drill` (or `WAYMARK_BIN`).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 #[test]
 fn the_hard_vs_grey_drill_passes_at_short_scale() {

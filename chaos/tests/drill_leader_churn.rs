@@ -7,7 +7,7 @@
 //! measures election times.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 #[test]
 fn the_leader_churn_drill_passes_at_short_scale() {

@@ -7,7 +7,7 @@
 //! of work on the machine and measures error rates.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -8,7 +8,7 @@
 //! the drill fails saying so; it never skips.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

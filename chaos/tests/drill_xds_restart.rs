@@ -6,7 +6,7 @@
 //! waymark`) or `WAYMARK_BIN`. Runs alone: it opens 1,000 sockets and measures rates.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 #[test]
 fn the_xds_restart_drill_passes_at_short_scale() {

@@ -7,7 +7,7 @@
 //! waymark`) or `WAYMARK_BIN`. Runs alone: it saturates the authority on purpose.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 #[test]
 fn the_zone_evacuation_drill_passes_at_short_scale() {

@@ -6,7 +6,7 @@
 // Test helpers outside #[test] functions unwrap too: a panic is how a test reports.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

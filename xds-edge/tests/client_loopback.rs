@@ -6,7 +6,7 @@
 //! change notification, so server-side facts are awaited by bounded polling (`server_until`).
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

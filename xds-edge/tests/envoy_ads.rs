@@ -7,7 +7,7 @@
 // Test helpers outside #[test] functions unwrap too: a panic is how a test reports.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

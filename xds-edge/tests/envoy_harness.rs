@@ -1,7 +1,7 @@
 //! Smoke tests of the real-Envoy harness itself, with static clusters only (no xDS): if
 //! these fail, the xDS tests built on the harness cannot be trusted either.
 
-mod support;
+use crate::support;
 
 use std::ffi::OsString;
 use std::time::Duration;

@@ -18,7 +18,7 @@
 // Test helpers outside #[test] functions unwrap too: a panic is how a test reports.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -72,7 +72,7 @@ fn missing_python_message(what: &str) -> String {
          `./scripts/install-test-peers` from the workspace root (it prints the interpreter's \
          path), or point WAYMARK_PYTHON at one: \
          WAYMARK_PYTHON=$(./scripts/install-test-peers | tail -1) cargo test -p waymark-xds \
-         --test grpc_proxyless"
+         --test integration grpc_proxyless::"
     )
 }
 
