@@ -270,9 +270,10 @@ impl ShapeArgs {
     }
 }
 
-/// The rebuild benchmark's sizes: both reference sizes, or the one given.
+/// The sizes of the rebuild and evaluator benchmarks: the prototype's and the reference
+/// estate's, or the one given.
 #[derive(Debug, clap::Args)]
-struct RebuildArgs {
+struct SizesArgs {
     /// Services; with `--instances`, runs only this size [default: 40 and 450].
     #[arg(long)]
     services: Option<usize>,
@@ -287,7 +288,7 @@ struct RebuildArgs {
     seed: u64,
 }
 
-impl RebuildArgs {
+impl SizesArgs {
     /// The prototype and the reference estate, or the one size given; a missing count is
     /// the prototype's.
     fn shapes(&self) -> anyhow::Result<Vec<Shape>> {
@@ -331,16 +332,20 @@ enum Bench {
         #[arg(long, default_value_t = 4)]
         seconds: u64,
     },
-    /// Samples through the evaluator on one thread, against a bare EWMA update.
+    /// Samples through the evaluator on one thread, at the prototype's and the reference
+    /// size, against the same samples through a plain map keyed by instance id.
     Evaluator {
         #[command(flatten)]
-        shape: ShapeArgs,
-        /// Samples to feed.
+        shape: SizesArgs,
+        /// Samples to feed per repeat.
         #[arg(long, default_value_t = 6_000_000)]
         samples: usize,
         /// Share of instances failing, in permille.
         #[arg(long, default_value_t = 30)]
         failing_permille: u64,
+        /// Repeats per size; figures are the median and spread.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
     },
     /// Withdrawals through the real ADS server to N Delta streams, against plain HTTP/2.
     Fanout {
@@ -358,7 +363,7 @@ enum Bench {
     /// and serving every view; at the prototype and the reference size unless sized.
     Rebuild {
         #[command(flatten)]
-        shape: RebuildArgs,
+        shape: SizesArgs,
     },
     /// Acknowledged registry writes per second through the authority's API at each client
     /// count, beside a single-member etcd (Debian's `etcd-server`, installed if missing)
@@ -464,11 +469,13 @@ fn main() -> anyhow::Result<()> {
                 std::time::Duration::from_secs(seconds),
             ))
         }
-        Bench::Evaluator { shape, samples, failing_permille } => {
-            let shape = shape.shape()?;
-            anyhow::ensure!(samples > 0, "--samples must be positive");
-            eprintln!("bench evaluator: {samples} samples over {} instances, seed {}", shape.instances, shape.seed);
-            serde_json::to_string(&bench::evaluator(shape, samples, failing_permille))
+        Bench::Evaluator { shape, samples, failing_permille, repeats } => {
+            let shapes = shape.shapes()?;
+            anyhow::ensure!(samples > 0 && repeats > 0, "--samples and --repeats must be positive");
+            for s in &shapes {
+                eprintln!("bench evaluator: {samples} samples over {} instances × {repeats}, seed {}", s.instances, s.seed);
+            }
+            serde_json::to_string(&bench::evaluator(&shapes, samples, failing_permille, repeats))
         }
         Bench::Fanout { subscriptions, withdrawals, endpoints } => {
             anyhow::ensure!(subscriptions > 0 && withdrawals > 0 && endpoints > 1, "counts must be positive");
