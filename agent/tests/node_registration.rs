@@ -18,6 +18,13 @@ use waymark_testkit::{POLL_INTERVAL, try_until};
 
 const WAIT: Duration = Duration::from_secs(60);
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
 async fn billing(api: &ApiClient) -> Option<Value> {
     let list = api.get_json("/v1/instances?service=billing").await.unwrap();
     list.as_array().unwrap().first().cloned()
@@ -102,12 +109,25 @@ async fn definitions_are_registered_renewed_and_deregistered_on_sigterm() {
     assert_eq!(first["instance"]["tags"], json!(["v2"]), "{first}");
     let id = first["instance"]["id"].clone();
 
-    // Renewed: the same instance's lease moves forward.
+    // Renewed: the same instance outlives the lease end its registration committed, the
+    // leader answering the renewals from memory (no log entry moves that end).
     let expires = first["lease_expires_at_ms"].as_u64().unwrap();
     try_until("the renewal", WAIT, POLL_INTERVAL, async || {
         let now = billing(&api).await.expect("kept registered");
         assert_eq!(now["instance"]["id"], id, "the same instance, renewed");
-        now["lease_expires_at_ms"].as_u64().unwrap() > expires
+        assert_eq!(
+            now["lease_expires_at_ms"].as_u64().unwrap(),
+            expires,
+            "a renewal is no log entry"
+        );
+        let metrics = api.send(Method::GET, "/metrics", None).await.unwrap();
+        let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+        let renewed = metrics
+            .lines()
+            .find(|l| l.starts_with("waymark_lease_renewals_total{outcome=\"renewed\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        renewed >= 1.0 && unix_ms() > expires + 1_500
     })
     .await
     .unwrap_or_else(|e| panic!("{e}:\n{}", log_of()));

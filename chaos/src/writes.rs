@@ -19,6 +19,12 @@
 //! Measure a release build of `waymark` (`WAYMARK_BIN=target/release/waymark`): etcd is
 //! one, and the report names the binary it ran.
 //!
+//! - then, at the first client count, lease renewals: every client renews its own stride
+//!   through the loaded estate (`PUT /v1/instances/{id}/renew`), against etcd's
+//!   `LeaseKeepAlive` (its JSON gateway) on 1,024 leases granted for the purpose. Both keep
+//!   renewals in the leader's memory rather than the log; the report counts the log entries
+//!   waymark proposed meanwhile (0).
+//!
 //! The record etcd stores is the very JSON body waymark is sent (service, locality, address,
 //! lease), so both sides carry the same bytes. Phases alternate between the two stores and
 //! repeat, so drift on the machine lands on both; the report gives each figure's median and
@@ -122,6 +128,29 @@ pub struct ClientsReport {
     pub etcd_phases: Vec<Phase>,
 }
 
+/// Lease renewals: waymark's `PUT /v1/instances/{id}/renew` over the loaded estate, beside
+/// etcd's `LeaseKeepAlive` through its JSON gateway on leases granted for the phase. Both
+/// stores keep renewals in the leader's memory, not in their logs (etcd's lessor does the
+/// same), so this compares two in-memory paths behind the same HTTP client.
+#[derive(Debug, Clone, Serialize)]
+pub struct RenewalsReport {
+    pub clients: usize,
+    /// waymark's acknowledged renewals per second.
+    pub waymark_per_sec: Spread,
+    /// etcd's acknowledged keep-alives per second.
+    pub etcd_per_sec: Spread,
+    pub waymark_p99_ms: Spread,
+    pub etcd_p99_ms: Spread,
+    /// `waymark_per_sec.median / etcd_per_sec.median`.
+    pub ratio: f64,
+    /// Log entries group commit proposed during waymark's renewal phases: renewals are no
+    /// log entries, so this stays 0.
+    pub raft_entries: u64,
+    /// Instances renewed over (the loaded estate) and etcd leases kept alive.
+    pub instances: usize,
+    pub etcd_leases: usize,
+}
+
 /// The benchmark's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct WritesReport {
@@ -138,6 +167,8 @@ pub struct WritesReport {
     pub raft_entries: u64,
     pub commands_per_entry: f64,
     pub by_clients: Vec<ClientsReport>,
+    /// Lease renewals at the first client count, beside etcd's lease keep-alives.
+    pub renewals: RenewalsReport,
     /// The ratio at the first client count (16 by default): the headline.
     pub ratio: f64,
     /// waymark's median changes per minute at the first client count.
@@ -156,6 +187,16 @@ enum Held {
     Instance(String),
     Key(String),
 }
+
+/// What a renewal renews: a registered instance, or an etcd lease.
+#[derive(Clone)]
+enum Renewable {
+    Instance(String),
+    Lease(String),
+}
+
+/// etcd leases granted for the renewal phase.
+const ETCD_LEASES: usize = 1_024;
 
 impl Store {
     /// Registers (puts) the `n`th instance; what to remove later.
@@ -176,6 +217,57 @@ impl Store {
                 Ok(Held::Key(key))
             }
         }
+    }
+
+    /// Renews a lease: waymark's renewal, etcd's keep-alive.
+    async fn renew(&self, what: &Renewable) -> anyhow::Result<()> {
+        match (self, what) {
+            (Self::Waymark(api), Renewable::Instance(id)) => api.renew(id).await,
+            (Self::Etcd(client), Renewable::Lease(id)) => {
+                let body = json!({"ID": id});
+                let r = client
+                    .send(Method::POST, "/v3/lease/keepalive", Some(&body))
+                    .await?;
+                anyhow::ensure!(
+                    r.status.is_success(),
+                    "etcd keep-alive answered {}",
+                    r.status
+                );
+                let v = r.json()?;
+                // The gateway streams one answer per request; a lease it no longer knows
+                // comes back without a TTL.
+                anyhow::ensure!(
+                    v["result"]["TTL"].as_str().is_some_and(|t| t != "0"),
+                    "etcd kept nothing alive: {v}"
+                );
+                Ok(())
+            }
+            _ => anyhow::bail!("a lease from one store handed to the other"),
+        }
+    }
+
+    /// Grants `count` etcd leases of `ttl_s`; their ids.
+    async fn grant(&self, count: usize, ttl_s: u64) -> anyhow::Result<Vec<Renewable>> {
+        let Self::Etcd(client) = self else {
+            anyhow::bail!("only etcd grants leases here");
+        };
+        let mut leases = Vec::with_capacity(count);
+        for _ in 0..count {
+            let r = client
+                .send(
+                    Method::POST,
+                    "/v3/lease/grant",
+                    Some(&json!({"TTL": ttl_s})),
+                )
+                .await?;
+            anyhow::ensure!(r.status.is_success(), "etcd grant answered {}", r.status);
+            let v = r.json()?;
+            let id = v["ID"]
+                .as_str()
+                .with_context(|| format!("etcd granted no id: {v}"))?;
+            leases.push(Renewable::Lease(id.to_owned()));
+        }
+        Ok(leases)
     }
 
     /// Deregisters (deletes) what [`Self::add`] wrote.
@@ -243,9 +335,19 @@ pub async fn run(params: Params, dir: &Path) -> anyhow::Result<WritesReport> {
     let etcd_store = Store::Etcd(crate::harness::api_client_with(etcd.client, None));
     // Numbers never reused across the run: every instance has its own address and key.
     let next = Arc::new(AtomicUsize::new(0));
+    let mut estate = Vec::new();
     for (name, store) in [("waymark", &waymark), ("etcd", &etcd_store)] {
         let started = Instant::now();
-        load(store, params.services, params.estate, 64, &next).await?;
+        let loaded = load(store, params.services, params.estate, 64, &next).await?;
+        if name == "waymark" {
+            estate = loaded
+                .into_iter()
+                .filter_map(|h| match h {
+                    Held::Instance(id) => Some(Renewable::Instance(id)),
+                    Held::Key(_) => None,
+                })
+                .collect();
+        }
         eprintln!(
             "bench writes: {name} holds the estate of {} after {:.1} s",
             params.estate,
@@ -294,6 +396,7 @@ pub async fn run(params: Params, dir: &Path) -> anyhow::Result<WritesReport> {
     }
     let after = commit_counters(&api).await?;
     let (entries, commands) = (after.0 - before.0, after.1 - before.1);
+    let renewals = renewals((&waymark, &etcd_store), &api, &params, estate, &mut etcd).await?;
     etcd.stop();
     authority.kill();
     let first = &by_clients[0];
@@ -310,38 +413,146 @@ pub async fn run(params: Params, dir: &Path) -> anyhow::Result<WritesReport> {
         ratio: first.ratio,
         changes_per_min: first.waymark_changes_per_min,
         by_clients,
+        renewals,
         params,
     })
 }
 
 /// Loads `count` instances with `concurrency` writes in flight; every one must succeed.
+/// What each left behind.
 async fn load(
     store: &Store,
     services: usize,
     count: usize,
     concurrency: usize,
     next: &Arc<AtomicUsize>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<Held>> {
     let left = Arc::new(AtomicUsize::new(count));
     let mut workers = Vec::new();
     for _ in 0..concurrency {
         let (store, next, left) = (store.clone(), Arc::clone(next), Arc::clone(&left));
         workers.push(tokio::spawn(async move {
+            let mut held = Vec::new();
             while left
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| l.checked_sub(1))
                 .is_ok()
             {
-                store
-                    .add(services, next.fetch_add(1, Ordering::Relaxed))
-                    .await?;
+                held.push(
+                    store
+                        .add(services, next.fetch_add(1, Ordering::Relaxed))
+                        .await?,
+                );
             }
-            Ok::<_, anyhow::Error>(())
+            Ok::<_, anyhow::Error>(held)
         }));
     }
+    let mut held = Vec::with_capacity(count);
     for w in workers {
-        w.await.context("a loading client panicked")??;
+        held.extend(w.await.context("a loading client panicked")??);
     }
-    Ok(())
+    Ok(held)
+}
+
+/// The renewal phases at the first client count, alternating between the stores.
+async fn renewals(
+    (waymark, etcd_store): (&Store, &Store),
+    api: &Api,
+    params: &Params,
+    estate: Vec<Renewable>,
+    etcd: &mut Etcd,
+) -> anyhow::Result<RenewalsReport> {
+    let clients = params.clients[0];
+    anyhow::ensure!(!estate.is_empty(), "no instance was loaded to renew");
+    let instances = estate.len();
+    let estate = Arc::new(estate);
+    let leases = Arc::new(etcd_store.grant(ETCD_LEASES, 600).await?);
+    let (mut w, mut e) = (Vec::new(), Vec::new());
+    let mut entries = 0.0;
+    for repeat in 0..params.repeats {
+        let before = commit_counters(api).await?;
+        let phase = renew(waymark, &estate, params.phase_s, clients).await;
+        entries += commit_counters(api).await?.0 - before.0;
+        eprintln!(
+            "bench writes: waymark renewals, {clients} clients, repeat {}: {:.0}/s (p99 {:.1} ms, {} failed)",
+            repeat + 1,
+            phase.per_sec,
+            phase.p99_ms,
+            phase.failed
+        );
+        w.push(phase);
+        let phase = renew(etcd_store, &leases, params.phase_s, clients).await;
+        etcd.check_running()?;
+        eprintln!(
+            "bench writes: etcd keep-alives, {clients} clients, repeat {}: {:.0}/s (p99 {:.1} ms, {} failed)",
+            repeat + 1,
+            phase.per_sec,
+            phase.p99_ms,
+            phase.failed
+        );
+        e.push(phase);
+    }
+    let rates = |p: &[Phase]| Spread::of(&p.iter().map(|p| p.per_sec).collect::<Vec<_>>());
+    let p99s = |p: &[Phase]| Spread::of(&p.iter().map(|p| p.p99_ms).collect::<Vec<_>>());
+    let (wr, er) = (rates(&w), rates(&e));
+    Ok(RenewalsReport {
+        clients,
+        waymark_per_sec: wr,
+        etcd_per_sec: er,
+        waymark_p99_ms: p99s(&w),
+        etcd_p99_ms: p99s(&e),
+        ratio: if er.median > 0.0 {
+            wr.median / er.median
+        } else {
+            0.0
+        },
+        raft_entries: entries as u64,
+        instances,
+        etcd_leases: leases.len(),
+    })
+}
+
+/// One renewal phase: `clients` loops, each renewing its own stride through `targets`.
+async fn renew(
+    store: &Store,
+    targets: &Arc<Vec<Renewable>>,
+    phase_s: u64,
+    clients: usize,
+) -> Phase {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(phase_s);
+    let mut workers = Vec::new();
+    for c in 0..clients {
+        let (store, targets) = (store.clone(), Arc::clone(targets));
+        workers.push(tokio::spawn(async move {
+            let (mut latencies, mut failed) = (Vec::new(), 0usize);
+            let mut k = c;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                if store.renew(&targets[k % targets.len()]).await.is_ok() {
+                    latencies.push(t.elapsed().as_secs_f64() * 1e3);
+                } else {
+                    failed += 1;
+                }
+                k += clients;
+            }
+            (latencies, failed)
+        }));
+    }
+    let (mut latencies, mut failed) = (Vec::new(), 0);
+    for w in workers {
+        if let Ok((l, f)) = w.await {
+            latencies.extend(l);
+            failed += f;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    Phase {
+        writes: latencies.len(),
+        failed,
+        per_sec: latencies.len() as f64 / elapsed,
+        p50_ms: quantile(&latencies, 0.5).unwrap_or(0.0),
+        p99_ms: quantile(&latencies, 0.99).unwrap_or(0.0),
+    }
 }
 
 /// One measured phase: `clients` loops of register / deregister-the-oldest.

@@ -1,7 +1,7 @@
 //! `waymark-drill bench writes`, smoke-sized: a real authority and a real single-member etcd
 //! (Debian's `etcd-server`, which `./scripts/test` installs) take the same churn from the
 //! same client, and the report carries both rates, their ratio, and group commit's own
-//! counters. The full-size run is a separate command (README, "Benchmarks"); this only
+//! counters; then renewals against etcd's lease keep-alives, none of them a log entry. The full-size run is a separate command (README, "Benchmarks"); this only
 //! proves the bench measures real work on both stores.
 //!
 //! Needs the `waymark` binary next to `waymark-drill` or `WAYMARK_BIN`.
@@ -55,4 +55,15 @@ fn the_writes_bench_measures_both_stores_on_the_same_work() {
     // entry, and an entry for every phase's writes at the most.
     assert!(r["raft_entries"].as_u64().unwrap() >= 1, "{r:#}");
     assert!(r["commands_per_entry"].as_f64().unwrap() >= 1.0, "{r:#}");
+    // Renewals were answered on both stores, none refused, and none of waymark's became a
+    // log entry (the leader's term keeps them).
+    let renewals = &r["renewals"];
+    assert_eq!(renewals["instances"], 200, "{r:#}");
+    for (rate, store) in [("waymark_per_sec", "waymark"), ("etcd_per_sec", "etcd")] {
+        assert!(
+            renewals[rate]["min"].as_f64().unwrap() > 0.0,
+            "{store} renewed nothing: {renewals:#}"
+        );
+    }
+    assert_eq!(renewals["raft_entries"], 0, "{renewals:#}");
 }

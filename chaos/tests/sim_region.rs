@@ -71,6 +71,17 @@ fn a_region_keeps_its_invariants_through_crashes_partitions_and_loss() {
             r.trace.iter().any(|l| l.contains(" batch [")),
             "SEED={seed}: no batched entry was committed"
         );
+        // Renewals reached the leading term and never the log.
+        assert!(r.renewals > 0, "SEED={seed}: no renewal was answered");
+        let renew_entry = r.trace.iter().find(|l| {
+            (l.contains(" registry ") || l.contains(" batch ["))
+                && l.split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+                    .any(|word| word == "renew")
+        });
+        assert!(
+            renew_entry.is_none(),
+            "SEED={seed}: a renewal reached the log: {renew_entry:?}"
+        );
         // Views reached the log as patches against what the members held, not only whole.
         assert!(
             r.trace

@@ -98,7 +98,13 @@ fn install(data: &[u8]) {
         .instances()
         .map(|r| r.instance.id.clone())
         .collect();
-    let mut commands = vec![Command::ExpireLeases, Command::RestartLeases];
+    let mut commands = vec![
+        Command::ExpireLeases,
+        Command::RestartLeases,
+        Command::ExpireInstances {
+            instances: instances.iter().take(4).cloned().collect(),
+        },
+    ];
     for instance in instances.into_iter().take(8) {
         commands.push(Command::Renew {
             instance: instance.clone(),

@@ -59,6 +59,10 @@ pub const FAILOVER_ORDER_MAX: usize = 64;
 /// Most services a policy may allow to resolve one service.
 pub const ALLOWED_CALLERS_MAX: usize = 4_096;
 
+/// Most instances one [`Command::ExpireInstances`] retires; the leader proposes more in
+/// several.
+pub const EXPIRE_BATCH_MAX: usize = 4_096;
+
 /// A command and the leader's clock when it was proposed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stamped {
@@ -98,8 +102,19 @@ pub enum Command {
         /// The instance.
         instance: InstanceId,
     },
-    /// Retire every registered instance whose lease has expired (proposed by the leader).
+    /// Retire every registered instance whose committed lease end has passed. Kept so that
+    /// logs written before [`Command::ExpireInstances`] still apply; a leader no longer
+    /// proposes it.
     ExpireLeases,
+    /// Retire these registered instances: their leases ended on the leader's clocks.
+    /// Renewals never reach the log — the leader keeps them in memory (as Consul keeps
+    /// session TTLs), each term restarting every lease first ([`Command::RestartLeases`])
+    /// — so only the leader can tell a lease ended. An instance no longer live, or not
+    /// leased, is skipped: a deregistration may have come first.
+    ExpireInstances {
+        /// The instances, at most [`EXPIRE_BATCH_MAX`].
+        instances: Vec<InstanceId>,
+    },
     /// A new leader restarts every lease's clock: while no leader was there, nobody could
     /// hear a renewal, so no instance is retired for silence the region itself caused.
     /// Each lease ends no earlier than a whole lease length from now (never shortened).
@@ -554,7 +569,10 @@ pub struct ServiceRecord {
 pub struct InstanceRecord {
     /// The instance.
     pub instance: Instance,
-    /// Lease end (unix ms), for registered instances.
+    /// The committed lease end (unix ms), for registered instances: set at registration and
+    /// moved by each term's lease restart. Renewals are held by the leader's term and never
+    /// committed, so while an instance is renewed its lease ends later than this; the
+    /// leader answers each renewal with that later end.
     pub lease_expires_at_ms: Option<u64>,
     /// The lease length asked for at registration.
     pub lease_ms: Option<u64>,
@@ -634,6 +652,7 @@ impl DesiredState {
                 self.retire_one(instance, RetireCause::Deregistered, true)
             }
             Command::ExpireLeases => Ok(self.expire()),
+            Command::ExpireInstances { instances } => Ok(self.expire_these(instances)),
             Command::RestartLeases => Ok(self.restart_leases()),
             Command::Observe { instance, draining } => {
                 self.observe(instance, Origin::Orchestrator, draining)
@@ -796,6 +815,49 @@ impl DesiredState {
     /// The registry's clock (unix ms): the latest stamp applied.
     pub fn clock_ms(&self) -> u64 {
         self.clock_ms
+    }
+
+    /// The lease length of a live, leased instance: what a renewal needs to know. Refused
+    /// as [`Command::Renew`] would be: retired, unknown, or not leased.
+    pub fn renewable(&self, id: &InstanceId) -> Result<u64, RegistryError> {
+        if self.tombstones.contains(id) {
+            return Err(RegistryError::Retired {
+                instance: id.clone(),
+            });
+        }
+        let record = self
+            .instances
+            .get(id)
+            .ok_or_else(|| RegistryError::UnknownInstance {
+                instance: id.clone(),
+            })?;
+        match (record.lease_ms, record.lease_expires_at_ms) {
+            (Some(lease_ms), Some(_)) => Ok(lease_ms),
+            _ => Err(RegistryError::NotLeased {
+                instance: id.clone(),
+                origin: record.instance.origin,
+            }),
+        }
+    }
+
+    /// Leased instances whose lease has ended at `now_ms`: the later of the committed end
+    /// (registration, or the term's restart) and the end the leader's renewals set
+    /// (`renewed`) has passed.
+    pub fn leases_due(
+        &self,
+        now_ms: u64,
+        renewed: &std::collections::HashMap<InstanceId, u64>,
+    ) -> Vec<InstanceId> {
+        self.instances
+            .values()
+            .filter_map(|r| {
+                let committed = r.lease_expires_at_ms?;
+                let end = renewed
+                    .get(&r.instance.id)
+                    .map_or(committed, |&renewed| renewed.max(committed));
+                (end <= now_ms).then(|| r.instance.id.clone())
+            })
+            .collect()
     }
 
     /// The earliest lease end among live instances: when the leader should propose
@@ -1012,6 +1074,21 @@ impl DesiredState {
         }
     }
 
+    fn expire_these(&mut self, ids: Vec<InstanceId>) -> Applied {
+        let mut expired = Vec::with_capacity(ids.len());
+        for id in ids {
+            let leased = self
+                .instances
+                .get(&id)
+                .is_some_and(|r| r.lease_ms.is_some() && r.lease_expires_at_ms.is_some());
+            if leased {
+                self.retire(&id);
+                expired.push((id, RetireCause::LeaseExpired));
+            }
+        }
+        Applied::Retired { instances: expired }
+    }
+
     fn retire(&mut self, id: &InstanceId) {
         if let Some(r) = self.instances.remove(id) {
             self.index()
@@ -1170,6 +1247,9 @@ impl Command {
                 Ok(())
             }
             Command::Acl { change } => Acl::check(change).map_err(RegistryError::Acl),
+            Command::ExpireInstances { instances } => {
+                counted("instances", instances.len(), EXPIRE_BATCH_MAX)
+            }
             Command::RemoveService { .. }
             | Command::Renew { .. }
             | Command::Deregister { .. }

@@ -24,10 +24,12 @@
 //!   that differ from the published ones
 //! - no lease expiry is proposed before this term's lease restart committed, and at most
 //!   one lease proposal is in flight
+//! - a lease renewed within its length is never proposed for expiry (renewals are the
+//!   term's own memory, [`LeaderTerm::handle_renewals`], and cost no log entry)
 //! - at most one signal-driven failover per region is in flight; an operator's is never
 //!   touched
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info, warn};
@@ -48,7 +50,8 @@ use crate::ingest::Denial;
 use crate::machine::{AuditEntry, AuditKind, AuthorityState, Request, TermVersions};
 use crate::pipeline::{Output, PipelineConfig, RegionPipeline};
 use crate::state::{
-    Applied, Command, DesiredState, RegionFailoverIntent, RegionFailoverRecord, Stamped,
+    Applied, Command, DesiredState, EXPIRE_BATCH_MAX, RegionFailoverIntent, RegionFailoverRecord,
+    RegistryError, Stamped,
 };
 
 /// The longest a new leader holds the published views.
@@ -333,6 +336,9 @@ struct Leases {
     restarted: bool,
     /// A restart or expiry is being committed.
     in_flight: bool,
+    /// Where each renewal heard this term moved a lease's end (unix ms). Renewals are
+    /// never committed: losing these with the term is what the next term's restart is for.
+    renewed: HashMap<InstanceId, u64>,
 }
 
 // === impl LeaderTerm ===
@@ -490,6 +496,41 @@ impl LeaderTerm {
         self.remote_fed.clear();
         self.due.remote = now;
         self.drain(now);
+    }
+
+    /// Renewals of registered instances' leases, answered at once with each lease's new
+    /// end (unix ms): a lease length from `now` on this term's clock.
+    ///
+    /// A renewal is kept here and never committed, as Consul's leader keeps session TTLs:
+    /// at 60,000 leased instances renewing every third of a 30 s lease, a log entry each
+    /// would be 6,000 commands a second that change nothing any member needs. Only the
+    /// leader judges expiry, so only the leader needs them; a new term restarts every
+    /// lease's clock before it expires any ([`Command::RestartLeases`]), so renewals lost
+    /// with a term never retire an instance.
+    ///
+    /// Refused as [`Command::Renew`] would be: an unknown, retired or unleased instance.
+    /// A renewal that comes after its lease ended, while that expiry is being committed,
+    /// is answered and the instance still retires: the lease had already ended.
+    pub fn handle_renewals(
+        &mut self,
+        now: Instant,
+        instances: &[InstanceId],
+        env: &impl Surroundings,
+    ) -> Vec<Result<u64, RegistryError>> {
+        let now_ms = self.unix_ms(now);
+        let lengths: Vec<Result<u64, RegistryError>> = env.read_state(|s| {
+            let r = s.registry();
+            instances.iter().map(|id| r.renewable(id)).collect()
+        });
+        instances
+            .iter()
+            .zip(lengths)
+            .map(|(id, length)| {
+                let end = now_ms.saturating_add(length?);
+                self.leases.renewed.insert(id.clone(), end);
+                Ok(end)
+            })
+            .collect()
     }
 
     /// Gossip membership changed: probers may have come or gone.
@@ -853,7 +894,9 @@ impl LeaderTerm {
     /// Proposes lease expiry when one is due — but first, once per term, restarts every
     /// lease's clock: instances could not renew while the region had no leader (Consul
     /// resets session TTLs on failover for the same reason), so an outage of the
-    /// authority never retires instances for its own silence.
+    /// authority never retires instances for its own silence. A lease is due when both
+    /// its committed end and the end this term's renewals set have passed; the instances
+    /// due are named in the proposal, at most [`EXPIRE_BATCH_MAX`] at a time.
     fn expire_leases(&mut self, now: Instant, env: &impl Surroundings) {
         if self.leases.in_flight {
             return;
@@ -863,12 +906,22 @@ impl LeaderTerm {
             (Purpose::RestartLeases, Command::RestartLeases)
         } else {
             let now_ms = self.unix_ms(now);
-            let due =
-                env.read_state(|s| s.registry().next_expiry_ms().is_some_and(|at| at <= now_ms));
-            if !due {
+            let renewed = &mut self.leases.renewed;
+            let mut due = env.read_state(|s| {
+                let r = s.registry();
+                // What retired since (deregistered, expired) needs no clock any more.
+                renewed.retain(|id, _| r.instance(id).is_some());
+                r.leases_due(now_ms, renewed)
+            });
+            if due.is_empty() {
                 return;
             }
-            (Purpose::ExpireLeases, Command::ExpireLeases)
+            due.sort_unstable();
+            due.truncate(EXPIRE_BATCH_MAX);
+            (
+                Purpose::ExpireLeases,
+                Command::ExpireInstances { instances: due },
+            )
         };
         self.leases.in_flight = true;
         self.propose_command(now, purpose, command);

@@ -212,6 +212,8 @@ fn command() -> impl Strategy<Value = Command> {
         1 => instance_id().prop_map(|instance| Command::Renew { instance }),
         1 => instance_id().prop_map(|instance| Command::Deregister { instance }),
         1 => Just(Command::ExpireLeases),
+        1 => prop::collection::vec(instance_id(), 0..4)
+            .prop_map(|instances| Command::ExpireInstances { instances }),
         1 => Just(Command::RestartLeases),
         3 => (instance(), any::<bool>())
             .prop_map(|(instance, draining)| Command::Observe { instance, draining }),

@@ -19,11 +19,12 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 use waymark_core::assembler::RemoteEndpoint;
-use waymark_core::model::{NodeName, RegionName, Sample, ServiceName, ZoneName};
+use waymark_core::model::{InstanceId, NodeName, RegionName, Sample, ServiceName, ZoneName};
 use waymark_core::view::{ReleasedView, ViewKey};
 use waymark_registry::machine::{AuditEntry, AuthorityState, Request, Response, registry_applied};
 use waymark_registry::pipeline::{PipelineConfig, RegionPipeline};
 use waymark_registry::release::{Release, ReleaseEncoder};
+use waymark_registry::state::RegistryError;
 use waymark_registry::term::{
     LeaderCommand, LeaderTerm, MetricChange, Purpose, Surroundings, TermBreaks, TermConfig, Written,
 };
@@ -31,7 +32,8 @@ use waymark_registry::term::{
 use super::clock::now_ms;
 use super::hub::{Denial, EvidenceHub, LeaderFeed};
 use super::metrics::{
-    AuthorityMetrics, PeerRegionLabels, ReasonLabels, ServiceLabels, VerdictLabels, ZoneLabels,
+    AuthorityMetrics, OutcomeLabels, PeerRegionLabels, ReasonLabels, ServiceLabels, VerdictLabels,
+    ZoneLabels,
 };
 use super::raft::{AppliedEntry, RaftNode, StateEvent, WriteError};
 use super::regions::RegionsHandle;
@@ -44,21 +46,90 @@ pub type Query = Box<dyn FnOnce(Option<(&RegionPipeline, std::time::Instant)>) +
 
 /// Questions waiting for the loop; an asker beyond waits for room (up to its timeout).
 pub const QUERIES_MAX: usize = 64;
+/// Lease renewals waiting for the loop; one beyond is refused as busy at once (its agent
+/// retries well inside the lease).
+pub const RENEWALS_MAX: usize = 8_192;
+/// Renewals the loop answers as one input.
+const RENEWALS_RUN_MAX: usize = 4_096;
 /// The longest an asker waits for an answer.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A lease renewal on its way to the leader's term, and where its answer goes.
+#[derive(Debug)]
+pub struct Renewal {
+    instance: InstanceId,
+    reply: oneshot::Sender<Result<u64, RenewError>>,
+}
+
+/// Why a renewal was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenewError {
+    /// This member does not lead (or stopped leading before it answered).
+    #[error("this member does not lead")]
+    NotLeader,
+    /// The registry refuses it: unknown, retired or unleased instance.
+    #[error(transparent)]
+    Refused(RegistryError),
+    /// Too many renewals are waiting; retry.
+    #[error("{RENEWALS_MAX} renewals are waiting already")]
+    Busy,
+}
+
+impl RenewError {
+    /// The `outcome` label of `waymark_lease_renewals_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::NotLeader => "not_leader",
+            Self::Refused(_) => "refused",
+            Self::Busy => "busy",
+        }
+    }
+}
+
+/// What [`run`] receives from the handles.
+#[derive(Debug)]
+pub struct LeaderInbox {
+    queries: mpsc::Receiver<Query>,
+    renewals: mpsc::Receiver<Renewal>,
+}
+
 /// How the API asks the leader's pipeline (`explain`, the checks a routing control
-/// passes before it is committed).
+/// passes before it is committed) and hands it lease renewals.
 #[derive(Debug, Clone)]
 pub struct LeaderHandle {
     tx: mpsc::Sender<Query>,
+    renewals: mpsc::Sender<Renewal>,
 }
 
 impl LeaderHandle {
     /// A handle, and the receiving end for [`run`].
-    pub fn new() -> (Self, mpsc::Receiver<Query>) {
-        let (tx, rx) = mpsc::channel(QUERIES_MAX);
-        (Self { tx }, rx)
+    pub fn new() -> (Self, LeaderInbox) {
+        let (tx, queries) = mpsc::channel(QUERIES_MAX);
+        let (renewals, renewals_rx) = mpsc::channel(RENEWALS_MAX);
+        (
+            Self { tx, renewals },
+            LeaderInbox {
+                queries,
+                renewals: renewals_rx,
+            },
+        )
+    }
+
+    /// Renew a registered instance's lease with the leader's term: answered with the
+    /// lease's new end (unix ms) without a log entry
+    /// ([`LeaderTerm::handle_renewals`]).
+    pub async fn renew(&self, instance: InstanceId) -> Result<u64, RenewError> {
+        let (reply, answer) = oneshot::channel();
+        self.renewals
+            .try_send(Renewal { instance, reply })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => RenewError::Busy,
+                mpsc::error::TrySendError::Closed(_) => RenewError::NotLeader,
+            })?;
+        tokio::time::timeout(QUERY_TIMEOUT, answer)
+            .await
+            .map_err(|_| RenewError::Busy)?
+            .unwrap_or(Err(RenewError::NotLeader))
     }
 
     /// Ask the pipeline; `None` when this member does not lead (or is rebuilding, or the
@@ -103,7 +174,7 @@ pub struct LeaderContext {
 
 /// Lead whenever this member is the leader, until Raft stops. Questions asked while not
 /// leading are answered with `None` at once.
-pub async fn run(ctx: LeaderContext, mut queries: mpsc::Receiver<Query>) {
+pub async fn run(ctx: LeaderContext, mut inbox: LeaderInbox) {
     let mut metrics_rx = ctx.raft.watch_metrics();
     loop {
         let term = loop {
@@ -119,12 +190,16 @@ pub async fn run(ctx: LeaderContext, mut queries: mpsc::Receiver<Query>) {
             }
             tokio::select! {
                 changed = metrics_rx.changed() => if changed.is_err() { return },
-                Some(query) = queries.recv() => query(None),
+                Some(query) = inbox.queries.recv() => query(None),
+                Some(renewal) = inbox.renewals.recv() => {
+                    ctx.metrics.lease_renewals.get_or_create(&outcome("not_leader")).inc();
+                    let _ = renewal.reply.send(Err(RenewError::NotLeader));
+                }
             }
         };
         info!(term, "leading: rebuilding computed state");
         ctx.metrics.leader.set(1);
-        lead_term(&ctx, term, &mut metrics_rx, &mut queries).await;
+        lead_term(&ctx, term, &mut metrics_rx, &mut inbox).await;
         ctx.hub.follow();
         ctx.metrics.leader.set(0);
         info!(term, "no longer leading");
@@ -137,7 +212,7 @@ async fn lead_term(
     ctx: &LeaderContext,
     term: u64,
     metrics: &mut watch::Receiver<Metrics>,
-    queries: &mut mpsc::Receiver<Query>,
+    inbox: &mut LeaderInbox,
 ) {
     let feed = ctx.hub.lead();
     let events = ctx.raft.subscribe();
@@ -167,7 +242,8 @@ async fn lead_term(
     let mut inputs = Inputs {
         term,
         metrics,
-        queries,
+        queries: &mut inbox.queries,
+        renewals: &mut inbox.renewals,
         feed,
         events,
         membership: ctx.hub.membership(),
@@ -247,6 +323,23 @@ fn step(core: &mut LeaderTerm, env: &Env<'_>, applied: &mut Option<u64>, input: 
         Input::StillLeading => {}
         Input::Membership => core.handle_membership_changed(),
         Input::Query(query) => query(Some((core.pipeline(), now()))),
+        Input::Renewals(run) => {
+            let (instances, replies): (Vec<_>, Vec<_>) =
+                run.into_iter().map(|r| (r.instance, r.reply)).unzip();
+            let answers = core.handle_renewals(now(), &instances, env);
+            for (reply, answer) in replies.into_iter().zip(answers) {
+                let answer = answer.map_err(RenewError::Refused);
+                let label = answer
+                    .as_ref()
+                    .map_or_else(RenewError::label, |_| "renewed");
+                env.ctx
+                    .metrics
+                    .lease_renewals
+                    .get_or_create(&outcome(label))
+                    .inc();
+                let _ = reply.send(answer);
+            }
+        }
         Input::Timeout => core.handle_timeout(now(), env),
     }
     true
@@ -262,6 +355,7 @@ struct Inputs<'a> {
     term: u64,
     metrics: &'a mut watch::Receiver<Metrics>,
     queries: &'a mut mpsc::Receiver<Query>,
+    renewals: &'a mut mpsc::Receiver<Renewal>,
     feed: LeaderFeed,
     events: broadcast::Receiver<StateEvent>,
     membership: watch::Receiver<u64>,
@@ -291,6 +385,9 @@ enum Input {
     Event(Result<StateEvent, RecvError>),
     Membership,
     Query(Query),
+    /// Lease renewals: every one already queued when the first arrived (up to
+    /// [`RENEWALS_RUN_MAX`]), answered together under one read of the state.
+    Renewals(Vec<Renewal>),
     Timeout,
 }
 
@@ -329,6 +426,16 @@ impl Inputs<'_> {
             event = self.events.recv() => self.applied_run(event),
             _ = self.membership.changed() => Input::Membership,
             Some(query) = self.queries.recv() => Input::Query(query),
+            Some(first) = self.renewals.recv() => {
+                let mut run = vec![first];
+                while run.len() < RENEWALS_RUN_MAX {
+                    match self.renewals.try_recv() {
+                        Ok(renewal) => run.push(renewal),
+                        Err(_) => break,
+                    }
+                }
+                Input::Renewals(run)
+            }
             () = sleep => Input::Timeout,
         }
     }
@@ -376,6 +483,12 @@ const TIMER_TICK: Duration = Duration::from_millis(10);
 
 /// Most applied entries followed as one input.
 const APPLIED_RUN_MAX: usize = 1024;
+
+fn outcome(label: &str) -> OutcomeLabels {
+    OutcomeLabels {
+        outcome: label.to_owned(),
+    }
+}
 
 /// The driver's clock, as the core's instant (`tokio::time::pause` controls it).
 fn now() -> std::time::Instant {

@@ -177,10 +177,10 @@ impl Authority {
             None => None,
         };
         let regions = federation.as_ref().map(|f| f.regions.clone());
-        let (leader_handle, leader_queries) = leader::LeaderHandle::new();
+        let (leader_handle, leader_inbox) = leader::LeaderHandle::new();
         tasks.push(tokio::spawn(leader::run(
             leader_context(&config, &raft, &hub, &metrics, regions.clone()),
-            leader_queries,
+            leader_inbox,
         )));
 
         let node = federation.map(|f| f.node);

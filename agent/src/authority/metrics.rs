@@ -53,7 +53,7 @@ pub struct ReasonLabels {
 /// `outcome`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct OutcomeLabels {
-    /// `granted` or `refused`.
+    /// What happened (`granted` or `refused` for overrides; see each family).
     pub outcome: String,
 }
 
@@ -107,6 +107,9 @@ pub struct AuthorityMetrics {
     pub apply_failures: Counter,
     /// Overrides, granted or refused.
     pub overrides: Family<OutcomeLabels, Counter>,
+    /// Lease renewals by outcome: `renewed` (held by the leader, no log entry), `refused`
+    /// (unknown, retired or unleased instance), `not_leader`, `busy` (the queue was full).
+    pub lease_renewals: Family<OutcomeLabels, Counter>,
     /// API requests refused as malformed or invalid, by reason.
     pub api_refusals: Family<ReasonLabels, Counter>,
     /// 1 on the leader.
@@ -148,6 +151,7 @@ impl Default for AuthorityMetrics {
             versions_exhausted: Counter::default(),
             apply_failures: Counter::default(),
             overrides: Family::default(),
+            lease_renewals: Family::default(),
             api_refusals: Family::default(),
             leader: Gauge::default(),
             term: Gauge::default(),
@@ -271,6 +275,11 @@ impl AuthorityMetrics {
             "overrides",
             "Operator overrides, granted or refused",
             self.overrides.clone(),
+        );
+        r.register(
+            "lease_renewals",
+            "Lease renewals answered, by outcome; none of them is a log entry",
+            self.lease_renewals.clone(),
         );
         r.register(
             "api_refusals",

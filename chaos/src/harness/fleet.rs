@@ -345,6 +345,16 @@ impl Api {
             .to_owned())
     }
 
+    /// Renews the lease of instance `id`.
+    pub async fn renew(&self, id: &str) -> anyhow::Result<()> {
+        let r = self
+            .client
+            .send(Method::PUT, &format!("/v1/instances/{id}/renew"), None)
+            .await?;
+        anyhow::ensure!(r.status.is_success(), "renewing {id} answered {}", r.status);
+        Ok(())
+    }
+
     /// Deregisters one instance.
     pub async fn deregister(&self, id: &str) -> anyhow::Result<()> {
         let r = self

@@ -209,6 +209,8 @@ pub struct RegionSimReport {
     pub peer_batches: usize,
     /// Services the published views routed to the peer region at some point.
     pub peer_routed_services: usize,
+    /// Lease renewals the leading term accepted (none of them a log entry).
+    pub renewals: usize,
     /// Broken invariants; empty on a good run.
     pub violations: Vec<Violation>,
     /// Every event, in order: the whole output a seed must reproduce.
@@ -288,7 +290,10 @@ struct Agent {
     /// When each of those registrations was acknowledged.
     acknowledged: BTreeMap<InstanceId, Instant>,
     next_renew: Instant,
-    register_in_flight: bool,
+    /// Registrations proposed and not yet answered.
+    register_in_flight: usize,
+    /// Registration attempts so far: each takes its own address.
+    register_attempts: usize,
 }
 
 struct Delivery {
@@ -307,7 +312,6 @@ enum Waiting {
     Register {
         agent: usize,
     },
-    Renew,
     /// Node agents' commands proposed together by the API's group commit, each caller's
     /// own wait in order.
     Api(Vec<Waiting>),
@@ -393,7 +397,8 @@ impl Sim {
                     registered: Vec::new(),
                     acknowledged: BTreeMap::new(),
                     next_renew: start,
-                    register_in_flight: false,
+                    register_in_flight: 0,
+                    register_attempts: 0,
                 });
             }
         }
@@ -851,7 +856,8 @@ impl Sim {
                 }
             }
             Waiting::Register { agent } => {
-                self.agents[agent].register_in_flight = false;
+                self.agents[agent].register_in_flight =
+                    self.agents[agent].register_in_flight.saturating_sub(1);
                 if let Some(Response::Registry {
                     outcome: Ok(Applied::Registered { instance, .. }),
                 }) = response
@@ -863,7 +869,7 @@ impl Sim {
                 }
             }
             Waiting::Publish(sent) => self.released(proposed, sent, response),
-            Waiting::Audit | Waiting::Renew => {}
+            Waiting::Audit => {}
         }
     }
 
@@ -1304,9 +1310,14 @@ impl Sim {
             .c
             .registered_per_zone
             .saturating_sub(self.agents[a].registered.len());
-        if missing > 0 && !self.agents[a].register_in_flight {
-            self.agents[a].register_in_flight = true;
-            let i = self.agents[a].registered.len();
+        // Every missing registration at once, as a node agent with several definitions
+        // registers them: they meet in group commit.
+        for _ in 0..missing.saturating_sub(self.agents[a].register_in_flight) {
+            self.agents[a].register_in_flight += 1;
+            // Each attempt its own address: an attempt whose answer was lost may still
+            // have committed.
+            let i = self.agents[a].register_attempts % 250;
+            self.agents[a].register_attempts += 1;
             let z = self
                 .zones
                 .iter()
@@ -1341,12 +1352,16 @@ impl Sim {
         }
         if self.now >= self.agents[a].next_renew {
             self.agents[a].next_renew = self.now + RENEW_EVERY;
-            for id in self.agents[a].registered.clone() {
-                let stamped = Stamped {
-                    at_ms: self.now_ms(),
-                    command: Command::Renew { instance: id },
-                };
-                self.submit(stamped, Waiting::Renew);
+            // Renewals go to the leader's term and never to the log, as the API sends them.
+            let ids: Vec<InstanceId> = self.agents[a].registered.clone();
+            let now_ms = self.now_ms();
+            let now = self.now;
+            let member = &mut self.members[l];
+            if let Some(term) = member.term.as_mut() {
+                let peers = Peers::new(&self.fed, l, now, &self.c.breaks);
+                let env = Env::new(&member.state, &self.probers, now_ms, peers);
+                let answers = term.handle_renewals(now, &ids, &env);
+                self.report.renewals += answers.iter().filter(|a| a.is_ok()).count();
             }
         }
     }

@@ -94,6 +94,78 @@ fn a_new_leader_gives_every_lease_a_whole_length_before_expiring_any() {
 }
 
 #[test]
+fn named_expiry_retires_only_live_leased_instances_and_is_bounded() {
+    // Goal: the leader's named expiry is total: what is gone or not leased is skipped,
+    // duplicates retire once, and an oversized list changes nothing.
+    let mut s = with_service();
+    let leased = registered(&mut s, 10_000, 1);
+    let kept = registered(&mut s, 10_000, 2);
+    let orchestrated = InstanceId::try_new("pod-1").unwrap();
+    s.apply(at(
+        10_000,
+        Command::Observe {
+            instance: pod("pod-1", 9),
+            draining: false,
+        },
+    ))
+    .unwrap();
+    let unknown = InstanceId::try_new("nobody").unwrap();
+    let too_many = vec![leased.clone(); EXPIRE_BATCH_MAX + 1];
+    assert_eq!(
+        s.apply(at(
+            11_000,
+            Command::ExpireInstances {
+                instances: too_many
+            }
+        )),
+        Err(RegistryError::TooMany {
+            field: "instances",
+            count: EXPIRE_BATCH_MAX + 1,
+            max: EXPIRE_BATCH_MAX
+        })
+    );
+    assert!(!s.is_retired(&leased));
+    // Named before its committed end: the leader saw it end (renewals are its own).
+    assert_eq!(
+        s.apply(at(
+            11_000,
+            Command::ExpireInstances {
+                instances: vec![
+                    leased.clone(),
+                    leased.clone(),
+                    orchestrated.clone(),
+                    unknown
+                ]
+            }
+        )),
+        Ok(Applied::Retired {
+            instances: vec![(leased.clone(), RetireCause::LeaseExpired)]
+        })
+    );
+    assert!(s.is_retired(&leased));
+    assert!(!s.is_retired(&kept) && s.instance(&orchestrated).is_some());
+}
+
+#[test]
+fn leases_due_takes_the_later_of_the_committed_and_the_renewed_end() {
+    let mut s = with_service();
+    let a = registered(&mut s, 10_000, 1);
+    let b = registered(&mut s, 10_000, 2);
+    let renewed: std::collections::HashMap<_, _> = [(a.clone(), 70_000)].into();
+    assert_eq!(s.leases_due(39_999, &renewed), Vec::<InstanceId>::new());
+    assert_eq!(s.leases_due(40_000, &renewed), vec![b.clone()]);
+    assert_eq!(s.leases_due(70_000, &renewed).len(), 2);
+    // A renewal never shortens the committed end.
+    let early: std::collections::HashMap<_, _> = [(b.clone(), 20_000)].into();
+    assert_eq!(s.leases_due(39_999, &early), Vec::<InstanceId>::new());
+    assert_eq!(s.renewable(&a), Ok(30_000));
+    assert!(matches!(
+        s.renewable(&InstanceId::try_new("nobody").unwrap()),
+        Err(RegistryError::UnknownInstance { .. })
+    ));
+}
+
+#[test]
 fn a_registration_is_leased_renewed_and_expires() {
     let mut s = with_service();
     let id = registered(&mut s, 10_000, 1);

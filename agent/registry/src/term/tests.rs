@@ -516,6 +516,141 @@ fn no_lease_expires_before_the_terms_restart_commits() {
     assert_eq!(lease_proposals(&expired), vec![Purpose::ExpireLeases]);
 }
 
+/// Registers a second leased instance (of the same service, zone b) into `world`.
+fn register_second(world: &mut World) -> InstanceId {
+    let applied = apply(
+        &mut world.state,
+        Command::Register(Registration {
+            service: pay(),
+            locality: locality("b"),
+            address: Address {
+                ip: IpAddr::V4(Ipv4Addr::new(10, 9, 9, 10)),
+                port: 8080,
+            },
+            weight: Weight::DEFAULT,
+            tags: BTreeSet::new(),
+            metadata: BTreeMap::new(),
+            lease_ms: 30_000,
+        }),
+    );
+    let Applied::Registered { instance, .. } = applied else {
+        panic!("registered: {applied:?}");
+    };
+    instance
+}
+
+#[test]
+fn renewals_cost_no_entry_and_only_unrenewed_leases_expire_by_name() {
+    // Goal: a renewal is the term's own memory (no log entry); expiry names exactly the
+    // leases nobody renewed, and refusals match the registry's.
+    let mut world = World::new(leased_state());
+    let renewed = world
+        .state
+        .registry()
+        .instances()
+        .find(|r| r.lease_ms.is_some())
+        .map(|r| r.instance.id.clone())
+        .unwrap();
+    let unrenewed = register_second(&mut world);
+    let mut fx = Fx::new(config(1), &world);
+    fx.run_to(&world, Duration::ZERO);
+    apply(&mut world.state, Command::RestartLeases);
+    fx.term
+        .handle_written(fx.now, Purpose::RestartLeases, Written::Applied);
+    // Both leases now end 30 s after T0. At 20 s one of them is renewed, until 50 s.
+    fx.run_to(&world, Duration::from_secs(20));
+    let answers = fx
+        .term
+        .handle_renewals(fx.now, std::slice::from_ref(&renewed), &world);
+    assert_eq!(answers, vec![Ok(T0_MS + 50_000)]);
+    assert_eq!(
+        fx.term.take_commands(),
+        vec![],
+        "a renewal proposes nothing"
+    );
+    // Refused as the registry refuses a renewal: unknown, and orchestrated (not leased).
+    let unknown = InstanceId::try_new("nobody").unwrap();
+    let refused = fx
+        .term
+        .handle_renewals(fx.now, &[unknown.clone(), pod(1, "a").id], &world);
+    assert!(
+        matches!(
+            refused.as_slice(),
+            [
+                Err(RegistryError::UnknownInstance { .. }),
+                Err(RegistryError::NotLeased { .. })
+            ]
+        ),
+        "{refused:?}"
+    );
+    // Past 30 s only the unrenewed lease is proposed for expiry, by name.
+    let at_30 = fx.run_to(&world, Duration::from_secs(30) + LEASE_CHECK_EVERY);
+    let expiry: Vec<_> = proposals(&at_30)
+        .into_iter()
+        .filter(|(p, _)| **p == Purpose::ExpireLeases)
+        .map(|(_, r)| r.clone())
+        .collect();
+    let expected = Request::Registry(Stamped {
+        at_ms: T0_MS + 30_000,
+        command: Command::ExpireInstances {
+            instances: vec![unrenewed.clone()],
+        },
+    });
+    assert_eq!(expiry, vec![expected], "{at_30:?}");
+    apply(
+        &mut world.state,
+        Command::ExpireInstances {
+            instances: vec![unrenewed.clone()],
+        },
+    );
+    fx.term
+        .handle_written(fx.now, Purpose::ExpireLeases, Written::Applied);
+    assert!(matches!(
+        fx.term.handle_renewals(fx.now, &[unrenewed], &world)[..],
+        [Err(RegistryError::Retired { .. })]
+    ));
+    // The renewed one lasts to 50 s, and then goes too.
+    let at_45 = fx.run_to(&world, Duration::from_secs(45));
+    assert_eq!(proposals(&at_45), vec![], "{at_45:?}");
+    let at_50 = fx.run_to(&world, Duration::from_secs(50) + LEASE_CHECK_EVERY);
+    let names: Vec<_> = proposals(&at_50)
+        .into_iter()
+        .filter_map(|(_, r)| match r {
+            Request::Registry(Stamped {
+                command: Command::ExpireInstances { instances },
+                ..
+            }) => Some(instances.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(names, vec![vec![renewed]]);
+}
+
+#[test]
+fn a_new_term_forgets_renewals_and_restarts_every_lease_first() {
+    // Goal: renewals lost with a term never retire an instance: the next term's first
+    // lease proposal is the restart, and the leases then run a whole length from it.
+    let world = World::new(leased_state());
+    let mut old = Fx::new(config(1), &world);
+    old.run_to(&world, Duration::ZERO);
+    let id = world
+        .state
+        .registry()
+        .instances()
+        .find(|r| r.lease_ms.is_some())
+        .map(|r| r.instance.id.clone())
+        .unwrap();
+    assert!(old.term.handle_renewals(old.now, &[id], &world)[0].is_ok());
+    let mut new = Fx::new(config(2), &world);
+    let first = new.run_to(&world, Duration::from_secs(5));
+    let leases: Vec<_> = proposals(&first)
+        .into_iter()
+        .filter(|(p, _)| matches!(p, Purpose::RestartLeases | Purpose::ExpireLeases))
+        .map(|(p, _)| p.clone())
+        .collect();
+    assert_eq!(leases, vec![Purpose::RestartLeases]);
+}
+
 #[test]
 fn a_connected_prober_is_assigned_its_zones_targets_once() {
     let mut world = World::new(region_state());

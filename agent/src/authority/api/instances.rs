@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use waymark_core::model::{Instance, InstanceId, ServiceName};
 use waymark_registry::acl::Action;
+use waymark_registry::machine::Refusal;
 use waymark_registry::machine::{AuditEntry, AuditKind};
 use waymark_registry::overrides::{OVERRIDE_WINDOW, OVERRIDES_PER_WINDOW, overrides_granted};
 use waymark_registry::state::{Applied, Command, Registration};
@@ -23,6 +24,7 @@ use waymark_registry::state::{Applied, Command, Registration};
 use super::{ApiError, ApiResult, ApiState, Body, parse_name};
 use crate::authority::clock::now_ms;
 use crate::authority::fields;
+use crate::authority::leader::RenewError;
 use crate::authority::metrics::OutcomeLabels;
 use crate::authority::principal::Caller;
 
@@ -93,8 +95,21 @@ pub(super) async fn renew(
     let instance: InstanceId = parse_name(&id, "instance").map_err(|e| s.refuse(e))?;
     s.owns_instance(&caller, &instance, "PUT /v1/instances/{id}/renew")?;
     s.leader_only(&uri)?;
-    let applied = s.command(&uri, Command::Renew { instance }).await?;
-    Ok(axum::Json(json!({"applied": applied})).into_response())
+    // The leader's term holds renewals in memory: no log entry (see `LeaderTerm::handle_renewals`).
+    match s.leader.renew(instance).await {
+        Ok(expires_at_ms) => {
+            let applied = Applied::Renewed { expires_at_ms };
+            Ok(axum::Json(json!({"applied": applied})).into_response())
+        }
+        Err(RenewError::Refused(error)) => Err(s.refuse(Refusal::from(&error).into())),
+        Err(RenewError::NotLeader) => Err(s.redirect(&uri, None)),
+        Err(e @ RenewError::Busy) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "renewals_busy",
+            None,
+            format!("{e}; retry"),
+        )),
+    }
 }
 
 pub(super) async fn deregister(
