@@ -538,21 +538,7 @@ async fn renew(
             (latencies, failed)
         }));
     }
-    let (mut latencies, mut failed) = (Vec::new(), 0);
-    for w in workers {
-        if let Ok((l, f)) = w.await {
-            latencies.extend(l);
-            failed += f;
-        }
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    Phase {
-        writes: latencies.len(),
-        failed,
-        per_sec: latencies.len() as f64 / elapsed,
-        p50_ms: quantile(&latencies, 0.5).unwrap_or(0.0),
-        p99_ms: quantile(&latencies, 0.99).unwrap_or(0.0),
-    }
+    phase(workers, started).await
 }
 
 /// One measured phase: `clients` loops of register / deregister-the-oldest.
@@ -599,6 +585,14 @@ async fn churn(store: &Store, params: &Params, clients: usize, next: &Arc<Atomic
             (latencies, failed)
         }));
     }
+    phase(workers, started).await
+}
+
+/// A phase's figures from its clients' latencies (ms) and failures.
+async fn phase(
+    workers: Vec<tokio::task::JoinHandle<(Vec<f64>, usize)>>,
+    started: Instant,
+) -> Phase {
     let (mut latencies, mut failed) = (Vec::new(), 0);
     for w in workers {
         if let Ok((l, f)) = w.await {

@@ -516,6 +516,17 @@ fn no_lease_expires_before_the_terms_restart_commits() {
     assert_eq!(lease_proposals(&expired), vec![Purpose::ExpireLeases]);
 }
 
+/// The leased instance [`leased_state`] registered.
+fn leased_id(world: &World) -> InstanceId {
+    world
+        .state
+        .registry()
+        .instances()
+        .find(|r| r.lease_ms.is_some())
+        .map(|r| r.instance.id.clone())
+        .unwrap()
+}
+
 /// Registers a second leased instance (of the same service, zone b) into `world`.
 fn register_second(world: &mut World) -> InstanceId {
     let applied = apply(
@@ -544,13 +555,7 @@ fn renewals_cost_no_entry_and_only_unrenewed_leases_expire_by_name() {
     // Goal: a renewal is the term's own memory (no log entry); expiry names exactly the
     // leases nobody renewed, and refusals match the registry's.
     let mut world = World::new(leased_state());
-    let renewed = world
-        .state
-        .registry()
-        .instances()
-        .find(|r| r.lease_ms.is_some())
-        .map(|r| r.instance.id.clone())
-        .unwrap();
+    let renewed = leased_id(&world);
     let unrenewed = register_second(&mut world);
     let mut fx = Fx::new(config(1), &world);
     fx.run_to(&world, Duration::ZERO);
@@ -633,13 +638,7 @@ fn a_new_term_forgets_renewals_and_restarts_every_lease_first() {
     let world = World::new(leased_state());
     let mut old = Fx::new(config(1), &world);
     old.run_to(&world, Duration::ZERO);
-    let id = world
-        .state
-        .registry()
-        .instances()
-        .find(|r| r.lease_ms.is_some())
-        .map(|r| r.instance.id.clone())
-        .unwrap();
+    let id = leased_id(&world);
     assert!(old.term.handle_renewals(old.now, &[id], &world)[0].is_ok());
     let mut new = Fx::new(config(2), &world);
     let first = new.run_to(&world, Duration::from_secs(5));
