@@ -237,15 +237,7 @@ pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
         "service {SERVICE} and probe instance {probe_id} registered"
     ));
 
-    let result = drive(
-        &params,
-        &mut cluster,
-        &probe_id,
-        probe_log,
-        &progress,
-        run_dir,
-    )
-    .await;
+    let result = drive(&params, &mut cluster, probe_log, &progress, run_dir).await;
     if result.is_err() {
         for id in cluster.ids() {
             if let Ok(m) = cluster.member(id) {
@@ -265,7 +257,6 @@ const PROBE_OPS: u64 = 1 << 40;
 async fn drive(
     params: &Params,
     cluster: &mut AuthorityCluster,
-    probe_id: &str,
     mut probe_log: Vec<Attempt>,
     progress: &Progress,
     run_dir: &Path,
@@ -311,16 +302,7 @@ async fn drive(
     for k in 0..params.kills {
         let scheduled = at(params.warmup_s + k as u64 * params.kill_every_s);
         tokio::time::sleep_until(scheduled.max(not_before)).await;
-        let Some(kill) = kill_leader(
-            k,
-            params,
-            cluster,
-            probe_id,
-            &mut probe_log,
-            &load,
-            progress,
-        )
-        .await?
+        let Some(kill) = kill_leader(k, params, cluster, &mut probe_log, &load, progress).await?
         else {
             continue;
         };
@@ -501,7 +483,6 @@ async fn kill_leader(
     k: usize,
     params: &Params,
     cluster: &mut AuthorityCluster,
-    probe_id: &str,
     probe_log: &mut Vec<Attempt>,
     load: &Registrar,
     progress: &Progress,
@@ -539,7 +520,7 @@ async fn kill_leader(
         leader_known(&live, victim_term.unwrap_or(0), killed_at, election_limit),
         write_accepted(
             &live,
-            probe_id,
+            params.registrar.lease_ms,
             killed_at,
             election_limit,
             epoch,
@@ -681,36 +662,56 @@ async fn leader_known(
     .ok()
 }
 
-/// Renews the probe instance through the live members in turn until a leader
-/// acknowledges it: ms since the kill. Every attempt goes into `log`.
+/// Registers a probe instance through the live members in turn until a leader
+/// acknowledges it — a committed write, not a renewal (renewals are the leader term's
+/// memory and say nothing of the log): ms since the kill. Each attempt registers at its own
+/// port, since one whose answer was lost may still have committed. Every attempt goes into
+/// `log`.
 async fn write_accepted(
     live: &[(u64, SocketAddr)],
-    probe: &str,
+    lease_ms: u64,
     since: Instant,
     deadline: Duration,
     epoch: Instant,
     log: &mut Vec<Attempt>,
     kill: u64,
 ) -> Option<u64> {
-    let path = format!("/v1/instances/{probe}/renew");
     let mut n = 0u32;
     loop {
         let (_, api) = live[n as usize % live.len()];
         n += 1;
+        let port = 20_000 + (kill % 40) * 1_000 + u64::from(n % 1_000);
+        let body = json!({
+            "service": SERVICE,
+            "locality": {"region": REGION, "zone": ZONES[0], "node": "probe"},
+            "address": {"ip": "10.255.255.2", "port": port},
+            "lease_ms": lease_ms,
+        });
         let wall_ms = registrar::wall_ms();
         let sent = Instant::now();
-        let result =
-            registrar::attempt(api, Method::PUT, &path, None, Duration::from_secs(1)).await;
+        let result = registrar::attempt(
+            api,
+            Method::POST,
+            "/v1/instances",
+            Some(&body),
+            Duration::from_secs(1),
+        )
+        .await;
         let acked = matches!(result, Reply::Acked { .. });
+        let issued = match &result {
+            Reply::Acked { issued, .. } => issued.clone(),
+            _ => None,
+        };
         log.push(Attempt {
             t_ms: ms(sent.duration_since(epoch)),
             wall_ms,
             latency_ms: ms(sent.elapsed()),
-            op_id: PROBE_OPS + 1 + kill,
-            op: Op::Renew,
-            attempt: n,
+            // Each attempt its own operation: a retry is a new registration.
+            op_id: PROBE_OPS + 1 + kill * 1_000_000 + u64::from(n),
+            op: Op::Register,
+            attempt: 1,
             member: api,
-            instance: Some(probe.to_owned()),
+            instance: issued,
             result,
         });
         if acked {
