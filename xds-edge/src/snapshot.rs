@@ -10,7 +10,7 @@
 //! It checks the snapshot's consistency before it is published: every load assignment is
 //! named by a cluster.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use envoy_types::pb::google::protobuf::Any;
@@ -18,8 +18,8 @@ use waymark_core::model::{ServiceName, ZoneName};
 use waymark_core::view::{ReleasedView, Version, ViewKey};
 
 use crate::translate::{
-    TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE, api_listener, cluster, load_assignment,
-    route_configuration, to_any,
+    EdsEncoder, TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE, api_listener, cluster,
+    route_configuration,
 };
 
 /// One encoded resource and its version string.
@@ -90,6 +90,8 @@ pub struct SnapshotBuilder {
     listeners: BTreeMap<ServiceName, Encoded>,
     routes: BTreeMap<ServiceName, Encoded>,
     views: BTreeMap<ViewKey, (Version, Encoded)>,
+    /// Per view, the encoder that reuses its unchanged endpoints' encodings.
+    encoders: HashMap<ViewKey, EdsEncoder>,
     /// The highest version ever held, so a snapshot's version never goes back when the
     /// view that carried it is removed with its service.
     high_water: u64,
@@ -121,9 +123,17 @@ impl SnapshotBuilder {
             self.routes
                 .insert(s.clone(), encode(TYPE_ROUTE, &route_configuration(s)));
         }
+        let value = self
+            .encoders
+            .entry(key.clone())
+            .or_default()
+            .encode(released);
         let encoded = Encoded {
             version: released.version.to_string(),
-            resource: Arc::new(to_any(TYPE_ENDPOINT, &load_assignment(released))),
+            resource: Arc::new(Any {
+                type_url: TYPE_ENDPOINT.to_owned(),
+                value,
+            }),
         };
         self.views.insert(key.clone(), (released.version, encoded));
         self.high_water = self.high_water.max(released.version.0);
@@ -136,6 +146,7 @@ impl SnapshotBuilder {
         self.listeners.remove(service);
         self.routes.remove(service);
         self.views.retain(|k, _| &k.service != service);
+        self.encoders.retain(|k, _| &k.service != service);
         self.clusters.remove(service).is_some()
     }
 

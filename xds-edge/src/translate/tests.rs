@@ -191,3 +191,111 @@ fn endpoints_keep_their_status_weight_priority_and_identity() {
         cla
     );
 }
+
+mod eds_encoder {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// One endpoint's changeable fields: present, zone, priority, weight, status, tag.
+    type Change = (u8, bool, bool, u8, u8, u8, bool);
+
+    fn change() -> impl Strategy<Value = Change> {
+        (
+            0u8..12,
+            any::<bool>(),
+            any::<bool>(),
+            0u8..3,
+            0u8..4,
+            0u8..5,
+            any::<bool>(),
+        )
+    }
+
+    fn status(n: u8) -> EndpointStatus {
+        [
+            EndpointStatus::Eligible,
+            EndpointStatus::Degraded,
+            EndpointStatus::Unknown,
+            EndpointStatus::Disregarded,
+            EndpointStatus::Draining,
+        ][usize::from(n % 5)]
+    }
+
+    proptest! {
+        /// Goal: the encoder's bytes decode to exactly what translating the whole view
+        /// gives, release after release, whatever changed in between (endpoints
+        /// added, removed, moved between localities, reweighted, re-statused, re-tagged,
+        /// and zones' `health_disregarded` flipping).
+        #[test]
+        fn reused_encodings_equal_a_fresh_translation(
+            steps in prop::collection::vec(
+                (prop::collection::vec(change(), 1..6), any::<bool>(), any::<bool>()),
+                1..12,
+            ),
+        ) {
+            let mut encoder = EdsEncoder::new();
+            let mut eps: BTreeMap<u8, ViewEndpoint> = BTreeMap::new();
+            for (version, (changes, disregard_a, disregard_b)) in steps.into_iter().enumerate() {
+                for (n, present, in_b, priority, weight, st, tagged) in changes {
+                    if !present {
+                        eps.remove(&n);
+                        continue;
+                    }
+                    let zone = if in_b { "b" } else { "a" };
+                    let mut e = ep(n + 1, zone, u32::from(priority), u32::from(weight) * 50, status(st));
+                    if tagged {
+                        e.tags = Arc::new(["canary".to_owned()].into_iter().collect());
+                    }
+                    eps.insert(n, e);
+                }
+                let mut markers = Markers::default();
+                for (flag, zone) in [(disregard_a, "a"), (disregard_b, "b")] {
+                    if flag {
+                        markers
+                            .health_disregarded
+                            .insert(ZoneName::try_new(zone).unwrap());
+                    }
+                }
+                let view = released(version as u64 + 1, "a", eps.values().cloned().collect(), markers);
+                // Compared decoded: `Struct` fields are a hash map, so even two encodings of
+                // one message may order them differently.
+                let bytes = encoder.encode(&view);
+                let decoded = ClusterLoadAssignment::decode(bytes.as_slice());
+                prop_assert_eq!(decoded, Ok(load_assignment(&view)));
+            }
+        }
+    }
+
+    #[test]
+    fn an_unchanged_endpoint_is_not_encoded_again() {
+        // Goal: the reuse is real — an endpoint that did not change keeps the very bytes
+        // (the same allocation) from one release to the next; a changed one gets new ones.
+        let mut encoder = EdsEncoder::new();
+        let one = ep(1, "a", 0, 100, EndpointStatus::Eligible);
+        let two = ep(2, "a", 0, 100, EndpointStatus::Eligible);
+        encoder.encode(&released(
+            1,
+            "a",
+            vec![one.clone(), two.clone()],
+            Markers::default(),
+        ));
+        let before = |e: &EdsEncoder, id: &ViewEndpoint| Arc::clone(&e.endpoints[&id.instance].2);
+        let (kept, changed) = (before(&encoder, &one), before(&encoder, &two));
+        let two = ViewEndpoint {
+            weight: Weight::new(50),
+            ..two
+        };
+        encoder.encode(&released(
+            2,
+            "a",
+            vec![one.clone(), two.clone()],
+            Markers::default(),
+        ));
+        assert!(Arc::ptr_eq(&kept, &encoder.endpoints[&one.instance].2));
+        assert!(!Arc::ptr_eq(&changed, &encoder.endpoints[&two.instance].2));
+        // An endpoint gone from the view is forgotten.
+        encoder.encode(&released(3, "a", vec![one.clone()], Markers::default()));
+        assert_eq!(encoder.endpoints.len(), 1);
+    }
+}
