@@ -219,8 +219,18 @@ pub fn load_assignment(released: &ReleasedView) -> ClusterLoadAssignment {
 #[derive(Debug, Default)]
 pub struct EdsEncoder {
     /// Each endpoint of the last encoding: what it was encoded from, its locality's
-    /// `health_disregarded`, and its encoded `LbEndpoint`.
-    endpoints: HashMap<InstanceId, (ViewEndpoint, bool, Arc<[u8]>)>,
+    /// `health_disregarded`, its encoded `LbEndpoint`, and the encoding that last saw it.
+    endpoints: HashMap<InstanceId, Held>,
+    /// Encodings so far; entries not seen by the latest are forgotten.
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct Held {
+    from: ViewEndpoint,
+    disregarded: bool,
+    bytes: Arc<[u8]>,
+    seen: u64,
 }
 
 impl EdsEncoder {
@@ -233,53 +243,83 @@ impl EdsEncoder {
     /// `load_assignment(released)`.
     pub fn encode(&mut self, released: &ReleasedView) -> Vec<u8> {
         use prost::Message as _;
-        use prost::encoding::{WireType, encode_key, encode_varint};
+        use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
         const ENDPOINTS: u32 = 2; // ClusterLoadAssignment.endpoints
         const LB_ENDPOINTS: u32 = 2; // LocalityLbEndpoints.lb_endpoints
 
+        self.generation += 1;
+        let generation = self.generation;
         let view = &released.view;
-        let mut next = HashMap::with_capacity(view.endpoints.len());
         // Fields are written in tag order, as prost writes them: the assignment's name (1),
         // then each locality (2); in a locality its `locality` (1), the endpoints (2), then
-        // weight (3), priority (5) and metadata (9).
+        // weight (3), priority (5) and metadata (9). Each locality's length is known before
+        // it is written, so the bytes are written once, into the answer.
         let mut out = ClusterLoadAssignment {
             cluster_name: view.key.service.to_string(),
             ..Default::default()
         }
         .encode_to_vec();
         for group in groups(released) {
-            let mut body = LocalityLbEndpoints {
+            let head = LocalityLbEndpoints {
                 locality: group.locality.clone(),
                 ..Default::default()
             }
             .encode_to_vec();
-            for e in &group.endpoints {
-                let bytes = match self.endpoints.remove(&e.instance) {
-                    Some((was, disregarded, bytes))
-                        if disregarded == group.disregarded && was == **e =>
-                    {
-                        bytes
-                    }
-                    _ => Arc::from(lb_endpoint(e, group.disregarded).encode_to_vec()),
-                };
-                encode_key(LB_ENDPOINTS, WireType::LengthDelimited, &mut body);
-                encode_varint(bytes.len() as u64, &mut body);
-                body.extend_from_slice(&bytes);
-                next.insert(e.instance.clone(), ((*e).clone(), group.disregarded, bytes));
-            }
             let tail = LocalityLbEndpoints {
                 metadata: group.metadata,
                 load_balancing_weight: group.load_balancing_weight,
                 priority: group.priority,
                 ..Default::default()
-            };
-            body.extend_from_slice(&tail.encode_to_vec());
+            }
+            .encode_to_vec();
+            let encoded: Vec<Arc<[u8]>> = group
+                .endpoints
+                .iter()
+                .map(|e| self.lb_endpoint(e, group.disregarded, generation))
+                .collect();
+            let body_len = head.len()
+                + tail.len()
+                + encoded
+                    .iter()
+                    .map(|b| key_len(LB_ENDPOINTS) + encoded_len_varint(b.len() as u64) + b.len())
+                    .sum::<usize>();
+            out.reserve(key_len(ENDPOINTS) + encoded_len_varint(body_len as u64) + body_len);
             encode_key(ENDPOINTS, WireType::LengthDelimited, &mut out);
-            encode_varint(body.len() as u64, &mut out);
-            out.extend_from_slice(&body);
+            encode_varint(body_len as u64, &mut out);
+            out.extend_from_slice(&head);
+            for bytes in &encoded {
+                encode_key(LB_ENDPOINTS, WireType::LengthDelimited, &mut out);
+                encode_varint(bytes.len() as u64, &mut out);
+                out.extend_from_slice(bytes);
+            }
+            out.extend_from_slice(&tail);
         }
-        self.endpoints = next;
+        self.endpoints.retain(|_, held| held.seen == generation);
         out
+    }
+
+    /// `e`'s encoded `LbEndpoint`: the one held while `e` is unchanged, else a new one.
+    fn lb_endpoint(&mut self, e: &ViewEndpoint, disregarded: bool, generation: u64) -> Arc<[u8]> {
+        use prost::Message as _;
+        match self.endpoints.get_mut(&e.instance) {
+            Some(held) if held.disregarded == disregarded && held.from == *e => {
+                held.seen = generation;
+                Arc::clone(&held.bytes)
+            }
+            _ => {
+                let bytes: Arc<[u8]> = Arc::from(lb_endpoint(e, disregarded).encode_to_vec());
+                self.endpoints.insert(
+                    e.instance.clone(),
+                    Held {
+                        from: e.clone(),
+                        disregarded,
+                        bytes: Arc::clone(&bytes),
+                        seen: generation,
+                    },
+                );
+                bytes
+            }
+        }
     }
 }
 

@@ -280,7 +280,8 @@ mod eds_encoder {
             vec![one.clone(), two.clone()],
             Markers::default(),
         ));
-        let before = |e: &EdsEncoder, id: &ViewEndpoint| Arc::clone(&e.endpoints[&id.instance].2);
+        let before =
+            |e: &EdsEncoder, id: &ViewEndpoint| Arc::clone(&e.endpoints[&id.instance].bytes);
         let (kept, changed) = (before(&encoder, &one), before(&encoder, &two));
         let two = ViewEndpoint {
             weight: Weight::new(50),
@@ -292,8 +293,11 @@ mod eds_encoder {
             vec![one.clone(), two.clone()],
             Markers::default(),
         ));
-        assert!(Arc::ptr_eq(&kept, &encoder.endpoints[&one.instance].2));
-        assert!(!Arc::ptr_eq(&changed, &encoder.endpoints[&two.instance].2));
+        assert!(Arc::ptr_eq(&kept, &encoder.endpoints[&one.instance].bytes));
+        assert!(!Arc::ptr_eq(
+            &changed,
+            &encoder.endpoints[&two.instance].bytes
+        ));
         // An endpoint gone from the view is forgotten.
         encoder.encode(&released(3, "a", vec![one.clone()], Markers::default()));
         assert_eq!(encoder.endpoints.len(), 1);
