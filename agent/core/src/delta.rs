@@ -114,11 +114,17 @@ pub struct DeltaQueues {
     window: Duration,
     rate_window_start: Option<Instant>,
     releases_in_window: u32,
-    pressure: bool,
+    /// Reported pressure lasts until then (see [`PRESSURE_HOLD`]).
+    pressure_until: Option<Instant>,
     episode: Option<Episode>,
     effects: Vec<Effect>,
     last_now: Option<Instant>,
 }
+
+/// How long one report of delivery pressure saturates admissions. A slow commit is an
+/// event, not a level: the commit after it may be quick again before any admission falls
+/// due, and a report that ended before anything looked at it would shed nothing.
+pub const PRESSURE_HOLD: Duration = Duration::from_secs(2);
 
 // === impl DeltaQueues ===
 
@@ -132,7 +138,7 @@ impl DeltaQueues {
             window,
             rate_window_start: None,
             releases_in_window: 0,
-            pressure: false,
+            pressure_until: None,
             episode: None,
             effects: Vec::new(),
             last_now: None,
@@ -171,10 +177,12 @@ impl DeltaQueues {
         self.lanes.retain(|key, _| &key.service != service);
     }
 
-    /// The driver's report of delivery pressure (send queues backing up).
+    /// The driver's report of delivery pressure (a slow commit, send queues backing up):
+    /// admissions are saturated for [`PRESSURE_HOLD`] from `now`, or again at once when
+    /// `saturated` is `false` (the driver says the pressure is over).
     pub fn handle_pressure(&mut self, now: Instant, saturated: bool) {
         self.advance(now);
-        self.pressure = saturated;
+        self.pressure_until = saturated.then(|| now + PRESSURE_HOLD);
     }
 
     /// Release what is due at `now`, stamping versions from `versions`.
@@ -196,7 +204,7 @@ impl DeltaQueues {
             if lane.admit_due.is_none_or(|t| t > now) {
                 continue;
             }
-            if self.is_saturated() {
+            if self.is_saturated(now) {
                 self.defer(now, key);
                 continue;
             }
@@ -283,8 +291,9 @@ impl DeltaQueues {
         });
     }
 
-    fn is_saturated(&self) -> bool {
-        self.pressure || self.releases_in_window >= self.config.admit_releases_per_sec
+    fn is_saturated(&self, now: Instant) -> bool {
+        self.pressure_until.is_some_and(|until| now < until)
+            || self.releases_in_window >= self.config.admit_releases_per_sec
     }
 
     fn defer(&mut self, now: Instant, key: &ViewKey) {
@@ -317,7 +326,7 @@ impl DeltaQueues {
     }
 
     fn maybe_end_episode(&mut self, now: Instant) {
-        let saturated = self.is_saturated();
+        let saturated = self.is_saturated(now);
         let Some(e) = &mut self.episode else { return };
         if saturated {
             // Still saturated: the episode's end is at least one window away.

@@ -227,7 +227,7 @@ async fn lead_term(
     let (publish, publish_rx) = mpsc::unbounded_channel();
     let (audit, audit_rx) = mpsc::unbounded_channel();
     let (written, written_rx) = mpsc::unbounded_channel();
-    let (pressure_tx, pressure) = watch::channel(false);
+    let (pressure_tx, pressure) = watch::channel(0u64);
     let writers = [
         tokio::spawn(publisher(ctx.clone(), publish_rx, pressure_tx)),
         tokio::spawn(auditor(ctx.raft.clone(), ctx.metrics.clone(), audit_rx)),
@@ -290,7 +290,7 @@ fn step(core: &mut LeaderTerm, env: &Env<'_>, applied: &mut Option<u64>, input: 
             }
         }
         Input::Denial(denial) => core.handle_denial(denial),
-        Input::Pressure(saturated) => core.handle_pressure(now(), saturated),
+        Input::Pressure => core.handle_pressure(now(), true),
         Input::Written(purpose, outcome) => core.handle_written(now(), purpose, outcome),
         Input::Applied(entries) => {
             let fresh: Vec<_> = entries
@@ -359,7 +359,8 @@ struct Inputs<'a> {
     feed: LeaderFeed,
     events: broadcast::Receiver<StateEvent>,
     membership: watch::Receiver<u64>,
-    pressure: watch::Receiver<bool>,
+    /// Slow `Publish` commits so far: a count, so none is missed between two reads.
+    pressure: watch::Receiver<u64>,
     written: mpsc::UnboundedReceiver<(Purpose, Written)>,
     /// A state event read while collecting an applied run, followed next.
     stashed: Option<Result<StateEvent, RecvError>>,
@@ -375,7 +376,8 @@ enum Input {
     /// [`SAMPLES_RUN_MAX`]), evaluated together and assembled once.
     Samples(Vec<Sample>),
     Denial(Denial),
-    Pressure(bool),
+    /// A `Publish` commit was slow (one or more since the last read).
+    Pressure,
     Written(Purpose, Written),
     /// Applied entries, in log order: every one already waiting when the first arrived
     /// (up to [`APPLIED_RUN_MAX`]), so a loop that falls behind catches up in runs whose
@@ -421,7 +423,10 @@ impl Inputs<'_> {
                 Input::Samples(run)
             }
             Some(denial) = self.feed.denials.recv() => Input::Denial(denial),
-            Ok(()) = self.pressure.changed() => Input::Pressure(*self.pressure.borrow_and_update()),
+            Ok(()) = self.pressure.changed() => {
+                self.pressure.borrow_and_update();
+                Input::Pressure
+            }
             Some((purpose, outcome)) = self.written.recv() => Input::Written(purpose, outcome),
             event = self.events.recv() => self.applied_run(event),
             _ = self.membership.changed() => Input::Membership,
@@ -721,9 +726,9 @@ fn record_metric(m: &AuthorityMetrics, change: MetricChange) {
 /// Commits releases in order, coalescing what arrives while a write is in flight (only
 /// the newest content of each view matters: releases are whole views). A commit slower
 /// than the configured threshold (by default
-/// [`waymark_core::defaults::PUBLISH_PRESSURE_AFTER`]) reports delivery pressure (the
-/// next quick one clears it), so the delta queues shed admissions before withdrawals queue
-/// behind them.
+/// [`waymark_core::defaults::PUBLISH_PRESSURE_AFTER`]) reports delivery pressure, which
+/// the delta queues hold for [`waymark_core::delta::PRESSURE_HOLD`], so they shed
+/// admissions before withdrawals queue behind them.
 ///
 /// A failed write is retried with backoff, merged with whatever was released meanwhile,
 /// for as long as this member leads: a withdrawal must never be dropped because one
@@ -731,7 +736,7 @@ fn record_metric(m: &AuthorityMetrics, change: MetricChange) {
 async fn publisher(
     ctx: LeaderContext,
     rx: mpsc::UnboundedReceiver<Vec<ReleasedView>>,
-    pressure: watch::Sender<bool>,
+    pressure: watch::Sender<u64>,
 ) {
     let raft = ctx.raft.clone();
     let metrics = ctx.metrics.clone();
@@ -746,8 +751,11 @@ async fn publisher(
             PublishOutcome::Committed { views, took } => {
                 metrics.views_published.inc_by(views);
                 metrics.publish_commit_seconds.observe(took.as_secs_f64());
-                let slow = pressure_after.is_some_and(|after| took > after);
-                pressure.send_if_modified(|p| std::mem::replace(p, slow) != slow);
+                // Each slow commit is counted, so the leader sees every one even when the
+                // next commit is quick again before it looks (the core holds the pressure).
+                if pressure_after.is_some_and(|after| took > after) {
+                    pressure.send_modify(|slow| *slow += 1);
+                }
             }
             PublishOutcome::Failed => {
                 metrics

@@ -224,6 +224,31 @@ fn reported_pressure_sheds_admissions() {
 }
 
 #[test]
+fn one_report_of_pressure_sheds_what_falls_due_within_its_hold() {
+    // Goal: a slow commit followed at once by a quick one still sheds: the report holds
+    // for PRESSURE_HOLD, so an admission falling due meanwhile is deferred and the episode
+    // is declared; after the hold admissions flow again.
+    let mut fx = Fx::new(DeltaConfig::default());
+    fx.q.handle_pressure(fx.now, true);
+    fx.target(view_of(&[up(1)]));
+    let out = fx.run_to(secs(1));
+    assert!(
+        out.iter()
+            .any(|(_, e)| matches!(e, Effect::ShedStarted { .. })),
+        "{out:?}"
+    );
+    assert!(fx.q.released(&key()).is_none());
+    let later = fx.run_to(PRESSURE_HOLD + secs(10));
+    assert!(fx.q.released(&key()).is_some(), "{later:?}");
+    assert!(
+        later
+            .iter()
+            .any(|(_, e)| matches!(e, Effect::ShedEnded { .. })),
+        "{later:?}"
+    );
+}
+
+#[test]
 fn a_subscriber_ledger_refuses_to_go_backwards() {
     let mut ledger = SubscriberLedger::default();
     ledger.deliver(&key(), Version(5)).unwrap();
