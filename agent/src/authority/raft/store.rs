@@ -986,10 +986,17 @@ impl Debug for SnapshotBuilder {
 }
 
 /// Serialize the state and its matching metadata, consistently (see [`Shared`]).
+///
+/// The state is copied under the read lock and encoded after it is released: encoding the
+/// reference estate's state takes hundreds of milliseconds, and every apply — so every
+/// acknowledgement — waited for the lock meanwhile, a stall each time a snapshot was due.
+/// The copy shares names and views (`Arc`s) and takes a fraction of that.
 fn encode_state(shared: &Shared) -> Result<(AppliedMeta, Vec<u8>), serde_json::Error> {
-    let state = shared.state.read().unwrap_or_else(PoisonError::into_inner);
-    let applied = shared.applied_meta();
-    let bytes = serde_json::to_vec(&*state)?;
+    let (state, applied) = {
+        let state = shared.state.read().unwrap_or_else(PoisonError::into_inner);
+        (state.clone(), shared.applied_meta())
+    };
+    let bytes = serde_json::to_vec(&state)?;
     Ok((applied, bytes))
 }
 
