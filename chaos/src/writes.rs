@@ -108,19 +108,47 @@ impl Spread {
     }
 }
 
-/// One client count, both stores.
+/// One kind of work on both stores, over the repeats.
 #[derive(Debug, Clone, Serialize)]
-pub struct ClientsReport {
-    pub clients: usize,
-    /// waymark's acknowledged writes per second.
+pub struct Compared {
+    /// waymark's acknowledged operations per second.
     pub waymark_per_sec: Spread,
     /// etcd's, on the same work.
     pub etcd_per_sec: Spread,
-    /// waymark's write latency p99, per repeat's median.
+    /// Each store's p99 latency, per repeat.
     pub waymark_p99_ms: Spread,
     pub etcd_p99_ms: Spread,
     /// `waymark_per_sec.median / etcd_per_sec.median`.
     pub ratio: f64,
+}
+
+impl Compared {
+    /// The figures of waymark's phases `w` beside etcd's `e`.
+    fn of(w: &[Phase], e: &[Phase]) -> Self {
+        let rates = |p: &[Phase]| Spread::of(&p.iter().map(|p| p.per_sec).collect::<Vec<_>>());
+        let p99s = |p: &[Phase]| Spread::of(&p.iter().map(|p| p.p99_ms).collect::<Vec<_>>());
+        let (wr, er) = (rates(w), rates(e));
+        Self {
+            ratio: if er.median > 0.0 {
+                wr.median / er.median
+            } else {
+                0.0
+            },
+            waymark_per_sec: wr,
+            etcd_per_sec: er,
+            waymark_p99_ms: p99s(w),
+            etcd_p99_ms: p99s(e),
+        }
+    }
+}
+
+/// One client count, both stores.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClientsReport {
+    pub clients: usize,
+    /// Acknowledged writes per second and their latency on both stores.
+    #[serde(flatten)]
+    pub compared: Compared,
     /// waymark's median rate as changes per minute.
     pub waymark_changes_per_min: f64,
     /// Every phase as measured, in order.
@@ -135,14 +163,9 @@ pub struct ClientsReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct RenewalsReport {
     pub clients: usize,
-    /// waymark's acknowledged renewals per second.
-    pub waymark_per_sec: Spread,
-    /// etcd's acknowledged keep-alives per second.
-    pub etcd_per_sec: Spread,
-    pub waymark_p99_ms: Spread,
-    pub etcd_p99_ms: Spread,
-    /// `waymark_per_sec.median / etcd_per_sec.median`.
-    pub ratio: f64,
+    /// Acknowledged renewals (etcd: keep-alives) per second and their latency.
+    #[serde(flatten)]
+    pub compared: Compared,
     /// Log entries group commit proposed during waymark's renewal phases: renewals are no
     /// log entries, so this stays 0.
     pub raft_entries: u64,
@@ -375,21 +398,11 @@ pub async fn run(params: Params, dir: &Path) -> anyhow::Result<WritesReport> {
                 into.push(phase);
             }
         }
-        let rates = |p: &[Phase]| Spread::of(&p.iter().map(|p| p.per_sec).collect::<Vec<_>>());
-        let p99s = |p: &[Phase]| Spread::of(&p.iter().map(|p| p.p99_ms).collect::<Vec<_>>());
-        let (wr, er) = (rates(&w), rates(&e));
+        let compared = Compared::of(&w, &e);
         by_clients.push(ClientsReport {
             clients,
-            waymark_per_sec: wr,
-            etcd_per_sec: er,
-            waymark_p99_ms: p99s(&w),
-            etcd_p99_ms: p99s(&e),
-            ratio: if er.median > 0.0 {
-                wr.median / er.median
-            } else {
-                0.0
-            },
-            waymark_changes_per_min: wr.median * 60.0,
+            waymark_changes_per_min: compared.waymark_per_sec.median * 60.0,
+            compared,
             waymark_phases: w,
             etcd_phases: e,
         });
@@ -410,7 +423,7 @@ pub async fn run(params: Params, dir: &Path) -> anyhow::Result<WritesReport> {
         } else {
             0.0
         },
-        ratio: first.ratio,
+        ratio: first.compared.ratio,
         changes_per_min: first.waymark_changes_per_min,
         by_clients,
         renewals,
@@ -491,20 +504,9 @@ async fn renewals(
         );
         e.push(phase);
     }
-    let rates = |p: &[Phase]| Spread::of(&p.iter().map(|p| p.per_sec).collect::<Vec<_>>());
-    let p99s = |p: &[Phase]| Spread::of(&p.iter().map(|p| p.p99_ms).collect::<Vec<_>>());
-    let (wr, er) = (rates(&w), rates(&e));
     Ok(RenewalsReport {
         clients,
-        waymark_per_sec: wr,
-        etcd_per_sec: er,
-        waymark_p99_ms: p99s(&w),
-        etcd_p99_ms: p99s(&e),
-        ratio: if er.median > 0.0 {
-            wr.median / er.median
-        } else {
-            0.0
-        },
+        compared: Compared::of(&w, &e),
         raft_entries: entries as u64,
         instances,
         etcd_leases: leases.len(),
