@@ -584,6 +584,14 @@ pub struct InstanceRecord {
     pub maintenance: Option<String>,
 }
 
+impl InstanceRecord {
+    /// Its lease length, if it holds a lease (registered instances; never orchestrated or
+    /// declared external ones).
+    pub fn leased(&self) -> Option<u64> {
+        self.lease_expires_at_ms.and(self.lease_ms)
+    }
+}
+
 /// The desired state. Serializable whole, for Raft snapshots.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesiredState {
@@ -831,13 +839,10 @@ impl DesiredState {
             .ok_or_else(|| RegistryError::UnknownInstance {
                 instance: id.clone(),
             })?;
-        match (record.lease_ms, record.lease_expires_at_ms) {
-            (Some(lease_ms), Some(_)) => Ok(lease_ms),
-            _ => Err(RegistryError::NotLeased {
-                instance: id.clone(),
-                origin: record.instance.origin,
-            }),
-        }
+        record.leased().ok_or_else(|| RegistryError::NotLeased {
+            instance: id.clone(),
+            origin: record.instance.origin,
+        })
     }
 
     /// Leased instances whose lease has ended at `now_ms`: the later of the committed end
@@ -860,8 +865,8 @@ impl DesiredState {
             .collect()
     }
 
-    /// The earliest lease end among live instances: when the leader should propose
-    /// [`Command::ExpireLeases`] next.
+    /// The earliest committed lease end among live instances (renewals the leader holds
+    /// may end a lease later).
     pub fn next_expiry_ms(&self) -> Option<u64> {
         self.instances
             .values()
@@ -955,16 +960,8 @@ impl DesiredState {
     }
 
     fn renew(&mut self, id: InstanceId) -> Result<Applied, RegistryError> {
-        let clock = self.clock_ms;
-        let record = self.live_mut(&id)?;
-        let (Some(lease_ms), Some(_)) = (record.lease_ms, record.lease_expires_at_ms) else {
-            return Err(RegistryError::NotLeased {
-                instance: id,
-                origin: record.instance.origin,
-            });
-        };
-        let expires_at_ms = clock.saturating_add(lease_ms);
-        record.lease_expires_at_ms = Some(expires_at_ms);
+        let expires_at_ms = self.clock_ms.saturating_add(self.renewable(&id)?);
+        self.live_mut(&id)?.lease_expires_at_ms = Some(expires_at_ms);
         Ok(Applied::Renewed { expires_at_ms })
     }
 
@@ -1077,11 +1074,12 @@ impl DesiredState {
     fn expire_these(&mut self, ids: Vec<InstanceId>) -> Applied {
         let mut expired = Vec::with_capacity(ids.len());
         for id in ids {
-            let leased = self
+            if self
                 .instances
                 .get(&id)
-                .is_some_and(|r| r.lease_ms.is_some() && r.lease_expires_at_ms.is_some());
-            if leased {
+                .and_then(InstanceRecord::leased)
+                .is_some()
+            {
                 self.retire(&id);
                 expired.push((id, RetireCause::LeaseExpired));
             }
