@@ -413,14 +413,7 @@ impl Inputs<'_> {
                 if still { Input::StillLeading } else { Input::Deposed }
             }
             Some(first) = self.feed.samples.recv() => {
-                let mut run = vec![first];
-                while run.len() < SAMPLES_RUN_MAX {
-                    match self.feed.samples.try_recv() {
-                        Ok(sample) => run.push(sample),
-                        Err(_) => break,
-                    }
-                }
-                Input::Samples(run)
+                Input::Samples(queued_run(first, &mut self.feed.samples, SAMPLES_RUN_MAX))
             }
             Some(denial) = self.feed.denials.recv() => Input::Denial(denial),
             Ok(()) = self.pressure.changed() => {
@@ -432,14 +425,7 @@ impl Inputs<'_> {
             _ = self.membership.changed() => Input::Membership,
             Some(query) = self.queries.recv() => Input::Query(query),
             Some(first) = self.renewals.recv() => {
-                let mut run = vec![first];
-                while run.len() < RENEWALS_RUN_MAX {
-                    match self.renewals.try_recv() {
-                        Ok(renewal) => run.push(renewal),
-                        Err(_) => break,
-                    }
-                }
-                Input::Renewals(run)
+                Input::Renewals(queued_run(first, self.renewals, RENEWALS_RUN_MAX))
             }
             () = sleep => Input::Timeout,
         }
@@ -454,6 +440,18 @@ impl Inputs<'_> {
         self.stashed = stashed;
         Input::Applied(run)
     }
+}
+
+/// `first` and what is already queued behind it on `rx`, up to `max` in all.
+fn queued_run<T>(first: T, rx: &mut mpsc::Receiver<T>, max: usize) -> Vec<T> {
+    let mut run = vec![first];
+    while run.len() < max {
+        match rx.try_recv() {
+            Ok(next) => run.push(next),
+            Err(_) => break,
+        }
+    }
+    run
 }
 
 /// `first` and the applied entries already queued behind it, up to `max`; the event that
