@@ -10,7 +10,7 @@
 //! It checks the snapshot's consistency before it is published: every load assignment is
 //! named by a cluster.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use envoy_types::pb::google::protobuf::Any;
@@ -89,9 +89,9 @@ pub struct SnapshotBuilder {
     clusters: BTreeMap<ServiceName, Encoded>,
     listeners: BTreeMap<ServiceName, Encoded>,
     routes: BTreeMap<ServiceName, Encoded>,
-    views: BTreeMap<ViewKey, (Version, Encoded)>,
-    /// Per view, the encoder that reuses its unchanged endpoints' encodings.
-    encoders: HashMap<ViewKey, EdsEncoder>,
+    /// Per view: its version, its encoded assignment, and the encoder that reuses its
+    /// unchanged endpoints' encodings next time.
+    views: BTreeMap<ViewKey, (Version, Encoded, EdsEncoder)>,
     /// The highest version ever held, so a snapshot's version never goes back when the
     /// view that carried it is removed with its service.
     high_water: u64,
@@ -110,7 +110,7 @@ impl SnapshotBuilder {
         if self
             .views
             .get(key)
-            .is_some_and(|(v, _)| *v >= released.version)
+            .is_some_and(|(v, _, _)| *v >= released.version)
         {
             return false;
         }
@@ -123,19 +123,20 @@ impl SnapshotBuilder {
             self.routes
                 .insert(s.clone(), encode(TYPE_ROUTE, &route_configuration(s)));
         }
-        let value = self
-            .encoders
-            .entry(key.clone())
-            .or_default()
-            .encode(released);
+        let mut encoder = self
+            .views
+            .remove(key)
+            .map(|(_, _, encoder)| encoder)
+            .unwrap_or_default();
         let encoded = Encoded {
             version: released.version.to_string(),
             resource: Arc::new(Any {
                 type_url: TYPE_ENDPOINT.to_owned(),
-                value,
+                value: encoder.encode(released),
             }),
         };
-        self.views.insert(key.clone(), (released.version, encoded));
+        self.views
+            .insert(key.clone(), (released.version, encoded, encoder));
         self.high_water = self.high_water.max(released.version.0);
         true
     }
@@ -146,7 +147,6 @@ impl SnapshotBuilder {
         self.listeners.remove(service);
         self.routes.remove(service);
         self.views.retain(|k, _| &k.service != service);
-        self.encoders.retain(|k, _| &k.service != service);
         self.clusters.remove(service).is_some()
     }
 
@@ -167,7 +167,7 @@ impl SnapshotBuilder {
         );
         let mut endpoints: BTreeMap<ZoneName, Resources> = BTreeMap::new();
         let mut version = self.high_water;
-        for (key, (v, e)) in &self.views {
+        for (key, (v, e, _)) in &self.views {
             version = version.max(v.0);
             endpoints
                 .entry(key.zone.clone())

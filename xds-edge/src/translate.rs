@@ -261,7 +261,7 @@ impl EdsEncoder {
         .encode_to_vec();
         for group in groups(released) {
             let head = LocalityLbEndpoints {
-                locality: group.locality.clone(),
+                locality: group.locality,
                 ..Default::default()
             }
             .encode_to_vec();
