@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import struct
+import zlib
 import subprocess
 import tempfile
 
@@ -249,6 +250,14 @@ write("raft_rpc", "install", b"\x02" + json.dumps({
              "snapshot_id": "2-1-4-1"},
     "offset": 0, "data": list(json.dumps(SNAPSHOT).encode()), "done": True}).encode())
 write("raft_rpc", "responses", b"\x03" + json.dumps({"Ok": {"Success": None}}).encode())
+SNAP_META = json.dumps({"last_log_id": {"leader_id": LEADER, "index": 4}, "last_membership": {
+    "log_id": None, "membership": {"configs": [[1]], "nodes": {"1": {"raft_addr": "127.0.0.1:8500",
+                                                                      "api_addr": "127.0.0.1:8500"}}}},
+    "snapshot_id": "2-4"}).encode()
+SNAP_DATA = json.dumps(SNAPSHOT).encode()
+write("raft_rpc", "snapshot-file", b"\x05" + b"WMRSNAP1" + struct.pack("<IQI", len(SNAP_META), len(SNAP_DATA),
+                                                                        zlib.crc32(SNAP_META + SNAP_DATA))
+      + SNAP_META + SNAP_DATA)
 
 # --- federation frames ---------------------------------------------------------------------------
 

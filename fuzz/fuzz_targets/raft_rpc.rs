@@ -1,12 +1,15 @@
 //! Raft RPC bodies and snapshots as a member decodes them: the JSON bodies of
 //! `POST /raft/append`, `/raft/vote` and `/raft/snapshot` (openraft's request types over
 //! the authority's `TypeConfig`), the responses a member's client decodes from its peers,
-//! and a snapshot's data (`AuthorityState`) — then what a member does with them: apply the
-//! entries' requests, and serve from and keep applying to an installed snapshot.
+//! a snapshot's data (`AuthorityState`), and the snapshot file a member reads at start —
+//! then what a member does with them: apply the entries' requests, and serve from and keep
+//! applying to an installed snapshot.
 //!
 //! Input: byte 0 picks the body; the rest is its JSON (`0` append, `1` vote, `2` install
-//! snapshot, `3` the peer responses, otherwise raw snapshot data). Checked: nothing panics;
-//! a decoded body re-encodes and decodes to itself; a decoded snapshot survives applying.
+//! snapshot, `3` the peer responses, `5` a whole snapshot file, otherwise raw snapshot
+//! data). Checked: nothing panics; a decoded body re-encodes and decodes to itself; a
+//! decoded snapshot file decodes the same once re-encoded; a decoded snapshot survives
+//! applying.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -18,7 +21,7 @@ use openraft::raft::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use waymark_agent::authority::raft::TypeConfig;
+use waymark_agent::authority::raft::{self, TypeConfig};
 use waymark_fuzz::{Limits, capped};
 use waymark_registry::machine::{AuthorityState, Request};
 use waymark_registry::state::{Command, Stamped};
@@ -60,9 +63,25 @@ fuzz_target!(|data: &[u8]| {
                 Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
             >(body);
         }
+        5 => snapshot_file(body),
         _ => install(body),
     }
 });
+
+/// A snapshot file as a member reads it at start: refused, or decoded into metadata and
+/// data that encode back to exactly the file (nothing read that was not checked).
+fn snapshot_file(body: &[u8]) {
+    let Ok((meta, data)) = raft::snapshot_file::decode(body.to_vec()) else {
+        return;
+    };
+    let mut again = raft::snapshot_file::encode_head(&meta, &data).expect("metadata encodes");
+    again.extend_from_slice(&data);
+    // The metadata's JSON may be spelled differently (spacing, key order); what is stable is
+    // that the re-encoded file decodes to the same snapshot.
+    let (meta2, data2) = raft::snapshot_file::decode(again).expect("an encoded file decodes");
+    assert_eq!((meta2, &data2), (meta, &data), "a snapshot file survives its encoding");
+    install(&data);
+}
 
 /// Decode, and if that works, check the value survives its own encoding.
 fn round_trip<T: Serialize + DeserializeOwned>(body: &[u8]) -> Option<T> {

@@ -19,6 +19,7 @@
 
 pub mod admission;
 mod network;
+pub mod snapshot_file;
 mod store;
 pub mod tls;
 

@@ -1,5 +1,7 @@
-//! Durable Raft storage on redb: the log, the vote, the committed index and the latest
-//! snapshot live in one redb file (`raft.redb`) in the member's data directory.
+//! Durable Raft storage: the log, the vote and the committed index live in one redb file
+//! (`raft.redb`) in the member's data directory, the latest snapshot in a file of its own
+//! beside it ([`super::snapshot_file`]), so that writing a snapshot never holds up a log
+//! append.
 //!
 //! The state machine itself ([`AuthorityState`]) is held in memory. It is rebuilt on start
 //! from the persisted snapshot plus the committed log tail, which openraft re-applies
@@ -29,6 +31,7 @@ use openraft::{
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{broadcast, watch};
 
+use super::snapshot_file::{SnapshotFile, SnapshotFileError, Stored as StoredSnapshot};
 use super::{Member, TypeConfig};
 use waymark_registry::machine::{AuthorityState, Request, Response};
 
@@ -39,11 +42,11 @@ pub const DB_FILE: &str = "raft.redb";
 const LOGS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("raft_logs");
 /// Small records by name, JSON-encoded: see the `KEY_*` constants.
 pub(super) const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("raft_meta");
-/// The latest snapshot (`KEY_SNAPSHOT_META`, `KEY_SNAPSHOT_DATA`), in a table of its own:
-/// redb keeps a value in its B-tree leaf, and a leaf is copied whole by any insert into it,
-/// so a snapshot beside the committed index made every log append copy (and sync) the
-/// snapshot. Files written before this table existed hold the snapshot in `META`; it is
-/// read from there until the next snapshot moves it.
+/// Where older builds kept the latest snapshot (`KEY_SNAPSHOT_META`, `KEY_SNAPSHOT_DATA`);
+/// older still, in `META`. It is read from there until the first snapshot is written to the
+/// snapshot file, which removes it. (In the database, a snapshot's write transaction held
+/// redb's one writer, so every log append waited for tens of megabytes to be copied and
+/// synced.)
 const SNAPSHOT: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("raft_snapshot");
 
 const KEY_VOTE: &str = "vote";
@@ -106,6 +109,9 @@ pub enum StoreError {
     /// A stored record did not decode. The file is damaged or from an incompatible version.
     #[error("raft record does not decode")]
     Codec(#[from] serde_json::Error),
+    /// The snapshot file could not be read or written.
+    #[error("raft snapshot file")]
+    Snapshot(#[from] SnapshotFileError),
     /// The blocking task running the operation panicked or was cancelled.
     #[error("raft storage task failed")]
     Task(#[from] tokio::task::JoinError),
@@ -183,16 +189,28 @@ pub(crate) fn open(
         source,
     })?;
     let (closed_tx, closed) = watch::channel(());
-    let db = Arc::new(Db {
-        db: Database::create(dir.join(DB_FILE))?,
-        _closed: closed_tx,
-    });
-    let txn = db.db.begin_write()?;
+    let (snapshots, snapshot) = SnapshotFile::open(dir)?;
+    let database = Database::create(dir.join(DB_FILE))?;
+    let txn = database.begin_write()?;
     txn.open_table(LOGS)?;
     txn.open_table(META)?;
     txn.commit()?;
+    let (snapshot, legacy) = match snapshot {
+        Some(snapshot) => (Some(snapshot), false),
+        None => {
+            let legacy = load_legacy_snapshot(&database)?;
+            let found = legacy.is_some();
+            (legacy, found)
+        }
+    };
+    let db = Arc::new(Db {
+        legacy_snapshot: AtomicBool::new(legacy),
+        db: database,
+        snapshots,
+        _closed: closed_tx,
+    });
 
-    let (state, applied) = match load_snapshot(&db.db)? {
+    let (state, applied) = match snapshot {
         Some((meta, data)) => {
             let state: AuthorityState = serde_json::from_slice(&data)?;
             let applied = AppliedMeta {
@@ -233,10 +251,14 @@ pub(crate) fn open(
     Ok((log, sm, shared))
 }
 
-/// The open database. Fields drop in order: the database closes (releasing its file
-/// lock) before `_closed` drops and wakes whoever waits for the close.
+/// The open database and snapshot file. Fields drop in order: the database closes
+/// (releasing its file lock) before `_closed` drops and wakes whoever waits for the close.
 pub(crate) struct Db {
     db: Database,
+    snapshots: SnapshotFile,
+    /// The database still holds the snapshot a build before the snapshot file wrote there;
+    /// it is read from there until a snapshot is written to the file, then removed.
+    legacy_snapshot: AtomicBool,
     _closed: watch::Sender<()>,
 }
 
@@ -246,8 +268,17 @@ where
     F: FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
     T: Send + 'static,
 {
+    on_store(db, move |db| f(&db.db)).await
+}
+
+/// Run an operation on the database or the snapshot file on the blocking pool.
+async fn on_store<T, F>(db: &Arc<Db>, f: F) -> Result<T, StoreError>
+where
+    F: FnOnce(&Db) -> Result<T, StoreError> + Send + 'static,
+    T: Send + 'static,
+{
     let db = Arc::clone(db);
-    tokio::task::spawn_blocking(move || f(&db.db)).await?
+    tokio::task::spawn_blocking(move || f(&db)).await?
 }
 
 fn get_meta<T: serde::de::DeserializeOwned>(
@@ -273,9 +304,9 @@ fn put_meta<T: serde::Serialize>(db: &Database, key: &str, value: &T) -> Result<
     Ok(())
 }
 
-pub(super) type StoredSnapshot = (SnapshotMeta<NodeId, Member>, Vec<u8>);
-
-pub(super) fn load_snapshot(db: &Database) -> Result<Option<StoredSnapshot>, StoreError> {
+/// The snapshot a build before the snapshot file kept in the database: in its own table,
+/// or, older still, beside the small records.
+pub(super) fn load_legacy_snapshot(db: &Database) -> Result<Option<StoredSnapshot>, StoreError> {
     let txn = db.begin_read()?;
     let table = match txn.open_table(SNAPSHOT) {
         Ok(table) => table,
@@ -284,28 +315,43 @@ pub(super) fn load_snapshot(db: &Database) -> Result<Option<StoredSnapshot>, Sto
     };
     let (Some(meta), Some(data)) = (table.get(KEY_SNAPSHOT_META)?, table.get(KEY_SNAPSHOT_DATA)?)
     else {
+        // A file that had the snapshot table kept nothing beside the small records.
         return Ok(None);
     };
     let meta = serde_json::from_slice(meta.value())?;
     Ok(Some((meta, data.value().to_vec())))
 }
 
+/// The latest snapshot: the file's, or the database's until the first file is written.
+pub(super) fn load_snapshot(db: &Db) -> Result<Option<StoredSnapshot>, StoreError> {
+    if let Some(stored) = db.snapshots.load()? {
+        return Ok(Some(stored));
+    }
+    if db.legacy_snapshot.load(Ordering::Acquire) {
+        return load_legacy_snapshot(&db.db);
+    }
+    Ok(None)
+}
+
+/// Make this the latest snapshot, durably (unless a newer one is already held). The first
+/// snapshot written to the file removes the one an older build kept in the database.
 pub(super) fn save_snapshot(
-    db: &Database,
+    db: &Db,
     meta: &SnapshotMeta<NodeId, Member>,
     data: &[u8],
 ) -> Result<(), StoreError> {
-    let meta = serde_json::to_vec(meta)?;
-    let txn = db.begin_write()?;
-    {
-        let mut table = txn.open_table(SNAPSHOT)?;
-        table.insert(KEY_SNAPSHOT_META, meta.as_slice())?;
-        table.insert(KEY_SNAPSHOT_DATA, data)?;
-        let mut old = txn.open_table(META)?;
-        old.remove(KEY_SNAPSHOT_META)?;
-        old.remove(KEY_SNAPSHOT_DATA)?;
+    if db.snapshots.save(meta, data)? && db.legacy_snapshot.swap(false, Ordering::AcqRel) {
+        let txn = db.db.begin_write()?;
+        {
+            for table in [SNAPSHOT, META] {
+                let mut table = txn.open_table(table)?;
+                table.remove(KEY_SNAPSHOT_META)?;
+                table.remove(KEY_SNAPSHOT_DATA)?;
+            }
+        }
+        txn.commit()?;
+        tracing::info!("the snapshot an older build kept in the log's database was removed");
     }
-    txn.commit()?;
     Ok(())
 }
 
@@ -936,7 +982,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let state: AuthorityState = serde_json::from_slice(&data)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         let stored = meta.clone();
-        blocking(&self.db, move |db| save_snapshot(db, &stored, &data))
+        on_store(&self.db, move |db| save_snapshot(db, &stored, &data))
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         {
@@ -961,7 +1007,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
-        let stored = blocking(&self.db, load_snapshot)
+        let stored = on_store(&self.db, load_snapshot)
             .await
             .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
         Ok(stored.map(|(meta, data)| Snapshot {
@@ -1005,7 +1051,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let shared = self.shared.clone();
         // Serializing the whole state is CPU work and holds the read lock (blocking
         // appliers), so it runs off the async workers.
-        let (meta, data) = blocking(&self.db, move |db| {
+        let (meta, data) = on_store(&self.db, move |db| {
             let (applied, data) = encode_state(&shared)?;
             let snapshot_id = match applied.last_applied {
                 Some(l) => format!("{}-{}", l.leader_id.term, l.index),

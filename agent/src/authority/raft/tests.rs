@@ -190,46 +190,142 @@ fn a_committed_index_hint_that_does_not_decode_is_ignored() {
     }
 }
 
-#[test]
-fn a_snapshot_kept_beside_the_small_records_is_still_read_and_moved_by_the_next() {
-    // Goal: a file written when the snapshot lived in the metadata table still opens with
-    // its snapshot; the next snapshot goes to its own table and leaves none behind.
-    use openraft::{SnapshotMeta, StoredMembership};
-    use redb::ReadableDatabase as _;
-    let dir = TempDir::new().unwrap();
-    let db = redb::Database::create(dir.path().join("old.redb")).unwrap();
-    let meta = |index| SnapshotMeta::<u64, Member> {
+fn snapshot_meta(index: u64) -> openraft::SnapshotMeta<u64, Member> {
+    openraft::SnapshotMeta {
         last_log_id: Some(LogId::new(CommittedLeaderId::new(1, 1), index)),
-        last_membership: StoredMembership::default(),
+        last_membership: openraft::StoredMembership::default(),
         snapshot_id: format!("s{index}"),
-    };
+    }
+}
+
+/// A state that differs from the default by `index`, encoded as a snapshot holds it.
+fn snapshot_data(index: u64) -> Vec<u8> {
+    let mut state = AuthorityState::default();
+    state.apply(put_service(index));
+    serde_json::to_vec(&state).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_an_older_build_kept_in_the_database_is_read_then_moved_to_the_file() {
+    // Goal: a data directory whose snapshot sits in the log's database (beside the small
+    // records, as the oldest builds wrote it) opens with that snapshot's state; the next
+    // snapshot goes to the snapshot file, and the database keeps none behind.
+    use openraft::storage::RaftStateMachine as _;
+    let dir = TempDir::new().unwrap();
     {
+        let db = redb::Database::create(dir.path().join(DB_FILE)).unwrap();
         let txn = db.begin_write().unwrap();
         {
             let mut old = txn.open_table(store::META).unwrap();
-            let encoded = serde_json::to_vec(&meta(5)).unwrap();
+            let encoded = serde_json::to_vec(&snapshot_meta(5)).unwrap();
             old.insert(store::KEY_SNAPSHOT_META, encoded.as_slice())
                 .unwrap();
-            old.insert(store::KEY_SNAPSHOT_DATA, b"old".as_slice())
+            old.insert(store::KEY_SNAPSHOT_DATA, snapshot_data(5).as_slice())
                 .unwrap();
         }
         txn.commit().unwrap();
     }
-    let (held, data) = store::load_snapshot(&db).unwrap().unwrap();
-    assert_eq!(
-        (held.snapshot_id.as_str(), data.as_slice()),
-        ("s5", &b"old"[..])
+    let (events, _) = broadcast::channel(16);
+    let (_log, mut sm, shared) = store::open(dir.path(), events).unwrap();
+    assert_eq!(shared.applied_meta().last_applied.map(|l| l.index), Some(5));
+    let held = sm.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(held.meta.snapshot_id, "s5");
+    assert!(!dir.path().join(snapshot_file::SNAPSHOT_FILE).exists());
+
+    sm.install_snapshot(
+        &snapshot_meta(9),
+        Box::new(std::io::Cursor::new(snapshot_data(9))),
+    )
+    .await
+    .unwrap();
+    let held = sm.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(held.meta.snapshot_id, "s9");
+    assert_eq!(held.snapshot.into_inner(), snapshot_data(9));
+    let on_disk = snapshot_file::decode(
+        std::fs::read(dir.path().join(snapshot_file::SNAPSHOT_FILE)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(on_disk.0.snapshot_id, "s9");
+    drop((_log, sm, shared));
+    let db = redb::Database::open(dir.path().join(DB_FILE)).unwrap();
+    assert!(store::load_legacy_snapshot(&db).unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_snapshot_never_replaces_a_newer_one_and_both_survive_a_reopen() {
+    // Goal: a snapshot built from an older state that finishes after a newer one was
+    // installed is not written over it (the log before the newer one may be purged), and a
+    // reopened store starts from the newest.
+    use openraft::storage::RaftStateMachine as _;
+    let dir = TempDir::new().unwrap();
+    {
+        let (events, _) = broadcast::channel(16);
+        let (_log, mut sm, _) = store::open(dir.path(), events).unwrap();
+        sm.install_snapshot(
+            &snapshot_meta(9),
+            Box::new(std::io::Cursor::new(snapshot_data(9))),
+        )
+        .await
+        .unwrap();
+        sm.install_snapshot(
+            &snapshot_meta(4),
+            Box::new(std::io::Cursor::new(snapshot_data(4))),
+        )
+        .await
+        .unwrap();
+        let held = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(held.meta.snapshot_id, "s9");
+    }
+    let (events, _) = broadcast::channel(16);
+    let (_log, _sm, shared) = store::open(dir.path(), events).unwrap();
+    assert_eq!(shared.applied_meta().last_applied.map(|l| l.index), Some(9));
+    let want: AuthorityState = serde_json::from_slice(&snapshot_data(9)).unwrap();
+    assert_eq!(*shared.state.read().unwrap(), want);
+}
+
+#[test]
+fn a_damaged_snapshot_file_is_refused_with_what_is_wrong_and_the_store_does_not_open() {
+    // Goal: a snapshot file that was cut short, altered, extended or is not one at all is
+    // refused with a reason naming it; the member does not start from a state it cannot
+    // trust, and an unfinished write's temporary file is simply removed.
+    use snapshot_file::{SnapshotFileError as E, decode, encode_head};
+    let data = snapshot_data(3);
+    let mut whole = encode_head(&snapshot_meta(3), &data).unwrap();
+    whole.extend_from_slice(&data);
+    let (meta, back) = decode(whole.clone()).unwrap();
+    assert_eq!((meta, back), (snapshot_meta(3), data.clone()));
+
+    let cut = whole[..whole.len() - 1].to_vec();
+    assert!(matches!(decode(cut.clone()), Err(E::Truncated { .. })));
+    let mut longer = whole.clone();
+    longer.push(0);
+    assert!(matches!(decode(longer), Err(E::Trailing { extra: 1 })));
+    let mut flipped = whole.clone();
+    *flipped.last_mut().unwrap() ^= 1;
+    assert!(matches!(decode(flipped), Err(E::Checksum { .. })));
+    let mut other = whole.clone();
+    other[7] = b'9';
+    assert!(matches!(decode(other), Err(E::Magic)));
+    let mut huge = whole.clone();
+    huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(decode(huge), Err(E::MetaTooLong { .. })));
+    assert!(matches!(decode(vec![0; 3]), Err(E::Truncated { .. })));
+
+    let dir = TempDir::new().unwrap();
+    std::fs::write(dir.path().join(snapshot_file::SNAPSHOT_FILE), &cut).unwrap();
+    let (events, _) = broadcast::channel(16);
+    let refused = store::open(dir.path(), events).err().unwrap();
+    assert!(
+        matches!(&refused, StoreError::Snapshot(E::Truncated { .. })),
+        "{refused:?}"
     );
 
-    store::save_snapshot(&db, &meta(9), b"new").unwrap();
-    let (held, data) = store::load_snapshot(&db).unwrap().unwrap();
-    assert_eq!(
-        (held.snapshot_id.as_str(), data.as_slice()),
-        ("s9", &b"new"[..])
-    );
-    let txn = db.begin_read().unwrap();
-    let old = txn.open_table(store::META).unwrap();
-    assert!(old.get(store::KEY_SNAPSHOT_DATA).unwrap().is_none());
+    std::fs::write(dir.path().join(snapshot_file::SNAPSHOT_FILE), &whole).unwrap();
+    std::fs::write(dir.path().join("snapshot.bin.tmp"), b"half a snap").unwrap();
+    let (events, _) = broadcast::channel(16);
+    let (_log, _sm, shared) = store::open(dir.path(), events).unwrap();
+    assert_eq!(shared.applied_meta().last_applied.map(|l| l.index), Some(3));
+    assert!(!dir.path().join("snapshot.bin.tmp").exists());
 }
 
 #[test]
