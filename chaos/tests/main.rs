@@ -6,6 +6,7 @@
 
 mod common;
 
+mod bench_fanout;
 mod bench_ingest;
 mod bench_writes;
 mod drill_bad_health_check;

@@ -40,6 +40,23 @@ enum Command {
         /// The run folder (or its report.json).
         dir: std::path::PathBuf,
     },
+    /// The server side of one `bench fanout` phase, in a process of its own (the bench
+    /// starts it and drives it over standard input).
+    #[command(hide = true)]
+    FanoutServe {
+        /// `xds` (waymark's ADS server) or `limit` (pre-encoded frames on plain HTTP/2).
+        #[arg(long)]
+        kind: waymark_chaos::fanout::ServerKind,
+        /// Endpoints in the view.
+        #[arg(long)]
+        endpoints: usize,
+        /// Highest version to publish.
+        #[arg(long)]
+        versions: usize,
+        /// Streams to admit.
+        #[arg(long)]
+        subscriptions: usize,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -349,15 +366,21 @@ enum Bench {
     },
     /// Withdrawals through the real ADS server to N Delta streams, against plain HTTP/2.
     Fanout {
-        /// Delta streams to open (one connection each).
+        /// Delta streams to open.
         #[arg(long, default_value_t = 2_000)]
         subscriptions: usize,
+        /// Streams multiplexed over each HTTP/2 connection (the server admits at most 64).
+        #[arg(long, default_value_t = 50)]
+        streams_per_connection: usize,
         /// Withdrawals to publish, one after another.
         #[arg(long, default_value_t = 50)]
         withdrawals: usize,
         /// Endpoints in the view.
         #[arg(long, default_value_t = 50)]
         endpoints: usize,
+        /// Runs of both phases; the report gives medians and each run.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
     },
     /// A new leader decoding the snapshot, rebuilding computed state, releasing, committing
     /// and serving every view; at the prototype and the reference size unless sized.
@@ -454,6 +477,22 @@ fn main() -> anyhow::Result<()> {
         Command::Bench { which } => which,
         Command::Run { which } => return run_drill(which),
         Command::Report { dir } => return rebuild_report(&dir),
+        Command::FanoutServe {
+            kind,
+            endpoints,
+            versions,
+            subscriptions,
+        } => {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            return runtime.block_on(waymark_chaos::fanout::serve(
+                kind,
+                endpoints,
+                versions,
+                subscriptions,
+            ));
+        }
     };
     let json = match which {
         Bench::Resolve {
@@ -477,11 +516,21 @@ fn main() -> anyhow::Result<()> {
             }
             serde_json::to_string(&bench::evaluator(&shapes, samples, failing_permille, repeats))
         }
-        Bench::Fanout { subscriptions, withdrawals, endpoints } => {
-            anyhow::ensure!(subscriptions > 0 && withdrawals > 0 && endpoints > 1, "counts must be positive");
-            eprintln!("bench fanout: {subscriptions} Delta streams, {withdrawals} withdrawals of {endpoints} endpoints");
+        Bench::Fanout { subscriptions, streams_per_connection, withdrawals, endpoints, repeats } => {
+            let params = waymark_chaos::fanout::Params {
+                subscriptions,
+                streams_per_connection,
+                withdrawals,
+                endpoints,
+                repeats,
+            };
+            eprintln!(
+                "bench fanout: {subscriptions} Delta streams over {} connections, {withdrawals} withdrawals of {endpoints} endpoints, {repeats} runs",
+                params.connections()
+            );
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            serde_json::to_string(&runtime.block_on(waymark_chaos::fanout::run(subscriptions, withdrawals, endpoints))?)
+            let drill = std::env::current_exe()?;
+            serde_json::to_string(&runtime.block_on(waymark_chaos::fanout::run(params, &drill))?)
         }
         Bench::Rebuild { shape } => {
             let mut sizes = Vec::new();

@@ -1,0 +1,49 @@
+//! `waymark-drill bench fanout`, smoke-sized: the real ADS server in a process of its own
+//! and the plain HTTP/2 limit after it, the same multiplexed tonic subscribers on both. The
+//! full-size run is a separate command (README, "Benchmarks"); this only proves the bench
+//! measures what it says — every subscriber received every withdrawal on both servers, and
+//! the server's memory and CPU are measured in its own process — never how fast.
+
+use std::process::Command;
+
+#[test]
+fn the_fanout_bench_reaches_every_subscriber_of_both_servers_over_shared_connections() {
+    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
+        .args(["bench", "fanout", "--subscriptions", "90"])
+        .args(["--streams-per-connection", "20", "--withdrawals", "4"])
+        .args(["--endpoints", "10", "--repeats", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let r: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap())
+        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    assert_eq!(r["bench"], "fanout");
+    // 90 streams at 20 a connection: five connections, the last carrying 10.
+    assert_eq!(
+        (r["subscriptions"].as_u64(), r["connections"].as_u64()),
+        (Some(90), Some(5))
+    );
+    let run = &r["runs"][0];
+    // Both phases finished (the bench fails unless every subscriber received every
+    // withdrawal), and each server's CPU was measured in its own process.
+    assert!(run["server_cpu_s"].as_f64().unwrap() >= 0.0, "{r:#}");
+    assert!(run["limit_server_cpu_s"].as_f64().unwrap() >= 0.0, "{r:#}");
+    assert!(
+        run["p50_ms"].as_f64().unwrap() <= run["p99_ms"].as_f64().unwrap(),
+        "{r:#}"
+    );
+    assert!(
+        run["messages_per_cpu_second"].as_f64().unwrap() > 0.0,
+        "{r:#}"
+    );
+    assert!(
+        run["limit_messages_per_cpu_second"].as_f64().unwrap() > 0.0,
+        "{r:#}"
+    );
+    assert!(
+        !stderr.contains("fanout subscriber"),
+        "a subscriber failed:\n{stderr}"
+    );
+}
