@@ -283,9 +283,11 @@ async fn phase(kind: ServerKind, params: Params, drill: &Path) -> anyhow::Result
     }
     let client_cpu = cpu_time().saturating_sub(client_cpu0);
     let done = server.stats().await?;
+    // Drop the clients before the server goes: a subscriber that saw its connection
+    // close would report an error that is only the teardown.
     clients.abort_all();
-    server.stop().await?;
     while clients.join_next().await.is_some() {}
+    server.stop().await?;
     let server_cpu = done.cpu.saturating_sub(subscribed.cpu);
     Ok(Phase {
         completions,

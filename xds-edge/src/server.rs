@@ -27,15 +27,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use tokio::sync::{mpsc, watch};
-use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 use waymark_core::model::ZoneName;
@@ -44,6 +42,7 @@ use waymark_certs::grpc::{GrpcLimits, IncomingConfig, PeerInfo};
 
 use crate::admission::{AdmissionConfig, AdmissionController, Admit};
 use crate::protocol::{Ack, DeltaState, SotwState};
+use crate::service::AdsService;
 use crate::snapshot::{Resources, Snapshot};
 use crate::sync::{ClientSync, SyncRegistry};
 use crate::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
@@ -227,11 +226,14 @@ impl XdsServer {
         )
     }
 
-    /// The tonic service to add to a server, with the configured message size limits.
-    pub fn service(&self) -> AggregatedDiscoveryServiceServer<Self> {
-        AggregatedDiscoveryServiceServer::new(self.clone())
-            .max_decoding_message_size(self.inner.config.request_bytes_max)
-            .max_encoding_message_size(self.inner.config.response_bytes_max)
+    /// The tonic service to add to a server, with the configured message size limits and
+    /// small per-stream codec buffers (see [`crate::service`]).
+    pub fn service(&self) -> AdsService {
+        AdsService::new(
+            self.clone(),
+            self.inner.config.request_bytes_max,
+            self.inner.config.response_bytes_max,
+        )
     }
 
     /// Serve ADS in plain text on `listener` until `shutdown` resolves, with HTTP/2
@@ -385,7 +387,8 @@ impl XdsServer {
         let mut stream = ProtocolStream::<F>::new(self.inner.clone(), stream_id, &node, tx);
         stream.core.identity = identity_for_filter;
         tokio::spawn(stream.run(first, inbound).instrument(span));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let responses = ReceiverStream::new(rx).map(|item| item.map(|r| *r).map_err(|s| *s));
+        Ok(Response::new(Box::pin(responses)))
     }
 }
 
@@ -428,12 +431,17 @@ struct StreamCore<T> {
     zone: Option<ZoneName>,
     node_id: String,
     identity: Option<String>,
-    tx: mpsc::Sender<Result<T, Status>>,
+    tx: mpsc::Sender<Outbound<T>>,
     nonces: u64,
 }
 
+/// What a stream's task hands its gRPC response body: boxed, because a tokio channel
+/// allocates its slots 32 at a time when it is made, and a response or status held inline
+/// made that ~9 KiB for every open stream — more than the rest of a subscription together.
+type Outbound<T> = Result<Box<T>, Box<Status>>;
+
 impl<T> StreamCore<T> {
-    fn new(inner: Arc<Inner>, id: u64, node: &Node, tx: mpsc::Sender<Result<T, Status>>) -> Self {
+    fn new(inner: Arc<Inner>, id: u64, node: &Node, tx: mpsc::Sender<Outbound<T>>) -> Self {
         let zone = node
             .locality
             .as_ref()
@@ -457,7 +465,11 @@ impl<T> StreamCore<T> {
 
     /// Send, or report the client as slow. `false` ends the stream.
     async fn send(&self, message: T) -> bool {
-        match tokio::time::timeout(self.inner.config.send_timeout, self.tx.send(Ok(message))).await
+        match tokio::time::timeout(
+            self.inner.config.send_timeout,
+            self.tx.send(Ok(Box::new(message))),
+        )
+        .await
         {
             Ok(Ok(())) => {
                 self.inner.stats.responses.fetch_add(1, Ordering::Relaxed);
@@ -470,9 +482,9 @@ impl<T> StreamCore<T> {
                     .slow_consumers
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(stream_id = self.id, "client stopped reading; disconnecting");
-                let _ = self.tx.try_send(Err(Status::resource_exhausted(
+                let _ = self.tx.try_send(Err(Box::new(Status::resource_exhausted(
                     "client did not read its responses in time",
-                )));
+                ))));
                 false
             }
         }
@@ -651,7 +663,7 @@ impl<F: Flavor> ProtocolStream<F> {
         inner: Arc<Inner>,
         id: u64,
         node: &Node,
-        tx: mpsc::Sender<Result<F::Response, Status>>,
+        tx: mpsc::Sender<Outbound<F::Response>>,
     ) -> Self {
         Self {
             core: StreamCore::new(inner, id, node, tx),
@@ -664,9 +676,11 @@ impl<F: Flavor> ProtocolStream<F> {
         let mut snapshots = self.core.inner.snapshots.clone();
         snapshots.mark_unchanged();
         let mut next = Some(first);
+        // `handle` and `push_all` are boxed while they run: inlined, their state made this
+        // future — which every open stream keeps for its whole life — over 5 KiB.
         loop {
             if let Some(req) = next.take()
-                && !self.handle(req).await
+                && !Box::pin(self.handle(req)).await
             {
                 return;
             }
@@ -679,12 +693,12 @@ impl<F: Flavor> ProtocolStream<F> {
                         // malformed) ends the stream; say why, in case the client is
                         // still there to hear it.
                         tracing::debug!(code = ?status.code(), message = status.message(), "stream ended: the request side failed");
-                        let _ = self.core.tx.try_send(Err(status));
+                        let _ = self.core.tx.try_send(Err(Box::new(status)));
                         return;
                     }
                 },
                 changed = snapshots.changed() => {
-                    if changed.is_err() || !self.push_all().await {
+                    if changed.is_err() || !Box::pin(self.push_all()).await {
                         return;
                     }
                 }
@@ -738,7 +752,7 @@ impl<F: Flavor> ProtocolStream<F> {
         let status = Status::resource_exhausted(format!(
             "resource names: {total} on this stream, at most {max}; subscribe by wildcard or split across streams"
         ));
-        let send = self.core.tx.send(Err(status));
+        let send = self.core.tx.send(Err(Box::new(status)));
         let _ = tokio::time::timeout(self.core.inner.config.send_timeout, send).await;
         false
     }

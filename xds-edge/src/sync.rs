@@ -138,6 +138,10 @@ impl SyncRegistry {
 
     fn type_mut(&mut self, stream_id: u64, type_url: &str) -> Option<&mut TypeSync> {
         let c = self.clients.get_mut(&stream_id)?;
-        Some(c.types.entry(type_url.to_owned()).or_default())
+        // Every send and ACK comes here: only a type's first use allocates its key.
+        if !c.types.contains_key(type_url) {
+            c.types.insert(type_url.to_owned(), TypeSync::default());
+        }
+        c.types.get_mut(type_url)
     }
 }
