@@ -4,21 +4,23 @@
 //! measures what it says — every subscriber received every withdrawal on both servers, and
 //! the server's memory and CPU are measured in its own process — never how fast.
 
-use std::process::Command;
-
 #[test]
 fn the_fanout_bench_reaches_every_subscriber_of_both_servers_over_shared_connections() {
-    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
-        .args(["bench", "fanout", "--subscriptions", "90"])
-        .args(["--streams-per-connection", "20", "--withdrawals", "4"])
-        .args(["--endpoints", "10", "--repeats", "1"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let r: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap())
-        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    let args = [
+        "fanout",
+        "--subscriptions",
+        "90",
+        "--streams-per-connection",
+        "20",
+        "--withdrawals",
+        "4",
+        "--endpoints",
+        "10",
+        "--repeats",
+        "1",
+    ]
+    .map(std::ffi::OsStr::new);
+    let (r, stderr) = crate::common::bench_report(&args);
     assert_eq!(r["bench"], "fanout");
     // 90 streams at 20 a connection: five connections, the last carrying 10.
     assert_eq!(

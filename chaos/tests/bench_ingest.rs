@@ -7,24 +7,33 @@
 //! Needs the `waymark` binary next to `waymark-drill` or `WAYMARK_BIN`.
 #![allow(clippy::unwrap_used)]
 
-use std::process::Command;
-
 #[test]
 fn the_ingest_bench_counts_what_the_authority_admitted() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
-        .args(["bench", "ingest", "--services", "4", "--estate", "120"])
-        .args(["--sessions", "6", "--batch", "64", "--seconds", "1"])
-        .args(["--warmup", "1", "--limit-seconds", "0", "--repeats", "1"])
-        .arg("--dir")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let r: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap())
-        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    let mut args = [
+        "ingest",
+        "--services",
+        "4",
+        "--estate",
+        "120",
+        "--sessions",
+        "6",
+        "--batch",
+        "64",
+        "--seconds",
+        "1",
+        "--warmup",
+        "1",
+        "--limit-seconds",
+        "0",
+        "--repeats",
+        "1",
+        "--dir",
+    ]
+    .map(std::ffi::OsStr::new)
+    .to_vec();
+    args.push(dir.path().as_os_str());
+    let (r, _stderr) = crate::common::bench_report(&args);
     assert_eq!(r["bench"], "ingest");
     assert_eq!(r["instances"], 120, "{r:#}");
     // Every class is in the stream: each instance has a prober, a host relaying its

@@ -7,31 +7,29 @@
 //! Needs the `waymark` binary next to `waymark-drill` or `WAYMARK_BIN`.
 #![allow(clippy::unwrap_used)]
 
-use std::process::Command;
-
 #[test]
 fn the_writes_bench_measures_both_stores_on_the_same_work() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
-        .args([
-            "bench",
-            "writes",
-            "--clients",
-            "8",
-            "--seconds",
-            "1",
-            "--repeats",
-            "1",
-        ])
-        .args(["--services", "8", "--estate", "200", "--hold", "4", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let r: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap())
-        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    let mut args = [
+        "writes",
+        "--clients",
+        "8",
+        "--seconds",
+        "1",
+        "--repeats",
+        "1",
+        "--services",
+        "8",
+        "--estate",
+        "200",
+        "--hold",
+        "4",
+        "--dir",
+    ]
+    .map(std::ffi::OsStr::new)
+    .to_vec();
+    args.push(dir.path().as_os_str());
+    let (r, _stderr) = crate::common::bench_report(&args);
     assert_eq!(r["bench"], "writes");
     assert!(
         r["etcd_version"].as_str().unwrap().contains("etcd"),

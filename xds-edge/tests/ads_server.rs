@@ -543,3 +543,51 @@ async fn a_request_over_the_size_cap_ends_its_stream_before_it_is_decoded() {
     let mut next = DeltaClient::open(&fx, "next").await.unwrap();
     assert_eq!(next.next().await.type_url, TYPE_CLUSTER);
 }
+
+#[tokio::test]
+async fn responses_many_times_the_codecs_starting_buffer_arrive_whole_release_after_release() {
+    // Goal: the ADS service starts each stream's codec buffers small
+    // (`waymark_xds::service::CODEC_BUFFER_BYTES`); responses far larger, then small, then
+    // large again, still arrive whole and decode to every endpoint.
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use prost::Message as _;
+    let mut fx = Fixture::start(ServerConfig::default()).await;
+    let everyone: Vec<u8> = (1..=200).collect();
+    fx.publish(view(1, &everyone));
+    let mut c = DeltaClient::open(&fx, "envoy-big").await.unwrap();
+    let cds = c.next().await;
+    c.send(ack(&cds)).await;
+    c.send(DeltaDiscoveryRequest {
+        type_url: TYPE_ENDPOINT.into(),
+        resource_names_subscribe: vec!["pay".into()],
+        ..Default::default()
+    })
+    .await;
+    let endpoints = |resp: &DeltaDiscoveryResponse| {
+        let any = resp.resources[0].resource.as_ref().unwrap();
+        let cla = ClusterLoadAssignment::decode(any.value.as_slice()).unwrap();
+        (
+            resp.resources[0].version.clone(),
+            cla.endpoints
+                .iter()
+                .map(|l| l.lb_endpoints.len())
+                .sum::<usize>(),
+            resp.encoded_len(),
+        )
+    };
+    let first = c.next().await;
+    let (version, count, len) = endpoints(&first);
+    assert_eq!((version.as_str(), count), ("1", 200));
+    assert!(
+        len > 16 * waymark_xds::service::CODEC_BUFFER_BYTES,
+        "the response ({len} bytes) must dwarf the starting buffer"
+    );
+    c.send(ack(&first)).await;
+    for (version, members) in [(2, &everyone[..1]), (3, &everyone[..])] {
+        fx.publish(view(version, members));
+        let resp = c.next().await;
+        let (got, count, _) = endpoints(&resp);
+        assert_eq!((got, count), (version.to_string(), members.len()));
+        c.send(ack(&resp)).await;
+    }
+}

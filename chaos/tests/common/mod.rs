@@ -68,3 +68,20 @@ fn run(drill: &str, extra: &[&str], dir: &Path) -> (serde_json::Value, bool, Str
     assert!(dir.join("report.html").is_file(), "no report.html");
     (report, out.status.success(), stderr)
 }
+
+/// Runs `waymark-drill bench <args>`, requires a successful exit, and returns the JSON
+/// report from its last stdout line with its stderr (for assertions' messages).
+#[allow(dead_code)] // the drill test files run no bench
+pub(crate) fn bench_report(args: &[&std::ffi::OsStr]) -> (serde_json::Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_waymark-drill"))
+        .arg("bench")
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr:\n{stderr}"));
+    (report, stderr)
+}
