@@ -738,20 +738,15 @@ fn percentile_ms(samples: &[Duration], q: f64) -> f64 {
     v[idx].as_secs_f64() * 1e3
 }
 
-/// User + system CPU time of this process (Linux `/proc/self/stat`, 10 ms ticks).
+/// User + system CPU time of this process (Linux `/proc/self/stat`).
 fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which may contain spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // utime and stime are fields 14 and 15 of the line; the first field after ')' is 3.
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+    // Asked first: the first call runs `getconf`, which must not fall inside a reading.
+    let per_sec = crate::ingest::clock_ticks_per_sec();
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| crate::ingest::parse_cpu_ticks(&stat))
+        .unwrap_or(0);
+    Duration::from_secs_f64(ticks as f64 / per_sec)
 }
 
 /// Resident set size of this process (Linux `/proc/self/status`).

@@ -1009,7 +1009,7 @@ fn cpu_ticks(stat: &str) -> anyhow::Result<u64> {
     parse_cpu_ticks(&text).with_context(|| format!("{stat} has no CPU times"))
 }
 
-fn parse_cpu_ticks(text: &str) -> Option<u64> {
+pub(crate) fn parse_cpu_ticks(text: &str) -> Option<u64> {
     let (_, rest) = text.rsplit_once(')')?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let utime: u64 = fields.get(11)?.parse().ok()?;
@@ -1044,7 +1044,7 @@ fn parse_busy_ticks(text: &str) -> Option<u64> {
 }
 
 /// `getconf CLK_TCK`; 100, Linux's value everywhere in practice, if it cannot say.
-fn clock_ticks_per_sec() -> f64 {
+pub(crate) fn clock_ticks_per_sec() -> f64 {
     static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     *TICKS.get_or_init(|| {
         std::process::Command::new("getconf")

@@ -145,6 +145,15 @@ impl DeltaClient {
     }
 }
 
+/// The request subscribing a stream to the `pay` service's load assignment.
+fn subscribe_endpoints() -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: TYPE_ENDPOINT.into(),
+        resource_names_subscribe: vec!["pay".into()],
+        ..Default::default()
+    }
+}
+
 fn ack(resp: &DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
     DeltaDiscoveryRequest {
         type_url: resp.type_url.clone(),
@@ -164,12 +173,7 @@ async fn a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded()
         (TYPE_CLUSTER, "pay")
     );
     c.send(ack(&cds)).await;
-    c.send(DeltaDiscoveryRequest {
-        type_url: TYPE_ENDPOINT.into(),
-        resource_names_subscribe: vec!["pay".into()],
-        ..Default::default()
-    })
-    .await;
+    c.send(subscribe_endpoints()).await;
     let eds = c.next().await;
     assert_eq!(
         (
@@ -283,20 +287,10 @@ async fn a_client_that_stops_reading_is_disconnected_and_others_keep_their_updat
     fx.publish(view(1, &[1]));
     // The slow client subscribes to endpoints and then never reads.
     let slow = DeltaClient::open(&fx, "slow").await.unwrap();
-    slow.send(DeltaDiscoveryRequest {
-        type_url: TYPE_ENDPOINT.into(),
-        resource_names_subscribe: vec!["pay".into()],
-        ..Default::default()
-    })
-    .await;
+    slow.send(subscribe_endpoints()).await;
     let mut good = DeltaClient::open(&fx, "good").await.unwrap();
     good.next().await;
-    good.send(DeltaDiscoveryRequest {
-        type_url: TYPE_ENDPOINT.into(),
-        resource_names_subscribe: vec!["pay".into()],
-        ..Default::default()
-    })
-    .await;
+    good.send(subscribe_endpoints()).await;
     good.next().await;
     // ~30 KB views, many times over: enough to exhaust the slow client's HTTP/2 windows
     // (hyper's defaults are 2 MB per stream, 5 MB per connection), then its buffer.
@@ -363,12 +357,7 @@ async fn unknown_types_and_bad_first_requests_are_counted_and_harmless() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     // The first client is unaffected.
     fx.publish(view(2, &[1, 2]));
-    c.send(DeltaDiscoveryRequest {
-        type_url: TYPE_ENDPOINT.into(),
-        resource_names_subscribe: vec!["pay".into()],
-        ..Default::default()
-    })
-    .await;
+    c.send(subscribe_endpoints()).await;
     assert_eq!(c.next().await.resources[0].version, "2");
 }
 
@@ -491,13 +480,7 @@ async fn a_stream_subscribing_past_the_names_cap_is_ended_and_the_server_serves_
     let cds = modest.next().await;
     assert_eq!(cds.type_url, TYPE_CLUSTER);
     modest.send(ack(&cds)).await;
-    modest
-        .send(DeltaDiscoveryRequest {
-            type_url: TYPE_ENDPOINT.into(),
-            resource_names_subscribe: vec!["pay".into()],
-            ..Default::default()
-        })
-        .await;
+    modest.send(subscribe_endpoints()).await;
     assert_eq!(modest.next().await.type_url, TYPE_ENDPOINT);
 }
 
@@ -557,12 +540,7 @@ async fn responses_many_times_the_codecs_starting_buffer_arrive_whole_release_af
     let mut c = DeltaClient::open(&fx, "envoy-big").await.unwrap();
     let cds = c.next().await;
     c.send(ack(&cds)).await;
-    c.send(DeltaDiscoveryRequest {
-        type_url: TYPE_ENDPOINT.into(),
-        resource_names_subscribe: vec!["pay".into()],
-        ..Default::default()
-    })
-    .await;
+    c.send(subscribe_endpoints()).await;
     let endpoints = |resp: &DeltaDiscoveryResponse| {
         let any = resp.resources[0].resource.as_ref().unwrap();
         let cla = ClusterLoadAssignment::decode(any.value.as_slice()).unwrap();

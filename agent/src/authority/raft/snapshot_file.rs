@@ -137,13 +137,13 @@ pub fn decode(mut bytes: Vec<u8>) -> Result<Stored, SnapshotFileError> {
     let meta_len = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes"));
     let data_len = u64::from_le_bytes(header[12..20].try_into().expect("8 bytes"));
     let stored = u32::from_le_bytes(header[20..24].try_into().expect("4 bytes"));
-    let meta_end = HEADER_LEN + meta_len as usize;
     if meta_len as usize > META_LEN_MAX {
         return Err(SnapshotFileError::MetaTooLong {
             len: meta_len,
             max: META_LEN_MAX,
         });
     }
+    let meta_end = HEADER_LEN + meta_len as usize;
     let needed = (meta_end as u64).saturating_add(data_len);
     if (len as u64) < needed {
         return Err(SnapshotFileError::Truncated { len, needed });

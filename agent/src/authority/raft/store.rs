@@ -315,7 +315,6 @@ pub(super) fn load_legacy_snapshot(db: &Database) -> Result<Option<StoredSnapsho
     };
     let (Some(meta), Some(data)) = (table.get(KEY_SNAPSHOT_META)?, table.get(KEY_SNAPSHOT_DATA)?)
     else {
-        // A file that had the snapshot table kept nothing beside the small records.
         return Ok(None);
     };
     let meta = serde_json::from_slice(meta.value())?;
@@ -342,12 +341,10 @@ pub(super) fn save_snapshot(
 ) -> Result<(), StoreError> {
     if db.snapshots.save(meta, data)? && db.legacy_snapshot.swap(false, Ordering::AcqRel) {
         let txn = db.db.begin_write()?;
-        {
-            for table in [SNAPSHOT, META] {
-                let mut table = txn.open_table(table)?;
-                table.remove(KEY_SNAPSHOT_META)?;
-                table.remove(KEY_SNAPSHOT_DATA)?;
-            }
+        for table in [SNAPSHOT, META] {
+            let mut table = txn.open_table(table)?;
+            table.remove(KEY_SNAPSHOT_META)?;
+            table.remove(KEY_SNAPSHOT_DATA)?;
         }
         txn.commit()?;
         tracing::info!("the snapshot an older build kept in the log's database was removed");
