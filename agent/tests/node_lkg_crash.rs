@@ -33,7 +33,7 @@ use tonic::transport::Endpoint as GrpcEndpoint;
 use waymark_core::model::{ServiceName, ZoneName};
 use waymark_testkit::try_until;
 use waymark_xds::client::{Applied, Subscription, XdsClient};
-use waymark_xds::snapshot::{Encoded, Snapshot};
+use waymark_xds::snapshot::{Encoded, Payload, Snapshot};
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, cluster, to_any};
 use waymark_xds::{Keepalive, ServerConfig, XdsServer};
 
@@ -93,14 +93,14 @@ fn snapshot(version: u64) -> Snapshot {
             svc.into(),
             Encoded {
                 version: "1".into(),
-                resource: Arc::new(to_any(TYPE_CLUSTER, &cluster(&name))),
+                resource: Payload::new(to_any(TYPE_CLUSTER, &cluster(&name))),
             },
         );
         eds.insert(
             svc.to_owned(),
             Encoded {
                 version: version.to_string(),
-                resource: Arc::new(to_any(TYPE_ENDPOINT, &assignment(svc, version))),
+                resource: Payload::new(to_any(TYPE_ENDPOINT, &assignment(svc, version))),
             },
         );
     }

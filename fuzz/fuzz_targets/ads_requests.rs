@@ -289,6 +289,10 @@ impl Server {
         let Some(resp) = state.next_response(type_url, &resources, &version, nonce) else {
             return;
         };
+        // What a client decodes from the wire form is the response checked below.
+        let resp = resp
+            .message()
+            .expect("a response the protocol built decodes whole");
         for r in &resp.resources {
             assert!(
                 !resp.removed_resources.contains(&r.name),
@@ -348,6 +352,10 @@ impl Server {
         let Some(resp) = state.next_response(type_url, &resources, &version, nonce) else {
             return;
         };
+        // What a client decodes from the wire form is the response checked below.
+        let resp = resp
+            .message()
+            .expect("a response the protocol built decodes whole");
         let wildcard =
             state.subscription.wildcard && (type_url == TYPE_CLUSTER || type_url == TYPE_LISTENER);
         let expected = resources

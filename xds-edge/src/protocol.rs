@@ -9,15 +9,149 @@
 //!
 //! Both compute their next response from a [`Resources`] map and nothing else, so the
 //! stream driver only moves messages (go-control-plane's `createDeltaResponse` split).
+//! A response is an [`Outgoing`]: the stream's own fields, and the resources as the
+//! snapshot's shared encodings, never copied into a per-stream message.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use bytes::{BufMut as _, Bytes};
 use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 
-use crate::snapshot::Resources;
+use crate::snapshot::{Payload, Resources};
 use crate::translate::{TYPE_CLUSTER, TYPE_LISTENER};
+
+/// The field both `DiscoveryResponse` and `DeltaDiscoveryResponse` carry resources in.
+const RESOURCES_FIELD: u32 = 2;
+/// `Resource`'s fields, as the Delta response's entries carry them.
+const RESOURCE_VERSION_FIELD: u32 = 1;
+const RESOURCE_PAYLOAD_FIELD: u32 = 2;
+const RESOURCE_NAME_FIELD: u32 = 3;
+
+/// A response as the protocol decided it: `head` holds the stream's own fields (version,
+/// nonce, type, removed names) with its resources field empty, and each resource follows
+/// as a few bytes of its own and the snapshot's shared encoding of its `Any`. Protobuf
+/// lets a repeated field's entries follow the other fields, so the concatenation is the
+/// whole message, byte for byte what a client decodes.
+#[derive(Debug, Clone)]
+pub struct Outgoing<M> {
+    /// The response without its resources.
+    pub head: M,
+    /// Per resource: the start of its `resources` entry, then its shared `Any`.
+    entries: Vec<(Vec<u8>, Bytes)>,
+}
+
+impl<M: prost::Message + Default> Outgoing<M> {
+    fn new(head: M) -> Self {
+        Self {
+            head,
+            entries: Vec::new(),
+        }
+    }
+
+    /// Resources carried.
+    pub fn resource_count(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Bytes of the whole encoded message.
+    pub fn encoded_len(&self) -> usize {
+        self.head.encoded_len()
+            + self
+                .entries
+                .iter()
+                .map(|(start, any)| start.len() + any.len())
+                .sum::<usize>()
+    }
+
+    /// The message as one gRPC length-prefixed frame, in chunks: the frame's header, the
+    /// head and the first entry's start in one buffer of this stream's own, then the
+    /// shared encodings with each further entry's start between them. `None` when the
+    /// message is longer than a gRPC frame can say.
+    pub fn into_grpc_chunks(self) -> Option<Vec<Bytes>> {
+        let len = u32::try_from(self.encoded_len()).ok()?;
+        let mut chunks = Vec::with_capacity(1 + 2 * self.entries.len());
+        let mut own = Vec::with_capacity(5 + self.head.encoded_len() + 32);
+        own.put_u8(0); // not compressed
+        own.put_u32(len);
+        self.head.encode_raw(&mut own);
+        let mut entries = self.entries.into_iter();
+        if let Some((start, any)) = entries.next() {
+            own.extend_from_slice(&start);
+            chunks.push(Bytes::from(own));
+            chunks.push(any);
+        } else {
+            chunks.push(Bytes::from(own));
+        }
+        for (start, any) in entries {
+            chunks.push(Bytes::from(start));
+            chunks.push(any);
+        }
+        Some(chunks)
+    }
+
+    /// The whole message, as a client decodes it.
+    pub fn message(&self) -> Result<M, prost::DecodeError> {
+        let mut buf = self.head.encode_to_vec();
+        for (start, any) in &self.entries {
+            buf.extend_from_slice(start);
+            buf.extend_from_slice(any);
+        }
+        M::decode(buf.as_slice())
+    }
+}
+
+impl Outgoing<DeltaDiscoveryResponse> {
+    /// Add a `Resource { name, version, resource }` entry.
+    fn push_resource(&mut self, name: &str, version: &str, payload: &Payload) {
+        let any = payload.wire();
+        let string_len = |tag: u32, s: &str| {
+            if s.is_empty() {
+                0
+            } else {
+                key_len(tag) + encoded_len_varint(s.len() as u64) + s.len()
+            }
+        };
+        let resource_len = string_len(RESOURCE_VERSION_FIELD, version)
+            + string_len(RESOURCE_NAME_FIELD, name)
+            + key_len(RESOURCE_PAYLOAD_FIELD)
+            + encoded_len_varint(any.len() as u64)
+            + any.len();
+        let mut start = Vec::with_capacity(resource_len - any.len() + 16);
+        encode_key(RESOURCES_FIELD, WireType::LengthDelimited, &mut start);
+        encode_varint(resource_len as u64, &mut start);
+        for (tag, s) in [
+            (RESOURCE_VERSION_FIELD, version),
+            (RESOURCE_NAME_FIELD, name),
+        ] {
+            if !s.is_empty() {
+                encode_key(tag, WireType::LengthDelimited, &mut start);
+                encode_varint(s.len() as u64, &mut start);
+                start.extend_from_slice(s.as_bytes());
+            }
+        }
+        encode_key(
+            RESOURCE_PAYLOAD_FIELD,
+            WireType::LengthDelimited,
+            &mut start,
+        );
+        encode_varint(any.len() as u64, &mut start);
+        self.entries.push((start, any.clone()));
+    }
+}
+
+impl Outgoing<DiscoveryResponse> {
+    /// Add an `Any` entry.
+    fn push_any(&mut self, payload: &Payload) {
+        let any = payload.wire();
+        let mut start = Vec::with_capacity(key_len(RESOURCES_FIELD) + 5);
+        encode_key(RESOURCES_FIELD, WireType::LengthDelimited, &mut start);
+        encode_varint(any.len() as u64, &mut start);
+        self.entries.push((start, any.clone()));
+    }
+}
 
 /// What a request meant for the last response of its type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,8 +271,7 @@ impl DeltaState {
         resources: &Resources,
         system_version: &str,
         nonce: String,
-    ) -> Option<DeltaDiscoveryResponse> {
-        let mut out = Vec::new();
+    ) -> Option<Outgoing<DeltaDiscoveryResponse>> {
         // A client that reconnects from a member further ahead may hold newer versions
         // than this server: never send it backwards (ADR-11). Versions that are numbers
         // are compared; the server catches up and sends once it is ahead again.
@@ -150,18 +283,14 @@ impl DeltaState {
             .filter_map(|e| e.version.parse::<u64>().ok())
             .chain(system_version.parse::<u64>().ok())
             .max();
+        let mut out = Vec::new();
         for (name, enc) in resources.iter().filter(|(n, _)| self.subscription.wants(n)) {
             let held = self.known.get(name);
             if held.is_some_and(|h| is_ahead(h, &enc.version)) {
                 continue;
             }
             if held != Some(&enc.version) {
-                out.push(Resource {
-                    name: name.clone(),
-                    version: enc.version.clone(),
-                    resource: Some((*enc.resource).clone()),
-                    ..Default::default()
-                });
+                out.push((name, enc));
             }
         }
         // A resource this server lacks is removed unless the client's copy is newer than
@@ -179,21 +308,22 @@ impl DeltaState {
         if out.is_empty() && removed.is_empty() {
             return None;
         }
-        for r in &out {
-            self.known.insert(r.name.clone(), r.version.clone());
-        }
         for n in &removed {
             self.known.remove(n);
         }
         self.last_nonce = Some(nonce.clone());
-        Some(DeltaDiscoveryResponse {
+        let mut response = Outgoing::new(DeltaDiscoveryResponse {
             system_version_info: system_version.to_owned(),
-            resources: out,
             type_url: type_url.to_owned(),
             removed_resources: removed,
             nonce,
             ..Default::default()
-        })
+        });
+        for (name, enc) in out {
+            self.known.insert(name.clone(), enc.version.clone());
+            response.push_resource(name, &enc.version, &enc.resource);
+        }
+        Some(response)
     }
 }
 
@@ -271,7 +401,7 @@ impl SotwState {
         resources: &Resources,
         version: &str,
         nonce: String,
-    ) -> Option<DiscoveryResponse> {
+    ) -> Option<Outgoing<DiscoveryResponse>> {
         // CDS/LDS wildcard: everything; EDS/RDS: only what was named (absence ≠ deletion).
         let wildcard =
             self.subscription.wildcard && (type_url == TYPE_CLUSTER || type_url == TYPE_LISTENER);
@@ -289,16 +419,16 @@ impl SotwState {
         self.sent = Some(now);
         self.last_nonce = Some(nonce.clone());
         self.last_version = Some(version.to_owned());
-        Some(DiscoveryResponse {
+        let mut response = Outgoing::new(DiscoveryResponse {
             version_info: version.to_owned(),
-            resources: chosen
-                .into_iter()
-                .map(|(_, e)| (*e.resource).clone())
-                .collect(),
             type_url: type_url.to_owned(),
             nonce,
             ..Default::default()
-        })
+        });
+        for (_, e) in chosen {
+            response.push_any(&e.resource);
+        }
+        Some(response)
     }
 }
 

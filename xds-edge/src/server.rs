@@ -21,27 +21,24 @@
 //! [`NACK_ERROR_LEN_MAX`] bytes for the sync state.
 
 use std::collections::BTreeMap;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::{Stream, StreamExt as _};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Status, Streaming};
 use tracing::Instrument as _;
 use waymark_core::model::ZoneName;
 
 use waymark_certs::grpc::{GrpcLimits, IncomingConfig, PeerInfo};
 
 use crate::admission::{AdmissionConfig, AdmissionController, Admit};
-use crate::protocol::{Ack, DeltaState, SotwState};
+use crate::protocol::{Ack, DeltaState, Outgoing, SotwState};
 use crate::service::AdsService;
 use crate::snapshot::{Resources, Snapshot};
 use crate::sync::{ClientSync, SyncRegistry};
@@ -201,8 +198,6 @@ impl Publisher {
     }
 }
 
-type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
-
 // === impl XdsServer ===
 
 impl XdsServer {
@@ -229,11 +224,7 @@ impl XdsServer {
     /// The tonic service to add to a server, with the configured message size limits and
     /// small per-stream codec buffers (see [`crate::service`]).
     pub fn service(&self) -> AdsService {
-        AdsService::new(
-            self.clone(),
-            self.inner.config.request_bytes_max,
-            self.inner.config.response_bytes_max,
-        )
+        AdsService::new(self.clone(), self.inner.config.request_bytes_max)
     }
 
     /// Serve ADS in plain text on `listener` until `shutdown` resolves, with HTTP/2
@@ -347,32 +338,28 @@ impl XdsServer {
     }
 }
 
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for XdsServer {
-    type StreamAggregatedResourcesStream = BoxStream<DiscoveryResponse>;
-    type DeltaAggregatedResourcesStream = BoxStream<DeltaDiscoveryResponse>;
-
-    async fn stream_aggregated_resources(
+impl XdsServer {
+    /// A State-of-the-World ADS stream: its responses, gRPC-framed, arrive on the receiver.
+    pub(crate) async fn open_sotw(
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+    ) -> Result<mpsc::Receiver<Outbound>, Status> {
         self.open_stream::<SotwState>(request).await
     }
 
-    async fn delta_aggregated_resources(
+    /// A Delta ADS stream: its responses, gRPC-framed, arrive on the receiver.
+    pub(crate) async fn open_delta(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+    ) -> Result<mpsc::Receiver<Outbound>, Status> {
         self.open_stream::<DeltaState>(request).await
     }
-}
 
-impl XdsServer {
     /// Read the first request (it names the node), admit the client, and spawn the stream.
     async fn open_stream<F: Flavor>(
         &self,
         request: Request<Streaming<F::Request>>,
-    ) -> Result<Response<BoxStream<F::Response>>, Status> {
+    ) -> Result<mpsc::Receiver<Outbound>, Status> {
         let identity = waymark_certs::grpc::peer_identity(&request).map(ToString::to_string);
         let client = admission_key(&request, identity.as_deref());
         let mut inbound = request.into_inner();
@@ -387,8 +374,7 @@ impl XdsServer {
         let mut stream = ProtocolStream::<F>::new(self.inner.clone(), stream_id, &node, tx);
         stream.core.identity = identity_for_filter;
         tokio::spawn(stream.run(first, inbound).instrument(span));
-        let responses = ReceiverStream::new(rx).map(|item| item.map(|r| *r).map_err(|s| *s));
-        Ok(Response::new(Box::pin(responses)))
+        Ok(rx)
     }
 }
 
@@ -425,23 +411,24 @@ fn truncated(text: &str, max: usize) -> &str {
 }
 
 /// What the shared parts of a stream need.
-struct StreamCore<T> {
+struct StreamCore {
     inner: Arc<Inner>,
     id: u64,
     zone: Option<ZoneName>,
     node_id: String,
     identity: Option<String>,
-    tx: mpsc::Sender<Outbound<T>>,
+    tx: mpsc::Sender<Outbound>,
     nonces: u64,
 }
 
-/// What a stream's task hands its gRPC response body: boxed, because a tokio channel
-/// allocates its slots 32 at a time when it is made, and a response or status held inline
-/// made that ~9 KiB for every open stream — more than the rest of a subscription together.
-type Outbound<T> = Result<Box<T>, Box<Status>>;
+/// What a stream's task hands its gRPC response body: one response as the chunks of its
+/// gRPC frame (see [`Outgoing::into_grpc_chunks`]), or the status that ends the stream.
+/// Both are a pointer wide, because a tokio channel allocates its slots 32 at a time
+/// when it is made, for every open stream.
+pub(crate) type Outbound = Result<Box<[Bytes]>, Box<Status>>;
 
-impl<T> StreamCore<T> {
-    fn new(inner: Arc<Inner>, id: u64, node: &Node, tx: mpsc::Sender<Outbound<T>>) -> Self {
+impl StreamCore {
+    fn new(inner: Arc<Inner>, id: u64, node: &Node, tx: mpsc::Sender<Outbound>) -> Self {
         let zone = node
             .locality
             .as_ref()
@@ -463,11 +450,26 @@ impl<T> StreamCore<T> {
         format!("{}-{}", self.id, self.nonces)
     }
 
-    /// Send, or report the client as slow. `false` ends the stream.
-    async fn send(&self, message: T) -> bool {
+    /// Send, or report the client as slow. `false` ends the stream, as does a response
+    /// over `response_bytes_max` (with `OUT_OF_RANGE`, as tonic's encoder would).
+    async fn send<M: prost::Message + Default>(&self, response: Outgoing<M>) -> bool {
+        let (len, max) = (response.encoded_len(), self.inner.config.response_bytes_max);
+        let Some(chunks) = response.into_grpc_chunks().filter(|_| len <= max) else {
+            tracing::warn!(
+                stream_id = self.id,
+                bytes = len,
+                bytes_max = max,
+                "response over the size limit; stream ended"
+            );
+            let status = Status::out_of_range(format!(
+                "response of {len} bytes is over this server's limit of {max}"
+            ));
+            let _ = self.tx.try_send(Err(Box::new(status)));
+            return false;
+        };
         match tokio::time::timeout(
             self.inner.config.send_timeout,
-            self.tx.send(Ok(Box::new(message))),
+            self.tx.send(Ok(chunks.into_boxed_slice())),
         )
         .await
         {
@@ -529,7 +531,7 @@ impl<T> StreamCore<T> {
     }
 }
 
-impl<T> Drop for StreamCore<T> {
+impl Drop for StreamCore {
     fn drop(&mut self) {
         if let Ok(mut sync) = self.inner.sync.lock() {
             sync.disconnect(self.id);
@@ -544,7 +546,8 @@ const TYPE_ORDER: [&str; 4] = [TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_
 /// What differs between the Delta and State-of-the-World protocols, for the stream driver.
 trait Flavor: Default + Send + 'static {
     type Request: Send + 'static;
-    type Response: Send + 'static;
+    /// The response message (its resources travel beside it, see [`Outgoing`]).
+    type Response: prost::Message + Default + Send + 'static;
     /// For logs.
     const NAME: &'static str;
     fn type_url(req: &Self::Request) -> &str;
@@ -563,9 +566,9 @@ trait Flavor: Default + Send + 'static {
         resources: &Resources,
         version: &str,
         nonce: String,
-    ) -> Option<Self::Response>;
+    ) -> Option<Outgoing<Self::Response>>;
     /// (version, nonce, resources the client now holds) for the sync registry.
-    fn sent(&self, resp: &Self::Response) -> (String, String, usize);
+    fn sent(&self, resp: &Outgoing<Self::Response>) -> (String, String, usize);
 }
 
 impl Flavor for DeltaState {
@@ -599,13 +602,13 @@ impl Flavor for DeltaState {
         resources: &Resources,
         version: &str,
         nonce: String,
-    ) -> Option<Self::Response> {
+    ) -> Option<Outgoing<Self::Response>> {
         DeltaState::next_response(self, type_url, resources, version, nonce)
     }
-    fn sent(&self, resp: &Self::Response) -> (String, String, usize) {
+    fn sent(&self, resp: &Outgoing<Self::Response>) -> (String, String, usize) {
         (
-            resp.system_version_info.clone(),
-            resp.nonce.clone(),
+            resp.head.system_version_info.clone(),
+            resp.head.nonce.clone(),
             self.known.len(),
         )
     }
@@ -640,31 +643,26 @@ impl Flavor for SotwState {
         resources: &Resources,
         version: &str,
         nonce: String,
-    ) -> Option<Self::Response> {
+    ) -> Option<Outgoing<Self::Response>> {
         SotwState::next_response(self, type_url, resources, version, nonce)
     }
-    fn sent(&self, resp: &Self::Response) -> (String, String, usize) {
+    fn sent(&self, resp: &Outgoing<Self::Response>) -> (String, String, usize) {
         (
-            resp.version_info.clone(),
-            resp.nonce.clone(),
-            resp.resources.len(),
+            resp.head.version_info.clone(),
+            resp.head.nonce.clone(),
+            resp.resource_count(),
         )
     }
 }
 
 /// One stream: its per-type protocol state and the loop that drives it.
 struct ProtocolStream<F: Flavor> {
-    core: StreamCore<F::Response>,
+    core: StreamCore,
     states: BTreeMap<String, F>,
 }
 
 impl<F: Flavor> ProtocolStream<F> {
-    fn new(
-        inner: Arc<Inner>,
-        id: u64,
-        node: &Node,
-        tx: mpsc::Sender<Outbound<F::Response>>,
-    ) -> Self {
+    fn new(inner: Arc<Inner>, id: u64, node: &Node, tx: mpsc::Sender<Outbound>) -> Self {
         Self {
             core: StreamCore::new(inner, id, node, tx),
             states: BTreeMap::new(),

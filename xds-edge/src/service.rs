@@ -1,32 +1,34 @@
 //! The ADS gRPC service, routed here rather than through the generated
-//! `AggregatedDiscoveryServiceServer`, so each stream's codec buffers fit discovery traffic.
+//! `AggregatedDiscoveryServiceServer`, so a stream costs what discovery traffic needs.
 //!
-//! The generated server gives every RPC tonic's default codec, which allocates an 8 KiB
-//! decode buffer and an 8 KiB encode buffer when the stream opens and keeps them while it
-//! lives. An ADS stream lives as long as its sidecar, reads requests of a few hundred
-//! bytes (subscriptions and ACKs) and is silent between releases, so at 60,000 streams those
-//! two buffers alone were most of what a subscription cost the authority. Here they start
-//! at [`CODEC_BUFFER_BYTES`] and grow with the message being read or written, as tonic's
-//! buffers always do; a request is still refused above the configured decode limit, a
-//! response above the encode limit, exactly as through the generated server.
+//! Requests are decoded by tonic's `Streaming`, with a decode buffer that starts at
+//! [`CODEC_BUFFER_BYTES`] (tonic's default is 8 KiB) and grows with the message being read,
+//! refusing one over the configured limit as the generated server would. Responses are
+//! written by [`ResponseBody`], not tonic's encoder: each is handed over as the chunks of
+//! its gRPC frame — a few bytes of the stream's own, then the snapshot's shared encoding
+//! of each resource ([`crate::protocol::Outgoing`]) — so a release is encoded once for
+//! every stream, no stream copies it, and no stream keeps an encode buffer the size of
+//! the largest response it ever sent. An ADS stream lives as long as its sidecar and is
+//! silent between releases, so at 60,000 streams these per-stream buffers were most of
+//! what a subscription cost the authority.
 
-use std::marker::PhantomData;
+use std::pin::Pin;
 
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryService;
-use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
-use tonic::codec::{BufferSettings, Codec};
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use http_body::Frame;
+use tokio::sync::mpsc;
+use tonic::codec::BufferSettings;
 use tonic::codegen::{Body, BoxFuture, Context, Poll, Service, StdError, http};
-use tonic::server::{Grpc, NamedService, StreamingService};
-use tonic::{Request, Response, Status, Streaming};
-use tonic_prost::{ProstDecoder, ProstEncoder};
+use tonic::server::NamedService;
+use tonic::{Request, Status, Streaming};
+use tonic_prost::ProstDecoder;
 
-use crate::server::XdsServer;
+use crate::server::{Outbound, XdsServer};
 
-/// Bytes a stream's encode and decode buffers start with (tonic's default is 8 KiB each).
+/// Bytes a stream's request decode buffer starts with (tonic's default is 8 KiB).
 pub const CODEC_BUFFER_BYTES: usize = 512;
-/// Bytes encoded before a response body yields to the runtime (tonic's default).
+/// Bytes decoded before a request stream yields to the runtime (tonic's default).
 const YIELD_THRESHOLD_BYTES: usize = 32 * 1024;
 
 /// The gRPC path of state-of-the-world ADS.
@@ -41,16 +43,11 @@ pub const DELTA_PATH: &str =
 pub struct AdsService {
     server: XdsServer,
     decode_max: usize,
-    encode_max: usize,
 }
 
 impl AdsService {
-    pub(crate) fn new(server: XdsServer, decode_max: usize, encode_max: usize) -> Self {
-        Self {
-            server,
-            decode_max,
-            encode_max,
-        }
+    pub(crate) fn new(server: XdsServer, decode_max: usize) -> Self {
+        Self { server, decode_max }
     }
 }
 
@@ -58,7 +55,6 @@ impl std::fmt::Debug for AdsService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdsService")
             .field("decode_max", &self.decode_max)
-            .field("encode_max", &self.encode_max)
             .finish_non_exhaustive()
     }
 }
@@ -81,85 +77,207 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let (server, limits) = (self.server.clone(), (self.decode_max, self.encode_max));
+        let (server, decode_max) = (self.server.clone(), self.decode_max);
         match req.uri().path() {
             SOTW_PATH => Box::pin(async move {
-                Ok(grpc::<DiscoveryResponse, DiscoveryRequest>(limits)
-                    .streaming(Sotw(server), req)
-                    .await)
+                let opened = match requests::<DiscoveryRequest, B>(req, decode_max) {
+                    Ok(request) => server.open_sotw(request).await,
+                    Err(status) => Err(status),
+                };
+                Ok(respond(opened))
             }),
             DELTA_PATH => Box::pin(async move {
-                Ok(
-                    grpc::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>(limits)
-                        .streaming(Delta(server), req)
-                        .await,
-                )
+                let opened = match requests::<DeltaDiscoveryRequest, B>(req, decode_max) {
+                    Ok(request) => server.open_delta(request).await,
+                    Err(status) => Err(status),
+                };
+                Ok(respond(opened))
             }),
             _ => Box::pin(async move { Ok(Status::unimplemented("").into_http()) }),
         }
     }
 }
 
-fn grpc<T, U>((decode_max, encode_max): (usize, usize)) -> Grpc<SmallBuffers<T, U>>
+/// The request body as a stream of `U`, decoded up to `decode_max` bytes each. This
+/// server compresses nothing and accepts nothing compressed (as the generated server
+/// with no encodings enabled).
+fn requests<U, B>(req: http::Request<B>, decode_max: usize) -> Result<Request<Streaming<U>>, Status>
 where
-    T: prost::Message + Send + 'static,
     U: prost::Message + Default + Send + 'static,
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
 {
-    Grpc::new(SmallBuffers(PhantomData))
-        .apply_max_message_size_config(Some(decode_max), Some(encode_max))
+    if let Some(encoding) = req.headers().get("grpc-encoding")
+        && encoding != "identity"
+    {
+        let shown = encoding.to_str().unwrap_or("(not text)");
+        return Err(Status::unimplemented(format!(
+            "requests compressed with `{shown}` are not accepted"
+        )));
+    }
+    let decoder = ProstDecoder::<U>::new(BufferSettings::new(
+        CODEC_BUFFER_BYTES,
+        YIELD_THRESHOLD_BYTES,
+    ));
+    Ok(Request::from_http(req.map(|body| {
+        Streaming::new_request(decoder, body, None, Some(decode_max))
+    })))
 }
 
-/// Protobuf with [`CODEC_BUFFER_BYTES`] buffers: encodes `T`, decodes `U`.
-struct SmallBuffers<T, U>(PhantomData<fn() -> (T, U)>);
-
-impl<T, U> Codec for SmallBuffers<T, U>
-where
-    T: prost::Message + Send + 'static,
-    U: prost::Message + Default + Send + 'static,
-{
-    type Encode = T;
-    type Decode = U;
-    type Encoder = ProstEncoder<T>;
-    type Decoder = ProstDecoder<U>;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        ProstEncoder::new(BufferSettings::new(
-            CODEC_BUFFER_BYTES,
-            YIELD_THRESHOLD_BYTES,
-        ))
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        ProstDecoder::new(BufferSettings::new(
-            CODEC_BUFFER_BYTES,
-            YIELD_THRESHOLD_BYTES,
-        ))
-    }
-}
-
-struct Sotw(XdsServer);
-
-impl StreamingService<DiscoveryRequest> for Sotw {
-    type Response = DiscoveryResponse;
-    type ResponseStream =
-        <XdsServer as AggregatedDiscoveryService>::StreamAggregatedResourcesStream;
-    type Future = BoxFuture<Response<Self::ResponseStream>, Status>;
-
-    fn call(&mut self, request: Request<Streaming<DiscoveryRequest>>) -> Self::Future {
-        let server = self.0.clone();
-        Box::pin(async move { server.stream_aggregated_resources(request).await })
+/// The HTTP response of an opened stream, or of a refused one (a trailers-only response
+/// carrying its status).
+fn respond(opened: Result<mpsc::Receiver<Outbound>, Status>) -> http::Response<tonic::body::Body> {
+    match opened {
+        Ok(rx) => {
+            let mut response = http::Response::new(tonic::body::Body::new(ResponseBody::new(rx)));
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/grpc"),
+            );
+            response
+        }
+        Err(status) => status.into_http(),
     }
 }
 
-struct Delta(XdsServer);
+/// A stream's responses as HTTP/2 data: each response's chunks in order, then the
+/// stream's status as trailers — `OK` when the stream's task ended it quietly, else the
+/// status it handed over.
+#[derive(Debug)]
+pub(crate) struct ResponseBody {
+    rx: mpsc::Receiver<Outbound>,
+    pending: std::vec::IntoIter<Bytes>,
+    ended: bool,
+}
 
-impl StreamingService<DeltaDiscoveryRequest> for Delta {
-    type Response = DeltaDiscoveryResponse;
-    type ResponseStream = <XdsServer as AggregatedDiscoveryService>::DeltaAggregatedResourcesStream;
-    type Future = BoxFuture<Response<Self::ResponseStream>, Status>;
+impl ResponseBody {
+    pub(crate) fn new(rx: mpsc::Receiver<Outbound>) -> Self {
+        Self {
+            rx,
+            pending: Vec::new().into_iter(),
+            ended: false,
+        }
+    }
+}
 
-    fn call(&mut self, request: Request<Streaming<DeltaDiscoveryRequest>>) -> Self::Future {
-        let server = self.0.clone();
-        Box::pin(async move { server.delta_aggregated_resources(request).await })
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(chunk) = this.pending.next() {
+                return Poll::Ready(Some(Ok(Frame::data(chunk))));
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            let status = match this.rx.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(chunks))) => {
+                    this.pending = chunks.into_vec().into_iter();
+                    continue;
+                }
+                Poll::Ready(Some(Err(status))) => *status,
+                Poll::Ready(None) => Status::ok(""),
+            };
+            this.ended = true;
+            let mut trailers = http::HeaderMap::new();
+            return Poll::Ready(Some(
+                status
+                    .add_header(&mut trailers)
+                    .map(|()| Frame::trailers(trailers)),
+            ));
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended && self.pending.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn next_frame(body: &mut ResponseBody) -> Option<Result<Frame<Bytes>, Status>> {
+        std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
+    }
+
+    fn data(frame: Option<Result<Frame<Bytes>, Status>>) -> Bytes {
+        frame
+            .expect("a frame")
+            .expect("not an error")
+            .into_data()
+            .expect("a data frame")
+    }
+
+    fn trailers(frame: Option<Result<Frame<Bytes>, Status>>) -> http::HeaderMap {
+        frame
+            .expect("a frame")
+            .expect("not an error")
+            .into_trailers()
+            .expect("trailers")
+    }
+
+    #[tokio::test]
+    async fn responses_go_out_chunk_by_chunk_in_order_then_ok_when_the_stream_ends() {
+        let (tx, rx) = mpsc::channel(4);
+        let mut body = ResponseBody::new(rx);
+        let chunks = |parts: &[&'static [u8]]| -> Box<[Bytes]> {
+            parts.iter().map(|p| Bytes::from_static(p)).collect()
+        };
+        tx.send(Ok(chunks(&[b"one-", b"a"]))).await.unwrap();
+        tx.send(Ok(chunks(&[b"two"]))).await.unwrap();
+        drop(tx);
+        for expected in [&b"one-"[..], b"a", b"two"] {
+            assert_eq!(data(next_frame(&mut body).await), expected);
+        }
+        assert!(!body.is_end_stream(), "the status is still to come");
+        let t = trailers(next_frame(&mut body).await);
+        assert_eq!(t.get("grpc-status").unwrap(), "0");
+        assert!(next_frame(&mut body).await.is_none());
+        assert!(body.is_end_stream());
+    }
+
+    #[tokio::test]
+    async fn a_status_handed_over_ends_the_body_as_its_trailers() {
+        let (tx, rx) = mpsc::channel(4);
+        let mut body = ResponseBody::new(rx);
+        tx.send(Ok([Bytes::from_static(b"x")].into()))
+            .await
+            .unwrap();
+        let status = Status::resource_exhausted("client did not read");
+        tx.send(Err(Box::new(status))).await.unwrap();
+        tx.send(Ok([Bytes::from_static(b"never")].into()))
+            .await
+            .unwrap();
+        assert_eq!(data(next_frame(&mut body).await), &b"x"[..]);
+        let t = trailers(next_frame(&mut body).await);
+        let code = i32::from(tonic::Code::ResourceExhausted).to_string();
+        assert_eq!(t.get("grpc-status").unwrap(), code.as_str());
+        assert_eq!(t.get("grpc-message").unwrap(), "client%20did%20not%20read");
+        assert!(
+            next_frame(&mut body).await.is_none(),
+            "nothing after the status"
+        );
+    }
+
+    #[test]
+    fn a_compressed_request_stream_is_refused_and_identity_is_accepted() {
+        let request = |encoding: &'static str| {
+            let mut req = http::Request::new(tonic::body::Body::empty());
+            req.headers_mut()
+                .insert("grpc-encoding", http::HeaderValue::from_static(encoding));
+            requests::<DeltaDiscoveryRequest, _>(req, 1024)
+        };
+        let refused = request("gzip").expect_err("gzip is not accepted");
+        assert_eq!(refused.code(), tonic::Code::Unimplemented);
+        assert!(refused.message().contains("gzip"), "{refused:?}");
+        assert!(request("identity").is_ok());
     }
 }

@@ -528,10 +528,37 @@ async fn a_request_over_the_size_cap_ends_its_stream_before_it_is_decoded() {
 }
 
 #[tokio::test]
-async fn responses_many_times_the_codecs_starting_buffer_arrive_whole_release_after_release() {
-    // Goal: the ADS service starts each stream's codec buffers small
-    // (`waymark_xds::service::CODEC_BUFFER_BYTES`); responses far larger, then small, then
-    // large again, still arrive whole and decode to every endpoint.
+async fn a_response_over_the_size_limit_ends_its_stream_with_out_of_range() {
+    let mut fx = Fixture::start(ServerConfig {
+        response_bytes_max: 2 * 1024,
+        ..ServerConfig::default()
+    })
+    .await;
+    // One cluster fits; its assignment of 200 endpoints does not.
+    let everyone: Vec<u8> = (1..=200).collect();
+    fx.publish(view(1, &everyone));
+    let mut c = DeltaClient::open(&fx, "over").await.unwrap();
+    let cds = c.next().await;
+    assert_eq!(cds.type_url, TYPE_CLUSTER);
+    c.send(ack(&cds)).await;
+    c.send(subscribe_endpoints()).await;
+    let ended = tokio::time::timeout(WAIT, c.rx.message())
+        .await
+        .expect("the stream is ended");
+    match ended {
+        Err(status) => assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}"),
+        Ok(resp) => panic!("expected OUT_OF_RANGE, got {resp:?}"),
+    }
+    let mut next = DeltaClient::open(&fx, "next").await.unwrap();
+    assert_eq!(next.next().await.type_url, TYPE_CLUSTER);
+}
+
+#[tokio::test]
+async fn large_responses_written_as_shared_chunks_arrive_whole_release_after_release() {
+    // Goal: the ADS service writes each response as chunks (the stream's own bytes, then
+    // the snapshot's shared encodings) with no encode buffer of its own, and starts its
+    // request buffer small (`waymark_xds::service::CODEC_BUFFER_BYTES`); responses far
+    // larger, then small, then large again, arrive whole and decode to every endpoint.
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
     use prost::Message as _;
     let mut fx = Fixture::start(ServerConfig::default()).await;
@@ -558,7 +585,7 @@ async fn responses_many_times_the_codecs_starting_buffer_arrive_whole_release_af
     assert_eq!((version.as_str(), count), ("1", 200));
     assert!(
         len > 16 * waymark_xds::service::CODEC_BUFFER_BYTES,
-        "the response ({len} bytes) must dwarf the starting buffer"
+        "the response ({len} bytes) must dwarf the request buffer"
     );
     c.send(ack(&first)).await;
     for (version, members) in [(2, &everyone[..1]), (3, &everyone[..])] {

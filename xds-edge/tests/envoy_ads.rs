@@ -22,7 +22,7 @@ use support::{Backend, Envoy, EnvoyConfig, Route, Xds, XdsMode, views};
 use tokio::task::JoinHandle;
 use waymark_core::model::{InstanceId, ZoneName};
 use waymark_core::view::{EndpointStatus, Markers, ReleasedView};
-use waymark_xds::snapshot::Encoded;
+use waymark_xds::snapshot::{Encoded, Payload};
 use waymark_xds::translate::{TYPE_ENDPOINT, to_any};
 use waymark_xds::{Keepalive, Publisher, ServerConfig, SnapshotBuilder, XdsServer};
 
@@ -333,7 +333,7 @@ async fn a_rejected_resource_is_nacked_and_the_last_good_config_keeps_serving() 
     cla.endpoints[0].lb_endpoints[0].load_balancing_weight = Some(UInt32Value { value: 0 });
     let bad = Encoded {
         version: "2".into(),
-        resource: Arc::new(to_any(TYPE_ENDPOINT, &cla)),
+        resource: Payload::new(to_any(TYPE_ENDPOINT, &cla)),
     };
     snapshot
         .endpoints

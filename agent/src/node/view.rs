@@ -30,7 +30,7 @@ use prost::Message as _;
 use waymark_core::bounds::{BoundsConfig, ClientBounds};
 use waymark_core::model::ZoneName;
 use waymark_xds::client::AppliedType;
-use waymark_xds::snapshot::{Encoded, Resources, Snapshot};
+use waymark_xds::snapshot::{Encoded, Payload, Resources, Snapshot};
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE, to_any};
 
 /// Resources by type URL, then name: (version, resource). The upstream's applied state, or
@@ -77,7 +77,7 @@ impl Changes {
 struct Served {
     state: ServiceState,
     assignment: ClusterLoadAssignment,
-    encoded: Arc<Any>,
+    encoded: Payload,
     /// Every endpoint served, by key: its locality group (without endpoints) and itself.
     endpoints: BTreeMap<String, (LocalityLbEndpoints, LbEndpoint)>,
 }
@@ -219,7 +219,7 @@ impl LocalView {
             .map(|(name, s)| {
                 let enc = Encoded {
                     version: s.state.served_version.to_string(),
-                    resource: Arc::clone(&s.encoded),
+                    resource: s.encoded.clone(),
                 };
                 (name.clone(), enc)
             })
@@ -370,7 +370,7 @@ impl LocalView {
             refused_empty: false,
             undecodable: false,
         };
-        let encoded = Arc::new(to_any(TYPE_ENDPOINT, &assignment));
+        let encoded = Payload::new(to_any(TYPE_ENDPOINT, &assignment));
         self.served.insert(
             name.to_owned(),
             Served {
@@ -444,7 +444,7 @@ fn sync_plain(
             name.clone(),
             Encoded {
                 version: version.clone(),
-                resource: Arc::new(transform(any)),
+                resource: Payload::new(transform(any)),
             },
         );
         changed += 1;

@@ -1181,6 +1181,10 @@ impl Sim {
             else {
                 continue;
             };
+            // What the agent receives is what the wire carries.
+            let response = response
+                .message()
+                .expect("a response the protocol built decodes");
             let delivery = Delivery {
                 from: m,
                 resources: response

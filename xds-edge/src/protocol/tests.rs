@@ -1,12 +1,12 @@
 //! Protocol edge cases, each a test (the list in the xDS issue, item 8).
 
-use std::sync::Arc;
-
+use envoy_types::pb::envoy::service::discovery::v3::Resource;
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
+use prost::Message as _;
 
 use super::*;
-use crate::snapshot::Encoded;
+use crate::snapshot::{Encoded, Payload};
 use crate::translate::TYPE_ENDPOINT;
 
 fn res(entries: &[(&str, &str)]) -> Resources {
@@ -21,11 +21,52 @@ fn res(entries: &[(&str, &str)]) -> Resources {
                 (*n).to_owned(),
                 Encoded {
                     version: (*v).to_owned(),
-                    resource: Arc::new(any),
+                    resource: Payload::new(any),
                 },
             )
         })
         .collect()
+}
+
+/// The protocol's responses as a client decodes them, so every case here also checks
+/// the wire form a response is written in.
+trait NextMessage {
+    type Message;
+    fn next_message(
+        &mut self,
+        type_url: &str,
+        resources: &Resources,
+        version: &str,
+        nonce: String,
+    ) -> Option<Self::Message>;
+}
+
+impl NextMessage for DeltaState {
+    type Message = DeltaDiscoveryResponse;
+    fn next_message(
+        &mut self,
+        type_url: &str,
+        resources: &Resources,
+        version: &str,
+        nonce: String,
+    ) -> Option<Self::Message> {
+        let out = self.next_response(type_url, resources, version, nonce)?;
+        Some(out.message().expect("a response decodes"))
+    }
+}
+
+impl NextMessage for SotwState {
+    type Message = DiscoveryResponse;
+    fn next_message(
+        &mut self,
+        type_url: &str,
+        resources: &Resources,
+        version: &str,
+        nonce: String,
+    ) -> Option<Self::Message> {
+        let out = self.next_response(type_url, resources, version, nonce)?;
+        Some(out.message().expect("a response decodes"))
+    }
 }
 
 fn delta_req(subscribe: &[&str], nonce: &str) -> DeltaDiscoveryRequest {
@@ -46,7 +87,7 @@ fn delta_first_empty_request_is_wildcard_and_an_ack_is_recognised() {
     let mut s = DeltaState::default();
     assert_eq!(s.handle_request(&delta_req(&[], "")), Ack::None);
     let r = s
-        .next_response(
+        .next_message(
             TYPE_ENDPOINT,
             &res(&[("a", "1"), ("b", "1")]),
             "1",
@@ -60,7 +101,7 @@ fn delta_first_empty_request_is_wildcard_and_an_ack_is_recognised() {
     );
     // Nothing changed: nothing to send.
     assert!(
-        s.next_response(
+        s.next_message(
             TYPE_ENDPOINT,
             &res(&[("a", "1"), ("b", "1")]),
             "1",
@@ -74,7 +115,7 @@ fn delta_first_empty_request_is_wildcard_and_an_ack_is_recognised() {
 fn delta_nack_carries_the_error_and_the_rejected_version_is_not_resent() {
     let mut s = DeltaState::default();
     s.handle_request(&delta_req(&["a"], ""));
-    s.next_response(TYPE_ENDPOINT, &res(&[("a", "1")]), "1", "n1".into())
+    s.next_message(TYPE_ENDPOINT, &res(&[("a", "1")]), "1", "n1".into())
         .unwrap();
     let mut nack = delta_req(&[], "n1");
     nack.error_detail = Some(RpcStatus {
@@ -90,12 +131,12 @@ fn delta_nack_carries_the_error_and_the_rejected_version_is_not_resent() {
         }
     );
     assert!(
-        s.next_response(TYPE_ENDPOINT, &res(&[("a", "1")]), "1", "n2".into())
+        s.next_message(TYPE_ENDPOINT, &res(&[("a", "1")]), "1", "n2".into())
             .is_none(),
         "no NACK storm"
     );
     let r = s
-        .next_response(TYPE_ENDPOINT, &res(&[("a", "2")]), "2", "n3".into())
+        .next_message(TYPE_ENDPOINT, &res(&[("a", "2")]), "2", "n3".into())
         .unwrap();
     assert_eq!(r.resources[0].version, "2", "a newer version goes out");
 }
@@ -104,14 +145,14 @@ fn delta_nack_carries_the_error_and_the_rejected_version_is_not_resent() {
 fn delta_a_stale_nonce_is_neither_ack_nor_nack_but_subscriptions_still_apply() {
     let mut s = DeltaState::default();
     s.handle_request(&delta_req(&["a"], ""));
-    s.next_response(
+    s.next_message(
         TYPE_ENDPOINT,
         &res(&[("a", "1"), ("b", "1")]),
         "1",
         "n1".into(),
     )
     .unwrap();
-    s.next_response(
+    s.next_message(
         TYPE_ENDPOINT,
         &res(&[("a", "2"), ("b", "1")]),
         "2",
@@ -123,7 +164,7 @@ fn delta_a_stale_nonce_is_neither_ack_nor_nack_but_subscriptions_still_apply() {
         Ack::Stale { nonce: "n1".into() }
     );
     let r = s
-        .next_response(
+        .next_message(
             TYPE_ENDPOINT,
             &res(&[("a", "2"), ("b", "1")]),
             "2",
@@ -145,7 +186,7 @@ fn delta_reconnect_skips_unchanged_and_removes_what_was_deleted_while_away() {
         .collect();
     s.handle_request(&req);
     let r = s
-        .next_response(
+        .next_message(
             TYPE_ENDPOINT,
             &res(&[("a", "1"), ("b", "2")]),
             "2",
@@ -162,11 +203,11 @@ fn delta_a_subscription_to_a_missing_resource_delivers_it_when_it_appears() {
     let mut s = DeltaState::default();
     s.handle_request(&delta_req(&["later"], ""));
     assert!(
-        s.next_response(TYPE_ENDPOINT, &res(&[("a", "1")]), "1", "n1".into())
+        s.next_message(TYPE_ENDPOINT, &res(&[("a", "1")]), "1", "n1".into())
             .is_none()
     );
     let r = s
-        .next_response(
+        .next_message(
             TYPE_ENDPOINT,
             &res(&[("a", "1"), ("later", "1")]),
             "2",
@@ -180,7 +221,7 @@ fn delta_a_subscription_to_a_missing_resource_delivers_it_when_it_appears() {
 fn delta_removal_is_sent_and_unsubscribing_an_unknown_name_is_a_no_op() {
     let mut s = DeltaState::default();
     s.handle_request(&delta_req(&["a", "b"], ""));
-    s.next_response(
+    s.next_message(
         TYPE_ENDPOINT,
         &res(&[("a", "1"), ("b", "1")]),
         "1",
@@ -188,7 +229,7 @@ fn delta_removal_is_sent_and_unsubscribing_an_unknown_name_is_a_no_op() {
     )
     .unwrap();
     let r = s
-        .next_response(TYPE_ENDPOINT, &res(&[("a", "1")]), "2", "n2".into())
+        .next_message(TYPE_ENDPOINT, &res(&[("a", "1")]), "2", "n2".into())
         .unwrap();
     assert!(r.resources.is_empty());
     assert_eq!(r.removed_resources, vec!["b".to_owned()]);
@@ -197,7 +238,7 @@ fn delta_removal_is_sent_and_unsubscribing_an_unknown_name_is_a_no_op() {
     assert_eq!(s.handle_request(&unsub), Ack::Acked { nonce: "n2".into() });
     assert!(s.known.is_empty(), "unsubscribed a is forgotten");
     assert!(
-        s.next_response(TYPE_ENDPOINT, &res(&[("a", "3")]), "3", "n3".into())
+        s.next_message(TYPE_ENDPOINT, &res(&[("a", "3")]), "3", "n3".into())
             .is_none()
     );
 }
@@ -217,7 +258,7 @@ fn sotw_cds_absence_means_delete_but_eds_absence_does_not() {
     let mut cds = SotwState::default();
     cds.handle_request(&sotw_req(TYPE_CLUSTER, &[], "", ""));
     let r = cds
-        .next_response(
+        .next_message(
             TYPE_CLUSTER,
             &res(&[("a", "1"), ("b", "1")]),
             "1",
@@ -226,7 +267,7 @@ fn sotw_cds_absence_means_delete_but_eds_absence_does_not() {
         .unwrap();
     assert_eq!(r.resources.len(), 2);
     let r = cds
-        .next_response(TYPE_CLUSTER, &res(&[("a", "1")]), "2", "n2".into())
+        .next_message(TYPE_CLUSTER, &res(&[("a", "1")]), "2", "n2".into())
         .unwrap();
     assert_eq!(
         r.resources.len(),
@@ -236,7 +277,7 @@ fn sotw_cds_absence_means_delete_but_eds_absence_does_not() {
     let mut eds = SotwState::default();
     eds.handle_request(&sotw_req(TYPE_ENDPOINT, &["a"], "", ""));
     let r = eds
-        .next_response(
+        .next_message(
             TYPE_ENDPOINT,
             &res(&[("a", "1"), ("b", "1")]),
             "1",
@@ -250,17 +291,17 @@ fn sotw_cds_absence_means_delete_but_eds_absence_does_not() {
 fn sotw_ack_nack_and_stale_nonces() {
     let mut s = SotwState::default();
     s.handle_request(&sotw_req(TYPE_ENDPOINT, &["a"], "", ""));
-    s.next_response(TYPE_ENDPOINT, &res(&[("a", "1")]), "1", "n1".into())
+    s.next_message(TYPE_ENDPOINT, &res(&[("a", "1")]), "1", "n1".into())
         .unwrap();
     assert_eq!(
         s.handle_request(&sotw_req(TYPE_ENDPOINT, &["a"], "1", "n1")),
         Ack::Acked { nonce: "n1".into() }
     );
     assert!(
-        s.next_response(TYPE_ENDPOINT, &res(&[("a", "1")]), "1", "n2".into())
+        s.next_message(TYPE_ENDPOINT, &res(&[("a", "1")]), "1", "n2".into())
             .is_none()
     );
-    s.next_response(TYPE_ENDPOINT, &res(&[("a", "2")]), "2", "n3".into())
+    s.next_message(TYPE_ENDPOINT, &res(&[("a", "2")]), "2", "n3".into())
         .unwrap();
     // A stale nonce is ignored entirely, names included.
     assert_eq!(
@@ -288,10 +329,10 @@ fn sotw_a_watch_stays_registered_after_an_immediate_response() {
     // go-control-plane #458: answering at once must not drop the watch.
     let mut s = SotwState::default();
     s.handle_request(&sotw_req(TYPE_ENDPOINT, &["a"], "", ""));
-    s.next_response(TYPE_ENDPOINT, &res(&[("a", "1")]), "1", "n1".into())
+    s.next_message(TYPE_ENDPOINT, &res(&[("a", "1")]), "1", "n1".into())
         .unwrap();
     s.handle_request(&sotw_req(TYPE_ENDPOINT, &["a"], "1", "n1"));
-    let r = s.next_response(TYPE_ENDPOINT, &res(&[("a", "2")]), "2", "n2".into());
+    let r = s.next_message(TYPE_ENDPOINT, &res(&[("a", "2")]), "2", "n2".into());
     assert!(r.is_some(), "a later change is still delivered");
 }
 
@@ -309,7 +350,7 @@ fn delta_never_sends_a_reconnecting_client_backwards_from_a_lagging_server() {
     s.handle_request(&req);
     // This server has a older than the client, b newer, and lacks `new` (not yet applied).
     let r = s
-        .next_response(
+        .next_message(
             TYPE_ENDPOINT,
             &res(&[("a", "9"), ("b", "5")]),
             "1",
@@ -327,7 +368,7 @@ fn delta_never_sends_a_reconnecting_client_backwards_from_a_lagging_server() {
     );
     // Once the server catches up, it sends again.
     let r = s
-        .next_response(
+        .next_message(
             TYPE_ENDPOINT,
             &res(&[("a", "11"), ("b", "5"), ("new", "12")]),
             "2",
@@ -337,7 +378,7 @@ fn delta_never_sends_a_reconnecting_client_backwards_from_a_lagging_server() {
     assert_eq!(names(&r), vec!["a"]);
     // A resource really gone (the server is past the client's copy) is removed.
     let r = s
-        .next_response(
+        .next_message(
             TYPE_ENDPOINT,
             &res(&[("a", "13"), ("b", "5")]),
             "3",
@@ -361,13 +402,115 @@ fn delta_a_server_that_has_applied_nothing_removes_nothing() {
     let empty = res(&[]);
     assert!(
         held()
-            .next_response(TYPE_ENDPOINT, &empty, "0", "n1".into())
+            .next_message(TYPE_ENDPOINT, &empty, "0", "n1".into())
             .is_none(),
         "a server that has seen no version yet is behind, not empty"
     );
     // A server that held the client's version or later and has none now removed it.
     let r = held()
-        .next_response(TYPE_ENDPOINT, &empty, "9", "n1".into())
+        .next_message(TYPE_ENDPOINT, &empty, "9", "n1".into())
         .unwrap();
     assert_eq!(r.removed_resources, vec!["a".to_owned()]);
+}
+
+// === The wire form ===
+
+/// The gRPC frame a response is written as, whole: its 5-byte header and its message.
+fn framed<M: prost::Message + Default>(out: Outgoing<M>) -> (u8, usize, Vec<u8>) {
+    let chunks = out.into_grpc_chunks().expect("fits a gRPC frame");
+    let bytes: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+    let len = u32::from_be_bytes(bytes[1..5].try_into().unwrap()) as usize;
+    (bytes[0], len, bytes[5..].to_vec())
+}
+
+#[test]
+fn every_stream_sends_the_snapshots_own_bytes_of_a_resource_never_a_copy() {
+    let snapshot = res(&[("a", "1"), ("b", "1")]);
+    let shared = snapshot["b"].resource.wire().as_ptr();
+    for _ in 0..2 {
+        let mut s = DeltaState::default();
+        s.handle_request(&delta_req(&["b"], ""));
+        let out = s
+            .next_response(TYPE_ENDPOINT, &snapshot, "1", "n1".into())
+            .unwrap();
+        let chunks = out.into_grpc_chunks().unwrap();
+        assert_eq!(chunks.len(), 2, "the stream's own bytes, then the resource");
+        assert_eq!(chunks[1].as_ptr(), shared);
+    }
+    let mut s = SotwState::default();
+    s.handle_request(&DiscoveryRequest {
+        type_url: TYPE_ENDPOINT.into(),
+        resource_names: vec!["a".into(), "b".into()],
+        ..Default::default()
+    });
+    let chunks = s
+        .next_response(TYPE_ENDPOINT, &snapshot, "1", "n1".into())
+        .unwrap()
+        .into_grpc_chunks()
+        .unwrap();
+    assert_eq!(chunks.len(), 4);
+    assert_eq!(chunks[3].as_ptr(), shared);
+}
+
+proptest::proptest! {
+    /// Whatever the names, versions and payloads, the frame's header states the message's
+    /// length, and the message decodes to the response prost would have built whole.
+    #[test]
+    fn a_framed_response_is_the_whole_message(
+        entries in proptest::collection::btree_map(
+            "[a-z0-9.-]{0,12}",
+            ("[0-9]{0,6}", proptest::collection::vec(proptest::num::u8::ANY, 0..300)),
+            0..6,
+        ),
+        removed in proptest::collection::vec("[a-z]{1,8}", 0..3),
+        nonce in "[0-9-]{0,10}",
+    ) {
+        let resources: Resources = entries
+            .iter()
+            .map(|(name, (version, value))| {
+                let any = Any { type_url: TYPE_ENDPOINT.into(), value: value.clone() };
+                (name.clone(), Encoded { version: version.clone(), resource: Payload::new(any) })
+            })
+            .collect();
+        // Delta, with known names the snapshot lacks so removals are carried too.
+        let mut s = DeltaState::default();
+        let mut first = delta_req(&[], "");
+        first.initial_resource_versions =
+            removed.iter().map(|n| (format!("gone-{n}"), "0".to_owned())).collect();
+        s.handle_request(&first);
+        if let Some(out) = s.next_response(TYPE_ENDPOINT, &resources, "7", nonce.clone()) {
+            let whole = out.message().unwrap();
+            let (compressed, len, message) = framed(out);
+            proptest::prop_assert_eq!(compressed, 0);
+            proptest::prop_assert_eq!(len, message.len());
+            let decoded = DeltaDiscoveryResponse::decode(message.as_slice()).unwrap();
+            proptest::prop_assert_eq!(&decoded, &whole);
+            let expected: Vec<Resource> = resources
+                .iter()
+                .map(|(name, e)| Resource {
+                    name: name.clone(),
+                    version: e.version.clone(),
+                    resource: Some((*e.resource).clone()),
+                    ..Default::default()
+                })
+                .collect();
+            proptest::prop_assert_eq!(&decoded.resources, &expected);
+            proptest::prop_assert_eq!(&decoded.nonce, &nonce);
+        }
+        // State of the World, every name asked for.
+        let mut s = SotwState::default();
+        s.handle_request(&DiscoveryRequest {
+            type_url: TYPE_ENDPOINT.into(),
+            resource_names: resources.keys().cloned().collect(),
+            ..Default::default()
+        });
+        if let Some(out) = s.next_response(TYPE_ENDPOINT, &resources, "7", nonce.clone()) {
+            let (_, len, message) = framed(out);
+            proptest::prop_assert_eq!(len, message.len());
+            let decoded = DiscoveryResponse::decode(message.as_slice()).unwrap();
+            let expected: Vec<Any> = resources.values().map(|e| (*e.resource).clone()).collect();
+            proptest::prop_assert_eq!(decoded.resources, expected);
+            proptest::prop_assert_eq!(decoded.version_info, "7");
+        }
+    }
 }
