@@ -1,7 +1,7 @@
 //! ADS request sequences on the xDS server's pure core: `DeltaState` and `SotwState` per
 //! type (subscriptions, nonces, ACK/NACK, what to send next), over snapshots that
 //! `SnapshotBuilder` makes from released views while the streams run, with the
-//! `SyncRegistry` that `proxy-status` reads. The stream driver in `server.rs` is a thin
+//! `ClientSync` per stream that `proxy-status` reads. The stream driver in `server.rs` is a thin
 //! loop over exactly these calls; this target repeats that loop without tonic.
 //!
 //! Input: bytes for the structured decoder. Each step is a Delta request or a SotW request
@@ -25,7 +25,7 @@ use waymark_core::view::ReleasedView;
 use waymark_fuzz::{Gen, Limits, capped};
 use waymark_xds::protocol::{Ack, DeltaState, SotwState};
 use waymark_xds::snapshot::{Snapshot, SnapshotBuilder};
-use waymark_xds::sync::SyncRegistry;
+use waymark_xds::sync::ClientSync;
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
 
 const TYPES: [&str; 6] = [
@@ -85,7 +85,8 @@ struct Server {
     snapshot: Snapshot,
     version: u64,
     nonce: u64,
-    sync: SyncRegistry,
+    /// Each stream's sync state, by stream id.
+    sync: BTreeMap<u64, ClientSync>,
     delta: BTreeMap<String, DeltaState>,
     sotw: BTreeMap<String, SotwState>,
     /// Nonces sent, by type, newest last; requests echo them.
@@ -95,22 +96,26 @@ struct Server {
 
 impl Server {
     fn new() -> Self {
-        let mut sync = SyncRegistry::default();
         let now = Instant::now();
-        sync.connect(
-            DELTA_STREAM,
-            "node-1".into(),
-            "eu-west-1a".into(),
-            "delta",
-            now,
-        );
-        sync.connect(
-            SOTW_STREAM,
-            "node-2".into(),
-            "eu-west-1b".into(),
-            "sotw",
-            now,
-        );
+        let sync = [
+            ClientSync::new(
+                DELTA_STREAM,
+                "node-1".into(),
+                "eu-west-1a".into(),
+                "delta",
+                now,
+            ),
+            ClientSync::new(
+                SOTW_STREAM,
+                "node-2".into(),
+                "eu-west-1b".into(),
+                "sotw",
+                now,
+            ),
+        ]
+        .into_iter()
+        .map(|c| (c.stream_id, c))
+        .collect();
         Self {
             builder: SnapshotBuilder::new(),
             snapshot: Snapshot::default(),
@@ -252,9 +257,12 @@ impl Server {
     }
 
     fn record(&mut self, stream: u64, type_url: &str, ack: &Ack) {
+        let Some(client) = self.sync.get_mut(&stream) else {
+            return;
+        };
         match ack {
-            Ack::Acked { nonce } => self.sync.acked(stream, type_url, nonce),
-            Ack::Nacked { nonce, error } => self.sync.nacked(stream, type_url, nonce, error),
+            Ack::Acked { nonce } => client.acked(type_url, nonce),
+            Ack::Nacked { nonce, error } => client.nacked(type_url, nonce, error),
             Ack::None | Ack::Stale { .. } => {}
         }
     }
@@ -311,13 +319,9 @@ impl Server {
             "a delta response repeated at once: {again:?}"
         );
         let held = state.known.len();
-        self.sync.sent(
-            DELTA_STREAM,
-            type_url,
-            &resp.system_version_info,
-            &resp.nonce,
-            held,
-        );
+        if let Some(c) = self.sync.get_mut(&DELTA_STREAM) {
+            c.sent(type_url, &resp.system_version_info, &resp.nonce, held);
+        }
     }
 
     fn sotw_request(&mut self, req: &DiscoveryRequest) {
@@ -370,12 +374,8 @@ impl Server {
         let again = state.next_response(type_url, &resources, &version, "again".into());
         assert!(again.is_none(), "a SotW response repeated at once");
         let count = resp.resources.len();
-        self.sync.sent(
-            SOTW_STREAM,
-            type_url,
-            &resp.version_info,
-            &resp.nonce,
-            count,
-        );
+        if let Some(c) = self.sync.get_mut(&SOTW_STREAM) {
+            c.sent(type_url, &resp.version_info, &resp.nonce, count);
+        }
     }
 }

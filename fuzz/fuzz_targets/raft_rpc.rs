@@ -79,7 +79,11 @@ fn snapshot_file(body: &[u8]) {
     // The metadata's JSON may be spelled differently (spacing, key order); what is stable is
     // that the re-encoded file decodes to the same snapshot.
     let (meta2, data2) = raft::snapshot_file::decode(again).expect("an encoded file decodes");
-    assert_eq!((meta2, &data2), (meta, &data), "a snapshot file survives its encoding");
+    assert_eq!(
+        (meta2, &data2),
+        (meta, &data),
+        "a snapshot file survives its encoding"
+    );
     install(&data);
 }
 

@@ -41,7 +41,7 @@ use crate::admission::{AdmissionConfig, AdmissionController, Admit};
 use crate::protocol::{Ack, DeltaState, Outgoing, SotwState};
 use crate::service::AdsService;
 use crate::snapshot::{Resources, Snapshot};
-use crate::sync::{ClientSync, SyncRegistry};
+use crate::sync::ClientSync;
 use crate::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
 
 /// Server limits.
@@ -172,7 +172,9 @@ pub struct XdsStats {
 
 struct Inner {
     snapshots: watch::Receiver<Arc<Snapshot>>,
-    sync: Mutex<SyncRegistry>,
+    /// Every open stream's sync state, each behind its own lock: the stream updates it on
+    /// every send and ACK, `proxy-status` reads them all now and then.
+    sync: Mutex<BTreeMap<u64, Arc<Mutex<ClientSync>>>>,
     admission: Mutex<AdmissionController>,
     next_stream: AtomicU64,
     config: ServerConfig,
@@ -207,7 +209,7 @@ impl XdsServer {
         let admission = Mutex::new(AdmissionController::new(config.admission.clone()));
         let inner = Inner {
             snapshots: rx,
-            sync: Mutex::new(SyncRegistry::default()),
+            sync: Mutex::new(BTreeMap::new()),
             admission,
             next_stream: AtomicU64::new(1),
             config,
@@ -262,12 +264,17 @@ impl XdsServer {
 
     /// Every connected client's sync state.
     pub fn sync_state(&self) -> Vec<ClientSync> {
-        self.inner
+        let streams: Vec<Arc<Mutex<ClientSync>>> = self
+            .inner
             .sync
             .lock()
             .expect("sync registry lock")
-            .clients()
+            .values()
             .cloned()
+            .collect();
+        streams
+            .iter()
+            .map(|c| c.lock().expect("stream sync lock").clone())
             .collect()
     }
 
@@ -321,7 +328,12 @@ impl XdsServer {
         }
     }
 
-    fn open(&self, node: &Node, identity: Option<String>, protocol: &'static str) -> u64 {
+    fn open(
+        &self,
+        node: &Node,
+        identity: Option<String>,
+        protocol: &'static str,
+    ) -> (u64, Arc<Mutex<ClientSync>>) {
         let id = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
         let zone = node
             .locality
@@ -331,10 +343,15 @@ impl XdsServer {
         let now = tokio::time::Instant::now().into_std();
         let shown = identity.as_deref().unwrap_or("-");
         tracing::info!(node_id = %node.id, stream_id = id, protocol, identity = shown, "xds stream opened");
-        let mut sync = self.inner.sync.lock().expect("sync registry lock");
-        sync.connect(id, node.id.clone(), zone, protocol, now);
-        sync.set_identity(id, identity);
-        id
+        let mut client = ClientSync::new(id, node.id.clone(), zone, protocol, now);
+        client.identity = identity;
+        let client = Arc::new(Mutex::new(client));
+        self.inner
+            .sync
+            .lock()
+            .expect("sync registry lock")
+            .insert(id, Arc::clone(&client));
+        (id, client)
     }
 }
 
@@ -367,11 +384,12 @@ impl XdsServer {
         let node = F::node(&first).cloned().unwrap_or_default();
         self.admit(&node, &client)?;
         let identity_for_filter = identity.clone();
-        let stream_id = self.open(&node, identity, F::NAME);
+        let (stream_id, sync) = self.open(&node, identity, F::NAME);
         let (tx, rx) = mpsc::channel(self.inner.config.response_buffer);
         let span =
             tracing::info_span!("xds_stream", node_id = %node.id, stream_id, protocol = F::NAME);
-        let mut stream = ProtocolStream::<F>::new(self.inner.clone(), stream_id, &node, tx);
+        let core = StreamCore::new(self.inner.clone(), stream_id, sync, &node, tx);
+        let mut stream = ProtocolStream::<F>::new(core);
         stream.core.identity = identity_for_filter;
         tokio::spawn(stream.run(first, inbound).instrument(span));
         Ok(rx)
@@ -414,6 +432,8 @@ fn truncated(text: &str, max: usize) -> &str {
 struct StreamCore {
     inner: Arc<Inner>,
     id: u64,
+    /// This stream's entry in the server's sync state.
+    sync: Arc<Mutex<ClientSync>>,
     zone: Option<ZoneName>,
     node_id: String,
     identity: Option<String>,
@@ -428,7 +448,13 @@ struct StreamCore {
 pub(crate) type Outbound = Result<Box<[Bytes]>, Box<Status>>;
 
 impl StreamCore {
-    fn new(inner: Arc<Inner>, id: u64, node: &Node, tx: mpsc::Sender<Outbound>) -> Self {
+    fn new(
+        inner: Arc<Inner>,
+        id: u64,
+        sync: Arc<Mutex<ClientSync>>,
+        node: &Node,
+        tx: mpsc::Sender<Outbound>,
+    ) -> Self {
         let zone = node
             .locality
             .as_ref()
@@ -436,6 +462,7 @@ impl StreamCore {
         Self {
             inner,
             id,
+            sync,
             zone,
             node_id: node.id.clone(),
             identity: None,
@@ -494,18 +521,18 @@ impl StreamCore {
 
     fn record_ack(&self, type_url: &str, ack: &Ack) {
         let stats = &self.inner.stats;
-        let mut sync = self.inner.sync.lock().expect("sync registry lock");
+        let mut sync = self.sync.lock().expect("stream sync lock");
         match ack {
             Ack::None => {}
             Ack::Acked { nonce } => {
                 stats.acks.fetch_add(1, Ordering::Relaxed);
-                sync.acked(self.id, type_url, nonce);
+                sync.acked(type_url, nonce);
             }
             Ack::Nacked { nonce, error } => {
                 stats.nacks.fetch_add(1, Ordering::Relaxed);
                 let error = truncated(error, NACK_ERROR_LEN_MAX);
                 tracing::warn!(stream_id = self.id, xds.type_url = type_url, xds.nonce = %nonce, error = %error, "client rejected a response");
-                sync.nacked(self.id, type_url, nonce, error);
+                sync.nacked(type_url, nonce, error);
             }
             Ack::Stale { nonce } => {
                 stats.stale_nonces.fetch_add(1, Ordering::Relaxed);
@@ -533,8 +560,8 @@ impl StreamCore {
 
 impl Drop for StreamCore {
     fn drop(&mut self) {
-        if let Ok(mut sync) = self.inner.sync.lock() {
-            sync.disconnect(self.id);
+        if let Ok(mut streams) = self.inner.sync.lock() {
+            streams.remove(&self.id);
         }
     }
 }
@@ -662,9 +689,9 @@ struct ProtocolStream<F: Flavor> {
 }
 
 impl<F: Flavor> ProtocolStream<F> {
-    fn new(inner: Arc<Inner>, id: u64, node: &Node, tx: mpsc::Sender<Outbound>) -> Self {
+    fn new(core: StreamCore) -> Self {
         Self {
-            core: StreamCore::new(inner, id, node, tx),
+            core,
             states: BTreeMap::new(),
         }
     }
@@ -796,11 +823,10 @@ impl<F: Flavor> ProtocolStream<F> {
         };
         let (version, nonce, held) = state.sent(&response);
         self.core
-            .inner
             .sync
             .lock()
-            .expect("sync registry lock")
-            .sent(self.core.id, type_url, &version, &nonce, held);
+            .expect("stream sync lock")
+            .sent(type_url, &version, &nonce, held);
         tracing::debug!(protocol = F::NAME, xds.type_url = type_url, xds.version = %version, xds.nonce = %nonce, held, "response");
         self.core.send(response).await
     }

@@ -3,8 +3,9 @@
 //! The data behind a `proxy-status` view (as `istioctl proxy-status` shows for Istio): per
 //! client and resource type, the version sent, the version acknowledged, the last NACK with
 //! its error, and when the client connected. A view that may be an hour old is only safe
-//! if its age is visible. Pure bookkeeping; the server holds it behind a mutex and stamps
-//! times from its own clock.
+//! if its age is visible. Pure bookkeeping: each stream keeps its own [`ClientSync`] (the
+//! server shares it with `proxy-status` readers behind a per-stream lock, so 60,000 streams
+//! never queue on one) and stamps times from the server's clock.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -45,23 +46,16 @@ pub struct ClientSync {
     pub types: BTreeMap<String, TypeSync>,
 }
 
-/// All clients of one server, by stream.
-#[derive(Debug, Default)]
-pub struct SyncRegistry {
-    clients: BTreeMap<u64, ClientSync>,
-}
-
-impl SyncRegistry {
+impl ClientSync {
     /// A stream opened.
-    pub fn connect(
-        &mut self,
+    pub fn new(
         stream_id: u64,
         node_id: String,
         zone: String,
         protocol: &'static str,
         now: Instant,
-    ) {
-        let client = ClientSync {
+    ) -> Self {
+        Self {
             node_id,
             zone,
             stream_id,
@@ -69,32 +63,12 @@ impl SyncRegistry {
             identity: None,
             connected_since: now,
             types: BTreeMap::new(),
-        };
-        self.clients.insert(stream_id, client);
-    }
-
-    /// Record the identity the stream's TLS handshake verified.
-    pub fn set_identity(&mut self, stream_id: u64, identity: Option<String>) {
-        if let Some(c) = self.clients.get_mut(&stream_id) {
-            c.identity = identity;
         }
     }
 
-    /// A stream closed.
-    pub fn disconnect(&mut self, stream_id: u64) {
-        self.clients.remove(&stream_id);
-    }
-
     /// A response was sent.
-    pub fn sent(
-        &mut self,
-        stream_id: u64,
-        type_url: &str,
-        version: &str,
-        nonce: &str,
-        resources: usize,
-    ) {
-        if let Some(t) = self.type_mut(stream_id, type_url) {
+    pub fn sent(&mut self, type_url: &str, version: &str, nonce: &str, resources: usize) {
+        if let Some(t) = self.type_mut(type_url) {
             t.sent = Some(version.to_owned());
             t.sent_nonce = Some(nonce.to_owned());
             t.resources = resources;
@@ -102,8 +76,8 @@ impl SyncRegistry {
     }
 
     /// The client acknowledged the response with `nonce`.
-    pub fn acked(&mut self, stream_id: u64, type_url: &str, nonce: &str) {
-        if let Some(t) = self.type_mut(stream_id, type_url)
+    pub fn acked(&mut self, type_url: &str, nonce: &str) {
+        if let Some(t) = self.type_mut(type_url)
             && t.sent_nonce.as_deref() == Some(nonce)
         {
             t.acked = t.sent.clone();
@@ -111,37 +85,24 @@ impl SyncRegistry {
     }
 
     /// The client rejected the response with `nonce`; its acknowledged version stays.
-    pub fn nacked(&mut self, stream_id: u64, type_url: &str, nonce: &str, error: &str) {
-        if let Some(t) = self.type_mut(stream_id, type_url) {
-            let version = if t.sent_nonce.as_deref() == Some(nonce) {
-                t.sent.clone()
-            } else {
-                None
-            };
-            t.last_nack = Some((version.unwrap_or_default(), error.to_owned()));
-            t.nacks += 1;
-        }
+    pub fn nacked(&mut self, type_url: &str, nonce: &str, error: &str) {
+        let Some(t) = self.type_mut(type_url) else {
+            return;
+        };
+        let version = if t.sent_nonce.as_deref() == Some(nonce) {
+            t.sent.clone()
+        } else {
+            None
+        };
+        t.last_nack = Some((version.unwrap_or_default(), error.to_owned()));
+        t.nacks += 1;
     }
 
-    /// Every client, by stream id.
-    pub fn clients(&self) -> impl Iterator<Item = &ClientSync> {
-        self.clients.values()
-    }
-
-    /// The clients with a node id.
-    pub fn by_node(&self, node_id: &str) -> Vec<&ClientSync> {
-        self.clients
-            .values()
-            .filter(|c| c.node_id == node_id)
-            .collect()
-    }
-
-    fn type_mut(&mut self, stream_id: u64, type_url: &str) -> Option<&mut TypeSync> {
-        let c = self.clients.get_mut(&stream_id)?;
+    fn type_mut(&mut self, type_url: &str) -> Option<&mut TypeSync> {
         // Every send and ACK comes here: only a type's first use allocates its key.
-        if !c.types.contains_key(type_url) {
-            c.types.insert(type_url.to_owned(), TypeSync::default());
+        if !self.types.contains_key(type_url) {
+            self.types.insert(type_url.to_owned(), TypeSync::default());
         }
-        c.types.get_mut(type_url)
+        self.types.get_mut(type_url)
     }
 }
