@@ -319,14 +319,21 @@ impl Checker {
                             report.violations.push(Violation { second, what });
                         }
                     }
-                    let routed = r.view.endpoints.values().filter(|e| e.status.is_routed());
+                    let routed: Vec<_> = r
+                        .view
+                        .endpoints
+                        .values()
+                        .filter(|e| e.status.is_routed())
+                        .collect();
                     let own: BTreeSet<InstanceId> = routed
-                        .clone()
+                        .iter()
                         .filter(|e| e.status != EndpointStatus::Disregarded)
                         .map(|e| e.instance.clone())
                         .collect();
-                    self.routed
-                        .insert(key.clone(), routed.map(|e| e.instance.clone()).collect());
+                    self.routed.insert(
+                        key.clone(),
+                        routed.iter().map(|e| e.instance.clone()).collect(),
+                    );
                     self.by_verdict.insert(key, own);
                 }
                 Output::Transition(_) => report.transitions += 1,

@@ -387,10 +387,8 @@ fn fast_view(released: Option<&View>, target: &View) -> View {
     for (id, e) in released.endpoints.iter() {
         if e.status.is_routed() && !target.routes_to(id) {
             match target.endpoints.get(id) {
-                Some(t) => {
-                    std::sync::Arc::make_mut(&mut view.endpoints).insert(id.clone(), t.clone())
-                }
-                None => std::sync::Arc::make_mut(&mut view.endpoints).remove(id),
+                Some(t) => view.endpoints.insert(id.clone(), t.clone()),
+                None => view.endpoints.remove(id),
             };
         }
     }
@@ -405,9 +403,17 @@ fn fast_view(released: Option<&View>, target: &View) -> View {
             && !released.markers.health_disregarded.contains(&zone);
         let floor = target.markers.zone_floor.get(&zone).copied().unwrap_or(0) as usize;
         if newly_guarded || view.routed_in(&zone) < floor.min(target.routed_in(&zone)) {
-            std::sync::Arc::make_mut(&mut view.endpoints).retain(|_, e| e.zone != zone);
+            let in_zone: Vec<crate::model::InstanceId> = view
+                .endpoints
+                .iter()
+                .filter(|(_, e)| e.zone == zone)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in &in_zone {
+                view.endpoints.remove(id);
+            }
             let whole = target.endpoints.iter().filter(|(_, e)| e.zone == zone);
-            std::sync::Arc::make_mut(&mut view.endpoints)
+            view.endpoints
                 .extend(whole.map(|(id, e)| (id.clone(), e.clone())));
         }
     }

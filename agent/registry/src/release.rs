@@ -14,7 +14,6 @@
 //! be no smaller.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use waymark_core::view::{ReleasedView, Version, ViewDelta, ViewKey, diff};
@@ -97,7 +96,7 @@ pub fn apply_patch(
         ..
     } = patch.delta;
     if !upserted.is_empty() || !removed.is_empty() {
-        let map = Arc::make_mut(&mut held.view.endpoints);
+        let map = &mut held.view.endpoints;
         for id in &removed {
             map.remove(id);
         }

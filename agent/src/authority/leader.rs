@@ -1056,7 +1056,7 @@ mod publisher_tests {
     fn sized(service: &str, zone: &str, endpoints: u8) -> ReleasedView {
         let mut v = release(service, 1);
         v.view.key.zone = zone.parse().unwrap();
-        let map = std::sync::Arc::make_mut(&mut v.view.endpoints);
+        let map = &mut v.view.endpoints;
         for n in 0..endpoints {
             let e = waymark_core::view::ViewEndpoint {
                 instance: format!("{service}-{n}").parse().unwrap(),
@@ -1151,13 +1151,13 @@ mod publisher_tests {
         // Another release of the view reaches the log behind the publisher's back.
         let mut foreign = v1.clone();
         foreign.version = Version(2);
-        Arc::make_mut(&mut foreign.view.endpoints).pop_first();
+        foreign.view.endpoints = foreign.view.endpoints.without_min().1;
         state.lock().unwrap().apply(Request::Publish {
             views: vec![foreign],
         });
         let mut v3 = v1.clone();
         v3.version = Version(3);
-        Arc::make_mut(&mut v3.view.endpoints).pop_last();
+        v3.view.endpoints = v3.view.endpoints.without_max().1;
         tx.send(vec![v3.clone()]).unwrap();
         drop(tx);
         publisher.await.unwrap();

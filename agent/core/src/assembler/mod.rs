@@ -644,7 +644,7 @@ impl ViewAssembler {
             return Some((old.clone(), ranks, false));
         }
         let mut endpoints = old.endpoints.clone();
-        let map = Arc::make_mut(&mut endpoints);
+        let map = &mut endpoints;
         for (id, new) in fresh {
             match new {
                 Some(e) => {

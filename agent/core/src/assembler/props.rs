@@ -164,9 +164,9 @@ proptest! {
                 }
                 // A fully moved region ranks after every region still taking its share.
                 let full = |r: &RegionName| asm.region_failover(r).is_some_and(|e| e.moved == Permille::ONE);
-                let remote = view.endpoints.values().filter(|e| e.tier == Tier::Remote);
-                let last_kept = remote.clone().filter(|e| !full(&e.region)).map(|e| e.priority).max();
-                let first_moved = remote.filter(|e| full(&e.region)).map(|e| e.priority).min();
+                let remote: Vec<_> = view.endpoints.values().filter(|e| e.tier == Tier::Remote).collect();
+                let last_kept = remote.iter().filter(|e| !full(&e.region)).map(|e| e.priority).max();
+                let first_moved = remote.iter().filter(|e| full(&e.region)).map(|e| e.priority).min();
                 if let (Some(kept), Some(moved)) = (last_kept, first_moved) {
                     prop_assert!(moved > kept, "moved region at {} not after {}", moved, kept);
                 }

@@ -508,7 +508,7 @@ fn a_change_no_caller_sees_keeps_the_view_itself() {
     fx.set("pay-a-0", E);
     let targets = assembled_targets(&mut fx);
     assert_eq!(targets, 0);
-    assert!(Arc::ptr_eq(&before.endpoints, &fx.view("a").endpoints));
+    assert!(before.endpoints.ptr_eq(&fx.view("a").endpoints));
     // Once judged, it is published: one target per caller zone, the rest shared as before.
     fx.asm.handle_eligibility(&svc("pay"), &newcomer.id, E);
     let targets = assembled_targets(&mut fx);

@@ -17,7 +17,7 @@ fn key() -> ViewKey {
 fn view_of(eps: &[ViewEndpoint]) -> View {
     let mut v = View::empty(key());
     for e in eps {
-        std::sync::Arc::make_mut(&mut v.endpoints).insert(e.instance.clone(), e.clone());
+        v.endpoints.insert(e.instance.clone(), e.clone());
     }
     v
 }

@@ -48,7 +48,7 @@ fn view_strategy() -> impl Strategy<Value = View> {
             zone: zone("a"),
         });
         for e in eps {
-            std::sync::Arc::make_mut(&mut v.endpoints).insert(e.instance.clone(), e);
+            v.endpoints.insert(e.instance.clone(), e);
         }
         if guarded {
             v.markers.health_disregarded.insert(zone("a"));
@@ -86,7 +86,7 @@ fn draining_endpoints_are_present_but_not_routed() {
         zone: zone("a"),
     });
     let e = endpoint(1, "a", 100, EndpointStatus::Draining);
-    std::sync::Arc::make_mut(&mut v.endpoints).insert(e.instance.clone(), e.clone());
+    v.endpoints.insert(e.instance.clone(), e.clone());
     assert!(!v.routes_to(&e.instance));
     assert_eq!(v.routed_in(&zone("a")), 0);
 }

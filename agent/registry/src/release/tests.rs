@@ -45,7 +45,7 @@ pub(crate) fn endpoint(n: u8, weight: u32) -> ViewEndpoint {
 /// A release of the `pay`/`a` view holding `weights` (instance number → weight).
 fn released(version: u64, weights: &BTreeMap<u8, u32>) -> ReleasedView {
     let mut view = View::empty(key());
-    let map = Arc::make_mut(&mut view.endpoints);
+    let map = &mut view.endpoints;
     for (&n, &w) in weights {
         let e = endpoint(n, w);
         map.insert(e.instance.clone(), e);
