@@ -9,6 +9,7 @@
 
 pub mod bench;
 pub mod drill;
+pub mod estate;
 pub mod fanout;
 pub mod harness;
 pub mod ingest;
