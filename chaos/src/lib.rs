@@ -10,6 +10,7 @@
 pub mod bench;
 pub mod drill;
 pub mod estate;
+pub mod failover;
 pub mod fanout;
 pub mod harness;
 pub mod ingest;
