@@ -45,6 +45,7 @@ use waymark_core::view::ReleasedView;
 
 use crate::bench::{self, Shape};
 use crate::drill::leader_churn::leader_known;
+use crate::drill::report::quantile;
 use crate::estate::{self, LOAD_CONCURRENCY, ZONES};
 use crate::harness::cluster::{AuthorityCluster, MemberStatus};
 use crate::harness::fleet::{self, Api, SubLog, SubSpec, Subscribers};
@@ -85,6 +86,11 @@ pub struct Params {
     pub repeats: usize,
     /// Seeds the subscribers' jitter.
     pub seed: u64,
+    /// The members' reconnection guard, streams admitted per window in thousandths of the
+    /// population (`[authority.limits] reconnect_permille`); `None` keeps the authority's
+    /// default (50). 1000 lets every reconnecting subscriber in at once, to show what the
+    /// guard costs.
+    pub reconnect_permille: Option<u32>,
 }
 
 /// One failover.
@@ -108,6 +114,9 @@ pub struct Run {
     pub current_at_end: usize,
     /// Subscribers whose stream ended and was opened again (the killed member's).
     pub reconnected: usize,
+    /// Kill → each of those opening its new stream: the median and the last.
+    pub reattach_p50_ms: Option<f64>,
+    pub reattach_max_ms: Option<f64>,
     /// Views (service × zone) committed after the kill, before every subscriber was current.
     pub views_changed: usize,
     /// What the new leader's log says of its hold: its length and the views its end
@@ -199,10 +208,14 @@ pub async fn run(params: Params, dir: &Path) -> anyhow::Result<FailoverReport> {
     // certificate identities, else addresses): say how many there are, as the guard's
     // documentation asks, so it admits what it would admit of a real fleet.
     let expected = u32::try_from(params.subscriptions).unwrap_or(u32::MAX);
-    cluster.set_limits(&LimitsSection {
+    let mut limits = LimitsSection {
         reconnect_expected_clients: expected,
         ..LimitsSection::default()
-    })?;
+    };
+    if let Some(permille) = params.reconnect_permille {
+        limits.reconnect_permille = permille;
+    }
+    cluster.set_limits(&limits)?;
     cluster.start_all()?;
     cluster.wait_all_ready(START_DEADLINE).await?;
     let first = cluster.wait_leader(None, START_DEADLINE).await?;
@@ -431,6 +444,15 @@ async fn failover(
 
     let (newest, current_ms) = all_current(subs, published.api, &before, killed, epoch).await?;
     let current_at_end = subs.len() - behind(subs, &newest);
+    let killed_ms = ms(killed.duration_since(epoch));
+    let reattached: Vec<f64> = (0..subs.len())
+        .filter(|i| subs.streams(*i) > streams[*i])
+        .filter_map(|i| {
+            let log = subs.log(i);
+            let t = log.streams_opened_ms.iter().find(|t| **t >= killed_ms)?;
+            Some((t - killed_ms) as f64)
+        })
+        .collect();
     let reconnected = (0..subs.len())
         .filter(|i| subs.streams(*i) > streams[*i])
         .count();
@@ -470,6 +492,8 @@ async fn failover(
         subscribers_current_ms: current_ms,
         current_at_end,
         reconnected,
+        reattach_p50_ms: quantile(&reattached, 0.5),
+        reattach_max_ms: quantile(&reattached, 1.0),
         views_changed,
         hold_ms,
         hold_published,
@@ -824,6 +848,7 @@ mod tests {
             services_per_subscriber: 3,
             repeats: 1,
             seed: 1,
+            reconnect_permille: None,
         };
         let specs = sub_specs(&params);
         assert!(specs.iter().all(|s| s.services[0] == probe_service()));

@@ -50,6 +50,11 @@ fn a_killed_leader_is_replaced_and_every_subscriber_is_current_again() {
         // The killed member's subscribers had to reconnect elsewhere, and the probe
         // service's view of every zone was committed anew.
         assert!(run["reconnected"].as_u64().unwrap() > 0, "{run:#}");
+        // A reconnecting subscriber can only hold the new version on its new stream.
+        assert!(
+            f(&run["subscribers_current_ms"]) >= f(&run["reattach_max_ms"]),
+            "{run:#}"
+        );
         assert!(run["views_changed"].as_u64().unwrap() >= 3, "{run:#}");
     }
     // Each summary is the median and the extremes of the runs' own figures.

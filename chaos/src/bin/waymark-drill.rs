@@ -409,6 +409,10 @@ enum Bench {
         repeats: usize,
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// The members' reconnection guard in thousandths of the population per window
+        /// [default: the authority's, 50]; 1000 admits every reconnecting subscriber at once.
+        #[arg(long)]
+        reconnect_permille: Option<u32>,
         /// Where the members keep their files [default: a new temporary folder].
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
@@ -565,7 +569,7 @@ fn main() -> anyhow::Result<()> {
             }
             serde_json::to_string(&bench::RebuildSummary::new(sizes))
         }
-        Bench::Failover { services, estate, subscriptions, services_per_subscriber, repeats, seed, dir } => {
+        Bench::Failover { services, estate, subscriptions, services_per_subscriber, repeats, seed, reconnect_permille, dir } => {
             let params = waymark_chaos::failover::Params {
                 services,
                 estate,
@@ -573,6 +577,7 @@ fn main() -> anyhow::Result<()> {
                 services_per_subscriber,
                 repeats,
                 seed,
+                reconnect_permille,
             };
             let dir = match dir {
                 Some(d) => d,
