@@ -34,6 +34,25 @@ pub fn spec(n: usize, services: usize) -> (String, &'static str, SocketAddr) {
     )
 }
 
+/// The `n`th of `count` instances over `services` services, loaded one service after
+/// another (a fleet deployed service by service): instance `n` goes to service
+/// `n * services / count` and zone `n % 3`. The estate is the same size and as evenly
+/// spread as [`spec`]'s, but each admission window touches a few services rather than
+/// every one, so the leader's releases while loading carry a few views each, not the whole
+/// region's.
+pub fn spec_by_service(
+    n: usize,
+    services: usize,
+    count: usize,
+) -> (String, &'static str, SocketAddr) {
+    let service = n.saturating_mul(services.max(1)) / count.max(1);
+    (
+        fleet::service_name(service.min(services.max(1) - 1)),
+        ZONES[n % ZONES.len()],
+        fleet::address(n + 1),
+    )
+}
+
 /// Registers `count` instances, numbered from `next` on (numbers are never reused, so a
 /// later phase drawing from the same counter gets addresses of its own), with
 /// `concurrency` calls of `add` in flight; every one must succeed. What each left behind,
@@ -85,6 +104,25 @@ mod tests {
         );
         assert_eq!(spec(3 * 450, 450).1, "z1");
         assert_ne!(spec(1, 450).2, spec(451, 450).2);
+    }
+
+    #[test]
+    fn by_service_the_estate_is_as_even_and_fills_one_service_at_a_time() {
+        let (services, count) = (450, 60_000);
+        let mut per: std::collections::BTreeMap<String, [usize; 3]> = Default::default();
+        for n in 0..count {
+            let (s, z, _) = spec_by_service(n, services, count);
+            let zone = ZONES.iter().position(|x| *x == z).unwrap();
+            per.entry(s).or_default()[zone] += 1;
+        }
+        assert_eq!(per.len(), services);
+        assert!(
+            per.values()
+                .all(|z| z.iter().all(|n| (44..=45).contains(n))),
+            "{per:?}"
+        );
+        assert_eq!(spec_by_service(0, services, count).0, "svc-00");
+        assert_eq!(spec_by_service(count - 1, services, count).0, "svc-449");
     }
 
     #[tokio::test]

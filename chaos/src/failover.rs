@@ -243,12 +243,15 @@ async fn measure(
     let services: Vec<String> = (0..params.services).map(fleet::service_name).collect();
     api.declare(&services, START_DEADLINE).await?;
     let next = Arc::new(AtomicUsize::new(0));
-    let count = params.services;
+    // One service after another: loaded in `bench writes`' order (every registration to
+    // the next service), each admission window re-released every view of the region, and
+    // with three members the group stopped committing (see `estate::spec_by_service`).
+    let (count, total) = (params.services, params.estate);
     let loader = api.clone();
     estate::load(params.estate, LOAD_CONCURRENCY, &next, move |n| {
         let api = loader.clone();
         async move {
-            let (service, zone, addr) = estate::spec(n, count);
+            let (service, zone, addr) = estate::spec_by_service(n, count, total);
             api.register(&service, zone, addr).await
         }
     })
