@@ -9,6 +9,8 @@
 
 pub mod bench;
 pub mod drill;
+pub mod estate;
+pub mod failover;
 pub mod fanout;
 pub mod harness;
 pub mod ingest;

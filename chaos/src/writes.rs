@@ -47,13 +47,12 @@ use serde_json::json;
 use waymark_agent::api_client::ApiClient;
 
 use crate::drill::report::quantile;
+use crate::estate::{self, LOAD_CONCURRENCY, ZONES};
 use crate::harness::fleet::{self, Api, FleetAuthority, LEASE_MS, Limits};
 use crate::harness::{Proc, free_port, loopback, wait_serving, waymark_bin};
 
 /// Region the authority serves.
 const REGION: &str = "bench";
-/// Zones the estate spreads over.
-const ZONES: [&str; 3] = ["z1", "z2", "z3"];
 /// How long a store may take to come up.
 const START_DEADLINE: Duration = Duration::from_secs(60);
 
@@ -224,9 +223,7 @@ const ETCD_LEASES: usize = 1_024;
 impl Store {
     /// Registers (puts) the `n`th instance; what to remove later.
     async fn add(&self, services: usize, n: usize) -> anyhow::Result<Held> {
-        let service = fleet::service_name(n % services);
-        let zone = ZONES[(n / services) % ZONES.len()];
-        let addr = fleet::address(n + 1);
+        let (service, zone, addr) = estate::spec(n, services);
         match self {
             Self::Waymark(api) => Ok(Held::Instance(api.register(&service, zone, addr).await?)),
             Self::Etcd(client) => {
@@ -361,7 +358,13 @@ pub async fn run(params: Params, dir: &Path) -> anyhow::Result<WritesReport> {
     let mut estate = Vec::new();
     for (name, store) in [("waymark", &waymark), ("etcd", &etcd_store)] {
         let started = Instant::now();
-        let loaded = load(store, params.services, params.estate, 64, &next).await?;
+        let services = params.services;
+        let adder = store.clone();
+        let loaded = estate::load(params.estate, LOAD_CONCURRENCY, &next, move |n| {
+            let store = adder.clone();
+            async move { store.add(services, n).await }
+        })
+        .await?;
         if name == "waymark" {
             estate = loaded
                 .into_iter()
@@ -429,41 +432,6 @@ pub async fn run(params: Params, dir: &Path) -> anyhow::Result<WritesReport> {
         renewals,
         params,
     })
-}
-
-/// Loads `count` instances with `concurrency` writes in flight; every one must succeed.
-/// What each left behind.
-async fn load(
-    store: &Store,
-    services: usize,
-    count: usize,
-    concurrency: usize,
-    next: &Arc<AtomicUsize>,
-) -> anyhow::Result<Vec<Held>> {
-    let left = Arc::new(AtomicUsize::new(count));
-    let mut workers = Vec::new();
-    for _ in 0..concurrency {
-        let (store, next, left) = (store.clone(), Arc::clone(next), Arc::clone(&left));
-        workers.push(tokio::spawn(async move {
-            let mut held = Vec::new();
-            while left
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| l.checked_sub(1))
-                .is_ok()
-            {
-                held.push(
-                    store
-                        .add(services, next.fetch_add(1, Ordering::Relaxed))
-                        .await?,
-                );
-            }
-            Ok::<_, anyhow::Error>(held)
-        }));
-    }
-    let mut held = Vec::with_capacity(count);
-    for w in workers {
-        held.extend(w.await.context("a loading client panicked")??);
-    }
-    Ok(held)
 }
 
 /// The renewal phases at the first client count, alternating between the stores.

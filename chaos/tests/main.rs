@@ -6,6 +6,7 @@
 
 mod common;
 
+mod bench_failover;
 mod bench_fanout;
 mod bench_ingest;
 mod bench_writes;

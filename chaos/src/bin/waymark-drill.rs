@@ -388,6 +388,35 @@ enum Bench {
         #[command(flatten)]
         shape: SizesArgs,
     },
+    /// The real recovery time of a three-member authority holding the estate: its leader
+    /// SIGKILLed, until a new leader publishes and every Delta xDS subscriber is current
+    /// again; each figure's median and spread over the repeats.
+    Failover {
+        /// Services the estate spreads over (the first is the probe service).
+        #[arg(long, default_value_t = 450)]
+        services: usize,
+        /// Instances loaded before the first kill.
+        #[arg(long, default_value_t = 60_000)]
+        estate: usize,
+        /// Delta xDS subscribers, spread over the members, each configured with all three.
+        #[arg(long, default_value_t = 2_000)]
+        subscriptions: usize,
+        /// Services each subscriber follows (the probe service among them).
+        #[arg(long, default_value_t = 3)]
+        services_per_subscriber: usize,
+        /// Leaders killed, one after another.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// The members' reconnection guard in thousandths of the population per window
+        /// [default: the authority's, 50]; 1000 admits every reconnecting subscriber at once.
+        #[arg(long)]
+        reconnect_permille: Option<u32>,
+        /// Where the members keep their files [default: a new temporary folder].
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
     /// Acknowledged registry writes per second through the authority's API at each client
     /// count, beside a single-member etcd (Debian's `etcd-server`, installed if missing)
     /// driven by the same client on the same work.
@@ -539,6 +568,24 @@ fn main() -> anyhow::Result<()> {
                 sizes.push(bench::rebuild(shape));
             }
             serde_json::to_string(&bench::RebuildSummary::new(sizes))
+        }
+        Bench::Failover { services, estate, subscriptions, services_per_subscriber, repeats, seed, reconnect_permille, dir } => {
+            let params = waymark_chaos::failover::Params {
+                services,
+                estate,
+                subscriptions,
+                services_per_subscriber,
+                repeats,
+                seed,
+                reconnect_permille,
+            };
+            let dir = match dir {
+                Some(d) => d,
+                None => std::env::temp_dir().join(format!("waymark-bench-failover-{}", std::process::id())),
+            };
+            eprintln!("bench failover: {params:?}");
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            serde_json::to_string(&runtime.block_on(waymark_chaos::failover::run(params, &dir))?)
         }
         Bench::Writes { clients, seconds, repeats, services, estate, hold, dir } => {
             let params = waymark_chaos::writes::Params {

@@ -635,7 +635,7 @@ async fn instances(api: SocketAddr) -> Option<BTreeMap<String, u64>> {
 /// Polls the live members' `/v1/status` until one says it leads in a term above
 /// `killed_term` (a restarted ex-leader may resume its old term for a moment): (its id,
 /// ms since the kill).
-async fn leader_known(
+pub(crate) async fn leader_known(
     live: &[(u64, SocketAddr)],
     killed_term: u64,
     since: Instant,

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use waymark_agent::authority::config::LimitsSection;
 
 use super::{RoleProc, configs, free_port, loopback};
 
@@ -43,6 +44,8 @@ struct Config {
     /// The group's voters as first written, where [`AuthorityProc::set_initial_members`]
     /// finds each one's Raft address.
     voters: Vec<Voter>,
+    /// `[authority.limits]`; the defaults unless [`AuthorityProc::set_limits`] said.
+    limits: LimitsSection,
 }
 
 impl Config {
@@ -56,6 +59,7 @@ impl Config {
         a.xds = self.xds;
         a.members = configs::members(members);
         a.acl = configs::drill_acl(self.path.parent().unwrap_or(&self.data))?;
+        a.limits = self.limits.clone();
         configs::write_authority(&self.path, a)
     }
 }
@@ -96,6 +100,7 @@ impl AuthorityProc {
             raft: me.raft,
             xds,
             voters: members.to_vec(),
+            limits: LimitsSection::default(),
         };
         config.write(id, members)?;
         Ok(Self {
@@ -151,6 +156,18 @@ impl AuthorityProc {
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         self.config.write(self.id, &voters)
+    }
+
+    /// Rewrites its configuration with `limits` as `[authority.limits]`, the same initial
+    /// voters as first written (read at the next start).
+    pub fn set_limits(&mut self, limits: LimitsSection) -> anyhow::Result<()> {
+        self.config.limits = limits;
+        self.config.write(self.id, &self.config.voters)
+    }
+
+    /// The process's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
     }
 
     /// Start the process (no wait).

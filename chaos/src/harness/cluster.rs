@@ -11,6 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use waymark_agent::authority::config::LimitsSection;
 
 use super::authority::{AuthorityProc, Voter};
 use super::{free_port, loopback, wait_until};
@@ -72,6 +73,13 @@ impl AuthorityCluster {
             })
             .collect::<anyhow::Result<_>>()?;
         Ok(Self { members })
+    }
+
+    /// Writes `limits` as every member's `[authority.limits]` (read at the next start).
+    pub fn set_limits(&mut self, limits: &LimitsSection) -> anyhow::Result<()> {
+        self.members
+            .iter_mut()
+            .try_for_each(|m| m.set_limits(limits.clone()))
     }
 
     /// The members' ids, in order.

@@ -539,6 +539,26 @@ impl Subscribers {
         batch: usize,
         deadline: Duration,
     ) -> anyhow::Result<Self> {
+        Self::start_across(&[xds], specs, seed, epoch, batch, deadline).await
+    }
+
+    /// [`Self::start`] over several equivalent servers (an authority's members), as node
+    /// agents are configured: subscriber `i` starts on `servers[i % n]` and moves to the
+    /// next after every stream that ends, so the streams spread evenly and a dead member's
+    /// subscribers fail over to the others.
+    pub async fn start_across(
+        servers: &[SocketAddr],
+        specs: Vec<SubSpec>,
+        seed: u64,
+        epoch: Instant,
+        batch: usize,
+        deadline: Duration,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(!servers.is_empty(), "subscribers need a server");
+        let endpoints = servers
+            .iter()
+            .map(|a| tonic::transport::Endpoint::from_shared(format!("http://{a}")))
+            .collect::<Result<Vec<_>, _>>()?;
         let contents: Arc<Mutex<Contents>> = Arc::default();
         let mut me = Self {
             specs: Vec::new(),
@@ -549,7 +569,6 @@ impl Subscribers {
             connected: Vec::new(),
         };
         for (i, spec) in specs.into_iter().enumerate() {
-            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{xds}"))?;
             let node = Node {
                 id: format!("fleet-{i}"),
                 locality: Some(Locality {
@@ -566,8 +585,13 @@ impl Subscribers {
                 seed: seed.wrapping_mul(0x9E37_79B9).wrapping_add(i as u64),
                 ..ClientConfig::default()
             };
+            // The client starts at `endpoints[seed % n]`: rotate the list so that is
+            // `servers[i % n]`.
+            let n = endpoints.len();
+            let mut order = endpoints.clone();
+            order.rotate_left((i % n + n - (config.seed % n as u64) as usize) % n);
             let (client, rx) =
-                XdsClient::connect_with(config, endpoint, node, [(TYPE_ENDPOINT.to_owned(), sub)]);
+                XdsClient::connect_any(config, order, node, [(TYPE_ENDPOINT.to_owned(), sub)]);
             let log: Arc<Mutex<SubLog>> = Arc::default();
             me.watchers.push(tokio::spawn(watch(
                 rx.clone(),
@@ -617,6 +641,36 @@ impl Subscribers {
             .iter()
             .filter(|rx| rx.borrow().connected)
             .count()
+    }
+
+    /// The version subscriber `i` holds now of each service it follows (in its spec's
+    /// order), `None` where it holds none.
+    pub fn held(&self, i: usize) -> Vec<Option<u64>> {
+        let (Some(rx), Some(spec)) = (self.connected.get(i), self.specs.get(i)) else {
+            return Vec::new();
+        };
+        let applied = rx.borrow();
+        let resources = applied.resources(TYPE_ENDPOINT);
+        spec.services
+            .iter()
+            .map(|s| {
+                resources
+                    .and_then(|r| r.get(s))
+                    .and_then(|(v, _)| v.parse().ok())
+            })
+            .collect()
+    }
+
+    /// Streams subscriber `i` has opened so far (1 after its first connect).
+    pub fn streams(&self, i: usize) -> u64 {
+        self.connected.get(i).map_or(0, |rx| rx.borrow().streams)
+    }
+
+    /// What subscriber `i` has recorded so far (it goes on recording).
+    pub fn log(&self, i: usize) -> SubLog {
+        self.logs.get(i).map_or_else(SubLog::default, |l| {
+            l.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        })
     }
 
     pub fn len(&self) -> usize {
