@@ -848,7 +848,7 @@ async fn publish_loop<W, F>(
 /// Endpoints one `Publish` entry carries at most, unless a single service's views hold
 /// more: a busy region's releases go out as several bounded entries, not one that grows
 /// with the region.
-const PUBLISH_ENDPOINTS_MAX: usize = 16_384;
+const PUBLISH_ENDPOINTS_MAX: usize = 2_048;
 
 /// The releases the next entry carries, each a patch where `encoder` knows what the log
 /// holds: whole services, in order, until adding the next service would pass

@@ -46,7 +46,8 @@ pub use self::network::{
 };
 use self::store::Shared;
 pub use self::store::{
-    AppliedEntry, ApplyFailure, DB_FILE, LogStore, StateEvent, StateMachineStore, StoreError,
+    APPEND_BYTES_MAX, AppliedEntry, ApplyFailure, DB_FILE, LogStore, StateEvent, StateMachineStore,
+    StoreError,
 };
 use waymark_registry::machine::{AuditEntry, AuthorityState, ReplayGate, Request, Response};
 
@@ -110,11 +111,13 @@ pub struct RaftConfig {
     pub logs_kept_after_snapshot: u64,
     /// Log entries sent in one AppendEntries at most. openraft gives every AppendEntries
     /// one heartbeat interval to complete, however many entries it carries, and a
-    /// `Publish` entry carries whole views (tens of kB for a service of a few hundred
+    /// `Release` entry can carry whole views (tens of kB for a service of a few hundred
     /// instances): a batch of openraft's default 300 such entries cannot be encoded, sent,
     /// decoded and made durable within 250 ms, so a follower that fell that far behind
     /// would never catch up, and a group that needs it for its quorum would never commit
-    /// again. Small batches keep each round trip within the heartbeat.
+    /// again. Small batches keep each round trip within the heartbeat; the log reader
+    /// also bounds each batch by bytes ([`APPEND_BYTES_MAX`]), and a batch that times out
+    /// is sent again at half its entries.
     pub append_batch_max: u64,
     /// Mutual TLS to the peers' Raft listeners (a config from
     /// `waymark_certs::tls::client_config` with [`tls::peer_policy`] and ALPN `http/1.1`);

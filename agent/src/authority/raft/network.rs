@@ -473,6 +473,20 @@ where
                     let hint = u64::try_from(sent / 2).unwrap_or(u64::MAX).max(1);
                     RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(hint))
                 }
+                // A follower that cannot take this many entries within the heartbeat
+                // interval would time out on the same batch for ever: send half next time
+                // (openraft keeps the hint for ten sends), down to one entry.
+                CallError::Timeout(ttl) if sent > 1 => {
+                    let hint = u64::try_from(sent / 2).unwrap_or(u64::MAX).max(1);
+                    tracing::warn!(
+                        peer = self.target,
+                        entries = sent,
+                        next_entries = hint,
+                        timeout_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+                        "append to a follower timed out; sending fewer entries"
+                    );
+                    RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(hint))
+                }
                 e => self.rpc_error(RPCTypes::AppendEntries, e),
             })?;
         answer.map_err(|e| self.remote(e))
@@ -584,6 +598,43 @@ mod tests {
     #[tokio::test]
     async fn a_peer_that_never_answers_is_a_timeout() {
         let e = vote_to(fake_peer(None).await).await;
+        assert!(matches!(e, RPCError::Timeout(_)), "{e:?}");
+    }
+
+    async fn append_to(addr: String, entries: u64) -> RPCError<NodeId, Member, RaftError<NodeId>> {
+        let member = Member {
+            raft_addr: addr.clone(),
+            api_addr: addr,
+        };
+        let mut peer = HttpNetworkFactory::new(1).new_client(2, &member).await;
+        let leader = openraft::CommittedLeaderId::new(1, 1);
+        let rpc = AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: None,
+            leader_commit: None,
+            entries: (1..=entries)
+                .map(|i| openraft::Entry {
+                    log_id: openraft::LogId::new(leader, i),
+                    payload: openraft::EntryPayload::Blank,
+                })
+                .collect(),
+        };
+        peer.append_entries(rpc, RPCOption::new(Duration::from_millis(200)))
+            .await
+            .unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn an_append_that_times_out_asks_for_half_the_entries_down_to_one() {
+        // Goal: a follower too slow for a batch is sent a smaller one, never the same
+        // batch again and again; a single entry that times out is an ordinary timeout.
+        let addr = fake_peer(None).await;
+        let e = append_to(addr.clone(), 6).await;
+        let RPCError::PayloadTooLarge(hint) = e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(hint.entries_hint(), 3);
+        let e = append_to(addr, 1).await;
         assert!(matches!(e, RPCError::Timeout(_)), "{e:?}");
     }
 }

@@ -506,19 +506,35 @@ impl Recent {
 
     /// Every entry of `[start, end]` if all are held.
     fn get(&self, start: u64, end: u64) -> Option<Vec<Entry<TypeConfig>>> {
+        self.get_within(start, end, usize::MAX)
+    }
+
+    /// The entries of `[start, end]` from `start` on, as long as they add up to at most
+    /// `bytes` encoded (the first always comes, whatever its size); `None` unless `start`
+    /// is held and every entry up to where the bound stops is.
+    fn get_within(&self, start: u64, end: u64, bytes: usize) -> Option<Vec<Entry<TypeConfig>>> {
         let first = self.first_index()?;
         let last = self.entries.back()?.0.log_id.index;
-        if start < first || end > last || start > end {
+        if start < first || start > end || start > last {
             return None;
         }
         let from = usize::try_from(start - first).ok()?;
         let to = usize::try_from(end - first).ok()?;
-        Some(
-            self.entries
-                .range(from..=to)
-                .map(|(e, _)| e.clone())
-                .collect(),
-        )
+        let mut out = Vec::new();
+        let mut total = 0usize;
+        for (entry, size) in self
+            .entries
+            .range(from..)
+            .take((to - from).saturating_add(1))
+        {
+            if !out.is_empty() && total.saturating_add(*size) > bytes {
+                return Some(out);
+            }
+            total = total.saturating_add(*size);
+            out.push(entry.clone());
+        }
+        // Every entry asked for must be here unless the bound stopped the walk.
+        (end <= last).then_some(out)
     }
 }
 
@@ -582,12 +598,28 @@ fn read_entries(
     db: &Database,
     range: (Bound<u64>, Bound<u64>),
 ) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
+    read_entries_within(db, range, usize::MAX)
+}
+
+/// The entries of `range` in order, as long as they add up to at most `bytes` encoded (the
+/// first always comes, whatever its size).
+fn read_entries_within(
+    db: &Database,
+    range: (Bound<u64>, Bound<u64>),
+    bytes: usize,
+) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
     let txn = db.begin_read()?;
     let table = txn.open_table(LOGS)?;
     let mut out = Vec::new();
+    let mut total = 0usize;
     for item in table.range::<u64>(range)? {
         let (_, raw) = item?;
-        out.push(serde_json::from_slice(raw.value())?);
+        let raw = raw.value();
+        if !out.is_empty() && total.saturating_add(raw.len()) > bytes {
+            break;
+        }
+        total = total.saturating_add(raw.len());
+        out.push(serde_json::from_slice(raw)?);
     }
     Ok(out)
 }
@@ -636,7 +668,41 @@ impl RaftLogReader<TypeConfig> for LogStore {
             .await
             .map_err(|e| StorageIOError::read_logs(&e).into())
     }
+
+    /// What one AppendEntries to a follower carries: the entries from `start` on, up to
+    /// [`APPEND_BYTES_MAX`] encoded (at least one). openraft gives each AppendEntries one
+    /// heartbeat interval however much it carries; a follower that fell behind by a few
+    /// large entries (views released whole, an estate's slow start) was sent more than it
+    /// could decode and make durable in that time, timed out, and was sent the same again —
+    /// for ever. Bounded by bytes, each round trip fits and the follower catches up.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
+        let Some(last) = end.checked_sub(1).filter(|last| start <= *last) else {
+            return Ok(Vec::new());
+        };
+        let held = self
+            .recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_within(start, last, APPEND_BYTES_MAX);
+        if let Some(entries) = held {
+            return Ok(entries);
+        }
+        let range = (Bound::Included(start), Bound::Included(last));
+        blocking(&self.db, move |db| {
+            read_entries_within(db, range, APPEND_BYTES_MAX)
+        })
+        .await
+        .map_err(|e| StorageIOError::read_logs(&e).into())
+    }
 }
+
+/// Encoded log bytes one AppendEntries carries at most, unless its first entry alone is
+/// larger (etcd bounds its append messages the same way, at 1 MiB by default).
+pub const APPEND_BYTES_MAX: usize = 1 << 20;
 
 impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
