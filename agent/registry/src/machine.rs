@@ -54,6 +54,20 @@ pub enum Request {
         /// Per instance.
         instances: BTreeMap<InstanceId, ObservedInstance>,
     },
+    /// One part of the leader's observed-state snapshot, for a region too large to carry
+    /// it in one bounded entry. Parts of one snapshot share its `at_ms`; it replaces the
+    /// snapshot in force once every part is held, whatever order they committed in, so a
+    /// leader lost half-way leaves the previous snapshot in force, never half of each.
+    ObservedPart {
+        /// Unix milliseconds when the snapshot was taken; names the snapshot.
+        at_ms: u64,
+        /// Which part this is, from 0.
+        part: u32,
+        /// How many parts the snapshot has (at most [`OBSERVED_PARTS_MAX`]).
+        parts: u32,
+        /// This part's instances.
+        instances: BTreeMap<InstanceId, ObservedInstance>,
+    },
     /// Audit records (transitions, overrides granted or refused, denials, policy changes).
     Audit {
         /// The records; sequence numbers are assigned on apply.
@@ -139,6 +153,16 @@ pub enum Response {
     },
     /// The observed-state snapshot was replaced.
     ObservedSaved,
+    /// A part of an observed-state snapshot: `held` unless it was refused (a part number
+    /// outside its count, a count of none or over [`OBSERVED_PARTS_MAX`]) and changed
+    /// nothing; `complete` when it was the last part missing and the snapshot it completes
+    /// replaced the one in force.
+    ObservedPart {
+        /// Taken.
+        held: bool,
+        /// Put the snapshot in force.
+        complete: bool,
+    },
     /// Raft's own entries (blank, membership) carry no request.
     Empty,
     /// Applying the entry failed unexpectedly (a bug, caught by the store): nothing is
@@ -293,6 +317,22 @@ pub struct AuthorityState {
     /// its service, so versions never go back.
     #[serde(default)]
     version_floor: Version,
+    /// An observed-state snapshot arriving in parts, until every part is held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    observed_pending: Option<ObservedPending>,
+}
+
+/// Parts an observed-state snapshot may be split into at most: far more than the largest
+/// region needs at the leader's part size, and a bound on what a pending snapshot holds.
+pub const OBSERVED_PARTS_MAX: u32 = 4_096;
+
+/// The parts of one observed-state snapshot held so far.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct ObservedPending {
+    at_ms: u64,
+    parts: u32,
+    received: std::collections::BTreeSet<u32>,
+    instances: BTreeMap<InstanceId, ObservedInstance>,
 }
 
 impl AuthorityState {
@@ -340,6 +380,12 @@ impl AuthorityState {
                 self.observed = Some((at_ms, instances));
                 Response::ObservedSaved
             }
+            Request::ObservedPart {
+                at_ms,
+                part,
+                parts,
+                instances,
+            } => self.observed_part(at_ms, part, parts, instances),
             Request::Audit { entries } => {
                 for mut e in entries {
                     self.audit_seq = self.audit_seq.saturating_add(1);
@@ -353,6 +399,44 @@ impl AuthorityState {
                     last_seq: self.audit_seq,
                 }
             }
+        }
+    }
+
+    /// Hold one part of an observed-state snapshot; the last one missing puts the whole
+    /// snapshot in force. A part of another snapshot than the one pending (another
+    /// `at_ms`, or another count) starts that snapshot afresh: a new leader's snapshot
+    /// replaces a lost leader's unfinished one.
+    fn observed_part(
+        &mut self,
+        at_ms: u64,
+        part: u32,
+        parts: u32,
+        instances: BTreeMap<InstanceId, ObservedInstance>,
+    ) -> Response {
+        if parts == 0 || parts > OBSERVED_PARTS_MAX || part >= parts {
+            return Response::ObservedPart {
+                held: false,
+                complete: false,
+            };
+        }
+        let pending = match &mut self.observed_pending {
+            Some(p) if p.at_ms == at_ms && p.parts == parts => p,
+            other => other.insert(ObservedPending {
+                at_ms,
+                parts,
+                ..ObservedPending::default()
+            }),
+        };
+        if pending.received.insert(part) {
+            pending.instances.extend(instances);
+        }
+        let complete = u32::try_from(pending.received.len()).is_ok_and(|n| n == parts);
+        if complete && let Some(done) = self.observed_pending.take() {
+            self.observed = Some((done.at_ms, done.instances));
+        }
+        Response::ObservedPart {
+            held: true,
+            complete,
         }
     }
 

@@ -37,7 +37,7 @@ use waymark_core::assembler::{self, RemoteEndpoint};
 use waymark_core::audit::TransitionRecord;
 use waymark_core::delta;
 use waymark_core::eligibility::Verdict;
-use waymark_core::evaluator::{EvaluatorError, QuarantineEvent};
+use waymark_core::evaluator::{EvaluatorError, ObservedInstance, QuarantineEvent};
 use waymark_core::model::{
     EvidenceClass, InstanceId, NodeName, RegionName, Sample, ServiceName, ZoneName,
 };
@@ -47,7 +47,9 @@ use waymark_core::view::{ReleasedView, Tier, ViewKey};
 use crate::assignment::assign;
 use crate::fold::Fold;
 use crate::ingest::Denial;
-use crate::machine::{AuditEntry, AuditKind, AuthorityState, Request, TermVersions};
+use crate::machine::{
+    AuditEntry, AuditKind, AuthorityState, OBSERVED_PARTS_MAX, Request, TermVersions,
+};
 use crate::pipeline::{Output, PipelineConfig, RegionPipeline};
 use crate::state::{
     Applied, Command, DesiredState, EXPIRE_BATCH_MAX, RegionFailoverIntent, RegionFailoverRecord,
@@ -63,6 +65,9 @@ pub const COUNTS_EVERY: Duration = Duration::from_secs(2);
 /// How often the observed-state snapshot is replicated (the design asks for at least
 /// every 60 s).
 pub const OBSERVED_EVERY: Duration = Duration::from_secs(30);
+/// Instances one observed-state entry carries at most (a few hundred kB encoded); a larger
+/// region's snapshot goes in parts.
+pub const OBSERVED_PER_ENTRY: usize = 2_048;
 /// Prober assignment is recomputed at most this often (it walks every target).
 pub const REASSIGN_EVERY: Duration = Duration::from_millis(500);
 /// How often lease expiry is checked.
@@ -993,10 +998,15 @@ impl LeaderTerm {
         }
     }
 
+    /// Commit the observed state: in one entry, or in parts of at most
+    /// [`OBSERVED_PER_ENTRY`] instances so no entry grows with the region (a follower is
+    /// given one heartbeat interval to take an AppendEntries, however large).
     fn snapshot_observed(&mut self, now: Instant) {
         let instances = self.pipeline.observed(now);
         let at_ms = self.unix_ms(now);
-        self.propose(Purpose::Observed, Request::Observed { at_ms, instances });
+        for request in observed_requests(at_ms, instances, OBSERVED_PER_ENTRY) {
+            self.propose(Purpose::Observed, request);
+        }
     }
 
     /// Hand the pipeline every peer-region aggregate that changed since it last saw it
@@ -1102,6 +1112,35 @@ fn signal_intent(record: Option<RegionFailoverRecord>, up: bool) -> Option<Regio
         }
         _ => None,
     }
+}
+
+/// The entries that commit an observed-state snapshot: one `Observed` if it holds at most
+/// `per` instances, else `ObservedPart`s of at most `per` each (more only past
+/// [`OBSERVED_PARTS_MAX`] parts), in instance order.
+pub fn observed_requests(
+    at_ms: u64,
+    instances: BTreeMap<InstanceId, ObservedInstance>,
+    per: usize,
+) -> Vec<Request> {
+    let per = per.max(1);
+    if instances.len() <= per {
+        return vec![Request::Observed { at_ms, instances }];
+    }
+    let parts = instances
+        .len()
+        .div_ceil(per)
+        .min(OBSERVED_PARTS_MAX as usize);
+    let per = instances.len().div_ceil(parts);
+    let mut rest = instances.into_iter();
+    (0..parts)
+        .map(|part| Request::ObservedPart {
+            at_ms,
+            // Both at most OBSERVED_PARTS_MAX, a u32.
+            part: u32::try_from(part).unwrap_or(u32::MAX),
+            parts: u32::try_from(parts).unwrap_or(u32::MAX),
+            instances: rest.by_ref().take(per).collect(),
+        })
+        .collect()
 }
 
 /// Recompute the pipeline from the desired state and resume it from the observed-state

@@ -1705,6 +1705,12 @@ fn summarise(request: &Request) -> String {
             format!("release [{}]", versions.join(" "))
         }
         Request::Observed { instances, .. } => format!("observed {}", instances.len()),
+        Request::ObservedPart {
+            part,
+            parts,
+            instances,
+            ..
+        } => format!("observed part {part}/{parts} {}", instances.len()),
         Request::Audit { entries } => format!("audit {}", entries.len()),
     }
 }

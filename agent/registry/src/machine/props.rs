@@ -104,6 +104,12 @@ fn request() -> impl Strategy<Value = Request> {
             at_ms,
             instances: std::collections::BTreeMap::<InstanceId, _>::new(),
         }),
+        1 => (0u64..3, 0u32..4, 0u32..4).prop_map(|(at_ms, part, parts)| Request::ObservedPart {
+            at_ms,
+            part,
+            parts,
+            instances: std::collections::BTreeMap::<InstanceId, _>::new(),
+        }),
     ]
 }
 

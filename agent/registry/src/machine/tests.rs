@@ -439,3 +439,101 @@ fn a_refusal_names_the_field_its_error_carries() {
         assert_eq!(refusal.field.is_some(), carries, "{error}");
     }
 }
+
+fn observed_map(n: usize, level: u32) -> BTreeMap<InstanceId, ObservedInstance> {
+    (0..n)
+        .map(|i| {
+            let id: InstanceId = format!("pay-{i:04}").parse().unwrap();
+            let o = ObservedInstance {
+                classes: [None, None, None],
+                hard: false,
+                withdrawn: None,
+                quarantine_level: level,
+                quarantine_left_ms: None,
+            };
+            (id, o)
+        })
+        .collect()
+}
+
+#[test]
+fn an_observed_snapshot_in_parts_is_in_force_once_every_part_is_held_in_any_order() {
+    // Goal: a region's observed state commits as bounded parts and ends exactly as if it
+    // had been one entry; until the last part arrives the previous snapshot stays whole.
+    let whole = observed_map(10, 7);
+    let mut parts = crate::term::observed_requests(50, whole.clone(), 3);
+    assert_eq!(parts.len(), 4);
+    assert!(parts.iter().all(|p| matches!(p,
+        Request::ObservedPart { instances, parts: 4, .. } if instances.len() <= 3)));
+    parts.reverse();
+    let mut s = AuthorityState::default();
+    s.apply(Request::Observed {
+        at_ms: 10,
+        instances: observed_map(2, 1),
+    });
+    let last = parts.pop().unwrap();
+    for p in parts {
+        let r = s.apply(p);
+        assert_eq!(
+            r,
+            Response::ObservedPart {
+                held: true,
+                complete: false
+            }
+        );
+        assert_eq!(s.observed().unwrap().0, 10, "the previous snapshot stays");
+    }
+    let r = s.apply(last);
+    assert_eq!(
+        r,
+        Response::ObservedPart {
+            held: true,
+            complete: true
+        }
+    );
+    assert_eq!(s.observed(), Some(&(50, whole)));
+    let back: AuthorityState = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+    assert_eq!(back, s);
+}
+
+#[test]
+fn an_unfinished_snapshot_in_parts_changes_nothing_in_force_and_the_next_replaces_it() {
+    let mut s = AuthorityState::default();
+    let first = crate::term::observed_requests(50, observed_map(9, 1), 3);
+    // A leader lost after two of its three parts.
+    for p in first.into_iter().take(2) {
+        s.apply(p);
+    }
+    assert_eq!(s.observed(), None);
+    // Its successor's snapshot (another time, another split) starts afresh.
+    let next = observed_map(8, 2);
+    for p in crate::term::observed_requests(80, next.clone(), 4) {
+        s.apply(p);
+    }
+    assert_eq!(s.observed(), Some(&(80, next)));
+    // The state a snapshot of it holds still decodes to the same.
+    let back: AuthorityState = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+    assert_eq!(back, s);
+}
+
+#[test]
+fn a_part_outside_its_count_is_refused_and_changes_nothing() {
+    let mut s = AuthorityState::default();
+    let before = s.clone();
+    for (part, parts) in [(3, 3), (0, 0), (0, OBSERVED_PARTS_MAX + 1)] {
+        let r = s.apply(Request::ObservedPart {
+            at_ms: 1,
+            part,
+            parts,
+            instances: observed_map(1, 0),
+        });
+        assert_eq!(
+            r,
+            Response::ObservedPart {
+                held: false,
+                complete: false
+            }
+        );
+        assert_eq!(s, before);
+    }
+}
