@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::defaults as d;
 use crate::model::ServiceName;
-use crate::view::{ReleasedView, Version, VersionSource, View, ViewDelta, ViewKey, diff, paired};
+use crate::view::{ReleasedView, Version, VersionSource, View, ViewDelta, ViewKey, changed, diff};
 
 /// Pacing and limits.
 #[derive(Debug, Clone)]
@@ -366,7 +366,7 @@ impl DeltaQueues {
 
 /// Whether the target withdraws something the released view routes, or engages a guard.
 fn is_urgent(released: &View, target: &View) -> bool {
-    let withdraws = paired(&released.endpoints, &target.endpoints).any(|(was, is)| {
+    let withdraws = changed(&released.endpoints, &target.endpoints).any(|(was, is)| {
         was.is_some_and(|e| e.status.is_routed()) && !is.is_some_and(|e| e.status.is_routed())
     });
     let guards = target

@@ -262,27 +262,22 @@ pub fn diff(old: &View, new: &View) -> ViewDelta {
     }
 }
 
-/// The endpoints of two views side by side, in instance order: each instance once, with
-/// what each view holds of it. One pass over both, no lookups (views are compared on every
-/// change of a service, so this is on the leader's hot path).
-pub fn paired<'a>(
+/// The endpoints that differ between two versions of a view, in instance order: each
+/// such instance once, with what each version holds of it (`None`: absent). Subtrees the
+/// two versions share are skipped without a comparison, so the cost follows the change,
+/// not the view (views are compared on every change of a service, on the leader's hot
+/// path).
+pub fn changed<'a>(
     old: &'a Endpoints,
     new: &'a Endpoints,
 ) -> impl Iterator<Item = (Option<&'a ViewEndpoint>, Option<&'a ViewEndpoint>)> + 'a {
-    let mut old = old.iter().peekable();
-    let mut new = new.iter().peekable();
-    std::iter::from_fn(move || {
-        let order = match (old.peek(), new.peek()) {
-            (None, None) => return None,
-            (Some(_), None) => std::cmp::Ordering::Less,
-            (None, Some(_)) => std::cmp::Ordering::Greater,
-            (Some((a, _)), Some((b, _))) => a.cmp(b),
-        };
-        Some(match order {
-            std::cmp::Ordering::Less => (old.next().map(|(_, e)| e), None),
-            std::cmp::Ordering::Greater => (None, new.next().map(|(_, e)| e)),
-            std::cmp::Ordering::Equal => (old.next().map(|(_, e)| e), new.next().map(|(_, e)| e)),
-        })
+    old.diff(new).map(|item| match item {
+        imbl::ordmap::DiffItem::Add(_, is) => (None, Some(is)),
+        imbl::ordmap::DiffItem::Update {
+            old: (_, was),
+            new: (_, is),
+        } => (Some(was), Some(is)),
+        imbl::ordmap::DiffItem::Remove(_, was) => (Some(was), None),
     })
 }
 

@@ -68,13 +68,29 @@ proptest! {
     }
 
     #[test]
-    fn pairing_yields_each_instance_once_with_what_each_view_holds(old in view_strategy(), new in view_strategy()) {
-        let ids: Vec<_> = old.endpoints.keys().chain(new.endpoints.keys()).collect::<BTreeSet<_>>().into_iter().collect();
-        let pairs: Vec<_> = paired(&old.endpoints, &new.endpoints).collect();
+    fn changed_yields_each_differing_instance_once_with_what_each_view_holds(old in view_strategy(), new in view_strategy()) {
+        let ids: Vec<_> = old
+            .endpoints
+            .keys()
+            .chain(new.endpoints.keys())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter(|id| old.endpoints.get(*id) != new.endpoints.get(*id))
+            .collect();
+        let pairs: Vec<_> = changed(&old.endpoints, &new.endpoints).collect();
         prop_assert_eq!(pairs.len(), ids.len());
         for (id, (was, is)) in ids.into_iter().zip(pairs) {
             prop_assert_eq!(was, old.endpoints.get(id));
             prop_assert_eq!(is, new.endpoints.get(id));
+        }
+        // A version derived from another by one change yields that change alone.
+        let mut next = old.clone();
+        if let Some((id, e)) = old.endpoints.iter().next() {
+            let mut e = e.clone();
+            e.weight = Weight::new(e.weight.get() % 100 + 1);
+            next.endpoints.insert(id.clone(), e);
+            let only: Vec<_> = changed(&old.endpoints, &next.endpoints).collect();
+            prop_assert_eq!(only.len(), 1);
         }
     }
 }
