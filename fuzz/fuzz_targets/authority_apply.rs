@@ -1,6 +1,6 @@
 //! `AuthorityState::apply` over arbitrary log entries: registry commands (alone and in
 //! group-committed batches), published views,
-//! observed-state snapshots and audit records, as the authority's Raft log carries them.
+//! observed-state snapshots (whole and in parts) and audit records, as the authority's Raft log carries them.
 //!
 //! Input: JSON lines of `Request`, or bytes for the structured decoder. After every apply
 //! the state serializes and the published version has not gone back; at the end its
@@ -158,7 +158,19 @@ fn request(g: &mut Gen<'_>, version: &mut u64) -> Value {
                     }),
                 );
             }
-            json!({"kind": "observed", "at_ms": g.stamp(), "instances": instances})
+            if g.one_in(2) {
+                // A part of a snapshot: few snapshots and small counts, so parts of one
+                // snapshot meet and complete it; sometimes a part outside its count.
+                json!({
+                    "kind": "observed_part",
+                    "at_ms": g.below(3),
+                    "part": g.below(5),
+                    "parts": g.below(4),
+                    "instances": instances,
+                })
+            } else {
+                json!({"kind": "observed", "at_ms": g.stamp(), "instances": instances})
+            }
         }
         _ => {
             let entries: Vec<Value> = (0..g.below(4))

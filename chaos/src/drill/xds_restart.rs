@@ -39,6 +39,12 @@ const REGION: &str = "r1";
 const START_DEADLINE: Duration = Duration::from_secs(90);
 /// The reconnection window the cap is counted over.
 pub const WINDOW_MS: u64 = 10_000;
+/// How much later than the server admitted it a subscriber may stamp its reconnection,
+/// beyond the others' delay (its first response has to arrive). The server holds the cap
+/// over any 10 s of admissions; what the subscribers see is blurred by this much, so the
+/// verdict counts every interval of `WINDOW_MS - DELIVERY_SLACK_MS`. A guard that let a
+/// burst through is still seen: its excess lands within milliseconds.
+pub const DELIVERY_SLACK_MS: u64 = 500;
 
 /// What the drill is run with.
 #[derive(Debug, Clone, Serialize)]
@@ -103,6 +109,9 @@ pub struct Reconnections {
     pub max_sliding: usize,
     /// That as a share of the subscribers.
     pub max_sliding_share: f64,
+    /// The most in any interval of `WINDOW_MS - DELIVERY_SLACK_MS`, as a share of the
+    /// subscribers: what the verdict holds to the cap.
+    pub max_checked_share: f64,
     /// From the restart until the last subscriber was back, if all were.
     pub all_back_ms: Option<u64>,
     /// Per subscriber, ms from the restart to its reconnection.
@@ -127,14 +136,18 @@ pub fn reconnections(logs: &[SubLog], kill_ms: u64, restart_ms: u64) -> Reconnec
             per_window[w] += 1;
         }
     }
-    let mut max_sliding = 0;
-    let mut lo = 0;
-    for hi in 0..times.len() {
-        while times[hi] - times[lo] >= WINDOW_MS {
-            lo += 1;
+    let most_within = |window: u64| {
+        let (mut most, mut lo) = (0, 0);
+        for hi in 0..times.len() {
+            while times[hi] - times[lo] >= window {
+                lo += 1;
+            }
+            most = usize::max(most, hi + 1 - lo);
         }
-        max_sliding = max_sliding.max(hi + 1 - lo);
-    }
+        most
+    };
+    let max_sliding = most_within(WINDOW_MS);
+    let max_checked = most_within(WINDOW_MS - DELIVERY_SLACK_MS);
     let n = logs.len().max(1) as f64;
     let all_back_ms = (times.len() == logs.len())
         .then(|| times.last().map(|t| t.saturating_sub(restart_ms)))
@@ -143,6 +156,7 @@ pub fn reconnections(logs: &[SubLog], kill_ms: u64, restart_ms: u64) -> Reconnec
         reconnected: times.len(),
         max_window_share: per_window.iter().copied().max().unwrap_or(0) as f64 / n,
         max_sliding_share: max_sliding as f64 / n,
+        max_checked_share: max_checked as f64 / n,
         per_window,
         max_sliding,
         all_back_ms,
@@ -170,10 +184,11 @@ pub fn verdict(
     waited_for_all: bool,
 ) -> Verdict {
     let mut failures = Vec::new();
-    if r.max_window_share > params.max_share_per_window {
+    if r.max_checked_share > params.max_share_per_window {
         failures.push(format!(
-            "{:.1}% of the subscribers reconnected in one 10 s window (cap {:.1}%): {:?}",
-            r.max_window_share * 100.0,
+            "{:.1}% of the subscribers reconnected within {} ms (cap {:.1}% per 10 s): {:?}",
+            r.max_checked_share * 100.0,
+            WINDOW_MS - DELIVERY_SLACK_MS,
             params.max_share_per_window * 100.0,
             r.per_window
         ));
@@ -449,6 +464,7 @@ mod tests {
         assert_eq!(r.max_sliding, 10);
         assert!((r.max_window_share - 10.0 / 21.0).abs() < 1e-9);
         assert!((r.max_sliding_share - 10.0 / 21.0).abs() < 1e-9);
+        assert!((r.max_checked_share - 10.0 / 21.0).abs() < 1e-9);
         assert_eq!(r.all_back_ms, None);
         assert_eq!(r.times_ms[0], 1_000);
     }
@@ -459,6 +475,7 @@ mod tests {
         let spread: Vec<SubLog> = (0..500).map(|i| log(&[0, 2_000 + i * 400])).collect();
         let r = reconnections(&spread, 1_000, 1_500);
         assert!(r.max_window_share <= 0.05, "{:?}", r.per_window);
+        assert!(r.max_checked_share <= 0.05, "{:?}", r.per_window);
         let clean = Regressions {
             count: 0,
             examples: Vec::new(),
@@ -467,7 +484,17 @@ mod tests {
         assert!(verdict(&params, &r, &clean, false).pass);
         let storm: Vec<SubLog> = (0..500).map(|i| log(&[0, 2_000 + i])).collect();
         let v = verdict(&params, &reconnections(&storm, 1_000, 1_500), &clean, false);
-        assert!(!v.pass && v.failures[0].contains("10 s window"));
+        assert!(!v.pass && v.failures[0].contains("per 10 s"), "{:?}", v.failures);
+        // The cap held at the server (25 of 500 in any 10 s of admissions: the 26th came
+        // 10 s after the first), but the first one's response was slower to arrive than
+        // the 26th's, so the subscribers saw 26 within 10 s: not a breach.
+        let mut blurred: Vec<SubLog> = (0..25).map(|i| log(&[0, 2_000 + i * 10])).collect();
+        blurred[0] = log(&[0, 2_300]);
+        blurred.push(log(&[0, 12_005]));
+        blurred.extend((26..500).map(|_| log(&[0])));
+        let r = reconnections(&blurred, 1_000, 1_500);
+        assert_eq!(r.per_window[0], 26);
+        assert!(verdict(&params, &r, &clean, false).pass);
         let back = Regressions {
             count: 1,
             examples: vec![(3, 0, 9, 8)],

@@ -513,4 +513,49 @@ proptest::proptest! {
             proptest::prop_assert_eq!(decoded.version_info, "7");
         }
     }
+
+    /// A stream subscribed by name is sent exactly the named resources that exist and are
+    /// newer than what it holds, in name order — what filtering the whole map would give —
+    /// and removals only of names it held that are gone.
+    #[test]
+    fn a_stream_subscribed_by_name_gets_what_it_names_and_nothing_else(
+        present in proptest::collection::btree_map("[a-f]{1,2}", "[1-9]", 0..12),
+        subscribed in proptest::collection::btree_set("[a-f]{1,2}", 1..8),
+        held in proptest::collection::btree_map("[a-f]{1,2}", "[1-9]", 0..6),
+    ) {
+        let resources: Resources = present
+            .iter()
+            .map(|(name, version)| {
+                let any = Any { type_url: TYPE_ENDPOINT.into(), value: name.as_bytes().to_vec() };
+                (name.clone(), Encoded { version: version.clone(), resource: Payload::new(any) })
+            })
+            .collect();
+        let mut s = DeltaState::default();
+        let names: Vec<&str> = subscribed.iter().map(String::as_str).collect();
+        let mut first = delta_req(&names, "");
+        first.initial_resource_versions = held.clone().into_iter().collect();
+        s.handle_request(&first);
+        let sent = s
+            .next_response(TYPE_ENDPOINT, &resources, "9", "n".into())
+            .map(|out| out.message().unwrap());
+        let wanted = |n: &String| subscribed.contains(n);
+        let expected: Vec<(String, String)> = present
+            .iter()
+            // Sent unless the client holds this version or a newer one (never backwards).
+            .filter(|(n, v)| wanted(n) && held.get(*n).is_none_or(|h| h < *v))
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect();
+        let gone: Vec<String> = held
+            .keys()
+            .filter(|n| !present.contains_key(*n))
+            .cloned()
+            .collect();
+        let got: Vec<(String, String)> = sent
+            .as_ref()
+            .map(|m| m.resources.iter().map(|r| (r.name.clone(), r.version.clone())).collect())
+            .unwrap_or_default();
+        proptest::prop_assert_eq!(got, expected);
+        let removed = sent.map(|m| m.removed_resources).unwrap_or_default();
+        proptest::prop_assert_eq!(removed, gone);
+    }
 }
