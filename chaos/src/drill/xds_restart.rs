@@ -484,7 +484,11 @@ mod tests {
         assert!(verdict(&params, &r, &clean, false).pass);
         let storm: Vec<SubLog> = (0..500).map(|i| log(&[0, 2_000 + i])).collect();
         let v = verdict(&params, &reconnections(&storm, 1_000, 1_500), &clean, false);
-        assert!(!v.pass && v.failures[0].contains("per 10 s"), "{:?}", v.failures);
+        assert!(
+            !v.pass && v.failures[0].contains("per 10 s"),
+            "{:?}",
+            v.failures
+        );
         // The cap held at the server (25 of 500 in any 10 s of admissions: the 26th came
         // 10 s after the first), but the first one's response was slower to arrive than
         // the 26th's, so the subscribers saw 26 within 10 s: not a breach.
