@@ -49,7 +49,7 @@ use crate::drill::report::quantile;
 use crate::estate::{self, LOAD_CONCURRENCY, ZONES};
 use crate::harness::cluster::{AuthorityCluster, MemberStatus};
 use crate::harness::fleet::{self, Api, SubLog, SubSpec, Subscribers};
-use crate::harness::{api_client, wait_until, waymark_bin};
+use crate::harness::{api_client, wait_until};
 use crate::traffic::ms;
 use crate::writes::Spread;
 
@@ -192,14 +192,7 @@ pub async fn run(params: Params, dir: &Path) -> anyhow::Result<FailoverReport> {
     );
     anyhow::ensure!(params.subscriptions > 0 && params.repeats > 0);
     anyhow::ensure!(params.services_per_subscriber > 0);
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let nofile = fleet::raise_nofile();
-    let bin = waymark_bin()?;
-    say(&format!(
-        "waymark at {}; open files allowed {nofile}; files under {}",
-        bin.display(),
-        dir.display()
-    ));
+    let bin = fleet::bench_start("failover", dir)?;
     let limit = limit(&params).await?;
     say(&format!("limit {limit:?}"));
 

@@ -53,7 +53,6 @@ use waymark_core::units::Weight;
 use crate::harness::configs::name;
 use crate::harness::evidence::RegionPki;
 use crate::harness::fleet::{self, Api, FleetAuthority, Limits};
-use crate::harness::waymark_bin;
 use crate::rng::SplitMix64;
 use crate::writes::Spread;
 
@@ -208,14 +207,7 @@ struct Registered {
 /// Runs the benchmark with the authority's files under `dir`.
 pub async fn run(params: Params, dir: &Path) -> anyhow::Result<IngestReport> {
     check(&params)?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let nofile = fleet::raise_nofile();
-    let bin = waymark_bin()?;
-    say(&format!(
-        "waymark at {}; open files allowed {nofile}; files under {}",
-        bin.display(),
-        dir.display()
-    ));
+    let bin = fleet::bench_start("ingest", dir)?;
     let zones = zones(params.sessions);
     let pki = RegionPki::create(&dir.join("pki"), REGION, params.seed)?;
     let mut authority = FleetAuthority::new(

@@ -853,6 +853,20 @@ pub fn raise_nofile() -> u64 {
         .unwrap_or(0)
 }
 
+/// What a benchmark that starts `waymark` processes does first: its folder made, the
+/// open-file limit raised, the binary found, and all three said on stderr after `name`.
+pub fn bench_start(name: &str, dir: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let nofile = raise_nofile();
+    let bin = super::waymark_bin()?;
+    eprintln!(
+        "bench {name}: waymark at {}; open files allowed {nofile}; files under {}",
+        bin.display(),
+        dir.display()
+    );
+    Ok(bin)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

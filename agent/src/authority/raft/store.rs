@@ -521,16 +521,15 @@ impl Recent {
         let from = usize::try_from(start - first).ok()?;
         let to = usize::try_from(end - first).ok()?;
         let mut out = Vec::new();
-        let mut total = 0usize;
+        let mut budget = ByteBudget::new(bytes);
         for (entry, size) in self
             .entries
             .range(from..)
             .take((to - from).saturating_add(1))
         {
-            if !out.is_empty() && total.saturating_add(*size) > bytes {
+            if !budget.take(*size) {
                 return Some(out);
             }
-            total = total.saturating_add(*size);
             out.push(entry.clone());
         }
         // Every entry asked for must be here unless the bound stopped the walk.
@@ -611,17 +610,39 @@ fn read_entries_within(
     let txn = db.begin_read()?;
     let table = txn.open_table(LOGS)?;
     let mut out = Vec::new();
-    let mut total = 0usize;
+    let mut budget = ByteBudget::new(bytes);
     for item in table.range::<u64>(range)? {
         let (_, raw) = item?;
         let raw = raw.value();
-        if !out.is_empty() && total.saturating_add(raw.len()) > bytes {
+        if !budget.take(raw.len()) {
             break;
         }
-        total = total.saturating_add(raw.len());
         out.push(serde_json::from_slice(raw)?);
     }
     Ok(out)
+}
+
+/// Entries taken in order while their encoded sizes add up to at most a bound; the first
+/// is always taken, whatever its size, so a batch is never empty.
+struct ByteBudget {
+    bytes: usize,
+    taken: Option<usize>,
+}
+
+impl ByteBudget {
+    fn new(bytes: usize) -> Self {
+        Self { bytes, taken: None }
+    }
+
+    /// Whether an entry of `size` still fits; if so it is counted.
+    fn take(&mut self, size: usize) -> bool {
+        let total = self.taken.map_or(size, |t| t.saturating_add(size));
+        if self.taken.is_some() && total > self.bytes {
+            return false;
+        }
+        self.taken = Some(total);
+        true
+    }
 }
 
 fn is_empty_range(range: &(Bound<u64>, Bound<u64>)) -> bool {
