@@ -86,7 +86,7 @@ fn snapshot(version: u64) -> Snapshot {
         version,
         ..Snapshot::default()
     };
-    let mut eds = BTreeMap::new();
+    let mut eds = waymark_xds::snapshot::Resources::new();
     for svc in SERVICES {
         let name = ServiceName::try_new(svc).unwrap();
         s.clusters.insert(

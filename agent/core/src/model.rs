@@ -47,9 +47,39 @@ pub enum NameError {
 macro_rules! name_type {
     ($(#[$doc:meta])* $name:ident, $kind:literal) => {
         $(#[$doc])*
-        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[derive(Clone, Eq, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
         pub struct $name(Arc<str>);
+
+        impl std::hash::Hash for $name {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.0.hash(state);
+            }
+        }
+
+        // Names are compared by content, but most comparisons are between clones of one
+        // allocation (a view's keys, a member's zone): those are settled by the pointer.
+        impl PartialEq for $name {
+            fn eq(&self, other: &Self) -> bool {
+                Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+            }
+        }
+
+        impl PartialOrd for $name {
+            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+
+        impl Ord for $name {
+            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+                if Arc::ptr_eq(&self.0, &other.0) {
+                    std::cmp::Ordering::Equal
+                } else {
+                    self.0.cmp(&other.0)
+                }
+            }
+        }
 
         impl $name {
             /// Validate and wrap a name.
@@ -375,4 +405,39 @@ pub enum Lifecycle {
     Deleted,
     /// It deregistered itself on graceful shutdown: retired for good.
     Deregistered,
+}
+
+#[cfg(test)]
+mod name_order_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::hash_map::DefaultHasher;
+    use std::hash::{Hash, Hasher};
+
+    use proptest::prelude::*;
+
+    use super::ZoneName;
+
+    fn hash(z: &ZoneName) -> u64 {
+        let mut h = DefaultHasher::new();
+        z.hash(&mut h);
+        h.finish()
+    }
+
+    proptest! {
+        /// The pointer shortcut never changes an answer: names compare, order and hash by
+        /// their text, whether they share an allocation or not.
+        #[test]
+        fn names_compare_by_their_text(a in "[a-z]{1,3}", b in "[a-z]{1,3}") {
+            let (za, zb) = (ZoneName::try_new(&a).unwrap(), ZoneName::try_new(&b).unwrap());
+            let again = ZoneName::try_new(&a).unwrap();
+            let clone = za.clone();
+            prop_assert_eq!(za == zb, a == b);
+            prop_assert_eq!(za.cmp(&zb), a.cmp(&b));
+            prop_assert_eq!(za.partial_cmp(&zb), Some(a.cmp(&b)));
+            prop_assert!(za == again && za == clone);
+            prop_assert_eq!(za.cmp(&again), std::cmp::Ordering::Equal);
+            prop_assert_eq!(hash(&za), hash(&again));
+        }
+    }
 }

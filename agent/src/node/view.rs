@@ -434,7 +434,14 @@ fn sync_plain(
     let empty = BTreeMap::new();
     let fresh = fresh.unwrap_or(&empty);
     let before = target.len();
-    target.retain(|name, _| fresh.contains_key(name));
+    let gone: Vec<String> = target
+        .keys()
+        .filter(|name| !fresh.contains_key(*name))
+        .cloned()
+        .collect();
+    for name in &gone {
+        target.remove(name);
+    }
     let mut changed = before - target.len();
     for (name, (version, any)) in fresh {
         if target.get(name).is_some_and(|e| &e.version == version) {
