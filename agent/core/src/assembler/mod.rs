@@ -272,7 +272,13 @@ impl ViewAssembler {
         let slot = self.services.entry(instance.service.clone()).or_default();
         let tags = Arc::new(instance.tags.clone());
         let metadata = Arc::new(instance.metadata.clone());
-        let instance = Arc::new(instance.clone());
+        let mut instance = instance.clone();
+        // Every member of a zone holds the zone's one name, so the tallies and groupings
+        // that compare zones per member compare pointers, not text.
+        if let Some(zone) = self.zones.get(&instance.locality.zone) {
+            instance.locality.zone = zone.clone();
+        }
+        let instance = Arc::new(instance);
         let eligibility = slot.members.get(&instance.id).and_then(|m| m.eligibility);
         let member = Member {
             instance: instance.clone(),
