@@ -7,10 +7,12 @@
 //! from the persisted snapshot plus the committed log tail, which openraft re-applies
 //! because [`RaftLogStorage::save_committed`] is implemented.
 //!
-//! redb is blocking and every commit syncs to disk, so each call runs on tokio's blocking
-//! pool. Durability, per operation:
-//! - `append`, `save_vote`, `truncate`, `purge`: durable (redb's default immediate
-//!   durability) before the call returns or the flush callback fires;
+//! redb is blocking and every commit syncs to disk. Changes to the log go to one writer
+//! thread, in order, which writes appends that queued together in one transaction; reads
+//! run on tokio's blocking pool. Durability, per operation:
+//! - `append`: readable when the call returns, durable (redb's default immediate
+//!   durability) when the flush callback fires;
+//! - `save_vote`, `truncate`, `purge`: durable before the call returns;
 //! - `save_committed`: kept in memory and written by the next `append`, or by a durable
 //!   flush [`COMMITTED_FLUSH_AFTER`] later when none comes; it may be behind after a crash,
 //!   never ahead;
@@ -115,6 +117,10 @@ pub enum StoreError {
     /// The blocking task running the operation panicked or was cancelled.
     #[error("raft storage task failed")]
     Task(#[from] tokio::task::JoinError),
+    /// The log's writer thread is gone (the store is closing, or it panicked); nothing
+    /// more is written.
+    #[error("the raft log writer stopped")]
+    WriterGone,
 }
 
 macro_rules! from_redb {
@@ -149,6 +155,9 @@ pub(crate) struct Shared {
     /// Changes (closes) once the database is closed, i.e. once openraft's tasks have all
     /// let go of it.
     pub(crate) closed: watch::Receiver<()>,
+    /// Encoded bytes appended to the log since the last snapshot was built: what the
+    /// member calls for a snapshot by (see [`super::RaftConfig::snapshot_log_bytes`]).
+    pub(crate) log_bytes: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// A committed entry whose apply panicked: a bug, contained.
@@ -232,16 +241,24 @@ pub(crate) fn open(
         apply_failures: Arc::default(),
         apply_failures_total: Default::default(),
         closed,
+        log_bytes: Arc::default(),
     };
     let hint = CommittedHint::open(&dir.join(HINT_FILE)).map_err(|source| StoreError::Dir {
         path: dir.join(HINT_FILE),
         source,
     })?;
+    let recent = Arc::default();
+    let writer = LogWriter::start(&db, Arc::clone(&recent)).map_err(|source| StoreError::Dir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
     let log = LogStore {
         db: db.clone(),
         committed: Arc::default(),
-        recent: Arc::default(),
+        recent,
+        writer,
         hint: Arc::new(hint),
+        log_bytes: Arc::clone(&shared.log_bytes),
     };
     let sm = StateMachineStore {
         db,
@@ -360,7 +377,9 @@ pub struct LogStore {
     db: Arc<Db>,
     committed: Arc<CommittedFlush>,
     recent: Arc<Mutex<Recent>>,
+    writer: LogWriter,
     hint: Arc<CommittedHint>,
+    log_bytes: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The file beside the database holding [`CommittedHint`].
@@ -442,18 +461,29 @@ const RECENT_BYTES_MAX: usize = 64 << 20;
 /// without reading it back and decoding it again (at reference size that decode was a
 /// tenth of the authority's CPU). Contiguous by index; what it lacks is read from the
 /// log, so it changes what a read costs, never what it returns.
+///
+/// An entry is held here from the moment it is appended, before the writer made it
+/// durable (openraft reads what it appended at once), and is never let go before it is
+/// durable: until then the database does not have it.
 #[derive(Default)]
 struct Recent {
-    entries: std::collections::VecDeque<(Entry<TypeConfig>, usize)>,
+    entries: std::collections::VecDeque<Held>,
     bytes: usize,
+}
+
+/// One entry [`Recent`] holds: decoded, its encoded size, and whether the log file has it.
+struct Held {
+    entry: Entry<TypeConfig>,
+    size: usize,
+    durable: bool,
 }
 
 impl Recent {
     fn first_index(&self) -> Option<u64> {
-        self.entries.front().map(|(e, _)| e.log_id.index)
+        self.entries.front().map(|h| h.entry.log_id.index)
     }
 
-    /// Entries were appended durably: keep them, after whatever they follow.
+    /// Entries were appended (not yet durable): keep them, after whatever they follow.
     fn appended(&mut self, entries: Vec<(Entry<TypeConfig>, usize)>) {
         let Some((first, _)) = entries.first() else {
             return;
@@ -461,19 +491,47 @@ impl Recent {
         let follows = self
             .entries
             .back()
-            .is_none_or(|(last, _)| last.log_id.index.checked_add(1) == Some(first.log_id.index));
+            .is_none_or(|last| last.entry.log_id.index.checked_add(1) == Some(first.log_id.index));
         if !follows {
             self.clear();
         }
         for (entry, size) in entries {
             self.bytes += size;
-            self.entries.push_back((entry, size));
+            self.entries.push_back(Held {
+                entry,
+                size,
+                durable: false,
+            });
         }
-        while self.bytes > RECENT_BYTES_MAX {
-            let Some((_, size)) = self.entries.pop_front() else {
-                break;
-            };
-            self.bytes -= size;
+        self.evict();
+    }
+
+    /// The writer made `written` durable: those still held (same index, same log id: not
+    /// truncated and replaced since) may be let go when space is needed.
+    fn made_durable(&mut self, written: &[LogId<NodeId>]) {
+        let Some(first) = self.first_index() else {
+            return;
+        };
+        for id in written {
+            let at = id
+                .index
+                .checked_sub(first)
+                .and_then(|i| usize::try_from(i).ok());
+            if let Some(held) = at.and_then(|i| self.entries.get_mut(i))
+                && held.entry.log_id == *id
+            {
+                held.durable = true;
+            }
+        }
+        self.evict();
+    }
+
+    /// Let the oldest durable entries go while more than [`RECENT_BYTES_MAX`] is held.
+    fn evict(&mut self) {
+        while self.bytes > RECENT_BYTES_MAX && self.entries.front().is_some_and(|h| h.durable) {
+            if let Some(held) = self.entries.pop_front() {
+                self.bytes -= held.size;
+            }
         }
     }
 
@@ -482,10 +540,10 @@ impl Recent {
         while self
             .entries
             .back()
-            .is_some_and(|(e, _)| e.log_id.index >= index)
+            .is_some_and(|h| h.entry.log_id.index >= index)
         {
-            if let Some((_, size)) = self.entries.pop_back() {
-                self.bytes -= size;
+            if let Some(held) = self.entries.pop_back() {
+                self.bytes -= held.size;
             }
         }
     }
@@ -493,8 +551,8 @@ impl Recent {
     /// Forget entries up to `index` (purged).
     fn purged(&mut self, index: u64) {
         while self.first_index().is_some_and(|first| first <= index) {
-            if let Some((_, size)) = self.entries.pop_front() {
-                self.bytes -= size;
+            if let Some(held) = self.entries.pop_front() {
+                self.bytes -= held.size;
             }
         }
     }
@@ -514,7 +572,7 @@ impl Recent {
     /// is held and every entry up to where the bound stops is.
     fn get_within(&self, start: u64, end: u64, bytes: usize) -> Option<Vec<Entry<TypeConfig>>> {
         let first = self.first_index()?;
-        let last = self.entries.back()?.0.log_id.index;
+        let last = self.entries.back()?.entry.log_id.index;
         if start < first || start > end || start > last {
             return None;
         }
@@ -522,22 +580,243 @@ impl Recent {
         let to = usize::try_from(end - first).ok()?;
         let mut out = Vec::new();
         let mut budget = ByteBudget::new(bytes);
-        for (entry, size) in self
+        for held in self
             .entries
             .range(from..)
             .take((to - from).saturating_add(1))
         {
-            if !budget.take(*size) {
+            if !budget.take(held.size) {
                 return Some(out);
             }
-            out.push(entry.clone());
+            out.push(held.entry.clone());
         }
         // Every entry asked for must be here unless the bound stopped the walk.
         (end <= last).then_some(out)
     }
 }
 
+// === the log's writer ===
+
+/// One change to the log file, made durable by the writer in the order it was asked for.
+enum LogWrite {
+    /// Encoded entries (index, bytes), with the committed index saved since the last
+    /// write; `flushed` is told once they are durable.
+    Append {
+        entries: Vec<(LogId<NodeId>, Vec<u8>)>,
+        committed: Option<Vec<u8>>,
+        flushed: LogFlushed<TypeConfig>,
+    },
+    /// Delete entries from `from` on.
+    Truncate { from: u64, done: Done },
+    /// Delete entries up to `log_id` and record it as the purge point.
+    Purge { log_id: LogId<NodeId>, done: Done },
+    /// Record the vote.
+    Vote { vote: Vote<NodeId>, done: Done },
+    /// Nothing: answered once everything asked before it is durable.
+    Barrier { done: Done },
+}
+
+type Done = tokio::sync::oneshot::Sender<Result<(), StoreError>>;
+
+/// Appends queued together are written in one transaction (one fsync) of at most this
+/// many changes.
+const WRITE_RUN_MAX: usize = 256;
+
+/// The handle to the thread that makes the log durable.
+///
+/// openraft's `append` is meant to return once the entries are readable and report
+/// durability through its callback; awaiting the fsync inside it held openraft's core —
+/// every proposal, commit and apply of the member — for each write, so a leader wrote one
+/// batch at a time however idle the machine was. The writer takes every change in order
+/// on one thread, writes the appends that queued up meanwhile in one transaction, and
+/// tells openraft when they are durable. Truncations, purges and votes go the same way, so
+/// nothing overtakes an append asked for before it.
+#[derive(Clone)]
+struct LogWriter {
+    tx: std::sync::mpsc::Sender<LogWrite>,
+}
+
+impl LogWriter {
+    /// Start the thread; it ends when every handle is dropped and the queue is written.
+    /// It holds the database only while writing, so the file closes (and its lock is
+    /// released) when the store's handles are dropped, as it did without a writer.
+    fn start(db: &Arc<Db>, recent: Arc<Mutex<Recent>>) -> std::io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let db = Arc::downgrade(db);
+        std::thread::Builder::new()
+            .name("raft-log-writer".into())
+            .spawn(move || write_log(&db, &recent, &rx))?;
+        Ok(Self { tx })
+    }
+
+    /// Queue `write`; an error if the writer is gone (it only stops when the store does).
+    fn send(&self, write: LogWrite) -> Result<(), StoreError> {
+        self.tx.send(write).map_err(|_| StoreError::WriterGone)
+    }
+
+    /// Queue the change `make` builds and wait until it (and all before it) is durable.
+    async fn run(&self, make: impl FnOnce(Done) -> LogWrite) -> Result<(), StoreError> {
+        let (done, answer) = tokio::sync::oneshot::channel();
+        self.send(make(done))?;
+        answer.await.map_err(|_| StoreError::WriterGone)?
+    }
+}
+
+/// The writer's loop: take what is queued, write runs of appends as one transaction, the
+/// rest one by one, in order.
+fn write_log(
+    db: &std::sync::Weak<Db>,
+    recent: &Mutex<Recent>,
+    rx: &std::sync::mpsc::Receiver<LogWrite>,
+) {
+    let mut queued = std::collections::VecDeque::new();
+    while let Ok(first) = rx.recv() {
+        queued.push_back(first);
+        while queued.len() < WRITE_RUN_MAX {
+            match rx.try_recv() {
+                Ok(more) => queued.push_back(more),
+                Err(_) => break,
+            }
+        }
+        let Some(db) = db.upgrade() else {
+            // The store is closed: nobody is left to read what would be written.
+            for write in queued.drain(..) {
+                refuse(write);
+            }
+            continue;
+        };
+        while let Some(write) = queued.pop_front() {
+            match write {
+                LogWrite::Append {
+                    entries,
+                    committed,
+                    flushed,
+                } => {
+                    let mut run = vec![(entries, committed, flushed)];
+                    while let Some(LogWrite::Append { .. }) = queued.front() {
+                        if let Some(LogWrite::Append {
+                            entries,
+                            committed,
+                            flushed,
+                        }) = queued.pop_front()
+                        {
+                            run.push((entries, committed, flushed));
+                        }
+                    }
+                    write_appends(&db.db, recent, run);
+                }
+                LogWrite::Truncate { from, done } => {
+                    let _ = done.send(truncate_log(&db.db, from));
+                }
+                LogWrite::Purge { log_id, done } => {
+                    let _ = done.send(purge_log(&db.db, log_id));
+                }
+                LogWrite::Vote { vote, done } => {
+                    let _ = done.send(put_meta(&db.db, KEY_VOTE, &vote));
+                }
+                LogWrite::Barrier { done } => {
+                    let _ = done.send(Ok(()));
+                }
+            }
+        }
+    }
+}
+
+/// Answer a change that cannot be written any more.
+fn refuse(write: LogWrite) {
+    match write {
+        LogWrite::Append { flushed, .. } => flushed.log_io_completed(Err(std::io::Error::other(
+            StoreError::WriterGone.to_string(),
+        ))),
+        LogWrite::Truncate { done, .. }
+        | LogWrite::Purge { done, .. }
+        | LogWrite::Vote { done, .. }
+        | LogWrite::Barrier { done } => {
+            let _ = done.send(Err(StoreError::WriterGone));
+        }
+    }
+}
+
+type AppendRun = Vec<(
+    Vec<(LogId<NodeId>, Vec<u8>)>,
+    Option<Vec<u8>>,
+    LogFlushed<TypeConfig>,
+)>;
+
+/// Write a run of appends in one durable transaction, then tell each its outcome.
+fn write_appends(db: &Database, recent: &Mutex<Recent>, run: AppendRun) {
+    let written = || -> Result<(), StoreError> {
+        let txn = db.begin_write()?;
+        {
+            let mut table = txn.open_table(LOGS)?;
+            for (entries, _, _) in &run {
+                for (id, bytes) in entries {
+                    table.insert(id.index, bytes.as_slice())?;
+                }
+            }
+        }
+        // The latest committed index saved before these appends rides their transaction.
+        if let Some(committed) = run.iter().rev().find_map(|(_, c, _)| c.as_ref()) {
+            txn.open_table(META)?
+                .insert(KEY_COMMITTED, committed.as_slice())?;
+        }
+        txn.commit()?;
+        Ok(())
+    };
+    match written() {
+        Ok(()) => {
+            let ids: Vec<LogId<NodeId>> = run
+                .iter()
+                .flat_map(|(entries, _, _)| entries.iter().map(|(id, _)| *id))
+                .collect();
+            recent
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .made_durable(&ids);
+            for (_, _, flushed) in run {
+                flushed.log_io_completed(Ok(()));
+            }
+        }
+        Err(error) => {
+            tracing::error!(%error, appends = run.len(), "writing raft log entries failed");
+            for (_, _, flushed) in run {
+                flushed.log_io_completed(Err(std::io::Error::other(error.to_string())));
+            }
+        }
+    }
+}
+
+fn truncate_log(db: &Database, from: u64) -> Result<(), StoreError> {
+    let txn = db.begin_write()?;
+    {
+        let mut table = txn.open_table(LOGS)?;
+        table.retain_in(from.., |_, _| false)?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+fn purge_log(db: &Database, log_id: LogId<NodeId>) -> Result<(), StoreError> {
+    let purged = serde_json::to_vec(&Some(log_id))?;
+    let txn = db.begin_write()?;
+    {
+        // Record the purge point first, in the same transaction: the log state must never
+        // claim entries that are gone.
+        let mut meta = txn.open_table(META)?;
+        meta.insert(KEY_PURGED, purged.as_slice())?;
+        let mut table = txn.open_table(LOGS)?;
+        table.retain_in(..=log_id.index, |_, _| false)?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
 impl LogStore {
+    /// Wait until every change asked for so far is in the log file, before reading it.
+    async fn written(&self) -> Result<(), StoreError> {
+        self.writer.run(|done| LogWrite::Barrier { done }).await
+    }
+
     /// The committed index the database holds (without the hint).
     pub(crate) async fn durable_committed(&self) -> StorageResult<Option<LogId<NodeId>>> {
         blocking(&self.db, |db| {
@@ -685,6 +964,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
                 return Ok(entries);
             }
         }
+        self.written()
+            .await
+            .map_err(|e| StorageIOError::read_logs(&e))?;
         blocking(&self.db, move |db| read_entries(db, range))
             .await
             .map_err(|e| StorageIOError::read_logs(&e).into())
@@ -713,6 +995,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
             return Ok(entries);
         }
         let range = (Bound::Included(start), Bound::Included(last));
+        self.written()
+            .await
+            .map_err(|e| StorageIOError::read_logs(&e))?;
         blocking(&self.db, move |db| {
             read_entries_within(db, range, APPEND_BYTES_MAX)
         })
@@ -729,6 +1014,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
+        self.written()
+            .await
+            .map_err(|e| StorageIOError::read_logs(&e))?;
         blocking(&self.db, |db| {
             let purged: Option<LogId<NodeId>> = get_meta(db, KEY_PURGED)?;
             let txn = db.begin_read()?;
@@ -755,12 +1043,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
         let vote = *vote;
-        blocking(&self.db, move |db| put_meta(db, KEY_VOTE, &vote))
+        self.writer
+            .run(|done| LogWrite::Vote { vote, done })
             .await
             .map_err(|e| StorageIOError::write_vote(&e).into())
     }
 
     async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
+        self.written()
+            .await
+            .map_err(|e| StorageIOError::read_vote(&e))?;
         blocking(&self.db, |db| get_meta(db, KEY_VOTE))
             .await
             .map_err(|e| StorageIOError::read_vote(&e).into())
@@ -814,17 +1106,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        // Encode here so the blocking closure owns plain bytes.
+        // Encoded here so the writer only writes; held decoded at once, so openraft can read
+        // what it appended before the writer made it durable.
         let mut encoded = Vec::new();
         let mut decoded = Vec::new();
         for entry in entries {
-            let bytes = serde_json::to_vec(&entry)
-                .map_err(|e| StorageIOError::write_log_entry(entry.log_id, &e))?;
-            encoded.push((entry.log_id.index, bytes));
-            let size = encoded.last().map_or(0, |(_, b)| b.len());
-            decoded.push((entry, size));
+            let id = entry.log_id;
+            let bytes =
+                serde_json::to_vec(&entry).map_err(|e| StorageIOError::write_log_entry(id, &e))?;
+            decoded.push((entry, bytes.len()));
+            encoded.push((id, bytes));
         }
-        // The committed index saved since the last write rides this transaction.
+        // The committed index saved since the last write rides this one.
         let committed = self
             .committed
             .latest
@@ -834,29 +1127,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map(|c| serde_json::to_vec(&c))
             .transpose()
             .map_err(|e| StorageIOError::write(&e))?;
-        blocking(&self.db, move |db| {
-            let txn = db.begin_write()?;
-            {
-                let mut table = txn.open_table(LOGS)?;
-                for (index, bytes) in &encoded {
-                    table.insert(*index, bytes.as_slice())?;
-                }
-            }
-            if let Some(committed) = &committed {
-                txn.open_table(META)?
-                    .insert(KEY_COMMITTED, committed.as_slice())?;
-            }
-            txn.commit()?;
-            Ok(())
-        })
-        .await
-        .map_err(|e| StorageIOError::write_logs(&e))?;
+        let bytes: usize = encoded.iter().map(|(_, b)| b.len()).sum();
+        self.log_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         self.recent
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .appended(decoded);
-        // The commit above is durable: only now may openraft count these entries.
-        callback.log_io_completed(Ok(()));
+        // The writer calls back once these are durable: only then may openraft count them.
+        self.writer
+            .send(LogWrite::Append {
+                entries: encoded,
+                committed,
+                flushed: callback,
+            })
+            .map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
     }
 
@@ -866,17 +1150,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .truncated(log_id.index);
-        blocking(&self.db, move |db| {
-            let txn = db.begin_write()?;
-            {
-                let mut table = txn.open_table(LOGS)?;
-                table.retain_in(log_id.index.., |_, _| false)?;
-            }
-            txn.commit()?;
-            Ok(())
-        })
-        .await
-        .map_err(|e| StorageIOError::write_logs(&e).into())
+        let from = log_id.index;
+        self.writer
+            .run(|done| LogWrite::Truncate { from, done })
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e).into())
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
@@ -885,22 +1163,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .purged(log_id.index);
-        blocking(&self.db, move |db| {
-            let purged = serde_json::to_vec(&Some(log_id))?;
-            let txn = db.begin_write()?;
-            {
-                // Record the purge point first, in the same transaction: the log state
-                // must never claim entries that are gone.
-                let mut meta = txn.open_table(META)?;
-                meta.insert(KEY_PURGED, purged.as_slice())?;
-                let mut table = txn.open_table(LOGS)?;
-                table.retain_in(..=log_id.index, |_, _| false)?;
-            }
-            txn.commit()?;
-            Ok(())
-        })
-        .await
-        .map_err(|e| StorageIOError::write_logs(&e).into())
+        self.writer
+            .run(|done| LogWrite::Purge { log_id, done })
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e).into())
     }
 }
 
@@ -1133,6 +1399,8 @@ fn encode_state(shared: &Shared) -> Result<(AppliedMeta, Vec<u8>), serde_json::E
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
         let shared = self.shared.clone();
+        // What was appended until now is covered (or about to be) by this snapshot.
+        shared.log_bytes.store(0, Ordering::Relaxed);
         // Serializing the whole state is CPU work and holds the read lock (blocking
         // appliers), so it runs off the async workers.
         let (meta, data) = on_store(&self.db, move |db| {
@@ -1178,5 +1446,64 @@ pub(crate) mod test_hooks {
         {
             panic!("apply failed on purpose (test hook)");
         }
+    }
+}
+
+#[cfg(test)]
+mod recent_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+
+    fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    fn indexes(recent: &Recent) -> Vec<u64> {
+        recent
+            .entries
+            .iter()
+            .map(|h| h.entry.log_id.index)
+            .collect()
+    }
+
+    #[test]
+    fn an_entry_the_file_lacks_is_held_however_much_is_held() {
+        // Goal: over the byte cap, only entries the writer made durable are let go: a
+        // read of one the file does not have yet must still find it here.
+        let mut recent = Recent::default();
+        let half = RECENT_BYTES_MAX / 2 + 1;
+        recent.appended((1..=4).map(|i| (entry(1, i), half)).collect());
+        assert_eq!(indexes(&recent), [1, 2, 3, 4], "none durable: all held");
+        recent.made_durable(&[entry(1, 1).log_id, entry(1, 2).log_id]);
+        assert_eq!(
+            indexes(&recent),
+            [3, 4],
+            "the durable oldest went, down to the cap"
+        );
+        recent.made_durable(&[entry(1, 3).log_id]);
+        assert_eq!(indexes(&recent), [4], "under the cap again");
+        assert_eq!(recent.get(4, 4).unwrap()[0].log_id, entry(1, 4).log_id);
+    }
+
+    #[test]
+    fn a_write_of_a_replaced_entry_does_not_mark_its_replacement() {
+        // Goal: an append written after a truncation replaced its entries must not make the
+        // replacements look durable (they are queued behind the truncation).
+        let mut recent = Recent::default();
+        let big = RECENT_BYTES_MAX;
+        recent.appended(vec![(entry(1, 1), 1), (entry(1, 2), big)]);
+        recent.truncated(2);
+        recent.appended(vec![(entry(2, 2), big)]);
+        recent.made_durable(&[entry(1, 1).log_id, entry(1, 2).log_id]);
+        // Entry 1 is durable and goes (over the cap); term 2's entry 2 is not and stays.
+        assert_eq!(indexes(&recent), [2]);
+        assert_eq!(recent.entries[0].entry.log_id, entry(2, 2).log_id);
+        assert!(!recent.entries[0].durable);
     }
 }
