@@ -135,6 +135,31 @@ pub struct ViewEndpoint {
     pub metadata: Arc<BTreeMap<String, String>>,
 }
 
+impl ViewEndpoint {
+    /// A local, eligible endpoint at the default weight and priority 0, with no tags or
+    /// metadata: what a probed, healthy instance of the caller's own region looks like.
+    pub fn eligible(
+        instance: InstanceId,
+        address: Address,
+        region: RegionName,
+        zone: ZoneName,
+    ) -> Self {
+        Self {
+            instance,
+            address,
+            region,
+            zone,
+            tier: Tier::Local,
+            priority: 0,
+            weight: Weight::DEFAULT,
+            status: EndpointStatus::Eligible,
+            verdict: Verdict::Eligible,
+            tags: Arc::default(),
+            metadata: Arc::default(),
+        }
+    }
+}
+
 /// Markers a view declares about itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Markers {

@@ -1058,22 +1058,15 @@ mod publisher_tests {
         v.view.key.zone = zone.parse().unwrap();
         let map = &mut v.view.endpoints;
         for n in 0..endpoints {
-            let e = waymark_core::view::ViewEndpoint {
-                instance: format!("{service}-{n}").parse().unwrap(),
-                address: waymark_core::model::Address {
+            let e = waymark_core::view::ViewEndpoint::eligible(
+                format!("{service}-{n}").parse().unwrap(),
+                waymark_core::model::Address {
                     ip: std::net::Ipv4Addr::new(10, 0, 0, n).into(),
                     port: 80,
                 },
-                region: "r".parse().unwrap(),
-                zone: "a".parse().unwrap(),
-                tier: waymark_core::view::Tier::Local,
-                priority: 0,
-                weight: waymark_core::units::Weight::DEFAULT,
-                status: waymark_core::view::EndpointStatus::Eligible,
-                verdict: waymark_core::eligibility::Verdict::Eligible,
-                tags: Default::default(),
-                metadata: Default::default(),
-            };
+                "r".parse().unwrap(),
+                "a".parse().unwrap(),
+            );
             map.insert(e.instance.clone(), e);
         }
         v
