@@ -389,10 +389,7 @@ impl Checker {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use waymark_core::eligibility::Verdict;
-    use waymark_core::view::{Markers, ReleasedView, Tier, View, ViewEndpoint};
+    use waymark_core::view::{Markers, ReleasedView, View, ViewEndpoint};
 
     use super::*;
 
@@ -403,22 +400,15 @@ mod tests {
         };
         let endpoints = (0..routed)
             .map(|i| {
-                let e = ViewEndpoint {
-                    instance: InstanceId::try_new(format!("i{i}")).unwrap(),
-                    address: Address {
+                let e = ViewEndpoint::eligible(
+                    InstanceId::try_new(format!("i{i}")).unwrap(),
+                    Address {
                         ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
                         port: 1000 + i as u16,
                     },
-                    region: RegionName::try_new("sim").unwrap(),
-                    zone: zone(0),
-                    tier: Tier::Local,
-                    priority: 0,
-                    weight: Weight::DEFAULT,
-                    status: EndpointStatus::Eligible,
-                    verdict: Verdict::Eligible,
-                    tags: Arc::default(),
-                    metadata: Arc::default(),
-                };
+                    RegionName::try_new("sim").unwrap(),
+                    zone(0),
+                );
                 (e.instance.clone(), e)
             })
             .collect::<std::collections::BTreeMap<_, _>>()

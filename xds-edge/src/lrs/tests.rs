@@ -6,10 +6,8 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::{Pipe, SocketAddress};
 use envoy_types::pb::envoy::config::endpoint::v3::{ClusterStats, UpstreamLocalityStats};
-use waymark_core::eligibility::Verdict;
 use waymark_core::model::{Address as WmAddress, RegionName, ServiceName, ZoneName};
-use waymark_core::units::Weight;
-use waymark_core::view::{EndpointStatus, Markers, Tier, ViewEndpoint, ViewKey};
+use waymark_core::view::{Markers, ViewEndpoint, ViewKey};
 
 use super::*;
 
@@ -61,22 +59,15 @@ fn view_with(eps: &[(&str, u8)]) -> View {
     let endpoints = eps
         .iter()
         .map(|(id, n)| {
-            let e = ViewEndpoint {
-                instance: InstanceId::try_new(*id).unwrap(),
-                address: WmAddress {
+            let e = ViewEndpoint::eligible(
+                InstanceId::try_new(*id).unwrap(),
+                WmAddress {
                     ip: IpAddr::V4(Ipv4Addr::new(10, 0, 0, *n)),
                     port: 8080,
                 },
-                region: RegionName::try_new("eu").unwrap(),
-                zone: ZoneName::try_new("a").unwrap(),
-                tier: Tier::Local,
-                priority: 0,
-                weight: Weight::DEFAULT,
-                status: EndpointStatus::Eligible,
-                verdict: Verdict::Eligible,
-                tags: Arc::default(),
-                metadata: Arc::default(),
-            };
+                RegionName::try_new("eu").unwrap(),
+                ZoneName::try_new("a").unwrap(),
+            );
             (e.instance.clone(), e)
         })
         .collect::<BTreeMap<_, _>>();
