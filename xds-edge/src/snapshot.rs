@@ -1,8 +1,10 @@
 //! Snapshots: the encoded resources every client of this server may see, by caller zone.
 //!
 //! A [`Snapshot`] is immutable and shared (`Arc`) by every stream; each resource is
-//! encoded once, when its view changes, not once per client ("grpc marshaling has a cost",
-//! as go-control-plane puts it). Clusters are the same for every zone; load assignments
+//! encoded at most once, not once per client ("grpc marshaling has a cost", as
+//! go-control-plane puts it): clusters when their service appears, load assignments when
+//! a stream first reads that version of the view (a version no stream reads is never
+//! encoded). Clusters are the same for every zone; load assignments
 //! are per caller zone and carry their view's version, which comes from the region-wide
 //! counter, so a client reconnecting to any server never sees a resource version go back.
 //!
@@ -17,7 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use envoy_types::pb::google::protobuf::Any;
@@ -41,25 +43,97 @@ pub struct Encoded {
 
 /// A resource as an `Any`, with that `Any`'s protobuf encoding made once and shared (by
 /// reference count) by every response that carries it. Reads as the `Any` it holds.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Payload {
-    any: Arc<Any>,
+///
+/// A payload may be made lazily ([`Payload::lazy`]): the encoding is then made the first
+/// time anything reads it, by whichever stream asks first, and never again. A load
+/// assignment is released far more often than most of its versions are read (a busy
+/// service's view moves many times between two of its subscribers' requests, and a view
+/// no caller follows is never read), so encoding each release as it arrives was work
+/// nobody used.
+#[derive(Clone)]
+pub struct Payload(Arc<Lazy>);
+
+/// A payload's `Any`, made at most once.
+struct Lazy {
+    made: OnceLock<Made>,
+    /// What makes it; taken by the one call that does.
+    make: Mutex<Option<MakeAny>>,
+}
+
+/// What makes a lazy payload's `Any`.
+type MakeAny = Box<dyn FnOnce() -> Any + Send>;
+
+impl Lazy {
+    fn force(&self) -> &Made {
+        self.made.get_or_init(|| {
+            let make = self
+                .make
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take()
+                // `get_or_init` runs one initialiser to completion before any other; only
+                // a maker that panicked could have been taken without a value being made.
+                .expect("a payload's maker runs once");
+            Made::new(make())
+        })
+    }
+}
+
+/// A payload once made: the `Any` and its encoding.
+#[derive(Debug)]
+struct Made {
+    any: Any,
     wire: Bytes,
 }
 
-impl Payload {
-    /// Encode `any` once.
-    pub fn new(any: Any) -> Self {
+impl Made {
+    fn new(any: Any) -> Self {
         let wire = Bytes::from(any.encode_to_vec());
-        Self {
-            any: Arc::new(any),
-            wire,
-        }
+        Self { any, wire }
+    }
+}
+
+impl Payload {
+    /// Encode `any` once, now.
+    pub fn new(any: Any) -> Self {
+        Self(Arc::new(Lazy {
+            made: OnceLock::from(Made::new(any)),
+            make: Mutex::new(None),
+        }))
+    }
+
+    /// A payload whose `Any` is made by `make` when first read, once.
+    pub fn lazy(make: impl FnOnce() -> Any + Send + 'static) -> Self {
+        Self(Arc::new(Lazy {
+            made: OnceLock::new(),
+            make: Mutex::new(Some(Box::new(make))),
+        }))
     }
 
     /// The `Any`'s protobuf encoding (without a field tag or length).
     pub fn wire(&self) -> &Bytes {
-        &self.wire
+        &self.0.force().wire
+    }
+
+    /// Whether the encoding has been made (a lazy payload nobody has read has not).
+    pub fn is_made(&self) -> bool {
+        self.0.made.get().is_some()
+    }
+}
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.made.get() {
+            Some(made) => f.debug_tuple("Payload").field(&made.any).finish(),
+            None => f.write_str("Payload(<not yet made>)"),
+        }
+    }
+}
+
+/// Two payloads are equal when their encodings are (reading makes both).
+impl PartialEq for Payload {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.wire() == other.wire()
     }
 }
 
@@ -73,7 +147,7 @@ impl Deref for Payload {
     type Target = Any;
 
     fn deref(&self) -> &Any {
-        &self.any
+        &self.0.force().any
     }
 }
 
@@ -144,8 +218,8 @@ pub struct SnapshotBuilder {
     /// The services held.
     services: std::collections::BTreeSet<ServiceName>,
     /// Per view: its version, and the encoder that reuses its unchanged endpoints'
-    /// encodings next time.
-    views: BTreeMap<ViewKey, (Version, EdsEncoder)>,
+    /// encodings next time (shared with the lazy payloads of its releases).
+    views: BTreeMap<ViewKey, (Version, Arc<Mutex<EdsEncoder>>)>,
 }
 
 impl SnapshotBuilder {
@@ -179,16 +253,22 @@ impl SnapshotBuilder {
                 .routes
                 .insert(name.clone(), encode(TYPE_ROUTE, &route_configuration(s)));
         }
-        let mut encoder = self
+        // Encoded when a stream first reads it (see [`Payload::lazy`]), by the view's own
+        // encoder, which reuses its unchanged endpoints' encodings.
+        let encoder = self
             .views
             .remove(key)
             .map(|(_, encoder)| encoder)
             .unwrap_or_default();
+        let (view, shared) = (released.clone(), Arc::clone(&encoder));
         let encoded = Encoded {
             version: released.version.to_string(),
-            resource: Payload::new(Any {
+            resource: Payload::lazy(move || Any {
                 type_url: TYPE_ENDPOINT.to_owned(),
-                value: encoder.encode(released),
+                value: shared
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .encode(&view),
             }),
         };
         self.current
@@ -363,10 +443,51 @@ mod tests {
             }
         }
         assert!(Arc::ptr_eq(
-            &before.clusters["a"].resource.any,
-            &after.clusters["a"].resource.any
+            &before.clusters["a"].resource.0,
+            &after.clusters["a"].resource.0
         ));
         assert_eq!(after.version, 9);
+    }
+
+    #[test]
+    fn a_load_assignment_is_encoded_when_first_read_once_for_every_reader() {
+        let mut builder = SnapshotBuilder::new();
+        let zone: ZoneName = "z1".parse().unwrap();
+        builder.handle_release(&released("pay", "z1", 1, 3));
+        let first = builder.build();
+        // Superseded before anyone read it: never encoded.
+        builder.handle_release(&released("pay", "z1", 2, 4));
+        let second = builder.build();
+        let (old, new) = (
+            &first.endpoints[&zone]["pay"].resource,
+            &second.endpoints[&zone]["pay"].resource,
+        );
+        assert!(!old.is_made() && !new.is_made());
+        assert!(
+            first.clusters["pay"].resource.is_made(),
+            "clusters are made at once"
+        );
+        // Many readers at once get one encoding, the one a fresh encoder makes.
+        let wires: Vec<usize> = std::thread::scope(|s| {
+            let readers: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| new.wire().as_ptr() as usize))
+                .collect();
+            readers.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        assert!(wires.iter().all(|w| *w == wires[0]), "{wires:?}");
+        assert!(new.is_made() && !old.is_made());
+        // Compared decoded: metadata are protobuf maps, encoded in no fixed order.
+        let fresh = EdsEncoder::new().encode(&released("pay", "z1", 2, 4));
+        let decode = |b: &[u8]| ClusterLoadAssignment::decode(b).unwrap();
+        assert_eq!(decode(&new.value), decode(&fresh));
+        assert_eq!(new.type_url, TYPE_ENDPOINT);
+        // The older version, read later, is still its own content (4 endpoints vs 3).
+        let older = decode(&old.value);
+        let count = |c: &ClusterLoadAssignment| -> usize {
+            c.endpoints.iter().map(|l| l.lb_endpoints.len()).sum()
+        };
+        assert_eq!(count(&older), 3);
+        assert_eq!(count(&decode(&fresh)), 4);
     }
 
     #[test]
