@@ -8,7 +8,7 @@
 //! leader changes, so a new leader's versions are above anything an old one released, even
 //! one of its entries committed after the election.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use crate::release::{Release, apply_patch};
 use crate::state::{Applied, DesiredState, RegistryError, Stamped};
@@ -277,6 +277,11 @@ pub enum AuditKind {
     Acl,
 }
 
+/// The retained audit log, oldest first: a persistent vector, so copying the state (for a
+/// snapshot, up to [`AUDIT_RETAINED`] records) shares it instead of copying every record.
+/// It serializes as the list it holds.
+pub type AuditLog = imbl::Vector<AuditEntry>;
+
 /// One audit record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEntry {
@@ -309,7 +314,7 @@ pub struct AuthorityState {
     /// Keyed by view; serialized as a list (JSON map keys must be strings).
     #[serde(with = "published_as_list")]
     published: BTreeMap<ViewKey, ReleasedView>,
-    audit: VecDeque<AuditEntry>,
+    audit: AuditLog,
     audit_seq: u64,
     #[serde(default)]
     observed: Option<(u64, BTreeMap<InstanceId, ObservedInstance>)>,
@@ -482,7 +487,7 @@ impl AuthorityState {
     }
 
     /// The retained audit log, oldest first.
-    pub fn audit(&self) -> &VecDeque<AuditEntry> {
+    pub fn audit(&self) -> &AuditLog {
         &self.audit
     }
 

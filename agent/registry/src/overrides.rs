@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use waymark_core::model::ServiceName;
 
-use crate::machine::{AuditEntry, AuditKind};
+use crate::machine::{AuditKind, AuditLog};
 
 /// Overrides one actor may make on one service per window.
 pub const OVERRIDES_PER_WINDOW: usize = 5;
@@ -33,7 +33,7 @@ const SKEW_MS_MAX: u64 = 60_000;
 /// Overrides `actor` was granted on `service` within the window before `now_ms`, as the
 /// replicated audit log records them (every leader's grants, not only this member's).
 pub fn overrides_granted(
-    audit: &VecDeque<AuditEntry>,
+    audit: &AuditLog,
     actor: &str,
     service: &ServiceName,
     now_ms: u64,
@@ -90,6 +90,8 @@ impl OverrideLimiter {
 mod tests {
     use serde_json::Value;
 
+    use crate::machine::AuditEntry;
+
     use super::*;
 
     #[test]
@@ -110,7 +112,7 @@ mod tests {
             outcome: outcome.into(),
             detail: Value::Null,
         };
-        let audit: VecDeque<AuditEntry> = [
+        let audit: AuditLog = [
             entry(now - window - 1, "token/bob", &pay, "granted"), // outside the window
             entry(now - window + 1, "token/bob", &pay, "granted"),
             entry(now - 10, "token/bob", &pay, "refused"),

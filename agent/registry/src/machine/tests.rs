@@ -94,6 +94,20 @@ fn audit_sequence_numbers_are_assigned_on_apply_in_order() {
         .map(|e| (e.seq, e.actor.as_str()))
         .collect();
     assert_eq!(seqs, [(1, "a"), (2, "b"), (3, "c")]);
+    // A copy shares the log; the encoding is the list snapshots have always held, and it
+    // decodes to the same state.
+    let copy = s.clone();
+    assert!(copy.audit().ptr_eq(s.audit()));
+    let json = serde_json::to_value(&s).unwrap();
+    let listed: Vec<u64> = json["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(listed, [1, 2, 3]);
+    let back: AuthorityState = serde_json::from_value(json).unwrap();
+    assert_eq!(back, s);
 }
 
 #[test]

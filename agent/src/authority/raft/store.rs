@@ -1399,6 +1399,7 @@ fn encode_state(shared: &Shared) -> Result<(AppliedMeta, Vec<u8>), serde_json::E
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
         let shared = self.shared.clone();
+        let started = tokio::time::Instant::now();
         // What was appended until now is covered (or about to be) by this snapshot.
         shared.log_bytes.store(0, Ordering::Relaxed);
         // Serializing the whole state is CPU work and holds the read lock (blocking
@@ -1422,6 +1423,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         tracing::info!(
             index = ?meta.last_log_id.map(|l| l.index),
             size_bytes = data.len(),
+            duration_ms = started.elapsed().as_millis() as u64,
             "raft snapshot built"
         );
         Ok(Snapshot {
