@@ -4,9 +4,9 @@
 //! encoded at most once, not once per client ("grpc marshaling has a cost", as
 //! go-control-plane puts it): clusters when their service appears, load assignments when
 //! a stream first reads that version of the view (a version no stream reads is never
-//! encoded). Clusters are the same for every zone; load assignments
-//! are per caller zone and carry their view's version, which comes from the region-wide
-//! counter, so a client reconnecting to any server never sees a resource version go back.
+//! encoded). Clusters are the same for every zone; load assignments are per caller zone
+//! and carry their view's version, which comes from the region-wide counter, so a client
+//! reconnecting to any server never sees a resource version go back.
 //!
 //! Each resource also keeps its `Any` as wire bytes ([`Payload`]), so a response is
 //! written as a few bytes of its own (nonce, versions, names) followed by encodings
