@@ -219,6 +219,7 @@ async fn a_node_agents_sidecar_listener_admits_only_its_own_regions_workloads() 
         data_dir: dir.path().join("agent"),
         // Nothing answers there: the sidecar listener serves the last-known-good view.
         upstream: vec![format!("127.0.0.1:{}", common::free_port())],
+        upstream_standby: true,
         ingest: Vec::new(),
         api: Vec::new(),
         listen: Listen {

@@ -165,6 +165,7 @@ impl Estate {
             zone: "a".parse().unwrap(),
             data_dir: dir.path().join("agent"),
             upstream: vec![authority.xds_addr().to_string()],
+            upstream_standby: true,
             ingest: vec![authority.ingest_addr().unwrap().to_string()],
             api: Vec::new(),
             listen: Listen {

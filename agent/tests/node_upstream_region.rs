@@ -70,6 +70,7 @@ async fn agent(pki: &TestPkiDir, dir: &std::path::Path, upstream: SocketAddr) ->
         zone: "a".parse().unwrap(),
         data_dir: dir.to_path_buf(),
         upstream: vec![upstream.to_string()],
+        upstream_standby: true,
         ingest: Vec::new(),
         api: Vec::new(),
         listen: Listen {

@@ -5,8 +5,16 @@
 //! up to a share of the known population per window (with a floor, so a small deployment is
 //! never throttled to nothing) and refuses the rest with a retry hint that spreads the
 //! backlog over the following windows; clients add full jitter on top. Pure: time is passed in.
+//!
+//! A client that already holds an open stream here is not arriving: a node agent keeps a
+//! standby stream at a second member and, when its own member dies, opens its new stream
+//! beside the standby it holds. So a verified client (mutual TLS; an address can be shared
+//! and proves nothing) holding exactly one open stream is let in without taking a place in
+//! the window — it moves no new client onto this server, and its connection is already up.
+//! A third concurrent stream, or any stream from a client known only by its address, is
+//! counted as every other.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use waymark_core::defaults as d;
@@ -39,11 +47,31 @@ impl Default for AdmissionConfig {
     }
 }
 
+/// Who asks to connect, as far as the server can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller<'a> {
+    /// A certificate identity, verified by the TLS handshake.
+    Verified(&'a str),
+    /// Known only by something it does not prove (its address).
+    Unverified(&'a str),
+}
+
+impl<'a> Caller<'a> {
+    fn key(self) -> &'a str {
+        match self {
+            Self::Verified(k) | Self::Unverified(k) => k,
+        }
+    }
+}
+
 /// The verdict on one connection attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admit {
     /// Serve it.
     Yes,
+    /// Serve it outside the window: a verified client opening a stream beside the one it
+    /// holds here (a standby being promoted).
+    Beside,
     /// Refuse it; come back no sooner than `retry_after` (plus jitter).
     No {
         /// The hint.
@@ -65,6 +93,8 @@ pub struct AdmissionController {
     /// The windows refused clients were told to come back in, oldest first: when each
     /// starts and how many were sent to it. Each gets at most what a window admits.
     booked: VecDeque<(Instant, u32)>,
+    /// Streams open now, per client (admitted and not yet closed); no entry at zero.
+    open: BTreeMap<String, u32>,
 }
 
 impl AdmissionController {
@@ -75,11 +105,39 @@ impl AdmissionController {
             known: BTreeSet::new(),
             admitted: VecDeque::new(),
             booked: VecDeque::new(),
+            open: BTreeMap::new(),
         }
     }
 
-    /// A client asks to connect.
-    pub fn handle_connect(&mut self, now: Instant, client: &str) -> Admit {
+    /// A client asks to open a stream. On `Yes` or `Beside` the stream counts as open until
+    /// [`Self::handle_closed`] is called for it.
+    pub fn handle_connect(&mut self, now: Instant, caller: Caller<'_>) -> Admit {
+        let client = caller.key();
+        if let Caller::Verified(key) = caller
+            && self.open.get(key) == Some(&1)
+        {
+            self.open.insert(key.to_owned(), 2);
+            return Admit::Beside;
+        }
+        let verdict = self.handle_arrival(now, client);
+        if verdict == Admit::Yes {
+            *self.open.entry(client.to_owned()).or_default() += 1;
+        }
+        verdict
+    }
+
+    /// A stream admitted for `client` (the key its [`Caller`] carried) ended.
+    pub fn handle_closed(&mut self, client: &str) {
+        if let Some(n) = self.open.get_mut(client) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.open.remove(client);
+            }
+        }
+    }
+
+    /// A client with no stream to stand beside: the sliding window decides.
+    fn handle_arrival(&mut self, now: Instant, client: &str) -> Admit {
         while self
             .admitted
             .front()
@@ -172,7 +230,7 @@ mod tests {
         let mut c = AdmissionController::new(config);
         let now = t0();
         let verdicts: Vec<Admit> = (0..2_000)
-            .map(|i| c.handle_connect(now, &format!("envoy-{i}")))
+            .map(|i| c.handle_connect(now, Caller::Unverified(&format!("envoy-{i}"))))
             .collect();
         let admitted = verdicts.iter().filter(|v| **v == Admit::Yes).count();
         assert_eq!(admitted, 100);
@@ -181,7 +239,7 @@ mod tests {
             .iter()
             .filter_map(|v| match v {
                 Admit::No { retry_after } => Some(*retry_after),
-                Admit::Yes => None,
+                Admit::Yes | Admit::Beside => None,
             })
             .collect();
         assert_eq!(hints.first(), Some(&Duration::from_secs(10)));
@@ -189,7 +247,9 @@ mod tests {
         // The next window admits the next hundred.
         let later = now + Duration::from_secs(10);
         let next = (0..200)
-            .filter(|i| c.handle_connect(later, &format!("envoy-{i}")) == Admit::Yes)
+            .filter(|i| {
+                c.handle_connect(later, Caller::Unverified(&format!("envoy-{i}"))) == Admit::Yes
+            })
             .count();
         assert_eq!(next, 100);
     }
@@ -204,7 +264,9 @@ mod tests {
         let now = t0();
         let mut per_window: BTreeMap<u128, u32> = BTreeMap::new();
         for i in 0..2_000 {
-            if let Admit::No { retry_after } = c.handle_connect(now, &format!("envoy-{i}")) {
+            if let Admit::No { retry_after } =
+                c.handle_connect(now, Caller::Unverified(&format!("envoy-{i}")))
+            {
                 *per_window
                     .entry(retry_after.as_millis() / 10_000)
                     .or_default() += 1;
@@ -240,7 +302,11 @@ mod tests {
         let mut admitted: Vec<Duration> = Vec::new();
         for (i, ms) in arrivals.enumerate() {
             let at = Duration::from_millis(ms);
-            if c.handle_connect(start + at, &format!("envoy-{}", i % 2_000)) == Admit::Yes {
+            if c.handle_connect(
+                start + at,
+                Caller::Unverified(&format!("envoy-{}", i % 2_000)),
+            ) == Admit::Yes
+            {
                 admitted.push(at);
             }
         }
@@ -269,12 +335,15 @@ mod tests {
         let mut c = AdmissionController::new(config);
         let now = t0();
         for i in 0..100 {
-            assert_eq!(c.handle_connect(now, &format!("envoy-{i}")), Admit::Yes);
+            assert_eq!(
+                c.handle_connect(now, Caller::Unverified(&format!("envoy-{i}"))),
+                Admit::Yes
+            );
         }
         let later = now + Duration::from_secs(4);
         for i in 100..105 {
             assert_eq!(
-                c.handle_connect(later, &format!("envoy-{i}")),
+                c.handle_connect(later, Caller::Unverified(&format!("envoy-{i}"))),
                 Admit::No {
                     retry_after: Duration::from_secs(6)
                 }
@@ -282,11 +351,95 @@ mod tests {
         }
     }
 
+    /// A controller whose window is already full (`floor` 1, one stream admitted).
+    fn full(now: Instant) -> AdmissionController {
+        let mut c = AdmissionController::new(AdmissionConfig {
+            floor: 1,
+            ..AdmissionConfig::default()
+        });
+        assert_eq!(
+            c.handle_connect(now, Caller::Unverified("someone")),
+            Admit::Yes
+        );
+        c
+    }
+
+    #[test]
+    fn a_verified_client_holding_a_stream_opens_one_more_beside_it_outside_the_window() {
+        // Goal: a node agent promoting its standby after its member died is not a
+        // reconnection: the stream it opens beside the standby it holds here is let in
+        // even when the window is full, and takes no place in it.
+        let now = t0();
+        let mut c = AdmissionController::new(AdmissionConfig {
+            floor: 2,
+            ..AdmissionConfig::default()
+        });
+        assert_eq!(
+            c.handle_connect(now, Caller::Verified("node/a")),
+            Admit::Yes
+        );
+        assert_eq!(
+            c.handle_connect(now, Caller::Unverified("ip:x")),
+            Admit::Yes
+        );
+        assert_eq!(
+            c.handle_connect(now, Caller::Verified("node/a")),
+            Admit::Beside
+        );
+        // A third concurrent stream is an arrival like any other: refused, window full.
+        assert!(matches!(
+            c.handle_connect(now, Caller::Verified("node/a")),
+            Admit::No { .. }
+        ));
+        // The standby closes once the new stream is up; the client holds one stream again,
+        // so a later promotion is let in beside it again.
+        c.handle_closed("node/a");
+        assert_eq!(
+            c.handle_connect(now, Caller::Verified("node/a")),
+            Admit::Beside
+        );
+    }
+
+    #[test]
+    fn a_client_holding_nothing_or_known_only_by_address_is_counted() {
+        // Goal: the exemption needs a stream held here and a verified identity. A client
+        // whose streams all ended arrives anew; an address (shared by every client behind
+        // it, and proving nothing) never stands beside anything.
+        let now = t0();
+        let mut c = full(now);
+        assert!(matches!(
+            c.handle_connect(now, Caller::Unverified("someone")),
+            Admit::No { .. }
+        ));
+        c.handle_closed("someone");
+        assert!(matches!(
+            c.handle_connect(now, Caller::Verified("node/b")),
+            Admit::No { .. }
+        ));
+
+        let later = now + Duration::from_secs(10);
+        let mut c = full(later);
+        c.handle_closed("someone");
+        // Closing what is not open changes nothing.
+        c.handle_closed("someone");
+        c.handle_closed("nobody");
+        assert!(matches!(
+            c.handle_connect(later, Caller::Verified("someone")),
+            Admit::No { .. }
+        ));
+    }
+
     #[test]
     fn a_small_deployment_is_never_throttled_below_the_floor() {
         let mut c = AdmissionController::new(AdmissionConfig::default());
         let now = t0();
-        assert!((0..10).all(|i| c.handle_connect(now, &format!("e{i}")) == Admit::Yes));
-        assert!(matches!(c.handle_connect(now, "e10"), Admit::No { .. }));
+        assert!(
+            (0..10)
+                .all(|i| c.handle_connect(now, Caller::Unverified(&format!("e{i}"))) == Admit::Yes)
+        );
+        assert!(matches!(
+            c.handle_connect(now, Caller::Unverified("e10")),
+            Admit::No { .. }
+        ));
     }
 }

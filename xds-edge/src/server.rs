@@ -37,7 +37,7 @@ use waymark_core::model::ZoneName;
 
 use waymark_certs::grpc::{GrpcLimits, IncomingConfig, PeerInfo};
 
-use crate::admission::{AdmissionConfig, AdmissionController, Admit};
+use crate::admission::{AdmissionConfig, AdmissionController, Admit, Caller};
 use crate::protocol::{Ack, DeltaState, Outgoing, SotwState};
 use crate::service::AdsService;
 use crate::snapshot::{Resources, Snapshot};
@@ -162,6 +162,9 @@ pub struct XdsStats {
     pub unknown_types: AtomicU64,
     /// Streams refused by reconnection admission.
     pub refused_streams: AtomicU64,
+    /// Streams let in outside reconnection admission's window because their verified
+    /// client already held one here (a standby being promoted).
+    pub beside_streams: AtomicU64,
     /// Streams closed because the client stopped reading.
     pub slow_consumers: AtomicU64,
     /// Streams that ended with a malformed first request or none at all.
@@ -283,16 +286,27 @@ impl XdsServer {
         &self.inner.stats
     }
 
-    fn admit(&self, node: &Node, client: &str) -> Result<(), Status> {
+    fn admit(&self, node: &Node, caller: Caller<'_>) -> Result<(), Status> {
         let now = tokio::time::Instant::now().into_std();
         let verdict = self
             .inner
             .admission
             .lock()
             .expect("admission lock")
-            .handle_connect(now, client);
+            .handle_connect(now, caller);
+        let client = match caller {
+            Caller::Verified(k) | Caller::Unverified(k) => k,
+        };
         match verdict {
             Admit::Yes => Ok(()),
+            Admit::Beside => {
+                self.inner
+                    .stats
+                    .beside_streams
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::info!(node_id = %node.id, client, "stream admitted beside the one its client holds here");
+                Ok(())
+            }
             Admit::No { retry_after } => {
                 self.inner
                     .stats
@@ -382,13 +396,17 @@ impl XdsServer {
         let mut inbound = request.into_inner();
         let first = self.first(&mut inbound).await?;
         let node = F::node(&first).cloned().unwrap_or_default();
-        self.admit(&node, &client)?;
+        let caller = match identity {
+            Some(_) => Caller::Verified(&client),
+            None => Caller::Unverified(&client),
+        };
+        self.admit(&node, caller)?;
         let identity_for_filter = identity.clone();
         let (stream_id, sync) = self.open(&node, identity, F::NAME);
         let (tx, rx) = mpsc::channel(self.inner.config.response_buffer);
         let span =
             tracing::info_span!("xds_stream", node_id = %node.id, stream_id, protocol = F::NAME);
-        let core = StreamCore::new(self.inner.clone(), stream_id, sync, &node, tx);
+        let core = StreamCore::new(self.inner.clone(), stream_id, sync, &node, tx, client);
         let mut stream = ProtocolStream::<F>::new(core);
         stream.core.identity = identity_for_filter;
         tokio::spawn(stream.run(first, inbound).instrument(span));
@@ -437,6 +455,8 @@ struct StreamCore {
     zone: Option<ZoneName>,
     node_id: String,
     identity: Option<String>,
+    /// Who the stream counts as for reconnection admission, told when it ends.
+    admission_key: String,
     tx: mpsc::Sender<Outbound>,
     nonces: u64,
 }
@@ -454,6 +474,7 @@ impl StreamCore {
         sync: Arc<Mutex<ClientSync>>,
         node: &Node,
         tx: mpsc::Sender<Outbound>,
+        admission_key: String,
     ) -> Self {
         let zone = node
             .locality
@@ -466,6 +487,7 @@ impl StreamCore {
             zone,
             node_id: node.id.clone(),
             identity: None,
+            admission_key,
             tx,
             nonces: 0,
         }
@@ -562,6 +584,9 @@ impl Drop for StreamCore {
     fn drop(&mut self) {
         if let Ok(mut streams) = self.inner.sync.lock() {
             streams.remove(&self.id);
+        }
+        if let Ok(mut admission) = self.inner.admission.lock() {
+            admission.handle_closed(&self.admission_key);
         }
     }
 }

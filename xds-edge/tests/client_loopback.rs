@@ -11,7 +11,7 @@ use crate::support;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use support::views;
 
@@ -28,6 +28,9 @@ use tokio::task::JoinHandle;
 use tokio::time::timeout;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Endpoint, Server};
+use waymark_certs::testing::TestPki;
+use waymark_certs::tls::{ALPN_H2, client_config, server_config};
+use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
 use waymark_core::view::{EndpointStatus, Markers, ReleasedView, ViewEndpoint};
 use waymark_xds::admission::AdmissionConfig;
 use waymark_xds::client::{
@@ -36,7 +39,7 @@ use waymark_xds::client::{
 };
 use waymark_xds::sync::ClientSync;
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT};
-use waymark_xds::{Publisher, ServerConfig, SnapshotBuilder, XdsServer};
+use waymark_xds::{Keepalive, Publisher, ServerConfig, SnapshotBuilder, XdsServer};
 
 const WAIT: Duration = Duration::from_secs(10);
 /// The port of the endpoint the validator in the NACK test refuses.
@@ -680,4 +683,216 @@ async fn a_resource_filter_hides_a_service_from_clients_it_does_not_admit() {
     );
     assert!(endpoint_ports(&batch).is_none());
     server.stop().await;
+}
+
+// === a standby stream over mutual TLS ===
+
+const TD: &str = "mesh.test";
+/// A window no test outlives: each server lets in its first arrival and refuses the rest.
+const LONG_WINDOW: Duration = Duration::from_secs(3_600);
+
+/// An authority member serving ADS over mutual TLS, admitting one arrival per window.
+struct Member {
+    server: XdsServer,
+    publisher: Publisher,
+    builder: SnapshotBuilder,
+    stop: oneshot::Sender<()>,
+    serving: JoinHandle<Result<(), tonic::transport::Error>>,
+    addr: SocketAddr,
+}
+
+impl Member {
+    async fn start(pki: &TestPki, name: &str) -> Self {
+        let own = pki.live(&format!("region/eu/authority/{name}"));
+        let tls = server_config(
+            &own,
+            policy(IdentityKind::Node),
+            CertMetrics::new(),
+            &[ALPN_H2],
+        )
+        .unwrap();
+        let config = ServerConfig {
+            admission: AdmissionConfig {
+                floor: 1,
+                window: LONG_WINDOW,
+                ..AdmissionConfig::default()
+            },
+            ..ServerConfig::default()
+        };
+        let listener = TcpListener::bind(any_addr()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (server, publisher) = XdsServer::new(config);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let serving = tokio::spawn(server.clone().serve_tls(
+            listener,
+            Arc::new(tls),
+            Keepalive::default(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            server,
+            publisher,
+            builder: SnapshotBuilder::new(),
+            stop,
+            serving,
+            addr,
+        }
+    }
+
+    fn release(&mut self, view: &ReleasedView) {
+        assert!(self.builder.handle_release(view));
+        self.publisher.publish(self.builder.build());
+    }
+
+    /// Ends every stream and closes the listener, as a member that dies does.
+    async fn stop(self) {
+        drop(self.publisher);
+        let _ = self.stop.send(());
+        timeout(WAIT, self.serving).await.unwrap().unwrap().unwrap();
+    }
+
+    fn stat(&self, f: impl Fn(&waymark_xds::server::XdsStats) -> &AtomicU64) -> u64 {
+        f(self.server.stats()).load(Ordering::Relaxed)
+    }
+}
+
+fn policy(kind: IdentityKind) -> PeerPolicy {
+    PeerPolicy {
+        trust_domain: TrustDomain::new(TD).unwrap(),
+        accepted: KindSet::only(kind),
+        region: None,
+    }
+}
+
+/// A node agent's client over mutual TLS to `members`, starting at the first.
+fn node_client(
+    pki: &TestPki,
+    id: &str,
+    members: &[&Member],
+    standby: bool,
+) -> (XdsClient, watch::Receiver<Arc<Applied>>) {
+    let own = pki.live(&format!("region/eu/node/{id}"));
+    let tls = client_config(
+        &own,
+        policy(IdentityKind::Authority),
+        CertMetrics::new(),
+        &[ALPN_H2],
+    )
+    .unwrap();
+    let config = ClientConfig {
+        tls: Some(Arc::new(tls)),
+        standby,
+        seed: 0,
+        ..fast_config()
+    };
+    let endpoints = members
+        .iter()
+        .map(|m| Endpoint::from_shared(format!("http://{}", m.addr)).unwrap())
+        .collect();
+    XdsClient::connect_any(config, endpoints, node(id), subscriptions())
+}
+
+/// Both members serve `pay` at v1; `node/n1` follows it from `a`.
+async fn two_members(pki: &TestPki) -> (Member, Member) {
+    let mut a = Member::start(pki, "a1").await;
+    let mut b = Member::start(pki, "a2").await;
+    a.release(&released(1, &[1, 2]));
+    b.release(&released(1, &[1, 2]));
+    (a, b)
+}
+
+#[tokio::test]
+async fn a_standby_stream_takes_over_at_once_when_the_active_member_dies() {
+    // Goal: ADR-13 caps arrivals, and a member that dies sends all its clients to the
+    // others at once. A node agent holding a standby stream at a second member is not
+    // arriving there: its new stream opens beside the standby and is let in although
+    // that member's window is full (the standby itself filled it), and the client is
+    // current again without waiting out a retry hint.
+    let pki = TestPki::new(TD, &["eu"]);
+    let (a, mut b) = two_members(&pki).await;
+    let (client, mut applied) = node_client(&pki, "n1", &[&a, &b], true);
+    until(&mut applied, "endpoints of v1 from a", |a| {
+        endpoint_ports(a) == Some(vec![8001, 8002])
+    })
+    .await;
+    // The standby at b: a stream that subscribes to nothing and is sent nothing.
+    let standby = server_until(&b.server, "the standby open at b", |s| s.len() == 1).await;
+    assert!(
+        standby[0].types.values().all(|t| t.sent.is_none()),
+        "{standby:?}"
+    );
+    assert_eq!(
+        standby[0].identity.as_deref(),
+        Some("spiffe://mesh.test/region/eu/node/n1")
+    );
+    let mut status = client.stream_status();
+    timeout(WAIT, status.wait_for(|s| s.standby))
+        .await
+        .expect("the client reports its standby")
+        .unwrap();
+
+    a.stop().await;
+    b.release(&released(2, &[1]));
+    let moved = until(&mut applied, "v2 from b", |a| {
+        a.version(TYPE_ENDPOINT) == Some("2")
+    })
+    .await;
+    assert_eq!(endpoint_ports(&moved), Some(vec![8001]));
+    assert_eq!(moved.streams, 2, "one stream at a, then one at b");
+    assert_eq!(b.stat(|s| &s.beside_streams), 1);
+    assert_eq!(b.stat(|s| &s.refused_streams), 0);
+    // The standby closed once the new stream was up: b holds the one active stream.
+    server_until(&b.server, "only the active stream at b", |s| {
+        s.len() == 1
+            && s[0]
+                .types
+                .get(TYPE_ENDPOINT)
+                .is_some_and(|t| t.acked.is_some())
+    })
+    .await;
+    let status = client.stream_status().borrow().clone();
+    assert!(status.is_connected(), "{status:?}");
+    assert_eq!(status.failed_attempts, 0, "{status:?}");
+    assert_eq!(status.promotions, 1, "{status:?}");
+    drop(client);
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn without_a_standby_the_displaced_client_waits_out_the_members_window() {
+    // Goal: the control for the test above. The same client with no standby arrives at b
+    // as a new client, b's window is full (another node got the one place), and b turns
+    // it away with a retry hint — so its view stays at v1.
+    let pki = TestPki::new(TD, &["eu"]);
+    let (a, mut b) = two_members(&pki).await;
+    let (_other, mut other_applied) = node_client(&pki, "n2", &[&b, &a], false);
+    until(&mut other_applied, "n2's endpoints from b", |a| {
+        endpoint_ports(a).is_some()
+    })
+    .await;
+    let (client, mut applied) = node_client(&pki, "n1", &[&a, &b], false);
+    until(&mut applied, "endpoints of v1 from a", |a| {
+        endpoint_ports(a).is_some()
+    })
+    .await;
+    assert_eq!(b.server.sync_state().len(), 1, "no standby: only n2 at b");
+
+    a.stop().await;
+    b.release(&released(2, &[1]));
+    waymark_testkit::until("b refusing n1", WAIT, async || {
+        let refused = b.stat(|s| &s.refused_streams);
+        if refused >= 1 {
+            Ok(())
+        } else {
+            Err(format!("refused {refused}"))
+        }
+    })
+    .await;
+    assert_eq!(b.stat(|s| &s.beside_streams), 0);
+    assert_eq!(applied.borrow().version(TYPE_ENDPOINT), Some("1"));
+    assert!(!client.stream_status().borrow().is_connected());
+    drop(client);
+    b.stop().await;
 }

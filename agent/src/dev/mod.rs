@@ -222,6 +222,7 @@ impl DevRegion {
             zone: ZONES[0].parse()?,
             data_dir: args.dir.join("agent"),
             upstream: vec![authority.xds_addr().to_string()],
+            upstream_standby: true,
             ingest: authority
                 .ingest_addr()
                 .map(|a| vec![a.to_string()])

@@ -267,6 +267,7 @@ impl NodeAgent {
             persist: Some(cache::persist(Arc::clone(&store))),
             initial: cache::initial(&loaded.upstream),
             tls: tls.as_ref().map(|t| Arc::clone(&t.upstream)),
+            standby: config.upstream_standby,
             ..ClientConfig::default()
         };
         // `http://` even over TLS: the client's connector does the handshake.

@@ -45,6 +45,12 @@ pub struct AgentConfig {
     pub data_dir: PathBuf,
     /// Authority members' xDS listeners; any one will do (jittered reconnect).
     pub upstream: Vec<String>,
+    /// With more than one `upstream`, hold an idle standby stream at a second member, so
+    /// that when the member serving this agent dies its next stream opens at once beside
+    /// the standby instead of queueing behind the survivors' reconnection admission
+    /// (default true; it costs each member one idle stream per agent it stands by for).
+    #[serde(default = "default_upstream_standby")]
+    pub upstream_standby: bool,
     /// Authority members' evidence-ingest listeners.
     #[serde(default)]
     pub ingest: Vec<String>,
@@ -95,6 +101,7 @@ impl AgentConfig {
             zone,
             data_dir,
             upstream,
+            upstream_standby: true,
             ingest: Vec::new(),
             api: Vec::new(),
             api_token_file: None,
@@ -392,6 +399,10 @@ impl AgentFile {
 
 /// `[agent.gossip]`, created empty when the environment is the first to name it (the
 /// check afterwards refuses it unless bind and keys were both given).
+fn default_upstream_standby() -> bool {
+    true
+}
+
 fn gossip_section(a: &mut AgentConfig) -> &mut Gossip {
     a.gossip.get_or_insert_with(|| Gossip {
         bind: SocketAddr::from(([0, 0, 0, 0], 7946)),
