@@ -19,6 +19,12 @@
 //!    newest version committed (read from the new leader once the publishing settled),
 //!    including those whose member was killed and had to reconnect to another.
 //!
+//! The region runs as in production: the members' API, Raft and xDS over mutual TLS, and
+//! every subscriber presenting its own node certificate, which is how the members'
+//! reconnection guard counts clients. Each subscriber holds a standby stream at a second
+//! member, as node agents do by default (`--no-standby` measures without): the killed
+//! member's subscribers open their next stream beside it, outside the guard's window.
+//!
 //! Then the killed member is restarted and caught up, and the bench repeats with
 //! whichever member leads now. Each figure's median and spread over the repeats, and every
 //! run, are reported beside a limit measured in the same run: the soonest a follower of the
@@ -48,7 +54,8 @@ use crate::drill::leader_churn::leader_known;
 use crate::drill::report::quantile;
 use crate::estate::{self, LOAD_CONCURRENCY, ZONES};
 use crate::harness::cluster::{AuthorityCluster, MemberStatus};
-use crate::harness::fleet::{self, Api, SubLog, SubSpec, Subscribers};
+use crate::harness::evidence::RegionPki;
+use crate::harness::fleet::{self, Api, SubLog, SubSpec, Subscribers, Upstream};
 use crate::harness::{api_client, wait_until};
 use crate::traffic::ms;
 use crate::writes::Spread;
@@ -91,6 +98,9 @@ pub struct Params {
     /// default (50). 1000 lets every reconnecting subscriber in at once, to show what the
     /// guard costs.
     pub reconnect_permille: Option<u32>,
+    /// Subscribers hold a standby stream at a second member, as node agents do by default
+    /// (`upstream_standby`); `false` shows what a dead member's subscribers wait without.
+    pub standby: bool,
 }
 
 /// One failover.
@@ -114,6 +124,10 @@ pub struct Run {
     pub current_at_end: usize,
     /// Subscribers whose stream ended and was opened again (the killed member's).
     pub reconnected: usize,
+    /// Subscribers holding a standby stream when the leader was killed.
+    pub standing_by_at_kill: usize,
+    /// Of the reconnections, those opened over the subscriber's standby.
+    pub promoted: u64,
     /// Kill → each of those opening its new stream: the median and the last.
     pub reattach_p50_ms: Option<f64>,
     pub reattach_max_ms: Option<f64>,
@@ -196,15 +210,13 @@ pub async fn run(params: Params, dir: &Path) -> anyhow::Result<FailoverReport> {
     let limit = limit(&params).await?;
     say(&format!("limit {limit:?}"));
 
+    // Mutual TLS everywhere, as a region runs: the members' API, Raft and xDS, and every
+    // subscriber with its own node certificate, which is how the reconnection guard counts
+    // clients (and knows a standby's client when it opens its next stream).
+    let pki = RegionPki::create(&dir.join("pki"), REGION, params.seed)?;
     let mut cluster = AuthorityCluster::new(&bin, dir, MEMBERS, REGION, &ZONES)?;
-    // Plaintext clients on loopback all count as one for the reconnection guard (it counts
-    // certificate identities, else addresses): say how many there are, as the guard's
-    // documentation asks, so it admits what it would admit of a real fleet.
-    let expected = u32::try_from(params.subscriptions).unwrap_or(u32::MAX);
-    let mut limits = LimitsSection {
-        reconnect_expected_clients: expected,
-        ..LimitsSection::default()
-    };
+    cluster.with_tls(&pki)?;
+    let mut limits = LimitsSection::default();
     if let Some(permille) = params.reconnect_permille {
         limits.reconnect_permille = permille;
     }
@@ -212,7 +224,7 @@ pub async fn run(params: Params, dir: &Path) -> anyhow::Result<FailoverReport> {
     cluster.start_all()?;
     cluster.wait_all_ready(START_DEADLINE).await?;
     let first = cluster.wait_leader(None, START_DEADLINE).await?;
-    let result = measure(&params, &mut cluster, first, &bin, limit).await;
+    let result = measure(&params, &mut cluster, &pki, first, &bin, limit).await;
     if result.is_err() {
         for id in cluster.ids() {
             if let Ok(m) = cluster.member(id) {
@@ -227,6 +239,7 @@ pub async fn run(params: Params, dir: &Path) -> anyhow::Result<FailoverReport> {
 async fn measure(
     params: &Params,
     cluster: &mut AuthorityCluster,
+    pki: &RegionPki,
     first: u64,
     bin: &Path,
     limit: Limit,
@@ -264,6 +277,10 @@ async fn measure(
         epoch,
         params.subscriptions,
         ATTACH_DEADLINE,
+        Upstream {
+            pki: Some(pki),
+            standby: params.standby,
+        },
     )
     .await?;
     let attach_s = epoch.elapsed().as_secs_f64();
@@ -274,7 +291,7 @@ async fn measure(
 
     let mut runs = Vec::new();
     for k in 0..params.repeats {
-        let run = failover(cluster, &subs, &next, epoch, k).await?;
+        let run = failover(cluster, &subs, &next, epoch, k, params.standby).await?;
         say(&format!("failover {}: {run:?}", k + 1));
         runs.push(run);
     }
@@ -390,8 +407,19 @@ async fn failover(
     next: &Arc<AtomicUsize>,
     epoch: Instant,
     k: usize,
+    standby: bool,
 ) -> anyhow::Result<Run> {
     quiet_window(subs, epoch).await;
+    if standby {
+        // Standbys lost with the last killed member are reopened through admission, at
+        // 5 % per 10 s like any arrival: the next kill waits for them all.
+        wait_until(
+            "every subscriber holds a standby stream",
+            ATTACH_DEADLINE,
+            async || (subs.standing_by() == subs.len()).then_some(()),
+        )
+        .await?;
+    }
     let victim = settled_leader(cluster).await?;
     let killed_term = victim.term.unwrap_or(0);
     let leader_api = cluster.member(victim.id)?.http_addr();
@@ -410,6 +438,8 @@ async fn failover(
         .max()
         .unwrap_or(0);
     let streams: Vec<u64> = (0..subs.len()).map(|i| subs.streams(i)).collect();
+    let standing_by_at_kill = subs.standing_by();
+    let promotions = subs.promotions();
     let live: Vec<(u64, SocketAddr)> = cluster
         .ids()
         .into_iter()
@@ -452,6 +482,7 @@ async fn failover(
     let reconnected = (0..subs.len())
         .filter(|i| subs.streams(*i) > streams[*i])
         .count();
+    let promoted = subs.promotions() - promotions;
     let views_changed = newest
         .iter()
         .filter(|(key, v)| before.get(*key).is_none_or(|b| *v > b))
@@ -488,6 +519,8 @@ async fn failover(
         subscribers_current_ms: current_ms,
         current_at_end,
         reconnected,
+        standing_by_at_kill,
+        promoted,
         reattach_p50_ms: quantile(&reattached, 0.5),
         reattach_max_ms: quantile(&reattached, 1.0),
         views_changed,
@@ -845,6 +878,7 @@ mod tests {
             repeats: 1,
             seed: 1,
             reconnect_permille: None,
+            standby: true,
         };
         let specs = sub_specs(&params);
         assert!(specs.iter().all(|s| s.services[0] == probe_service()));

@@ -301,6 +301,10 @@ impl NodeAgent {
             )
         });
         let (client, applied) = XdsClient::connect_any(client_config, endpoints, node, subs);
+        tasks.push(tokio::spawn(standby_loop(
+            client.stream_status(),
+            shared.metrics.clone(),
+        )));
         tasks.push(tokio::spawn(apply_loop(
             Arc::clone(&shared),
             applied,
@@ -577,6 +581,25 @@ fn refresh_staleness(shared: &Shared) {
             .set(age);
     }
     *aged = served;
+}
+
+/// Export the upstream standby's state until the client stops.
+async fn standby_loop(
+    mut status: tokio::sync::watch::Receiver<waymark_xds::client::StreamStatus>,
+    metrics: super::metrics::AgentMetrics,
+) {
+    let mut promotions = 0;
+    while status.changed().await.is_ok() {
+        let (standby, promoted) = {
+            let s = status.borrow_and_update();
+            (s.standby, s.promotions)
+        };
+        metrics.upstream_standby.set(i64::from(standby));
+        metrics
+            .upstream_standby_promotions
+            .inc_by(promoted.saturating_sub(promotions));
+        promotions = promoted;
+    }
 }
 
 /// TLS configs: the server side for sidecars and workloads, the client side towards the

@@ -30,6 +30,10 @@ pub struct RefusalLabels {
 pub struct AgentMetrics {
     /// 1 while the upstream xDS stream is open.
     pub upstream_connected: Gauge,
+    /// 1 while a standby upstream stream is open at a second authority member.
+    pub upstream_standby: Gauge,
+    /// Upstream streams opened over the standby's connection after the active one ended.
+    pub upstream_standby_promotions: Counter,
     /// Seconds since the upstream last confirmed the view (0 while connected).
     pub view_age_seconds: Family<ServiceLabels, Gauge<f64, AtomicU64>>,
     /// Seconds since the upstream last confirmed anything (the cache's age).
@@ -70,6 +74,16 @@ impl AgentMetrics {
             "upstream_connected",
             "1 while the upstream xDS stream is open",
             self.upstream_connected.clone(),
+        );
+        r.register(
+            "upstream_standby",
+            "1 while a standby upstream stream is open at a second authority member",
+            self.upstream_standby.clone(),
+        );
+        r.register(
+            "upstream_standby_promotions",
+            "Upstream streams opened over the standby's connection after the active stream ended",
+            self.upstream_standby_promotions.clone(),
         );
         r.register(
             "view_age_seconds",

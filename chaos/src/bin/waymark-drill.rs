@@ -413,6 +413,10 @@ enum Bench {
         /// [default: the authority's, 50]; 1000 admits every reconnecting subscriber at once.
         #[arg(long)]
         reconnect_permille: Option<u32>,
+        /// Subscribers hold no standby stream at a second member (node agents do by
+        /// default): shows what a dead member's subscribers wait for without one.
+        #[arg(long)]
+        no_standby: bool,
         /// Where the members keep their files [default: a new temporary folder].
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
@@ -569,7 +573,7 @@ fn main() -> anyhow::Result<()> {
             }
             serde_json::to_string(&bench::RebuildSummary::new(sizes))
         }
-        Bench::Failover { services, estate, subscriptions, services_per_subscriber, repeats, seed, reconnect_permille, dir } => {
+        Bench::Failover { services, estate, subscriptions, services_per_subscriber, repeats, seed, reconnect_permille, no_standby, dir } => {
             let params = waymark_chaos::failover::Params {
                 services,
                 estate,
@@ -578,6 +582,7 @@ fn main() -> anyhow::Result<()> {
                 repeats,
                 seed,
                 reconnect_permille,
+                standby: !no_standby,
             };
             let dir = match dir {
                 Some(d) => d,

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use waymark_agent::authority::config::LimitsSection;
+use waymark_agent::tls::TlsSection;
 
 use super::{RoleProc, configs, free_port, loopback};
 
@@ -46,6 +47,8 @@ struct Config {
     voters: Vec<Voter>,
     /// `[authority.limits]`; the defaults unless [`AuthorityProc::set_limits`] said.
     limits: LimitsSection,
+    /// `[authority.tls]`; plaintext on loopback unless [`AuthorityProc::set_tls`] said.
+    tls: Option<TlsSection>,
 }
 
 impl Config {
@@ -60,6 +63,7 @@ impl Config {
         a.members = configs::members(members);
         a.acl = configs::drill_acl(self.path.parent().unwrap_or(&self.data))?;
         a.limits = self.limits.clone();
+        a.tls = self.tls.clone();
         configs::write_authority(&self.path, a)
     }
 }
@@ -101,6 +105,7 @@ impl AuthorityProc {
             xds,
             voters: members.to_vec(),
             limits: LimitsSection::default(),
+            tls: None,
         };
         config.write(id, members)?;
         Ok(Self {
@@ -162,6 +167,14 @@ impl AuthorityProc {
     /// voters as first written (read at the next start).
     pub fn set_limits(&mut self, limits: LimitsSection) -> anyhow::Result<()> {
         self.config.limits = limits;
+        self.config.write(self.id, &self.config.voters)
+    }
+
+    /// Rewrites its configuration with `tls` as `[authority.tls]`: its API, Raft and xDS
+    /// listeners then speak mutual TLS (read at the next start). The harness's API clients
+    /// must be told ([`super::api_over_tls`]).
+    pub fn set_tls(&mut self, tls: TlsSection) -> anyhow::Result<()> {
+        self.config.tls = Some(tls);
         self.config.write(self.id, &self.config.voters)
     }
 

@@ -12,8 +12,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use waymark_agent::authority::config::LimitsSection;
+use waymark_agent::tls::TlsSection;
 
 use super::authority::{AuthorityProc, Voter};
+use super::evidence::{RegionPki, TRUST_DOMAIN};
 use super::{free_port, loopback, wait_until};
 use crate::traffic;
 
@@ -80,6 +82,18 @@ impl AuthorityCluster {
         self.members
             .iter_mut()
             .try_for_each(|m| m.set_limits(limits.clone()))
+    }
+
+    /// Gives every member a certificate from `pki` (`authority/<id>`: peers admit Raft RPC
+    /// only as the id a certificate names) and serves its API, Raft and xDS over mutual
+    /// TLS; this harness's API clients then speak TLS to it. Read at the next start.
+    pub fn with_tls(&mut self, pki: &RegionPki) -> anyhow::Result<()> {
+        for m in &mut self.members {
+            let paths = pki.issue(&format!("authority/{}", m.id()))?;
+            m.set_tls(TlsSection::new(TRUST_DOMAIN, &paths))?;
+            super::api_over_tls(m.http_addr(), &pki.bundle())?;
+        }
+        Ok(())
     }
 
     /// The members' ids, in order.

@@ -518,6 +518,17 @@ pub fn sub_specs(shape: &Shape) -> Vec<SubSpec> {
 /// The endpoint addresses of each (zone, service, version) any subscriber received.
 pub type Contents = HashMap<(String, String, u64), Arc<HashSet<SocketAddr>>>;
 
+/// How subscribers reach an authority's members.
+#[derive(Default, Clone, Copy)]
+pub struct Upstream<'a> {
+    /// Subscriber `i` presents the node certificate `node/fleet-<i>` issued from this PKI,
+    /// as a node agent does (mutual TLS); plaintext when `None`.
+    pub pki: Option<&'a RegionPki>,
+    /// Each holds a standby stream at a second member (`ClientConfig::standby`), as node
+    /// agents do by default.
+    pub standby: bool,
+}
+
 /// N Delta streams against one xDS server, recording arrivals.
 pub struct Subscribers {
     specs: Vec<SubSpec>,
@@ -539,7 +550,8 @@ impl Subscribers {
         batch: usize,
         deadline: Duration,
     ) -> anyhow::Result<Self> {
-        Self::start_across(&[xds], specs, seed, epoch, batch, deadline).await
+        let plain = Upstream::default();
+        Self::start_across(&[xds], specs, seed, epoch, batch, deadline, plain).await
     }
 
     /// [`Self::start`] over several equivalent servers (an authority's members), as node
@@ -553,6 +565,7 @@ impl Subscribers {
         epoch: Instant,
         batch: usize,
         deadline: Duration,
+        upstream: Upstream<'_>,
     ) -> anyhow::Result<Self> {
         anyhow::ensure!(!servers.is_empty(), "subscribers need a server");
         let endpoints = servers
@@ -581,8 +594,14 @@ impl Subscribers {
                 wildcard: false,
                 names: spec.services.iter().cloned().collect(),
             };
+            let tls = match upstream.pki {
+                Some(pki) => Some(pki.node_client(&format!("fleet-{i}")).await?),
+                None => None,
+            };
             let config = ClientConfig {
                 seed: seed.wrapping_mul(0x9E37_79B9).wrapping_add(i as u64),
+                tls,
+                standby: upstream.standby,
                 ..ClientConfig::default()
             };
             // The client starts at `endpoints[seed % n]`: rotate the list so that is
@@ -641,6 +660,22 @@ impl Subscribers {
             .iter()
             .filter(|rx| rx.borrow().connected)
             .count()
+    }
+
+    /// Subscribers holding a standby stream at a second member now.
+    pub fn standing_by(&self) -> usize {
+        self.clients
+            .iter()
+            .filter(|c| c.stream_status().borrow().standby)
+            .count()
+    }
+
+    /// Streams subscribers opened over their standby's connection so far.
+    pub fn promotions(&self) -> u64 {
+        self.clients
+            .iter()
+            .map(|c| c.stream_status().borrow().promotions)
+            .sum()
     }
 
     /// The version subscriber `i` holds now of each service it follows (in its spec's
