@@ -10,6 +10,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
+use waymark_agent::authority::raft::codec;
 use waymark_fuzz::{Gen, Limits, capped, is_json_lines, lines};
 use waymark_registry::machine::{AuthorityState, Request};
 
@@ -35,14 +36,17 @@ fn run(data: &[u8]) {
         responses.push(response);
     }
     let bytes = serde_json::to_vec(&state).expect("the authority state serializes");
-    let back: AuthorityState = serde_json::from_slice(&bytes).expect("its snapshot decodes");
+    let back: AuthorityState = serde_json::from_slice(&bytes).expect("its JSON decodes");
+    assert_eq!(back, state, "the state round-trips as JSON (the API's form)");
+    let bytes = codec::encode(&state).expect("the authority state encodes");
+    let back: AuthorityState = codec::decode(&bytes).expect("its snapshot decodes");
     assert_eq!(back, state, "the snapshot round-trips");
 
     let mut replica = AuthorityState::default();
     for (i, (request, response)) in log.iter().zip(&responses).enumerate() {
         if i == restore_at {
-            let bytes = serde_json::to_vec(&replica).expect("the authority state serializes");
-            replica = serde_json::from_slice(&bytes).expect("its snapshot decodes");
+            let bytes = codec::encode(&replica).expect("the authority state encodes");
+            replica = codec::decode(&bytes).expect("its snapshot decodes");
         }
         let again = replica.apply(request.clone());
         assert_eq!(&again, response, "replicas disagree on {request:?}");

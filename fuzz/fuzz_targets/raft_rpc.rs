@@ -1,13 +1,13 @@
-//! Raft RPC bodies and snapshots as a member decodes them: the JSON bodies of
+//! Raft RPC bodies and snapshots as a member decodes them: the bodies of
 //! `POST /raft/append`, `/raft/vote` and `/raft/snapshot` (openraft's request types over
 //! the authority's `TypeConfig`), the responses a member's client decodes from its peers,
 //! a snapshot's data (`AuthorityState`), and the snapshot file a member reads at start —
 //! then what a member does with them: apply the entries' requests, and serve from and keep
 //! applying to an installed snapshot.
 //!
-//! Input: byte 0 picks the body; the rest is its JSON (`0` append, `1` vote, `2` install
-//! snapshot, `3` the peer responses, `5` a whole snapshot file, otherwise raw snapshot
-//! data). Checked: nothing panics; a decoded body re-encodes and decodes to itself; a
+//! Input: byte 0 picks the body; the rest is the body as the codec reads it — binary after
+//! its mark, JSON otherwise (`0` append, `1` vote, `2` install snapshot, `3` the peer
+//! responses, `5` a whole snapshot file, otherwise raw snapshot data). Checked: nothing panics; a decoded body re-encodes and decodes to itself; a
 //! decoded snapshot file decodes the same once re-encoded; a decoded snapshot survives
 //! applying.
 #![no_main]
@@ -21,7 +21,7 @@ use openraft::raft::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use waymark_agent::authority::raft::{self, TypeConfig};
+use waymark_agent::authority::raft::{self, TypeConfig, codec};
 use waymark_fuzz::{Limits, capped};
 use waymark_registry::machine::{AuthorityState, Request};
 use waymark_registry::state::{Command, Stamped};
@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
                     let _ = state.apply(request);
                 }
             }
-            serde_json::to_vec(&state).expect("the authority state serializes");
+            codec::encode(&state).expect("the authority state serializes");
         }
         1 => {
             let _ = round_trip::<VoteRequest<NodeId>>(body);
@@ -89,10 +89,10 @@ fn snapshot_file(body: &[u8]) {
 
 /// Decode, and if that works, check the value survives its own encoding.
 fn round_trip<T: Serialize + DeserializeOwned>(body: &[u8]) -> Option<T> {
-    let value: T = serde_json::from_slice(body).ok()?;
-    let encoded = serde_json::to_vec(&value).expect("a decoded body encodes");
-    let again: T = serde_json::from_slice(&encoded).expect("an encoded body decodes");
-    let reencoded = serde_json::to_vec(&again).expect("and encodes again");
+    let value: T = codec::decode(body).ok()?;
+    let encoded = codec::encode(&value).expect("a decoded body encodes");
+    let again: T = codec::decode(&encoded).expect("an encoded body decodes");
+    let reencoded = codec::encode(&again).expect("and encodes again");
     assert_eq!(encoded, reencoded, "a body's encoding is stable");
     Some(value)
 }
@@ -100,7 +100,7 @@ fn round_trip<T: Serialize + DeserializeOwned>(body: &[u8]) -> Option<T> {
 /// What a member does with snapshot data: decode it as the store's `install_snapshot`
 /// does, serve from it, and keep applying the log on top.
 fn install(data: &[u8]) {
-    let Ok(mut state) = serde_json::from_slice::<AuthorityState>(data) else {
+    let Ok(mut state) = codec::decode::<AuthorityState>(data) else {
         return;
     };
     let registry = state.registry();
@@ -140,6 +140,6 @@ fn install(data: &[u8]) {
     for command in commands {
         let _ = state.apply(Request::Registry(Stamped { at_ms, command }));
     }
-    let bytes = serde_json::to_vec(&state).expect("the authority state serializes");
-    let _: AuthorityState = serde_json::from_slice(&bytes).expect("its snapshot decodes");
+    let bytes = codec::encode(&state).expect("the authority state serializes");
+    let _: AuthorityState = codec::decode(&bytes).expect("its snapshot decodes");
 }

@@ -1108,7 +1108,7 @@ enum Phase {
     Waiting(Instant),
     /// An attempt is under way (on its own task, so the active stream never waits for it).
     Opening(tokio::task::JoinHandle<Result<Standby, StreamError>>),
-    Open(Standby),
+    Open(Box<Standby>),
 }
 
 /// Keeps a standby stream open at a server other than the active one, reopening it with
@@ -1140,7 +1140,7 @@ impl Keeper {
             return None;
         }
         match std::mem::replace(&mut self.phase, Phase::Waiting(Instant::now())) {
-            Phase::Open(standby) => Some(standby),
+            Phase::Open(standby) => Some(*standby),
             other => {
                 self.phase = other;
                 None
@@ -1186,7 +1186,7 @@ impl Keeper {
                 self.phase = match outcome {
                     Ok(standby) if standby.index != self.active => {
                         tracing::debug!(server = standby.index, "xds standby stream opened");
-                        Phase::Open(standby)
+                        Phase::Open(Box::new(standby))
                     }
                     // The active stream moved onto that server meanwhile.
                     Ok(_) => Phase::Waiting(Instant::now()),

@@ -139,6 +139,7 @@ async fn node_agent(estate: &TestPkiDir, dir: &Path, upstream: SocketAddr) -> No
         zone: "a".parse().unwrap(),
         data_dir: dir.to_path_buf(),
         upstream: vec![upstream.to_string()],
+        upstream_standby: true,
         ingest: Vec::new(),
         api: Vec::new(),
         listen: Listen {

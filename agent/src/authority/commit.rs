@@ -74,7 +74,7 @@ impl Committer {
 
     /// Commit one registry command and wait for its own outcome.
     pub async fn commit(&self, stamped: Stamped) -> Outcome {
-        let bytes = serde_json::to_vec(&stamped).map_or(0, |v| v.len());
+        let bytes = super::raft::codec::encode(&stamped).map_or(0, |v| v.len());
         let (reply, answer) = oneshot::channel();
         self.tx
             .try_send(Submitted {

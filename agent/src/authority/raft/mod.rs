@@ -18,6 +18,7 @@
 //! redb file in its data directory and replays the committed tail.
 
 pub mod admission;
+pub mod codec;
 mod network;
 pub mod snapshot_file;
 mod store;

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::response::{IntoResponse as _, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, post};
 use axum::{Extension, Json, Router};
 use bytes::Bytes;
@@ -59,6 +59,7 @@ use tokio::sync::Semaphore;
 use waymark_certs::grpc::PeerInfo;
 
 use super::admission::{RaftRpcMetrics, Refusal, Senders};
+use super::codec;
 use super::{Member, TypeConfig};
 
 /// Path of the AppendEntries RPC.
@@ -198,37 +199,88 @@ impl RpcState {
 async fn append(
     State(s): State<RpcState>,
     peer: Option<Extension<PeerInfo>>,
-    Json(rpc): Json<AppendEntriesRequest<TypeConfig>>,
+    Body { value: rpc, binary }: Body<AppendEntriesRequest<TypeConfig>>,
 ) -> Response {
     let peer = peer.as_ref().map(|Extension(p)| p);
     if let Some(refused) = s.refusal(peer, rpc.vote.leader_id.voted_for(), APPEND_PATH) {
         return refused;
     }
-    Json(s.raft.append_entries(rpc).await).into_response()
+    answer(binary, &s.raft.append_entries(rpc).await)
 }
 
 async fn vote(
     State(s): State<RpcState>,
     peer: Option<Extension<PeerInfo>>,
-    Json(rpc): Json<VoteRequest<NodeId>>,
+    Body { value: rpc, binary }: Body<VoteRequest<NodeId>>,
 ) -> Response {
     let peer = peer.as_ref().map(|Extension(p)| p);
     if let Some(refused) = s.refusal(peer, rpc.vote.leader_id.voted_for(), VOTE_PATH) {
         return refused;
     }
-    Json(s.raft.vote(rpc).await).into_response()
+    answer(binary, &s.raft.vote(rpc).await)
 }
 
 async fn snapshot(
     State(s): State<RpcState>,
     peer: Option<Extension<PeerInfo>>,
-    Json(rpc): Json<InstallSnapshotRequest<TypeConfig>>,
+    Body { value: rpc, binary }: Body<InstallSnapshotRequest<TypeConfig>>,
 ) -> Response {
     let peer = peer.as_ref().map(|Extension(p)| p);
     if let Some(refused) = s.refusal(peer, rpc.vote.leader_id.voted_for(), SNAPSHOT_PATH) {
         return refused;
     }
-    Json(s.raft.install_snapshot(rpc).await).into_response()
+    answer(binary, &s.raft.install_snapshot(rpc).await)
+}
+
+/// An RPC body as a peer sent it: binary when it carries the codec's mark (see
+/// [`codec`]), else JSON — what a member from before the binary encoding sends. The answer
+/// goes back in the same encoding ([`answer`]), so peers of either build understand each
+/// other while a region is upgraded member by member. A body that decodes as neither is
+/// refused with `400`; Raft is not touched.
+struct Body<T> {
+    value: T,
+    binary: bool,
+}
+
+impl<T, S> axum::extract::FromRequest<S> for Body<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, Response> {
+        let bytes = axum::body::Bytes::from_request(request, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let binary = codec::is_binary(&bytes);
+        match codec::decode(&bytes) {
+            Ok(value) => Ok(Self { value, binary }),
+            Err(e) => {
+                tracing::warn!(error = %e, binary, bytes = bytes.len(), "raft rpc body does not decode");
+                let body = serde_json::json!({"error": {
+                    "reason": "malformed",
+                    "field": null,
+                    "message": e.to_string(),
+                }});
+                Err((StatusCode::BAD_REQUEST, Json(body)).into_response())
+            }
+        }
+    }
+}
+
+/// `value` as the answer to a request that was `binary` (or JSON).
+fn answer<T: Serialize>(binary: bool, value: &T) -> Response {
+    if !binary {
+        return Json(value).into_response();
+    }
+    match codec::encode(value) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, codec::CONTENT_TYPE)], bytes).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "raft rpc answer does not encode");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
 }
 
 /// A follower's audit records, for the leader to commit.
@@ -336,6 +388,7 @@ where
             member: node.clone(),
             base: format!("{}://{}", self.scheme, node.raft_addr),
             client: self.client.clone(),
+            json: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -349,6 +402,9 @@ pub struct HttpPeer<C = HttpConnector> {
     member: Member,
     base: String,
     client: Client<C, Full<Bytes>>,
+    /// The peer answered a binary body with `415`: it is a build from before the binary
+    /// encoding, and is spoken to in JSON from then on.
+    json: std::sync::atomic::AtomicBool,
 }
 
 impl<C> Debug for HttpPeer<C> {
@@ -364,7 +420,9 @@ impl<C> Debug for HttpPeer<C> {
 #[derive(Debug, thiserror::Error)]
 enum CallError {
     #[error("cannot encode request")]
-    Encode(#[source] serde_json::Error),
+    Encode(#[source] codec::CodecError),
+    #[error("cannot encode request as JSON")]
+    EncodeJson(#[source] serde_json::Error),
     #[error("bad peer address")]
     Request(#[source] http::Error),
     #[error("cannot connect")]
@@ -376,7 +434,7 @@ enum CallError {
     #[error("peer answered http {0}")]
     Status(StatusCode),
     #[error("cannot decode response")]
-    Decode(#[source] serde_json::Error),
+    Decode(#[source] codec::CodecError),
     #[error("timed out")]
     Timeout(Duration),
 }
@@ -385,16 +443,49 @@ impl<C> HttpPeer<C>
 where
     C: Connect + Clone + Send + Sync + 'static,
 {
+    /// One RPC: the body in the binary encoding (JSON to a peer that refused it), the
+    /// answer in whichever the peer used.
     async fn call<Q, A>(&self, path: &str, body: &Q, ttl: Duration) -> Result<A, CallError>
     where
         Q: Serialize,
         A: DeserializeOwned,
     {
-        let body = serde_json::to_vec(body).map_err(CallError::Encode)?;
+        let json = self.json.load(std::sync::atomic::Ordering::Relaxed);
+        match self.exchange(path, body, ttl, json).await {
+            Err(CallError::Status(StatusCode::UNSUPPORTED_MEDIA_TYPE)) if !json => {
+                tracing::info!(
+                    peer = self.target,
+                    "raft peer takes JSON only; speaking JSON to it"
+                );
+                self.json.store(true, std::sync::atomic::Ordering::Relaxed);
+                self.exchange(path, body, ttl, true).await
+            }
+            other => other,
+        }
+    }
+
+    async fn exchange<Q, A>(
+        &self,
+        path: &str,
+        body: &Q,
+        ttl: Duration,
+        json: bool,
+    ) -> Result<A, CallError>
+    where
+        Q: Serialize,
+        A: DeserializeOwned,
+    {
+        let (body, content_type) = if json {
+            let body = serde_json::to_vec(body).map_err(CallError::EncodeJson)?;
+            (body, "application/json")
+        } else {
+            let body = codec::encode(body).map_err(CallError::Encode)?;
+            (body, codec::CONTENT_TYPE)
+        };
         let request = http::Request::builder()
             .method(Method::POST)
             .uri(format!("{}{}", self.base, path))
-            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_TYPE, content_type)
             .body(Full::new(Bytes::from(body)))
             .map_err(CallError::Request)?;
         let exchange = async {
@@ -414,7 +505,7 @@ where
                 .await
                 .map_err(CallError::Body)?
                 .to_bytes();
-            serde_json::from_slice(&bytes).map_err(CallError::Decode)
+            codec::decode(&bytes).map_err(CallError::Decode)
         };
         tokio::time::timeout(ttl, exchange)
             .await
@@ -439,6 +530,7 @@ where
                 RPCError::Unreachable(Unreachable::new(&e))
             }
             CallError::Encode(_)
+            | CallError::EncodeJson(_)
             | CallError::Request(_)
             | CallError::Transport(_)
             | CallError::Body(_)
@@ -593,6 +685,61 @@ mod tests {
             futures::poll!(again.as_mut()).is_pending(),
             "a freed place is taken"
         );
+    }
+
+    #[tokio::test]
+    async fn a_peer_from_before_the_binary_encoding_is_spoken_to_in_json() {
+        // Goal: a region upgrades one member at a time. A peer whose routes take JSON only
+        // refuses the binary body with 415; the RPC is sent again in JSON and answered, and
+        // that peer is spoken to in JSON from then on.
+        let seen: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+        let log = Arc::clone(&seen);
+        let app: Router = Router::new().route(
+            VOTE_PATH,
+            post(move |headers: http::HeaderMap, body: axum::body::Bytes| {
+                let log = Arc::clone(&log);
+                async move {
+                    let kind = headers
+                        .get(header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned();
+                    log.lock().unwrap().push(kind.clone());
+                    if kind != "application/json" {
+                        return StatusCode::UNSUPPORTED_MEDIA_TYPE.into_response();
+                    }
+                    let rpc: VoteRequest<NodeId> = serde_json::from_slice(&body).unwrap();
+                    let answer: Result<VoteResponse<NodeId>, RaftError<NodeId>> =
+                        Ok(VoteResponse {
+                            vote: rpc.vote,
+                            vote_granted: true,
+                            last_log_id: None,
+                        });
+                    Json(answer).into_response()
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let serving = tokio::spawn(async move { axum::serve(listener, app).await });
+        let member = Member {
+            raft_addr: addr.clone(),
+            api_addr: addr,
+        };
+        let mut peer = HttpNetworkFactory::new(1).new_client(2, &member).await;
+        for _ in 0..2 {
+            let rpc = VoteRequest::new(Vote::new(1, 1), None);
+            let answer = peer
+                .vote(rpc, RPCOption::new(Duration::from_secs(5)))
+                .await
+                .unwrap();
+            assert!(answer.vote_granted);
+        }
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [codec::CONTENT_TYPE, "application/json", "application/json"]
+        );
+        serving.abort();
     }
 
     #[tokio::test]

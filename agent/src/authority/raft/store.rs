@@ -33,6 +33,7 @@ use openraft::{
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{broadcast, watch};
 
+use super::codec;
 use super::snapshot_file::{SnapshotFile, SnapshotFileError, Stored as StoredSnapshot};
 use super::{Member, TypeConfig};
 use waymark_registry::machine::{AuthorityState, Request, Response};
@@ -108,9 +109,14 @@ pub enum StoreError {
     /// another process or damaged.
     #[error("raft database error")]
     Db(#[from] redb::Error),
-    /// A stored record did not decode. The file is damaged or from an incompatible version.
+    /// A stored metadata record (vote, committed index, purge point) did not decode. The
+    /// file is damaged or from an incompatible version.
     #[error("raft record does not decode")]
     Codec(#[from] serde_json::Error),
+    /// A log entry or a snapshot's state did not decode (or, never expected, encode). The
+    /// file is damaged or from an incompatible version.
+    #[error("raft log entry or snapshot does not decode")]
+    Record(#[from] codec::CodecError),
     /// The snapshot file could not be read or written.
     #[error("raft snapshot file")]
     Snapshot(#[from] SnapshotFileError),
@@ -221,7 +227,7 @@ pub(crate) fn open(
 
     let (state, applied) = match snapshot {
         Some((meta, data)) => {
-            let state: AuthorityState = serde_json::from_slice(&data)?;
+            let state: AuthorityState = codec::decode(&data)?;
             let applied = AppliedMeta {
                 last_applied: meta.last_log_id,
                 membership: meta.last_membership,
@@ -896,7 +902,7 @@ fn read_entries_within(
         if !budget.take(raw.len()) {
             break;
         }
-        out.push(serde_json::from_slice(raw)?);
+        out.push(codec::decode(raw)?);
     }
     Ok(out)
 }
@@ -1023,7 +1029,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let table = txn.open_table(LOGS)?;
             let last = match table.last()? {
                 Some((_, raw)) => {
-                    let entry: Entry<TypeConfig> = serde_json::from_slice(raw.value())?;
+                    let entry: Entry<TypeConfig> = codec::decode(raw.value())?;
                     Some(entry.log_id)
                 }
                 None => purged,
@@ -1113,7 +1119,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         for entry in entries {
             let id = entry.log_id;
             let bytes =
-                serde_json::to_vec(&entry).map_err(|e| StorageIOError::write_log_entry(id, &e))?;
+                codec::encode(&entry).map_err(|e| StorageIOError::write_log_entry(id, &e))?;
             decoded.push((entry, bytes.len()));
             encoded.push((id, bytes));
         }
@@ -1329,7 +1335,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> StorageResult<()> {
         let data = snapshot.into_inner();
-        let state: AuthorityState = serde_json::from_slice(&data)
+        let state: AuthorityState = codec::decode(&data)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         let stored = meta.clone();
         on_store(&self.db, move |db| save_snapshot(db, &stored, &data))
@@ -1387,12 +1393,12 @@ impl Debug for SnapshotBuilder {
 /// reference estate's state takes hundreds of milliseconds, and every apply — so every
 /// acknowledgement — waited for the lock meanwhile, a stall each time a snapshot was due.
 /// The copy shares names and views (`Arc`s) and takes a fraction of that.
-fn encode_state(shared: &Shared) -> Result<(AppliedMeta, Vec<u8>), serde_json::Error> {
+fn encode_state(shared: &Shared) -> Result<(AppliedMeta, Vec<u8>), codec::CodecError> {
     let (state, applied) = {
         let state = shared.state.read().unwrap_or_else(PoisonError::into_inner);
         (state.clone(), shared.applied_meta())
     };
-    let bytes = serde_json::to_vec(&state)?;
+    let bytes = codec::encode(&state)?;
     Ok((applied, bytes))
 }
 

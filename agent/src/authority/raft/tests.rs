@@ -398,7 +398,8 @@ fn a_damaged_snapshot_file_is_refused_with_what_is_wrong_and_the_store_does_not_
 
 #[test]
 fn a_state_with_published_views_encodes_as_a_snapshot() {
-    // Goal: snapshot encoding (serde_json) covers every part of the state.
+    // Goal: snapshot encoding (the codec's binary form) covers every part of the state,
+    // and the JSON a member wrote before it still reads.
     use waymark_core::model::ZoneName;
     use waymark_core::view::{ReleasedView, Version, View, ViewKey};
     let mut state = AuthorityState::default();
@@ -412,8 +413,11 @@ fn a_state_with_published_views_encodes_as_a_snapshot() {
             view: View::empty(key),
         }],
     });
-    let bytes = serde_json::to_vec(&state).unwrap();
-    let back: AuthorityState = serde_json::from_slice(&bytes).unwrap();
+    let bytes = super::codec::encode(&state).unwrap();
+    let back: AuthorityState = super::codec::decode(&bytes).unwrap();
+    assert_eq!(back, state);
+    let json = serde_json::to_vec(&state).unwrap();
+    let back: AuthorityState = super::codec::decode(&json).unwrap();
     assert_eq!(back, state);
 }
 
