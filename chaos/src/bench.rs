@@ -22,6 +22,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use waymark_agent::authority::raft::codec;
 use waymark_core::assembler::{AssemblerConfig, Effect as AsmEffect, ViewAssembler};
 use waymark_core::contract::{CapabilityProfile, HealthContract, ValidContract};
 use waymark_core::eligibility::{Eligibility, IneligibleReason};
@@ -548,7 +549,7 @@ pub struct RebuildReport {
     pub zones: usize,
     /// Views released (one per service and caller zone).
     pub views: usize,
-    /// The replicated state's JSON encoding (the Raft snapshot), in bytes.
+    /// The replicated state's encoding (the Raft snapshot, `raft::codec`), in bytes.
     pub snapshot_bytes: usize,
     /// Stage 1: decoding that snapshot into an `AuthorityState`.
     pub snapshot_decode_ms: f64,
@@ -556,7 +557,7 @@ pub struct RebuildReport {
     pub rebuild_ms: f64,
     /// Stage 3: releasing every view.
     pub publish_ms: f64,
-    /// The JSON encoding of the `Publish` log entry carrying every view, in bytes.
+    /// The encoding of the `Publish` log entry carrying every view, in bytes.
     pub commit_bytes: usize,
     /// Stage 4: encoding that entry.
     pub commit_encode_ms: f64,
@@ -603,8 +604,8 @@ const OLD_TERM: u64 = 1;
 ///
 /// Untimed setup: an `AuthorityState` whose registry holds the shape's services and
 /// instances (applied as `Request::Registry` entries) and whose published views come from
-/// a first pipeline run (applied as one `Request::Publish`), encoded once as JSON. Timed,
-/// stage by stage, as `authority::leader` and `authority::tier` do it: decode the snapshot;
+/// a first pipeline run (applied as one `Request::Publish`), encoded once as a member
+/// encodes its snapshots (`raft::codec`). Timed, stage by stage, as `authority::leader` and `authority::tier` do it: decode the snapshot;
 /// rebuild the pipeline from its registry; release every view; encode them as one
 /// `Publish` entry; feed them to an xDS `SnapshotBuilder` and build. Releases are not
 /// rate-limited here, so the figure is compute, not admission pacing; every view is
@@ -628,10 +629,9 @@ fn rebuild_run(shape: Shape) -> RebuildRun {
 
     let config = rebuild_config(shape);
     let state = replicated_state(shape, &config);
-    let snapshot = serde_json::to_vec(&state).expect("the replicated state encodes as JSON");
+    let snapshot = codec::encode(&state).expect("the replicated state encodes");
     let (decoded, snapshot_decode_ms) = timed(|| {
-        serde_json::from_slice::<AuthorityState>(&snapshot)
-            .expect("the snapshot just encoded decodes")
+        codec::decode::<AuthorityState>(&snapshot).expect("the snapshot just encoded decodes")
     });
     let snapshot_bytes = snapshot.len();
     drop(snapshot);
@@ -684,7 +684,7 @@ fn commit_and_serve(views: Vec<waymark_core::view::ReleasedView>) -> (usize, f64
 
     let commit = Request::Publish { views };
     let (entry, commit_encode_ms) =
-        timed(|| serde_json::to_vec(&commit).expect("a publish entry encodes as JSON"));
+        timed(|| codec::encode(&commit).expect("a publish entry encodes"));
     let commit_bytes = entry.len();
     drop(entry);
     let Request::Publish { views } = &commit else {
