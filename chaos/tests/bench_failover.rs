@@ -1,8 +1,8 @@
 //! `waymark-drill bench failover`, smoke-sized: a three-member authority with a small
 //! estate and a few dozen Delta xDS subscribers; its leader is SIGKILLed twice. Asserts what
 //! the bench measured — a different member took over at a higher term, every subscriber
-//! ended current, the figures are ordered as the recovery is and summarised honestly —
-//! never how fast. The full-size run is a separate command (README, "Benchmarks").
+//! ended current, the killed member's subscribers reopened beside their standby streams,
+//! the figures are ordered as the recovery is and summarised honestly — never how fast. The full-size run is a separate command (README, "Benchmarks").
 //!
 //! Needs the `waymark` binary next to `waymark-drill` or `WAYMARK_BIN`.
 #![allow(clippy::unwrap_used)]
@@ -50,6 +50,10 @@ fn a_killed_leader_is_replaced_and_every_subscriber_is_current_again() {
         // The killed member's subscribers had to reconnect elsewhere, and the probe
         // service's view of every zone was committed anew.
         assert!(run["reconnected"].as_u64().unwrap() > 0, "{run:#}");
+        // Every subscriber held a standby at a second member (the bench waits for them),
+        // and each that lost its member reopened beside it rather than as an arrival.
+        assert_eq!(run["standing_by_at_kill"], 30, "{run:#}");
+        assert_eq!(run["promoted"], run["reconnected"], "{run:#}");
         // A reconnecting subscriber can only hold the new version on its new stream.
         assert!(
             f(&run["subscribers_current_ms"]) >= f(&run["reattach_max_ms"]),
