@@ -803,40 +803,38 @@ impl Driver {
             let delay = self.backoff.next_delay(ended.lived, hint);
             via = self.standby.as_mut().and_then(Keeper::take_open);
             self.status.standby = false;
+            // A certificate refusal, ours or the server's, names its reason.
+            let cert = waymark_certs::CertError::from_tls(&ended.error).map(|e| e.reason());
             if let Some(standby) = &via {
                 self.status.promotions += 1;
                 tracing::info!(
                     error = ?ended.error,
+                    cert_reason = cert.map(|r| r.as_str()),
                     opened = ended.opened,
                     lived_ms = ended.lived.as_millis() as u64,
                     standby = standby.index,
                     "xds stream ended; reconnecting over the standby at once"
                 );
-                if ended.opened {
-                    self.status.handle_lost(Instant::now(), ended.error);
-                } else {
-                    self.status.handle_attempt_failed(ended.error);
-                }
-                self.publish_status();
-                continue;
+            } else {
+                tracing::info!(
+                    error = ?ended.error,
+                    cert_reason = cert.map(|r| r.as_str()),
+                    opened = ended.opened,
+                    lived_ms = ended.lived.as_millis() as u64,
+                    hint_ms = hint.map(|h| h.as_millis() as u64),
+                    backoff_ms = delay.as_millis() as u64,
+                    "xds stream ended; reconnecting after backoff"
+                );
             }
-            // A certificate refusal, ours or the server's, names its reason.
-            let cert = waymark_certs::CertError::from_tls(&ended.error).map(|e| e.reason());
-            tracing::info!(
-                error = ?ended.error,
-                cert_reason = cert.map(|r| r.as_str()),
-                opened = ended.opened,
-                lived_ms = ended.lived.as_millis() as u64,
-                hint_ms = hint.map(|h| h.as_millis() as u64),
-                backoff_ms = delay.as_millis() as u64,
-                "xds stream ended; reconnecting after backoff"
-            );
             if ended.opened {
                 self.status.handle_lost(Instant::now(), ended.error);
             } else {
                 self.status.handle_attempt_failed(ended.error);
             }
             self.publish_status();
+            if via.is_some() {
+                continue;
+            }
             if !self.wait(delay).await {
                 return;
             }
