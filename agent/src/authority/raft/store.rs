@@ -42,7 +42,7 @@ use waymark_registry::machine::{AuthorityState, Request, Response};
 pub const DB_FILE: &str = "raft.redb";
 
 /// Log entries by index, each a JSON-encoded `openraft::Entry`.
-const LOGS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("raft_logs");
+pub(super) const LOGS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("raft_logs");
 /// Small records by name, JSON-encoded: see the `KEY_*` constants.
 pub(super) const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("raft_meta");
 /// Where older builds kept the latest snapshot (`KEY_SNAPSHOT_META`, `KEY_SNAPSHOT_DATA`);

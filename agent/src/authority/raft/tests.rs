@@ -19,6 +19,7 @@ use waymark_core::contract::HealthContract;
 use waymark_core::model::ServiceName;
 use waymark_registry::state::{Command, Stamped};
 
+use super::codec;
 use super::*;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -91,6 +92,51 @@ async fn a_reopened_store_keeps_vote_purge_and_truncate() {
         .map(|e| e.log_id.index)
         .collect();
     assert_eq!(indexes, [4, 5, 6, 7]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_written_in_json_before_the_binary_encoding_still_reads() {
+    // Goal: a member upgraded in place reads the JSON entries an older build wrote, beside
+    // the binary ones it writes now, and answers for both as the log holds them.
+    let dir = TempDir::new().unwrap();
+    let mut closed = {
+        let (events, _) = broadcast::channel(16);
+        let (mut log, _, shared) = store::open(dir.path(), events).unwrap();
+        log.blocking_append((1..=3).map(|i| blank(1, i)))
+            .await
+            .unwrap();
+        shared.closed.clone()
+    };
+    while closed.changed().await.is_ok() {}
+    let older: Vec<Entry<TypeConfig>> = (4..=6)
+        .map(|i| Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
+            payload: EntryPayload::Normal(put_service(i)),
+        })
+        .collect();
+    {
+        let db = redb::Database::create(dir.path().join(store::DB_FILE)).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(store::LOGS).unwrap();
+            for e in &older {
+                let json = serde_json::to_vec(e).unwrap();
+                assert!(!codec::is_binary(&json));
+                table.insert(e.log_id.index, json.as_slice()).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+    }
+    let (events, _) = broadcast::channel(16);
+    let (mut log, _, _) = store::open(dir.path(), events).unwrap();
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_log_id.map(|l| l.index), Some(6));
+    let read = log.try_get_log_entries(1..=6).await.unwrap();
+    let indexes: Vec<u64> = read.iter().map(|e| e.log_id.index).collect();
+    assert_eq!(indexes, [1, 2, 3, 4, 5, 6]);
+    // Entries compare by their JSON (the request types have no equality of their own).
+    let as_json = |es: &[Entry<TypeConfig>]| serde_json::to_value(es).unwrap();
+    assert_eq!(as_json(&read[3..]), as_json(&older));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
