@@ -109,9 +109,12 @@ pub async fn run(xds: waymark_xds::server::XdsServer, metrics: AuthorityMetrics)
         metrics
             .xds_nacks
             .set(i64::try_from(nacks).unwrap_or(i64::MAX));
+        // A node agent's standby stream subscribes to nothing and is sent nothing: it is
+        // not a subscribed client (a new stream counts from its first response).
+        let subscribed = clients.iter().filter(|c| holds_anything(c)).count();
         metrics
             .xds_clients
-            .set(i64::try_from(clients.len()).unwrap_or(i64::MAX));
+            .set(i64::try_from(subscribed).unwrap_or(i64::MAX));
         metrics
             .withdrawal_over_budget
             .inc_by(report.newly_over_budget);
@@ -119,6 +122,13 @@ pub async fn run(xds: waymark_xds::server::XdsServer, metrics: AuthorityMetrics)
             .clients_stale
             .set(i64::try_from(report.stale_clients).unwrap_or(i64::MAX));
     }
+}
+
+/// Whether the stream was sent, or holds, anything: not a standby.
+pub fn holds_anything(c: &ClientSync) -> bool {
+    c.types
+        .values()
+        .any(|t| t.sent.is_some() || t.resources > 0)
 }
 
 /// Add what the tier's refusal counters gained since `seen` to
@@ -160,6 +170,23 @@ mod tests {
     #[allow(clippy::disallowed_methods)] // the one anchor instant of these tests
     fn t0() -> Instant {
         Instant::now()
+    }
+
+    #[test]
+    fn a_standby_stream_is_not_a_subscribed_client_and_is_never_stale() {
+        // Goal: a node agent's standby (a stream that subscribed to nothing) neither counts
+        // as a subscribed client nor lags: it was never sent anything.
+        let now = t0();
+        let mut standby = client(1, "1", None, now);
+        let eds = standby.types.get_mut("eds").unwrap();
+        eds.sent = None;
+        assert!(!holds_anything(&standby));
+        assert!(holds_anything(&client(2, "1", None, now)));
+        let mut lag = Lag::default();
+        let later = now + STALE_AFTER + Duration::from_secs(1);
+        lag.sample(std::slice::from_ref(&standby), now, Duration::from_secs(5));
+        let report = lag.sample(&[standby], later, Duration::from_secs(5));
+        assert_eq!(report, LagReport::default());
     }
 
     fn client(stream: u64, sent: &str, acked: Option<&str>, now: Instant) -> ClientSync {

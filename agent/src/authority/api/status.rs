@@ -216,6 +216,7 @@ pub(super) async fn proxy_status(State(s): State<ApiState>) -> impl IntoResponse
                 .collect();
             json!({
                 "node": c.node_id, "zone": c.zone, "protocol": c.protocol, "identity": c.identity,
+                "standby": !crate::authority::staleness::holds_anything(&c),
                 "connected_for_ms": now.saturating_duration_since(c.connected_since).as_millis() as u64,
                 "types": types,
             })
