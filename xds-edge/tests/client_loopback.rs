@@ -794,6 +794,21 @@ fn node_client(
     XdsClient::connect_any(config, endpoints, node(id), subscriptions())
 }
 
+/// `node/<id>`'s client to `members` (starting at the first), once it holds v1 of `pay`.
+async fn following(
+    pki: &TestPki,
+    id: &str,
+    members: &[&Member],
+    standby: bool,
+) -> (XdsClient, watch::Receiver<Arc<Applied>>) {
+    let (client, mut applied) = node_client(pki, id, members, standby);
+    until(&mut applied, &format!("{id} holding v1"), |a| {
+        endpoint_ports(a) == Some(vec![8001, 8002])
+    })
+    .await;
+    (client, applied)
+}
+
 /// Both members serve `pay` at v1; `node/n1` follows it from `a`.
 async fn two_members(pki: &TestPki) -> (Member, Member) {
     let mut a = Member::start(pki, "a1").await;
@@ -812,11 +827,7 @@ async fn a_standby_stream_takes_over_at_once_when_the_active_member_dies() {
     // current again without waiting out a retry hint.
     let pki = TestPki::new(TD, &["eu"]);
     let (a, mut b) = two_members(&pki).await;
-    let (client, mut applied) = node_client(&pki, "n1", &[&a, &b], true);
-    until(&mut applied, "endpoints of v1 from a", |a| {
-        endpoint_ports(a) == Some(vec![8001, 8002])
-    })
-    .await;
+    let (client, mut applied) = following(&pki, "n1", &[&a, &b], true).await;
     // The standby at b: a stream that subscribes to nothing and is sent nothing.
     let standby = server_until(&b.server, "the standby open at b", |s| s.len() == 1).await;
     assert!(
@@ -867,16 +878,8 @@ async fn without_a_standby_the_displaced_client_waits_out_the_members_window() {
     // it away with a retry hint — so its view stays at v1.
     let pki = TestPki::new(TD, &["eu"]);
     let (a, mut b) = two_members(&pki).await;
-    let (_other, mut other_applied) = node_client(&pki, "n2", &[&b, &a], false);
-    until(&mut other_applied, "n2's endpoints from b", |a| {
-        endpoint_ports(a).is_some()
-    })
-    .await;
-    let (client, mut applied) = node_client(&pki, "n1", &[&a, &b], false);
-    until(&mut applied, "endpoints of v1 from a", |a| {
-        endpoint_ports(a).is_some()
-    })
-    .await;
+    let (_other, _) = following(&pki, "n2", &[&b, &a], false).await;
+    let (client, applied) = following(&pki, "n1", &[&a, &b], false).await;
     assert_eq!(b.server.sync_state().len(), 1, "no standby: only n2 at b");
 
     a.stop().await;
