@@ -57,7 +57,8 @@ pub enum Caller<'a> {
 }
 
 impl<'a> Caller<'a> {
-    fn key(self) -> &'a str {
+    /// What the client is counted as.
+    pub fn key(self) -> &'a str {
         match self {
             Self::Verified(k) | Self::Unverified(k) => k,
         }

@@ -715,7 +715,6 @@ impl XdsClient {
             response_bytes_max: config.response_bytes_max,
             persist: config.persist.clone(),
             standby,
-            active: next_endpoint,
         };
         let task = tokio::spawn(driver.run().instrument(span));
         let handle = Self {
@@ -785,8 +784,6 @@ struct Driver {
     persist: Option<Persist>,
     /// The standby, when configured with more than one server.
     standby: Option<Keeper>,
-    /// The server of the current (or last) stream.
-    active: usize,
 }
 
 /// Largest request this client encodes (subscriptions, ACKs, a NACK's text).
@@ -868,16 +865,15 @@ impl Driver {
                 error,
             })
         };
+        let active = match &via {
+            Some(standby) => standby.index,
+            None => self.next_endpoint % self.endpoints.len(),
+        };
+        self.next_endpoint = (active + 1) % self.endpoints.len();
         let channel: Channel = match &via {
-            Some(standby) => {
-                self.active = standby.index;
-                self.next_endpoint = (standby.index + 1) % self.endpoints.len();
-                standby.channel.clone()
-            }
+            Some(standby) => standby.channel.clone(),
             None => {
-                self.active = self.next_endpoint % self.endpoints.len();
-                self.next_endpoint = (self.active + 1) % self.endpoints.len();
-                let endpoint = self.endpoints[self.active].clone();
+                let endpoint = self.endpoints[active].clone();
                 match connect(endpoint, self.tls.as_ref()).await {
                     Ok(c) => c,
                     Err(e) => return failed(StreamError::Connect(e)),
@@ -885,7 +881,7 @@ impl Driver {
             }
         };
         if let Some(keeper) = &mut self.standby {
-            keeper.handle_active(self.active);
+            keeper.handle_active(active);
             self.status.standby = keeper.is_open();
         }
         let (tx, rx) = mpsc::channel(self.request_buffer);
@@ -1134,9 +1130,6 @@ impl Keeper {
 
     /// The open standby, taken for promotion; a new one is opened elsewhere afterwards.
     fn take_open(&mut self) -> Option<Standby> {
-        if !matches!(self.phase, Phase::Open(_)) {
-            return None;
-        }
         match std::mem::replace(&mut self.phase, Phase::Waiting(Instant::now())) {
             Phase::Open(standby) => Some(*standby),
             other => {

@@ -294,9 +294,7 @@ impl XdsServer {
             .lock()
             .expect("admission lock")
             .handle_connect(now, caller);
-        let client = match caller {
-            Caller::Verified(k) | Caller::Unverified(k) => k,
-        };
+        let client = caller.key();
         match verdict {
             Admit::Yes => Ok(()),
             Admit::Beside => {

@@ -397,12 +397,12 @@ impl AgentFile {
     }
 }
 
-/// `[agent.gossip]`, created empty when the environment is the first to name it (the
-/// check afterwards refuses it unless bind and keys were both given).
 fn default_upstream_standby() -> bool {
     true
 }
 
+/// `[agent.gossip]`, created empty when the environment is the first to name it (the
+/// check afterwards refuses it unless bind and keys were both given).
 fn gossip_section(a: &mut AgentConfig) -> &mut Gossip {
     a.gossip.get_or_insert_with(|| Gossip {
         bind: SocketAddr::from(([0, 0, 0, 0], 7946)),

@@ -44,18 +44,14 @@ pub enum CodecError {
 
 /// `value`, marked and encoded.
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError> {
-    let mut out = Vec::new();
-    encode_into(&mut out, value)?;
-    Ok(out)
-}
-
-/// `value` appended to `out`, marked and encoded.
-pub fn encode_into<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> Result<(), CodecError> {
-    out.push(MARK);
-    let mut serializer = rmp_serde::Serializer::new(&mut *out)
+    let mut out = vec![MARK];
+    let mut serializer = rmp_serde::Serializer::new(&mut out)
         .with_struct_map()
         .with_human_readable();
-    value.serialize(&mut serializer).map_err(CodecError::Encode)
+    value
+        .serialize(&mut serializer)
+        .map_err(CodecError::Encode)?;
+    Ok(out)
 }
 
 /// The value `bytes` hold: binary when marked, else JSON (an older record). The whole of
