@@ -9,6 +9,9 @@
 //!     hosts we deliberately drained.
 //!   - outlier detection with `max_ejection_percent` = [`EJECTION_PERCENT_MAX`]: the
 //!     client-side ejection cap (ADR-01's bound on how much one caller may eject locally).
+//!     Every other outlier-detection field is set too, to Envoy's documented default
+//!     ([`outlier`]): gRPC clients read an unset field their own way, and grpc-js-xds 1.14
+//!     crashed on the unset success-rate fields.
 //!   - `update_merge_window` is 0 s so a withdrawal is applied as it arrives, not up to a
 //!     second later (Envoy's default), which would eat a fifth of the 5 s budget.
 //! - One `ClusterLoadAssignment` per service and caller zone (the same resource name, the
@@ -26,7 +29,7 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{
     ClusterDiscoveryType, CommonLbConfig, DiscoveryType, EdsClusterConfig, LbPolicy,
 };
-use envoy_types::pb::envoy::config::cluster::v3::{Cluster, OutlierDetection};
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::core::v3::Address as EnvoyAddress;
 use envoy_types::pb::envoy::config::core::v3::{
     AggregatedConfigSource, ApiVersion, ConfigSource, HealthStatus, Locality, Metadata,
@@ -54,6 +57,8 @@ use envoy_types::pb::google::protobuf::{
 };
 use waymark_core::model::{InstanceId, ServiceName};
 use waymark_core::view::{EndpointStatus, ReleasedView, ViewEndpoint};
+
+pub mod outlier;
 
 /// Type URL of CDS resources.
 pub const TYPE_CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -109,12 +114,7 @@ pub fn cluster(service: &ServiceName) -> Cluster {
             }),
             ..Default::default()
         }),
-        outlier_detection: Some(OutlierDetection {
-            max_ejection_percent: Some(UInt32Value {
-                value: EJECTION_PERCENT_MAX,
-            }),
-            ..Default::default()
-        }),
+        outlier_detection: Some(outlier::detection()),
         metadata: Some(metadata([("service", string(service.as_str()))])),
         ..Default::default()
     }

@@ -118,6 +118,71 @@ fn a_cluster_is_eds_over_ads_with_envoys_guards_set_explicitly() {
 }
 
 #[test]
+fn outlier_detection_sets_every_field_to_envoys_default_but_the_cap() {
+    // Goal: no outlier-detection field is left for a client to default. grpc-js-xds 1.14
+    // turns an unset one into `undefined` over its own default and crashed on that (see
+    // `outlier`'s module doc). The values are spelled out here, not taken from the
+    // constants, and the literal has no `..Default::default()`: unsetting a field, changing
+    // a value, or a new field in envoy-types each fails this test.
+    use envoy_types::pb::envoy::config::cluster::v3::OutlierDetection;
+    use envoy_types::pb::google::protobuf::BoolValue;
+    let count = |value| Some(UInt32Value { value });
+    let secs = |seconds| Some(PbDuration { seconds, nanos: 0 });
+    let flag = |value| Some(BoolValue { value });
+    let expected = OutlierDetection {
+        consecutive_5xx: count(5),
+        interval: secs(10),
+        base_ejection_time: secs(30),
+        max_ejection_percent: count(30),
+        enforcing_consecutive_5xx: count(100),
+        enforcing_success_rate: count(100),
+        success_rate_minimum_hosts: count(5),
+        success_rate_request_volume: count(100),
+        success_rate_stdev_factor: count(1_900),
+        consecutive_gateway_failure: count(5),
+        enforcing_consecutive_gateway_failure: count(0),
+        split_external_local_origin_errors: false,
+        consecutive_local_origin_failure: count(5),
+        enforcing_consecutive_local_origin_failure: count(100),
+        enforcing_local_origin_success_rate: count(100),
+        failure_percentage_threshold: count(85),
+        enforcing_failure_percentage: count(0),
+        enforcing_failure_percentage_local_origin: count(0),
+        failure_percentage_minimum_hosts: count(5),
+        failure_percentage_request_volume: count(50),
+        max_ejection_time: secs(300),
+        max_ejection_time_jitter: secs(0),
+        successful_active_health_check_uneject_host: flag(true),
+        monitors: Vec::new(),
+        always_eject_one_host: flag(false),
+        detect_degraded_hosts: flag(false),
+    };
+    let c = cluster(&ServiceName::try_new("pay").unwrap());
+    assert_eq!(c.outlier_detection.as_ref(), Some(&expected));
+
+    // A wrapper holding 0 is still *set* on the wire (an empty message, not an absent
+    // field): the explicit zeros reach the client as zeros, not as "unset".
+    let decoded = Cluster::decode(to_any(TYPE_CLUSTER, &c).value.as_slice()).unwrap();
+    assert_eq!(decoded.outlier_detection, Some(expected));
+}
+
+#[test]
+fn success_rate_ejection_cannot_reach_grpc_js_empty_reduce() {
+    // Goal: the one value that keeps grpc-js 1.14's success-rate check from averaging an
+    // empty list, even with every field set: it returns early only while fewer than
+    // `minimum_hosts` hosts have the request volume, so `minimum_hosts` = 0 would crash it
+    // in any interval where no host had the volume.
+    let od = cluster(&ServiceName::try_new("pay").unwrap())
+        .outlier_detection
+        .unwrap();
+    assert!(
+        od.enforcing_success_rate.is_some_and(|p| p.value > 0),
+        "success-rate ejection is on (as in Envoy), so the check runs"
+    );
+    assert!(od.success_rate_minimum_hosts.is_some_and(|n| n.value >= 1));
+}
+
+#[test]
 fn endpoints_keep_their_status_weight_priority_and_identity() {
     let mut markers = Markers::default();
     markers
