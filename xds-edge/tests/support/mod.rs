@@ -13,6 +13,9 @@
 //! `waymark_testkit::until`. That bounded poll is the honest way to wait here; never
 //! replace it with a fixed sleep.
 //!
+//! [`proxyless`] is the same kind of harness for the proxyless gRPC clients (no Envoy): the
+//! peer processes in `tests/proxyless/` and our ADS server they dial.
+//!
 //! Each `tests/*.rs` file that needs Envoy declares `mod support;` and uses a part of this
 //! module, so what one file leaves unused is not dead code.
 #![allow(dead_code, unreachable_pub, unused_imports)]
@@ -20,6 +23,7 @@
 pub mod backend;
 pub mod envoy;
 pub mod http;
+pub mod proxyless;
 pub mod views;
 
 pub use backend::Backend;
