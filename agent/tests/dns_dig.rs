@@ -77,6 +77,7 @@ fn released(service: &str, eps: &[Ep], disregarded: &[&str]) -> ReleasedView {
                 verdict: Verdict::Eligible,
                 tags: Arc::new(e.tags.iter().map(|t| (*t).to_owned()).collect()),
                 metadata: Arc::default(),
+                capability: None,
             };
             (instance, endpoint)
         })

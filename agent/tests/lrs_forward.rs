@@ -65,6 +65,7 @@ fn released(service: &str, endpoints: &[(&str, &str)]) -> ReleasedView {
                 verdict: Verdict::Eligible,
                 tags: Arc::default(),
                 metadata: Arc::default(),
+                capability: None,
             };
             (instance, endpoint)
         })

@@ -93,6 +93,7 @@ fn target(name: &str, addr: SocketAddr, kind: ProbeKind) -> ProbeTarget {
             interval: INTERVAL,
             timeout: TIMEOUT,
         },
+        confirmation: false,
     }
 }
 

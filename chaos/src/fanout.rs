@@ -620,6 +620,7 @@ fn view(version: u64, endpoints: usize, without: usize) -> ReleasedView {
                 verdict: Verdict::Eligible,
                 tags: Arc::default(),
                 metadata: Arc::default(),
+                capability: None,
             };
             (e.instance.clone(), e)
         })

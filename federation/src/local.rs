@@ -75,6 +75,7 @@ mod tests {
             verdict: Verdict::Eligible,
             tags: Arc::default(),
             metadata: Arc::default(),
+            capability: None,
         }
     }
 

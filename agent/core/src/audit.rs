@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::eligibility::{Eligibility, Rule, Verdict};
+use crate::eligibility::{Eligibility, EvidenceMode, Rule, Verdict};
 use crate::model::{DependencyStatus, EvidenceClass, InstanceId, Reporter, ServiceName};
 use crate::units::Permille;
 
@@ -65,6 +65,8 @@ pub struct Explanation {
     pub eligibility: Eligibility,
     /// The rule that produced it.
     pub rule: Rule,
+    /// What the verdict rests on now (ADR-04).
+    pub mode: EvidenceMode,
     /// How long it has held this verdict.
     pub for_duration: Duration,
     /// Evidence per class.
@@ -96,10 +98,11 @@ impl std::fmt::Display for Explanation {
         writeln!(f, "instance {} of {}", self.instance, self.service)?;
         writeln!(
             f,
-            "verdict  {} for {:?} (rule {:?})",
+            "verdict  {} for {:?} (rule {}); evidence {}",
             self.eligibility.verdict(),
             self.for_duration,
-            self.rule
+            self.rule,
+            self.mode
         )?;
         for c in &self.classes {
             let state = match (c.provided, c.silent) {
@@ -130,7 +133,7 @@ impl std::fmt::Display for Explanation {
         )?;
         for t in &self.history {
             let from = t.from.map_or("-", Verdict::as_str);
-            writeln!(f, "  transition {from} -> {} by {:?}", t.to, t.rule)?;
+            writeln!(f, "  transition {from} -> {} by {}", t.to, t.rule)?;
         }
         Ok(())
     }

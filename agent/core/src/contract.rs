@@ -189,6 +189,10 @@ pub struct PassiveSpec {
     pub min_requests: u64,
     /// A caller at or above this error rate sees the instance failing.
     pub error_rate: Permille,
+    /// Callers' outcomes as the primary evidence where traffic allows (ADR-04). Absent:
+    /// probes (and self-reports) stay primary at any traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary: Option<PassivePrimary>,
 }
 
 impl Default for PassiveSpec {
@@ -197,8 +201,56 @@ impl Default for PassiveSpec {
             interval: d::PASSIVE_INTERVAL,
             min_requests: d::PASSIVE_MIN_REQUESTS,
             error_rate: d::PASSIVE_ERROR_PERMILLE,
+            primary: None,
         }
     }
+}
+
+/// The traffic threshold above which callers' outcomes are the primary evidence for an
+/// instance (ADR-04), and the probe cadence kept meanwhile.
+///
+/// Callers' outcomes are *sufficient* for an instance while at least `min_callers`
+/// distinct callers have reported on it within the passive silence window (each report
+/// above `passive.min_requests`) and their latest reports add up to at least
+/// `min_requests`. While sufficient, failing outcomes from enough of those callers withdraw
+/// the instance on their own — many independent callers failing is the corroboration —
+/// and probes drop to `confirm_interval`. One caller is one vote however much it sends, so
+/// no single caller can ever withdraw anything. Below the threshold nothing changes: the
+/// active classes stay primary and the instance is reported as such.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassivePrimary {
+    /// Requests per passive interval, summed over the callers heard.
+    #[serde(default = "default_primary_requests")]
+    pub min_requests: u64,
+    /// Distinct callers heard (at least 3).
+    #[serde(default = "default_primary_callers")]
+    pub min_callers: u32,
+    /// The probe interval while callers' outcomes are primary (a confirmation cadence).
+    #[serde(
+        with = "crate::duration_str",
+        default = "default_primary_confirm_interval"
+    )]
+    pub confirm_interval: Duration,
+}
+
+impl Default for PassivePrimary {
+    fn default() -> Self {
+        Self {
+            min_requests: d::PASSIVE_PRIMARY_MIN_REQUESTS,
+            min_callers: d::PASSIVE_PRIMARY_MIN_CALLERS,
+            confirm_interval: d::PASSIVE_PRIMARY_CONFIRM_INTERVAL,
+        }
+    }
+}
+
+fn default_primary_requests() -> u64 {
+    d::PASSIVE_PRIMARY_MIN_REQUESTS
+}
+fn default_primary_callers() -> u32 {
+    d::PASSIVE_PRIMARY_MIN_CALLERS
+}
+fn default_primary_confirm_interval() -> Duration {
+    d::PASSIVE_PRIMARY_CONFIRM_INTERVAL
 }
 
 /// A service's health contract as its owner writes it. Validate it before use.
@@ -424,8 +476,17 @@ impl HealthContract {
 
     /// How long `class` may go without a sample before it is silent. Saturates, so an
     /// unvalidated contract cannot make it panic; a validated one is far below the limit.
+    ///
+    /// A contract that lets callers' outcomes become primary gives probes the
+    /// confirmation cadence's silence: probes slow down whenever the traffic threshold is
+    /// met, and a probe at its slower cadence is not silent. (Silence never withdraws; it
+    /// only decides when an instance nobody speaks about is `unknown`.)
     pub fn silence_after(&self, class: EvidenceClass) -> Duration {
-        self.interval(class)
+        let interval = match (class, &self.passive.primary) {
+            (EvidenceClass::Probe, Some(p)) => self.interval(class).max(p.confirm_interval),
+            _ => self.interval(class),
+        };
+        interval
             .checked_mul(self.scoring.silence_factor)
             .unwrap_or(Duration::MAX)
     }
@@ -488,6 +549,24 @@ impl HealthContract {
             self.passive.min_requests,
             d::PASSIVE_MIN_REQUESTS_MAX,
         )?;
+        if let Some(p) = &self.passive.primary {
+            ceiling_count(
+                "passive.primary.min_requests",
+                p.min_requests,
+                d::PASSIVE_MIN_REQUESTS_MAX,
+            )?;
+            // The panel remembers this many callers; a threshold above it is unreachable.
+            ceiling_count(
+                "passive.primary.min_callers",
+                u64::from(p.min_callers),
+                d::PASSIVE_REPORTERS_MAX as u64,
+            )?;
+            ceiling_duration(
+                "passive.primary.confirm_interval",
+                p.confirm_interval,
+                d::INTERVAL_MAX,
+            )?;
+        }
         ceiling_count(
             "dependencies",
             self.dependencies.len() as u64,
@@ -515,6 +594,12 @@ impl HealthContract {
                 class: EvidenceClass::Probe,
             }),
             (None, true) => Err(ContractError::ProbeMissing),
+            _ if self.passive.primary.is_some() && !self.profile.passive => {
+                Err(ContractError::SignalNotProvided {
+                    field: "passive.primary",
+                    class: EvidenceClass::Passive,
+                })
+            }
             _ => Ok(()),
         }
     }
@@ -583,6 +668,29 @@ impl HealthContract {
                 value: "0".into(),
                 floor: "1".into(),
             });
+        }
+        if let Some(p) = &self.passive.primary {
+            if p.min_callers < d::PASSIVE_PRIMARY_CALLERS_FLOOR {
+                return Err(ContractError::BelowFloor {
+                    field: "passive.primary.min_callers",
+                    value: p.min_callers.to_string(),
+                    floor: d::PASSIVE_PRIMARY_CALLERS_FLOOR.to_string(),
+                });
+            }
+            if p.min_requests == 0 {
+                return Err(ContractError::BelowFloor {
+                    field: "passive.primary.min_requests",
+                    value: "0".into(),
+                    floor: "1".into(),
+                });
+            }
+            // Confirmation is a slower cadence, never a faster one.
+            let normal = self.interval(EvidenceClass::Probe);
+            floor_duration(
+                "passive.primary.confirm_interval",
+                p.confirm_interval,
+                normal,
+            )?;
         }
         for (field, interval) in [
             ("self_report_interval", self.self_report_interval),

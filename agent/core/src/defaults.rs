@@ -63,6 +63,19 @@ pub const PASSIVE_MIN_REQUESTS: u64 = 5;
 /// Distinct callers remembered per instance; beyond it the oldest is forgotten. Caps any
 /// one reporter's influence at one vote and bounds memory.
 pub const PASSIVE_REPORTERS_MAX: usize = 64;
+/// Passive-primary (ADR-04): requests per passive interval, summed over the callers
+/// heard, at or above which callers' outcomes are sufficient evidence on their own.
+pub const PASSIVE_PRIMARY_MIN_REQUESTS: u64 = 100;
+/// Passive-primary: distinct callers that must have been heard, each above
+/// [`PASSIVE_MIN_REQUESTS`], for callers' outcomes to be sufficient.
+pub const PASSIVE_PRIMARY_MIN_CALLERS: u32 = 3;
+/// The floor on `passive.primary.min_callers`: one caller, however loud, is never a
+/// population (ADR-15), and two would let one broken caller be half of it.
+pub const PASSIVE_PRIMARY_CALLERS_FLOOR: u32 = 3;
+/// Passive-primary: the probe interval while callers' outcomes are primary. At the
+/// default traffic threshold (100 requests a second) one probe every 30 s is about 0.03 %
+/// of the instance's requests, inside the 0.5 % ADR-04 aims at.
+pub const PASSIVE_PRIMARY_CONFIRM_INTERVAL: Duration = Duration::from_secs(30);
 
 // --- Guard, flapping, recovery ---
 

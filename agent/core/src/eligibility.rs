@@ -217,6 +217,41 @@ impl Eligibility {
     }
 }
 
+/// Which evidence an instance's verdict currently rests on (ADR-04), reported per instance
+/// and per service in the API, `explain`, metrics and the view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvidenceMode {
+    /// Callers' outcomes are sufficient (the contract's `passive.primary` threshold is met):
+    /// many callers failing withdraws on its own, probes run at the confirmation cadence.
+    PassivePrimary,
+    /// The active classes are primary and a second class is speaking that can corroborate
+    /// a failure (or refute it: an uncorroborated failure only lowers the weight).
+    ProbePrimary,
+    /// At most one class is speaking: a verdict rests on that class alone.
+    SingleClass,
+}
+
+impl EvidenceMode {
+    /// Every mode, strongest first.
+    pub const ALL: [Self; 3] = [Self::PassivePrimary, Self::ProbePrimary, Self::SingleClass];
+
+    /// The stable label used in metrics and the API.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::PassivePrimary => "passive_primary",
+            Self::ProbePrimary => "probe_primary",
+            Self::SingleClass => "single_class",
+        }
+    }
+}
+
+impl std::fmt::Display for EvidenceMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
 /// The rule of the decision path that produced a verdict, for audit and `explain`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "rule")]
@@ -245,6 +280,15 @@ pub enum Rule {
         /// The class that agreed.
         by: EvidenceClass,
     },
+    /// Callers' outcomes are primary for this instance (its traffic is above the
+    /// contract's `passive.primary` threshold) and enough distinct callers see it fail:
+    /// the population is the corroboration (ADR-04).
+    CallerPopulation {
+        /// Callers that saw it fail.
+        failing: u32,
+        /// Callers heard.
+        callers: u32,
+    },
     /// The score crossed removal in the only class the profile provides.
     SingleClassProfile {
         /// That class.
@@ -263,6 +307,46 @@ pub enum Rule {
     DependencyWeight,
     /// The evidence is good.
     Passing,
+}
+
+impl std::fmt::Display for Rule {
+    /// The rule as operators read it: its name, then what qualifies it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let class = |c: Option<EvidenceClass>| c.map_or("lifecycle", EvidenceClass::as_str);
+        match self {
+            Self::Admitted => f.write_str("admitted"),
+            Self::Retired => f.write_str("retired"),
+            Self::Maintenance => f.write_str("maintenance"),
+            Self::Draining => f.write_str("draining"),
+            Self::FlapQuarantine => f.write_str("flap_quarantine"),
+            Self::HardFailure { class: c } => write!(f, "hard_failure ({})", class(*c)),
+            Self::DependencyUnreadiness => f.write_str("dependency_unreadiness"),
+            Self::CallerPopulation { failing, callers } => {
+                write!(
+                    f,
+                    "caller_population ({failing} of {callers} callers failing)"
+                )
+            }
+            Self::Corroborated { failing, by } => {
+                write!(
+                    f,
+                    "corroborated ({} failing, by {})",
+                    failing.as_str(),
+                    by.as_str()
+                )
+            }
+            Self::SingleClassProfile { failing } => {
+                write!(f, "single_class_profile ({} failing)", failing.as_str())
+            }
+            Self::Uncorroborated { failing } => {
+                write!(f, "uncorroborated ({} failing)", failing.as_str())
+            }
+            Self::AwaitingReentry => f.write_str("awaiting_reentry"),
+            Self::Silence => f.write_str("silence"),
+            Self::DependencyWeight => f.write_str("dependency_weight"),
+            Self::Passing => f.write_str("passing"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::eligibility::Verdict;
+use crate::contract::CapabilityProfile;
+use crate::eligibility::{EvidenceMode, Verdict};
 use crate::model::{Address, InstanceId, RegionName, ServiceName, ZoneName};
 use crate::units::{Permille, Weight};
 
@@ -133,6 +134,34 @@ pub struct ViewEndpoint {
     pub tags: Arc<BTreeSet<String>>,
     /// Metadata carried to callers.
     pub metadata: Arc<BTreeMap<String, String>>,
+    /// What the endpoint's health rests on (ADR-16); `None` where it is not stated (an
+    /// endpoint a peer region sent, whose aggregate does not carry it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability: Option<Capability>,
+}
+
+/// What an endpoint's health rests on, stated in the view so a caller can tell an
+/// unprobed endpoint (a third party's, with no readiness signal) from a probed healthy one
+/// (ADR-16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Capability {
+    /// The evidence classes the service's capability profile supplies.
+    pub profile: CapabilityProfile,
+    /// Whether any class speaks for the endpoint now: `false` is "health unknown",
+    /// stated rather than implied.
+    pub verified: bool,
+    /// Which evidence its verdict rests on now.
+    pub evidence: EvidenceMode,
+}
+
+impl Capability {
+    /// The classes the profile supplies, by name, in the fixed class order.
+    pub fn classes(&self) -> impl Iterator<Item = &'static str> + '_ {
+        crate::model::EvidenceClass::ALL
+            .into_iter()
+            .filter(|c| self.profile.provides(*c))
+            .map(crate::model::EvidenceClass::as_str)
+    }
 }
 
 impl ViewEndpoint {
@@ -156,6 +185,7 @@ impl ViewEndpoint {
             verdict: Verdict::Eligible,
             tags: Arc::default(),
             metadata: Arc::default(),
+            capability: None,
         }
     }
 }

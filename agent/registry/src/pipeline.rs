@@ -29,6 +29,7 @@ use waymark_core::assembler::{
 };
 use waymark_core::audit::TransitionRecord;
 use waymark_core::delta::{self, DeltaConfig, DeltaQueues};
+use waymark_core::eligibility::EvidenceMode;
 use waymark_core::evaluator::{
     self, Admission, Evaluator, EvaluatorConfig, EvaluatorError, ObservedInstance, QuarantineEvent,
 };
@@ -70,6 +71,18 @@ pub enum Output {
     Alarm(assembler::Effect),
     /// A shed episode started or ended.
     Shed(delta::Effect),
+    /// An instance's evidence mode changed: the prober assignment follows it (a
+    /// passive-primary instance is probed at its contract's confirmation cadence).
+    Evidence {
+        /// Which instance.
+        instance: InstanceId,
+        /// Its service.
+        service: ServiceName,
+        /// The mode now.
+        mode: EvidenceMode,
+        /// The mode before.
+        previous: EvidenceMode,
+    },
     /// A committed evacuation intent could not be carried out (checked before commit, so
     /// only a race with another intent gets here).
     EvacuationRefused {
@@ -506,6 +519,7 @@ impl RegionPipeline {
                 .and_then(|p| p.min_healthy_override)
                 .unwrap_or(contract.min_healthy),
             failover,
+            profile: contract.profile,
         };
         self.assembler.handle_policy(name, policy);
         self.evaluator
@@ -529,6 +543,24 @@ impl RegionPipeline {
                 } => {
                     self.assembler
                         .handle_eligibility(&service, &instance, eligibility);
+                }
+                evaluator::Effect::Evidence {
+                    instance,
+                    service,
+                    mode,
+                    previous,
+                    verified,
+                } => {
+                    self.assembler
+                        .handle_evidence(&service, &instance, mode, verified);
+                    if mode != previous {
+                        self.outputs.push(Output::Evidence {
+                            instance,
+                            service,
+                            mode,
+                            previous,
+                        });
+                    }
                 }
                 evaluator::Effect::Retired { instance, service } => {
                     self.assembler.handle_removed(&service, &instance)

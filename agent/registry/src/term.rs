@@ -36,7 +36,7 @@ use tracing::{debug, error, info, warn};
 use waymark_core::assembler::{self, RemoteEndpoint};
 use waymark_core::audit::TransitionRecord;
 use waymark_core::delta;
-use waymark_core::eligibility::Verdict;
+use waymark_core::eligibility::{EvidenceMode, Verdict};
 use waymark_core::evaluator::{EvaluatorError, ObservedInstance, QuarantineEvent};
 use waymark_core::model::{
     EvidenceClass, InstanceId, NodeName, RegionName, Sample, ServiceName, ZoneName,
@@ -124,6 +124,14 @@ pub enum LeaderCommand {
     Metric(MetricChange),
     /// Hand the probers the registry's current targets (a contract or assignment changed).
     RefreshTargets,
+    /// An instance's evidence mode changed (ADR-04): a passive-primary instance is probed
+    /// at its contract's confirmation cadence, any other at the contract's interval.
+    ProbeCadence {
+        /// Which instance.
+        instance: InstanceId,
+        /// Its callers' outcomes are primary: probe at the confirmation cadence.
+        confirming: bool,
+    },
     /// This term can issue no more view versions: start an election, so a new term
     /// (a fresh version space) rebuilds and republishes every view.
     Elect,
@@ -216,6 +224,13 @@ pub enum MetricChange {
     },
     /// This term's version space ran out (a counter).
     VersionsExhausted,
+    /// A service's instances per evidence mode, every mode present.
+    EvidenceModes {
+        /// The service.
+        service: ServiceName,
+        /// Instances per mode, in [`EvidenceMode::ALL`] order.
+        counts: Vec<(EvidenceMode, u64)>,
+    },
     /// A service's instances per verdict, every verdict present.
     Verdicts {
         /// The service.
@@ -602,6 +617,7 @@ impl LeaderTerm {
         if self.due.counts <= now {
             self.due.counts = now + COUNTS_EVERY;
             self.refresh_counts(env);
+            self.refresh_modes(now, env);
             self.flush_denials(now);
         }
         if self.due.leases <= now {
@@ -721,6 +737,20 @@ impl LeaderTerm {
                     self.refused_intent(now, detail);
                 }
                 Output::Shed(effect) => self.shed(effect),
+                Output::Evidence {
+                    instance,
+                    mode,
+                    previous,
+                    ..
+                } => {
+                    let primary = |m| m == EvidenceMode::PassivePrimary;
+                    if primary(mode) != primary(previous) {
+                        self.commands.push(LeaderCommand::ProbeCadence {
+                            instance,
+                            confirming: primary(mode),
+                        });
+                    }
+                }
             }
         }
         if !releases.is_empty() {
@@ -886,6 +916,22 @@ impl LeaderTerm {
                 })
                 .collect();
             self.metric(MetricChange::Verdicts { service, counts });
+        }
+    }
+
+    fn refresh_modes(&mut self, now: Instant, env: &impl Surroundings) {
+        let services: Vec<ServiceName> =
+            env.read_state(|s| s.registry().services().map(|(n, _)| n.clone()).collect());
+        for service in services {
+            let counts = self.pipeline.evaluator().mode_counts(now, &service);
+            let counts = EvidenceMode::ALL
+                .into_iter()
+                .map(|m| {
+                    let n = counts.get(&m).copied().unwrap_or(0);
+                    (m, u64::try_from(n).unwrap_or(u64::MAX))
+                })
+                .collect();
+            self.metric(MetricChange::EvidenceModes { service, counts });
         }
     }
 

@@ -74,6 +74,7 @@ fn released() -> ReleasedView {
         verdict: Verdict::Eligible,
         tags: Arc::default(),
         metadata: Arc::default(),
+        capability: None,
     };
     ReleasedView {
         version: Version(1),

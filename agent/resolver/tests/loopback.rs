@@ -50,6 +50,7 @@ fn endpoint(n: u8) -> ViewEndpoint {
         verdict: Verdict::Eligible,
         tags: Arc::default(),
         metadata: Arc::default(),
+        capability: None,
     }
 }
 

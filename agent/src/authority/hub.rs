@@ -5,12 +5,12 @@
 //! they are queued; refusals are counted by reason and queued for the audit log. On a
 //! follower the hub refuses sessions and names the leader, so agents go there.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
-use waymark_core::model::{EvidenceClass, NodeName, Reporter, Sample, ZoneName};
+use waymark_core::model::{EvidenceClass, InstanceId, NodeName, Reporter, Sample, ZoneName};
 use waymark_registry::ingest::admit;
 use waymark_registry::state::DesiredState;
 
@@ -39,6 +39,10 @@ struct Inner {
     /// Connected probers: zone and session count.
     probers: BTreeMap<NodeName, (ZoneName, usize)>,
     targets: BTreeMap<NodeName, watch::Sender<Vec<ProbeTarget>>>,
+    /// Instances whose callers' outcomes are primary (the leader's evaluator says so):
+    /// probed at their contract's confirmation cadence. Leader-observed, like the
+    /// verdicts; a new leader starts empty and its evaluator refills it.
+    confirming: BTreeSet<InstanceId>,
 }
 
 /// See the module documentation.
@@ -101,7 +105,28 @@ impl EvidenceHub {
 
     /// Stop feeding (leadership lost).
     pub fn follow(&self) {
-        self.lock().feed = None;
+        let mut inner = self.lock();
+        inner.feed = None;
+        inner.confirming.clear();
+    }
+
+    /// Probe `instance` at its contract's confirmation cadence (`confirming`) or at its
+    /// normal interval, and hand the nodes that probe it their new targets.
+    pub fn set_confirming(&self, registry: &DesiredState, instance: &InstanceId, confirming: bool) {
+        let changed = {
+            let mut inner = self.lock();
+            if confirming {
+                inner.confirming.insert(instance.clone())
+            } else {
+                inner.confirming.remove(instance)
+            }
+        };
+        if !changed {
+            return;
+        }
+        for node in registry.probers(instance) {
+            self.refresh_node(registry, node);
+        }
     }
 
     /// Probers currently connected, with their zones.
@@ -130,7 +155,8 @@ impl EvidenceHub {
     pub fn refresh_targets(&self, registry: &DesiredState) {
         let connected: std::collections::BTreeSet<NodeName> =
             self.lock().targets.keys().cloned().collect();
-        let mut per_node = assigned_targets(registry, |node| connected.contains(node));
+        let confirming = self.lock().confirming.clone();
+        let mut per_node = assigned_targets(registry, &confirming, |node| connected.contains(node));
         let inner = self.lock();
         for (node, tx) in &inner.targets {
             offer(tx, per_node.remove(node).unwrap_or_default());
@@ -141,7 +167,8 @@ impl EvidenceHub {
     /// every other node's (a fleet reconnecting at once would otherwise cost a scan of
     /// every node's targets per connection, under the state's lock).
     fn refresh_node(&self, registry: &DesiredState, node: &NodeName) {
-        let mut mine = assigned_targets(registry, |n| n == node);
+        let confirming = self.lock().confirming.clone();
+        let mut mine = assigned_targets(registry, &confirming, |n| n == node);
         if let Some(tx) = self.lock().targets.get(node) {
             offer(tx, mine.remove(node).unwrap_or_default());
         }
@@ -161,9 +188,11 @@ impl EvidenceHub {
     }
 }
 
-/// The probe targets the registry assigns to the nodes `wanted` picks.
+/// The probe targets the registry assigns to the nodes `wanted` picks; instances in
+/// `confirming` at their contract's confirmation cadence.
 fn assigned_targets(
     registry: &DesiredState,
+    confirming: &BTreeSet<InstanceId>,
     wanted: impl Fn(&NodeName) -> bool,
 ) -> BTreeMap<NodeName, Vec<ProbeTarget>> {
     let mut per_node: BTreeMap<NodeName, Vec<ProbeTarget>> = BTreeMap::new();
@@ -177,18 +206,28 @@ fn assigned_targets(
         if nodes.peek().is_none() {
             continue;
         }
-        let Some(probe) = registry
-            .service(&i.service)
-            .and_then(|s| s.contract.probe.as_ref())
-        else {
+        let Some(contract) = registry.service(&i.service).map(|s| &s.contract) else {
             continue;
         };
+        let Some(probe) = contract.probe.as_ref() else {
+            continue;
+        };
+        let mut probe = probe.clone();
+        let confirm = contract
+            .passive
+            .primary
+            .filter(|_| confirming.contains(&i.id))
+            .map(|p| p.confirm_interval);
+        if let Some(interval) = confirm {
+            probe.interval = probe.interval.max(interval);
+        }
         for node in nodes {
             per_node.entry(node.clone()).or_default().push(ProbeTarget {
                 instance: i.id.clone(),
                 service: i.service.clone(),
                 address: i.address,
                 probe: probe.clone(),
+                confirmation: confirm.is_some(),
             });
         }
     }

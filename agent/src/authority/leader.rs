@@ -32,8 +32,8 @@ use waymark_registry::term::{
 use super::clock::now_ms;
 use super::hub::{Denial, EvidenceHub, LeaderFeed};
 use super::metrics::{
-    AuthorityMetrics, OutcomeLabels, PeerRegionLabels, ReasonLabels, ServiceLabels, VerdictLabels,
-    ZoneLabels,
+    AuthorityMetrics, ModeLabels, OutcomeLabels, PeerRegionLabels, ReasonLabels, ServiceLabels,
+    VerdictLabels, ZoneLabels,
 };
 use super::raft::{AppliedEntry, RaftNode, StateEvent, WriteError};
 use super::regions::RegionsHandle;
@@ -618,6 +618,15 @@ impl Shell<'_> {
                         .raft
                         .with_state(|s, _| hub.refresh_targets(s.registry()));
                 }
+                LeaderCommand::ProbeCadence {
+                    instance,
+                    confirming,
+                } => {
+                    let hub = &self.ctx.hub;
+                    self.ctx.raft.with_state(|s, _| {
+                        hub.set_confirming(s.registry(), &instance, confirming);
+                    });
+                }
                 LeaderCommand::Elect => elect = true,
             }
         }
@@ -707,6 +716,16 @@ fn record_metric(m: &AuthorityMetrics, change: MetricChange) {
         }
         MetricChange::VersionsExhausted => {
             m.versions_exhausted.inc();
+        }
+        MetricChange::EvidenceModes { service, counts } => {
+            for (mode, n) in counts {
+                m.evidence_modes
+                    .get_or_create(&ModeLabels {
+                        service: service.to_string(),
+                        mode: mode.label().to_owned(),
+                    })
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
         }
         MetricChange::Verdicts { service, counts } => {
             for (verdict, n) in counts {

@@ -43,6 +43,15 @@ pub struct VerdictLabels {
     pub verdict: String,
 }
 
+/// `service` and evidence `mode`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ModeLabels {
+    /// The service.
+    pub service: String,
+    /// `passive_primary`, `probe_primary` or `single_class`.
+    pub mode: String,
+}
+
 /// `reason`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -73,6 +82,8 @@ pub struct AuthorityMetrics {
     pub clients_stale: Gauge,
     /// Instances per service and verdict.
     pub instances: Family<VerdictLabels, Gauge>,
+    /// Instances per service and evidence mode (ADR-04).
+    pub evidence_modes: Family<ModeLabels, Gauge>,
     /// Quarantine events.
     pub quarantines: Family<ServiceLabels, Counter>,
     /// Shed episodes started.
@@ -135,6 +146,7 @@ impl Default for AuthorityMetrics {
             withdrawal_over_budget: Counter::default(),
             clients_stale: Gauge::default(),
             instances: Family::default(),
+            evidence_modes: Family::default(),
             quarantines: Family::default(),
             shed_episodes: Counter::default(),
             shedding: Gauge::default(),
@@ -195,6 +207,11 @@ impl AuthorityMetrics {
             "instances",
             "Instances per service and verdict",
             self.instances.clone(),
+        );
+        r.register(
+            "evidence_mode_instances",
+            "Instances per service by what their verdict rests on: passive_primary (callers' outcomes), probe_primary (two classes or more) or single_class",
+            self.evidence_modes.clone(),
         );
         r.register(
             "quarantine_events",

@@ -128,8 +128,12 @@ pub struct ProbeTarget {
     pub service: ServiceName,
     /// Where to probe it.
     pub address: Address,
-    /// How.
+    /// How. While `confirmation` holds, its interval is the contract's confirmation
+    /// cadence.
     pub probe: ProbeSpec,
+    /// Callers' outcomes are this instance's primary evidence (ADR-04): the probe only
+    /// confirms them, at the slower cadence.
+    pub confirmation: bool,
 }
 
 /// A refused sample.

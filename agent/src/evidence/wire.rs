@@ -391,6 +391,7 @@ impl From<ProbeTarget> for pb::ProbeTarget {
             service: value.service.into(),
             address: Some(value.address.into()),
             probe: Some(value.probe.into()),
+            confirmation: value.confirmation,
         }
     }
 }
@@ -408,6 +409,7 @@ impl TryFrom<pb::ProbeTarget> for ProbeTarget {
             service: name::<ServiceName>("service", value.service)?,
             address: address.try_into()?,
             probe: probe.try_into()?,
+            confirmation: value.confirmation,
         })
     }
 }

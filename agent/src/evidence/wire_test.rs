@@ -84,6 +84,8 @@ fn target(ip: IpAddr, kind: ProbeKind) -> ProbeTarget {
             interval: Duration::from_secs(1),
             timeout: Duration::from_millis(500),
         },
+        // Set, so the round trips below carry it (false is the protobuf default).
+        confirmation: true,
     }
 }
 

@@ -1127,7 +1127,11 @@ impl Sim {
                 LeaderCommand::Propose { purpose, request } => {
                     self.propose(request, Waiting::Leader(purpose));
                 }
-                LeaderCommand::Metric(_) | LeaderCommand::RefreshTargets => {}
+                // The simulated probers report at a fixed cadence; the prober schedule
+                // is exercised by the hub's and the agent's own tests.
+                LeaderCommand::Metric(_)
+                | LeaderCommand::RefreshTargets
+                | LeaderCommand::ProbeCadence { .. } => {}
                 LeaderCommand::Elect => self.step_down(l, "versions exhausted"),
             }
         }

@@ -40,6 +40,7 @@ pub fn endpoint(
         verdict: Verdict::Eligible,
         tags: Arc::default(),
         metadata: Arc::default(),
+        capability: None,
     }
 }
 

@@ -40,11 +40,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::contract::CapabilityProfile;
 use crate::defaults as d;
-use crate::eligibility::{Eligibility, IneligibleReason, Verdict};
+use crate::eligibility::{Eligibility, EvidenceMode, IneligibleReason, Verdict};
 use crate::model::{Address, Instance, InstanceId, RegionName, ServiceName, ZoneName};
 use crate::units::{Permille, Weight};
-use crate::view::{EndpointStatus, Markers, Tier, View, ViewEndpoint, ViewKey};
+use crate::view::{Capability, EndpointStatus, Markers, Tier, View, ViewEndpoint, ViewKey};
 pub use evacuation::{Direction, Evacuation, EvacuationCommand, EvacuationError};
 use evacuation::{ShiftRefusal, Shifts};
 
@@ -93,6 +94,8 @@ pub struct ServicePolicy {
     pub min_healthy: Permille,
     /// Optional failover order the priorities follow.
     pub failover: Option<FailoverOrder>,
+    /// The classes the service's contract says it can supply, stated per endpoint.
+    pub profile: CapabilityProfile,
 }
 
 impl Default for ServicePolicy {
@@ -100,6 +103,7 @@ impl Default for ServicePolicy {
         Self {
             min_healthy: d::MIN_HEALTHY,
             failover: None,
+            profile: CapabilityProfile::default(),
         }
     }
 }
@@ -194,6 +198,8 @@ struct Member {
     tags: Arc<BTreeSet<String>>,
     metadata: Arc<BTreeMap<String, String>>,
     eligibility: Option<Eligibility>,
+    /// The evaluator's evidence mode and whether a class speaks for it.
+    evidence: Option<(EvidenceMode, bool)>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -279,12 +285,17 @@ impl ViewAssembler {
             instance.locality.zone = zone.clone();
         }
         let instance = Arc::new(instance);
-        let eligibility = slot.members.get(&instance.id).and_then(|m| m.eligibility);
+        let known = slot.members.get(&instance.id);
+        let (eligibility, evidence) = (
+            known.and_then(|m| m.eligibility),
+            known.and_then(|m| m.evidence),
+        );
         let member = Member {
             instance: instance.clone(),
             tags,
             metadata,
             eligibility,
+            evidence,
         };
         slot.members.insert(instance.id.clone(), member);
     }
@@ -304,6 +315,26 @@ impl ViewAssembler {
             && m.eligibility != Some(eligibility)
         {
             m.eligibility = Some(eligibility);
+            self.touch_member(service, id);
+        }
+    }
+
+    /// What the evaluator's verdict for an instance rests on (ADR-04, ADR-16), carried
+    /// into its endpoint's [`Capability`](crate::view::Capability).
+    pub fn handle_evidence(
+        &mut self,
+        service: &ServiceName,
+        id: &InstanceId,
+        mode: EvidenceMode,
+        verified: bool,
+    ) {
+        let Some(slot) = self.services.get_mut(service) else {
+            return;
+        };
+        if let Some(m) = slot.members.get_mut(id)
+            && m.evidence != Some((mode, verified))
+        {
+            m.evidence = Some((mode, verified));
             self.touch_member(service, id);
         }
     }
@@ -809,10 +840,13 @@ impl ViewAssembler {
             publish(&eligibility, m.instance.weight, slot.guarded.contains(zone))?;
         let tier = tier_of(zone, caller);
         let (weight, rank) = self.shift(zone, caller_moved, tier, weight, slot);
-        Some((
-            endpoint(m, tier, weight, status, eligibility.verdict()),
-            rank,
-        ))
+        let mut e = endpoint(m, tier, weight, status, eligibility.verdict());
+        e.capability = m.evidence.map(|(evidence, verified)| Capability {
+            profile: slot.policy.profile,
+            verified,
+            evidence,
+        });
+        Some((e, rank))
     }
 
     /// Weight and priority rank after evacuation shifts.
@@ -941,6 +975,7 @@ fn endpoint(
         verdict,
         tags: m.tags.clone(),
         metadata: m.metadata.clone(),
+        capability: None,
     }
 }
 
@@ -957,6 +992,7 @@ fn remote_endpoint(r: &RemoteEndpoint, region: &RegionName) -> ViewEndpoint {
         verdict: r.verdict,
         tags: Arc::default(),
         metadata: Arc::default(),
+        capability: None,
     }
 }
 

@@ -28,7 +28,7 @@ proptest! {
     ) {
         let zones = ["a", "b", "c"];
         let mut asm = ViewAssembler::new(AssemblerConfig::new(region(), zones.iter().map(|z| zone(z))));
-        let policy = ServicePolicy { min_healthy: Permille::new(floor).unwrap(), failover: None };
+        let policy = ServicePolicy { min_healthy: Permille::new(floor).unwrap(), failover: None, ..ServicePolicy::default() };
         asm.handle_policy(&svc("pay"), policy);
         let ids: Vec<_> = (0..12u8).map(|n| instance("pay", &format!("pay-{n}"), zones[n as usize % 3], n)).collect();
         let mut truth = BTreeMap::new();
@@ -219,7 +219,7 @@ proptest! {
         let services = ["pay", "cart"];
         let mut asm = ViewAssembler::new(AssemblerConfig::new(region(), zones.iter().map(|z| zone(z))));
         for s in services {
-            asm.handle_policy(&svc(s), ServicePolicy { min_healthy: Permille::new(floor).unwrap(), failover: None });
+            asm.handle_policy(&svc(s), ServicePolicy { min_healthy: Permille::new(floor).unwrap(), failover: None, ..ServicePolicy::default() });
             for n in 0..9u8 {
                 let i = instance(s, &format!("{s}-{n}"), zones[n as usize % 3], n);
                 asm.handle_instance(&i);
@@ -252,7 +252,7 @@ proptest! {
                 }
                 AsmOp::Failover(s, on) => {
                     let failover = on.then(|| FailoverOrder { zones: vec![zone("c"), zone("a")], regions: Vec::new() });
-                    asm.handle_policy(&svc(services[s]), ServicePolicy { min_healthy: Permille::new(floor).unwrap(), failover });
+                    asm.handle_policy(&svc(services[s]), ServicePolicy { min_healthy: Permille::new(floor).unwrap(), failover, ..ServicePolicy::default() });
                 }
                 AsmOp::Evacuate(z, on) => {
                     let command = if on { EvacuationCommand::Evacuate { manual: false } } else { EvacuationCommand::ShiftBack };

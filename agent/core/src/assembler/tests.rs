@@ -515,3 +515,54 @@ fn a_change_no_caller_sees_keeps_the_view_itself() {
     assert_eq!(targets, 2);
     assert!(fx.view("a").endpoints.contains_key(&newcomer.id));
 }
+
+#[test]
+fn every_endpoint_states_what_its_health_rests_on() {
+    // Goal (ADR-16): a caller can tell an unprobed endpoint from a probed healthy one.
+    let mut fx = Fx::new(&[("a", 2)]);
+    fx.asm.handle_policy(
+        &svc("pay"),
+        ServicePolicy {
+            profile: CapabilityProfile::NO_READINESS,
+            ..ServicePolicy::default()
+        },
+    );
+    fx.asm.handle_evidence(
+        &svc("pay"),
+        &iid("pay-a-0"),
+        EvidenceMode::PassivePrimary,
+        true,
+    );
+    fx.asm.handle_evidence(
+        &svc("pay"),
+        &iid("pay-a-1"),
+        EvidenceMode::SingleClass,
+        false,
+    );
+    fx.assemble();
+    let v = fx.view("a");
+    let capability = |id: &str| v.endpoints[&iid(id)].capability.unwrap();
+    assert_eq!(
+        capability("pay-a-0"),
+        Capability {
+            profile: CapabilityProfile::NO_READINESS,
+            verified: true,
+            evidence: EvidenceMode::PassivePrimary,
+        }
+    );
+    assert!(!capability("pay-a-1").verified);
+    assert_eq!(
+        capability("pay-a-1").classes().collect::<Vec<_>>(),
+        ["passive"]
+    );
+    // A change of mode is a change of the view, released like any other.
+    let before = fx.view("a");
+    fx.asm.handle_evidence(
+        &svc("pay"),
+        &iid("pay-a-1"),
+        EvidenceMode::ProbePrimary,
+        true,
+    );
+    fx.assemble();
+    assert_ne!(fx.view("a"), before);
+}

@@ -135,6 +135,33 @@ fn thresholds_below_platform_floors_are_refused() {
             "passive.min_requests",
             Box::new(|c| c.passive.min_requests = 0),
         ),
+        (
+            "passive.primary.min_callers",
+            Box::new(|c| {
+                c.passive.primary = Some(PassivePrimary {
+                    min_callers: 2,
+                    ..PassivePrimary::default()
+                })
+            }),
+        ),
+        (
+            "passive.primary.min_requests",
+            Box::new(|c| {
+                c.passive.primary = Some(PassivePrimary {
+                    min_requests: 0,
+                    ..PassivePrimary::default()
+                })
+            }),
+        ),
+        (
+            "passive.primary.confirm_interval",
+            Box::new(|c| {
+                c.passive.primary = Some(PassivePrimary {
+                    confirm_interval: Duration::from_millis(500),
+                    ..PassivePrimary::default()
+                })
+            }),
+        ),
     ];
     for (field, mutate) in cases {
         let err = with(|c| mutate(c)).unwrap_err();
@@ -272,6 +299,24 @@ fn every_duration_and_count_has_a_ceiling() {
             Box::new(|c| c.passive.min_requests = u64::MAX),
         ),
         (
+            "passive.primary.min_callers",
+            Box::new(|c| {
+                c.passive.primary = Some(PassivePrimary {
+                    min_callers: d::PASSIVE_REPORTERS_MAX as u32 + 1,
+                    ..PassivePrimary::default()
+                })
+            }),
+        ),
+        (
+            "passive.primary.confirm_interval",
+            Box::new(move |c| {
+                c.passive.primary = Some(PassivePrimary {
+                    confirm_interval: huge,
+                    ..PassivePrimary::default()
+                })
+            }),
+        ),
+        (
             "dependencies",
             Box::new(|c| {
                 c.dependencies = (0..=d::DEPENDENCIES_MAX)
@@ -319,4 +364,43 @@ fn an_unvalidated_contract_cannot_make_silence_arithmetic_panic() {
     };
     c.scoring.silence_factor = u32::MAX;
     assert_eq!(c.silence_after(EvidenceClass::SelfReport), Duration::MAX);
+}
+
+#[test]
+fn callers_cannot_be_primary_for_a_service_without_callers_outcomes() {
+    let err = with(|c| {
+        c.profile = CapabilityProfile::PROBE_ONLY;
+        c.passive.primary = Some(PassivePrimary::default());
+    })
+    .unwrap_err();
+    assert_eq!(
+        err,
+        ContractError::SignalNotProvided {
+            field: "passive.primary",
+            class: EvidenceClass::Passive
+        }
+    );
+}
+
+#[test]
+fn a_passive_primary_contract_reads_with_defaults_and_slows_the_probe_silence() {
+    let c: HealthContract = serde_json::from_value(
+        serde_json::json!({"passive": {"interval": "1s", "min_requests": 5,
+            "error_rate": 250, "primary": {"min_callers": 4}}}),
+    )
+    .unwrap();
+    let p = c.passive.primary.unwrap();
+    assert_eq!(
+        (p.min_callers, p.min_requests),
+        (4, d::PASSIVE_PRIMARY_MIN_REQUESTS)
+    );
+    assert_eq!(p.confirm_interval, d::PASSIVE_PRIMARY_CONFIRM_INTERVAL);
+    let v = c.validate().unwrap();
+    assert_eq!(
+        v.silence_of(EvidenceClass::Probe),
+        d::PASSIVE_PRIMARY_CONFIRM_INTERVAL * d::SILENCE_FACTOR
+    );
+    // Without it, the contract serialises exactly as before (old logs, old clients).
+    let plain = serde_json::to_value(HealthContract::default()).unwrap();
+    assert!(plain["passive"].get("primary").is_none());
 }

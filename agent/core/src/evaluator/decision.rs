@@ -55,6 +55,7 @@ pub(super) fn apply(
     state.eligibility = decision.eligibility;
     state.rule = decision.rule;
     schedule(out.timers, state, decision.deadline);
+    publish_mode(state, now, out);
     if !changed {
         return;
     }
@@ -82,6 +83,26 @@ pub(super) fn apply(
         instance: id,
         service,
         eligibility,
+    });
+}
+
+/// Emit the instance's evidence mode when it changed. Modes move with traffic, so they
+/// are re-read on every decision (each caller's report is one), and at the passive
+/// class's silence deadline when the last caller goes quiet.
+fn publish_mode(state: &mut InstanceState, now: Instant, out: &mut Outputs<'_>) {
+    let mode = state.mode(now);
+    let verified = state.speaking(now).next().is_some();
+    if (mode, verified) == (state.mode, state.verified) {
+        return;
+    }
+    let previous = std::mem::replace(&mut state.mode, mode);
+    state.verified = verified;
+    out.effects.push(Effect::Evidence {
+        instance: state.id.clone(),
+        service: state.service.clone(),
+        mode,
+        previous,
+        verified,
     });
 }
 

@@ -11,8 +11,10 @@ use std::time::{Duration, Instant};
 
 use crate::audit::{ClassEvidence, TransitionRecord};
 use crate::contract::{DependencyAuthority, ValidContract};
-use crate::eligibility::{DegradeCause, DrainCause, Eligibility, IneligibleReason, Rule};
-use crate::evaluator::score::{CallerPanel, ClassState};
+use crate::eligibility::{
+    DegradeCause, DrainCause, Eligibility, EvidenceMode, IneligibleReason, Rule,
+};
+use crate::evaluator::score::{CallerPanel, ClassState, Population};
 use crate::model::{DependencyStatus, EvidenceClass, InstanceId, ServiceName};
 use crate::units::{Permille, Weight};
 
@@ -94,6 +96,10 @@ pub(crate) struct InstanceState {
     pub(crate) ramp_from: Option<Instant>,
     pub(crate) flap: Flap,
     pub(crate) eligibility: Eligibility,
+    /// The evidence mode last published ([`Effect::Evidence`](super::Effect::Evidence)).
+    pub(crate) mode: EvidenceMode,
+    /// Whether a class was speaking when the mode was last published.
+    pub(crate) verified: bool,
     pub(crate) rule: Rule,
     pub(crate) since: Instant,
     pub(crate) history: VecDeque<TransitionRecord>,
@@ -248,7 +254,22 @@ impl InstanceState {
     /// A failing class that is corroborated, as the rule that withdraws.
     fn corroborated_failure(&self, now: Instant) -> Option<Rule> {
         let c = &self.contract;
+        if let Some(heard) = self.callers_sufficient(now)
+            // Two distinct callers at the least, whatever the score says: the score
+            // decays slowly, and the callers who drove it up may have stopped failing.
+            && self.callers_agree(now)
+            && self.failing(now).any(|cl| cl == EvidenceClass::Passive)
+        {
+            return Some(Rule::CallerPopulation {
+                failing: heard.failing,
+                callers: heard.callers,
+            });
+        }
         for failing in self.failing(now) {
+            if failing == EvidenceClass::Passive && !self.callers_agree(now) {
+                // One caller, however loud, is one caller's view (ADR-15).
+                continue;
+            }
             if c.profile.count() == 1 {
                 return Some(Rule::SingleClassProfile { failing });
             }
@@ -260,6 +281,36 @@ impl InstanceState {
             }
         }
         None
+    }
+
+    /// The callers heard, when the contract lets callers' outcomes be primary and their
+    /// traffic meets its threshold now; `None` otherwise.
+    pub(crate) fn callers_sufficient(&self, now: Instant) -> Option<Population> {
+        let c = &self.contract;
+        let primary = c.passive.primary?;
+        let heard = self
+            .callers
+            .population(now, c.silence_of(EvidenceClass::Passive));
+        (heard.callers >= primary.min_callers && heard.requests >= primary.min_requests)
+            .then_some(heard)
+    }
+
+    /// Whether at least two distinct callers heard recently see the instance failing: the
+    /// least a passive failure needs before it may withdraw anything.
+    fn callers_agree(&self, now: Instant) -> bool {
+        let window = self.contract.silence_of(EvidenceClass::Passive);
+        self.callers.population(now, window).failing >= 2
+    }
+
+    /// Which evidence the verdict rests on now.
+    pub(crate) fn mode(&self, now: Instant) -> EvidenceMode {
+        if self.callers_sufficient(now).is_some() {
+            EvidenceMode::PassivePrimary
+        } else if self.speaking(now).nth(1).is_some() {
+            EvidenceMode::ProbePrimary
+        } else {
+            EvidenceMode::SingleClass
+        }
     }
 
     /// Provided classes that have spoken within their silence interval.

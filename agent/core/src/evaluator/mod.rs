@@ -28,7 +28,7 @@ use std::time::Instant;
 use crate::audit::{Explanation, TransitionRecord, truncate_detail};
 use crate::contract::ValidContract;
 use crate::defaults as d;
-use crate::eligibility::{Eligibility, Rule, Verdict};
+use crate::eligibility::{Eligibility, EvidenceMode, Rule, Verdict};
 use crate::model::{
     EvidenceClass, Health, Instance, InstanceId, Lifecycle, Observation, Reporter, Sample,
     SelfReport, ServiceName,
@@ -95,6 +95,23 @@ pub enum Effect {
     Transition(Box<TransitionRecord>),
     /// An instance was quarantined for flapping; tell its owner.
     Quarantined(Box<QuarantineEvent>),
+    /// What an instance's verdict rests on changed: its evidence mode (callers' outcomes
+    /// primary or not, one class or more) or whether any class speaks for it at all. The
+    /// view carries both per endpoint; the prober assignment follows the mode (a
+    /// passive-primary instance is probed at the contract's confirmation cadence).
+    Evidence {
+        /// Which instance.
+        instance: InstanceId,
+        /// Its service.
+        service: ServiceName,
+        /// The mode now.
+        mode: EvidenceMode,
+        /// The mode published before (an instance starts single-class).
+        previous: EvidenceMode,
+        /// Whether at least one class is speaking (the endpoint's health is verified, not
+        /// unknown).
+        verified: bool,
+    },
     /// A retired instance left the evaluator; its id is tombstoned.
     Retired {
         /// Which instance.
@@ -460,6 +477,7 @@ impl Evaluator {
             service: s.service.clone(),
             eligibility: s.eligibility,
             rule: s.rule,
+            mode: s.mode(now),
             for_duration: now.saturating_duration_since(s.since),
             classes: s.evidence(now),
             dependencies: s
@@ -471,6 +489,31 @@ impl Evaluator {
             quarantine_level: s.flap.level,
             history: s.history.iter().cloned().collect(),
         })
+    }
+
+    /// What an instance's verdict rests on now, and whether any class speaks for it.
+    pub fn evidence_mode(&self, now: Instant, id: &InstanceId) -> Option<(EvidenceMode, bool)> {
+        let s = self.instances.get(id)?;
+        Some((s.mode(now), s.speaking(now).next().is_some()))
+    }
+
+    /// How many of a service's instances are in each evidence mode now.
+    pub fn mode_counts(
+        &self,
+        now: Instant,
+        service: &ServiceName,
+    ) -> BTreeMap<EvidenceMode, usize> {
+        let mut counts = BTreeMap::new();
+        if let Some(entry) = self.services.get(service) {
+            for s in entry
+                .instances
+                .iter()
+                .filter_map(|id| self.instances.get(id))
+            {
+                *counts.entry(s.mode(now)).or_insert(0) += 1;
+            }
+        }
+        counts
     }
 
     /// Instances of a service with their eligibility, in id order.
@@ -732,6 +775,8 @@ fn new_state(
         eligibility: Eligibility::Unknown {
             weight: instance.weight,
         },
+        mode: EvidenceMode::SingleClass,
+        verified: false,
         rule: Rule::Admitted,
         since: now,
         history: VecDeque::new(),
@@ -858,8 +903,11 @@ fn apply_passive(
         return;
     }
     let failing = Permille::ratio(errors.min(requests), requests) >= c.passive.error_rate;
-    state.callers.record(now, &reporter, failing, callers_max);
-    let (share, callers) = state.callers.failing_share(now, c.silence_of(class));
+    state
+        .callers
+        .record(now, &reporter, requests, failing, callers_max);
+    let heard = state.callers.population(now, c.silence_of(class));
+    let (share, callers) = (heard.failing_share(), heard.callers as usize);
     let cs = &mut state.classes[class.index()];
     cs.push(now, share, c.interval_of(class), c.scoring.half_life);
     cs.last_reporter = Some(reporter);

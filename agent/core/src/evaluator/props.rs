@@ -7,6 +7,7 @@ use crate::contract::{CapabilityProfile, DependencyAuthority, DependencyDecl, He
 use crate::eligibility::IneligibleReason;
 use crate::model::DependencyStatus;
 use crate::testkit::*;
+use std::time::Duration;
 
 #[derive(Debug, Clone)]
 enum Step {
@@ -267,3 +268,123 @@ proptest! {
 }
 
 use crate::units::Weight;
+
+// --- callers' outcomes as primary evidence (ADR-04, ADR-15) ---
+
+/// One instance under a passive-primary contract with `profile`.
+fn primary_evaluator(profile: CapabilityProfile) -> (Evaluator, Instant, InstanceId) {
+    let mut c = HealthContract {
+        profile,
+        ..HealthContract::default()
+    };
+    if !profile.probe {
+        c.probe = None;
+    }
+    c.passive.primary = Some(crate::contract::PassivePrimary::default());
+    let start = t0();
+    let mut ev = Evaluator::new(EvaluatorConfig::default());
+    ev.handle_service(start, svc("pay"), "team".into(), c.validate().unwrap());
+    let inst = instance("pay", "pay-1", "a", 1);
+    ev.handle_instance(start, &inst, Admission::Established)
+        .unwrap();
+    (ev, start, inst.id)
+}
+
+fn primary_profile() -> impl Strategy<Value = CapabilityProfile> {
+    prop_oneof![
+        Just(CapabilityProfile::NO_SELF_REPORT),
+        Just(CapabilityProfile::NO_READINESS),
+        Just(CapabilityProfile::FULL),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// One caller is one vote at any volume: with every other signal healthy, nothing it
+    /// reports takes the instance out of rotation.
+    #[test]
+    fn one_caller_at_any_volume_never_withdraws(
+        profile in primary_profile(),
+        healthy_callers in 0u32..6,
+        rounds in prop::collection::vec((0u64..3_000, 1u64..u64::MAX / 2, 0u64..=100), 1..60),
+    ) {
+        let (mut ev, start, id) = primary_evaluator(profile);
+        let mut now = start;
+        for (gap_ms, requests, error_pct) in rounds {
+            now += Duration::from_millis(gap_ms);
+            ev.handle_timeout(now);
+            if profile.probe {
+                ev.handle_sample(now, probe(&id, Health::Pass)).unwrap();
+            }
+            if profile.self_report {
+                ev.handle_sample(now, self_report(&id, SelfReport::Ready)).unwrap();
+            }
+            let errors = requests / 100 * error_pct;
+            ev.handle_sample(now, passive(&id, 0, requests, errors)).unwrap();
+            for n in 1..=healthy_callers {
+                ev.handle_sample(now, passive(&id, n, 50, 0)).unwrap();
+            }
+            let e = ev.eligibility(&id).unwrap();
+            prop_assert!(e.is_routed(), "one caller withdrew it: {:?}", e);
+        }
+    }
+
+    /// A replica failing most of every caller's requests, with enough callers and traffic
+    /// to be passive-primary, is withdrawn within the damping budget of the first failing
+    /// round — whatever its probe says.
+    #[test]
+    fn a_replica_failing_most_callers_requests_is_withdrawn_within_the_budget(
+        profile in primary_profile(),
+        callers in 3u32..24,
+        per_caller in 0u64..2_000,
+        error_share in 500u64..=1_000,
+        jitter_ms in prop::collection::vec(0u64..200, 12),
+    ) {
+        let (mut ev, start, id) = primary_evaluator(profile);
+        let requests = per_caller.max(100u64.div_ceil(u64::from(callers))).max(5);
+        let errors = requests * error_share / 1_000;
+        let first = start + Duration::from_secs(1);
+        let mut withdrawn = None;
+        for (round, jitter) in jitter_ms.iter().enumerate() {
+            let now = first + Duration::from_secs(round as u64) + Duration::from_millis(*jitter);
+            ev.handle_timeout(now);
+            if profile.probe {
+                ev.handle_sample(now, probe(&id, Health::Pass)).unwrap();
+            }
+            for n in 0..callers {
+                ev.handle_sample(now, passive(&id, n, requests, errors)).unwrap();
+            }
+            if withdrawn.is_none() && !ev.eligibility(&id).unwrap().is_routed() {
+                withdrawn = Some(now);
+            }
+        }
+        let at = withdrawn.expect("withdrawn");
+        prop_assert!(at - first <= d::DAMPING_BUDGET, "withdrawn after {:?}", at - first);
+        prop_assert_eq!(ev.evidence_mode(at, &id).map(|m| m.0), Some(EvidenceMode::PassivePrimary));
+    }
+
+    /// However the callers come and go, once they are all quiet a passive-primary
+    /// instance that was routed is unknown or eligible, never ineligible.
+    #[test]
+    fn quiet_callers_never_make_a_routed_instance_ineligible(
+        rounds in prop::collection::vec((1u32..8, 5u64..500), 1..20),
+    ) {
+        let (mut ev, start, id) = primary_evaluator(CapabilityProfile::NO_READINESS);
+        let mut now = start;
+        for (callers, requests) in rounds {
+            now += Duration::from_secs(1);
+            // Healthy callers only: the instance stays routed while they speak.
+            for n in 0..callers {
+                ev.handle_sample(now, passive(&id, n, requests, 0)).unwrap();
+            }
+        }
+        prop_assert!(ev.eligibility(&id).unwrap().is_routed());
+        for _ in 0..120 {
+            now += Duration::from_secs(1);
+            ev.handle_timeout(now);
+            prop_assert!(ev.eligibility(&id).unwrap().is_routed());
+        }
+        prop_assert_eq!(ev.eligibility(&id).unwrap().verdict(), Verdict::Unknown);
+    }
+}

@@ -128,6 +128,27 @@ struct CallerReport {
     reporter: Reporter,
     at: Instant,
     failing: bool,
+    requests: u64,
+}
+
+/// The callers heard about one instance within a window: how many, how many of them saw
+/// it fail, and how many requests their latest reports carried together.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Population {
+    pub(crate) callers: u32,
+    pub(crate) failing: u32,
+    pub(crate) requests: u64,
+}
+
+impl Population {
+    /// The share of callers that saw failure (zero when nobody was heard).
+    pub(crate) fn failing_share(self) -> f64 {
+        if self.callers == 0 {
+            0.0
+        } else {
+            f64::from(self.failing) / f64::from(self.callers)
+        }
+    }
 }
 
 /// Recent callers' verdicts about one instance, one vote each.
@@ -139,10 +160,18 @@ pub(crate) struct CallerPanel {
 impl CallerPanel {
     /// Record one caller's report, forgetting the oldest caller beyond `max`.
     /// Reports below `min_requests` are not evidence and leave the panel untouched.
-    pub(crate) fn record(&mut self, now: Instant, reporter: &Reporter, failing: bool, max: usize) {
+    pub(crate) fn record(
+        &mut self,
+        now: Instant,
+        reporter: &Reporter,
+        requests: u64,
+        failing: bool,
+        max: usize,
+    ) {
         if let Some(r) = self.reports.iter_mut().find(|r| &r.reporter == reporter) {
             r.at = now;
             r.failing = failing;
+            r.requests = requests;
             return;
         }
         if self.reports.len() >= max {
@@ -159,25 +188,20 @@ impl CallerPanel {
             reporter: reporter.clone(),
             at: now,
             failing,
+            requests,
         });
     }
 
-    /// The share of callers heard within `window` that saw failure, and how many there were.
-    pub(crate) fn failing_share(&self, now: Instant, window: Duration) -> (f64, usize) {
-        let recent = self
-            .reports
+    /// The callers heard within `window` of `now`.
+    pub(crate) fn population(&self, now: Instant, window: Duration) -> Population {
+        self.reports
             .iter()
-            .filter(|r| now.saturating_duration_since(r.at) <= window);
-        let (mut failing, mut total) = (0usize, 0usize);
-        for r in recent {
-            total += 1;
-            failing += usize::from(r.failing);
-        }
-        if total == 0 {
-            (0.0, 0)
-        } else {
-            (failing as f64 / total as f64, total)
-        }
+            .filter(|r| now.saturating_duration_since(r.at) <= window)
+            .fold(Population::default(), |p, r| Population {
+                callers: p.callers.saturating_add(1),
+                failing: p.failing.saturating_add(u32::from(r.failing)),
+                requests: p.requests.saturating_add(r.requests),
+            })
     }
 }
 
@@ -207,10 +231,13 @@ mod tests {
         let loud = Reporter::Node(NodeName::try_new("loud").unwrap());
         let quiet = Reporter::Node(NodeName::try_new("quiet").unwrap());
         for _ in 0..100 {
-            panel.record(now, &loud, true, 8);
+            panel.record(now, &loud, 1_000_000, true, 8);
         }
-        panel.record(now, &quiet, false, 8);
-        assert_eq!(panel.failing_share(now, Duration::from_secs(3)), (0.5, 2));
+        panel.record(now, &quiet, 10, false, 8);
+        let heard = panel.population(now, Duration::from_secs(3));
+        assert_eq!((heard.failing_share(), heard.callers), (0.5, 2));
+        // A caller's requests are its latest report's, not the sum of its reports.
+        assert_eq!(heard.requests, 1_000_010);
     }
 
     #[test]
@@ -219,12 +246,10 @@ mod tests {
         let mut panel = CallerPanel::default();
         for i in 0..3u64 {
             let r = Reporter::Node(NodeName::try_new(format!("n{i}")).unwrap());
-            panel.record(now + Duration::from_secs(i), &r, i == 0, 2);
+            panel.record(now + Duration::from_secs(i), &r, 10, i == 0, 2);
         }
         // n0 (the only failing one) was the oldest and is gone.
-        assert_eq!(
-            panel.failing_share(now + Duration::from_secs(3), Duration::from_secs(10)),
-            (0.0, 2)
-        );
+        let heard = panel.population(now + Duration::from_secs(3), Duration::from_secs(10));
+        assert_eq!((heard.failing, heard.callers), (0, 2));
     }
 }

@@ -727,7 +727,9 @@ fn explain_names_the_rule_the_evidence_and_the_history() {
     );
     let text = why.to_string();
     assert!(
-        text.contains("HardFailure") && text.contains("connect: refused"),
+        text.contains("rule hard_failure (probe)")
+            && !text.contains("HardFailure")
+            && text.contains("connect: refused"),
         "{text}"
     );
 }
@@ -905,4 +907,217 @@ fn services_step_at_different_phases_of_the_grid() {
         quantum: Duration::ZERO,
     };
     assert_eq!(none.ceil(at, &svc("pay")), at);
+}
+
+// --- callers' outcomes as primary evidence (ADR-04) ---
+
+/// A contract whose instances become passive-primary with three callers and 100
+/// requests a second between them, probed every 30 s meanwhile.
+fn passive_primary(profile: CapabilityProfile) -> ValidContract {
+    let mut c = HealthContract {
+        profile,
+        ..HealthContract::default()
+    };
+    if !profile.probe {
+        c.probe = None;
+    }
+    c.passive.primary = Some(crate::contract::PassivePrimary::default());
+    c.validate().unwrap()
+}
+
+impl Fx {
+    /// `callers` callers each reporting `requests` with `errors` of them failed, at `at`.
+    fn callers(&mut self, at: Duration, callers: u32, requests: u64, errors: u64) {
+        self.at(at);
+        for n in 0..callers {
+            let s = passive(&self.id, n, requests, errors);
+            self.ev.handle_sample(self.now, s).unwrap();
+        }
+    }
+
+    fn mode(&self) -> EvidenceMode {
+        self.ev.evidence_mode(self.now, &self.id).unwrap().0
+    }
+}
+
+#[test]
+fn many_callers_failing_withdraw_a_replica_whose_probe_stays_green() {
+    // Goal: grey failure — the probe passes, the callers fail — is a withdrawal when the
+    // traffic makes callers' outcomes primary, inside the damping budget.
+    let mut fx = Fx::new(
+        passive_primary(CapabilityProfile::NO_SELF_REPORT),
+        Admission::Established,
+    );
+    for s in 0..5 {
+        fx.probe(secs(s), Health::Pass);
+        fx.callers(secs(s), 5, 40, 0);
+    }
+    assert_eq!(fx.verdict(), Verdict::Eligible);
+    assert_eq!(fx.mode(), EvidenceMode::PassivePrimary);
+    let first_failing = secs(5);
+    let mut withdrawn_at = None;
+    for s in 5..15 {
+        fx.probe(secs(s), Health::Pass);
+        fx.callers(secs(s), 5, 40, 30);
+        if withdrawn_at.is_none() && fx.verdict() == Verdict::Ineligible {
+            withdrawn_at = Some(secs(s));
+        }
+    }
+    let withdrawn_at = withdrawn_at.expect("the grey replica is withdrawn");
+    assert!(withdrawn_at - first_failing <= d::DAMPING_BUDGET);
+    assert_eq!(
+        fx.eligibility(),
+        Eligibility::Ineligible {
+            reason: IneligibleReason::SoftFailure
+        }
+    );
+    let explained = fx.ev.explain(fx.now, &fx.id).unwrap();
+    let withdrawal = explained
+        .history
+        .iter()
+        .find(|t| t.to == Verdict::Ineligible)
+        .unwrap();
+    assert_eq!(
+        withdrawal.rule,
+        Rule::CallerPopulation {
+            failing: 5,
+            callers: 5
+        }
+    );
+    assert!(
+        explained
+            .to_string()
+            .contains("caller_population (5 of 5 callers failing)")
+    );
+}
+
+#[test]
+fn below_the_threshold_the_same_failure_only_degrades_and_the_probe_stays_primary() {
+    // Goal: two callers are not a population; the old rules hold and say so.
+    let mut fx = Fx::new(
+        passive_primary(CapabilityProfile::NO_SELF_REPORT),
+        Admission::Established,
+    );
+    for s in 0..15 {
+        fx.probe(secs(s), Health::Pass);
+        fx.callers(secs(s), 2, 1_000, 900);
+    }
+    assert_eq!(fx.mode(), EvidenceMode::ProbePrimary);
+    assert_eq!(
+        fx.rule(),
+        Rule::Uncorroborated {
+            failing: EvidenceClass::Passive
+        }
+    );
+    assert_eq!(fx.verdict(), Verdict::Degraded);
+}
+
+#[test]
+fn too_little_traffic_is_not_sufficient_however_many_callers() {
+    let mut fx = Fx::new(
+        passive_primary(CapabilityProfile::NO_SELF_REPORT),
+        Admission::Established,
+    );
+    // Ten callers, 9 requests each: 90 a second, below the threshold of 100.
+    for s in 0..10 {
+        fx.probe(secs(s), Health::Pass);
+        fx.callers(secs(s), 10, 9, 9);
+    }
+    assert_eq!(fx.mode(), EvidenceMode::ProbePrimary);
+    assert_eq!(fx.verdict(), Verdict::Degraded);
+}
+
+#[test]
+fn probes_alone_are_single_class_evidence() {
+    let mut fx = Fx::new(
+        passive_primary(CapabilityProfile::NO_SELF_REPORT),
+        Admission::Established,
+    );
+    // Callers below `passive.min_requests` say nothing: only the probe speaks.
+    for s in 0..5 {
+        fx.probe(secs(s), Health::Pass);
+        fx.callers(secs(s), 4, 2, 2);
+    }
+    assert_eq!(fx.mode(), EvidenceMode::SingleClass);
+    assert_eq!(fx.verdict(), Verdict::Eligible);
+}
+
+#[test]
+fn the_mode_is_published_when_traffic_crosses_the_threshold_and_when_it_goes_quiet() {
+    let mut fx = Fx::new(
+        passive_primary(CapabilityProfile::NO_SELF_REPORT),
+        Admission::Established,
+    );
+    fx.ev.take_effects();
+    let modes = |fx: &mut Fx| -> Vec<(EvidenceMode, bool)> {
+        fx.ev
+            .take_effects()
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Evidence { mode, verified, .. } => Some((mode, verified)),
+                _ => None,
+            })
+            .collect()
+    };
+    fx.probe(secs(0), Health::Pass);
+    assert_eq!(modes(&mut fx), [(EvidenceMode::SingleClass, true)]);
+    fx.callers(secs(1), 3, 40, 0);
+    assert_eq!(
+        modes(&mut fx),
+        [
+            (EvidenceMode::ProbePrimary, true),
+            (EvidenceMode::PassivePrimary, true)
+        ]
+    );
+    // The callers go quiet and the probe keeps its confirmation cadence (30 s).
+    fx.probe(secs(20), Health::Pass);
+    assert_eq!(modes(&mut fx), [(EvidenceMode::SingleClass, true)]);
+    assert_eq!(fx.verdict(), Verdict::Eligible);
+}
+
+#[test]
+fn a_passive_primary_instance_whose_callers_go_quiet_is_unknown_not_ineligible() {
+    // Goal: silence is never read as failure, primary or not (ADR-05). With no readiness
+    // signal at all (a third party's endpoint), quiet callers leave the health unknown.
+    let mut fx = Fx::new(
+        passive_primary(CapabilityProfile::NO_READINESS),
+        Admission::Established,
+    );
+    for s in 0..5 {
+        fx.callers(secs(s), 4, 50, 0);
+    }
+    assert_eq!(fx.mode(), EvidenceMode::PassivePrimary);
+    assert_eq!(fx.verdict(), Verdict::Eligible);
+    fx.at(secs(60));
+    assert_eq!(fx.verdict(), Verdict::Unknown);
+    assert_eq!(fx.rule(), Rule::Silence);
+    assert_eq!(
+        fx.ev.evidence_mode(fx.now, &fx.id),
+        Some((EvidenceMode::SingleClass, false))
+    );
+}
+
+#[test]
+fn one_loud_caller_never_withdraws_even_where_it_is_the_only_class() {
+    // Goal: one caller is one vote (ADR-15), also for a profile with nothing but callers.
+    let mut fx = Fx::new(
+        contract_with(CapabilityProfile::NO_READINESS),
+        Admission::Established,
+    );
+    for s in 0..30 {
+        fx.at(secs(s));
+        let s = passive(&fx.id, 7, 1_000_000, 1_000_000);
+        fx.ev.handle_sample(fx.now, s).unwrap();
+    }
+    assert!(fx.eligibility().is_routed(), "{:?}", fx.eligibility());
+    // A second caller agreeing is enough for the single-class profile, as before.
+    for s in 30..35 {
+        fx.callers(secs(s), 2, 10, 10);
+    }
+    assert_eq!(
+        fx.rule(),
+        Rule::SingleClassProfile {
+            failing: EvidenceClass::Passive
+        }
+    );
 }

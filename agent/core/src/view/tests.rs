@@ -24,6 +24,7 @@ pub(crate) fn endpoint(
         verdict: Verdict::Eligible,
         tags: Arc::default(),
         metadata: Arc::default(),
+        capability: None,
     }
 }
 

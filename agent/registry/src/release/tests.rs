@@ -39,6 +39,7 @@ pub(crate) fn endpoint(n: u8, weight: u32) -> ViewEndpoint {
         verdict: Verdict::Eligible,
         tags: Arc::default(),
         metadata: Arc::default(),
+        capability: None,
     }
 }
 

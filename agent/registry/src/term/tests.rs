@@ -300,6 +300,26 @@ fn verdicts(eligible: u64, unknown: u64) -> LeaderCommand {
     })
 }
 
+/// `pay`'s instances per evidence mode: all single-class (nothing has spoken yet).
+fn modes(single_class: u64) -> LeaderCommand {
+    LeaderCommand::Metric(MetricChange::EvidenceModes {
+        service: pay(),
+        counts: EvidenceMode::ALL
+            .into_iter()
+            .map(|m| {
+                (
+                    m,
+                    if m == EvidenceMode::SingleClass {
+                        single_class
+                    } else {
+                        0
+                    },
+                )
+            })
+            .collect(),
+    })
+}
+
 #[test]
 fn a_new_terms_first_duties_are_the_lease_restart_and_the_counts() {
     // Goal: the first tick restarts leases before anything could expire them, counts
@@ -313,6 +333,7 @@ fn a_new_terms_first_duties_are_the_lease_restart_and_the_counts() {
         first,
         vec![
             verdicts(0, 4),
+            modes(4),
             LeaderCommand::Propose {
                 purpose: Purpose::RestartLeases,
                 request: registry(T0_MS, Command::RestartLeases),
@@ -1061,4 +1082,69 @@ fn a_new_leader_keeps_the_published_tier_2_until_its_own_replica_replaces_it() {
         1,
         "the seed reads no replica"
     );
+}
+
+#[test]
+fn the_probe_cadence_follows_an_instance_in_and_out_of_passive_primary() {
+    // Goal: when callers' outcomes become an instance's primary evidence the term asks
+    // for the confirmation cadence, once; when the callers go quiet, for the normal one.
+    let mut state = AuthorityState::default();
+    let mut contract = HealthContract::default();
+    contract.passive.primary = Some(waymark_core::contract::PassivePrimary::default());
+    apply_at(
+        &mut state,
+        T0_MS,
+        Command::PutService {
+            service: pay(),
+            owner: "team-pay".into(),
+            contract,
+        },
+    );
+    apply_at(
+        &mut state,
+        T0_MS,
+        Command::Observe {
+            instance: pod(1, "a"),
+            draining: false,
+        },
+    );
+    let world = World::new(state);
+    let mut fx = Fx::new(config(1), &world);
+    fx.run_to(&world, Duration::from_secs(1));
+    let id = pod(1, "a").id;
+    let cadence = |commands: &[LeaderCommand]| -> Vec<bool> {
+        commands
+            .iter()
+            .filter_map(|c| match c {
+                LeaderCommand::ProbeCadence {
+                    instance,
+                    confirming,
+                } if *instance == id => Some(*confirming),
+                _ => None,
+            })
+            .collect()
+    };
+    let callers = |n: u32| {
+        (0..n)
+            .map(|c| Sample {
+                instance: pod(1, "a").id,
+                reporter: Reporter::Node(node(&format!("caller-{c}"))),
+                observation: Observation::Passive {
+                    requests: 50,
+                    errors: 0,
+                },
+            })
+            .collect::<Vec<_>>()
+    };
+    // Two callers: not a population, no change of cadence.
+    fx.term.handle_samples(fx.now, callers(2));
+    assert_eq!(cadence(&fx.term.take_commands()), Vec::<bool>::new());
+    // A third: passive-primary.
+    fx.term.handle_samples(fx.now, callers(3));
+    assert_eq!(cadence(&fx.term.take_commands()), [true]);
+    fx.term.handle_samples(fx.now, callers(3));
+    assert_eq!(cadence(&fx.term.take_commands()), Vec::<bool>::new());
+    // Quiet past the passive silence window (3 × 1 s): back to the normal cadence.
+    let quiet = fx.run_to(&world, Duration::from_secs(6));
+    assert_eq!(cadence(&quiet), [false]);
 }

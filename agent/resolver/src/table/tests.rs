@@ -147,6 +147,7 @@ fn view_endpoint(
         verdict: Verdict::Eligible,
         tags: Arc::default(),
         metadata: Arc::default(),
+        capability: None,
     }
 }
 

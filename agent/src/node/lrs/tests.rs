@@ -96,6 +96,7 @@ fn endpoint(instance: &str, address: &str) -> ViewEndpoint {
         verdict: Verdict::Eligible,
         tags: Arc::default(),
         metadata: Arc::default(),
+        capability: None,
     }
 }
 

@@ -30,6 +30,7 @@ fn target(name: &str, interval: Duration) -> ProbeTarget {
             interval,
             timeout: interval / 2,
         },
+        confirmation: false,
     }
 }
 

@@ -88,6 +88,7 @@ pub(crate) fn assignment(
                 verdict: Verdict::Eligible,
                 tags: Arc::new(e.tags.iter().map(|t| (*t).to_owned()).collect()),
                 metadata: Arc::default(),
+                capability: None,
             };
             (instance, view_endpoint)
         })
