@@ -20,8 +20,10 @@
 //!   Status: eligible, degraded and disregarded → `HEALTHY`; unknown → `UNKNOWN` (Envoy
 //!   routes to it, on purpose); draining → `DRAINING`; withdrawn instances are absent.
 //! - waymark's markers ride in `filter_metadata["waymark"]`: per endpoint the instance id,
-//!   verdict, status and tags (a list of strings); per locality the view version and
-//!   `health_disregarded`.
+//!   verdict, status, tags (a list of strings) and `capability` (`classes` its service's
+//!   profile supplies, whether its health is `verified` now, and which `evidence` is
+//!   primary — ADR-16: an unprobed endpoint is told apart from a probed healthy one); per
+//!   locality the view version and `health_disregarded`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -56,7 +58,7 @@ use envoy_types::pb::google::protobuf::{
     Any, Duration as PbDuration, ListValue, Struct, UInt32Value, Value, value::Kind,
 };
 use waymark_core::model::{InstanceId, ServiceName};
-use waymark_core::view::{EndpointStatus, ReleasedView, ViewEndpoint};
+use waymark_core::view::{Capability, EndpointStatus, ReleasedView, ViewEndpoint};
 
 pub mod outlier;
 
@@ -417,18 +419,52 @@ fn lb_endpoint(e: &ViewEndpoint, disregarded: bool) -> LbEndpoint {
         }),
         // Envoy's config dump rebuilds localities from hosts and drops their metadata, so
         // the guard's marker is repeated on every endpoint where callers can see it.
-        metadata: Some(metadata([
-            (
-                "health_disregarded",
-                Value {
-                    kind: Some(Kind::BoolValue(disregarded)),
-                },
-            ),
-            ("instance", string(e.instance.as_str())),
-            ("verdict", string(e.verdict.as_str())),
-            ("status", string(status_str(e.status))),
-            ("tags", string_list(e.tags.iter())),
-        ])),
+        metadata: Some(endpoint_metadata(e, disregarded)),
+    }
+}
+
+/// An endpoint's `filter_metadata["waymark"]`: its instance, verdict, status and tags,
+/// the guard's marker, and what its health rests on (`capability`, ADR-16) where the view
+/// states it.
+fn endpoint_metadata(e: &ViewEndpoint, disregarded: bool) -> Metadata {
+    let mut md = metadata([
+        ("health_disregarded", boolean(disregarded)),
+        ("instance", string(e.instance.as_str())),
+        ("verdict", string(e.verdict.as_str())),
+        ("status", string(status_str(e.status))),
+        ("tags", string_list(e.tags.iter())),
+    ]);
+    if let (Some(c), Some(ours)) = (
+        &e.capability,
+        md.filter_metadata.get_mut(METADATA_NAMESPACE),
+    ) {
+        ours.fields.insert("capability".to_owned(), capability(c));
+    }
+    md
+}
+
+/// `{"classes": ["probe", "passive"], "verified": true, "evidence": "passive_primary"}`.
+fn capability(c: &Capability) -> Value {
+    let classes = Value {
+        kind: Some(Kind::ListValue(ListValue {
+            values: c.classes().map(string).collect(),
+        })),
+    };
+    let fields = [
+        ("classes", classes),
+        ("verified", boolean(c.verified)),
+        ("evidence", string(c.evidence.label())),
+    ];
+    Value {
+        kind: Some(Kind::StructValue(Struct {
+            fields: fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        })),
+    }
+}
+
+fn boolean(b: bool) -> Value {
+    Value {
+        kind: Some(Kind::BoolValue(b)),
     }
 }
 
@@ -506,6 +542,47 @@ pub fn endpoint_socket(lb: &LbEndpoint) -> Result<(std::net::IpAddr, u16), &'sta
 }
 
 /// A field of waymark's metadata namespace ([`METADATA_NAMESPACE`]), if present.
+/// An endpoint's capability as [`load_assignment`] writes it, or `None` when the
+/// endpoint states none (a peer region's) or states it in a shape this build does not read
+/// (a newer writer): capability informs a caller and never decides routing, so an unread
+/// one is reported as unknown rather than refusing the assignment.
+pub fn endpoint_capability(lb: &LbEndpoint) -> Option<Capability> {
+    let Some(Kind::StructValue(c)) = metadata_field(lb.metadata.as_ref(), "capability") else {
+        return None;
+    };
+    let field = |k: &str| c.fields.get(k).and_then(|v| v.kind.as_ref());
+    let Some(Kind::ListValue(classes)) = field("classes") else {
+        return None;
+    };
+    let mut profile = waymark_core::contract::CapabilityProfile {
+        probe: false,
+        self_report: false,
+        passive: false,
+    };
+    for class in &classes.values {
+        match class.kind.as_ref() {
+            Some(Kind::StringValue(s)) if s == "probe" => profile.probe = true,
+            Some(Kind::StringValue(s)) if s == "self_report" => profile.self_report = true,
+            Some(Kind::StringValue(s)) if s == "passive" => profile.passive = true,
+            _ => return None,
+        }
+    }
+    let Some(Kind::BoolValue(verified)) = field("verified") else {
+        return None;
+    };
+    let evidence = match field("evidence") {
+        Some(Kind::StringValue(s)) => waymark_core::eligibility::EvidenceMode::ALL
+            .into_iter()
+            .find(|m| m.label() == s)?,
+        _ => return None,
+    };
+    Some(Capability {
+        profile,
+        verified: *verified,
+        evidence,
+    })
+}
+
 pub fn metadata_field<'m>(metadata: Option<&'m Metadata>, key: &str) -> Option<&'m Kind> {
     metadata?
         .filter_metadata

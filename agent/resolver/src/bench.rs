@@ -238,6 +238,7 @@ fn table(version: u64) -> Table {
                 status: EndpointStatus::Eligible,
                 health_disregarded: false,
                 instance: Some(format!("{}-{e}", service_name(s))),
+                capability: None,
             })
             .collect();
         let svc = ServiceEndpoints {

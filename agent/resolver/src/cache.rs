@@ -166,6 +166,7 @@ mod tests {
                 status: EndpointStatus::Eligible,
                 health_disregarded: false,
                 instance: Some("pay-1".into()),
+                capability: None,
             }],
             withheld: 1,
             health_disregarded: false,

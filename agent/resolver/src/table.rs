@@ -8,8 +8,9 @@
 //!   waymark maps "no evidence" there on purpose); `DRAINING` never is;
 //! - `UNHEALTHY`/`TIMEOUT` endpoints are routable only in a locality that declares
 //!   `health_disregarded` (the fraction guard keeps the full set; ADR-08);
-//! - waymark's labels (`status`, `instance`, `health_disregarded`) come from
-//!   `filter_metadata["waymark"]`, and refine but never override Envoy's health status.
+//! - waymark's labels (`status`, `instance`, `health_disregarded`, `capability`) come from
+//!   `filter_metadata["waymark"]`, and refine but never override Envoy's health status
+//!   (a capability this build cannot read is reported as not stated).
 //!
 //! A table is rebuilt whole on every update ([`Table::update`]). The rules that keep an error
 //! from ever producing an empty set live here:
@@ -29,9 +30,9 @@ use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::google::protobuf::value::Kind;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
-use waymark_core::view::EndpointStatus;
+use waymark_core::view::{Capability, EndpointStatus};
 use waymark_xds::client::Applied;
-use waymark_xds::translate::{TYPE_ENDPOINT, endpoint_socket, metadata_field};
+use waymark_xds::translate::{TYPE_ENDPOINT, endpoint_capability, endpoint_socket, metadata_field};
 
 /// The answer to "where do I send a request for this service?".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +84,12 @@ pub struct Endpoint {
     pub health_disregarded: bool,
     /// waymark's instance id, when the agent sent it.
     pub instance: Option<String>,
+    /// What its health rests on (ADR-16): the evidence classes its service can supply,
+    /// whether any speaks for it now, and which is primary. `None` when the view does not
+    /// state it (an endpoint of a peer region). An unverified endpoint is routed with its
+    /// health unknown — route to it as such, not as a probed healthy one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability: Option<Capability>,
 }
 
 /// Why an update was rejected. Every variant has the same effect: nothing of the update is
@@ -338,6 +345,7 @@ pub fn translate(
                 status,
                 health_disregarded: disregarded,
                 instance: text(lb.metadata.as_ref(), "instance").map(str::to_owned),
+                capability: endpoint_capability(lb),
             });
         }
     }

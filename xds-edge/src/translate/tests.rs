@@ -41,6 +41,7 @@ pub(crate) fn ep(
         verdict: Verdict::Eligible,
         tags: Arc::default(),
         metadata: Arc::default(),
+        capability: None,
     }
 }
 
@@ -367,4 +368,84 @@ mod eds_encoder {
         encoder.encode(&released(3, "a", vec![one.clone()], Markers::default()));
         assert_eq!(encoder.endpoints.len(), 1);
     }
+}
+
+#[test]
+fn every_endpoint_carries_its_capability_in_waymark_metadata() {
+    // Goal (ADR-16): an Envoy (or any xDS client) can tell an unprobed endpoint from a
+    // probed healthy one from the resource alone.
+    use waymark_core::contract::CapabilityProfile;
+    use waymark_core::eligibility::EvidenceMode;
+    let mut unprobed = ep(1, "a", 0, 100, EndpointStatus::Unknown);
+    unprobed.capability = Some(Capability {
+        profile: CapabilityProfile::NO_READINESS,
+        verified: false,
+        evidence: EvidenceMode::SingleClass,
+    });
+    let mut probed = ep(2, "a", 0, 100, EndpointStatus::Eligible);
+    probed.capability = Some(Capability {
+        profile: CapabilityProfile::NO_SELF_REPORT,
+        verified: true,
+        evidence: EvidenceMode::PassivePrimary,
+    });
+    let unstated = ep(3, "a", 0, 100, EndpointStatus::Eligible);
+    let cla = load_assignment(&released(
+        1,
+        "a",
+        vec![unprobed, probed, unstated],
+        Markers::default(),
+    ));
+    let lb = &cla.endpoints[0].lb_endpoints;
+    let capability = |i: usize| -> Option<serde_json::Value> {
+        let Kind::StructValue(s) = meta(&lb[i].metadata, "capability")? else {
+            panic!("capability is a struct");
+        };
+        let mut out = serde_json::Map::new();
+        for (k, v) in s.fields {
+            let v = match v.kind.unwrap() {
+                Kind::BoolValue(b) => serde_json::json!(b),
+                Kind::StringValue(s) => serde_json::json!(s),
+                Kind::ListValue(l) => serde_json::json!(
+                    l.values
+                        .into_iter()
+                        .map(|v| match v.kind.unwrap() {
+                            Kind::StringValue(s) => s,
+                            other => panic!("{other:?}"),
+                        })
+                        .collect::<Vec<_>>()
+                ),
+                other => panic!("{other:?}"),
+            };
+            out.insert(k, v);
+        }
+        Some(serde_json::Value::Object(out))
+    };
+    assert_eq!(
+        capability(0),
+        Some(
+            serde_json::json!({"classes": ["passive"], "verified": false, "evidence": "single_class"})
+        )
+    );
+    assert_eq!(
+        capability(1),
+        Some(
+            serde_json::json!({"classes": ["probe", "passive"], "verified": true, "evidence": "passive_primary"})
+        )
+    );
+    assert_eq!(
+        capability(2),
+        None,
+        "a peer region's endpoint states nothing"
+    );
+    // The reader is the writer's inverse.
+    let read: Vec<_> = lb.iter().map(endpoint_capability).collect();
+    assert_eq!(
+        read[0].map(|c| c.profile),
+        Some(CapabilityProfile::NO_READINESS)
+    );
+    assert_eq!(
+        read[1].map(|c| (c.verified, c.evidence)),
+        Some((true, EvidenceMode::PassivePrimary))
+    );
+    assert_eq!(read[2], None);
 }

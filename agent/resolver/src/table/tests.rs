@@ -208,6 +208,48 @@ fn waymarks_own_assignment_translates_to_its_routable_endpoints_with_weights_and
 }
 
 #[test]
+fn the_resolver_reports_what_each_endpoints_health_rests_on() {
+    // Goal (ADR-16): a caller linking the library can tell an unprobed endpoint (health
+    // unknown, stated) from a probed healthy one; a capability it cannot read is unstated.
+    use waymark_core::contract::CapabilityProfile;
+    use waymark_core::eligibility::EvidenceMode;
+    let mut third_party = view_endpoint(1, "a", 0, 100, EndpointStatus::Unknown);
+    third_party.capability = Some(Capability {
+        profile: CapabilityProfile::NO_READINESS,
+        verified: false,
+        evidence: EvidenceMode::SingleClass,
+    });
+    let mut probed = view_endpoint(2, "a", 0, 100, EndpointStatus::Eligible);
+    probed.capability = Some(Capability {
+        profile: CapabilityProfile::NO_SELF_REPORT,
+        verified: true,
+        evidence: EvidenceMode::ProbePrimary,
+    });
+    let view = released(vec![third_party, probed], Markers::default());
+    let got = service_endpoints("pay", "4", &any(&translate::load_assignment(&view))).unwrap();
+    let caps: Vec<_> = got.endpoints.iter().map(|e| e.capability).collect();
+    assert_eq!(
+        caps[0].map(|c| (c.profile, c.verified)),
+        Some((CapabilityProfile::NO_READINESS, false))
+    );
+    assert_eq!(
+        caps[1].map(|c| (c.verified, c.evidence)),
+        Some((true, EvidenceMode::ProbePrimary))
+    );
+
+    // A shape this build does not read: unstated, and the endpoint is still routed.
+    let mut odd = lb(9000, HealthStatus::Healthy, None);
+    odd.metadata = Some(waymark_meta(&[(
+        "capability",
+        Kind::StringValue("full".into()),
+    )]));
+    let c = cla("pay", vec![locality("a", 0, false, vec![odd])]);
+    let got = translate_cla(&c);
+    assert_eq!(got.endpoints.len(), 1);
+    assert_eq!(got.endpoints[0].capability, None);
+}
+
+#[test]
 fn a_health_disregarded_zone_keeps_its_full_set() {
     // Goal: under the fraction guard, failing endpoints stay routable and are labelled so.
     let view = released(

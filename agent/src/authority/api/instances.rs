@@ -213,6 +213,11 @@ pub(super) async fn explain(
         "verdict": e.eligibility.verdict().as_str(),
         "eligibility": e.eligibility.record(now),
         "rule": e.rule,
+        "evidence": e.mode,
+        "capability": {
+            "classes": e.classes.iter().filter(|c| c.provided).map(|c| c.class).collect::<Vec<_>>(),
+            "verified": e.classes.iter().any(|c| c.provided && !c.silent),
+        },
         "for_ms": e.for_duration.as_millis() as u64,
         "classes": classes,
         "dependencies": e.dependencies.iter().map(|(n, st, shared)| json!({"name": n, "status": st, "shared": shared})).collect::<Vec<_>>(),

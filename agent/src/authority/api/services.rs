@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use waymark_core::contract::HealthContract;
+use waymark_core::eligibility::EvidenceMode;
 use waymark_core::model::ServiceName;
 use waymark_registry::acl::Action;
 use waymark_registry::machine::{AuditEntry, AuditKind};
@@ -28,6 +29,11 @@ struct ServiceSummary {
     owner: String,
     instances: usize,
     verdicts: BTreeMap<String, usize>,
+    /// What the routed instances' verdicts rest on (ADR-04): the mode most of them are in
+    /// (ties go to the weaker), `None` while no routed endpoint states it.
+    evidence_mode: Option<EvidenceMode>,
+    /// Routed instances per evidence mode.
+    evidence: BTreeMap<EvidenceMode, usize>,
     health_disregarded: Vec<String>,
     no_eligible_in_region: bool,
     version: Option<String>,
@@ -51,10 +57,14 @@ pub(super) async fn services(State(s): State<ApiState>) -> impl IntoResponse {
                     .map(|(_, v)| v)
                     .collect();
                 let mut verdicts: BTreeMap<String, usize> = BTreeMap::new();
+                let mut evidence: BTreeMap<EvidenceMode, usize> = BTreeMap::new();
                 if let Some(v) = views.first() {
                     for e in v.view.endpoints.values() {
                         if e.region == s.region {
                             *verdicts.entry(e.verdict.as_str().to_owned()).or_default() += 1;
+                            if let Some(c) = e.capability {
+                                *evidence.entry(c.evidence).or_default() += 1;
+                            }
                         }
                     }
                 }
@@ -79,6 +89,8 @@ pub(super) async fn services(State(s): State<ApiState>) -> impl IntoResponse {
                     owner: record.owner.clone(),
                     instances,
                     verdicts,
+                    evidence_mode: headline(&evidence),
+                    evidence,
                     health_disregarded: disregarded,
                     no_eligible_in_region: views
                         .iter()
@@ -89,6 +101,17 @@ pub(super) async fn services(State(s): State<ApiState>) -> impl IntoResponse {
             .collect()
     });
     axum::Json(list)
+}
+
+/// The mode most routed instances are in; a tie goes to the weaker mode, so a service is
+/// never reported as better evidenced than half of it is.
+fn headline(counts: &BTreeMap<EvidenceMode, usize>) -> Option<EvidenceMode> {
+    // `EvidenceMode` orders strongest first, so the last maximum is the weakest of a tie.
+    counts
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .max_by_key(|(_, n)| **n)
+        .map(|(m, _)| *m)
 }
 
 pub(super) async fn get_service(
@@ -276,5 +299,29 @@ pub(super) async fn validate_contract(
             Some(&format!("contract.{}", e.field())),
             e.to_string(),
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_headline_mode_is_the_majoritys_and_a_tie_goes_to_the_weaker() {
+        use EvidenceMode::*;
+        let counts = |c: &[(EvidenceMode, usize)]| c.iter().copied().collect();
+        assert_eq!(headline(&counts(&[])), None);
+        assert_eq!(
+            headline(&counts(&[(PassivePrimary, 5), (SingleClass, 1)])),
+            Some(PassivePrimary)
+        );
+        assert_eq!(
+            headline(&counts(&[(PassivePrimary, 2), (ProbePrimary, 2)])),
+            Some(ProbePrimary)
+        );
+        assert_eq!(
+            headline(&counts(&[(PassivePrimary, 0), (SingleClass, 0)])),
+            None
+        );
     }
 }
