@@ -23,7 +23,7 @@ use crate::support;
 
 use std::collections::BTreeMap;
 
-use support::proxyless::{ALL_TYPES, ControlPlane, GrpcBackend, GrpcClient, python};
+use support::proxyless::{ALL_TYPES, Caller, ControlPlane, GrpcBackend, GrpcClient, python};
 use support::views;
 use waymark_core::view::{EndpointStatus, Markers, ReleasedView};
 
@@ -38,6 +38,7 @@ fn released(version: u64, backends: &[&GrpcBackend]) -> ReleasedView {
 #[tokio::test]
 async fn grpcio_resolves_xds_target_balances_and_follows_a_withdrawal() {
     let python = python().await;
+    let grpcio = Caller::grpcio(&python);
     let a = GrpcBackend::start(&python, "pay-a").await;
     let b = GrpcBackend::start(&python, "pay-b").await;
     let mut cp = ControlPlane::start().await;
@@ -45,7 +46,7 @@ async fn grpcio_resolves_xds_target_balances_and_follows_a_withdrawal() {
 
     // One long-lived client: LDS → RDS → CDS → EDS, then round robin over both backends.
     let node = "grpc-proxyless-live";
-    let mut client = GrpcClient::start(&python, &cp, node, 20, true).await;
+    let mut client = GrpcClient::start(&grpcio, &cp, node, 20, true).await;
     let first = client.read_round(&cp).await;
     client.assert_no_errors(&first, &cp);
     assert!(
@@ -92,7 +93,7 @@ async fn grpcio_resolves_xds_target_balances_and_follows_a_withdrawal() {
     );
 
     // A client that connects only now sees only the current view.
-    let mut fresh = GrpcClient::start(&python, &cp, "grpc-proxyless-fresh", 10, false).await;
+    let mut fresh = GrpcClient::start(&grpcio, &cp, "grpc-proxyless-fresh", 10, false).await;
     let round = fresh.read_round(&cp).await;
     fresh.assert_no_errors(&round, &cp);
     assert_eq!(

@@ -12,6 +12,7 @@ mod client_loopback;
 mod envoy_ads;
 mod envoy_harness;
 mod envoy_mtls;
+mod grpc_js_xds;
 mod grpc_proxyless;
 mod lrs_loopback;
 mod pure_fence;

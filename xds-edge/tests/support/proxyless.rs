@@ -4,8 +4,9 @@
 //!   messages, killed when dropped;
 //! - [`GrpcBackend`]: `proxyless/backend.py`, a gRPC server answering
 //!   `/waymark.test.Echo/Who` with its name;
-//! - [`GrpcClient`]: `proxyless/client.py` dialling `xds:///pay`, one output line per
-//!   answer;
+//! - [`GrpcClient`]: a [`Caller`] dialling `xds:///pay`, one output line per answer:
+//!   `proxyless/client.py` under Python `grpcio`, or its twin `proxyless/client.js` under
+//!   Node's `@grpc/grpc-js-xds` (same flags, same output, plus `soak` and `sweep`);
 //! - [`ControlPlane`]: our ADS server on a loopback port, publishing the views a test
 //!   releases, and its per-client sync state.
 //!
@@ -103,6 +104,94 @@ pub async fn python() -> PathBuf {
     path
 }
 
+/// Where grpc-js-xds is installed: the directory holding its `node_modules`, and the
+/// `node` that runs `client.js` against it.
+pub struct NodeXds {
+    pub node: PathBuf,
+    pub modules: PathBuf,
+}
+
+pub fn missing_node_message(what: &str) -> String {
+    format!(
+        "this test needs Node.js with the pinned @grpc/grpc-js-xds, and {what}. Install it \
+         with `./scripts/install-test-peers` from the workspace root: it runs npm ci in \
+         xds-edge/tests/proxyless/node/, where this test looks unless WAYMARK_NODE_XDS names \
+         another directory whose node_modules holds it. Then: \
+         eval \"$(./scripts/install-test-peers --env)\"; cargo test -p waymark-xds \
+         --test integration grpc_js_xds::"
+    )
+}
+
+/// grpc-js-xds: `WAYMARK_NODE_XDS`, else `xds-edge/tests/proxyless/node`, run by the `node`
+/// on `PATH`. Panics with the install command if either is missing or the modules do not
+/// load: never a silent skip.
+pub async fn node_xds() -> NodeXds {
+    let env: Option<OsString> = std::env::var_os("WAYMARK_NODE_XDS").filter(|p| !p.is_empty());
+    let dir = env
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("xds-edge/tests/proxyless/node"));
+    let modules = dir.join("node_modules");
+    let manifest = modules.join("@grpc/grpc-js-xds/package.json");
+    if !manifest.is_file() {
+        panic!(
+            "{}",
+            missing_node_message(&format!("there is no {}", manifest.display()))
+        );
+    }
+    let node = PathBuf::from("node");
+    let out = Command::new(&node)
+        .env("NODE_PATH", &modules)
+        .args(["-e", "require('@grpc/grpc-js-xds').register()"])
+        .output()
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}",
+                missing_node_message(&format!("`node` (from PATH) does not run: {e}"))
+            )
+        });
+    if !out.status.success() {
+        panic!(
+            "{}",
+            missing_node_message(&format!(
+                "{} does not load: {}",
+                modules.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        );
+    }
+    NodeXds { node, modules }
+}
+
+/// A proxyless client program: `client.py` under a Python with grpcio, or `client.js`
+/// under Node with grpc-js-xds. Both take the same flags and print the same lines.
+pub struct Caller {
+    what: &'static str,
+    program: PathBuf,
+    script: PathBuf,
+    env: Vec<(&'static str, OsString)>,
+}
+
+impl Caller {
+    pub fn grpcio(python: &Path) -> Caller {
+        Caller {
+            what: "grpc client",
+            program: python.to_path_buf(),
+            script: script("client.py"),
+            env: Vec::new(),
+        }
+    }
+
+    pub fn grpc_js_xds(node: &NodeXds) -> Caller {
+        Caller {
+            what: "grpc-js-xds client",
+            program: node.node.clone(),
+            script: script("client.js"),
+            env: vec![("NODE_PATH", node.modules.clone().into_os_string())],
+        }
+    }
+}
+
 /// A peer process: its stdout read line by line, its stderr kept for failure messages,
 /// killed when dropped.
 pub struct Peer {
@@ -115,9 +204,9 @@ pub struct Peer {
 }
 
 impl Peer {
-    pub fn spawn(python: &Path, what: &str, args: &[String]) -> Peer {
-        let mut child = Command::new(python)
-            .args(args)
+    /// Start `command` (program, arguments and environment set) as the peer `what`.
+    pub fn spawn(mut command: Command, what: &str) -> Peer {
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -170,14 +259,28 @@ impl Peer {
 
     /// The next line of stdout.
     pub async fn line(&mut self, cp: Option<&ControlPlane>) -> String {
-        match tokio::time::timeout(PATIENCE, self.stdout.next_line()).await {
+        self.line_within(PATIENCE, cp).await
+    }
+
+    /// The next line of stdout, waiting at most `patience` for it.
+    pub async fn line_within(&mut self, patience: Duration, cp: Option<&ControlPlane>) -> String {
+        match tokio::time::timeout(patience, self.stdout.next_line()).await {
             Ok(Ok(Some(line))) => line,
             Ok(Ok(None)) => {
                 let status = self.child.wait().await.unwrap();
                 self.fail(&format!("exited ({status}) before the next line"), cp)
             }
             Ok(Err(e)) => self.fail(&format!("reading stdout: {e}"), cp),
-            Err(_) => self.fail(&format!("no output line within {PATIENCE:?}"), cp),
+            Err(_) => self.fail(&format!("no output line within {patience:?}"), cp),
+        }
+    }
+
+    /// Fail unless the process is still running.
+    pub fn assert_running(&mut self, cp: Option<&ControlPlane>) {
+        match self.child.try_wait() {
+            Ok(None) => {}
+            Ok(Some(status)) => self.fail(&format!("exited ({status})"), cp),
+            Err(e) => self.fail(&format!("cannot tell whether it runs: {e}"), cp),
         }
     }
 
@@ -213,15 +316,9 @@ pub struct GrpcBackend {
 
 impl GrpcBackend {
     pub async fn start(python: &Path, name: &str) -> GrpcBackend {
-        let mut peer = Peer::spawn(
-            python,
-            &format!("backend {name}"),
-            &[
-                script("backend.py").display().to_string(),
-                name.into(),
-                "0".into(),
-            ],
-        );
+        let mut command = Command::new(python);
+        command.arg(script("backend.py")).args([name, "0"]);
+        let mut peer = Peer::spawn(command, &format!("backend {name}"));
         let line = peer.line(None).await;
         let Some(port) = line
             .strip_prefix("ready ")
@@ -237,7 +334,7 @@ impl GrpcBackend {
     }
 }
 
-/// A `client.py` dialling `xds:///pay` through our server.
+/// A [`Caller`] dialling `xds:///pay` through our server.
 pub struct GrpcClient {
     pub peer: Peer,
 }
@@ -247,44 +344,56 @@ pub struct GrpcClient {
 pub struct Round {
     pub answers: BTreeMap<String, usize>,
     pub errors: Vec<String>,
+    /// For a soak: how long it called and how many outlier-detection sweeps ran meanwhile,
+    /// as the client measured them (`soaked MS SWEEPS`).
+    pub soaked: Option<(Duration, usize)>,
+}
+
+impl Round {
+    /// Calls answered, by any backend.
+    pub fn answered(&self) -> usize {
+        self.answers.values().sum()
+    }
 }
 
 impl GrpcClient {
-    /// Start a client with `node_id` that makes `calls` calls once connected, then (if
-    /// `interactive`) waits for more commands. Returns once its channel is ready.
+    /// Start `caller` as the client `node_id` that makes `calls` calls once connected, then
+    /// (if `interactive`) waits for more commands. Returns once its channel is ready.
     pub async fn start(
-        python: &Path,
+        caller: &Caller,
         cp: &ControlPlane,
         node_id: &str,
         calls: usize,
         interactive: bool,
     ) -> GrpcClient {
-        let mut args = vec![
-            script("client.py").display().to_string(),
-            "--ads-port".into(),
-            cp.addr.port().to_string(),
-            "--node-id".into(),
-            node_id.into(),
-            "--region".into(),
-            "eu".into(),
-            "--zone".into(),
-            "zone-a".into(),
-            "--calls".into(),
-            calls.to_string(),
-            "--timeout".into(),
-            CLIENT_BUDGET.as_secs().to_string(),
-        ];
+        let mut command = Command::new(&caller.program);
+        command.envs(caller.env.iter().cloned());
+        command.arg(&caller.script).args([
+            "--ads-port",
+            &cp.addr.port().to_string(),
+            "--node-id",
+            node_id,
+            "--region",
+            "eu",
+            "--zone",
+            "zone-a",
+            "--calls",
+            &calls.to_string(),
+            "--timeout",
+            &CLIENT_BUDGET.as_secs().to_string(),
+        ]);
         if interactive {
-            args.push("--interactive".into());
+            command.arg("--interactive");
         }
-        let mut peer = Peer::spawn(python, &format!("grpc client {node_id}"), &args);
-        let line = peer.line(Some(cp)).await;
+        let peer = Peer::spawn(command, &format!("{} {node_id}", caller.what));
+        let mut client = GrpcClient { peer };
+        let line = client.line(PATIENCE, cp).await;
         if line != "ready" {
             // If every type below shows as ACKed, grpc accepted our resources but found no
             // endpoint it will use: it ACKs, then drops, a locality without a non-zero
             // `load_balancing_weight` (its xds_endpoint_parser.cc: "If LB weight is not
             // specified or 0, it means this locality is assigned no load").
-            peer.fail(
+            client.peer.fail(
                 &format!(
                     "its channel to xds:///pay never became ready: {line:?} (all types \
                      ACKed means grpc took our resources but found no usable endpoint; \
@@ -293,16 +402,43 @@ impl GrpcClient {
                 Some(cp),
             );
         }
-        GrpcClient { peer }
+        client
+    }
+
+    /// The next line that is not a `sweep N`: `client.js` prints one whenever its outlier
+    /// detection's timer runs, between any two other lines; a soak counts them itself.
+    async fn line(&mut self, patience: Duration, cp: &ControlPlane) -> String {
+        loop {
+            let line = self.peer.line_within(patience, Some(cp)).await;
+            if !line.starts_with("sweep ") {
+                return line;
+            }
+        }
     }
 
     /// Read one round's lines, up to and including `round OK ERR`.
     pub async fn read_round(&mut self, cp: &ControlPlane) -> Round {
+        self.read_round_within(PATIENCE, cp).await
+    }
+
+    async fn read_round_within(&mut self, patience: Duration, cp: &ControlPlane) -> Round {
         let mut round = Round::default();
         loop {
-            let line = self.peer.line(Some(cp)).await;
+            let line = self.line(patience, cp).await;
             if let Some(name) = line.strip_prefix("answer ") {
                 *round.answers.entry(name.to_owned()).or_insert(0) += 1;
+            } else if let Some((name, n)) = line
+                .strip_prefix("tally ")
+                .and_then(|t| t.rsplit_once(' '))
+                .and_then(|(name, n)| Some((name, n.parse::<usize>().ok()?)))
+            {
+                *round.answers.entry(name.to_owned()).or_insert(0) += n;
+            } else if let Some((ms, sweeps)) = line
+                .strip_prefix("soaked ")
+                .and_then(|t| t.split_once(' '))
+                .and_then(|(ms, n)| Some((ms.parse::<u64>().ok()?, n.parse::<usize>().ok()?)))
+            {
+                round.soaked = Some((Duration::from_millis(ms), sweeps));
             } else if line.starts_with("error ") {
                 round.errors.push(line);
             } else if line.starts_with("round ") {
@@ -317,6 +453,17 @@ impl GrpcClient {
     pub async fn calls(&mut self, cp: &ControlPlane, n: usize) -> Round {
         self.peer.send(&format!("calls {n}")).await;
         self.read_round(cp).await
+    }
+
+    /// (`client.js` only.) Calls without a break (about 200 a second) until at least
+    /// `at_least` has passed and the client's outlier detection has run its timer `sweeps`
+    /// more times. The client ends a soak that has not seen them by three times `at_least`
+    /// with an error line; we wait that long plus [`PATIENCE`] for its last line.
+    pub async fn soak(&mut self, cp: &ControlPlane, at_least: Duration, sweeps: usize) -> Round {
+        self.peer
+            .send(&format!("soak {} {sweeps}", at_least.as_secs()))
+            .await;
+        self.read_round_within(3 * at_least + PATIENCE, cp).await
     }
 
     pub fn assert_no_errors(&self, round: &Round, cp: &ControlPlane) {
