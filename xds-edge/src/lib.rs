@@ -5,7 +5,8 @@
 //! last-known-good cache. Pure parts and shells are kept apart:
 //!
 //! - [`translate`] (pure): views → `Cluster` / `ClusterLoadAssignment`, with Envoy's own
-//!   panic threshold and ejection cap set explicitly (see the module for why);
+//!   panic threshold, ejection cap and every other outlier-detection field set explicitly
+//!   (see the module for why);
 //! - [`snapshot`] (pure): released views → an immutable, consistent, encoded-once snapshot;
 //! - [`protocol`] (pure): per-stream, per-type Delta and SotW state machines (subscriptions,
 //!   nonces, ACK/NACK, what to send next);
