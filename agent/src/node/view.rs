@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use envoy_types::pb::envoy::config::cluster::v3::{Cluster, OutlierDetection};
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::core::v3::{
     ConfigSource, SelfConfigSource, config_source::ConfigSourceSpecifier,
 };
@@ -466,9 +466,12 @@ fn cap_cluster(any: &Any, cap: u32) -> Any {
         tracing::warn!("undecodable cluster passed through unchanged");
         return any.clone();
     };
+    // A cluster without outlier detection (an authority from before every field was set)
+    // gets the full explicit set, not one field: a client that reads unset fields as
+    // `undefined` (grpc-js-xds) crashes on a half-filled one.
     let od = cluster
         .outlier_detection
-        .get_or_insert_with(OutlierDetection::default);
+        .get_or_insert_with(waymark_xds::translate::outlier::detection);
     // Envoy's default is 10%; whatever the upstream asks, never above the cap.
     let asked = od.max_ejection_percent.as_ref().map_or(10, |v| v.value);
     od.max_ejection_percent = Some(UInt32Value {

@@ -122,6 +122,29 @@ fn a_new_service_is_served_as_sent_with_capped_clusters() {
 }
 
 #[test]
+fn a_cluster_without_outlier_detection_is_served_with_every_field_set() {
+    // Goal: an authority from before the explicit fields must not reach grpc-js callers
+    // with a half-filled outlier detection (it crashes on unset fields).
+    let mut bare =
+        waymark_xds::translate::cluster(&waymark_core::model::ServiceName::try_new(SVC).unwrap());
+    bare.outlier_detection = None;
+    let mut up = upstream(7, Some(cla(1..=3)));
+    let mut clusters = AppliedType::default();
+    clusters
+        .resources
+        .insert(SVC.into(), ("1".into(), to_any(TYPE_CLUSTER, &bare)));
+    up.insert(TYPE_CLUSTER.into(), Arc::new(clusters));
+    let mut v = view();
+    v.apply(&up, t0());
+    let snap = v.snapshot();
+    let c = Cluster::decode(snap.clusters[SVC].resource.value.as_slice()).unwrap();
+    let od = c.outlier_detection.unwrap();
+    let mut expected = waymark_xds::translate::outlier::detection();
+    expected.max_ejection_percent = Some(UInt32Value { value: 20 });
+    assert_eq!(od, expected);
+}
+
+#[test]
 fn a_single_withdrawal_passes_at_once() {
     let mut v = view();
     let t0 = t0();
