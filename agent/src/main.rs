@@ -186,10 +186,20 @@ enum Command {
         #[command(flatten)]
         api: ApiArgs,
     },
-    /// Take an instance out of rotation by hand, or return it (privileged, audited).
+    /// Take an instance (or a node's every instance) out of rotation by hand, or return
+    /// it; privileged, checked against the disruption budget, audited. A budget refusal
+    /// may be approved by a second principal with `--approve`.
     Override {
         /// The instance id.
-        instance: String,
+        #[arg(required_unless_present_any = ["node", "approve"], conflicts_with_all = ["node", "approve"])]
+        instance: Option<String>,
+        /// Every instance of this node instead (node maintenance).
+        #[arg(long, conflicts_with = "approve")]
+        node: Option<String>,
+        /// Approve the override refused under this number (from the refusal), as a
+        /// principal other than the one who asked.
+        #[arg(long)]
+        approve: Option<u64>,
         /// `maintenance_on` or `maintenance_off`.
         #[arg(long, default_value = "maintenance_on")]
         action: String,
@@ -563,12 +573,20 @@ async fn client_command(command: Command) -> anyhow::Result<String> {
         }
         Command::Override {
             instance,
+            node,
+            approve,
             action,
             justification,
             api,
         } => {
             let client = api.client()?;
-            ops::override_instance(&client, &instance, &action, justification.as_deref()).await
+            let target = match (instance, node, approve) {
+                (_, _, Some(seq)) => ops::OverrideTarget::Approve(seq),
+                (_, Some(node), None) => ops::OverrideTarget::Node(node),
+                (Some(id), None, None) => ops::OverrideTarget::Instance(id),
+                (None, None, None) => anyhow::bail!("name an instance, --node or --approve"),
+            };
+            ops::override_instance(&client, &target, &action, justification.as_deref()).await
         }
         Command::ProxyStatus { api } => ops::proxy_status(&api.client()?, api.json).await,
         Command::Acl { command, api } => {

@@ -151,6 +151,30 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
     .await;
     assert_eq!(status, StatusCode::OK);
 
+    // Three more instances in its zone, published: the zone holds four routed instances
+    // and a floor of two, so one override is within the disruption budget (ADR-15).
+    for ip in ["10.0.0.3", "10.0.0.4", "10.0.0.5"] {
+        let (status, body) = call(
+            &api,
+            Method::POST,
+            "/v1/instances",
+            Some(registration(ip, 0)),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    until("the four instances published", WAIT, async || {
+        let (_, views) = call(&api, Method::GET, "/v1/services/pay/view", None).await;
+        let endpoints = &views[0]["view"]["endpoints"];
+        let n = endpoints
+            .as_object()
+            .map(|e| e.len())
+            .or_else(|| endpoints.as_array().map(Vec::len))
+            .unwrap_or(0);
+        if n == 4 { Ok(()) } else { Err(views) }
+    })
+    .await;
+
     // Overrides: privileged, justified, rate-limited, audited either way once named.
     let o =
         |j: Option<&str>| json!({"instance": id, "action": "maintenance_on", "justification": j});
@@ -252,7 +276,7 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
     assert!(views[0]["view"]["markers"].is_object());
     let (_, services) = call(&api, Method::GET, "/v1/services", None).await;
     assert_eq!(services[0]["service"], "pay");
-    assert_eq!(services[0]["instances"], 1);
+    assert_eq!(services[0]["instances"], 4);
 
     // Routing policy and zone evacuation: privileged, checked before commit, audited.
     let policy = json!({"min_healthy_override": 700, "failover_zones": ["b", "a"]});
@@ -364,6 +388,7 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
         "/v1/instances/{id}/explain",
         "/v1/external",
         "/v1/overrides",
+        "/v1/overrides/{seq}/approve",
         "/v1/audit",
         "/v1/alarms",
         "/v1/reconciliation",

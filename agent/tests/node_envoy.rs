@@ -128,6 +128,29 @@ fn service(view: &Value, name: &str) -> Option<Value> {
 }
 
 /// Ports of `web`'s endpoints in DNS (SRV), as `dig` sees them.
+/// Every `filter_metadata["waymark"].capability` in an Envoy config dump (EDS included).
+fn capabilities(dump: &Value) -> Vec<Value> {
+    let mut found = Vec::new();
+    let mut stack = vec![dump];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Object(map) => {
+                if let Some(c) = map
+                    .get("filter_metadata")
+                    .and_then(|f| f.get("waymark"))
+                    .and_then(|w| w.get("capability"))
+                {
+                    found.push(c.clone());
+                }
+                stack.extend(map.values());
+            }
+            Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
+    found
+}
+
 fn dig_ports(dns: u16, tcp: bool) -> BTreeSet<u16> {
     let mut cmd = Command::new("dig");
     cmd.args([
@@ -255,11 +278,28 @@ async fn envoy_routes_through_the_agent_across_outages_and_withdrawals() {
         assert!(text.contains(name), "{name} missing from /metrics:\n{text}");
     }
     common::promtool_check(&text);
-    let dump = envoy.config_dump().await.to_string();
+    let dump = envoy.config_dump().await;
     assert!(
-        dump.contains("\"max_ejection_percent\":20"),
+        dump.to_string().contains("\"max_ejection_percent\":20"),
         "the agent caps outlier ejection in served clusters"
     );
+    // Every endpoint Envoy holds states what its health rests on (ADR-16): the default
+    // contract's classes, and whether anything has verified it yet.
+    let stated = capabilities(&dump);
+    assert_eq!(
+        stated.len(),
+        BACKENDS,
+        "one capability per endpoint: {stated:?}"
+    );
+    for c in &stated {
+        assert_eq!(c["classes"], json!(["probe", "passive"]), "{c}");
+        assert!(c["verified"].is_boolean(), "{c}");
+        let mode = c["evidence"].as_str().unwrap_or_default();
+        assert!(
+            ["passive_primary", "probe_primary", "single_class"].contains(&mode),
+            "{c}"
+        );
+    }
 
     // 2a. A single withdrawal passes at once.
     let mut remaining = all.clone();

@@ -12,6 +12,7 @@
 pub mod acl;
 pub mod assignment;
 pub mod batch;
+pub mod budget;
 pub mod fold;
 pub mod ingest;
 pub mod machine;

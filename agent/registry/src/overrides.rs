@@ -30,8 +30,9 @@ pub const OVERRIDE_WINDOW: Duration = Duration::from_secs(600);
 /// give or take the members' clock skew.
 const SKEW_MS_MAX: u64 = 60_000;
 
-/// Overrides `actor` was granted on `service` within the window before `now_ms`, as the
-/// replicated audit log records them (every leader's grants, not only this member's).
+/// Overrides `actor` was granted (or approved, as a second principal) on `service` within
+/// the window before `now_ms`, as the replicated audit log records them (every leader's
+/// grants, not only this member's).
 pub fn overrides_granted(
     audit: &AuditLog,
     actor: &str,
@@ -47,7 +48,7 @@ pub fn overrides_granted(
         .filter(|e| {
             e.kind == AuditKind::Override
                 && e.at_ms >= since
-                && e.outcome == "granted"
+                && (e.outcome == "granted" || e.outcome == crate::budget::OUTCOME_APPROVED)
                 && e.actor == actor
                 && e.service.as_ref() == Some(service)
         })

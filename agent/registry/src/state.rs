@@ -252,6 +252,10 @@ pub struct ServicePolicyRecord {
     /// Services whose workloads may resolve this one; absent means everyone (ADR-15).
     #[serde(default)]
     pub allowed_callers: Option<BTreeSet<ServiceName>>,
+    /// How many of its instances may be withdrawn by hand at once (the disruption budget,
+    /// [`crate::budget`]); absent means a quarter of its instances, at least one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_manual_withdrawals: Option<u32>,
 }
 
 /// What an operator asks of a zone.
@@ -1289,6 +1293,15 @@ impl ServicePolicyRecord {
         )?;
         if let Some(callers) = &self.allowed_callers {
             counted("policy.allowed_callers", callers.len(), ALLOWED_CALLERS_MAX)?;
+        }
+        if self
+            .max_manual_withdrawals
+            .is_some_and(|n| n > crate::budget::MANUAL_WITHDRAWALS_MAX)
+        {
+            return Err(RegistryError::BadPolicy {
+                field: "max_manual_withdrawals",
+                reason: format!("0..={}", crate::budget::MANUAL_WITHDRAWALS_MAX),
+            });
         }
         Ok(())
     }

@@ -183,6 +183,7 @@ fn policy() -> impl Strategy<Value = ServicePolicyRecord> {
                 .collect(),
             failover_regions: Vec::new(),
             allowed_callers: callers,
+            max_manual_withdrawals: None,
         })
 }
 

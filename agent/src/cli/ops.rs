@@ -167,19 +167,60 @@ pub async fn audit(api: &ApiClient, query: &[(&str, Option<String>)]) -> anyhow:
     Ok(String::from_utf8_lossy(&r.body).into_owned())
 }
 
-/// `waymark override`.
+/// What `waymark override` acts on.
+#[derive(Debug, Clone)]
+pub enum OverrideTarget {
+    /// One instance.
+    Instance(String),
+    /// Every instance of a node.
+    Node(String),
+    /// Approve the override the disruption budget refused under this audit number.
+    Approve(u64),
+}
+
+/// `waymark override`. A refusal by the disruption budget says how a second principal
+/// approves it.
 pub async fn override_instance(
     api: &ApiClient,
-    instance: &str,
+    target: &OverrideTarget,
     action: &str,
     justification: Option<&str>,
 ) -> anyhow::Result<String> {
-    let body = json!({"instance": instance, "action": action, "justification": justification});
-    let r = api
-        .send(Method::POST, "/v1/overrides", Some(&body))
-        .await?
-        .json()?;
-    Ok(format!("granted: {r}\n"))
+    let (path, body) = match target {
+        OverrideTarget::Instance(id) => (
+            "/v1/overrides".to_owned(),
+            json!({"instance": id, "action": action, "justification": justification}),
+        ),
+        OverrideTarget::Node(node) => (
+            "/v1/overrides".to_owned(),
+            json!({"node": node, "action": action, "justification": justification}),
+        ),
+        OverrideTarget::Approve(seq) => (
+            format!("/v1/overrides/{seq}/approve"),
+            json!({"justification": justification}),
+        ),
+    };
+    let r = api.send(Method::POST, &path, Some(&body)).await?;
+    if r.status == http::StatusCode::CONFLICT
+        && let Ok(v) = serde_json::from_slice::<Value>(&r.body)
+        && let Some(seq) = v["approval"]["seq"].as_u64()
+    {
+        anyhow::bail!(
+            "refused by the disruption budget ({}): {}\nnothing was applied; a different \
+             authorised principal may approve it within {} s:\n  waymark override --approve {seq} \
+             --justification '...'",
+            s(&v["budget"]),
+            s(&v["error"]["message"]),
+            v["approval"]["window_s"],
+        );
+    }
+    let r = r.json()?;
+    let verb = if matches!(target, OverrideTarget::Approve(_)) {
+        "approved"
+    } else {
+        "granted"
+    };
+    Ok(format!("{verb}: {r}\n"))
 }
 
 /// `waymark proxy-status`.

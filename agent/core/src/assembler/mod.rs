@@ -841,7 +841,10 @@ impl ViewAssembler {
         let tier = tier_of(zone, caller);
         let (weight, rank) = self.shift(zone, caller_moved, tier, weight, slot);
         let mut e = endpoint(m, tier, weight, status, eligibility.verdict());
-        e.capability = m.evidence.map(|(evidence, verified)| Capability {
+        // Before the evaluator has said anything, nothing speaks for the instance: that
+        // is stated too (health unknown), not left out.
+        let (evidence, verified) = m.evidence.unwrap_or((EvidenceMode::SingleClass, false));
+        e.capability = Some(Capability {
             profile: slot.policy.profile,
             verified,
             evidence,

@@ -1,12 +1,8 @@
 //! Instances: registration (`POST /v1/instances`, `GET /v1/instances`), lease renewal
 //! (`PUT /v1/instances/{id}/renew`), deregistration (`DELETE /v1/instances/{id}`),
-//! external endpoints (`POST /v1/external`, `DELETE /v1/external/{id}`), overrides
-//! (`POST /v1/overrides`) and the evaluator's explanation
-//! (`GET /v1/instances/{id}/explain`, answered by the leader). Registration proves
-//! ownership (see `access`); an override is justified, rate-limited per actor and service,
-//! and audited whether granted or refused.
-
-use std::sync::PoisonError;
+//! external endpoints (`POST /v1/external`, `DELETE /v1/external/{id}`) and the
+//! evaluator's explanation (`GET /v1/instances/{id}/explain`, answered by the leader).
+//! Registration proves ownership (see `access`). Overrides are in `overrides`.
 
 use axum::Extension;
 use axum::extract::{Path, Query, State};
@@ -14,18 +10,14 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use waymark_core::model::{Instance, InstanceId, ServiceName};
+use waymark_core::model::{Instance, InstanceId};
 use waymark_registry::acl::Action;
 use waymark_registry::machine::Refusal;
-use waymark_registry::machine::{AuditEntry, AuditKind};
-use waymark_registry::overrides::{OVERRIDE_WINDOW, OVERRIDES_PER_WINDOW, overrides_granted};
 use waymark_registry::state::{Applied, Command, Registration};
 
 use super::{ApiError, ApiResult, ApiState, Body, parse_name};
-use crate::authority::clock::now_ms;
 use crate::authority::fields;
 use crate::authority::leader::RenewError;
-use crate::authority::metrics::OutcomeLabels;
 use crate::authority::principal::Caller;
 
 pub(super) async fn register(
@@ -227,176 +219,4 @@ pub(super) async fn explain(
         "text": e.to_string(),
     }))
     .into_response())
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct OverrideBody {
-    instance: InstanceId,
-    /// `maintenance_on` (take it out of rotation by hand) or `maintenance_off`.
-    action: String,
-    justification: Option<String>,
-}
-
-/// Take an instance out of rotation by hand, or put it back: justified, within the
-/// budget per actor and service, and audited whether granted or refused.
-pub(super) async fn override_instance(
-    State(s): State<ApiState>,
-    Extension(caller): Extension<Caller>,
-    uri: Uri,
-    Body(body): Body,
-) -> ApiResult<Response> {
-    s.leader_only(&uri)?;
-    let o: OverrideBody = s.body(&body)?;
-    // Anonymous requests never got here, and malformed ones are refused before the audit
-    // log is written: it is replicated to every member, and nobody may grow it by asking.
-    let actor = caller.actor();
-    s.override_is_well_formed(&o)?;
-    let svc = s.live_service_of(&o.instance)?;
-    let what = "POST /v1/overrides";
-    s.allow(
-        &caller,
-        Action::Override { service: &svc },
-        what,
-        Some(&svc),
-    )?;
-    // A named operator's attempt on a live instance is audited whether granted or not.
-    let refusal = s.override_refusal(&o, &actor, &svc);
-    s.audit_override(&o, &actor, svc, refusal.as_ref()).await?;
-    if let Some(e) = refusal {
-        return Err(s.refuse(e));
-    }
-    let reason = (o.action == "maintenance_on")
-        .then(|| format!("{} by {actor}", o.justification.unwrap_or_default()));
-    let applied = s
-        .command(
-            &uri,
-            Command::Maintenance {
-                instance: o.instance,
-                reason,
-            },
-        )
-        .await?;
-    Ok(axum::Json(json!({"applied": applied})).into_response())
-}
-
-impl ApiState {
-    /// An override's justification within its ceiling and a known action; refused before
-    /// anything is audited.
-    fn override_is_well_formed(&self, o: &OverrideBody) -> ApiResult<()> {
-        if let Some(j) = &o.justification {
-            self.fields(fields::text(
-                "justification",
-                j,
-                fields::OVERRIDE_JUSTIFICATION_LEN_MAX,
-            ))?;
-        }
-        if !matches!(o.action.as_str(), "maintenance_on" | "maintenance_off") {
-            return Err(self.refuse(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "bad_action",
-                Some("action"),
-                "action: maintenance_on or maintenance_off",
-            )));
-        }
-        Ok(())
-    }
-
-    /// The service of a live instance; `404 unknown_instance` otherwise.
-    fn live_service_of(&self, instance: &InstanceId) -> ApiResult<ServiceName> {
-        let service = self.raft.with_state(|st, _| {
-            st.registry()
-                .instance(instance)
-                .map(|r| r.instance.service.clone())
-        });
-        service.ok_or_else(|| {
-            self.refuse(ApiError::new(
-                StatusCode::NOT_FOUND,
-                "unknown_instance",
-                Some("instance"),
-                format!("no live instance {instance}"),
-            ))
-        })
-    }
-
-    /// Why an authorised override is refused, if it is: no justification, or the budget
-    /// spent. A grant is counted in the local limiter.
-    fn override_refusal(
-        &self,
-        o: &OverrideBody,
-        actor: &str,
-        svc: &ServiceName,
-    ) -> Option<ApiError> {
-        if o.justification
-            .as_deref()
-            .map(str::trim)
-            .is_none_or(str::is_empty)
-        {
-            return Some(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "no_justification",
-                Some("justification"),
-                "an override needs a justification",
-            ));
-        }
-        // The replicated audit log remembers what earlier leaders granted, so a leader
-        // change does not reset anyone's budget; the local limiter covers requests still
-        // in flight here.
-        let granted = self
-            .raft
-            .with_state(|state, _| overrides_granted(state.audit(), actor, svc, now_ms()));
-        let ok = granted < OVERRIDES_PER_WINDOW
-            && self
-                .overrides
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .try_acquire(actor, svc.as_str(), tokio::time::Instant::now().into_std());
-        (!ok).then(|| {
-            ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limited",
-                None,
-                format!(
-                    "at most {OVERRIDES_PER_WINDOW} overrides per {} min per actor per service",
-                    OVERRIDE_WINDOW.as_secs() / 60
-                ),
-            )
-        })
-    }
-
-    /// Count and audit an override attempt, granted or refused (`refusal`).
-    async fn audit_override(
-        &self,
-        o: &OverrideBody,
-        actor: &str,
-        svc: ServiceName,
-        refusal: Option<&ApiError>,
-    ) -> ApiResult<()> {
-        let outcome = if refusal.is_some() {
-            "refused"
-        } else {
-            "granted"
-        };
-        self.metrics
-            .overrides
-            .get_or_create(&OutcomeLabels {
-                outcome: outcome.into(),
-            })
-            .inc();
-        self.audit_write(AuditEntry {
-            seq: 0,
-            at_ms: now_ms(),
-            kind: AuditKind::Override,
-            actor: actor.to_owned(),
-            service: Some(svc),
-            instance: Some(o.instance.clone()),
-            outcome: outcome.into(),
-            detail: json!({
-                "action": o.action,
-                "justification": o.justification,
-                "reason": refusal.map(|r| r.reason.clone()),
-            }),
-        })
-        .await
-    }
 }

@@ -67,6 +67,7 @@ mod access;
 mod acl;
 mod audit;
 mod instances;
+mod overrides;
 mod routing;
 mod services;
 mod status;
@@ -217,7 +218,11 @@ pub fn router(state: ApiState) -> Router {
             post(instances::declare_external).layer(limit(INSTANCE_BODY_MAX)),
         )
         .route("/v1/external/{id}", delete(instances::remove_external))
-        .route("/v1/overrides", post(instances::override_instance))
+        .route("/v1/overrides", post(overrides::override_instance))
+        .route(
+            "/v1/overrides/{seq}/approve",
+            post(overrides::approve_override),
+        )
         .route("/v1/audit", get(audit::audit))
         .route("/v1/alarms", get(audit::alarms))
         .route("/v1/reconciliation", get(status::reconciliation))
