@@ -151,6 +151,10 @@ enum Drill {
         /// evidence reaches the evaluator (the verdict must then fail).
         #[arg(long)]
         break_load_reports: bool,
+        /// Too little traffic for callers' outcomes to count: the grey replica must stay
+        /// routed on its green probe and be reported single-class.
+        #[arg(long)]
+        low_traffic: bool,
     },
     /// A contract whose probe fails every replica pushed under traffic: the service must
     /// degrade with `health_disregarded` declared and the alarm raised, never drain.
@@ -820,9 +824,11 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
             dir,
             seed,
             break_load_reports,
+            low_traffic,
         } => {
             let mut params = hard_vs_grey::Params::for_scale(scale);
             params.break_load_reports = break_load_reports;
+            params.low_traffic = low_traffic;
             if let Some(s) = seed {
                 params.seed = s;
             }

@@ -5,10 +5,18 @@
 //! `/clusters` and a number of synthetic Delta xDS subscriptions to the agents — and
 //! reports the per-caller times as distributions with their p99.
 //!
-//! The hard failure must leave within the hard-failure budget; the grey one must be caught
-//! by *passive* evidence (Envoy's load reports → agent → authority ingest), as the
-//! authority's explain answer must say, while its probe stays green. Breaking the passive
-//! path (Envoy bootstraps without load reporting) must fail the verdict.
+//! The service declares callers' outcomes primary above a traffic threshold (ADR-04,
+//! `passive.primary`: three callers, 15 requests a second between them). The hard failure
+//! must leave within the hard-failure budget; the grey one must be *withdrawn* from 99 % of
+//! the callers' views within one load-report interval plus the damping budget plus the
+//! withdrawal budget, by the callers' population (explain's rule `caller_population`),
+//! while its probe stays green throughout. The run reports probe traffic as a share of
+//! all requests: passive-primary instances are probed at the confirmation cadence.
+//!
+//! `--low-traffic` runs the same faults with too little traffic for callers' outcomes to
+//! say anything: the grey replica must then stay routed on its green probe and be reported
+//! `single_class` — the cost ADR-04 names, shown rather than hidden. Breaking the passive
+//! path (`--break-load-reports`: Envoys without load reporting) must fail the verdict.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -97,6 +105,28 @@ pub struct Params {
     /// Break the property on purpose: Envoy bootstraps without load reporting, so no
     /// passive evidence reaches the evaluator (the grey replica must then go uncaught).
     pub break_load_reports: bool,
+    /// Too little traffic for callers' outcomes to count ([`LOW_TRAFFIC_RATE`] per Envoy):
+    /// the grey replica must stay probe-primary, routed, and reported single-class.
+    pub low_traffic: bool,
+}
+
+/// Requests per second through each Envoy in the `--low-traffic` variant: spread over the
+/// backends, each caller's load report about a replica holds fewer than
+/// `passive.min_requests`, so it says nothing either way.
+pub const LOW_TRAFFIC_RATE: u32 = 4;
+
+/// The service's contract: probed over HTTP every second, callers' outcomes primary from
+/// three callers and 15 requests a second between them (the drill's traffic is well
+/// above that; the `--low-traffic` variant well below).
+pub fn contract() -> Value {
+    let mut c = probed_contract();
+    c["passive"] = serde_json::json!({
+        "interval": "1s",
+        "min_requests": d::PASSIVE_MIN_REQUESTS,
+        "error_rate": d::PASSIVE_ERROR_PERMILLE.get(),
+        "primary": {"min_callers": 3, "min_requests": 15, "confirm_interval": "30s"},
+    });
+    c
 }
 
 impl Params {
@@ -117,6 +147,7 @@ impl Params {
             seed: 1,
             budget: Budget::default(),
             break_load_reports: false,
+            low_traffic: false,
         }
     }
 }
@@ -171,33 +202,42 @@ fn rule_text(rule: &Value) -> String {
     text
 }
 
-/// What the authority said about the grey replica.
+/// What the authority said about the grey replica, read from its explain answers after
+/// the slowdown.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct GreyEvidence {
     /// ms after the slowdown when the authority's verdict first left `eligible`.
     pub caught_ms: Option<u64>,
-    /// The verdict and the rule that fired then.
+    /// ms after the slowdown when it was first withdrawn (`ineligible`); the fields below
+    /// are frozen at that answer (the latest answer read, if never withdrawn).
+    pub withdrawn_ms: Option<u64>,
+    /// The verdict and the rule.
     pub verdict: Option<String>,
     pub rule: Option<String>,
-    /// Whether the rule names passive evidence as the failing class (`"failing": "passive"`;
-    /// passive merely corroborating a failing probe does not count).
+    /// Whether the rule rests on callers' outcomes: withdrawn by the callers' population
+    /// (`caller_population`), or passive evidence the failing class.
     pub passive_named: bool,
-    /// The probe and passive scores then (permille).
+    /// Whether the rule is the callers' population (ADR-04's passive-primary withdrawal).
+    pub population: bool,
+    /// What the verdict rested on (`passive_primary`, `probe_primary`, `single_class`).
+    pub mode: Option<String>,
+    /// The probe and passive scores (permille).
     pub probe_score: Option<u16>,
     pub passive_score: Option<u16>,
-    /// The explain answer's text then.
+    /// The highest probe score seen in any answer: below the green line throughout, or not.
+    pub probe_max: Option<u16>,
+    /// The explain answer's text.
     pub text: Option<String>,
 }
 
 impl GreyEvidence {
-    /// Reads one explain answer taken `at_ms` after the slowdown; keeps the first that is
-    /// not `eligible`.
+    /// Reads one explain answer taken `at_ms` after the slowdown.
     pub fn observe(&mut self, at_ms: u64, explain: &Value) {
-        if self.caught_ms.is_some() {
+        if self.withdrawn_ms.is_some() {
             return;
         }
         let verdict = explain["verdict"].as_str().unwrap_or_default();
-        if verdict.is_empty() || verdict == "eligible" {
+        if verdict.is_empty() {
             return;
         }
         let rule = &explain["rule"];
@@ -209,29 +249,67 @@ impl GreyEvidence {
                     .and_then(|s| u16::try_from(s).ok())
             })
         };
-        self.caught_ms = Some(at_ms);
+        if verdict != "eligible" && self.caught_ms.is_none() {
+            self.caught_ms = Some(at_ms);
+        }
+        if verdict == "ineligible" {
+            self.withdrawn_ms = Some(at_ms);
+        }
         self.verdict = Some(verdict.to_owned());
-        self.passive_named = rule["failing"] == "passive";
+        self.population = rule["rule"] == "caller_population";
+        self.passive_named = self.population || rule["failing"] == "passive";
         self.rule = Some(rule_text(rule));
+        self.mode = explain["evidence"].as_str().map(str::to_owned);
         self.probe_score = score("probe");
         self.passive_score = score("passive");
+        self.probe_max = self.probe_max.max(self.probe_score);
         self.text = explain["text"].as_str().map(str::to_owned);
     }
 }
 
-/// The verdict: the hard failure within its budget for 99% of callers, the grey one
-/// caught by passive evidence with a green probe and shifted away from within its budget.
+/// Probe requests as a share of all requests the replicas served in the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ProbeShare {
+    /// Probes the node agents completed from the start of traffic to its end.
+    pub probes: u64,
+    /// Requests the callers sent through their Envoys meanwhile.
+    pub requests: u64,
+    /// `probes / (probes + requests)`.
+    pub share: f64,
+}
+
+impl ProbeShare {
+    pub fn new(probes: u64, requests: u64) -> Self {
+        let total = probes + requests;
+        Self {
+            probes,
+            requests,
+            share: if total == 0 {
+                0.0
+            } else {
+                probes as f64 / total as f64
+            },
+        }
+    }
+}
+
+/// The verdict. With traffic: the hard failure within its budget for 99 % of callers, the
+/// grey one withdrawn from 99 % of them within its budget by the callers' population,
+/// its probe green throughout. With `low_traffic`: the hard failure as before, and the
+/// grey one still routed on its green probe, reported single-class.
 pub fn hard_vs_grey_verdict(
     hard: &CallerFigures,
-    grey: &CallerFigures,
+    grey_removed: &CallerFigures,
     evidence: &GreyEvidence,
     budget: &Budget,
+    low_traffic: bool,
 ) -> Verdict {
     let mut failures = Vec::new();
-    for (what, f, limit) in [
-        ("hard", hard, budget.hard_p99_ms),
-        ("grey", grey, budget.grey_p99_ms),
-    ] {
+    let mut held = vec![("hard", hard, budget.hard_p99_ms)];
+    if !low_traffic {
+        held.push(("grey", grey_removed, budget.grey_p99_ms));
+    }
+    for (what, f, limit) in held {
         if f.callers == 0 {
             failures.push(format!("{what}: no caller held the replica at the fault"));
             continue;
@@ -247,25 +325,38 @@ pub fn hard_vs_grey_verdict(
             Some(_) => {}
         }
     }
-    match &evidence.caught_ms {
-        None => failures.push("grey: the authority never judged it other than eligible".into()),
-        Some(_) => {
-            if !evidence.passive_named {
-                failures.push(format!(
-                    "grey: caught, but not by passive evidence (rule {:?})",
-                    evidence.rule
-                ));
-            }
-            if evidence
-                .probe_score
-                .is_none_or(|s| s >= budget.probe_green_below)
-            {
-                failures.push(format!(
-                    "grey: its probe was not green when caught (score {:?})",
-                    evidence.probe_score
-                ));
-            }
+    if evidence
+        .probe_max
+        .is_none_or(|s| s >= budget.probe_green_below)
+    {
+        failures.push(format!(
+            "grey: its probe was not green throughout (highest score {:?})",
+            evidence.probe_max
+        ));
+    }
+    if low_traffic {
+        if evidence.withdrawn_ms.is_some() {
+            failures.push(format!(
+                "grey: withdrawn with too little traffic to judge (rule {:?})",
+                evidence.rule
+            ));
         }
+        if evidence.mode.as_deref() != Some("single_class") {
+            failures.push(format!(
+                "grey: reported {:?}, not single_class, with too little traffic",
+                evidence.mode
+            ));
+        }
+    } else if evidence.withdrawn_ms.is_none() {
+        failures.push(format!(
+            "grey: the authority never withdrew it (last verdict {:?}, rule {:?})",
+            evidence.verdict, evidence.rule
+        ));
+    } else if !evidence.population {
+        failures.push(format!(
+            "grey: withdrawn, but not by the callers' population (rule {:?})",
+            evidence.rule
+        ));
     }
     Verdict {
         pass: failures.is_empty(),
@@ -288,10 +379,12 @@ pub struct Report {
     pub hard: CallerFigures,
     /// Until each caller's view routes the grey replica less (lower weight or removed).
     pub grey: CallerFigures,
-    /// Until the grey replica is out of each caller's view entirely (the default profile
-    /// degrades on uncorroborated passive evidence; it withdraws only when corroborated).
+    /// Until the grey replica is out of each caller's view entirely: what the verdict
+    /// holds to the budget (with traffic).
     pub grey_removed: CallerFigures,
     pub grey_evidence: GreyEvidence,
+    /// Probe traffic as a share of all traffic from the start of traffic to its end.
+    pub probe_traffic: ProbeShare,
     /// The hard replica's verdict and rule at the authority, once it left `eligible`.
     pub hard_rule: Option<String>,
     /// Traffic through every Envoy before the faults and after them.
@@ -315,7 +408,7 @@ pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
         region: REGION.to_owned(),
         zone: ZONE.to_owned(),
         service: SERVICE.to_owned(),
-        contract: probed_contract(),
+        contract: contract(),
         backends: params.backends,
         backend_options: BackendOptions {
             slow_delay: SLOW_DELAY,
@@ -329,6 +422,11 @@ pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
     };
     if params.break_load_reports {
         progress.say("Envoys run WITHOUT load reporting (--break-load-reports)");
+    }
+    if params.low_traffic {
+        progress.say(&format!(
+            "low traffic: {LOW_TRAFFIC_RATE}/s per Envoy, below the passive-primary threshold"
+        ));
     }
     let rig = Rig::start(&spec, &waymark, &envoy, run_dir, |l| progress.say(l)).await?;
     let Rig {
@@ -346,6 +444,29 @@ pub async fn run(params: Params, run_dir: &Path) -> anyhow::Result<Report> {
     let report = result?;
     report::finish(run_dir, &report)?;
     Ok(report)
+}
+
+/// Probes completed so far by every agent (the sum of their `waymark_probes_total`).
+async fn probes_completed(agents: &[EvidenceAgent]) -> u64 {
+    let mut total = 0;
+    for a in agents {
+        if let Ok(r) =
+            crate::traffic::get_api(a.http_addr(), "/metrics", Duration::from_secs(2)).await
+        {
+            total += probes_in(&r.body);
+        }
+    }
+    total
+}
+
+/// The sum of every `waymark_probes_total` sample in a Prometheus exposition.
+fn probes_in(exposition: &str) -> u64 {
+    exposition
+        .lines()
+        .filter(|l| l.starts_with("waymark_probes_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
 }
 
 /// Two distinct backends chosen by `seed`: (hard, grey).
@@ -409,14 +530,20 @@ async fn drive(
     )
     .await?;
     progress.event("every caller holds every backend");
+    let rate = if params.low_traffic {
+        LOW_TRAFFIC_RATE
+    } else {
+        params.rate
+    };
+    let probes_before = probes_completed(agents).await;
     let generators: Vec<Generator> = envoys
         .iter()
-        .map(|e| Generator::start(e.listener_addr(), params.rate, REQUEST_TIMEOUT, epoch))
+        .map(|e| Generator::start(e.listener_addr(), rate, REQUEST_TIMEOUT, epoch))
         .collect();
     let traffic_ms = now_ms();
     progress.event(&format!(
         "traffic at {}/s through each of {} Envoys; {} callers watched",
-        params.rate,
+        rate,
         envoys.len(),
         envoys.len() + agents.len() * params.subscribers_per_agent
     ));
@@ -440,14 +567,26 @@ async fn drive(
     let mut settled_at: Option<Instant> = None;
     loop {
         let since = ms(fault_at.elapsed());
-        if evidence.caught_ms.is_none()
+        if evidence.withdrawn_ms.is_none()
             && let Some(e) = get_json(api, &format!("/v1/instances/{grey_id}/explain")).await
         {
+            let before = (
+                evidence.verdict.clone(),
+                evidence.rule.clone(),
+                evidence.mode.clone(),
+            );
             evidence.observe(since, &e);
-            if let Some(r) = &evidence.rule {
+            let after = (
+                evidence.verdict.clone(),
+                evidence.rule.clone(),
+                evidence.mode.clone(),
+            );
+            if before != after {
                 progress.event(&format!(
-                    "authority: {grey} {} by {r} after {since} ms",
-                    evidence.verdict.as_deref().unwrap_or("?")
+                    "authority: {grey} {} by {} ({}) after {since} ms",
+                    evidence.verdict.as_deref().unwrap_or("?"),
+                    evidence.rule.as_deref().unwrap_or("?"),
+                    evidence.mode.as_deref().unwrap_or("?"),
                 ));
             }
         }
@@ -470,8 +609,9 @@ async fn drive(
                     || stop_time(l, a, fault_ms, stop).is_some()
             })
         };
-        if settled_at.is_none() && all(&hard_addr, Stop::Removed) && all(&grey_addr, Stop::Shifted)
-        {
+        // With too little traffic nothing moves off the grey replica: watch it to the end.
+        let grey_done = !params.low_traffic && all(&grey_addr, Stop::Removed);
+        if settled_at.is_none() && all(&hard_addr, Stop::Removed) && grey_done {
             progress.event(&format!("every caller has moved off both after {since} ms"));
             settled_at = Some(Instant::now());
         }
@@ -483,6 +623,7 @@ async fn drive(
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let end_ms = now_ms();
+    let probes = probes_completed(agents).await.saturating_sub(probes_before);
     let logs = watchers.stop();
     let drain = REQUEST_TIMEOUT + Duration::from_millis(500);
     let stopping: Vec<_> = generators
@@ -511,7 +652,19 @@ async fn drive(
     let hard_f = caller_figures(times(&hard_addr, Stop::Removed));
     let grey_f = caller_figures(times(&grey_addr, Stop::Shifted));
     let grey_removed = caller_figures(times(&grey_addr, Stop::Removed));
-    let verdict = hard_vs_grey_verdict(&hard_f, &grey_f, &evidence, &params.budget);
+    let verdict = hard_vs_grey_verdict(
+        &hard_f,
+        &grey_removed,
+        &evidence,
+        &params.budget,
+        params.low_traffic,
+    );
+    let probe_traffic = ProbeShare::new(probes, outcomes.len() as u64);
+    progress.event(&format!(
+        "probe traffic: {probes} probes beside {} requests ({:.3} %)",
+        outcomes.len(),
+        probe_traffic.share * 100.0
+    ));
     let before = figures::phase(
         &outcomes,
         Window {
@@ -553,6 +706,7 @@ async fn drive(
         grey: grey_f,
         grey_removed,
         grey_evidence: evidence,
+        probe_traffic,
         hard_rule,
         before,
         after,
@@ -581,14 +735,20 @@ mod tests {
         )
     }
 
-    fn caught(rule: Value, probe: u16) -> GreyEvidence {
+    fn read(answers: &[(u64, &str, Value, u16)]) -> GreyEvidence {
         let mut e = GreyEvidence::default();
-        let explain = serde_json::json!({
-            "verdict": "degraded", "rule": rule, "text": "…",
-            "classes": [{"class": "probe", "score": probe}, {"class": "passive", "score": 900}],
-        });
-        e.observe(4_000, &explain);
+        for (at, verdict, rule, probe) in answers {
+            let explain = serde_json::json!({
+                "verdict": verdict, "rule": rule, "text": "…", "evidence": "passive_primary",
+                "classes": [{"class": "probe", "score": probe}, {"class": "passive", "score": 900}],
+            });
+            e.observe(*at, &explain);
+        }
         e
+    }
+
+    fn population() -> Value {
+        json!({"rule": "caller_population", "failing": 3, "callers": 3})
     }
 
     #[test]
@@ -612,57 +772,85 @@ mod tests {
     }
 
     #[test]
-    fn explain_answers_are_read_until_the_first_that_is_not_eligible() {
-        let mut e = GreyEvidence::default();
-        e.observe(
-            1_000,
-            &json!({"verdict": "eligible", "rule": {"rule": "passing"}}),
+    fn explain_answers_are_read_until_the_withdrawal_and_the_probe_is_watched_throughout() {
+        let e = read(&[
+            (1_000, "eligible", json!({"rule": "passing"}), 0),
+            (
+                2_000,
+                "degraded",
+                json!({"rule": "uncorroborated", "failing": "passive"}),
+                600,
+            ),
+            (3_000, "ineligible", population(), 100),
+            (4_000, "eligible", json!({"rule": "passing"}), 0),
+        ]);
+        assert_eq!((e.caught_ms, e.withdrawn_ms), (Some(2_000), Some(3_000)));
+        assert!(e.population && e.passive_named);
+        assert_eq!(e.mode.as_deref(), Some("passive_primary"));
+        assert_eq!(
+            e.probe_max,
+            Some(600),
+            "the highest probe score, not the last"
         );
-        assert_eq!(e.caught_ms, None);
-        let e = caught(json!({"rule": "uncorroborated", "failing": "passive"}), 0);
-        assert_eq!(e.caught_ms, Some(4_000));
-        assert!(e.passive_named);
-        assert_eq!((e.probe_score, e.passive_score), (Some(0), Some(900)));
     }
 
     #[test]
-    fn the_verdict_holds_both_budgets_and_the_passive_catch() {
+    fn the_verdict_wants_the_grey_replica_withdrawn_by_the_callers_population() {
         let b = Budget::default();
         let fast = callers(&[Some(500), Some(900)]);
-        let ok = hard_vs_grey_verdict(
-            &fast,
-            &fast,
-            &caught(json!({"rule": "uncorroborated", "failing": "passive"}), 0),
-            &b,
-        );
+        let withdrawn = read(&[(3_000, "ineligible", population(), 0)]);
+        let ok = hard_vs_grey_verdict(&fast, &fast, &withdrawn, &b, false);
         assert!(ok.pass, "{ok:?}");
 
         let slow = callers(&[Some(500), Some(b.hard_p99_ms + 1)]);
-        let v = hard_vs_grey_verdict(
-            &slow,
-            &fast,
-            &caught(json!({"rule": "uncorroborated", "failing": "passive"}), 0),
-            &b,
-        );
+        let v = hard_vs_grey_verdict(&slow, &fast, &withdrawn, &b, false);
         assert_eq!(v.failures.len(), 1, "{v:?}");
         assert!(v.failures[0].starts_with("hard: p99"), "{v:?}");
 
-        // Uncaught: no caller moved, the authority never judged it.
+        // Only degraded (today's rules without the threshold): not the claim.
+        let degraded = read(&[(
+            3_000,
+            "degraded",
+            json!({"rule": "uncorroborated", "failing": "passive"}),
+            0,
+        )]);
         let never = callers(&[None, None]);
-        let v = hard_vs_grey_verdict(&fast, &never, &GreyEvidence::default(), &b);
+        let v = hard_vs_grey_verdict(&fast, &never, &degraded, &b, false);
         assert_eq!(v.failures.len(), 2, "{v:?}");
+        assert!(v.failures[1].contains("never withdrew"), "{v:?}");
 
-        // Caught by the probe: not the claim.
-        let v = hard_vs_grey_verdict(
-            &fast,
-            &fast,
-            &caught(
-                json!({"rule": "corroborated", "failing": "probe", "by": "passive"}),
-                900,
-            ),
-            &b,
-        );
+        // Withdrawn by a failing probe: not the claim either.
+        let by_probe = read(&[(
+            3_000,
+            "ineligible",
+            json!({"rule": "corroborated", "failing": "probe", "by": "passive"}),
+            900,
+        )]);
+        let v = hard_vs_grey_verdict(&fast, &fast, &by_probe, &b, false);
         assert_eq!(v.failures.len(), 2, "{v:?}");
+    }
+
+    #[test]
+    fn with_low_traffic_the_verdict_wants_the_grey_replica_routed_and_single_class() {
+        let b = Budget::default();
+        let fast = callers(&[Some(500), Some(900)]);
+        let never = callers(&[None, None]);
+        let mut routed = read(&[(1_000, "eligible", json!({"rule": "passing"}), 0)]);
+        routed.mode = Some("single_class".into());
+        assert!(hard_vs_grey_verdict(&fast, &never, &routed, &b, true).pass);
+        let withdrawn = read(&[(3_000, "ineligible", population(), 0)]);
+        let v = hard_vs_grey_verdict(&fast, &fast, &withdrawn, &b, true);
+        assert_eq!(v.failures.len(), 2, "{v:?}");
+    }
+
+    #[test]
+    fn probes_are_summed_over_every_series() {
+        let text = "# HELP waymark_probes Completed probes\n\
+                    waymark_probes_total{kind=\"http\",health=\"pass\"} 12\n\
+                    waymark_probes_total{kind=\"http\",health=\"fail\"} 3\n\
+                    waymark_probe_targets 4\n";
+        assert_eq!(probes_in(text), 15);
+        assert_eq!(ProbeShare::new(5, 995).share, 0.005);
     }
 
     #[test]
