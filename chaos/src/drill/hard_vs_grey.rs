@@ -110,6 +110,10 @@ pub struct Params {
     pub low_traffic: bool,
 }
 
+/// How long after traffic starts the evidence modes are given to settle before the
+/// steady probe share is measured (a few load reports, then the new assignment).
+const SETTLE: Duration = Duration::from_secs(10);
+
 /// Requests per second through each Envoy in the `--low-traffic` variant: spread over the
 /// backends, each caller's load report about a replica holds fewer than
 /// `passive.min_requests`, so it says nothing either way.
@@ -132,9 +136,11 @@ pub fn contract() -> Value {
 impl Params {
     /// The defaults of a scale.
     pub fn for_scale(scale: Scale) -> Self {
-        let (envoys, subscribers_per_agent, backends, observe_s) = match scale {
-            Scale::Short => (3, 10, 4, 30),
-            Scale::Full => (5, 50, 6, 60),
+        let (envoys, subscribers_per_agent, backends, observe_s, baseline_s) = match scale {
+            Scale::Short => (3, 10, 4, 30, 8),
+            // Long enough a baseline to see probes at the confirmation cadence in steady
+            // state (`probe_traffic_steady`).
+            Scale::Full => (5, 50, 6, 60, 45),
         };
         Self {
             scale,
@@ -142,7 +148,7 @@ impl Params {
             subscribers_per_agent,
             backends,
             rate: 40,
-            baseline_s: 8,
+            baseline_s,
             observe_s,
             seed: 1,
             budget: Budget::default(),
@@ -197,7 +203,12 @@ fn rule_text(rule: &Value) -> String {
     let name = fields.get("rule").and_then(Value::as_str).unwrap_or("?");
     let mut text = name.to_owned();
     for (k, v) in fields.iter().filter(|(k, _)| *k != "rule") {
-        text.push_str(&format!(" {k}={}", v.as_str().unwrap_or("?")));
+        let v = match v {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            _ => "?".to_owned(),
+        };
+        text.push_str(&format!(" {k}={v}"));
     }
     text
 }
@@ -383,8 +394,14 @@ pub struct Report {
     /// holds to the budget (with traffic).
     pub grey_removed: CallerFigures,
     pub grey_evidence: GreyEvidence,
-    /// Probe traffic as a share of all traffic from the start of traffic to its end.
+    /// Probe traffic as a share of all traffic from the start of traffic to its end
+    /// (faults included: a withdrawn or dead replica has no callers, so it is probed at
+    /// the normal cadence again).
     pub probe_traffic: ProbeShare,
+    /// The same before the faults, from [`SETTLE`] after traffic started: the steady
+    /// state of a service above its passive-primary threshold. `None` when the baseline is
+    /// too short to have one (short scale).
+    pub probe_traffic_steady: Option<ProbeShare>,
     /// The hard replica's verdict and rule at the authority, once it left `eligible`.
     pub hard_rule: Option<String>,
     /// Traffic through every Envoy before the faults and after them.
@@ -552,7 +569,16 @@ async fn drive(
     let (hard_addr, grey_addr) = (addr(hard), addr(grey));
     let (hard_id, grey_id) = (fleet.ids()[hard].clone(), fleet.ids()[grey].clone());
 
-    tokio::time::sleep(Duration::from_secs(params.baseline_s)).await;
+    let baseline = Duration::from_secs(params.baseline_s);
+    let steady = if baseline > SETTLE + Duration::from_secs(5) {
+        tokio::time::sleep(SETTLE).await;
+        let from = (now_ms(), probes_completed(agents).await);
+        tokio::time::sleep(baseline - SETTLE).await;
+        Some((from, probes_completed(agents).await))
+    } else {
+        tokio::time::sleep(baseline).await;
+        None
+    };
     let fault_ms = now_ms();
     fleet.set_mode(hard, Mode::FailHard)?;
     fleet.set_mode(grey, Mode::Slow)?;
@@ -660,6 +686,21 @@ async fn drive(
         params.low_traffic,
     );
     let probe_traffic = ProbeShare::new(probes, outcomes.len() as u64);
+    let probe_traffic_steady = steady.map(|((from_ms, before), after)| {
+        let sent = outcomes
+            .iter()
+            .filter(|o| o.at_ms >= from_ms && o.at_ms < fault_ms)
+            .count();
+        ProbeShare::new(after.saturating_sub(before), sent as u64)
+    });
+    if let Some(p) = probe_traffic_steady {
+        progress.event(&format!(
+            "steady probe traffic before the faults: {} probes beside {} requests ({:.3} %)",
+            p.probes,
+            p.requests,
+            p.share * 100.0
+        ));
+    }
     progress.event(&format!(
         "probe traffic: {probes} probes beside {} requests ({:.3} %)",
         outcomes.len(),
@@ -707,6 +748,7 @@ async fn drive(
         grey_removed,
         grey_evidence: evidence,
         probe_traffic,
+        probe_traffic_steady,
         hard_rule,
         before,
         after,
@@ -769,6 +811,10 @@ mod tests {
         let rule = json!({"rule": "corroborated", "failing": "probe", "by": "passive"});
         assert_eq!(rule_text(&rule), "corroborated by=passive failing=probe");
         assert_eq!(rule_text(&json!("Silence")), "?", "text is not a rule");
+        assert_eq!(
+            rule_text(&population()),
+            "caller_population callers=3 failing=3"
+        );
     }
 
     #[test]
