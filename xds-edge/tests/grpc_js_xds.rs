@@ -31,11 +31,26 @@ use support::proxyless::{
 use support::views;
 use waymark_core::view::{EndpointStatus, Markers, ReleasedView};
 
-/// How long the client calls without a break, at the least...
+/// How long the client calls without a break, at the least (`WAYMARK_GRPC_JS_SOAK_S`
+/// lengthens it for a longer run by hand; the test command keeps the default)...
 const SOAK: Duration = Duration::from_secs(30);
-/// ...and how many of its outlier-detection sweeps (10 s apart) must run meanwhile. The old
-/// crash came at the first.
+/// ...and how many of its outlier-detection sweeps (10 s apart) must run meanwhile, at the
+/// least (one per 10 s of a longer soak). The old crash came at the first.
 const SOAK_SWEEPS: usize = 3;
+
+/// The soak's length and sweeps: the defaults, or `WAYMARK_GRPC_JS_SOAK_S` seconds.
+fn soak_plan() -> (Duration, usize) {
+    match std::env::var("WAYMARK_GRPC_JS_SOAK_S")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        Some(secs) if secs > SOAK.as_secs() => (
+            Duration::from_secs(secs),
+            usize::try_from(secs / 10).unwrap_or(SOAK_SWEEPS),
+        ),
+        _ => (SOAK, SOAK_SWEEPS),
+    }
+}
 /// Rounds of [`STEP_CALLS`] a client may take to converge on an update it has ACKed (grpc
 /// applies an update to the channel after ACKing it).
 const CONVERGE_ROUNDS: usize = 20;
@@ -153,8 +168,9 @@ async fn grpc_js_xds_balances_follows_withdrawal_fails_over_and_outlives_outlier
 
     // (d) Calls without a break across outlier-detection sweeps: each sweep runs the
     // success-rate check that crashed grpc-js on our old clusters.
+    let (soak_for, soak_sweeps) = soak_plan();
     let started = tokio::time::Instant::now();
-    let soak = client.soak(&cp, SOAK, SOAK_SWEEPS).await;
+    let soak = client.soak(&cp, soak_for, soak_sweeps).await;
     let took = started.elapsed();
     client.assert_no_errors(&soak, &cp);
     let Some((called, sweeps)) = soak.soaked else {
@@ -163,9 +179,9 @@ async fn grpc_js_xds_balances_follows_withdrawal_fails_over_and_outlives_outlier
             .fail("its soak reported no `soaked` line", Some(&cp))
     };
     assert!(
-        called >= SOAK && took >= SOAK && sweeps >= SOAK_SWEEPS,
+        called >= soak_for && took >= soak_for && sweeps >= soak_sweeps,
         "the soak called for {called:?} ({took:?} here) over {sweeps} sweeps; wanted at \
-         least {SOAK:?} and {SOAK_SWEEPS}"
+         least {soak_for:?} and {soak_sweeps}"
     );
     let reached: BTreeSet<&str> = soak.answers.keys().map(String::as_str).collect();
     assert_eq!(

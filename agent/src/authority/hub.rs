@@ -515,6 +515,70 @@ mod tests {
             .get()
     }
 
+    #[test]
+    fn a_passive_primary_instance_is_assigned_at_its_contracts_confirmation_cadence() {
+        // Goal (ADR-04): probes drop to the confirmation cadence while callers' outcomes
+        // are primary, and the assignment says so; every other instance keeps its interval.
+        let mut registry = DesiredState::new();
+        let mut contract = HealthContract::default();
+        contract.passive.primary = Some(waymark_core::contract::PassivePrimary::default());
+        let mut apply = |command| {
+            registry
+                .apply(Stamped { at_ms: 1, command })
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        apply(Command::PutService {
+            service: "pay".parse().unwrap(),
+            owner: "team".into(),
+            contract,
+        });
+        let mut ids = Vec::new();
+        for n in 1..=2u8 {
+            let applied = apply(Command::Register(Registration {
+                service: "pay".parse().unwrap(),
+                locality: Locality {
+                    region: "r1".parse().unwrap(),
+                    zone: "a".parse().unwrap(),
+                    node: "n1".parse().unwrap(),
+                },
+                address: waymark_core::model::Address {
+                    ip: std::net::Ipv4Addr::new(10, 0, 0, n).into(),
+                    port: 80,
+                },
+                weight: Default::default(),
+                tags: Default::default(),
+                metadata: Default::default(),
+                lease_ms: 30_000,
+            }));
+            let Applied::Registered { instance, .. } = applied else {
+                panic!("{applied:?}");
+            };
+            ids.push(instance);
+        }
+        let prober: NodeName = "prober-1".parse().unwrap();
+        apply(Command::SetAssignment {
+            assignment: ids
+                .iter()
+                .map(|i| (i.clone(), vec![prober.clone()]))
+                .collect(),
+        });
+        let confirming: BTreeSet<InstanceId> = [ids[0].clone()].into();
+        let targets = assigned_targets(&registry, &confirming, |_| true);
+        let mine = &targets[&prober];
+        let of = |id: &InstanceId| mine.iter().find(|t| &t.instance == id).unwrap();
+        let primary = waymark_core::contract::PassivePrimary::default();
+        assert!(of(&ids[0]).confirmation);
+        assert_eq!(of(&ids[0]).probe.interval, primary.confirm_interval);
+        assert!(!of(&ids[1]).confirmation);
+        assert_eq!(
+            of(&ids[1]).probe.interval,
+            waymark_core::defaults::PROBE_INTERVAL
+        );
+        // With nothing confirming, every target keeps its interval.
+        let plain = assigned_targets(&registry, &BTreeSet::new(), |_| true);
+        assert!(plain[&prober].iter().all(|t| !t.confirmation));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_full_queue_sheds_samples_as_overloaded_without_auditing_them() {
         // Goal: what does not fit is refused by name and counted, what fits is admitted,
