@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use crate::common::{call, reason};
 
 use std::time::Duration;
 
@@ -22,23 +23,6 @@ async fn member(dir: &std::path::Path) -> Authority {
 
 fn client(a: &Authority, token: Option<&str>) -> ApiClient {
     a.api_client(token.map(str::to_owned))
-}
-
-async fn call(
-    api: &ApiClient,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let r = api.send(method, path, body.as_ref()).await.unwrap();
-    (
-        r.status,
-        serde_json::from_slice(&r.body).unwrap_or(Value::Null),
-    )
-}
-
-fn reason(v: &Value) -> &str {
-    v["error"]["reason"].as_str().unwrap_or_default()
 }
 
 fn contract() -> Value {

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use crate::common::call;
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -21,18 +22,6 @@ const WAIT: Duration = Duration::from_secs(20);
 async fn single_member(dir: &std::path::Path) -> Authority {
     let any = "127.0.0.1:0".parse().unwrap();
     common::single_member(common::plain(dir, "eu", &["a", "b"], any)).await
-}
-
-/// Sends and returns (status, body as JSON).
-async fn call(
-    api: &ApiClient,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let r = api.send(method, path, body.as_ref()).await.unwrap();
-    let v = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
-    (r.status, v)
 }
 
 async fn raw(api: &ApiClient, method: Method, path: &str, body: &str) -> (StatusCode, Value) {

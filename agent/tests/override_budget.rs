@@ -6,32 +6,15 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
+use crate::common::{call, reason};
 
 use std::time::Duration;
 
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
-use waymark_agent::api_client::ApiClient;
 use waymark_testkit::until;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-async fn call(
-    api: &ApiClient,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let r = api.send(method, path, body.as_ref()).await.unwrap();
-    (
-        r.status,
-        serde_json::from_slice(&r.body).unwrap_or(Value::Null),
-    )
-}
-
-fn reason(v: &Value) -> &str {
-    v["error"]["reason"].as_str().unwrap_or_default()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_budget_refuses_what_would_break_a_zone_and_a_second_principal_can_approve_it() {

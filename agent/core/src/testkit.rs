@@ -73,6 +73,20 @@ pub(crate) fn contract_with(profile: CapabilityProfile) -> ValidContract {
     c.validate().unwrap()
 }
 
+/// [`contract_with`] `profile`, with callers' outcomes primary at the default threshold
+/// (three callers, 100 requests an interval, probes every 30 s meanwhile).
+pub(crate) fn passive_primary(profile: CapabilityProfile) -> ValidContract {
+    let mut c = HealthContract {
+        profile,
+        ..HealthContract::default()
+    };
+    if !profile.probe {
+        c.probe = None;
+    }
+    c.passive.primary = Some(crate::contract::PassivePrimary::default());
+    c.validate().unwrap()
+}
+
 pub(crate) fn prober() -> Reporter {
     Reporter::Node(node("prober-a"))
 }

@@ -616,8 +616,7 @@ impl LeaderTerm {
         self.drain(now);
         if self.due.counts <= now {
             self.due.counts = now + COUNTS_EVERY;
-            self.refresh_counts(env);
-            self.refresh_modes(now, env);
+            self.refresh_counts(now, env);
             self.flush_denials(now);
         }
         if self.due.leases <= now {
@@ -903,35 +902,22 @@ impl LeaderTerm {
         }
     }
 
-    fn refresh_counts(&mut self, env: &impl Surroundings) {
+    /// Every service's instances per verdict and per evidence mode, for the metrics.
+    fn refresh_counts(&mut self, now: Instant, env: &impl Surroundings) {
         let services: Vec<ServiceName> =
             env.read_state(|s| s.registry().services().map(|(n, _)| n.clone()).collect());
         for service in services {
-            let counts = self.pipeline.evaluator().verdict_counts(&service);
-            let counts = Verdict::ALL
-                .into_iter()
-                .map(|v| {
-                    let n = counts.get(&v).copied().unwrap_or(0);
-                    (v, u64::try_from(n).unwrap_or(u64::MAX))
-                })
-                .collect();
-            self.metric(MetricChange::Verdicts { service, counts });
-        }
-    }
-
-    fn refresh_modes(&mut self, now: Instant, env: &impl Surroundings) {
-        let services: Vec<ServiceName> =
-            env.read_state(|s| s.registry().services().map(|(n, _)| n.clone()).collect());
-        for service in services {
-            let counts = self.pipeline.evaluator().mode_counts(now, &service);
-            let counts = EvidenceMode::ALL
-                .into_iter()
-                .map(|m| {
-                    let n = counts.get(&m).copied().unwrap_or(0);
-                    (m, u64::try_from(n).unwrap_or(u64::MAX))
-                })
-                .collect();
-            self.metric(MetricChange::EvidenceModes { service, counts });
+            let evaluator = self.pipeline.evaluator();
+            let counts = every(Verdict::ALL, &evaluator.verdict_counts(&service));
+            let modes = every(EvidenceMode::ALL, &evaluator.mode_counts(now, &service));
+            self.metric(MetricChange::Verdicts {
+                service: service.clone(),
+                counts,
+            });
+            self.metric(MetricChange::EvidenceModes {
+                service,
+                counts: modes,
+            });
         }
     }
 
@@ -1394,5 +1380,15 @@ impl DenialDigest {
 
 #[cfg(test)]
 mod props;
+/// `counts` for every key of `all`, in its order, zero where absent.
+fn every<K: Ord + Copy, const N: usize>(all: [K; N], counts: &BTreeMap<K, usize>) -> Vec<(K, u64)> {
+    all.into_iter()
+        .map(|k| {
+            let n = counts.get(&k).copied().unwrap_or(0);
+            (k, u64::try_from(n).unwrap_or(u64::MAX))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests;

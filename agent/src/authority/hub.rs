@@ -440,6 +440,26 @@ mod tests {
     use super::*;
     use crate::authority::raft::{Member, RaftConfig};
 
+    /// An instance of `pay` on node `n1` at 10.0.0.`n`, with a 30 s lease.
+    fn registration(n: u8) -> Registration {
+        Registration {
+            service: "pay".parse().unwrap(),
+            locality: Locality {
+                region: "r1".parse().unwrap(),
+                zone: "a".parse().unwrap(),
+                node: "n1".parse().unwrap(),
+            },
+            address: waymark_core::model::Address {
+                ip: std::net::Ipv4Addr::new(10, 0, 0, n).into(),
+                port: 80,
+            },
+            weight: Default::default(),
+            tags: Default::default(),
+            metadata: Default::default(),
+            lease_ms: 30_000,
+        }
+    }
+
     /// A single-member authority that leads, holding one registered instance.
     async fn leading() -> (TempDir, RaftNode, InstanceId) {
         let dir = TempDir::new().unwrap();
@@ -471,23 +491,7 @@ mod tests {
             contract: HealthContract::default(),
         })
         .await;
-        let registered = write(Command::Register(Registration {
-            service: "pay".parse().unwrap(),
-            locality: Locality {
-                region: "r1".parse().unwrap(),
-                zone: "a".parse().unwrap(),
-                node: "n1".parse().unwrap(),
-            },
-            address: waymark_core::model::Address {
-                ip: std::net::Ipv4Addr::new(10, 0, 0, 1).into(),
-                port: 80,
-            },
-            weight: Default::default(),
-            tags: Default::default(),
-            metadata: Default::default(),
-            lease_ms: 30_000,
-        }))
-        .await;
+        let registered = write(Command::Register(registration(1))).await;
         let Response::Registry {
             outcome: Ok(Applied::Registered { instance, .. }),
         } = registered
@@ -534,22 +538,7 @@ mod tests {
         });
         let mut ids = Vec::new();
         for n in 1..=2u8 {
-            let applied = apply(Command::Register(Registration {
-                service: "pay".parse().unwrap(),
-                locality: Locality {
-                    region: "r1".parse().unwrap(),
-                    zone: "a".parse().unwrap(),
-                    node: "n1".parse().unwrap(),
-                },
-                address: waymark_core::model::Address {
-                    ip: std::net::Ipv4Addr::new(10, 0, 0, n).into(),
-                    port: 80,
-                },
-                weight: Default::default(),
-                tags: Default::default(),
-                metadata: Default::default(),
-                lease_ms: 30_000,
-            }));
+            let applied = apply(Command::Register(registration(n)));
             let Applied::Registered { instance, .. } = applied else {
                 panic!("{applied:?}");
             };

@@ -199,3 +199,22 @@ pub async fn counted(api: &waymark_agent::api_client::ApiClient, series: &str, w
     .await;
     assert_eq!(got, want, "{series}");
 }
+
+/// Sends a request and returns (status, body as JSON; `null` when it is not JSON).
+pub async fn call(
+    api: &waymark_agent::api_client::ApiClient,
+    method: http::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (http::StatusCode, serde_json::Value) {
+    let r = api.send(method, path, body.as_ref()).await.unwrap();
+    (
+        r.status,
+        serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// A refusal's `error.reason` (empty when there is none).
+pub fn reason(v: &serde_json::Value) -> &str {
+    v["error"]["reason"].as_str().unwrap_or_default()
+}

@@ -273,17 +273,9 @@ use crate::units::Weight;
 
 /// One instance under a passive-primary contract with `profile`.
 fn primary_evaluator(profile: CapabilityProfile) -> (Evaluator, Instant, InstanceId) {
-    let mut c = HealthContract {
-        profile,
-        ..HealthContract::default()
-    };
-    if !profile.probe {
-        c.probe = None;
-    }
-    c.passive.primary = Some(crate::contract::PassivePrimary::default());
     let start = t0();
     let mut ev = Evaluator::new(EvaluatorConfig::default());
-    ev.handle_service(start, svc("pay"), "team".into(), c.validate().unwrap());
+    ev.handle_service(start, svc("pay"), "team".into(), passive_primary(profile));
     let inst = instance("pay", "pay-1", "a", 1);
     ev.handle_instance(start, &inst, Admission::Established)
         .unwrap();

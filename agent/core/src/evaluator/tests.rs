@@ -911,20 +911,6 @@ fn services_step_at_different_phases_of_the_grid() {
 
 // --- callers' outcomes as primary evidence (ADR-04) ---
 
-/// A contract whose instances become passive-primary with three callers and 100
-/// requests a second between them, probed every 30 s meanwhile.
-fn passive_primary(profile: CapabilityProfile) -> ValidContract {
-    let mut c = HealthContract {
-        profile,
-        ..HealthContract::default()
-    };
-    if !profile.probe {
-        c.probe = None;
-    }
-    c.passive.primary = Some(crate::contract::PassivePrimary::default());
-    c.validate().unwrap()
-}
-
 impl Fx {
     /// `callers` callers each reporting `requests` with `errors` of them failed, at `at`.
     fn callers(&mut self, at: Duration, callers: u32, requests: u64, errors: u64) {
