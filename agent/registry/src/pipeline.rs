@@ -29,7 +29,6 @@ use waymark_core::assembler::{
 };
 use waymark_core::audit::TransitionRecord;
 use waymark_core::delta::{self, DeltaConfig, DeltaQueues};
-use waymark_core::eligibility::EvidenceMode;
 use waymark_core::evaluator::{
     self, Admission, Evaluator, EvaluatorConfig, EvaluatorError, ObservedInstance, QuarantineEvent,
 };
@@ -71,17 +70,14 @@ pub enum Output {
     Alarm(assembler::Effect),
     /// A shed episode started or ended.
     Shed(delta::Effect),
-    /// An instance's evidence mode changed: the prober assignment follows it (a
-    /// passive-primary instance is probed at its contract's confirmation cadence).
-    Evidence {
+    /// An instance's probe cadence changed: the prober assignment follows it (probes at
+    /// the contract's confirmation cadence while its callers' outcomes are primary and
+    /// clean).
+    ProbeCadence {
         /// Which instance.
         instance: InstanceId,
-        /// Its service.
-        service: ServiceName,
-        /// The mode now.
-        mode: EvidenceMode,
-        /// The mode before.
-        previous: EvidenceMode,
+        /// At the confirmation cadence.
+        confirming: bool,
     },
     /// A committed evacuation intent could not be carried out (checked before commit, so
     /// only a race with another intent gets here).
@@ -548,20 +544,19 @@ impl RegionPipeline {
                     instance,
                     service,
                     mode,
-                    previous,
                     verified,
                 } => {
                     self.assembler
                         .handle_evidence(&service, &instance, mode, verified);
-                    if mode != previous {
-                        self.outputs.push(Output::Evidence {
-                            instance,
-                            service,
-                            mode,
-                            previous,
-                        });
-                    }
                 }
+                evaluator::Effect::ProbeCadence {
+                    instance,
+                    confirming,
+                    ..
+                } => self.outputs.push(Output::ProbeCadence {
+                    instance,
+                    confirming,
+                }),
                 evaluator::Effect::Retired { instance, service } => {
                     self.assembler.handle_removed(&service, &instance)
                 }

@@ -124,12 +124,13 @@ pub enum LeaderCommand {
     Metric(MetricChange),
     /// Hand the probers the registry's current targets (a contract or assignment changed).
     RefreshTargets,
-    /// An instance's evidence mode changed (ADR-04): a passive-primary instance is probed
-    /// at its contract's confirmation cadence, any other at the contract's interval.
+    /// An instance's probe cadence changed (ADR-04): while its callers' outcomes are
+    /// primary and clean it is probed at its contract's confirmation cadence, otherwise at
+    /// the contract's interval.
     ProbeCadence {
         /// Which instance.
         instance: InstanceId,
-        /// Its callers' outcomes are primary: probe at the confirmation cadence.
+        /// Probe at the confirmation cadence.
         confirming: bool,
     },
     /// This term can issue no more view versions: start an election, so a new term
@@ -736,19 +737,14 @@ impl LeaderTerm {
                     self.refused_intent(now, detail);
                 }
                 Output::Shed(effect) => self.shed(effect),
-                Output::Evidence {
+                Output::ProbeCadence {
                     instance,
-                    mode,
-                    previous,
-                    ..
+                    confirming,
                 } => {
-                    let primary = |m| m == EvidenceMode::PassivePrimary;
-                    if primary(mode) != primary(previous) {
-                        self.commands.push(LeaderCommand::ProbeCadence {
-                            instance,
-                            confirming: primary(mode),
-                        });
-                    }
+                    self.commands.push(LeaderCommand::ProbeCadence {
+                        instance,
+                        confirming,
+                    });
                 }
             }
         }

@@ -90,18 +90,26 @@ pub(super) fn apply(
 /// are re-read on every decision (each caller's report is one), and at the passive
 /// class's silence deadline when the last caller goes quiet.
 fn publish_mode(state: &mut InstanceState, now: Instant, out: &mut Outputs<'_>) {
+    let confirming = state.confirming(now);
+    if confirming != state.confirming {
+        state.confirming = confirming;
+        out.effects.push(Effect::ProbeCadence {
+            instance: state.id.clone(),
+            service: state.service.clone(),
+            confirming,
+        });
+    }
     let mode = state.mode(now);
     let verified = state.speaking(now).next().is_some();
     if (mode, verified) == (state.mode, state.verified) {
         return;
     }
-    let previous = std::mem::replace(&mut state.mode, mode);
+    state.mode = mode;
     state.verified = verified;
     out.effects.push(Effect::Evidence {
         instance: state.id.clone(),
         service: state.service.clone(),
         mode,
-        previous,
         verified,
     });
 }

@@ -100,6 +100,9 @@ pub(crate) struct InstanceState {
     pub(crate) mode: EvidenceMode,
     /// Whether a class was speaking when the mode was last published.
     pub(crate) verified: bool,
+    /// The probe cadence last published: the confirmation cadence
+    /// ([`Effect::ProbeCadence`](super::Effect::ProbeCadence)).
+    pub(crate) confirming: bool,
     pub(crate) rule: Rule,
     pub(crate) since: Instant,
     pub(crate) history: VecDeque<TransitionRecord>,
@@ -300,6 +303,20 @@ impl InstanceState {
     fn callers_agree(&self, now: Instant) -> bool {
         let window = self.contract.silence_of(EvidenceClass::Passive);
         self.callers.population(now, window).failing >= 2
+    }
+
+    /// Whether probes may run at the confirmation cadence now: callers' outcomes are
+    /// primary and clean — the passive score at or below the re-entry level, and fewer
+    /// than the corroboration share of the callers heard failing right now (the score
+    /// weighs the *rate* of evidence, so callers reporting together move it once; their
+    /// share moves at once). Suspicion from the callers brings the contract's own
+    /// interval back.
+    pub(crate) fn confirming(&self, now: Instant) -> bool {
+        let c = &self.contract;
+        self.callers_sufficient(now).is_some_and(|heard| {
+            self.score(EvidenceClass::Passive) <= c.scoring.readmit
+                && Permille::from_f64(heard.failing_share()) < c.scoring.corroborate
+        })
     }
 
     /// Which evidence the verdict rests on now.

@@ -106,11 +106,22 @@ pub enum Effect {
         service: ServiceName,
         /// The mode now.
         mode: EvidenceMode,
-        /// The mode published before (an instance starts single-class).
-        previous: EvidenceMode,
         /// Whether at least one class is speaking (the endpoint's health is verified, not
         /// unknown).
         verified: bool,
+    },
+    /// How often the instance's probers should probe it changed (ADR-04): at the
+    /// contract's confirmation cadence (`confirming`) while its callers' outcomes are
+    /// primary and clean, at the contract's own interval otherwise — so once callers start
+    /// failing, probes speed up to confirm or refute them (a dead process is refused at
+    /// the next probe, not 30 s later).
+    ProbeCadence {
+        /// Which instance.
+        instance: InstanceId,
+        /// Its service.
+        service: ServiceName,
+        /// Probe at the confirmation cadence.
+        confirming: bool,
     },
     /// A retired instance left the evaluator; its id is tombstoned.
     Retired {
@@ -777,6 +788,7 @@ fn new_state(
         },
         mode: EvidenceMode::SingleClass,
         verified: false,
+        confirming: false,
         rule: Rule::Admitted,
         since: now,
         history: VecDeque::new(),

@@ -1107,3 +1107,44 @@ fn one_loud_caller_never_withdraws_even_where_it_is_the_only_class() {
         }
     );
 }
+
+#[test]
+fn probes_slow_to_the_confirmation_cadence_while_callers_are_clean_and_speed_up_when_they_fail() {
+    // Goal: the cheap cadence only while callers vouch for the instance; their first
+    // failing reports bring the contract's interval back, so a dead process is refused by
+    // the next probe instead of the next confirmation 30 s later.
+    let mut fx = Fx::new(
+        passive_primary(CapabilityProfile::NO_SELF_REPORT),
+        Admission::Established,
+    );
+    fx.ev.take_effects();
+    let cadence = |fx: &mut Fx| -> Vec<bool> {
+        fx.ev
+            .take_effects()
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::ProbeCadence { confirming, .. } => Some(confirming),
+                _ => None,
+            })
+            .collect()
+    };
+    fx.probe(secs(0), Health::Pass);
+    fx.callers(secs(1), 2, 40, 0);
+    assert_eq!(
+        cadence(&mut fx),
+        Vec::<bool>::new(),
+        "two callers are not enough"
+    );
+    fx.callers(secs(1), 3, 40, 0);
+    assert_eq!(cadence(&mut fx), [true]);
+    fx.callers(secs(2), 3, 40, 0);
+    assert_eq!(cadence(&mut fx), Vec::<bool>::new());
+    // The callers start failing: probe at the contract's interval again, at once.
+    fx.callers(secs(3), 3, 40, 40);
+    assert_eq!(cadence(&mut fx), [false]);
+    assert_eq!(
+        fx.mode(),
+        EvidenceMode::PassivePrimary,
+        "still primary, no longer clean"
+    );
+}

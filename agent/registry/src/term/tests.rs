@@ -1147,4 +1147,19 @@ fn the_probe_cadence_follows_an_instance_in_and_out_of_passive_primary() {
     // Quiet past the passive silence window (3 × 1 s): back to the normal cadence.
     let quiet = fx.run_to(&world, Duration::from_secs(6));
     assert_eq!(cadence(&quiet), [false]);
+    // Primary again, then the callers fail: the normal cadence comes back at once.
+    fx.term.handle_samples(fx.now, callers(3));
+    assert_eq!(cadence(&fx.term.take_commands()), [true]);
+    let failing = callers(3)
+        .into_iter()
+        .map(|mut s| {
+            s.observation = Observation::Passive {
+                requests: 50,
+                errors: 50,
+            };
+            s
+        })
+        .collect::<Vec<_>>();
+    fx.term.handle_samples(fx.now, failing);
+    assert_eq!(cadence(&fx.term.take_commands()), [false]);
 }
