@@ -18,6 +18,7 @@ mod authority_kube;
 mod certs_cli;
 mod deploy_configs;
 mod deploy_manifests;
+mod dev_grpc_js;
 mod dev_newcomer;
 mod dev_region;
 mod dns_dig;

@@ -52,10 +52,10 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// A peer's script in `xds-edge/tests/proxyless/`, from whichever crate's tests include
+/// this support (the agent's too).
 pub fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/proxyless")
-        .join(name)
+    workspace_root().join("xds-edge/tests/proxyless").join(name)
 }
 
 pub fn missing_python_message(what: &str) -> String {
@@ -366,11 +366,32 @@ impl GrpcClient {
         calls: usize,
         interactive: bool,
     ) -> GrpcClient {
+        Self::start_at(
+            caller,
+            cp.addr.port(),
+            Some(cp),
+            node_id,
+            calls,
+            interactive,
+        )
+        .await
+    }
+
+    /// [`GrpcClient::start`] against any ADS server on loopback port `ads_port` (a node
+    /// agent, say); `cp`, when it is ours, adds its sync state to failure messages.
+    pub async fn start_at(
+        caller: &Caller,
+        ads_port: u16,
+        cp: Option<&ControlPlane>,
+        node_id: &str,
+        calls: usize,
+        interactive: bool,
+    ) -> GrpcClient {
         let mut command = Command::new(&caller.program);
         command.envs(caller.env.iter().cloned());
         command.arg(&caller.script).args([
             "--ads-port",
-            &cp.addr.port().to_string(),
+            &ads_port.to_string(),
             "--node-id",
             node_id,
             "--region",
@@ -399,7 +420,7 @@ impl GrpcClient {
                      ACKed means grpc took our resources but found no usable endpoint; \
                      WAYMARK_GRPC_DEBUG=1 shows what it parsed)"
                 ),
-                Some(cp),
+                cp,
             );
         }
         client
@@ -407,9 +428,13 @@ impl GrpcClient {
 
     /// The next line that is not a `sweep N`: `client.js` prints one whenever its outlier
     /// detection's timer runs, between any two other lines; a soak counts them itself.
-    async fn line(&mut self, patience: Duration, cp: &ControlPlane) -> String {
+    async fn line<'c>(
+        &mut self,
+        patience: Duration,
+        cp: impl Into<Option<&'c ControlPlane>> + Copy,
+    ) -> String {
         loop {
-            let line = self.peer.line_within(patience, Some(cp)).await;
+            let line = self.peer.line_within(patience, cp.into()).await;
             if !line.starts_with("sweep ") {
                 return line;
             }
@@ -417,11 +442,18 @@ impl GrpcClient {
     }
 
     /// Read one round's lines, up to and including `round OK ERR`.
-    pub async fn read_round(&mut self, cp: &ControlPlane) -> Round {
+    pub async fn read_round<'c>(
+        &mut self,
+        cp: impl Into<Option<&'c ControlPlane>> + Copy,
+    ) -> Round {
         self.read_round_within(PATIENCE, cp).await
     }
 
-    async fn read_round_within(&mut self, patience: Duration, cp: &ControlPlane) -> Round {
+    async fn read_round_within<'c>(
+        &mut self,
+        patience: Duration,
+        cp: impl Into<Option<&'c ControlPlane>> + Copy,
+    ) -> Round {
         let mut round = Round::default();
         loop {
             let line = self.line(patience, cp).await;
@@ -445,12 +477,16 @@ impl GrpcClient {
                 return round;
             } else {
                 self.peer
-                    .fail(&format!("unexpected output line {line:?}"), Some(cp));
+                    .fail(&format!("unexpected output line {line:?}"), cp.into());
             }
         }
     }
 
-    pub async fn calls(&mut self, cp: &ControlPlane, n: usize) -> Round {
+    pub async fn calls<'c>(
+        &mut self,
+        cp: impl Into<Option<&'c ControlPlane>> + Copy,
+        n: usize,
+    ) -> Round {
         self.peer.send(&format!("calls {n}")).await;
         self.read_round(cp).await
     }
@@ -459,17 +495,22 @@ impl GrpcClient {
     /// `at_least` has passed and the client's outlier detection has run its timer `sweeps`
     /// more times. The client ends a soak that has not seen them by three times `at_least`
     /// with an error line; we wait that long plus [`PATIENCE`] for its last line.
-    pub async fn soak(&mut self, cp: &ControlPlane, at_least: Duration, sweeps: usize) -> Round {
+    pub async fn soak<'c>(
+        &mut self,
+        cp: impl Into<Option<&'c ControlPlane>> + Copy,
+        at_least: Duration,
+        sweeps: usize,
+    ) -> Round {
         self.peer
             .send(&format!("soak {} {sweeps}", at_least.as_secs()))
             .await;
         self.read_round_within(3 * at_least + PATIENCE, cp).await
     }
 
-    pub fn assert_no_errors(&self, round: &Round, cp: &ControlPlane) {
+    pub fn assert_no_errors<'c>(&self, round: &Round, cp: impl Into<Option<&'c ControlPlane>>) {
         if !round.errors.is_empty() {
             self.peer
-                .fail(&format!("calls failed: {:#?}", round.errors), Some(cp));
+                .fail(&format!("calls failed: {:#?}", round.errors), cp.into());
         }
     }
 }
