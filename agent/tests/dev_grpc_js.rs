@@ -9,12 +9,13 @@
 //! over to the next zone's priority when its own zone empties, and keep calling across
 //! grpc-js's outlier-detection sweeps (the check that crashed grpc-js on clusters that left
 //! fields unset) without an error or a crash. `WAYMARK_GRPC_JS_SOAK_S` lengthens the soak
-//! for a run of minutes by hand.
+//! for a run of minutes by hand — under `cargo test`, as nextest stops the processes group
+//! after five minutes.
 //!
 //! Waits are bounded polls of the client's answers (the agent's shrink cap may hold a
 //! withdrawal back for a window), never fixed sleeps.
 
-use crate::common::call;
+use crate::common::{self, call};
 use crate::support::proxyless::{Caller, GrpcBackend, GrpcClient, Round, node_xds, python};
 
 use std::collections::BTreeSet;
@@ -23,7 +24,6 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use serde_json::json;
 use tokio::time::Instant;
-use waymark_agent::dev::{DevArgs, DevRegion};
 
 /// How long a change may take to reach the client: evaluation, publication, the agent's
 /// shrink-cap window (10 s) when it holds a withdrawal back, and grpc's own update.
@@ -62,17 +62,7 @@ async fn grpc_js_xds_follows_a_dev_region_through_its_node_agent() {
     let node = node_xds().await;
     let python = python().await;
     let dir = tempfile::tempdir().unwrap();
-    let any = "127.0.0.1:0".parse().unwrap();
-    let dev = DevRegion::start(DevArgs {
-        dir: dir.path().to_path_buf(),
-        api: any,
-        xds: any,
-        dns: any,
-        agent_api: any,
-        backends_api: any,
-    })
-    .await
-    .unwrap();
+    let dev = common::dev::start(dir.path()).await;
     let api = dev.api_client();
     let contract = json!({
         "profile": {"probe": true, "self_report": false, "passive": false},

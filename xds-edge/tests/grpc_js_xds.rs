@@ -32,7 +32,8 @@ use support::views;
 use waymark_core::view::{EndpointStatus, Markers, ReleasedView};
 
 /// How long the client calls without a break, at the least (`WAYMARK_GRPC_JS_SOAK_S`
-/// lengthens it for a longer run by hand; the test command keeps the default)...
+/// lengthens it for a longer run by hand, under `cargo test`: nextest stops the processes
+/// group after five minutes; the test command keeps the default)...
 const SOAK: Duration = Duration::from_secs(30);
 /// ...and how many of its outlier-detection sweeps (10 s apart) must run meanwhile, at the
 /// least (one per 10 s of a longer soak). The old crash came at the first.

@@ -3,9 +3,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use http::{Method, StatusCode};
-use serde_json::Value;
-use waymark_agent::api_client::ApiClient;
 use waymark_agent::dev::{DevArgs, DevRegion};
 
 /// How long a dev-region test waits for any one state.
@@ -27,16 +24,4 @@ pub async fn start(dir: &Path) -> DevRegion {
 }
 
 /// One API call: the status and the JSON body (`Null` when it is not JSON).
-pub async fn call(
-    api: &ApiClient,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let r = api
-        .send(method, path, body.as_ref())
-        .await
-        .expect("the API answers");
-    let v = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
-    (r.status, v)
-}
+pub use super::call;
