@@ -90,28 +90,23 @@ pub(super) fn apply(
 /// are re-read on every decision (each caller's report is one), and at the passive
 /// class's silence deadline when the last caller goes quiet.
 fn publish_mode(state: &mut InstanceState, now: Instant, out: &mut Outputs<'_>) {
-    let confirming = state.confirming(now);
-    if confirming != state.confirming {
-        state.confirming = confirming;
+    let now_standing = state.standing(now);
+    let was = std::mem::replace(&mut state.standing, now_standing);
+    if now_standing.confirming != was.confirming {
         out.effects.push(Effect::ProbeCadence {
             instance: state.id.clone(),
             service: state.service.clone(),
-            confirming,
+            confirming: now_standing.confirming,
         });
     }
-    let mode = state.mode(now);
-    let verified = state.speaking(now).next().is_some();
-    if (mode, verified) == (state.mode, state.verified) {
-        return;
+    if (now_standing.mode, now_standing.verified) != (was.mode, was.verified) {
+        out.effects.push(Effect::Evidence {
+            instance: state.id.clone(),
+            service: state.service.clone(),
+            mode: now_standing.mode,
+            verified: now_standing.verified,
+        });
     }
-    state.mode = mode;
-    state.verified = verified;
-    out.effects.push(Effect::Evidence {
-        instance: state.id.clone(),
-        service: state.service.clone(),
-        mode,
-        verified,
-    });
 }
 
 fn start_quarantine(state: &mut InstanceState, now: Instant, out: &mut Outputs<'_>) {

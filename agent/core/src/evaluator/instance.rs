@@ -56,6 +56,26 @@ impl StepGrid {
     }
 }
 
+/// What an instance's verdict rests on, as [`InstanceState::standing`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Standing {
+    /// Which evidence is primary.
+    pub(crate) mode: EvidenceMode,
+    /// At least one class speaks (health verified, not unknown).
+    pub(crate) verified: bool,
+    /// Probes may run at the contract's confirmation cadence.
+    pub(crate) confirming: bool,
+}
+
+impl Standing {
+    /// An instance nothing has spoken about yet.
+    pub(crate) const UNHEARD: Self = Self {
+        mode: EvidenceMode::SingleClass,
+        verified: false,
+        confirming: false,
+    };
+}
+
 /// Deliberate and existential facts that bypass scoring.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Lifecycle {
@@ -96,13 +116,9 @@ pub(crate) struct InstanceState {
     pub(crate) ramp_from: Option<Instant>,
     pub(crate) flap: Flap,
     pub(crate) eligibility: Eligibility,
-    /// The evidence mode last published ([`Effect::Evidence`](super::Effect::Evidence)).
-    pub(crate) mode: EvidenceMode,
-    /// Whether a class was speaking when the mode was last published.
-    pub(crate) verified: bool,
-    /// The probe cadence last published: the confirmation cadence
-    /// ([`Effect::ProbeCadence`](super::Effect::ProbeCadence)).
-    pub(crate) confirming: bool,
+    /// The standing last published ([`Effect::Evidence`](super::Effect::Evidence),
+    /// [`Effect::ProbeCadence`](super::Effect::ProbeCadence)).
+    pub(crate) standing: Standing,
     pub(crate) rule: Rule,
     pub(crate) since: Instant,
     pub(crate) history: VecDeque<TransitionRecord>,
@@ -257,20 +273,28 @@ impl InstanceState {
     /// A failing class that is corroborated, as the rule that withdraws.
     fn corroborated_failure(&self, now: Instant) -> Option<Rule> {
         let c = &self.contract;
-        if let Some(heard) = self.callers_sufficient(now)
-            // Two distinct callers at the least, whatever the score says: the score
-            // decays slowly, and the callers who drove it up may have stopped failing.
-            && self.callers_agree(now)
-            && self.failing(now).any(|cl| cl == EvidenceClass::Passive)
+        let mut failing = self.failing(now).peekable();
+        failing.peek()?;
+        // The caller panel is read once, and only when callers' outcomes are failing.
+        let heard = self
+            .failing(now)
+            .any(|cl| cl == EvidenceClass::Passive)
+            .then(|| self.heard(now));
+        // Two distinct callers at the least, whatever the score says: one caller, however
+        // loud, is one caller's view (ADR-15), and the score decays slowly, so the callers
+        // who drove it up may have stopped failing.
+        let agree = heard.is_some_and(|h| h.failing >= 2);
+        if let Some(h) = heard
+            && agree
+            && self.sufficient(h)
         {
             return Some(Rule::CallerPopulation {
-                failing: heard.failing,
-                callers: heard.callers,
+                failing: h.failing,
+                callers: h.callers,
             });
         }
-        for failing in self.failing(now) {
-            if failing == EvidenceClass::Passive && !self.callers_agree(now) {
-                // One caller, however loud, is one caller's view (ADR-15).
+        for failing in failing {
+            if failing == EvidenceClass::Passive && !agree {
                 continue;
             }
             if c.profile.count() == 1 {
@@ -286,47 +310,51 @@ impl InstanceState {
         None
     }
 
-    /// The callers heard, when the contract lets callers' outcomes be primary and their
-    /// traffic meets its threshold now; `None` otherwise.
-    pub(crate) fn callers_sufficient(&self, now: Instant) -> Option<Population> {
-        let c = &self.contract;
-        let primary = c.passive.primary?;
-        let heard = self
-            .callers
-            .population(now, c.silence_of(EvidenceClass::Passive));
-        (heard.callers >= primary.min_callers && heard.requests >= primary.min_requests)
-            .then_some(heard)
-    }
-
-    /// Whether at least two distinct callers heard recently see the instance failing: the
-    /// least a passive failure needs before it may withdraw anything.
-    fn callers_agree(&self, now: Instant) -> bool {
+    /// The callers heard within the passive silence window.
+    fn heard(&self, now: Instant) -> Population {
         let window = self.contract.silence_of(EvidenceClass::Passive);
-        self.callers.population(now, window).failing >= 2
+        self.callers.population(now, window)
     }
 
-    /// Whether probes may run at the confirmation cadence now: callers' outcomes are
-    /// primary and clean — the passive score at or below the re-entry level, and fewer
-    /// than the corroboration share of the callers heard failing right now (the score
-    /// weighs the *rate* of evidence, so callers reporting together move it once; their
-    /// share moves at once). Suspicion from the callers brings the contract's own
-    /// interval back.
-    pub(crate) fn confirming(&self, now: Instant) -> bool {
+    /// Whether `heard` meets the contract's passive-primary threshold (never, without one).
+    fn sufficient(&self, heard: Population) -> bool {
+        self.contract
+            .passive
+            .primary
+            .is_some_and(|p| heard.callers >= p.min_callers && heard.requests >= p.min_requests)
+    }
+
+    /// What the verdict rests on now, from one read of the caller panel (only where the
+    /// contract has a passive-primary threshold) and of the speaking classes:
+    /// - the mode: passive-primary while the callers heard meet the threshold, else
+    ///   probe-primary with two classes or more speaking, else single-class;
+    /// - whether any class speaks (verified, not unknown);
+    /// - whether probes may run at the confirmation cadence: passive-primary and clean —
+    ///   the passive score at or below the re-entry level, and fewer than the
+    ///   corroboration share of the callers heard failing right now (the score weighs the
+    ///   *rate* of evidence, so callers reporting together move it once; their share moves
+    ///   at once). Suspicion from the callers brings the contract's own interval back.
+    pub(crate) fn standing(&self, now: Instant) -> Standing {
         let c = &self.contract;
-        self.callers_sufficient(now).is_some_and(|heard| {
+        let heard = c
+            .passive
+            .primary
+            .map(|_| self.heard(now))
+            .filter(|h| self.sufficient(*h));
+        let speaking = self.speaking(now).take(2).count();
+        let mode = match (heard, speaking) {
+            (Some(_), _) => EvidenceMode::PassivePrimary,
+            (None, 2) => EvidenceMode::ProbePrimary,
+            (None, _) => EvidenceMode::SingleClass,
+        };
+        let confirming = heard.is_some_and(|h| {
             self.score(EvidenceClass::Passive) <= c.scoring.readmit
-                && Permille::from_f64(heard.failing_share()) < c.scoring.corroborate
-        })
-    }
-
-    /// Which evidence the verdict rests on now.
-    pub(crate) fn mode(&self, now: Instant) -> EvidenceMode {
-        if self.callers_sufficient(now).is_some() {
-            EvidenceMode::PassivePrimary
-        } else if self.speaking(now).nth(1).is_some() {
-            EvidenceMode::ProbePrimary
-        } else {
-            EvidenceMode::SingleClass
+                && Permille::from_f64(h.failing_share()) < c.scoring.corroborate
+        });
+        Standing {
+            mode,
+            verified: speaking > 0,
+            confirming,
         }
     }
 

@@ -488,7 +488,7 @@ impl Evaluator {
             service: s.service.clone(),
             eligibility: s.eligibility,
             rule: s.rule,
-            mode: s.mode(now),
+            mode: s.standing(now).mode,
             for_duration: now.saturating_duration_since(s.since),
             classes: s.evidence(now),
             dependencies: s
@@ -505,7 +505,8 @@ impl Evaluator {
     /// What an instance's verdict rests on now, and whether any class speaks for it.
     pub fn evidence_mode(&self, now: Instant, id: &InstanceId) -> Option<(EvidenceMode, bool)> {
         let s = self.instances.get(id)?;
-        Some((s.mode(now), s.speaking(now).next().is_some()))
+        let standing = s.standing(now);
+        Some((standing.mode, standing.verified))
     }
 
     /// How many of a service's instances are in each evidence mode now.
@@ -521,7 +522,7 @@ impl Evaluator {
                 .iter()
                 .filter_map(|id| self.instances.get(id))
             {
-                *counts.entry(s.mode(now)).or_insert(0) += 1;
+                *counts.entry(s.standing(now).mode).or_insert(0) += 1;
             }
         }
         counts
@@ -786,9 +787,7 @@ fn new_state(
         eligibility: Eligibility::Unknown {
             weight: instance.weight,
         },
-        mode: EvidenceMode::SingleClass,
-        verified: false,
-        confirming: false,
+        standing: instance::Standing::UNHEARD,
         rule: Rule::Admitted,
         since: now,
         history: VecDeque::new(),
