@@ -110,21 +110,29 @@ impl EvidenceHub {
         inner.confirming.clear();
     }
 
-    /// Probe `instance` at its contract's confirmation cadence (`confirming`) or at its
-    /// normal interval, and hand the nodes that probe it their new targets.
-    pub fn set_confirming(&self, registry: &DesiredState, instance: &InstanceId, confirming: bool) {
-        let changed = {
+    /// Probe each instance at its contract's confirmation cadence (`true`) or at its
+    /// normal interval, and hand every node that probes one whose cadence changed its new
+    /// targets, once.
+    pub fn set_confirming(&self, registry: &DesiredState, changes: &[(InstanceId, bool)]) {
+        let changed: Vec<&InstanceId> = {
             let mut inner = self.lock();
-            if confirming {
-                inner.confirming.insert(instance.clone())
-            } else {
-                inner.confirming.remove(instance)
-            }
+            changes
+                .iter()
+                .filter(|(id, confirming)| {
+                    if *confirming {
+                        inner.confirming.insert(id.clone())
+                    } else {
+                        inner.confirming.remove(id)
+                    }
+                })
+                .map(|(id, _)| id)
+                .collect()
         };
-        if !changed {
-            return;
-        }
-        for node in registry.probers(instance) {
+        let nodes: BTreeSet<&NodeName> = changed
+            .into_iter()
+            .flat_map(|id| registry.probers(id))
+            .collect();
+        for node in nodes {
             self.refresh_node(registry, node);
         }
     }

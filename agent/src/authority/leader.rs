@@ -602,6 +602,9 @@ impl Shell<'_> {
     /// Carry out the commands in order; whether one asked for an election.
     fn execute(&self, commands: Vec<LeaderCommand>) -> bool {
         let mut elect = false;
+        // Cadence changes come in bursts (a region's traffic ramping past the threshold):
+        // the probers they touch are handed their targets once per batch, not per change.
+        let mut cadence = Vec::new();
         for command in commands {
             match command {
                 LeaderCommand::Publish(views) => {
@@ -621,14 +624,15 @@ impl Shell<'_> {
                 LeaderCommand::ProbeCadence {
                     instance,
                     confirming,
-                } => {
-                    let hub = &self.ctx.hub;
-                    self.ctx.raft.with_state(|s, _| {
-                        hub.set_confirming(s.registry(), &instance, confirming);
-                    });
-                }
+                } => cadence.push((instance, confirming)),
                 LeaderCommand::Elect => elect = true,
             }
+        }
+        if !cadence.is_empty() {
+            let hub = &self.ctx.hub;
+            self.ctx
+                .raft
+                .with_state(|s, _| hub.set_confirming(s.registry(), &cadence));
         }
         elect
     }
