@@ -126,6 +126,7 @@ pub fn run(threads: usize, updates_per_sec: u64, duration: Duration) -> BenchRep
 }
 
 /// Swap a freshly built table in `rate` times a second until `stop`.
+#[allow(clippy::disallowed_methods)] // its own OS thread, paced by the real clock: no runtime here
 fn swap_loop(resolver: &Resolver, rate: u64, stop: &AtomicBool, swaps: &AtomicU64) {
     if rate == 0 {
         while !stop.load(Ordering::Relaxed) {
@@ -172,6 +173,7 @@ where
     percentiles(&total)
 }
 
+#[allow(clippy::disallowed_methods)] // times nanosecond lookups in a busy loop: std's clock is the measure
 fn reader(
     offset: usize,
     phase: Duration,
