@@ -9,8 +9,8 @@
 //! ```
 //!
 //! The roles never import each other: what both use sits beside them, and
-//! `tests/module_graph.rs` fails on any cycle between these modules (or between
-//! `authority`'s), and on any path from one role to the other.
+//! `testkit/tests/module_graph.rs` fails on any cycle between these modules (or between
+//! `authority`'s or `node`'s), and on any path from one role to the other.
 #![forbid(unsafe_code)]
 
 pub mod api_client;

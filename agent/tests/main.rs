@@ -31,7 +31,6 @@ mod kube_reconcile;
 mod listener_limits;
 mod listener_refusals;
 mod lrs_forward;
-mod module_graph;
 mod node_envoy;
 mod node_lkg_crash;
 mod node_registration;

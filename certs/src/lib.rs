@@ -29,6 +29,7 @@ pub mod grpc;
 pub mod identity;
 pub mod layout;
 pub mod lifetime;
+pub mod live;
 pub mod material;
 pub mod metrics;
 pub mod quic;

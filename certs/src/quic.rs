@@ -15,9 +15,10 @@ use rustls::pki_types::CertificateDer;
 
 use crate::error::CertError;
 use crate::identity::Identity;
+use crate::live::LiveMaterial;
 use crate::material::{PeerPolicy, cert_info};
 use crate::metrics::CertMetrics;
-use crate::tls::{LiveMaterial, client_config, server_config};
+use crate::tls::{client_config, server_config};
 
 /// ALPN for waymark's own QUIC protocols (federation, evidence streams).
 pub const ALPN_WAYMARK: &[u8] = b"waymark/1";

@@ -24,9 +24,9 @@ use tokio::sync::{broadcast, mpsc};
 use tracing::{error, info};
 
 use crate::error::{CertError, PemPart, RejectReason};
+use crate::live::LiveMaterial;
 use crate::material::{Material, MaterialPem, PeerPolicy, validate_material};
 use crate::metrics::{CertMetrics, RejectSource, ReloadOutcome};
-use crate::tls::LiveMaterial;
 
 /// Quiet time after the last file event before reloading, so one rotation (several
 /// writes and renames) is read once.

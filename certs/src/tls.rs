@@ -1,6 +1,6 @@
 //! rustls server and client configurations over swappable material.
 //!
-//! [`LiveMaterial`] holds the current [`Material`] (our certificate, key and trust bundle)
+//! [`LiveMaterial`] holds the current [`Material`](crate::material::Material) (our certificate, key and trust bundle)
 //! behind an `RwLock<Arc<_>>`; readers clone the `Arc` and never hold the lock across a
 //! handshake. The configs built here never embed a certificate or a root store: a
 //! certificate resolver and [`PeerVerifier`] read `LiveMaterial` on every handshake, so
@@ -11,62 +11,24 @@
 //! resumed session would skip the client-certificate check, and every connection must be
 //! re-admitted against the current bundle and port policy.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 
 use rustls::client::{ResolvesClientCert, Resumption};
 use rustls::server::{ClientHello, NoServerSessionStorage, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, ServerConfig, SignatureScheme};
 
-use crate::material::{Material, PeerPolicy};
+pub use crate::live::LiveMaterial;
+use crate::material::PeerPolicy;
 use crate::metrics::CertMetrics;
 use crate::verify::PeerVerifier;
 
 /// ALPN for gRPC over TLS.
 pub const ALPN_H2: &[u8] = b"h2";
 
-/// The material being served, swappable at run time.
-#[derive(Debug)]
-pub struct LiveMaterial {
-    current: RwLock<Arc<Material>>,
-    generation: AtomicU64,
-}
-
 /// Resolves our certificate from [`LiveMaterial`] on each handshake.
 #[derive(Debug)]
 struct LiveCert(Arc<LiveMaterial>);
-
-// === impl LiveMaterial ===
-
-impl LiveMaterial {
-    /// Starts serving `material` at generation 0.
-    pub fn new(material: Material) -> Arc<Self> {
-        Arc::new(Self {
-            current: RwLock::new(Arc::new(material)),
-            generation: AtomicU64::new(0),
-        })
-    }
-
-    /// The material in force now.
-    pub fn current(&self) -> Arc<Material> {
-        // A poisoned lock still holds a whole `Arc`: writers only ever assign one.
-        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    /// Replaces the material; returns the new generation. Connections opened afterwards
-    /// use it.
-    pub fn swap(&self, material: Material) -> u64 {
-        let mut guard = self.current.write().unwrap_or_else(PoisonError::into_inner);
-        *guard = Arc::new(material);
-        self.generation.fetch_add(1, Ordering::AcqRel) + 1
-    }
-
-    /// How many swaps have happened.
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-}
 
 /// A server config that requires a client certificate admitted by `policy`, and presents
 /// the live certificate.

@@ -23,9 +23,9 @@ use tracing::{debug, warn};
 
 use crate::error::CertError;
 use crate::identity::Identity;
+use crate::live::LiveMaterial;
 use crate::material::{PeerPolicy, Usage, cert_info, check_peer};
 use crate::metrics::{CertMetrics, RejectSource};
-use crate::tls::LiveMaterial;
 
 /// Verifies peers against the live trust bundle and a [`PeerPolicy`].
 #[derive(Debug)]

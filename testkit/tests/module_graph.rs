@@ -1,19 +1,24 @@
-//! The agent crate's modules import each other without cycles, and the two roles not at all.
+//! The workspace's modules import each other without cycles, and the agent's two roles not
+//! at all.
 //!
-//! Reads `agent/src` the way `scripts/module-graph` does (keep the two in step): every
-//! `use crate::…`/`use super::…`/`use self::…` statement, grouped or over several lines,
-//! and every `crate::…`/`super::…` path written inline, outside comments and strings. Each
-//! path is reduced to a node — `<role>::<sub>` for the direct submodules of the two roles,
-//! `agent/src/authority/` and `agent/src/node/`, else the top-level module of `agent/src` —
-//! and three graphs are checked:
+//! Reads each library crate of the workspace (every member with a `src/lib.rs`) from its
+//! `lib.rs` down its `mod` items: every `use crate::…`/`use super::…`/`use self::…`
+//! statement, grouped or over several lines, and every `crate::…`/`super::…` path written
+//! inline, outside comments and strings. Test code is left out: a module declared under
+//! `#[cfg(test)]` (a `tests.rs`, a `props.rs`, an inline `mod tests { … }`) is no part of
+//! the library's graph, and a test that borrows a sibling module's fixtures makes no
+//! dependency of the module it tests. Each path is reduced to a node — the crate's
+//! top-level module, and in the agent crate also `<role>::<sub>` for the direct submodules
+//! of `authority/` and `node/` — and these graphs are checked:
 //!
-//! - between the top-level modules (`authority`, `node`, `gossip`, `evidence`, `cli`, …);
-//! - between `authority`'s direct submodules (`settings`, `config`, `member`, `raft`, …);
-//! - between `node`'s direct submodules (`agent`, `api`, `shared`, `view`, `probe`, …).
+//! - in every library crate, between its top-level modules;
+//! - in the agent crate, also between `authority`'s direct submodules and between `node`'s;
+//!   and no path between `authority` and `node`: what both roles use (gossip, the evidence
+//!   protocol, the API client) lives where neither imports the other.
 //!
-//! A cycle in any of them fails with the edges around it and the lines that make them. So
-//! does any path between `authority` and `node`: what both roles use (gossip, the evidence
-//! protocol, the API client) lives where neither imports the other.
+//! A cycle in any of them fails with the edges around it and the lines that make them.
+//! `scripts/module-graph` runs this file with `WAYMARK_MODULE_GRAPH=print` to print every
+//! graph with its edges.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,32 +28,49 @@ use std::path::{Path, PathBuf};
 /// `from -> to -> the lines that make the edge`.
 type Graph = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
 
-/// The modules whose direct submodules get a graph of their own.
+/// The agent crate's roles, whose direct submodules get a graph of their own.
 const ROLES: [&str; 2] = ["authority", "node"];
 
 #[test]
-fn agent_modules_form_no_cycle() {
-    let graphs = Graphs::of(&source_dir());
+fn no_library_crate_has_a_module_cycle() {
     let mut failures = String::new();
-    for (title, graph) in [
-        ("top-level modules of agent/src", &graphs.top),
-        ("submodules of agent/src/authority", &graphs.authority),
-        ("submodules of agent/src/node", &graphs.node),
-    ] {
-        for component in cycles(graph) {
-            let _ = writeln!(
-                failures,
-                "cycle among the {title}: {}",
-                describe(&component, graph)
-            );
+    let mut printed = String::new();
+    let crates = workspace_libraries();
+    for (name, src) in &crates {
+        let graphs = Graphs::of(src);
+        let mut checked = vec![(format!("top-level modules of {name}"), &graphs.top)];
+        if name == "agent" {
+            checked.push((
+                "submodules of agent/src/authority".into(),
+                &graphs.authority,
+            ));
+            checked.push(("submodules of agent/src/node".into(), &graphs.node));
+        }
+        for (title, graph) in checked {
+            let found = cycles(graph);
+            let _ = writeln!(printed, "== {title}\n{}", render(graph, &found));
+            for component in found {
+                let _ = writeln!(
+                    failures,
+                    "cycle among the {title}: {}",
+                    describe(&component, graph)
+                );
+            }
         }
     }
+    if std::env::var_os("WAYMARK_MODULE_GRAPH").is_some_and(|v| v == "print") {
+        println!("{printed}");
+    }
+    assert!(
+        crates.len() >= 10,
+        "expected every library crate of the workspace, found {crates:?}"
+    );
     assert!(failures.is_empty(), "{failures}");
 }
 
 #[test]
 fn node_and_authority_do_not_depend_on_each_other() {
-    let graphs = Graphs::of(&source_dir());
+    let graphs = Graphs::of(&workspace().join("agent/src"));
     for (from, to) in [("node", "authority"), ("authority", "node")] {
         if let Some(path) = path_between(&graphs.top, from, to) {
             panic!(
@@ -60,9 +82,9 @@ fn node_and_authority_do_not_depend_on_each_other() {
 }
 
 #[test]
-fn the_analysis_sees_the_crate_s_known_edges() {
-    // Guards the two tests above against passing because the parse found nothing.
-    let graphs = Graphs::of(&source_dir());
+fn the_analysis_sees_the_crates_known_edges() {
+    // Guards the tests above against passing because the parse found nothing.
+    let graphs = Graphs::of(&workspace().join("agent/src"));
     for (graph, from, to) in [
         (&graphs.top, "node", "gossip"),
         (&graphs.top, "node", "evidence"),
@@ -82,6 +104,15 @@ fn the_analysis_sees_the_crate_s_known_edges() {
             "expected the edge {from} -> {to}; the parse has: {graph:#?}"
         );
     }
+    let registry = Graphs::of(&workspace().join("agent/registry/src"));
+    assert!(
+        registry
+            .top
+            .get("term")
+            .is_some_and(|t| t.contains_key("pipeline")),
+        "expected the edge term -> pipeline in waymark-registry: {:#?}",
+        registry.top
+    );
 }
 
 #[test]
@@ -97,7 +128,8 @@ fn a_planted_back_edge_is_reported_as_a_cycle() {
         ),
         (
             "authority/mod.rs",
-            "pub mod member;\npub mod config;\npub mod settings;\n",
+            "pub mod member;\npub mod config;\npub mod settings;\n\
+             #[cfg(test)]\n#[path = \"authority_tests.rs\"]\nmod tests;\n",
         ),
         (
             "authority/member.rs",
@@ -106,7 +138,9 @@ fn a_planted_back_edge_is_reported_as_a_cycle() {
         (
             "authority/config.rs",
             "// use super::member::Nothing;\nuse std::fmt;\n\
-             fn f() { let _ = \"super::member::NotCode\"; }\n",
+             fn f() { let _ = \"super::member::NotCode\"; }\n\
+             #[cfg(test)]\nmod tests {\n    use crate::authority::member::Fixture;\n}\n\
+             fn after_tests() { crate::gossip::Gossip::new(); }\n",
         ),
         (
             "authority/settings.rs",
@@ -120,6 +154,10 @@ fn a_planted_back_edge_is_reported_as_a_cycle() {
              fn serve() { super::api::router(); }\n",
         ),
         ("node/api.rs", "use super::agent::Shared;\n"),
+        (
+            "authority/authority_tests.rs",
+            "use crate::node::agent::Fixture;\nuse super::config::Other;\n",
+        ),
         ("gossip.rs", "pub struct Gossip;\n"),
     ];
     for (path, text) in files {
@@ -138,8 +176,25 @@ fn a_planted_back_edge_is_reported_as_a_cycle() {
     let shown = describe(&found[0], &graphs.authority);
     assert!(shown.contains("member -> settings -> member"), "{shown}");
     assert!(shown.contains("authority/settings.rs:2"), "{shown}");
-    // Neither the comment nor the string in config.rs made an edge.
-    assert!(!graphs.authority.contains_key("config"));
+    // Neither the comment, the string nor the test module in config.rs made an edge, and
+    // the test file under `#[cfg(test)]` made none to node.
+    assert!(
+        !graphs.authority.contains_key("config"),
+        "{:#?}",
+        graphs.authority
+    );
+    // …while the code after config.rs's test module is read again, and the test file under
+    // `#[cfg(test)]` made no edge to node.
+    assert!(
+        graphs.top["authority"].contains_key("gossip"),
+        "{:#?}",
+        graphs.top
+    );
+    assert!(
+        !graphs.top["authority"].contains_key("node"),
+        "{:#?}",
+        graphs.top
+    );
     assert!(graphs.top["node"].contains_key("gossip"));
     assert_eq!(
         cycles(&graphs.node),
@@ -150,8 +205,56 @@ fn a_planted_back_edge_is_reported_as_a_cycle() {
     assert!(path_between(&graphs.top, "node", "authority").is_some());
 }
 
-fn source_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+/// The workspace's root: two levels above this crate's manifest is too far for some
+/// members, so it is found from this crate's own place in it.
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// `(member path, its src/)` for every workspace member with a `src/lib.rs`, read from the
+/// root `Cargo.toml`'s `members` list.
+fn workspace_libraries() -> Vec<(String, PathBuf)> {
+    let root = workspace();
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let members = manifest
+        .split("members = [")
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .unwrap_or("");
+    members
+        .split(',')
+        .map(|m| m.trim().trim_matches('"'))
+        .filter(|m| !m.is_empty())
+        .filter(|m| root.join(m).join("src/lib.rs").exists())
+        .map(|m| (m.to_string(), root.join(m).join("src")))
+        .collect()
+}
+
+/// The graph's edges, one per line (`a -> b  (file:line, …)`), then its cycles.
+fn render(graph: &Graph, found: &[Vec<String>]) -> String {
+    let mut out = String::new();
+    for (from, to) in graph {
+        for (to, sites) in to {
+            let shown: Vec<&str> = sites.iter().map(String::as_str).take(3).collect();
+            let more = sites.len().saturating_sub(3);
+            let more = if more > 0 {
+                format!(", …{more} more")
+            } else {
+                String::new()
+            };
+            let _ = writeln!(out, "{from} -> {to}  ({}{more})", shown.join(", "));
+        }
+    }
+    for component in found {
+        let _ = writeln!(out, "CYCLE {}", describe(component, graph));
+    }
+    if found.is_empty() {
+        out.push_str("no cycles\n");
+    }
+    out
 }
 
 // === impl Graphs ===
@@ -244,12 +347,21 @@ impl Crate {
             here.join(file.trim_end_matches(".rs"))
         };
         let mut pending_path: Option<String> = None;
+        let mut pending_test = false;
         for (raw_line, line) in raw.lines().zip(code.lines()) {
             if let Some(p) = path_attribute(raw_line) {
                 pending_path = Some(p);
                 continue;
             }
+            if test_attribute(line) {
+                pending_test = true;
+                continue;
+            }
             if let Some(name) = mod_declaration(line) {
+                if std::mem::take(&mut pending_test) {
+                    pending_path = None;
+                    continue;
+                }
                 let child = match pending_path.take() {
                     Some(p) => here.join(p),
                     None => {
@@ -274,8 +386,9 @@ impl Crate {
                 if child.exists() {
                     self.walk(&child, sub);
                 }
-            } else if !line.trim_start().starts_with("#[") {
+            } else if !line.trim_start().starts_with("#[") && !line.trim().is_empty() {
                 pending_path = None;
+                pending_test = false;
             }
         }
         self.files.push((path.to_path_buf(), module));
@@ -307,8 +420,24 @@ impl Crate {
             // Inline `mod name { … }` blocks, with the brace depth each closes at.
             let mut inline: Vec<(String, i64)> = Vec::new();
             let mut depth = 0i64;
+            let mut pending_test = false;
             let mut k = 0;
             while k < lines.len() {
+                if test_attribute(lines[k]) {
+                    pending_test = true;
+                    k += 1;
+                    continue;
+                }
+                if pending_test
+                    && !lines[k].trim().is_empty()
+                    && !lines[k].trim_start().starts_with("#[")
+                {
+                    // The item under `#[cfg(test)]` (a `use`, an inline module, a function):
+                    // its braces balance, so skipping it leaves the depth as it was.
+                    pending_test = false;
+                    k = item_end(&lines, k) + 1;
+                    continue;
+                }
                 let mut current = module.clone();
                 current.extend(inline.iter().map(|(name, _)| name.clone()));
                 if let Some(name) = inline_mod(lines[k]) {
@@ -377,6 +506,43 @@ fn resolve(current: &[String], segments: &[String]) -> Option<Vec<String>> {
 }
 
 // === the line parser ===
+
+/// `#[cfg(test)]`, or a `cfg` that needs `test` (`#[cfg(all(test, unix))]`); not
+/// `#[cfg(not(test))]`.
+fn test_attribute(line: &str) -> bool {
+    let Some(predicate) = line.trim_start().strip_prefix("#[cfg(") else {
+        return false;
+    };
+    let words: Vec<&str> = predicate
+        .split(|c: char| !is_ident(c))
+        .filter(|w| !w.is_empty())
+        .collect();
+    words.contains(&"test") && !words.contains(&"not") && !words.contains(&"any")
+}
+
+/// The last line of the item that starts at `start`: where its first `;` is if that comes
+/// before any `{`, else where the braces it opens balance again.
+fn item_end(lines: &[&str], start: usize) -> usize {
+    let mut depth = 0i64;
+    let mut opened = false;
+    for (k, line) in lines.iter().enumerate().skip(start) {
+        for ch in line.chars() {
+            match ch {
+                '{' => {
+                    depth += 1;
+                    opened = true;
+                }
+                '}' => depth -= 1,
+                ';' if !opened => return k,
+                _ => {}
+            }
+            if opened && depth == 0 {
+                return k;
+            }
+        }
+    }
+    lines.len().saturating_sub(1)
+}
 
 fn is_ident(c: char) -> bool {
     c.is_alphanumeric() || c == '_'

@@ -21,7 +21,6 @@ pub mod client;
 pub mod lrs;
 pub mod protocol;
 pub mod server;
-pub mod service;
 pub mod snapshot;
 pub mod sync;
 pub mod translate;

@@ -39,10 +39,13 @@ use waymark_certs::grpc::{GrpcLimits, IncomingConfig, PeerInfo};
 
 use crate::admission::{AdmissionConfig, AdmissionController, Admit, Caller};
 use crate::protocol::{Ack, DeltaState, Outgoing, SotwState};
-use crate::service::AdsService;
 use crate::snapshot::{Resources, Snapshot};
 use crate::sync::ClientSync;
 use crate::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
+
+pub mod service;
+
+use service::AdsService;
 
 /// Server limits.
 #[derive(Debug, Clone)]
@@ -227,7 +230,7 @@ impl XdsServer {
     }
 
     /// The tonic service to add to a server, with the configured message size limits and
-    /// small per-stream codec buffers (see [`crate::service`]).
+    /// small per-stream codec buffers (see [`service`]).
     pub fn service(&self) -> AdsService {
         AdsService::new(self.clone(), self.inner.config.request_bytes_max)
     }

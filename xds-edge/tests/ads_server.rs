@@ -557,7 +557,7 @@ async fn a_response_over_the_size_limit_ends_its_stream_with_out_of_range() {
 async fn large_responses_written_as_shared_chunks_arrive_whole_release_after_release() {
     // Goal: the ADS service writes each response as chunks (the stream's own bytes, then
     // the snapshot's shared encodings) with no encode buffer of its own, and starts its
-    // request buffer small (`waymark_xds::service::CODEC_BUFFER_BYTES`); responses far
+    // request buffer small (`waymark_xds::server::service::CODEC_BUFFER_BYTES`); responses far
     // larger, then small, then large again, arrive whole and decode to every endpoint.
     use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
     use prost::Message as _;
@@ -584,7 +584,7 @@ async fn large_responses_written_as_shared_chunks_arrive_whole_release_after_rel
     let (version, count, len) = endpoints(&first);
     assert_eq!((version.as_str(), count), ("1", 200));
     assert!(
-        len > 16 * waymark_xds::service::CODEC_BUFFER_BYTES,
+        len > 16 * waymark_xds::server::service::CODEC_BUFFER_BYTES,
         "the response ({len} bytes) must dwarf the request buffer"
     );
     c.send(ack(&first)).await;

@@ -495,7 +495,7 @@ impl HealthContract {
     /// one class sampled at its interval. Used for the damping check and in tests.
     pub fn detection_time(&self, class: EvidenceClass, threshold: Permille) -> Duration {
         let interval = self.interval(class);
-        let alpha = crate::evaluator::score::alpha(interval, interval, self.scoring.half_life);
+        let alpha = alpha(interval, interval, self.scoring.half_life);
         let target = threshold.as_f64();
         let mut score = 0.0;
         let mut samples = 0u32;
@@ -784,6 +784,14 @@ fn floor_permille(
         });
     }
     Ok(())
+}
+
+/// The score's smoothing factor for a sample `elapsed` after the previous one of its class:
+/// `1 - 2^(-dt / half_life)`, with `dt` capped at the class interval. The contract's
+/// scoring defines it; the evaluator applies it to each sample.
+pub(crate) fn alpha(elapsed: Duration, interval: Duration, half_life: Duration) -> f64 {
+    let dt = elapsed.min(interval).as_secs_f64();
+    1.0 - (-dt / half_life.as_secs_f64()).exp2()
 }
 
 #[cfg(test)]

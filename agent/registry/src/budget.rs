@@ -31,8 +31,6 @@ use crate::machine::{AuditEntry, AuditKind, AuthorityState};
 /// A service's default budget of concurrent manual withdrawals, as a share of its
 /// instances (at least one).
 pub const MANUAL_WITHDRAWALS_SHARE: Permille = Permille::saturating(250);
-/// Ceiling on a policy's `max_manual_withdrawals`.
-pub const MANUAL_WITHDRAWALS_MAX: u32 = 100_000;
 /// How long a refused override may be approved by a second principal.
 pub const BREAK_GLASS_WINDOW: Duration = Duration::from_secs(10 * 60);
 /// The audit outcome of an override refused by the budget, awaiting a second principal.

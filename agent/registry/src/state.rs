@@ -40,6 +40,8 @@ pub const TAGS_MAX: usize = 64;
 pub const TAG_LEN_MAX: usize = 128;
 /// Most metadata entries one instance may carry.
 pub const METADATA_ENTRIES_MAX: usize = 64;
+/// Ceiling on a policy's `max_manual_withdrawals`.
+pub const MANUAL_WITHDRAWALS_MAX: u32 = 100_000;
 /// Longest metadata key, in bytes.
 pub const METADATA_KEY_LEN_MAX: usize = 128;
 /// Longest metadata value, in bytes.
@@ -1296,11 +1298,11 @@ impl ServicePolicyRecord {
         }
         if self
             .max_manual_withdrawals
-            .is_some_and(|n| n > crate::budget::MANUAL_WITHDRAWALS_MAX)
+            .is_some_and(|n| n > MANUAL_WITHDRAWALS_MAX)
         {
             return Err(RegistryError::BadPolicy {
                 field: "max_manual_withdrawals",
-                reason: format!("0..={}", crate::budget::MANUAL_WITHDRAWALS_MAX),
+                reason: format!("0..={}", MANUAL_WITHDRAWALS_MAX),
             });
         }
         Ok(())

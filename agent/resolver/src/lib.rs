@@ -38,11 +38,13 @@
 
 pub mod bench;
 pub mod cache;
+mod error;
 mod resolver;
 mod table;
 mod tls;
 
-pub use resolver::{Resolver, ResolverConfig, ResolverError, ResolverStats};
+pub use error::ResolverError;
+pub use resolver::{Resolver, ResolverConfig, ResolverStats};
 pub use table::{
     Endpoint, Resolution, ServiceEndpoints, Table, TableError, service_endpoints, translate,
 };

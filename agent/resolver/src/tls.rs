@@ -24,7 +24,7 @@ use waymark_certs::reload::{MaterialPaths, Reloader};
 use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config};
 use waymark_certs::{CertError, CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
 
-use crate::resolver::ResolverError;
+use crate::error::ResolverError;
 
 /// Mutual TLS towards the agent: this caller's workload material and the trust bundle.
 ///

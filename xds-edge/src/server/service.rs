@@ -24,7 +24,7 @@ use tonic::server::NamedService;
 use tonic::{Request, Status, Streaming};
 use tonic_prost::ProstDecoder;
 
-use crate::server::{Outbound, XdsServer};
+use super::{Outbound, XdsServer};
 
 /// Bytes a stream's request decode buffer starts with (tonic's default is 8 KiB).
 pub const CODEC_BUFFER_BYTES: usize = 512;

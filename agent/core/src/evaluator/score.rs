@@ -14,13 +14,8 @@
 use std::time::{Duration, Instant};
 
 use crate::audit::truncate_detail;
+use crate::contract::alpha;
 use crate::model::{Health, Reporter, SelfReport};
-
-/// The smoothing factor for a sample `elapsed` after the previous one.
-pub(crate) fn alpha(elapsed: Duration, interval: Duration, half_life: Duration) -> f64 {
-    let dt = elapsed.min(interval).as_secs_f64();
-    1.0 - (-dt / half_life.as_secs_f64()).exp2()
-}
 
 /// The evidence held for one class of one instance.
 #[derive(Debug, Clone, Default)]

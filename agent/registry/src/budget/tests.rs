@@ -13,7 +13,7 @@ use waymark_core::view::{Markers, ReleasedView, Tier, Version, View, ViewEndpoin
 
 use super::*;
 use crate::machine::Request;
-use crate::state::{Command, ServicePolicyRecord, Stamped};
+use crate::state::{Command, MANUAL_WITHDRAWALS_MAX, ServicePolicyRecord, Stamped};
 
 fn name<T: TryFrom<String>>(s: &str) -> T
 where
