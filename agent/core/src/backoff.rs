@@ -65,6 +65,13 @@ impl Backoff {
         hint.map_or(jitter, |h| h.saturating_add(jitter))
     }
 
+    /// A success: the next failure waits from the first window again. For retries that
+    /// have no stream lifetime to pass as `lived` (a write that committed, a list that
+    /// completed).
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+
     /// Consecutive failures counted so far.
     pub fn attempt(&self) -> u32 {
         self.attempt
@@ -157,6 +164,21 @@ mod tests {
         assert_eq!(b.window(), Duration::from_secs(8));
         let d = b.next_delay(Duration::from_secs(10), None);
         assert!(d <= Duration::from_millis(250));
+        assert_eq!(b.attempt(), 1);
+    }
+
+    #[test]
+    fn a_reset_starts_the_next_failure_from_the_first_window() {
+        // Goal: a success ends the run of failures, whatever the failed attempts lived.
+        let mut b = Backoff::new(config(), 5);
+        for _ in 0..6 {
+            b.next_delay(Duration::ZERO, None);
+        }
+        assert_eq!(b.window(), Duration::from_secs(16));
+        b.reset();
+        assert_eq!((b.attempt(), b.window()), (0, Duration::from_millis(250)));
+        let d = b.next_delay(Duration::ZERO, None);
+        assert!(d <= Duration::from_millis(250), "{d:?}");
         assert_eq!(b.attempt(), 1);
     }
 }

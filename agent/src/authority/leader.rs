@@ -19,6 +19,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 use waymark_core::assembler::RemoteEndpoint;
+use waymark_core::backoff::{Backoff, BackoffConfig};
 use waymark_core::model::{InstanceId, NodeName, RegionName, Sample, ServiceName, ZoneName};
 use waymark_core::view::{ReleasedView, ViewKey};
 use waymark_registry::machine::{AuditEntry, AuthorityState, Request, Response, registry_applied};
@@ -762,8 +763,10 @@ async fn publisher(
     let raft = ctx.raft.clone();
     let metrics = ctx.metrics.clone();
     let pressure_after = ctx.pressure_after;
+    let member = ctx.raft.watch_metrics().borrow().id;
     publish_loop(
         rx,
+        write_backoff(member),
         |request| {
             let raft = raft.clone();
             async move { raft.write(request).await }
@@ -791,9 +794,21 @@ async fn publisher(
     .await;
 }
 
-/// First and longest wait before a failed leader write is retried.
+/// First and longest backoff window before a failed leader write is retried.
 const WRITE_RETRY_MIN: Duration = Duration::from_millis(50);
 const WRITE_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// The backoff of one of the leader's writers: full-jitter windows doubling from
+/// [`WRITE_RETRY_MIN`] to [`WRITE_RETRY_MAX`], reset by a commit (never by time: a write
+/// has no lifetime to pass as `lived`). Seeded by the member id.
+fn write_backoff(seed: u64) -> Backoff {
+    let config = BackoffConfig {
+        base: WRITE_RETRY_MIN,
+        cap: WRITE_RETRY_MAX,
+        healthy_after: Duration::MAX,
+    };
+    Backoff::new(config, seed)
+}
 
 /// What one publish attempt did, for the caller's metrics.
 enum PublishOutcome {
@@ -805,6 +820,7 @@ enum PublishOutcome {
 /// tests).
 async fn publish_loop<W, F>(
     mut rx: mpsc::UnboundedReceiver<Vec<ReleasedView>>,
+    mut backoff: Backoff,
     write: W,
     mut report: impl FnMut(PublishOutcome),
 ) where
@@ -813,7 +829,6 @@ async fn publish_loop<W, F>(
 {
     let mut pending: BTreeMap<ViewKey, ReleasedView> = BTreeMap::new();
     let mut encoder = ReleaseEncoder::new();
-    let mut backoff = WRITE_RETRY_MIN;
     loop {
         if pending.is_empty() {
             match rx.recv().await {
@@ -847,7 +862,7 @@ async fn publish_loop<W, F>(
                     // Its base was not what the log held: it stays pending, to go whole.
                     warn!(view = %key, "a patched release was skipped by the log; sending it whole");
                 }
-                backoff = WRITE_RETRY_MIN;
+                backoff.reset();
                 report(PublishOutcome::Committed {
                     views: n,
                     took: started.elapsed(),
@@ -859,10 +874,10 @@ async fn publish_loop<W, F>(
             }
             Err(error) => {
                 encoder.handle_failed(sent.iter().map(|(k, _)| k));
-                warn!(%error, views = n, backoff_ms = backoff.as_millis() as u64, "publishing views failed; retrying");
+                let delay = backoff.next_delay(Duration::ZERO, None);
+                warn!(%error, views = n, backoff_ms = delay.as_millis() as u64, "publishing views failed; retrying");
                 report(PublishOutcome::Failed);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(WRITE_RETRY_MAX);
+                tokio::time::sleep(delay).await;
             }
         }
     }
@@ -924,7 +939,10 @@ async fn auditor(
     mut rx: mpsc::UnboundedReceiver<AuditEntry>,
 ) {
     let mut entries: Vec<AuditEntry> = Vec::new();
-    let mut backoff = WRITE_RETRY_MIN;
+    // Another stream than the publisher's (seeded by `member`): `!member` never equals it,
+    // so the two writers do not retry in step.
+    let member = raft.watch_metrics().borrow().id;
+    let mut backoff = write_backoff(!member);
     loop {
         if entries.is_empty() {
             match rx.recv().await {
@@ -946,22 +964,22 @@ async fn auditor(
         {
             Ok(_) => {
                 entries.clear();
-                backoff = WRITE_RETRY_MIN;
+                backoff.reset();
             }
             Err(WriteError::NotLeader { .. }) => {
                 debug!("audit batch not committed (leadership lost)");
                 return;
             }
             Err(error) => {
-                warn!(%error, entries = entries.len(), "audit batch not committed; retrying");
+                let delay = backoff.next_delay(Duration::ZERO, None);
+                warn!(%error, entries = entries.len(), backoff_ms = delay.as_millis() as u64, "audit batch not committed; retrying");
                 metrics
                     .leader_write_failures
                     .get_or_create(&ReasonLabels {
                         reason: "audit".into(),
                     })
                     .inc();
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(WRITE_RETRY_MAX);
+                tokio::time::sleep(delay).await;
             }
         }
     }
@@ -1002,6 +1020,7 @@ mod publisher_tests {
         let publisher = tokio::spawn(async move {
             publish_loop(
                 rx,
+                write_backoff(0),
                 move |request| {
                     let n = c.fetch_add(1, Ordering::SeqCst);
                     let w = w.clone();
@@ -1058,6 +1077,67 @@ mod publisher_tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn failed_publishes_wait_at_most_the_cap_and_a_commit_starts_the_waits_again() {
+        // Goal: what the backoff promises, on the publisher: every retry comes within the
+        // cap, the waits grow while commits keep failing, and a commit resets them.
+        const FAILURES: usize = 8;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let calls = Arc::new(Mutex::new(Vec::<Instant>::new()));
+        let c = calls.clone();
+        tx.send(vec![release("pay", 1)]).unwrap();
+        let publisher = tokio::spawn(publish_loop(
+            rx,
+            write_backoff(0),
+            move |request| {
+                let n = {
+                    let mut calls = c.lock().unwrap();
+                    calls.push(Instant::now());
+                    calls.len() - 1
+                };
+                async move {
+                    // Calls 0..FAILURES fail, then one commits, then one more fails.
+                    if n < FAILURES || n == FAILURES + 1 {
+                        return Err(WriteError::Fatal(Box::new(openraft::error::Fatal::Stopped)));
+                    }
+                    let Request::Release { releases } = request else {
+                        panic!("only releases")
+                    };
+                    let views = releases
+                        .into_iter()
+                        .map(|r| match r {
+                            Release::Whole(v) => v,
+                            Release::Patch(_) => panic!("nothing committed to patch"),
+                        })
+                        .collect();
+                    Ok(Response::Released { views, skipped: 0 })
+                }
+            },
+            |_| {},
+        ));
+        while calls.lock().unwrap().len() <= FAILURES {
+            tokio::time::sleep(WRITE_RETRY_MIN).await;
+        }
+        tx.send(vec![release("pay", 2)]).unwrap();
+        drop(tx);
+        publisher.await.unwrap();
+        let calls = calls.lock().unwrap();
+        assert_eq!(
+            calls.len(),
+            FAILURES + 3,
+            "each failure retried until a commit"
+        );
+        let waits: Vec<Duration> = calls.windows(2).map(|w| w[1] - w[0]).collect();
+        let failing = &waits[..FAILURES];
+        assert!(failing.iter().all(|w| *w <= WRITE_RETRY_MAX), "{waits:?}");
+        assert!(
+            failing.iter().any(|w| *w > WRITE_RETRY_MIN),
+            "the waits grow while commits fail: {waits:?}"
+        );
+        // The commit at FAILURES reset the backoff: the next failure waits the first window.
+        assert!(waits[FAILURES + 1] <= WRITE_RETRY_MIN, "{waits:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn losing_leadership_ends_publishing() {
         let (tx, rx) = mpsc::unbounded_channel();
         tx.send(vec![release("pay", 1)]).unwrap();
@@ -1065,6 +1145,7 @@ mod publisher_tests {
         let c = calls.clone();
         publish_loop(
             rx,
+            write_backoff(0),
             move |_| {
                 c.fetch_add(1, Ordering::SeqCst);
                 async { Err(WriteError::NotLeader { leader: None }) }
@@ -1147,6 +1228,7 @@ mod publisher_tests {
         let (st, log) = (state.clone(), sent.clone());
         let publisher = tokio::spawn(publish_loop(
             rx,
+            write_backoff(0),
             move |request| {
                 if let Request::Release { releases } = &request {
                     let mut log = log.lock().unwrap();

@@ -39,6 +39,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
+use waymark_core::backoff::{Backoff, BackoffConfig};
+use waymark_core::hash::fnv1a;
 use waymark_core::model::InstanceId;
 use waymark_registry::state::{Applied, Command, DesiredState};
 
@@ -50,9 +52,9 @@ use waymark_registry::machine::Refusal;
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
 /// A full pass at least this often, so a newly registered service is picked up.
 pub const RESYNC: Duration = Duration::from_secs(30);
-/// First wait after a list/watch error.
+/// First backoff window after a list/watch error (waits are drawn with full jitter).
 pub const BACKOFF_MIN: Duration = Duration::from_millis(200);
-/// Longest wait between list/watch attempts.
+/// Largest backoff window between list/watch attempts.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// The reconciler's settings.
@@ -247,38 +249,55 @@ struct WatchTask {
 impl WatchTask {
     /// Runs a watcher into the store; on any error drops it and, after a backoff, starts a
     /// new one, which re-lists. The store keeps the last complete list until the new list is
-    /// complete (the reflector buffers between `Init` and `InitDone`).
+    /// complete (the reflector buffers between `Init` and `InitDone`), and a complete list
+    /// resets the backoff.
     async fn run(mut self) {
-        let mut backoff = self.config.backoff_min;
+        let mut backoff = self.backoff();
         loop {
             let mut wc = watcher::Config::default();
             if let Some(t) = self.config.watch_timeout_s {
                 wc = wc.timeout(t);
             }
             let mut events = pin!(watcher(self.api.clone(), wc));
+            let mut failed = None;
             while let Some(event) = events.next().await {
                 match event {
                     Ok(event) => {
                         if matches!(event, watcher::Event::InitDone) {
-                            backoff = self.config.backoff_min;
+                            backoff.reset();
                         }
                         self.handle(&event);
                     }
                     Err(error) => {
-                        self.metrics.record_watch_error();
-                        warn!(
-                            error = %error,
-                            backoff_ms = backoff.as_millis() as u64,
-                            "endpointslice watch failed; holding the registry until a fresh list"
-                        );
-                        self.state.send_modify(|s| s.synced = false);
+                        failed = Some(error);
                         break;
                     }
                 }
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(self.config.backoff_max);
+            let delay = backoff.next_delay(Duration::ZERO, None);
+            if let Some(error) = failed {
+                self.metrics.record_watch_error();
+                warn!(
+                    error = %error,
+                    backoff_ms = delay.as_millis() as u64,
+                    "endpointslice watch failed; holding the registry until a fresh list"
+                );
+                self.state.send_modify(|s| s.synced = false);
+            }
+            tokio::time::sleep(delay).await;
         }
+    }
+
+    /// Full-jitter windows doubling from `backoff_min` to `backoff_max`, reset by a complete
+    /// list (not by time: a watch that lived long but never listed has not recovered).
+    /// Seeded by the cluster's name, so reconcilers of several clusters do not retry in step.
+    fn backoff(&self) -> Backoff {
+        let config = BackoffConfig {
+            base: self.config.backoff_min,
+            cap: self.config.backoff_max,
+            healthy_after: Duration::MAX,
+        };
+        Backoff::new(config, fnv1a(self.config.diff.cluster.as_bytes()))
     }
 
     fn handle(&mut self, event: &watcher::Event<EndpointSlice>) {
