@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde::Serialize;
 use tokio::time::Instant;
+use waymark_core::defaults as d;
 
 use super::Scale;
 use super::figures::{self, Budget, PhaseFigures, Verdict, Window};
@@ -57,11 +58,11 @@ pub struct Params {
 }
 
 impl Params {
-    /// The defaults of a scale: full is the claim's 60 minutes.
+    /// The defaults of a scale: full is the claim's 60 minutes ([`d::STATIC_SERVING_MIN`]).
     pub fn for_scale(scale: Scale) -> Self {
         let (outage_s, baseline_s, after_s) = match scale {
             Scale::Short => (60, 15, 15),
-            Scale::Full => (3600, 60, 60),
+            Scale::Full => (d::STATIC_SERVING_MIN.as_secs(), 60, 60),
         };
         Self {
             scale,

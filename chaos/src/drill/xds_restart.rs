@@ -26,6 +26,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde::Serialize;
 use tokio::time::Instant;
+use waymark_core::defaults as d;
 
 use super::Scale;
 use super::figures::Verdict;
@@ -37,8 +38,8 @@ use crate::traffic::ms;
 
 const REGION: &str = "r1";
 const START_DEADLINE: Duration = Duration::from_secs(90);
-/// The reconnection window the cap is counted over.
-pub const WINDOW_MS: u64 = 10_000;
+/// The reconnection window the cap is counted over ([`d::RECONNECT_WINDOW`]).
+pub const WINDOW_MS: u64 = d::RECONNECT_WINDOW.as_millis() as u64;
 /// How much later than the server admitted it a subscriber may stamp its reconnection,
 /// beyond the others' delay (its first response has to arrive). The server holds the cap
 /// over any 10 s of admissions; what the subscribers see is blurred by this much, so the
@@ -87,7 +88,7 @@ impl Params {
             down_s: 3,
             watch_s,
             watch_max_s: 420,
-            max_share_per_window: 0.05,
+            max_share_per_window: d::RECONNECT_PERMILLE.as_f64(),
             break_reconnect_admission: false,
         }
     }
@@ -186,9 +187,10 @@ pub fn verdict(
     let mut failures = Vec::new();
     if r.max_checked_share > params.max_share_per_window {
         failures.push(format!(
-            "{:.1}% of the subscribers reconnected in one 10 s window (counted over {} ms for \
+            "{:.1}% of the subscribers reconnected in one {} s window (counted over {} ms for \
              delivery blur; cap {:.1}%): {:?}",
             r.max_checked_share * 100.0,
+            WINDOW_MS / 1_000,
             WINDOW_MS - DELIVERY_SLACK_MS,
             params.max_share_per_window * 100.0,
             r.per_window
@@ -475,8 +477,9 @@ mod tests {
         let params = Params::for_scale(Scale::Short);
         let spread: Vec<SubLog> = (0..500).map(|i| log(&[0, 2_000 + i * 400])).collect();
         let r = reconnections(&spread, 1_000, 1_500);
-        assert!(r.max_window_share <= 0.05, "{:?}", r.per_window);
-        assert!(r.max_checked_share <= 0.05, "{:?}", r.per_window);
+        let cap = params.max_share_per_window;
+        assert!(r.max_window_share <= cap, "{:?}", r.per_window);
+        assert!(r.max_checked_share <= cap, "{:?}", r.per_window);
         let clean = Regressions {
             count: 0,
             examples: Vec::new(),
