@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::pki::{estate, request, tls_client};
-use common::{authority_file, free_port, write_authority};
+use common::{authority_file, free_port, members, write_authority};
 use envoy_types::pb::envoy::config::core::v3::{Locality, Node};
 use http::Method;
 use openraft::Vote;
@@ -30,7 +30,6 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tonic::transport::Endpoint;
 use waymark_agent::api_client::ApiClient;
-use waymark_agent::authority::config::MemberEntry;
 use waymark_agent::authority::member::Authority;
 use waymark_agent::authority::raft::TypeConfig;
 use waymark_agent::authority::settings::{AuthorityConfig, TlsSettings};
@@ -108,15 +107,11 @@ fn cluster(dir: &Path) -> Vec<Member> {
         .map(|_| (free_port(), free_port(), free_port()))
         .collect();
     let loopback = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
-    let members: Vec<MemberEntry> = ports
+    let addrs: Vec<_> = ports
         .iter()
-        .enumerate()
-        .map(|(i, (h, r, _))| MemberEntry {
-            id: i as u64 + 1,
-            addr: loopback(*h).to_string(),
-            raft: loopback(*r).to_string(),
-        })
+        .map(|(http, raft, _)| (loopback(*http), loopback(*raft)))
         .collect();
+    let members = members(&addrs);
     ports
         .iter()
         .enumerate()
@@ -527,25 +522,18 @@ async fn counted(a: &Authority, series: &str, want: u64) {
 }
 
 fn tls_member(pki: &TestPkiDir, dir: &Path, id: u64) -> AuthorityConfig {
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    AuthorityConfig {
-        id,
-        region: "eu".parse().unwrap(),
-        zones: ["a".parse().unwrap()].into(),
-        data_dir: dir.join(format!("m{id}")),
-        http: any,
-        raft: any,
-        xds: any,
-        ingest: None,
-        tls: Some(TlsSettings {
-            trust_domain: pki.trust_domain().clone(),
-            paths: pki.issue(&format!("region/eu/authority/{id}")),
-        }),
-        kubernetes: None,
-        gossip: None,
-        federation: None,
-        limits: Default::default(),
-    }
+    let mut config = common::plain(
+        &dir.join(format!("m{id}")),
+        "eu",
+        &["a"],
+        "127.0.0.1:0".parse().unwrap(),
+    );
+    config.id = id;
+    config.tls = Some(TlsSettings {
+        trust_domain: pki.trust_domain().clone(),
+        paths: pki.issue(&format!("region/eu/authority/{id}")),
+    });
+    config
 }
 
 /// Three members over mutual TLS, in process, bootstrapped as one group.

@@ -8,7 +8,6 @@ use crate::common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +17,7 @@ use serde_json::json;
 use tonic::transport::Endpoint;
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::member::Authority;
-use waymark_agent::authority::settings::{AuthorityConfig, TlsSettings};
+use waymark_agent::authority::settings::TlsSettings;
 use waymark_agent::evidence::{AgentMessage, AuthorityMessage, ClientSession, WireSample};
 use waymark_certs::grpc::TlsConnector;
 use waymark_certs::testing::TestPkiDir;
@@ -103,26 +102,15 @@ async fn leading_authority(
     gossip: Option<waymark_agent::authority::settings::GossipSettings>,
 ) -> (Authority, ApiClient) {
     waymark_certs::install_crypto_provider();
-    let authority = Authority::start(AuthorityConfig {
-        id: 1,
-        region: "eu".parse().unwrap(),
-        zones: ["a".parse().unwrap()].into(),
-        data_dir: PathBuf::from(data),
-        http: "127.0.0.1:0".parse().unwrap(),
-        raft: "127.0.0.1:0".parse().unwrap(),
-        xds: "127.0.0.1:0".parse().unwrap(),
-        ingest: Some("127.0.0.1:0".parse().unwrap()),
-        tls: Some(TlsSettings {
-            trust_domain: TrustDomain::new(TD).unwrap(),
-            paths: pki.issue("region/eu/authority/1"),
-        }),
-        kubernetes: None,
-        gossip,
-        federation: None,
-        limits: Default::default(),
-    })
-    .await
-    .unwrap();
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut config = common::plain(data, "eu", &["a"], any);
+    config.ingest = Some(any);
+    config.tls = Some(TlsSettings {
+        trust_domain: TrustDomain::new(TD).unwrap(),
+        paths: pki.issue("region/eu/authority/1"),
+    });
+    config.gossip = gossip;
+    let authority = Authority::start(config).await.unwrap();
     authority
         .bootstrap(BTreeMap::from([(1, authority.member())]))
         .await

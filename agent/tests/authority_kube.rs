@@ -7,7 +7,6 @@
 use crate::common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use http::Method;
@@ -18,7 +17,7 @@ use serde_json::{Value, json};
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::kube::standin::StandIn;
 use waymark_agent::authority::member::Authority;
-use waymark_agent::authority::settings::{AuthorityConfig, KubeSettings};
+use waymark_agent::authority::settings::KubeSettings;
 use waymark_testkit::until;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -105,28 +104,19 @@ async fn published_views_follow_the_orchestrator() {
     waymark_certs::install_crypto_provider();
     let (standin, _) = StandIn::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let a = Authority::start(AuthorityConfig {
-        id: 1,
-        region: "eu".parse().unwrap(),
-        zones: ["a".parse().unwrap(), "b".parse().unwrap()].into(),
-        data_dir: PathBuf::from(dir.path()),
-        http: "127.0.0.1:0".parse().unwrap(),
-        raft: "127.0.0.1:0".parse().unwrap(),
-        xds: "127.0.0.1:0".parse().unwrap(),
-        ingest: None,
-        tls: None,
-        kubernetes: Some(KubeSettings {
-            api_url: Some(standin.url()),
-            cluster: "test".into(),
-            namespace: None,
-            default_zone: None,
-        }),
-        gossip: None,
-        federation: None,
-        limits: Default::default(),
-    })
-    .await
-    .unwrap();
+    let mut config = common::plain(
+        dir.path(),
+        "eu",
+        &["a", "b"],
+        "127.0.0.1:0".parse().unwrap(),
+    );
+    config.kubernetes = Some(KubeSettings {
+        api_url: Some(standin.url()),
+        cluster: "test".into(),
+        namespace: None,
+        default_zone: None,
+    });
+    let a = Authority::start(config).await.unwrap();
     a.bootstrap(BTreeMap::from([(1, a.member())]))
         .await
         .unwrap();

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 #![allow(clippy::disallowed_methods)] // waits on real processes by the wall clock; no paused time here
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use http::Method;
 use serde_json::json;
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::cli::tls::{ClientFiles, api_client_config};
+use waymark_agent::tls::TlsSection;
 use waymark_testkit::until;
 
 fn print_config(role: &str, file: &Path) -> String {
@@ -77,6 +78,7 @@ fn example_service_definitions_parse() {
     assert!(!defs.is_empty(), "no example service definitions");
 }
 
+use crate::common::{agent_file, authority_file, free_port, members, write_agent, write_authority};
 use crate::support;
 
 /// Where the sidecar bootstraps expect their TLS material and SDS files.
@@ -122,6 +124,11 @@ fn pki(dir: &Path, leaves: &[&str]) -> PathBuf {
     ca
 }
 
+/// Where [`pki`] issued `leaf` (`fullchain.pem`, `key.pem`).
+fn issued(ca: &Path, leaf: &str) -> PathBuf {
+    ca.join("issued/region").join(REGION).join(leaf)
+}
+
 /// The sidecar's folder as the bootstraps expect it, under `dir`: `sds/` from deploy/envoy
 /// with its paths moved to `dir`, and `tls/` holding `workload`'s certificate and the bundle.
 fn sidecar_dir(dir: &Path, ca: &Path, workload: &str) -> PathBuf {
@@ -135,7 +142,7 @@ fn sidecar_dir(dir: &Path, ca: &Path, workload: &str) -> PathBuf {
         let moved = moved_to(&text, dir);
         std::fs::write(sds.join(path.file_name().unwrap()), moved).unwrap();
     }
-    let issued = ca.join("issued/region").join(REGION).join(workload);
+    let issued = issued(ca, workload);
     for f in ["fullchain.pem", "key.pem"] {
         std::fs::copy(issued.join(f), tls.join(f)).unwrap();
     }
@@ -192,12 +199,19 @@ fn every_envoy_bootstrap_validates() {
     assert!(checked >= 3, "Envoy bootstraps missing");
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// `[*.tls]` naming the files [`pki`] issued for `leaf`.
+fn issued_tls(ca: &Path, leaf: &str) -> TlsSection {
+    let issued = issued(ca, leaf);
+    TlsSection {
+        trust_domain: TRUST_DOMAIN.to_owned(),
+        cert_chain: issued.join("fullchain.pem"),
+        key: issued.join("key.pem"),
+        bundle: ca.join("bundle.pem"),
+    }
 }
 
 /// A child process killed when dropped; its log is printed if the test is failing.
@@ -247,46 +261,24 @@ async fn stat(admin: SocketAddr, name: &str) -> Option<u64> {
 /// A real `waymark authority` (one member, mutual TLS on xDS) publishing one service,
 /// `payments`, with one instance; returns the process and its xDS address.
 async fn authority_publishing_payments(dir: &Path, ca: &Path) -> (Running, SocketAddr) {
-    let tls = ca.join("issued/region").join(REGION).join("authority/1");
-    let (http, raft, xds) = (free_port(), free_port(), free_port());
+    let (http, raft, xds) = (
+        loopback(free_port()),
+        loopback(free_port()),
+        loopback(free_port()),
+    );
     let token = waymark_agent::authority::credentials::generate("management").unwrap();
     let token_file = dir.join("management.token");
     std::fs::write(&token_file, &token).unwrap();
     let config = dir.join("authority.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"[authority]
-id = 1
-region = "{REGION}"
-zones = ["{REGION}a"]
-data_dir = "{data}"
-http = "127.0.0.1:{http}"
-raft = "127.0.0.1:{raft}"
-xds = "127.0.0.1:{xds}"
-
-[[authority.members]]
-id = 1
-addr = "127.0.0.1:{http}"
-raft = "127.0.0.1:{raft}"
-
-[authority.tls]
-trust_domain = "{TRUST_DOMAIN}"
-cert_chain = "{chain}"
-key = "{key}"
-bundle = "{bundle}"
-
-[authority.acl]
-initial_management_token_file = "{token}"
-"#,
-            token = token_file.display(),
-            data = dir.join("authority-data").display(),
-            chain = tls.join("fullchain.pem").display(),
-            key = tls.join("key.pem").display(),
-            bundle = ca.join("bundle.pem").display(),
-        ),
-    )
-    .unwrap();
+    let zone = format!("{REGION}a");
+    let mut a = authority_file(1, REGION, &[&zone], &dir.join("authority-data"));
+    a.http = http;
+    a.raft = raft;
+    a.xds = xds;
+    a.members = members(&[(http, raft)]);
+    a.tls = Some(issued_tls(ca, "authority/1"));
+    a.acl.initial_management_token_file = Some(token_file);
+    write_authority(&config, a);
     let process = spawn(
         Command::new(env!("CARGO_BIN_EXE_waymark"))
             .args(["authority", "--config"])
@@ -294,7 +286,6 @@ initial_management_token_file = "{token}"
             .env_clear(),
         dir.join("authority.log"),
     );
-    let api_addr = SocketAddr::from(([127, 0, 0, 1], http));
     // The API is TLS: the client checks the authority against the estate's bundle.
     let files = ClientFiles {
         bundle: ca.join("bundle.pem"),
@@ -306,7 +297,7 @@ initial_management_token_file = "{token}"
         Duration::from_secs(60),
         async || {
             // Led, and bootstrapped with the management token.
-            ApiClient::new(&api_addr.to_string(), Some(token.clone()))
+            ApiClient::new(&http.to_string(), Some(token.clone()))
                 .with_tls(Arc::clone(&tls))
                 .get_json("/v1/status")
                 .await
@@ -314,7 +305,7 @@ initial_management_token_file = "{token}"
         },
     )
     .await;
-    let api = ApiClient::new(&api_addr.to_string(), Some(token)).with_tls(tls);
+    let api = ApiClient::new(&http.to_string(), Some(token)).with_tls(tls);
     let put = api
         .send(
             Method::PUT,
@@ -335,7 +326,7 @@ initial_management_token_file = "{token}"
         .await
         .unwrap();
     assert!(post.status.is_success(), "{post:?}");
-    (process, SocketAddr::from(([127, 0, 0, 1], xds)))
+    (process, xds)
 }
 
 /// The sidecar bootstraps do what they say against a real agent: the agent's listener
@@ -352,39 +343,16 @@ async fn sidecar_bootstraps_reach_a_real_agent_over_mutual_tls() {
     let workload = "service/billing/instance/b1";
     let ca = pki(tmp.path(), &[node, workload, "authority/1"]);
     let (_authority, upstream) = authority_publishing_payments(tmp.path(), &ca).await;
-    let node_tls = ca.join("issued/region").join(REGION).join(node);
-    let xds = free_port();
-    let http = free_port();
+    let (xds, http) = (free_port(), free_port());
     let agent_config = tmp.path().join("agent.toml");
-    std::fs::write(
-        &agent_config,
-        format!(
-            r#"[agent]
-name = "ip-10-0-1-17"
-region = "{REGION}"
-zone = "{REGION}a"
-data_dir = "{data}"
-upstream = ["{upstream}"]
-
-[agent.listen]
-xds = "127.0.0.1:{xds}"
-dns = "127.0.0.1:{dns}"
-http = "127.0.0.1:{http}"
-
-[agent.tls]
-trust_domain = "{TRUST_DOMAIN}"
-cert_chain = "{chain}"
-key = "{key}"
-bundle = "{bundle}"
-"#,
-            data = tmp.path().join("agent-data").display(),
-            dns = free_port(),
-            chain = node_tls.join("fullchain.pem").display(),
-            key = node_tls.join("key.pem").display(),
-            bundle = ca.join("bundle.pem").display(),
-        ),
-    )
-    .unwrap();
+    let zone = format!("{REGION}a");
+    let data = tmp.path().join("agent-data");
+    let mut a = agent_file("ip-10-0-1-17", REGION, &zone, &data, &[upstream]);
+    a.listen.xds = loopback(xds);
+    a.listen.dns = loopback(free_port());
+    a.listen.http = loopback(http);
+    a.tls = Some(issued_tls(&ca, node));
+    write_agent(&agent_config, a);
     let _agent = spawn(
         Command::new(env!("CARGO_BIN_EXE_waymark"))
             .args(["agent", "--config"])
@@ -392,7 +360,7 @@ bundle = "{bundle}"
             .env_clear(),
         tmp.path().join("agent.log"),
     );
-    let agent_http = SocketAddr::from(([127, 0, 0, 1], http));
+    let agent_http = loopback(http);
     until(
         "the agent to serve a view (/readyz)",
         Duration::from_secs(30),

@@ -26,7 +26,7 @@ use http::Method;
 use serde_json::{Value, json};
 use tokio::net::UdpSocket;
 use waymark_agent::api_client::ApiClient;
-use waymark_agent::authority::config::{FederationSection, MemberEntry};
+use waymark_agent::authority::config::FederationSection;
 use waymark_agent::authority::settings::{FederationPeerEntry, FrontDoorEntry};
 use waymark_agent::cli::tls::{ClientFiles, api_client_config};
 use waymark_agent::tls::TlsSection;
@@ -34,7 +34,7 @@ use waymark_certs::reload::MaterialPaths;
 use waymark_certs::testing::TestPkiDir;
 use waymark_testkit::{POLL_INTERVAL, try_until, until};
 
-use common::{authority_file, free_port, write_authority};
+use common::{authority_file, free_port, members, write_authority};
 
 const TD: &str = "fed.test";
 const REGIONS: [&str; 3] = ["ap", "eu", "us"];
@@ -195,11 +195,7 @@ fn config(
     a.http = http;
     a.raft = raft;
     a.xds = loopback(0);
-    a.members = vec![MemberEntry {
-        id: 1,
-        addr: http.to_string(),
-        raft: raft.to_string(),
-    }];
+    a.members = members(&[(http, raft)]);
     a.tls = Some(TlsSection::new(TD, tls));
     let mut federation = FederationSection::new(loopback(fed));
     federation.stale_after = Duration::from_secs(2);

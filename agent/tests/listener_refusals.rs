@@ -21,9 +21,9 @@ use tokio::io::AsyncReadExt as _;
 use tokio::net::TcpStream;
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::member::Authority;
-use waymark_agent::authority::settings::{AuthorityConfig, TlsSettings};
+use waymark_agent::authority::settings::TlsSettings;
 use waymark_agent::node::NodeAgent;
-use waymark_agent::node::config::{AgentConfig, Bounds, Listen, ProbeSection, Tls};
+use waymark_agent::node::config::Tls;
 use waymark_certs::ca::HostSan;
 use waymark_certs::reload::ReloadEvent;
 use waymark_certs::testing::{TestPkiDir, certified};
@@ -80,25 +80,13 @@ async fn grpc_admits(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> boo
 
 async fn authority(pki: &TestPkiDir, dir: &std::path::Path) -> Authority {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    common::single_member(AuthorityConfig {
-        id: 1,
-        region: "eu".parse().unwrap(),
-        zones: ["a".parse().unwrap()].into(),
-        data_dir: dir.join("authority"),
-        http: any,
-        raft: any,
-        xds: any,
-        ingest: Some(any),
-        tls: Some(TlsSettings {
-            trust_domain: pki.trust_domain().clone(),
-            paths: pki.issue_with_hosts("region/eu/authority/1", &HostSan::loopback()),
-        }),
-        kubernetes: None,
-        gossip: None,
-        federation: None,
-        limits: Default::default(),
-    })
-    .await
+    let mut config = common::plain(&dir.join("authority"), "eu", &["a"], any);
+    config.ingest = Some(any);
+    config.tls = Some(TlsSettings {
+        trust_domain: pki.trust_domain().clone(),
+        paths: pki.issue_with_hosts("region/eu/authority/1", &HostSan::loopback()),
+    });
+    common::single_member(config).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,37 +199,12 @@ async fn a_node_agents_sidecar_listener_admits_only_its_own_regions_workloads() 
     waymark_certs::install_crypto_provider();
     let (pki, other) = (estate(TD), estate("other.test"));
     let dir = tempfile::tempdir().unwrap();
-    let node = pki.issue("region/eu/node/n1");
-    let agent = NodeAgent::start(AgentConfig {
-        name: "n1".parse().unwrap(),
-        region: "eu".parse().unwrap(),
-        zone: "a".parse().unwrap(),
-        data_dir: dir.path().join("agent"),
-        // Nothing answers there: the sidecar listener serves the last-known-good view.
-        upstream: vec![format!("127.0.0.1:{}", common::free_port())],
-        upstream_standby: true,
-        ingest: Vec::new(),
-        api: Vec::new(),
-        listen: Listen {
-            xds: "127.0.0.1:0".parse().unwrap(),
-            dns: "127.0.0.1:0".parse().unwrap(),
-            http: "127.0.0.1:0".parse().unwrap(),
-            local_plaintext: false,
-        },
-        bounds: Bounds::default(),
-        services_dir: None,
-        api_token_file: None,
-        gossip: None,
-        tls: Some(Tls {
-            trust_domain: TD.into(),
-            cert_chain: node.cert_chain,
-            key: node.key,
-            bundle: node.bundle,
-        }),
-        probe: ProbeSection::default(),
-    })
-    .await
-    .unwrap();
+    // Nothing answers upstream: the sidecar listener serves the last-known-good view.
+    let nobody = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let mut config =
+        common::agent_on_loopback("n1", "eu", "a", &dir.path().join("agent"), &[nobody]);
+    config.tls = Some(Tls::new(TD, &pki.issue("region/eu/node/n1")));
+    let agent = NodeAgent::start(config).await.unwrap();
     let bound = agent.bound();
     let local = ApiClient::new(&bound.http.to_string(), None);
     let workload = pki.certified("region/eu/service/web/instance/w1");

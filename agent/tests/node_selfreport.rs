@@ -21,10 +21,10 @@ use http::Method;
 use serde_json::json;
 use tonic::transport::Endpoint;
 use waymark_agent::authority::member::Authority;
-use waymark_agent::authority::settings::{AuthorityConfig, TlsSettings};
+use waymark_agent::authority::settings::TlsSettings;
 use waymark_agent::evidence::{AgentMessage, AuthorityMessage, ClientSession, WireSample};
 use waymark_agent::node::NodeAgent;
-use waymark_agent::node::config::{AgentConfig, Bounds, Listen, ProbeSection, Tls};
+use waymark_agent::node::config::Tls;
 use waymark_certs::ca::HostSan;
 use waymark_certs::grpc::TlsConnector;
 use waymark_certs::reload::load_material;
@@ -101,26 +101,14 @@ impl Estate {
         let dir = tempfile::tempdir().unwrap();
         let pki = TestPkiDir::init(&dir.path().join("pki"), TD, &["eu"]);
 
-        let authority = Authority::start(AuthorityConfig {
-            id: 1,
-            region: "eu".parse().unwrap(),
-            zones: ["a".parse().unwrap()].into(),
-            data_dir: dir.path().join("authority"),
-            http: "127.0.0.1:0".parse().unwrap(),
-            raft: "127.0.0.1:0".parse().unwrap(),
-            xds: "127.0.0.1:0".parse().unwrap(),
-            ingest: Some("127.0.0.1:0".parse().unwrap()),
-            tls: Some(TlsSettings {
-                trust_domain: TrustDomain::new(TD).unwrap(),
-                paths: pki.issue("region/eu/authority/1"),
-            }),
-            kubernetes: None,
-            gossip: None,
-            federation: None,
-            limits: Default::default(),
-        })
-        .await
-        .unwrap();
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let mut config = common::plain(&dir.path().join("authority"), "eu", &["a"], any);
+        config.ingest = Some(any);
+        config.tls = Some(TlsSettings {
+            trust_domain: TrustDomain::new(TD).unwrap(),
+            paths: pki.issue("region/eu/authority/1"),
+        });
+        let authority = Authority::start(config).await.unwrap();
         authority
             .bootstrap(BTreeMap::from([(1, authority.member())]))
             .await
@@ -159,35 +147,12 @@ impl Estate {
         // Loopback names beside the identity, so that a stock gRPC client (which checks the
         // dialled name) accepts the agent; waymark's own peers admit by the identity alone.
         let node = pki.issue_with_hosts("region/eu/node/n1", &HostSan::loopback());
-        let agent = NodeAgent::start(AgentConfig {
-            name: "n1".parse().unwrap(),
-            region: "eu".parse().unwrap(),
-            zone: "a".parse().unwrap(),
-            data_dir: dir.path().join("agent"),
-            upstream: vec![authority.xds_addr().to_string()],
-            upstream_standby: true,
-            ingest: vec![authority.ingest_addr().unwrap().to_string()],
-            api: Vec::new(),
-            listen: Listen {
-                xds: "127.0.0.1:0".parse().unwrap(),
-                dns: "127.0.0.1:0".parse().unwrap(),
-                http: "127.0.0.1:0".parse().unwrap(),
-                local_plaintext: false,
-            },
-            bounds: Bounds::default(),
-            services_dir: None,
-            api_token_file: None,
-            gossip: None,
-            tls: Some(Tls {
-                trust_domain: TD.into(),
-                cert_chain: node.cert_chain,
-                key: node.key,
-                bundle: node.bundle,
-            }),
-            probe: ProbeSection::default(),
-        })
-        .await
-        .unwrap();
+        let upstream = [authority.xds_addr()];
+        let mut config =
+            common::agent_on_loopback("n1", "eu", "a", &dir.path().join("agent"), &upstream);
+        config.ingest = vec![authority.ingest_addr().unwrap().to_string()];
+        config.tls = Some(Tls::new(TD, &node));
+        let agent = NodeAgent::start(config).await.unwrap();
         Self {
             _dir: dir,
             pki,

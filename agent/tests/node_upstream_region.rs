@@ -3,6 +3,8 @@
 //! refused in the handshake, and one of its own region is accepted.
 #![allow(clippy::unwrap_used)]
 
+use crate::common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -10,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use waymark_agent::node::NodeAgent;
-use waymark_agent::node::config::{AgentConfig, Bounds, Listen, ProbeSection, Tls};
+use waymark_agent::node::config::Tls;
 use waymark_certs::reload::load_material;
 use waymark_certs::testing::TestPkiDir;
 use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
@@ -63,36 +65,9 @@ async fn fake_authority(
 }
 
 async fn agent(pki: &TestPkiDir, dir: &std::path::Path, upstream: SocketAddr) -> NodeAgent {
-    let node = pki.issue("region/eu/node/n1");
-    NodeAgent::start(AgentConfig {
-        name: "n1".parse().unwrap(),
-        region: "eu".parse().unwrap(),
-        zone: "a".parse().unwrap(),
-        data_dir: dir.to_path_buf(),
-        upstream: vec![upstream.to_string()],
-        upstream_standby: true,
-        ingest: Vec::new(),
-        api: Vec::new(),
-        listen: Listen {
-            xds: "127.0.0.1:0".parse().unwrap(),
-            dns: "127.0.0.1:0".parse().unwrap(),
-            http: "127.0.0.1:0".parse().unwrap(),
-            local_plaintext: false,
-        },
-        bounds: Bounds::default(),
-        services_dir: None,
-        api_token_file: None,
-        gossip: None,
-        tls: Some(Tls {
-            trust_domain: TD.into(),
-            cert_chain: node.cert_chain,
-            key: node.key,
-            bundle: node.bundle,
-        }),
-        probe: ProbeSection::default(),
-    })
-    .await
-    .unwrap()
+    let mut config = common::agent_on_loopback("n1", "eu", "a", dir, &[upstream]);
+    config.tls = Some(Tls::new(TD, &pki.issue("region/eu/node/n1")));
+    NodeAgent::start(config).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

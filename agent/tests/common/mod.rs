@@ -1,6 +1,6 @@
-//! Shared by the agent's integration tests: a free port, and a single-member authority
-//! that is leading before the test goes on. Each test file that needs it declares
-//! `mod common;` and uses a part of it.
+//! Shared by the agent's integration tests: a free port, the roles' configurations (built
+//! from the config types, written with their `to_toml`), and a single-member authority
+//! that is leading before the test goes on. Each test file uses the part it needs.
 #![allow(dead_code, unreachable_pub)]
 
 pub mod dev;
@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::Duration;
 
-use waymark_agent::authority::config::{AuthoritySection, ConfigFile};
+use waymark_agent::authority::config::{AuthoritySection, ConfigFile, MemberEntry};
 use waymark_agent::authority::member::Authority;
 use waymark_agent::authority::settings::AuthorityConfig;
 use waymark_agent::node::config::{AgentConfig, AgentFile};
@@ -28,8 +28,9 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A plain-text member (no TLS, ingest, Kubernetes or gossip) of `region` with `zones`,
-/// storing in `dir`, its xDS on `xds` (port 0 picks one).
+/// Member 1 of `region` with `zones`, run in process: plain text (no TLS, ingest,
+/// Kubernetes or gossip), storing in `dir`, its xDS on `xds` (port 0 picks one), every
+/// other listener on a free loopback port. Change what the test needs.
 pub fn plain(dir: &Path, region: &str, zones: &[&str], xds: SocketAddr) -> AuthorityConfig {
     AuthorityConfig {
         id: 1,
@@ -59,6 +60,18 @@ pub fn authority_file(id: u64, region: &str, zones: &[&str], data_dir: &Path) ->
     )
 }
 
+/// `[[authority.members]]`: member `i + 1` at the `i`-th (API, Raft) address pair.
+pub fn members(addrs: &[(SocketAddr, SocketAddr)]) -> Vec<MemberEntry> {
+    (1..)
+        .zip(addrs)
+        .map(|(id, (http, raft))| MemberEntry {
+            id,
+            addr: http.to_string(),
+            raft: raft.to_string(),
+        })
+        .collect()
+}
+
 /// Writes `authority` to `path` as a member's configuration file.
 pub fn write_authority(path: &Path, authority: AuthoritySection) {
     let text = ConfigFile { authority }.to_toml().unwrap();
@@ -82,6 +95,22 @@ pub fn agent_file(
         data_dir.to_path_buf(),
         upstream.iter().map(SocketAddr::to_string).collect(),
     )
+}
+
+/// [`agent_file`] for a node agent run in process: every listener on a free loopback port.
+pub fn agent_on_loopback(
+    name: &str,
+    region: &str,
+    zone: &str,
+    data_dir: &Path,
+    upstream: &[SocketAddr],
+) -> AgentConfig {
+    let mut agent = agent_file(name, region, zone, data_dir, upstream);
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    agent.listen.xds = any;
+    agent.listen.dns = any;
+    agent.listen.http = any;
+    agent
 }
 
 /// Writes `agent` to `path` as a node agent's configuration file.
