@@ -8,7 +8,6 @@ use crate::common;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -21,8 +20,7 @@ use waymark_agent::authority::settings::TlsSettings;
 use waymark_agent::evidence::{AgentMessage, AuthorityMessage, ClientSession, WireSample};
 use waymark_certs::grpc::TlsConnector;
 use waymark_certs::testing::TestPkiDir;
-use waymark_certs::tls::{ALPN_H2, client_config};
-use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
+use waymark_certs::{IdentityKind, KindSet, TrustDomain};
 use waymark_core::model::{Health, Observation, SelfReport};
 use waymark_testkit::until;
 
@@ -43,15 +41,10 @@ async fn channel(
     who: &str,
     addr: SocketAddr,
 ) -> Result<tonic::transport::Channel, tonic::Status> {
-    let servers = PeerPolicy {
-        trust_domain: TrustDomain::new(TD).unwrap(),
-        accepted: KindSet::only(IdentityKind::Authority),
-        region: None,
-    };
-    let config = client_config(&pki.live(who), servers, CertMetrics::new(), &[ALPN_H2]).unwrap();
+    let config = pki.client(who, pki.policy(KindSet::only(IdentityKind::Authority)));
     let channel = Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
-        .connect_with_connector(TlsConnector::new(Arc::new(config)))
+        .connect_with_connector(TlsConnector::new(config))
         .await
         .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     Ok(channel)

@@ -14,7 +14,7 @@ use std::ffi::{OsStr, OsString};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures::StreamExt;
 use http::Method;
@@ -27,10 +27,8 @@ use waymark_agent::node::NodeAgent;
 use waymark_agent::node::config::Tls;
 use waymark_certs::ca::HostSan;
 use waymark_certs::grpc::TlsConnector;
-use waymark_certs::reload::load_material;
 use waymark_certs::testing::TestPkiDir;
-use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config};
-use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
+use waymark_certs::{IdentityKind, KindSet, TrustDomain};
 use waymark_core::model::{Observation, SelfReport};
 use waymark_testkit::until;
 
@@ -39,30 +37,10 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// A workload's evidence session to its node agent.
 async fn workload_session(pki: &TestPkiDir, who: &str, agent: SocketAddr) -> ClientSession {
-    let paths = pki.issue(who);
-    let own = PeerPolicy {
-        trust_domain: TrustDomain::new(TD).unwrap(),
-        accepted: KindSet::ALL,
-        region: None,
-    };
-    let material = load_material(&paths, &own, SystemTime::now())
-        .await
-        .unwrap();
-    let agents = PeerPolicy {
-        trust_domain: TrustDomain::new(TD).unwrap(),
-        accepted: KindSet::only(IdentityKind::Node),
-        region: None,
-    };
-    let config = client_config(
-        &LiveMaterial::new(material),
-        agents,
-        CertMetrics::new(),
-        &[ALPN_H2],
-    )
-    .unwrap();
+    let config = pki.client(who, pki.policy(KindSet::only(IdentityKind::Node)));
     let channel = Endpoint::from_shared(format!("http://{agent}"))
         .unwrap()
-        .connect_with_connector(TlsConnector::new(std::sync::Arc::new(config)))
+        .connect_with_connector(TlsConnector::new(config))
         .await
         .unwrap();
     ClientSession::open(channel).await.unwrap()

@@ -6,17 +6,14 @@
 use crate::common;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use waymark_agent::node::NodeAgent;
 use waymark_agent::node::config::Tls;
-use waymark_certs::reload::load_material;
 use waymark_certs::testing::TestPkiDir;
-use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
-use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
+use waymark_certs::{IdentityKind, KindSet};
 
 const TD: &str = "waymark.test";
 const WAIT: Duration = Duration::from_secs(30);
@@ -27,26 +24,8 @@ async fn fake_authority(
     pki: &TestPkiDir,
     who: &str,
 ) -> (SocketAddr, mpsc::Receiver<Result<(), String>>) {
-    let policy = PeerPolicy {
-        trust_domain: TrustDomain::new(TD).unwrap(),
-        accepted: KindSet::ALL,
-        region: None,
-    };
-    let material = load_material(&pki.issue(who), &policy, SystemTime::now())
-        .await
-        .unwrap();
-    let nodes = PeerPolicy {
-        accepted: KindSet::only(IdentityKind::Node),
-        ..policy
-    };
-    let config = server_config(
-        &LiveMaterial::new(material),
-        nodes,
-        CertMetrics::new(),
-        &[ALPN_H2],
-    )
-    .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let config = pki.server(who, pki.policy(KindSet::only(IdentityKind::Node)));
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = mpsc::channel(16);

@@ -5,6 +5,8 @@
 //! TestPki      RootCa + one RegionCa per region, in memory, at a fixed `now`
 //! TestPkiDir   an estate made by `layout::PkiDir` (what `waymark certs init` writes), in
 //!              a temporary or given directory; leaves issued into it, handed out as paths
+//! server, client
+//!              `who`'s side of a gRPC connection over mutual TLS, as the roles build it
 //! bad_clients  one certificate per refusal a handshake can produce, with its RejectReason
 //! forged, certified, mismatched_key, raw_client_config
 //!              the parts: out-of-scope leaves, any chain + key as rustls presents it, and
@@ -30,7 +32,7 @@ use crate::error::PemPart;
 use crate::layout::{LayoutError, PkiDir};
 use crate::material::{MaterialPem, parse_certs, parse_key, root_store, validate_material};
 use crate::reload::MaterialPaths;
-use crate::tls::LiveMaterial;
+use crate::tls::{ALPN_H2, LiveMaterial, client_config, server_config};
 use crate::verify::PeerVerifier;
 use crate::{
     CertMetrics, Identity, KindSet, Material, Name, PeerPolicy, RejectReason, TrustDomain,
@@ -153,6 +155,18 @@ impl TestPki {
     /// A policy of this trust domain admitting `accepted`, any region.
     pub fn policy(&self, accepted: KindSet) -> PeerPolicy {
         policy(self.trust_domain(), accepted)
+    }
+
+    /// A gRPC (h2) server over mutual TLS presenting a fresh leaf for `who` and admitting
+    /// clients by `peers` (e.g. `pki.policy(KindSet::only(IdentityKind::Node))`).
+    pub fn server(&self, who: &str, peers: PeerPolicy) -> Arc<rustls::ServerConfig> {
+        h2_server(&self.live(who), peers)
+    }
+
+    /// A gRPC (h2) client over mutual TLS presenting a fresh leaf for `who` and admitting
+    /// servers by `peers`.
+    pub fn client(&self, who: &str, peers: PeerPolicy) -> Arc<rustls::ClientConfig> {
+        h2_client(&self.live(who), peers)
     }
 
     /// A verifier trusting this estate's root and admitting `accepted`.
@@ -313,6 +327,18 @@ impl TestPkiDir {
         LiveMaterial::new(material.expect("valid own material"))
     }
 
+    /// A gRPC (h2) server over mutual TLS presenting a fresh leaf for `who` and admitting
+    /// clients by `peers` (e.g. `pki.policy(KindSet::only(IdentityKind::Node))`).
+    pub fn server(&self, who: &str, peers: PeerPolicy) -> Arc<rustls::ServerConfig> {
+        h2_server(&self.live(who), peers)
+    }
+
+    /// A gRPC (h2) client over mutual TLS presenting a fresh leaf for `who` and admitting
+    /// servers by `peers`.
+    pub fn client(&self, who: &str, peers: PeerPolicy) -> Arc<rustls::ClientConfig> {
+        h2_client(&self.live(who), peers)
+    }
+
     /// A fresh leaf for `who` as rustls presents it.
     pub fn certified(&self, who: &str) -> Arc<CertifiedKey> {
         certified(&self.leaf(who))
@@ -450,6 +476,18 @@ impl ResolvesClientCert for Present {
     }
 }
 
+/// The server config a role builds for a gRPC listener, with metrics nobody reads.
+fn h2_server(live: &Arc<LiveMaterial>, peers: PeerPolicy) -> Arc<rustls::ServerConfig> {
+    let config = server_config(live, peers, CertMetrics::new(), &[ALPN_H2]);
+    Arc::new(config.expect("a server config"))
+}
+
+/// The client config a role builds towards a gRPC listener, with metrics nobody reads.
+fn h2_client(live: &Arc<LiveMaterial>, peers: PeerPolicy) -> Arc<rustls::ClientConfig> {
+    let config = client_config(live, peers, CertMetrics::new(), &[ALPN_H2]);
+    Arc::new(config.expect("a client config"))
+}
+
 fn verifier(bundle_pem: &[u8], policy: PeerPolicy) -> PeerVerifier {
     let bundle = parse_certs(bundle_pem, PemPart::Bundle).expect("a trust bundle");
     let roots = root_store(&bundle).expect("a root store");
@@ -469,5 +507,45 @@ fn try_identity(
         Identity::parse(who)
     } else {
         Identity::parse(&format!("spiffe://{}/{who}", trust_domain.as_str()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::IdentityKind;
+
+    #[tokio::test]
+    async fn a_server_and_a_client_of_one_estate_speak_h2_admitting_each_others_kind() {
+        // Goal: `server` and `client` build what the roles build: mutual TLS with h2, each
+        // side admitting only the kind its policy names.
+        let pki = TestPki::new("mesh.test", &["eu"]);
+        let nodes = pki.policy(KindSet::only(IdentityKind::Node));
+        let authorities = pki.policy(KindSet::only(IdentityKind::Authority));
+        let server = pki.server("region/eu/authority/a1", nodes.clone());
+        let handshake = async |client: Arc<rustls::ClientConfig>| {
+            let (near, far) = tokio::io::duplex(64 * 1024);
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let accept = tokio_rustls::TlsAcceptor::from(Arc::clone(&server)).accept(far);
+            let connect = tokio_rustls::TlsConnector::from(client).connect(name, near);
+            let (accepted, connected) = tokio::join!(accept, connect);
+            let alpn = accepted
+                .ok()
+                .map(|s| s.get_ref().1.alpn_protocol().map(<[u8]>::to_vec));
+            (alpn, connected.is_ok())
+        };
+        let node = pki.client("region/eu/node/n1", authorities.clone());
+        assert_eq!(handshake(node).await, (Some(Some(ALPN_H2.to_vec())), true));
+        let workload = pki.client("region/eu/service/web/instance/w1", authorities);
+        assert_eq!(
+            handshake(workload).await.0,
+            None,
+            "the server admits nodes only"
+        );
+        let picky = pki.client("region/eu/node/n2", nodes);
+        assert!(
+            !handshake(picky).await.1,
+            "the client admits authorities only"
+        );
     }
 }

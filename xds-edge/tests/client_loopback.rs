@@ -29,8 +29,7 @@ use tokio::time::timeout;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Endpoint, Server};
 use waymark_certs::testing::TestPki;
-use waymark_certs::tls::{ALPN_H2, client_config, server_config};
-use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
+use waymark_certs::{IdentityKind, KindSet};
 use waymark_core::view::{EndpointStatus, Markers, ReleasedView, ViewEndpoint};
 use waymark_xds::admission::AdmissionConfig;
 use waymark_xds::client::{
@@ -703,14 +702,8 @@ struct Member {
 
 impl Member {
     async fn start(pki: &TestPki, name: &str) -> Self {
-        let own = pki.live(&format!("region/eu/authority/{name}"));
-        let tls = server_config(
-            &own,
-            policy(IdentityKind::Node),
-            CertMetrics::new(),
-            &[ALPN_H2],
-        )
-        .unwrap();
+        let who = format!("region/eu/authority/{name}");
+        let tls = pki.server(&who, pki.policy(KindSet::only(IdentityKind::Node)));
         let config = ServerConfig {
             admission: AdmissionConfig {
                 floor: 1,
@@ -725,7 +718,7 @@ impl Member {
         let (stop, stopped) = oneshot::channel::<()>();
         let serving = tokio::spawn(server.clone().serve_tls(
             listener,
-            Arc::new(tls),
+            tls,
             Keepalive::default(),
             async {
                 let _ = stopped.await;
@@ -758,14 +751,6 @@ impl Member {
     }
 }
 
-fn policy(kind: IdentityKind) -> PeerPolicy {
-    PeerPolicy {
-        trust_domain: TrustDomain::new(TD).unwrap(),
-        accepted: KindSet::only(kind),
-        region: None,
-    }
-}
-
 /// A node agent's client over mutual TLS to `members`, starting at the first.
 fn node_client(
     pki: &TestPki,
@@ -773,16 +758,10 @@ fn node_client(
     members: &[&Member],
     standby: bool,
 ) -> (XdsClient, watch::Receiver<Arc<Applied>>) {
-    let own = pki.live(&format!("region/eu/node/{id}"));
-    let tls = client_config(
-        &own,
-        policy(IdentityKind::Authority),
-        CertMetrics::new(),
-        &[ALPN_H2],
-    )
-    .unwrap();
+    let who = format!("region/eu/node/{id}");
+    let tls = pki.client(&who, pki.policy(KindSet::only(IdentityKind::Authority)));
     let config = ClientConfig {
-        tls: Some(Arc::new(tls)),
+        tls: Some(tls),
         standby,
         seed: 0,
         ..fast_config()

@@ -8,12 +8,12 @@
 use crate::support;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use support::{Backend, Envoy, EnvoyConfig, Route, TlsFiles, Xds, XdsMode, views};
-use waymark_certs::reload::{MaterialPaths, load_material};
+use waymark_certs::reload::MaterialPaths;
 use waymark_certs::testing::TestPkiDir;
-use waymark_certs::tls::{ALPN_H2, LiveMaterial, server_config};
+use waymark_certs::tls::{ALPN_H2, server_config};
 use waymark_certs::{CertMetrics, IdentityKind, KindSet, RejectReason};
 use waymark_core::view::{EndpointStatus, Markers, ReleasedView};
 use waymark_xds::{Keepalive, ServerConfig, SnapshotBuilder, XdsServer};
@@ -47,20 +47,11 @@ async fn authority(
     pki: &TestPkiDir,
     backend: &Backend,
 ) -> (XdsServer, CertMetrics, std::net::SocketAddr) {
-    let paths = pki.issue("region/eu/authority/a1");
-    let own_policy = pki.policy(KindSet::only(IdentityKind::Authority));
-    let material = load_material(&paths, &own_policy, SystemTime::now())
-        .await
-        .unwrap();
-    let policy = pki.policy(KindSet::only(IdentityKind::Node));
+    // Built by hand, not with `pki.server`: the test reads the refusals it counts.
+    let own = pki.live("region/eu/authority/a1");
+    let nodes = pki.policy(KindSet::only(IdentityKind::Node));
     let metrics = CertMetrics::new();
-    let tls = server_config(
-        &LiveMaterial::new(material),
-        policy,
-        metrics.clone(),
-        &[ALPN_H2],
-    )
-    .unwrap();
+    let tls = server_config(&own, nodes, metrics.clone(), &[ALPN_H2]).unwrap();
     let (server, publisher) = XdsServer::new(ServerConfig::default());
     let mut builder = SnapshotBuilder::new();
     builder.handle_release(&view(backend));

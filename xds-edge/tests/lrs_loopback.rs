@@ -29,8 +29,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::transport::{Channel, Endpoint, Server};
 use waymark_certs::grpc::{IncomingConfig, TlsConnector, incoming};
 use waymark_certs::testing::TestPki;
-use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config, server_config};
-use waymark_certs::{CertMetrics, Identity, IdentityKind, KindSet, PeerPolicy, TrustDomain};
+use waymark_certs::{Identity, IdentityKind, KindSet};
 use waymark_xds::lrs::{ChannelSink, LoadReport, LrsConfig, LrsReporter, LrsServer};
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -242,19 +241,6 @@ async fn a_stream_whose_first_request_has_no_node_is_refused() {
 const TD: &str = "mesh.test";
 const WORKLOAD: &str = "spiffe://mesh.test/region/eu/service/cart/instance/i1";
 
-fn policy(kind: IdentityKind) -> PeerPolicy {
-    PeerPolicy {
-        trust_domain: TrustDomain::new(TD).unwrap(),
-        accepted: KindSet::only(kind),
-        region: None,
-    }
-}
-
-/// A fresh leaf for `who` as live material admitting only `kind` as peers.
-fn live(pki: &TestPki, who: &str, kind: IdentityKind) -> Arc<LiveMaterial> {
-    LiveMaterial::new(pki.material(&pki.leaf(who), KindSet::only(kind)))
-}
-
 /// Opens an LRS stream declaring `node_id` and reads the first response.
 async fn open(
     channel: Channel,
@@ -292,38 +278,23 @@ async fn over_mutual_tls_a_report_is_keyed_by_the_certificate_not_the_declared_n
     // Goal: a workload that declares someone else's node id is still its certificate's
     // identity to the sink, so the name a client writes can never dodge its cap.
     let pki = TestPki::new(TD, &["eu"]);
-    let node = live(&pki, "region/eu/node/n1", IdentityKind::Node);
-    let client = live(&pki, WORKLOAD, IdentityKind::Workload);
     let workload: Identity = WORKLOAD.parse().unwrap();
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (reports_tx, mut reports) = mpsc::channel::<LoadReport>(8);
     let server = LrsServer::new(LrsConfig::default(), Arc::new(ChannelSink::new(reports_tx)));
-    let tls = server_config(
-        &node,
-        policy(IdentityKind::Workload),
-        CertMetrics::new(),
-        &[ALPN_H2],
-    );
+    let workloads = pki.policy(KindSet::only(IdentityKind::Workload));
+    let tls = pki.server("region/eu/node/n1", workloads);
     let serving = tokio::spawn(
         Server::builder()
             .add_service(server.service())
-            .serve_with_incoming(incoming(
-                listener,
-                Arc::new(tls.unwrap()),
-                IncomingConfig::default(),
-            )),
+            .serve_with_incoming(incoming(listener, tls, IncomingConfig::default())),
     );
-    let tls = client_config(
-        &client,
-        policy(IdentityKind::Node),
-        CertMetrics::new(),
-        &[ALPN_H2],
-    );
+    let tls = pki.client(WORKLOAD, pki.policy(KindSet::only(IdentityKind::Node)));
     let channel = Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
-        .connect_with_connector(TlsConnector::new(Arc::new(tls.unwrap())))
+        .connect_with_connector(TlsConnector::new(tls))
         .await
         .unwrap();
     let (requests, _responses) = open(channel, "someone-else").await.unwrap();

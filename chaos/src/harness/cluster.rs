@@ -12,10 +12,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use waymark_agent::authority::config::LimitsSection;
-use waymark_agent::tls::TlsSection;
 
 use super::authority::{AuthorityProc, Voter};
-use super::evidence::{RegionPki, TRUST_DOMAIN};
+use super::evidence::RegionPki;
 use super::{free_port, loopback, wait_until};
 use crate::traffic;
 
@@ -89,8 +88,7 @@ impl AuthorityCluster {
     /// TLS; this harness's API clients then speak TLS to it. Read at the next start.
     pub fn with_tls(&mut self, pki: &RegionPki) -> anyhow::Result<()> {
         for m in &mut self.members {
-            let paths = pki.issue(&format!("authority/{}", m.id()))?;
-            m.set_tls(TlsSection::new(TRUST_DOMAIN, &paths))?;
+            m.set_tls(pki.issue(&format!("authority/{}", m.id()))?)?;
             super::api_over_tls(m.http_addr(), &pki.bundle())?;
         }
         Ok(())

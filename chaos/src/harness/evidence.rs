@@ -22,10 +22,9 @@ use waymark_agent::authority::config::GossipSection;
 use waymark_agent::dev::backends::{BackendOptions, BackendSpec, Backends, Mode, SelfReportFn};
 use waymark_agent::node::config::Gossip;
 use waymark_agent::tls::TlsSection;
-use waymark_certs::reload::MaterialPaths;
-use waymark_certs::testing::TestPkiDir;
 
 use super::authority::Voter;
+use super::region::Pki;
 use super::{Proc, RoleProc, configs, free_port, loopback, wait_serving, wait_until};
 use crate::rng::SplitMix64;
 
@@ -34,11 +33,10 @@ pub const TRUST_DOMAIN: &str = "drill.waymark";
 /// The actor the drills act as on the authority's API.
 const ACTOR: &str = "waymark-drill";
 
-/// The drill CA in the run folder (made by `waymark_certs::testing`, through the same
-/// layout code as `waymark certs init`), its one region, and the region's gossip key.
+/// The drill CA ([`Pki`]) with one region, and the region's gossip key.
 #[derive(Debug)]
 pub struct RegionPki {
-    pki: TestPkiDir,
+    pki: Pki,
     region: String,
     gossip_key: String,
 }
@@ -46,8 +44,7 @@ pub struct RegionPki {
 impl RegionPki {
     /// Creates the CA and `region`'s intermediate under `dir`, and a gossip key from `seed`.
     pub fn create(dir: &Path, region: &str, seed: u64) -> anyhow::Result<Self> {
-        let pki =
-            TestPkiDir::try_init(dir, TRUST_DOMAIN, &[region]).context("creating the drill CA")?;
+        let pki = Pki::create(dir, TRUST_DOMAIN, &[region])?;
         let mut rng = SplitMix64::new(seed ^ 0x6b65_7972_696e_6721);
         let gossip_key: String = (0..4).map(|_| format!("{:016x}", rng.next_u64())).collect();
         Ok(Self {
@@ -57,12 +54,9 @@ impl RegionPki {
         })
     }
 
-    /// Issues `spiffe://<td>/region/<region>/<what>`.
-    pub(crate) fn issue(&self, what: &str) -> anyhow::Result<MaterialPaths> {
-        let path = format!("region/{}/{what}", self.region);
-        self.pki
-            .try_issue(&path)
-            .with_context(|| format!("issuing {path}"))
+    /// Issues `spiffe://<td>/region/<region>/<what>`: the `[*.tls]` naming its files.
+    pub(crate) fn issue(&self, what: &str) -> anyhow::Result<TlsSection> {
+        self.pki.issue(&format!("region/{}/{what}", self.region))
     }
 
     /// `bundle.pem`, what every peer of the region trusts.
@@ -76,7 +70,9 @@ impl RegionPki {
     pub async fn node_client(&self, node: &str) -> anyhow::Result<Arc<rustls::ClientConfig>> {
         use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config};
         use waymark_certs::{CertMetrics, IdentityKind, KindSet, PeerPolicy, TrustDomain};
-        let paths = self.issue(&format!("node/{node}"))?;
+        let paths = self
+            .pki
+            .issue_paths(&format!("region/{}/node/{node}", self.region))?;
         let trust_domain = TrustDomain::new(TRUST_DOMAIN)?;
         let own = PeerPolicy {
             trust_domain: trust_domain.clone(),
@@ -140,7 +136,7 @@ impl EvidenceAuthority {
         a.xds = xds;
         a.ingest = Some(ingest);
         a.members = configs::members(&[Voter { id: 1, http, raft }]);
-        a.tls = Some(TlsSection::new(TRUST_DOMAIN, &tls));
+        a.tls = Some(tls);
         a.gossip = Some(GossipSection {
             bind: gossip,
             zone: None,
@@ -149,7 +145,7 @@ impl EvidenceAuthority {
         });
         a.acl = configs::drill_acl(dir)?;
         configs::write_authority(&config, a)?;
-        super::api_over_tls(http, &pki.pki.bundle())?;
+        super::api_over_tls(http, &pki.bundle())?;
         Ok(Self {
             bin: bin.to_path_buf(),
             config,
@@ -255,7 +251,7 @@ impl EvidenceAgent {
             seeds: vec![configs::name(&authority.gossip.to_string())?],
             keys: vec![pki.gossip_key.clone()],
         });
-        a.tls = Some(TlsSection::new(TRUST_DOMAIN, &tls));
+        a.tls = Some(tls);
         configs::write_agent(&config, a)?;
         Ok(Self {
             process: RoleProc::new("agent", bin, config, dir.join("agent.log"), loopback(http)),

@@ -41,7 +41,7 @@ use waymark_xds::client::{Applied, ClientConfig, Subscription, XdsClient};
 use waymark_xds::translate::TYPE_ENDPOINT;
 
 use super::authority::Voter;
-use super::evidence::{RegionPki, TRUST_DOMAIN};
+use super::evidence::RegionPki;
 use super::{RoleProc, configs, free_port, loopback, wait_until};
 use crate::traffic::ms;
 
@@ -149,7 +149,7 @@ impl FleetAuthority {
     /// TLS too, and this harness's API clients speak it. Rewrites the configuration.
     pub fn with_ingest(mut self, pki: &RegionPki) -> anyhow::Result<Self> {
         // The member name is its Raft id (1): peers admit Raft RPC only as the id it names.
-        let tls = TlsSection::new(TRUST_DOMAIN, &pki.issue("authority/1")?);
+        let tls = pki.issue("authority/1")?;
         self.ingest = Some((loopback(free_port()?), tls));
         super::api_over_tls(self.http, &pki.bundle())?;
         self.set_limits(self.limits)?;

@@ -3,14 +3,13 @@
 //! probe, gossip and report over mutual TLS — each bound to an address of the drill's
 //! choosing, so that some can run inside a network namespace ([`super::netns`]).
 //!
-//! Certificates come from the `waymark certs` CLI ([`Pki`]); configurations are written
+//! Certificates come from the drills' one CA ([`Pki`]); configurations are written
 //! here and run through [`RoleProc`] (so `ip netns exec` can prefix them). The plain
 //! single-member harness is [`super::authority`]; this one is for drills whose property
 //! depends on probing, gossip or federation.
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -19,100 +18,57 @@ use waymark_agent::authority::config::{AuthoritySection, FederationSection, Goss
 use waymark_agent::authority::settings::FederationPeerEntry;
 use waymark_agent::node::config::Gossip;
 use waymark_agent::tls::TlsSection;
+use waymark_certs::reload::MaterialPaths;
+use waymark_certs::testing::TestPkiDir;
 
 use super::authority::Voter;
 use super::{RoleProc, configs, free_port};
 
-/// The estate's CA, made with `waymark certs init`.
-#[derive(Debug, Clone)]
+/// The drills' CA in the run folder: an estate root and one intermediate per region, made
+/// by `waymark_certs::testing` (the layout and issuing code `waymark certs` runs), issuing
+/// each role its `[*.tls]`. Every drill's certificates come from here.
+#[derive(Debug)]
 pub struct Pki {
-    bin: PathBuf,
-    dir: PathBuf,
-    trust_domain: String,
-}
-
-/// A certificate chain, its key and the trust bundle, as files.
-#[derive(Debug, Clone)]
-pub struct TlsFiles {
-    pub trust_domain: String,
-    pub chain: PathBuf,
-    pub key: PathBuf,
-    pub bundle: PathBuf,
-}
-
-impl TlsFiles {
-    /// `[authority.tls]` or `[agent.tls]` naming these files.
-    pub fn section(&self) -> TlsSection {
-        TlsSection {
-            trust_domain: self.trust_domain.clone(),
-            cert_chain: self.chain.clone(),
-            key: self.key.clone(),
-            bundle: self.bundle.clone(),
-        }
-    }
+    pki: TestPkiDir,
 }
 
 impl Pki {
-    /// `waymark certs init` in `dir` for `regions`.
+    /// The CA and `regions`' intermediates under `dir`.
+    pub fn create(dir: &Path, trust_domain: &str, regions: &[&str]) -> anyhow::Result<Self> {
+        let pki = TestPkiDir::try_init(dir, trust_domain, regions)
+            .with_context(|| format!("creating the drill CA in {}", dir.display()))?;
+        Ok(Self { pki })
+    }
+
+    /// [`Pki::create`], for callers that still pass the `waymark` binary (its `certs`
+    /// command made the estate before; the library makes the same files).
     pub fn init(
-        bin: &Path,
+        _bin: &Path,
         dir: &Path,
         trust_domain: &str,
         regions: &[&str],
     ) -> anyhow::Result<Self> {
-        let mut cmd = Command::new(bin);
-        cmd.args(["certs", "init", "--dir"])
-            .arg(dir)
-            .args(["--trust-domain", trust_domain]);
-        for r in regions {
-            cmd.args(["--region", r]);
-        }
-        certs_cli(&mut cmd)?;
-        Ok(Self {
-            bin: bin.to_path_buf(),
-            dir: dir.to_path_buf(),
-            trust_domain: trust_domain.to_owned(),
-        })
+        Self::create(dir, trust_domain, regions)
     }
 
     /// The estate's trust bundle.
     pub fn bundle(&self) -> PathBuf {
-        self.dir.join("bundle.pem")
+        self.pki.bundle()
     }
 
-    /// `waymark certs issue` for `spiffe://<td>/<path>` (e.g. `region/r1/node/n1`).
-    pub fn issue(&self, path: &str) -> anyhow::Result<TlsFiles> {
-        let out = self.dir.join("issued").join(path);
-        certs_cli(
-            Command::new(&self.bin)
-                .args(["certs", "issue", "--dir"])
-                .arg(&self.dir)
-                .args([
-                    "--identity",
-                    &format!("spiffe://{}/{path}", self.trust_domain),
-                    "--ttl",
-                    "24h",
-                    "--out",
-                ])
-                .arg(&out),
-        )?;
-        Ok(TlsFiles {
-            trust_domain: self.trust_domain.clone(),
-            chain: out.join("fullchain.pem"),
-            key: out.join("key.pem"),
-            bundle: self.bundle(),
-        })
+    /// Issues `spiffe://<td>/<path>` (e.g. `region/r1/node/n1`): the `[*.tls]` naming its
+    /// files.
+    pub fn issue(&self, path: &str) -> anyhow::Result<TlsSection> {
+        let paths = self.issue_paths(path)?;
+        Ok(TlsSection::new(self.pki.trust_domain().as_str(), &paths))
     }
-}
 
-fn certs_cli(cmd: &mut Command) -> anyhow::Result<()> {
-    let out = cmd.output().context("running `waymark certs`")?;
-    anyhow::ensure!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
+    /// [`Pki::issue`], as the paths a process loads its material from.
+    pub fn issue_paths(&self, path: &str) -> anyhow::Result<MaterialPaths> {
+        self.pki
+            .try_issue(path)
+            .with_context(|| format!("issuing {path}"))
+    }
 }
 
 /// A UDP port nothing uses on `ip` now.
@@ -174,7 +130,7 @@ pub struct FederationSpec {
 pub struct AuthoritySpec {
     pub region: String,
     pub zones: Vec<String>,
-    pub tls: TlsFiles,
+    pub tls: TlsSection,
     /// `[authority.gossip]` with these keys (the member is never a prober).
     pub gossip_keys: Option<Vec<String>>,
     pub federation: Option<FederationSpec>,
@@ -270,7 +226,7 @@ pub fn authority_section(
         http: a.http,
         raft: a.raft,
     }]);
-    s.tls = Some(spec.tls.section());
+    s.tls = Some(spec.tls.clone());
     s.gossip = spec.gossip_keys.as_ref().map(|keys| GossipSection {
         bind: a.gossip,
         zone: None,
@@ -303,7 +259,7 @@ pub struct AgentSpec {
     /// Every listener (xDS, DNS, HTTP, gossip) binds here.
     pub ip: IpAddr,
     pub authority: AuthorityAddrs,
-    pub tls: TlsFiles,
+    pub tls: TlsSection,
     /// Gossip keys; `None`: no gossip (the agent is then never a prober where the
     /// authority gossips).
     pub gossip_keys: Option<Vec<String>>,
@@ -340,7 +296,7 @@ impl RegionAgent {
         c.listen.dns = dns;
         c.listen.http = http;
         c.listen.local_plaintext = true;
-        c.tls = Some(spec.tls.section());
+        c.tls = Some(spec.tls.clone());
         if let Some(keys) = &spec.gossip_keys {
             // A namespace has its own port space: a port free on loopback is free there.
             let bind = SocketAddr::new(spec.ip, free_udp_port("127.0.0.1".parse()?)?);
@@ -404,10 +360,10 @@ mod tests {
     use super::*;
     use waymark_agent::authority::config::ConfigFile;
 
-    fn tls() -> TlsFiles {
-        TlsFiles {
+    fn tls() -> TlsSection {
+        TlsSection {
             trust_domain: "drill.test".into(),
-            chain: "/p/c.pem".into(),
+            cert_chain: "/p/c.pem".into(),
             key: "/p/k.pem".into(),
             bundle: "/p/b.pem".into(),
         }
