@@ -6,7 +6,6 @@
 
 use crate::common;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -103,16 +102,7 @@ async fn leading_authority(
         paths: pki.issue("region/eu/authority/1"),
     });
     config.gossip = gossip;
-    let authority = Authority::start(config).await.unwrap();
-    authority
-        .bootstrap(BTreeMap::from([(1, authority.member())]))
-        .await
-        .unwrap();
-    let mut leader = authority.raft().watch_metrics();
-    tokio::time::timeout(WAIT, leader.wait_for(|m| m.state.is_leader()))
-        .await
-        .unwrap()
-        .unwrap();
+    let authority = common::single_member(config).await;
     let api = common::operator(&authority, "test").await;
     api.send(
         Method::PUT,

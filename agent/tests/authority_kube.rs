@@ -16,7 +16,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::kube::standin::StandIn;
-use waymark_agent::authority::member::Authority;
 use waymark_agent::authority::settings::KubeSettings;
 use waymark_testkit::until;
 
@@ -116,11 +115,7 @@ async fn published_views_follow_the_orchestrator() {
         namespace: None,
         default_zone: None,
     });
-    let a = Authority::start(config).await.unwrap();
-    a.bootstrap(BTreeMap::from([(1, a.member())]))
-        .await
-        .unwrap();
-    common::wait_leader(&a).await;
+    let a = common::single_member(config).await;
     let api = common::operator(&a, "test").await;
     until("the service to be accepted (a leader)", WAIT, async || {
         let r = api

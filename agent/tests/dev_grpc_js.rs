@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use serde_json::json;
-use tokio::time::Instant;
+use waymark_testkit::until;
 
 /// How long a change may take to reach the client: evaluation, publication, the agent's
 /// shrink-cap window (10 s) when it holds a withdrawal back, and grpc's own update.
@@ -36,19 +36,17 @@ const SOAK_SWEEPS: usize = 3;
 /// reach exactly `only`. No call may fail on the way.
 async fn converge(client: &mut GrpcClient, only: &[&str], what: &str) -> Round {
     let only: BTreeSet<&str> = only.iter().copied().collect();
-    let deadline = Instant::now() + CONVERGE;
-    loop {
+    let reaching = format!("{what}: calls to reach only {only:?}");
+    until(&reaching, CONVERGE, async || {
         let round = client.calls(None, 5).await;
         client.assert_no_errors(&round, None);
         if round.answers.keys().all(|k| only.contains(k.as_str())) {
-            break;
+            Ok(())
+        } else {
+            Err(format!("calls reach {:?}", round.answers))
         }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: calls still reach {:?} after {CONVERGE:?}",
-            round.answers
-        );
-    }
+    })
+    .await;
     let round = client.calls(None, 20).await;
     client.assert_no_errors(&round, None);
     let reached: BTreeSet<&str> = round.answers.keys().map(String::as_str).collect();

@@ -9,7 +9,6 @@
 
 use crate::common;
 
-use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -86,16 +85,7 @@ impl Estate {
             trust_domain: TrustDomain::new(TD).unwrap(),
             paths: pki.issue("region/eu/authority/1"),
         });
-        let authority = Authority::start(config).await.unwrap();
-        authority
-            .bootstrap(BTreeMap::from([(1, authority.member())]))
-            .await
-            .unwrap();
-        let mut m = authority.raft().watch_metrics();
-        tokio::time::timeout(WAIT, m.wait_for(|m| m.state.is_leader()))
-            .await
-            .unwrap()
-            .unwrap();
+        let authority = common::single_member(config).await;
         let api = common::operator(&authority, "test").await;
         let contract = json!({"owner": "payments", "contract": {
             "profile": {"probe": true, "self_report": true, "passive": true}

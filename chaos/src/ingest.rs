@@ -53,6 +53,7 @@ use waymark_core::units::Weight;
 use crate::harness::configs::name;
 use crate::harness::evidence::RegionPki;
 use crate::harness::fleet::{self, Api, FleetAuthority, Limits};
+use crate::harness::wait_until;
 use crate::rng::SplitMix64;
 use crate::writes::Spread;
 
@@ -625,8 +626,12 @@ async fn settle(
     estate: usize,
 ) -> anyhow::Result<usize> {
     let started = Instant::now();
-    loop {
-        counters.check_errors()?;
+    let what = format!("the probe assignment to cover all {estate} instances and settle");
+    let handed = wait_until(&what, START_DEADLINE, async || {
+        if let Err(e) = counters.check_errors() {
+            // Done, and failed: a stream that ended early will not come back.
+            return Ok(Err(e));
+        }
         let covered: BTreeSet<InstanceId> = sessions
             .iter()
             .flat_map(|s| {
@@ -641,31 +646,32 @@ async fn settle(
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .is_some_and(|t| t.elapsed() >= ASSIGNMENT_QUIET);
-        if covered.len() == estate && quiet {
-            let handed: usize = sessions
-                .iter()
-                .map(|s| {
-                    s.targets
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .len()
-                })
-                .sum();
-            say(&format!(
-                "assignment settled after {:.1} s: {handed} probe targets over {} sessions ({} assignment messages)",
-                started.elapsed().as_secs_f64(),
-                sessions.len(),
-                counters.assignments.load(Ordering::Relaxed)
-            ));
-            return Ok(handed);
+        if covered.len() < estate {
+            let seen = covered.len();
+            return Err(format!("{seen} of {estate} instances have a prober"));
         }
-        anyhow::ensure!(
-            started.elapsed() < START_DEADLINE,
-            "the probe assignment did not settle: {} of {estate} instances have a prober",
-            covered.len()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        if !quiet {
+            return Err("every instance has a prober; assignments still arrive".to_owned());
+        }
+        let handed: usize = sessions
+            .iter()
+            .map(|s| {
+                s.targets
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .len()
+            })
+            .sum();
+        Ok(Ok(handed))
+    })
+    .await??;
+    say(&format!(
+        "assignment settled after {:.1} s: {handed} probe targets over {} sessions ({} assignment messages)",
+        started.elapsed().as_secs_f64(),
+        sessions.len(),
+        counters.assignments.load(Ordering::Relaxed)
+    ));
+    Ok(handed)
 }
 
 /// Each session's round of messages, and the round's mix. A session probes what it is

@@ -127,11 +127,7 @@ pub async fn single_member(config: AuthorityConfig) -> Authority {
     a.bootstrap(BTreeMap::from([(1, a.member())]))
         .await
         .unwrap();
-    let mut m = a.raft().watch_metrics();
-    tokio::time::timeout(LEAD_WAIT, m.wait_for(|m| m.state.is_leader()))
-        .await
-        .expect("the single member leads")
-        .unwrap();
+    wait_leader(&a).await;
     a
 }
 

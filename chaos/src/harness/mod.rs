@@ -276,12 +276,13 @@ impl RoleProc {
     }
 }
 
-/// Polls `check` every [`POLL`] until it returns `Some`, failing after `deadline`.
-pub async fn wait_until<T>(
+/// Polls `check` every [`POLL`] until it is done (`Some`, `Ok`, `true`: see
+/// [`waymark_testkit::Progress`]), failing after `deadline` with the last thing it saw.
+pub async fn wait_until<P: waymark_testkit::Progress>(
     what: &str,
     deadline: Duration,
-    check: impl AsyncFnMut() -> Option<T>,
-) -> anyhow::Result<T> {
+    check: impl AsyncFnMut() -> P,
+) -> anyhow::Result<P::Value> {
     Ok(waymark_testkit::try_until(what, deadline, POLL, check).await?)
 }
 
