@@ -30,9 +30,10 @@ use rustls::sign::CertifiedKey;
 use crate::ca::{CaError, HostSan, IssuedLeaf, LeafSan, LeafSpec, RegionCa, RootCa};
 use crate::error::PemPart;
 use crate::layout::{LayoutError, PkiDir};
+use crate::live::LiveMaterial;
 use crate::material::{MaterialPem, parse_certs, parse_key, root_store, validate_material};
 use crate::reload::MaterialPaths;
-use crate::tls::{ALPN_H2, LiveMaterial, client_config, server_config};
+use crate::tls::{ALPN_H2, client_config, server_config};
 use crate::verify::PeerVerifier;
 use crate::{
     CertMetrics, Identity, KindSet, Material, Name, PeerPolicy, RejectReason, TrustDomain,

@@ -41,34 +41,8 @@ pub async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<Resp
     get_with(addr, path, timeout, None).await
 }
 
-/// [`get`] of an authority API route, presenting the drills' management token.
-pub async fn get_api(
-    addr: SocketAddr,
-    path: &str,
-    timeout: Duration,
-) -> Result<Response, GetError> {
-    let token = crate::harness::management_token();
-    if crate::harness::api_tls(addr).is_some() {
-        let answer = crate::harness::api_client(addr)
-            .with_timeout(timeout)
-            .send(http::Method::GET, path, None)
-            .await
-            .map_err(|e| {
-                if e.to_string().contains("no answer within") {
-                    GetError::Timeout
-                } else {
-                    GetError::Connect(std::io::Error::other(format!("{e:#}")))
-                }
-            })?;
-        return Ok(Response {
-            status: answer.status.as_u16(),
-            body: String::from_utf8_lossy(&answer.body).into_owned(),
-        });
-    }
-    get_with(addr, path, timeout, Some(token)).await
-}
-
-async fn get_with(
+/// [`get`] presenting `token` as a bearer token, when one is given.
+pub async fn get_with(
     addr: SocketAddr,
     path: &str,
     timeout: Duration,

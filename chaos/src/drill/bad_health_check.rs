@@ -543,7 +543,7 @@ async fn sample(api: SocketAddr, t_ms: u64) -> AuthoritySample {
             a.iter()
                 .any(|x| x["service"] == SERVICE && x["alarm"] == "fraction_guard")
         });
-    let metric = match crate::traffic::get_api(api, "/metrics", Duration::from_secs(2)).await {
+    let metric = match crate::harness::get_api(api, "/metrics", Duration::from_secs(2)).await {
         Ok(r) => guard_metric_set(&r.body, SERVICE),
         Err(_) => false,
     };

@@ -468,7 +468,7 @@ async fn probes_completed(agents: &[EvidenceAgent]) -> u64 {
     let mut total = 0;
     for a in agents {
         if let Ok(r) =
-            crate::traffic::get_api(a.http_addr(), "/metrics", Duration::from_secs(2)).await
+            crate::harness::get_api(a.http_addr(), "/metrics", Duration::from_secs(2)).await
         {
             total += probes_in(&r.body);
         }

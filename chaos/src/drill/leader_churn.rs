@@ -30,7 +30,7 @@ use crate::harness::cluster::{AuthorityCluster, MemberStatus, leader_of};
 use crate::harness::registrar::{self, Attempt, Op, Registrar, RegistrarConfig, Reply};
 use crate::harness::xds_watch::{VersionWatch, WatchLog};
 use crate::harness::{wait_until, waymark_bin};
-use crate::traffic::{self, ms};
+use crate::traffic::ms;
 
 pub mod figures;
 
@@ -644,7 +644,8 @@ pub(crate) async fn leader_known(
     wait_until("a new leader", deadline, async || {
         let mut statuses: Vec<MemberStatus> = Vec::new();
         for (id, api) in live {
-            if let Ok(r) = traffic::get_api(*api, "/v1/status", Duration::from_millis(500)).await
+            if let Ok(r) =
+                crate::harness::get_api(*api, "/v1/status", Duration::from_millis(500)).await
                 && let Ok(v) = serde_json::from_str::<serde_json::Value>(&r.body)
             {
                 statuses.push(MemberStatus {
@@ -745,7 +746,8 @@ impl ServicesPoller {
                 tick.tick().await;
                 for (id, api) in &members {
                     let Ok(r) =
-                        traffic::get_api(*api, "/v1/services", Duration::from_millis(500)).await
+                        crate::harness::get_api(*api, "/v1/services", Duration::from_millis(500))
+                            .await
                     else {
                         continue;
                     };

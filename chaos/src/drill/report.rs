@@ -16,7 +16,8 @@ use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::traffic::{self, Answer, Outcome, ms};
+pub use crate::harness::evidence::counts_from_services;
+use crate::traffic::{Answer, Outcome, ms};
 
 /// How often [`StateSampler`] asks the authority.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(500);
@@ -103,25 +104,6 @@ pub fn quantile(values: &[f64], q: f64) -> Option<f64> {
     Some(v[rank - 1])
 }
 
-/// Verdict counts summed over `services` (all when empty) from the authority's
-/// `/v1/services` answer.
-pub fn counts_from_services(
-    body: &serde_json::Value,
-    services: &[String],
-) -> BTreeMap<String, u64> {
-    let mut counts = BTreeMap::new();
-    for s in body.as_array().into_iter().flatten() {
-        let name = s["service"].as_str().unwrap_or_default();
-        if !services.is_empty() && !services.iter().any(|x| x == name) {
-            continue;
-        }
-        for (verdict, n) in s["verdicts"].as_object().into_iter().flatten() {
-            *counts.entry(verdict.clone()).or_default() += n.as_u64().unwrap_or(0);
-        }
-    }
-    counts
-}
-
 /// Samples the authority's verdict counts every [`SAMPLE_EVERY`] until stopped. It asks
 /// each address in turn until one answers (any member serves the committed views), and
 /// records nothing while none does — a gap in the plot is an authority that was down.
@@ -142,7 +124,8 @@ impl StateSampler {
                 tick.tick().await;
                 for api in &apis {
                     let Ok(r) =
-                        traffic::get_api(*api, "/v1/services", Duration::from_millis(400)).await
+                        crate::harness::get_api(*api, "/v1/services", Duration::from_millis(400))
+                            .await
                     else {
                         continue;
                     };

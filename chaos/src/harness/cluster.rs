@@ -16,7 +16,6 @@ use waymark_agent::authority::config::LimitsSection;
 use super::authority::{AuthorityProc, Voter};
 use super::evidence::RegionPki;
 use super::{free_port, loopback, wait_until};
-use crate::traffic;
 
 /// How long one `/v1/status` may take before the member counts as not answering.
 const STATUS_TIMEOUT: Duration = Duration::from_millis(500);
@@ -207,7 +206,7 @@ impl AuthorityCluster {
 
 /// `GET /v1/status` of one member.
 async fn status(id: u64, api: SocketAddr) -> Option<MemberStatus> {
-    let r = traffic::get_api(api, "/v1/status", STATUS_TIMEOUT)
+    let r = super::get_api(api, "/v1/status", STATUS_TIMEOUT)
         .await
         .ok()?;
     if r.status != 200 {

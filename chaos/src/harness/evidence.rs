@@ -467,9 +467,25 @@ async fn renew(client: ApiClient, ids: Vec<String>, every: Duration) {
     }
 }
 
+/// Verdict counts summed over `services` (all when empty) from the authority's
+/// `/v1/services` answer.
+pub fn counts_from_services(body: &Value, services: &[String]) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for s in body.as_array().into_iter().flatten() {
+        let name = s["service"].as_str().unwrap_or_default();
+        if !services.is_empty() && !services.iter().any(|x| x == name) {
+            continue;
+        }
+        for (verdict, n) in s["verdicts"].as_object().into_iter().flatten() {
+            *counts.entry(verdict.clone()).or_default() += n.as_u64().unwrap_or(0);
+        }
+    }
+    counts
+}
+
 /// `GET path` on an authority's API as JSON (`None` on any failure).
 pub async fn get_json(api: SocketAddr, path: &str) -> Option<Value> {
-    let r = crate::traffic::get_api(api, path, Duration::from_secs(2))
+    let r = super::get_api(api, path, Duration::from_secs(2))
         .await
         .ok()?;
     (r.status == 200)
@@ -594,7 +610,7 @@ impl Rig {
         let services = [spec.service.clone()];
         wait_until("every backend eligible from probes", d, async || {
             let body = get_json(api, "/v1/services").await?;
-            let counts = crate::drill::report::counts_from_services(&body, &services);
+            let counts = counts_from_services(&body, &services);
             (counts.get("eligible") == Some(&want)).then_some(())
         })
         .await

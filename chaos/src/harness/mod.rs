@@ -299,7 +299,7 @@ pub fn management_token() -> &'static str {
 /// The authority APIs the drills reach over TLS: address → a client config trusting the
 /// rig's bundle. A rig whose authority has `[authority.tls]` (and so serves its API over
 /// TLS) registers it with [`api_over_tls`] when it writes the configuration; every client
-/// of that address here ([`api_client`], [`http_ok`], `traffic::get_api`) then speaks TLS.
+/// of that address here ([`api_client`], [`http_ok`], [`get_api`]) then speaks TLS.
 static TLS_APIS: std::sync::LazyLock<
     std::sync::Mutex<std::collections::HashMap<SocketAddr, std::sync::Arc<rustls::ClientConfig>>>,
 > = std::sync::LazyLock::new(Default::default);
@@ -358,6 +358,33 @@ pub async fn http_ok(addr: SocketAddr, path: &str) -> bool {
     traffic::get(addr, path, timeout)
         .await
         .is_ok_and(|r| r.status == 200)
+}
+
+/// [`traffic::get`] of an authority API route, presenting the drills' management token.
+pub async fn get_api(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Result<traffic::Response, traffic::GetError> {
+    let token = management_token();
+    if api_tls(addr).is_some() {
+        let answer = api_client(addr)
+            .with_timeout(timeout)
+            .send(http::Method::GET, path, None)
+            .await
+            .map_err(|e| {
+                if e.to_string().contains("no answer within") {
+                    traffic::GetError::Timeout
+                } else {
+                    traffic::GetError::Connect(std::io::Error::other(format!("{e:#}")))
+                }
+            })?;
+        return Ok(traffic::Response {
+            status: answer.status.as_u16(),
+            body: String::from_utf8_lossy(&answer.body).into_owned(),
+        });
+    }
+    traffic::get_with(addr, path, timeout, Some(token)).await
 }
 
 /// Waits until `GET path` on `addr` answers 200, failing at once (with the log's tail) if
