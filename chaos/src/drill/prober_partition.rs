@@ -416,7 +416,7 @@ async fn start_region(
     let waymark = waymark_bin()?;
     let envoy_path = envoy_bin()?;
     let host = IpAddr::V4(nets.zb.host_ip());
-    let pki = Pki::init(&waymark, &run_dir.join("pki"), TRUST_DOMAIN, &[REGION])?;
+    let pki = Pki::create(&run_dir.join("pki"), TRUST_DOMAIN, &[REGION])?;
     let keys = vec![gossip_key(params.seed)];
     let addrs = AuthorityAddrs::pick(host, host)?;
     let spec = AuthoritySpec {

@@ -356,7 +356,7 @@ async fn start_estate(
     let waymark = waymark_bin()?;
     let envoy_path = envoy_bin()?;
     let host = IpAddr::V4(netns.host_ip());
-    let pki = Pki::init(&waymark, &run_dir.join("pki"), TRUST_DOMAIN, &REGIONS)?;
+    let pki = Pki::create(&run_dir.join("pki"), TRUST_DOMAIN, &REGIONS)?;
     let ip_of = |r: &str| {
         if r == CUT {
             IpAddr::V4(netns.ns_ip())

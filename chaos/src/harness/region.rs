@@ -40,17 +40,6 @@ impl Pki {
         Ok(Self { pki })
     }
 
-    /// [`Pki::create`], for callers that still pass the `waymark` binary (its `certs`
-    /// command made the estate before; the library makes the same files).
-    pub fn init(
-        _bin: &Path,
-        dir: &Path,
-        trust_domain: &str,
-        regions: &[&str],
-    ) -> anyhow::Result<Self> {
-        Self::create(dir, trust_domain, regions)
-    }
-
     /// The estate's trust bundle.
     pub fn bundle(&self) -> PathBuf {
         self.pki.bundle()
