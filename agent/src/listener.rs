@@ -18,6 +18,9 @@
 //!          request timeout (408, counted in …_requests_timed_out_total) ─► the router
 //! ```
 //!
+//! A handler that holds a request on purpose (the API's blocking queries) says until when
+//! through the request's [`RequestDeadline`]; the request timeout then runs from there.
+//!
 //! Body limits are per route, in the routers (`DefaultBodyLimit`), because only the router
 //! knows which route needs more than the small default.
 
@@ -437,6 +440,42 @@ fn refuse(
     let _ = stream.try_write(response.as_bytes());
 }
 
+/// The longest a handler may hold a request on purpose ([`RequestDeadline::hold_until`]),
+/// counted from the request's start: above the API's longest blocking wait with its jitter
+/// (10 min and 1/16 of it).
+pub const HOLD_MAX: Duration = Duration::from_secs(11 * 60);
+
+/// When a request in flight is answered `408`, as an extension of every request a listener
+/// serves (`Option<axum::Extension<RequestDeadline>>` in a handler).
+///
+/// It starts at the listener's request timeout. A handler that holds a request on purpose
+/// — a blocking query waiting for a change — calls [`RequestDeadline::hold_until`], and the
+/// request timeout then runs from the end of the hold, so building the answer after a long
+/// wait has the same budget as any answer.
+#[derive(Debug, Clone)]
+pub struct RequestDeadline {
+    at: Arc<watch::Sender<tokio::time::Instant>>,
+    start: tokio::time::Instant,
+    timeout: Duration,
+}
+
+impl RequestDeadline {
+    /// The request may be held until `until`: its deadline becomes `until` plus the
+    /// request timeout, never earlier than it was, and never past [`HOLD_MAX`] plus the
+    /// request timeout from the request's start.
+    pub fn hold_until(&self, until: tokio::time::Instant) {
+        let ceiling = self.start + HOLD_MAX + self.timeout;
+        let at = (until + self.timeout).min(ceiling);
+        self.at.send_if_modified(|d| {
+            let later = at > *d;
+            if later {
+                *d = at;
+            }
+            later
+        });
+    }
+}
+
 #[derive(Clone)]
 struct Deadline {
     listener: &'static str,
@@ -444,28 +483,42 @@ struct Deadline {
     metrics: HttpMetrics,
 }
 
-/// The request timeout: `408` with the API's error shape once it has passed.
-async fn deadline(State(d): State<Deadline>, request: Request, next: Next) -> Response {
+/// The request timeout: `408` with the API's error shape once it has passed, or once the
+/// hold a handler asked for ([`RequestDeadline`]) and the timeout after it have.
+async fn deadline(State(d): State<Deadline>, mut request: Request, next: Next) -> Response {
     let path = request.uri().path().to_owned();
-    match tokio::time::timeout(d.timeout, next.run(request)).await {
-        Ok(response) => response,
-        Err(_elapsed) => {
-            d.metrics
-                .requests_timed_out
-                .get_or_create(&ListenerLabels {
-                    listener: d.listener,
-                })
-                .inc();
-            let timeout_ms = u64::try_from(d.timeout.as_millis()).unwrap_or(u64::MAX);
-            warn!(listener = d.listener, path = %path, timeout_ms, "http request timed out");
-            let body = serde_json::json!({"error": {
-                "reason": "request_timeout",
-                "field": null,
-                "message": format!("the request took longer than {timeout_ms} ms"),
-            }});
-            (StatusCode::REQUEST_TIMEOUT, axum::Json(body)).into_response()
+    let start = tokio::time::Instant::now();
+    let (at, mut moved) = watch::channel(start + d.timeout);
+    // This handle outlives the request, so `moved.changed()` never fails below.
+    let at = Arc::new(at);
+    request.extensions_mut().insert(RequestDeadline {
+        at: Arc::clone(&at),
+        start,
+        timeout: d.timeout,
+    });
+    let mut run = std::pin::pin!(next.run(request));
+    loop {
+        let due = *moved.borrow_and_update();
+        tokio::select! {
+            response = run.as_mut() => return response,
+            () = tokio::time::sleep_until(due) => if *moved.borrow() <= due { break },
+            _ = moved.changed() => {}
         }
     }
+    d.metrics
+        .requests_timed_out
+        .get_or_create(&ListenerLabels {
+            listener: d.listener,
+        })
+        .inc();
+    let timeout_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+    warn!(listener = d.listener, path = %path, timeout_ms, "http request timed out");
+    let body = serde_json::json!({"error": {
+        "reason": "request_timeout",
+        "field": null,
+        "message": format!("the request took longer than {timeout_ms} ms"),
+    }});
+    (StatusCode::REQUEST_TIMEOUT, axum::Json(body)).into_response()
 }
 
 #[cfg(test)]

@@ -138,6 +138,56 @@ async fn a_request_over_its_deadline_is_answered_408_and_counted() {
 }
 
 #[tokio::test]
+async fn a_request_held_on_purpose_is_timed_from_the_end_of_its_hold() {
+    // A handler that holds its request (as a blocking query does) outlives the base
+    // timeout; past its hold plus the timeout it is answered 408 all the same.
+    let timeout = Duration::from_millis(100);
+    let held = |hold: Duration, sleep: Duration| {
+        move |axum::Extension(d): axum::Extension<RequestDeadline>| async move {
+            d.hold_until(tokio::time::Instant::now() + hold);
+            tokio::time::sleep(sleep).await;
+            "held"
+        }
+    };
+    let router = Router::new()
+        .route(
+            "/held",
+            get(held(Duration::from_millis(400), Duration::from_millis(300))),
+        )
+        .route(
+            "/over",
+            get(held(Duration::from_millis(200), Duration::from_secs(60))),
+        );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let metrics = HttpMetrics::default();
+    let limits = HttpLimits {
+        request_timeout: timeout,
+        ..HttpLimits::LOCAL
+    };
+    let _task = tokio::spawn(serve(
+        listener,
+        "test",
+        router,
+        limits,
+        metrics.clone(),
+        std::future::pending(),
+    ));
+    let answer = get_text(addr, "/held").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("held"), "{answer}");
+    let start = tokio::time::Instant::now();
+    let answer = get_text(addr, "/over").await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        start.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(metrics.requests_timed_out.get_or_create(&labels()).get(), 1);
+}
+
+#[tokio::test]
 async fn headers_over_the_cap_are_refused_with_431() {
     let (addr, _, _task) = start(HttpLimits::LOCAL).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
