@@ -16,6 +16,7 @@ mod authority_cluster;
 mod authority_ingest;
 mod authority_kube;
 mod certs_cli;
+mod cli_coverage;
 mod deploy_configs;
 mod deploy_manifests;
 mod dev_grpc_js;

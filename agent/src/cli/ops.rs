@@ -1,12 +1,15 @@
 //! The operator commands: `waymark operator raft …`, `services`, `explain`, `audit`,
-//! `override`, `proxy-status`. Each prints a table (or `--json`).
+//! `override`, `proxy-status`, `federation …`; the registry's resources in [`resources`],
+//! access control in [`acl`]. Each prints a table or the API's answer (`-o`).
 
 use http::Method;
 use serde_json::{Value, json};
 
 use crate::api_client::ApiClient;
+use crate::cli::output::Output;
 
 pub mod acl;
+pub mod resources;
 
 /// Print `rows` as aligned columns under `header`.
 fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
@@ -46,10 +49,10 @@ fn s(v: &Value) -> String {
 }
 
 /// `waymark operator raft list-peers`.
-pub async fn list_peers(api: &ApiClient, as_json: bool) -> anyhow::Result<String> {
+pub async fn list_peers(api: &ApiClient, out: Output) -> anyhow::Result<String> {
     let peers = api.get_json("/v1/operator/raft/peers").await?;
-    if as_json {
-        return Ok(format!("{peers:#}\n"));
+    if let Some(printed) = out.structured(&peers) {
+        return printed;
     }
     let rows = peers
         .as_array()
@@ -92,10 +95,10 @@ pub async fn remove(api: &ApiClient, id: u64) -> anyhow::Result<String> {
 }
 
 /// `waymark services`.
-pub async fn services(api: &ApiClient, as_json: bool) -> anyhow::Result<String> {
+pub async fn services(api: &ApiClient, out: Output) -> anyhow::Result<String> {
     let list = api.get_json("/v1/services").await?;
-    if as_json {
-        return Ok(format!("{list:#}\n"));
+    if let Some(printed) = out.structured(&list) {
+        return printed;
     }
     let rows = list
         .as_array()
@@ -139,18 +142,23 @@ pub async fn services(api: &ApiClient, as_json: bool) -> anyhow::Result<String> 
 }
 
 /// `waymark explain`.
-pub async fn explain(api: &ApiClient, instance: &str, as_json: bool) -> anyhow::Result<String> {
+pub async fn explain(api: &ApiClient, instance: &str, out: Output) -> anyhow::Result<String> {
     let e = api
         .get_json(&format!("/v1/instances/{instance}/explain"))
         .await?;
-    if as_json {
-        return Ok(format!("{e:#}\n"));
+    if let Some(printed) = out.structured(&e) {
+        return printed;
     }
     Ok(e["text"].as_str().unwrap_or_default().to_owned())
 }
 
-/// `waymark audit`.
-pub async fn audit(api: &ApiClient, query: &[(&str, Option<String>)]) -> anyhow::Result<String> {
+/// `waymark audit`: a table, or the records as the API gives them (JSON lines) with
+/// `-o json`, or a YAML list.
+pub async fn audit(
+    api: &ApiClient,
+    query: &[(&str, Option<String>)],
+    out: Output,
+) -> anyhow::Result<String> {
     let q: Vec<String> = query
         .iter()
         .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={v}")))
@@ -164,7 +172,46 @@ pub async fn audit(api: &ApiClient, query: &[(&str, Option<String>)]) -> anyhow:
     if !r.status.is_success() {
         r.json()?;
     }
-    Ok(String::from_utf8_lossy(&r.body).into_owned())
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    let records = json_lines(&text)?;
+    match out {
+        Output::Json => return Ok(text),
+        Output::Yaml => return out.document(&Value::Array(records)),
+        Output::Table | Output::Wide => {}
+    }
+    let mut header = vec![
+        "SEQ", "AT_MS", "KIND", "ACTOR", "SERVICE", "INSTANCE", "OUTCOME",
+    ];
+    if out.wide() {
+        header.push("DETAIL");
+    }
+    let rows = records
+        .iter()
+        .map(|e| {
+            let mut row = vec![
+                s(&e["seq"]),
+                s(&e["at_ms"]),
+                s(&e["kind"]),
+                s(&e["actor"]),
+                s(&e["service"]),
+                s(&e["instance"]),
+                s(&e["outcome"]),
+            ];
+            if out.wide() {
+                row.push(e["detail"].to_string());
+            }
+            row
+        })
+        .collect();
+    Ok(table(&header, rows))
+}
+
+/// The records of a JSON-lines answer.
+fn json_lines(text: &str) -> anyhow::Result<Vec<Value>> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).map_err(anyhow::Error::from))
+        .collect()
 }
 
 /// What `waymark override` acts on.
@@ -224,10 +271,10 @@ pub async fn override_instance(
 }
 
 /// `waymark proxy-status`.
-pub async fn proxy_status(api: &ApiClient, as_json: bool) -> anyhow::Result<String> {
+pub async fn proxy_status(api: &ApiClient, out: Output) -> anyhow::Result<String> {
     let list = api.get_json("/v1/proxy-status").await?;
-    if as_json {
-        return Ok(format!("{list:#}\n"));
+    if let Some(printed) = out.structured(&list) {
+        return printed;
     }
     let mut rows = Vec::new();
     for c in list.as_array().into_iter().flatten() {
@@ -257,10 +304,10 @@ pub async fn proxy_status(api: &ApiClient, as_json: bool) -> anyhow::Result<Stri
 }
 
 /// `waymark members`: the gossip pool as a node agent sees it.
-pub async fn members(agent: &ApiClient, as_json: bool) -> anyhow::Result<String> {
+pub async fn members(agent: &ApiClient, out: Output) -> anyhow::Result<String> {
     let body = agent.get_json("/v1/members").await?;
-    if as_json {
-        return Ok(format!("{body:#}\n"));
+    if let Some(printed) = out.structured(&body) {
+        return printed;
     }
     let rows = body["members"]
         .as_array()
@@ -287,10 +334,10 @@ pub async fn members(agent: &ApiClient, as_json: bool) -> anyhow::Result<String>
 }
 
 /// `waymark federation status`: per peer region, then per link, then the front doors.
-pub async fn federation_status(api: &ApiClient, as_json: bool) -> anyhow::Result<String> {
+pub async fn federation_status(api: &ApiClient, out: Output) -> anyhow::Result<String> {
     let st = api.get_json("/v1/federation/status").await?;
-    if as_json {
-        return Ok(format!("{st:#}\n"));
+    if let Some(printed) = out.structured(&st) {
+        return printed;
     }
     if st["enabled"].as_bool() != Some(true) {
         return Ok(format!(
@@ -402,7 +449,7 @@ fn front_door(doors: &Value, region: &Value) -> String {
 pub async fn reconcile_log(
     api: &ApiClient,
     since_seq: Option<u64>,
-    as_json: bool,
+    out: Output,
 ) -> anyhow::Result<String> {
     let mut path = format!(
         "/v1/audit?kind=reconciliation&actor={}",
@@ -416,12 +463,14 @@ pub async fn reconcile_log(
         r.json()?;
     }
     let text = String::from_utf8_lossy(&r.body).into_owned();
-    if as_json {
-        return Ok(text);
+    let records = json_lines(&text)?;
+    match out {
+        Output::Json => return Ok(text),
+        Output::Yaml => return out.document(&Value::Array(records)),
+        Output::Table | Output::Wide => {}
     }
     let mut rows = Vec::new();
-    for line in text.lines() {
-        let e: Value = serde_json::from_str(line)?;
+    for e in &records {
         for entry in e["detail"]["entries"].as_array().into_iter().flatten() {
             rows.push(vec![
                 s(&e["seq"]),
@@ -458,10 +507,10 @@ pub async fn region_failover(
 }
 
 /// `waymark federation failovers`.
-pub async fn region_failovers(api: &ApiClient, as_json: bool) -> anyhow::Result<String> {
+pub async fn region_failovers(api: &ApiClient, out: Output) -> anyhow::Result<String> {
     let all = api.get_json("/v1/federation/failovers").await?;
-    if as_json {
-        return Ok(format!("{all:#}\n"));
+    if let Some(printed) = out.structured(&all) {
+        return printed;
     }
     let rows = all
         .as_object()

@@ -7,12 +7,13 @@ use serde_json::{Value, json};
 
 use super::{s, table};
 use crate::api_client::ApiClient;
+use crate::cli::output::Output;
 
 /// `waymark acl whoami`.
-pub async fn whoami(api: &ApiClient, as_json: bool) -> anyhow::Result<String> {
+pub async fn whoami(api: &ApiClient, out: Output) -> anyhow::Result<String> {
     let me = api.get_json("/v1/acl/whoami").await?;
-    if as_json {
-        return Ok(format!("{me:#}\n"));
+    if let Some(printed) = out.structured(&me) {
+        return printed;
     }
     let grants: Vec<String> = me["grants"]
         .as_array()
@@ -48,10 +49,10 @@ pub async fn bootstrap(api: &ApiClient) -> anyhow::Result<String> {
 }
 
 /// `waymark acl grants`.
-pub async fn grants(api: &ApiClient, as_json: bool) -> anyhow::Result<String> {
+pub async fn grants(api: &ApiClient, out: Output) -> anyhow::Result<String> {
     let r = api.get_json("/v1/acl/grants").await?;
-    if as_json {
-        return Ok(format!("{r:#}\n"));
+    if let Some(printed) = out.structured(&r) {
+        return printed;
     }
     let rows = r["grants"]
         .as_array()
@@ -77,10 +78,10 @@ pub async fn grant(api: &ApiClient, to: &str, can: &str, add: bool) -> anyhow::R
 }
 
 /// `waymark acl tokens`.
-pub async fn tokens(api: &ApiClient, as_json: bool) -> anyhow::Result<String> {
+pub async fn tokens(api: &ApiClient, out: Output) -> anyhow::Result<String> {
     let list = api.get_json("/v1/acl/tokens").await?;
-    if as_json {
-        return Ok(format!("{list:#}\n"));
+    if let Some(printed) = out.structured(&list) {
+        return printed;
     }
     let rows = list
         .as_array()
