@@ -2,23 +2,29 @@
 //! (`PUT /v1/instances/{id}/renew`), deregistration (`DELETE /v1/instances/{id}`),
 //! external endpoints (`POST /v1/external`, `DELETE /v1/external/{id}`) and the
 //! evaluator's explanation (`GET /v1/instances/{id}/explain`, answered by the leader).
-//! Registration proves ownership (see `access`). Overrides are in `overrides`.
+//! Registration proves ownership (see `access`). Overrides are in `overrides`. The list is
+//! a blocking query ([`super::blocking`]), filtered and paged ([`super::query`]).
+
+use std::collections::BTreeMap;
 
 use axum::Extension;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use serde_json::{Value, json};
-use waymark_core::model::{Instance, InstanceId};
+use waymark_core::model::{Instance, InstanceId, RegionName};
+use waymark_core::view::ViewEndpoint;
 use waymark_registry::acl::Action;
-use waymark_registry::machine::Refusal;
+use waymark_registry::machine::{AuthorityState, Refusal};
 use waymark_registry::state::{Applied, Command, Registration};
 
+use super::blocking::{self, Reads};
+use super::query::{self, Walk};
 use super::{ApiError, ApiResult, ApiState, Body, parse_name};
 use crate::authority::fields;
 use crate::authority::leader::RenewError;
 use crate::authority::principal::Caller;
+use crate::listener::RequestDeadline;
 
 pub(super) async fn register(
     State(s): State<ApiState>,
@@ -54,28 +60,81 @@ pub(super) async fn register(
     }
 }
 
-#[derive(Debug, Deserialize)]
-pub(super) struct InstancesQuery {
-    service: Option<String>,
-}
+/// The parameters of `GET /v1/instances`.
+const INSTANCES_PARAMS: &[&str] = &[
+    "index",
+    "wait",
+    "service",
+    "tag",
+    "zone",
+    "verdict",
+    "capability",
+    "passing",
+    "limit",
+    "cursor",
+];
 
+/// `GET /v1/instances`: blocking, filtered, and paged by instance id. A filter on verdicts
+/// or capabilities reads this region's views (an instance in none is `withdrawn`), and the
+/// route's index then follows the views too.
 pub(super) async fn instances(
     State(s): State<ApiState>,
-    Query(q): Query<InstancesQuery>,
-) -> impl IntoResponse {
-    let list: Vec<Value> = s.raft.with_state(|state, _| {
-        state
+    uri: Uri,
+    deadline: Option<Extension<RequestDeadline>>,
+) -> ApiResult<Response> {
+    let walk = Walk::Instances;
+    let q = s.list_query(&uri, INSTANCES_PARAMS, Some(walk))?;
+    let reads = if q.filter.reads_views() {
+        Reads::InstancesAndViews
+    } else {
+        Reads::Instances
+    };
+    let index = blocking::wait(&s.indices, reads, q.blocking, deadline.as_deref()).await;
+    let (list, next) = s.raft.with_state(|state, _| {
+        let endpoints = if q.filter.reads_views() {
+            local_endpoints(state, &s.region)
+        } else {
+            BTreeMap::new()
+        };
+        let matching = state
             .registry()
             .instances()
             .filter(|r| {
                 q.service
-                    .as_deref()
-                    .is_none_or(|svc| r.instance.service.as_str() == svc)
+                    .as_ref()
+                    .is_none_or(|svc| &r.instance.service == svc)
             })
+            .filter(|r| {
+                q.filter
+                    .matches_instance(r, endpoints.get(&r.instance.id).copied())
+            })
+            .map(|r| (r.instance.id.as_str(), r));
+        let (page, next) = query::paginate(matching, q.page.as_ref(), walk);
+        let list: Vec<Value> = page
+            .into_iter()
             .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
-            .collect()
+            .collect();
+        (list, next)
     });
-    axum::Json(list)
+    let response = blocking::with_index(axum::Json(list).into_response(), index);
+    Ok(query::with_next(response, next))
+}
+
+/// Every endpoint of this region in the published views, by instance: each service's views
+/// (one per caller zone) hold the same endpoints and verdicts, so the first seen stands.
+pub(super) fn local_endpoints<'a>(
+    state: &'a AuthorityState,
+    region: &RegionName,
+) -> BTreeMap<&'a InstanceId, &'a ViewEndpoint> {
+    let mut endpoints = BTreeMap::new();
+    for view in state.published().values() {
+        for (id, e) in view.view.endpoints.iter() {
+            if &e.region == region {
+                endpoints.entry(id).or_insert(e);
+            }
+        }
+    }
+    endpoints
 }
 
 pub(super) async fn renew(

@@ -30,9 +30,10 @@
 //! what they may do, before every route), `services` (services, contracts, policies),
 //! `instances` (registrations, leases, externals, overrides, explain), `routing` (zone
 //! evacuation and region failover), `acl` (grants and tokens), `audit` (the audit log and
-//! alarms) and `status` (probes, status, Raft membership, federation, proxy status,
-//! metrics). This file holds the state, the router, the error shape and the helpers every
-//! handler shares.
+//! alarms), `status` (probes, status, Raft membership, federation, proxy status,
+//! metrics) and `discovery` (Prometheus HTTP service discovery); `blocking` and `query` are
+//! the read routes' blocking queries, filters and pages. This file holds the state, the
+//! router, the error shape and the helpers every handler shares.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -66,14 +67,20 @@ use super::regions::RegionsHandle;
 mod access;
 mod acl;
 mod audit;
+mod blocking;
+mod discovery;
 mod instances;
 mod overrides;
+mod query;
 mod routing;
 mod services;
 mod status;
 
 pub use acl::new_secret;
 pub use audit::REDACTED;
+pub use blocking::{INDEX_HEADER, JITTER_DIVISOR, WAIT_DEFAULT, WAIT_MAX};
+pub use discovery::LABEL_PREFIX;
+pub use query::{FILTER_VALUES_MAX, LIMIT_MAX, NEXT_CURSOR_HEADER};
 
 /// Audit records returned by one request at most.
 pub const AUDIT_PAGE_MAX: usize = 10_000;
@@ -111,6 +118,8 @@ pub struct ApiState {
     denials: Arc<Mutex<Denials>>,
     /// `https` when the API listener is mutual TLS (redirects name the same scheme).
     scheme: &'static str,
+    /// What the blocking queries wait on.
+    indices: tokio::sync::watch::Receiver<blocking::Indices>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -133,6 +142,7 @@ impl ApiState {
     ) -> Self {
         Self {
             commits: Committer::start(raft.clone(), GroupCommitConfig::default(), metrics.clone()),
+            indices: blocking::follow(raft.clone()),
             raft,
             leader,
             metrics,
@@ -198,6 +208,7 @@ pub fn router(state: ApiState) -> Router {
                 .get(services::get_policy)
                 .layer(limit(POLICY_BODY_MAX)),
         )
+        .route("/v1/prometheus/sd", get(discovery::prometheus_sd))
         .route("/v1/zones", get(routing::zones))
         .route("/v1/zones/{zone}/evacuation", post(routing::evacuation))
         .route(
@@ -391,6 +402,16 @@ impl ApiState {
             .inc();
         tracing::info!(reason = %e.reason, field = ?e.field, message = %e.message, "api request refused");
         e
+    }
+
+    /// Parse a read route's query string ([`query`]); a refusal is counted and logged.
+    fn list_query(
+        &self,
+        uri: &Uri,
+        allowed: &[&str],
+        walk: Option<query::Walk>,
+    ) -> ApiResult<query::ListQuery> {
+        query::ListQuery::parse(uri, allowed, walk).map_err(|e| self.refuse(e))
     }
 
     /// Parse a JSON body; a malformed one is refused naming the field where serde can.

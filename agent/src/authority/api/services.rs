@@ -1,7 +1,9 @@
 //! Services, their health contracts and policies: `GET /v1/services`,
 //! `GET|PUT|DELETE /v1/services/{service}`, `GET /v1/services/{service}/view`,
 //! `GET|PUT /v1/services/{service}/policy` and `POST /v1/contracts/validate`. Writes need
-//! `own:<service>`; a policy change is audited whether applied or refused.
+//! `own:<service>`; a policy change is audited whether applied or refused. The three reads
+//! of services and views are blocking queries ([`super::blocking`]); the list is paged and
+//! the view filtered ([`super::query`]).
 
 use std::collections::BTreeMap;
 
@@ -13,15 +15,18 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use waymark_core::contract::HealthContract;
 use waymark_core::eligibility::EvidenceMode;
-use waymark_core::model::ServiceName;
+use waymark_core::model::{RegionName, ServiceName};
 use waymark_registry::acl::Action;
-use waymark_registry::machine::{AuditEntry, AuditKind};
+use waymark_registry::machine::{AuditEntry, AuditKind, AuthorityState};
 use waymark_registry::state::{Command, ServicePolicyRecord};
 
+use super::blocking::{self, Reads};
+use super::query::{self, Filter, Walk};
 use super::{ApiError, ApiResult, ApiState, Body, parse_name};
 use crate::authority::clock::now_ms;
 use crate::authority::fields;
 use crate::authority::principal::Caller;
+use crate::listener::RequestDeadline;
 
 #[derive(Debug, Serialize)]
 struct ServiceSummary {
@@ -39,68 +44,88 @@ struct ServiceSummary {
     version: Option<String>,
 }
 
-pub(super) async fn services(State(s): State<ApiState>) -> impl IntoResponse {
-    let list: Vec<ServiceSummary> = s.raft.with_state(|state, _| {
-        state
+/// `GET /v1/services`: blocking, and paged by service name.
+pub(super) async fn services(
+    State(s): State<ApiState>,
+    uri: Uri,
+    deadline: Option<Extension<RequestDeadline>>,
+) -> ApiResult<Response> {
+    let walk = Walk::Services;
+    let q = s.list_query(&uri, &["index", "wait", "limit", "cursor"], Some(walk))?;
+    let index = blocking::wait(&s.indices, Reads::Services, q.blocking, deadline.as_deref()).await;
+    let (list, next) = s.raft.with_state(|state, _| {
+        let services = state
             .registry()
             .services()
-            .map(|(name, record)| {
-                let instances = state
-                    .registry()
-                    .instances()
-                    .filter(|i| &i.instance.service == name)
-                    .count();
-                let views: Vec<_> = state
-                    .published()
-                    .iter()
-                    .filter(|(k, _)| &k.service == name)
-                    .map(|(_, v)| v)
-                    .collect();
-                let mut verdicts: BTreeMap<String, usize> = BTreeMap::new();
-                let mut evidence: BTreeMap<EvidenceMode, usize> = BTreeMap::new();
-                if let Some(v) = views.first() {
-                    for e in v.view.endpoints.values() {
-                        if e.region == s.region {
-                            *verdicts.entry(e.verdict.as_str().to_owned()).or_default() += 1;
-                            if let Some(c) = e.capability {
-                                *evidence.entry(c.evidence).or_default() += 1;
-                            }
-                        }
-                    }
-                }
-                let routed: usize = verdicts.values().sum();
-                if instances > routed {
-                    verdicts.insert("withdrawn".into(), instances - routed);
-                }
-                let mut disregarded: Vec<String> = views
-                    .iter()
-                    .flat_map(|v| {
-                        v.view
-                            .markers
-                            .health_disregarded
-                            .iter()
-                            .map(ToString::to_string)
-                    })
-                    .collect();
-                disregarded.sort();
-                disregarded.dedup();
-                ServiceSummary {
-                    service: name.clone(),
-                    owner: record.owner.clone(),
-                    instances,
-                    verdicts,
-                    evidence_mode: headline(&evidence),
-                    evidence,
-                    health_disregarded: disregarded,
-                    no_eligible_in_region: views
-                        .iter()
-                        .any(|v| v.view.markers.no_eligible_in_region),
-                    version: views.iter().map(|v| v.version).max().map(|v| v.to_string()),
-                }
-            })
-            .collect()
+            .map(|(name, record)| (name.as_str(), (name, record)));
+        let (page, next) = query::paginate(services, q.page.as_ref(), walk);
+        let list: Vec<ServiceSummary> = page
+            .into_iter()
+            .map(|(name, record)| summary(state, &s.region, name, &record.owner))
+            .collect();
+        (list, next)
     });
-    axum::Json(list)
+    let response = blocking::with_index(axum::Json(list).into_response(), index);
+    Ok(query::with_next(response, next))
+}
+
+/// One service's line in `GET /v1/services`.
+fn summary(
+    state: &AuthorityState,
+    region: &RegionName,
+    name: &ServiceName,
+    owner: &str,
+) -> ServiceSummary {
+    let instances = state
+        .registry()
+        .instances()
+        .filter(|i| &i.instance.service == name)
+        .count();
+    let views: Vec<_> = state
+        .published()
+        .iter()
+        .filter(|(k, _)| &k.service == name)
+        .map(|(_, v)| v)
+        .collect();
+    let mut verdicts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut evidence: BTreeMap<EvidenceMode, usize> = BTreeMap::new();
+    if let Some(v) = views.first() {
+        for e in v.view.endpoints.values() {
+            if &e.region == region {
+                *verdicts.entry(e.verdict.as_str().to_owned()).or_default() += 1;
+                if let Some(c) = e.capability {
+                    *evidence.entry(c.evidence).or_default() += 1;
+                }
+            }
+        }
+    }
+    let routed: usize = verdicts.values().sum();
+    if instances > routed {
+        verdicts.insert("withdrawn".into(), instances - routed);
+    }
+    let mut disregarded: Vec<String> = views
+        .iter()
+        .flat_map(|v| {
+            v.view
+                .markers
+                .health_disregarded
+                .iter()
+                .map(ToString::to_string)
+        })
+        .collect();
+    disregarded.sort();
+    disregarded.dedup();
+    ServiceSummary {
+        service: name.clone(),
+        owner: owner.to_owned(),
+        instances,
+        verdicts,
+        evidence_mode: headline(&evidence),
+        evidence,
+        health_disregarded: disregarded,
+        no_eligible_in_region: views.iter().any(|v| v.view.markers.no_eligible_in_region),
+        version: views.iter().map(|v| v.version).max().map(|v| v.to_string()),
+    }
 }
 
 /// The mode most routed instances are in; a tie goes to the weaker mode, so a service is
@@ -114,27 +139,32 @@ fn headline(counts: &BTreeMap<EvidenceMode, usize>) -> Option<EvidenceMode> {
         .map(|(m, _)| *m)
 }
 
+/// `GET /v1/services/{service}`: blocking.
 pub(super) async fn get_service(
     State(s): State<ApiState>,
+    uri: Uri,
+    deadline: Option<Extension<RequestDeadline>>,
     Path(service): Path<String>,
 ) -> ApiResult<Response> {
     let name: ServiceName = parse_name(&service, "service")?;
-    s.raft.with_state(|state, _| {
-        let record = state.registry().service(&name).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "unknown_service",
-                Some("service"),
-                format!("service {name} is not registered"),
-            )
-        })?;
-        Ok(
-            axum::Json(
+    let q = s.list_query(&uri, &["index", "wait"], None)?;
+    let index = blocking::wait(&s.indices, Reads::Service, q.blocking, deadline.as_deref()).await;
+    let response =
+        s.raft.with_state(|state, _| -> ApiResult<Response> {
+            let record = state.registry().service(&name).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "unknown_service",
+                    Some("service"),
+                    format!("service {name} is not registered"),
+                )
+            })?;
+            Ok(axum::Json(
                 json!({"service": name, "owner": record.owner, "contract": record.contract}),
             )
-            .into_response(),
-        )
-    })
+            .into_response())
+        })?;
+    Ok(blocking::with_index(response, index))
 }
 
 #[derive(Debug, Deserialize)]
@@ -201,20 +231,51 @@ pub(super) async fn remove_service(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// `GET /v1/services/{service}/view`: blocking; the filters keep the endpoints they match
+/// (each view keeps its version and markers, which describe the whole view).
 pub(super) async fn service_view(
     State(s): State<ApiState>,
+    uri: Uri,
+    deadline: Option<Extension<RequestDeadline>>,
     Path(service): Path<String>,
 ) -> ApiResult<Response> {
     let name: ServiceName = parse_name(&service, "service")?;
+    let allowed = [
+        "index",
+        "wait",
+        "tag",
+        "zone",
+        "verdict",
+        "capability",
+        "passing",
+    ];
+    let q = s.list_query(&uri, &allowed, None)?;
+    let reads = Reads::Views(&name);
+    let index = blocking::wait(&s.indices, reads, q.blocking, deadline.as_deref()).await;
     let views: Vec<_> = s.raft.with_state(|state, _| {
         state
             .published()
             .iter()
             .filter(|(k, _)| k.service == name)
-            .map(|(_, v)| v.clone())
+            .map(|(_, v)| {
+                let mut v = v.clone();
+                if q.filter != Filter::default() {
+                    v.view.endpoints = v
+                        .view
+                        .endpoints
+                        .iter()
+                        .filter(|(_, e)| q.filter.matches_endpoint(e))
+                        .map(|(id, e)| (id.clone(), e.clone()))
+                        .collect();
+                }
+                v
+            })
             .collect()
     });
-    Ok(axum::Json(views).into_response())
+    Ok(blocking::with_index(
+        axum::Json(views).into_response(),
+        index,
+    ))
 }
 
 pub(super) async fn get_policy(
