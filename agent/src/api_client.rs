@@ -67,11 +67,13 @@ impl Transport {
     }
 }
 
-/// A response: status and body.
+/// A response: status, headers and body.
 #[derive(Debug)]
 pub struct ApiResponse {
     /// The status.
     pub status: StatusCode,
+    /// The headers (a blocking query's `X-Waymark-Index`, a page's `X-Waymark-Next-Cursor`).
+    pub headers: http::HeaderMap,
     /// The body.
     pub body: Bytes,
 }
@@ -255,12 +257,17 @@ impl ApiClient {
                 url = location.to_str()?.to_owned();
                 continue;
             }
+            let headers = response.headers().clone();
             let body = http_body_util::Limited::new(response.into_body(), self.response_limit)
                 .collect()
                 .await
                 .map_err(|e| anyhow::anyhow!("reading the answer from {url}: {e}"))?
                 .to_bytes();
-            return Ok(ApiResponse { status, body });
+            return Ok(ApiResponse {
+                status,
+                headers,
+                body,
+            });
         }
         bail!("too many redirects (no stable leader?)")
     }
