@@ -177,7 +177,8 @@ for name, c in CONTRACTS.items():
     write("contract", name + ".json", json.dumps(c))
 write("contract", "policy.json", json.dumps({"min_healthy_override": 700, "failover_zones": ["b", "a"],
                                              "failover_regions": ["us"], "allowed_callers": ["web"]}))
-write("contract", "durations.jsonl", '"250ms"\n"10s"\n"5m"\n"1h"\n"1.5s"\n"18446744073709551615ms"\n')
+write("contract", "durations.jsonl", '"250ms"\n"10s"\n"5m"\n"1h"\n"1.5s"\n"18446744073709551615ms"\n'
+      '"0"\n"1m30s"\n"2h45m"\n"1d"\n".5s"\n"1.5ns"\n"10"\n"1 s"\n"213503982334601d7h15.999999999s"\n')
 
 # --- API bodies (authority_api.rs, hostile_inputs.rs) -------------------------------------------
 ROUTES = ["POST /v1/operator/raft/members", "DELETE /v1/operator/raft/members/{id}",

@@ -20,11 +20,11 @@ use waymark_certs::ca::HostSan;
 use waymark_certs::error::PemPart;
 use waymark_certs::layout::PkiDir;
 use waymark_certs::lifetime::{
-    self, ExpiryStatus, LEAF_TTL_DEFAULT, OPERATOR_TTL_DEFAULT, format_duration,
-    format_unix_seconds,
+    self, ExpiryStatus, LEAF_TTL_DEFAULT, OPERATOR_TTL_DEFAULT, format_unix_seconds,
 };
 use waymark_certs::material::{CertInfo, SanEntry, cert_info, parse_certs};
 use waymark_certs::{Identity, IdentityKind, Name, TrustDomain};
+use waymark_core::duration_str::{self, format as format_duration};
 
 /// Manage the estate's certificates.
 #[derive(Debug, clap::Args)]
@@ -55,9 +55,9 @@ enum CertsCommand {
         /// The identity, e.g. spiffe://mesh.example.org/region/eu/node/n1.
         #[arg(long)]
         identity: String,
-        /// Lifetime, e.g. 24h (default: 24h, or 8h for operators).
-        #[arg(long)]
-        ttl: Option<String>,
+        /// Lifetime, e.g. 24h or 1d12h (default: 24h, or 8h for operators).
+        #[arg(long, value_parser = duration_str::parse)]
+        ttl: Option<Duration>,
         /// Not needed: a regional identity is issued by its own region's intermediate, and
         /// an operator (spiffe://<td>/operator/<name>) by the estate root alone. If given,
         /// it must name the identity's own region; it is refused for operators.
@@ -77,8 +77,8 @@ enum CertsCommand {
         /// PEM file holding one or more certificates.
         file: PathBuf,
         /// Warn when a certificate expires within this window.
-        #[arg(long, default_value = "60m")]
-        outage_window: String,
+        #[arg(long, default_value = "60m", value_parser = duration_str::parse)]
+        outage_window: Duration,
     },
 }
 
@@ -101,13 +101,12 @@ pub(crate) fn run(args: CertsArgs) -> anyhow::Result<()> {
             hosts,
         } => {
             let hosts: Vec<HostSan> = hosts.iter().map(|h| HostSan::parse(h)).collect();
-            let ttl = ttl.as_deref();
             issue(dir, &identity, ttl, region.as_deref(), out, &hosts, now)
         }
         CertsCommand::Inspect {
             file,
             outage_window,
-        } => inspect(&file, &outage_window, now),
+        } => inspect(&file, outage_window, now),
     }
 }
 
@@ -137,7 +136,7 @@ fn init(
 fn issue(
     dir: PathBuf,
     identity: &str,
-    ttl: Option<&str>,
+    ttl: Option<Duration>,
     region: Option<&str>,
     out: Option<PathBuf>,
     hosts: &[HostSan],
@@ -145,7 +144,7 @@ fn issue(
 ) -> anyhow::Result<()> {
     let identity: Identity = identity.parse().context("--identity")?;
     let ttl = match ttl {
-        Some(text) => lifetime::parse_duration(text).context("--ttl")?,
+        Some(ttl) => ttl,
         None if identity.kind() == IdentityKind::Operator => OPERATOR_TTL_DEFAULT,
         None => LEAF_TTL_DEFAULT,
     };
@@ -184,8 +183,7 @@ fn issue(
     Ok(())
 }
 
-fn inspect(file: &std::path::Path, outage_window: &str, now: SystemTime) -> anyhow::Result<()> {
-    let window = lifetime::parse_duration(outage_window).context("--outage-window")?;
+fn inspect(file: &std::path::Path, window: Duration, now: SystemTime) -> anyhow::Result<()> {
     let pem = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
     let certs = parse_certs(&pem, PemPart::Certificate)?;
     for (i, der) in certs.iter().enumerate() {

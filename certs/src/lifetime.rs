@@ -12,8 +12,6 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-const MINUTE: Duration = Duration::from_secs(60);
-const HOUR: Duration = Duration::from_secs(3600);
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
 /// The control-plane outage every certificate must survive.
@@ -64,12 +62,6 @@ pub enum LifetimeError {
         ttl_s: u64,
         /// Maximum in seconds.
         max_s: u64,
-    },
-    /// Not a duration such as `24h`, `90m`, `3600s` or `7d`. Nothing changed.
-    #[error("{text:?} is not a duration (use e.g. 24h, 90m, 3600s, 7d)")]
-    BadDuration {
-        /// The refused text.
-        text: String,
     },
 }
 
@@ -144,35 +136,6 @@ pub fn expiry_status(
             ExpiryStatus::ExpiresWithinOutage { remaining }
         }
         Ok(remaining) => ExpiryStatus::Valid { remaining },
-    }
-}
-
-/// Parses a duration written as a whole number and a unit: `s`, `m`, `h` or `d`.
-pub fn parse_duration(text: &str) -> Result<Duration, LifetimeError> {
-    let bad = || LifetimeError::BadDuration {
-        text: text.to_owned(),
-    };
-    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-    let (digits, unit) = text.split_at(split);
-    let count: u32 = digits.parse().map_err(|_| bad())?;
-    let unit = match unit {
-        "s" => Duration::from_secs(1),
-        "m" => MINUTE,
-        "h" => HOUR,
-        "d" => DAY,
-        _ => return Err(bad()),
-    };
-    unit.checked_mul(count).ok_or_else(bad)
-}
-
-/// Formats a duration the way [`parse_duration`] reads it, in the largest exact unit.
-pub fn format_duration(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        _ if s > 0 && s.is_multiple_of(DAY.as_secs()) => format!("{}d", s / DAY.as_secs()),
-        _ if s > 0 && s.is_multiple_of(HOUR.as_secs()) => format!("{}h", s / HOUR.as_secs()),
-        _ if s > 0 && s.is_multiple_of(MINUTE.as_secs()) => format!("{}m", s / MINUTE.as_secs()),
-        _ => format!("{s}s"),
     }
 }
 
@@ -266,20 +229,6 @@ mod tests {
             check_leaf_ttl(Duration::from_secs(30 * 86_400)),
             Err(LifetimeError::TooLong { .. })
         ));
-    }
-
-    #[test]
-    fn durations_parse_and_format_in_whole_units() {
-        assert_eq!(parse_duration("24h"), Ok(DAY));
-        assert_eq!(parse_duration("90m"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("7d"), Ok(7 * DAY));
-        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
-        for bad in ["", "h", "24", "24x", "-1h", "1.5h", "99999999999h"] {
-            assert!(parse_duration(bad).is_err(), "{bad:?}");
-        }
-        assert_eq!(format_duration(DAY), "1d");
-        assert_eq!(format_duration(Duration::from_secs(5400)), "90m");
-        assert_eq!(format_duration(Duration::from_secs(61)), "61s");
     }
 
     #[test]

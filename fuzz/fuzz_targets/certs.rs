@@ -8,8 +8,9 @@
 //! - `1`: one DER certificate.
 //! - `2`: a PEM private key.
 //! - `3`: `chain \0 key \0 bundle`, validated as our own material.
-//! - otherwise: text, as an identity URI, a CA scope and a lifetime duration. An identity
-//!   that parses prints back to the same identity.
+//! - otherwise: text, as an identity URI, a CA scope and a `--ttl` (the one duration
+//!   grammar, `waymark_core::duration_str`, then the CA's lifetime bounds). An identity that
+//!   parses prints back to the same identity.
 #![no_main]
 
 use std::sync::OnceLock;
@@ -25,6 +26,7 @@ use waymark_certs::material::{
     MaterialPem, PeerPolicy, Usage, cert_info, check_peer, parse_certs, parse_key, root_store,
     unix_time, validate_material,
 };
+use waymark_core::duration_str;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
@@ -86,8 +88,8 @@ fuzz_target!(|data: &[u8]| {
                 let _ = (identity.kind(), identity.region(), identity.path_segments());
             }
             let _ = CaScope::parse(text);
-            if let Ok(d) = lifetime::parse_duration(text) {
-                let _ = lifetime::format_duration(d);
+            if let Ok(ttl) = duration_str::parse(text) {
+                let _ = lifetime::check_leaf_ttl(ttl);
             }
         }
     }

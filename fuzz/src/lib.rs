@@ -114,6 +114,17 @@ const DURATIONS: &[&str] = &[
     "s",
     "-1s",
     "1.5s",
+    "0",
+    ".5s",
+    "1m30s",
+    "2h45m",
+    "1d",
+    "1.5ns",
+    "250us",
+    "1\u{b5}s",
+    "1h0.001s",
+    "213503982334601d7h15.999999999s",
+    "213503982334601d7h16s",
 ];
 const PERMILLES: &[u64] = &[
     0, 1, 50, 100, 250, 500, 700, 900, 999, 1000, 1001, 65535, 65536,
@@ -277,9 +288,19 @@ impl<'a> Gen<'a> {
     /// A duration string in the one grammar (and some that are not).
     pub fn duration(&mut self) -> String {
         if self.one_in(6) {
-            let n: u64 = self.u.arbitrary().unwrap_or(0);
-            let unit = self.pick(&["ms", "s", "m", "h"]);
-            return format!("{n}{unit}");
+            // One to three parts of the grammar, some with a fraction.
+            let mut text = String::new();
+            for _ in 0..=self.below(3) {
+                let n: u64 = self.u.arbitrary().unwrap_or(0);
+                let unit = self.pick(&["ns", "us", "ms", "s", "m", "h", "d"]);
+                if self.one_in(3) {
+                    let fraction: u32 = self.u.arbitrary().unwrap_or(0);
+                    text.push_str(&format!("{n}.{fraction}{unit}"));
+                } else {
+                    text.push_str(&format!("{n}{unit}"));
+                }
+            }
+            return text;
         }
         DURATIONS[self.below(DURATIONS.len())].to_owned()
     }

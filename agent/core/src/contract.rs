@@ -734,11 +734,23 @@ fn floor_duration(
     Ok(())
 }
 
+/// A contract duration is at most `ceiling`, and a whole number of milliseconds: the
+/// evidence protocol carries probe cadences in milliseconds, and a finer part would be
+/// dropped on the way to the prober (a `500us` timeout would arrive as zero).
 fn ceiling_duration(
     field: &'static str,
     value: Duration,
     ceiling: Duration,
 ) -> Result<(), ContractError> {
+    if !value.subsec_nanos().is_multiple_of(1_000_000) {
+        return Err(ContractError::Invalid {
+            field,
+            reason: format!(
+                "{} is not a whole number of milliseconds",
+                crate::duration_str::format(value)
+            ),
+        });
+    }
     if value > ceiling {
         return Err(ContractError::AboveCeiling {
             field,

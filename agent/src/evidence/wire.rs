@@ -12,9 +12,9 @@
 //! [`super`]), or a name is not a valid name. Nothing is applied on a refusal; the session
 //! ends with `INVALID_ARGUMENT` naming the field.
 //!
-//! Durations travel as whole milliseconds: a sub-millisecond part is dropped on the way
-//! out, as the JSON form (`duration_str`) dropped it; every domain duration is whole
-//! milliseconds in practice, since contracts are written in them.
+//! Durations travel as whole milliseconds: a sub-millisecond part would be dropped on the
+//! way out, but every domain duration is whole milliseconds, since a contract with a finer
+//! one is refused by `HealthContract::validate`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;

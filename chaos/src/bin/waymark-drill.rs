@@ -68,10 +68,10 @@ enum Drill {
         #[arg(long, value_enum, default_value = "full")]
         scale: Scale,
         /// Override the outage length (`30s`, `10m`, `1h`).
-        #[arg(long, value_parser = drill::parse_duration)]
+        #[arg(long, value_parser = waymark_core::duration_str::parse)]
         duration: Option<std::time::Duration>,
         /// Override the steady traffic before and after the outage.
-        #[arg(long, value_parser = drill::parse_duration)]
+        #[arg(long, value_parser = waymark_core::duration_str::parse)]
         steady: Option<std::time::Duration>,
         /// Requests per second through Envoy.
         #[arg(long)]
@@ -95,7 +95,7 @@ enum Drill {
         #[arg(long)]
         subscriptions: Option<usize>,
         /// Override the burst's length (`20s`, `1m`).
-        #[arg(long, value_parser = drill::parse_duration)]
+        #[arg(long, value_parser = waymark_core::duration_str::parse)]
         duration: Option<std::time::Duration>,
         /// Override the burst's changes per minute.
         #[arg(long)]
@@ -124,7 +124,7 @@ enum Drill {
         #[arg(long)]
         subscriptions: Option<usize>,
         /// Override how long the reconnections are watched (`60s`, `5m`).
-        #[arg(long, value_parser = drill::parse_duration)]
+        #[arg(long, value_parser = waymark_core::duration_str::parse)]
         duration: Option<std::time::Duration>,
         #[arg(long)]
         seed: Option<u64>,
@@ -163,7 +163,7 @@ enum Drill {
         #[arg(long, value_enum, default_value = "full")]
         scale: Scale,
         /// Override how long the bad contract stays in force (`30s`, `10m`).
-        #[arg(long, value_parser = drill::parse_duration)]
+        #[arg(long, value_parser = waymark_core::duration_str::parse)]
         duration: Option<std::time::Duration>,
         /// Where the processes keep state and logs.
         #[arg(long)]
@@ -181,7 +181,7 @@ enum Drill {
         #[arg(long, value_enum, default_value = "full")]
         scale: Scale,
         /// Override how long probers stay cut off, both phases together (`30s`, `10m`).
-        #[arg(long, value_parser = drill::parse_duration)]
+        #[arg(long, value_parser = waymark_core::duration_str::parse)]
         duration: Option<std::time::Duration>,
         /// Requests per second through Envoy.
         #[arg(long)]
@@ -206,7 +206,7 @@ enum Drill {
         #[arg(long, value_enum, default_value = "full")]
         scale: Scale,
         /// Override how long the region stays cut off (`30s`, `10m`).
-        #[arg(long, value_parser = drill::parse_duration)]
+        #[arg(long, value_parser = waymark_core::duration_str::parse)]
         duration: Option<std::time::Duration>,
         /// Requests per second through Envoy.
         #[arg(long)]
@@ -232,7 +232,7 @@ enum Drill {
         #[arg(long)]
         kills: Option<usize>,
         /// Override the time between kills (`10s`, `1m`).
-        #[arg(long, value_parser = drill::parse_duration)]
+        #[arg(long, value_parser = waymark_core::duration_str::parse)]
         every: Option<std::time::Duration>,
         /// Registration operations per second.
         #[arg(long)]
@@ -240,7 +240,7 @@ enum Drill {
         /// Override how long, after the load stops, the members may take to agree and
         /// the subscribers to catch up (default 30 s and 20 s; a run whose verdict is
         /// known to fail, such as a break, need not wait them out).
-        #[arg(long, value_parser = drill::parse_duration)]
+        #[arg(long, value_parser = waymark_core::duration_str::parse)]
         settle: Option<std::time::Duration>,
         /// Seed of the operations' choices.
         #[arg(long)]

@@ -404,3 +404,17 @@ fn a_passive_primary_contract_reads_with_defaults_and_slows_the_probe_silence() 
     let plain = serde_json::to_value(HealthContract::default()).unwrap();
     assert!(plain["passive"].get("primary").is_none());
 }
+
+#[test]
+fn contract_durations_are_whole_milliseconds_as_the_evidence_protocol_carries_them() {
+    // Goal: the grammar reads `1.5s` and `500us`; a contract takes the first and refuses the
+    // second, which would reach the prober as a zero timeout.
+    let c: HealthContract = serde_json::from_value(serde_json::json!({
+        "probe": {"kind": "tcp", "interval": "1.5s", "timeout": "1s250ms"}
+    }))
+    .unwrap();
+    assert!(c.validate().is_ok());
+    let err = with(|c| c.probe.as_mut().unwrap().timeout = Duration::from_micros(500)).unwrap_err();
+    assert_eq!(err.field(), "probe.timeout", "{err}");
+    assert!(err.to_string().contains("500us"), "{err}");
+}
