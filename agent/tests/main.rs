@@ -18,6 +18,7 @@ mod authority_kube;
 mod authority_queries;
 mod certs_cli;
 mod cli_coverage;
+mod contract_guide;
 mod deploy_configs;
 mod deploy_manifests;
 mod dev_grpc_js;

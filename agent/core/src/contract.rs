@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::defaults as d;
@@ -21,7 +22,7 @@ use crate::model::EvidenceClass;
 use crate::units::Permille;
 
 /// Which evidence classes a service can supply at all (ADR-16).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub struct CapabilityProfile {
     /// Can be probed from outside.
     pub probe: bool,
@@ -82,7 +83,7 @@ impl Default for CapabilityProfile {
 }
 
 /// What an active check does.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum ProbeKind {
     /// HTTP GET; 2xx passes.
@@ -101,15 +102,17 @@ pub enum ProbeKind {
 }
 
 /// How to probe a service.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ProbeSpec {
     /// The check.
     #[serde(flatten)]
     pub kind: ProbeKind,
     /// Time between checks of one target by one prober.
+    #[schemars(with = "crate::schema::DurationString")]
     #[serde(with = "crate::duration_str", default = "default_probe_interval")]
     pub interval: Duration,
     /// How long a check may take.
+    #[schemars(with = "crate::schema::DurationString")]
     #[serde(with = "crate::duration_str", default = "default_probe_timeout")]
     pub timeout: Duration,
 }
@@ -122,7 +125,7 @@ fn default_probe_timeout() -> Duration {
 }
 
 /// How much a dependency's trouble may do to its dependents (ADR-06).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DependencyAuthority {
     /// Recorded and shown, changes nothing.
@@ -136,7 +139,7 @@ pub enum DependencyAuthority {
 }
 
 /// One dependency a service declares.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct DependencyDecl {
     /// The name self-reports use for it.
     pub name: String,
@@ -148,9 +151,10 @@ pub struct DependencyDecl {
 }
 
 /// Scoring parameters (ADR-07).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Scoring {
     /// Half-life of the decaying failure score.
+    #[schemars(with = "crate::schema::DurationString")]
     #[serde(with = "crate::duration_str")]
     pub half_life: Duration,
     /// A class at or above this score is failing.
@@ -158,6 +162,7 @@ pub struct Scoring {
     /// A withdrawn instance's classes must all be at or below this to start re-entry.
     pub readmit: Permille,
     /// ... and stay there this long.
+    #[schemars(with = "crate::schema::DurationString")]
     #[serde(with = "crate::duration_str")]
     pub readmit_hold: Duration,
     /// A second class at or above this corroborates a failure.
@@ -180,9 +185,10 @@ impl Default for Scoring {
 }
 
 /// How caller outcomes are read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct PassiveSpec {
     /// The load-report interval.
+    #[schemars(with = "crate::schema::DurationString")]
     #[serde(with = "crate::duration_str")]
     pub interval: Duration,
     /// A report with fewer requests says nothing.
@@ -217,7 +223,7 @@ impl Default for PassiveSpec {
 /// and probes drop to `confirm_interval`. One caller is one vote however much it sends, so
 /// no single caller can ever withdraw anything. Below the threshold nothing changes: the
 /// active classes stay primary and the instance is reported as such.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct PassivePrimary {
     /// Requests per passive interval, summed over the callers heard.
     #[serde(default = "default_primary_requests")]
@@ -226,6 +232,7 @@ pub struct PassivePrimary {
     #[serde(default = "default_primary_callers")]
     pub min_callers: u32,
     /// The probe interval while callers' outcomes are primary (a confirmation cadence).
+    #[schemars(with = "crate::schema::DurationString")]
     #[serde(
         with = "crate::duration_str",
         default = "default_primary_confirm_interval"
@@ -254,7 +261,7 @@ fn default_primary_confirm_interval() -> Duration {
 }
 
 /// A service's health contract as its owner writes it. Validate it before use.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct HealthContract {
     /// The classes the service can supply.
@@ -262,6 +269,7 @@ pub struct HealthContract {
     /// The active check, required when the profile provides probes.
     pub probe: Option<ProbeSpec>,
     /// Expected self-report cadence.
+    #[schemars(with = "crate::schema::DurationString")]
     #[serde(with = "crate::duration_str")]
     pub self_report_interval: Duration,
     /// How caller outcomes are read.
@@ -271,6 +279,7 @@ pub struct HealthContract {
     /// Declared dependencies.
     pub dependencies: Vec<DependencyDecl>,
     /// Slow-start ramp length; zero declares a stateless service with no ramp.
+    #[schemars(with = "crate::schema::DurationString")]
     #[serde(with = "crate::duration_str")]
     pub slow_start: Duration,
     /// Minimum healthy fraction per zone (ADR-08).

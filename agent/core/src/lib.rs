@@ -33,6 +33,7 @@ pub mod eligibility;
 pub mod evaluator;
 pub mod hash;
 pub mod model;
+pub mod schema;
 pub mod units;
 pub mod view;
 

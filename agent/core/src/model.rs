@@ -94,6 +94,22 @@ macro_rules! name_type {
             }
         }
 
+        impl schemars::JsonSchema for $name {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($name).into()
+            }
+
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({
+                    "type": "string",
+                    "description": concat!("A ", $kind, ": letters, digits, `.`, `_`, `:` and `-`."),
+                    "minLength": 1,
+                    "maxLength": NAME_LEN_MAX,
+                    "pattern": "^[A-Za-z0-9._:-]+$",
+                })
+            }
+        }
+
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(&self.0)

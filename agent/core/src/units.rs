@@ -89,6 +89,21 @@ impl From<Permille> for u16 {
     }
 }
 
+impl schemars::JsonSchema for Permille {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Permille".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 1000,
+            "description": "A fraction in thousandths: 500 is one half, 1000 the whole.",
+        })
+    }
+}
+
 impl std::fmt::Display for Permille {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}.{}%", self.0 / 10, self.0 % 10)

@@ -238,7 +238,7 @@ pub struct Registration {
 }
 
 /// A service's routing policy, beside its health contract.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServicePolicyRecord {
     /// Overrides the contract's minimum healthy fraction per zone (ADR-08), e.g. during an
@@ -254,10 +254,20 @@ pub struct ServicePolicyRecord {
     /// Services whose workloads may resolve this one; absent means everyone (ADR-15).
     #[serde(default)]
     pub allowed_callers: Option<BTreeSet<ServiceName>>,
-    /// How many of its instances may be withdrawn by hand at once (the disruption budget,
-    /// [`crate::budget`]); absent means a quarter of its instances, at least one.
+    /// How many of its instances may be withdrawn by hand at once (the disruption budget
+    /// overrides are checked against); absent means a quarter of its instances, at least
+    /// one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = MANUAL_WITHDRAWALS_MAX))]
     pub max_manual_withdrawals: Option<u32>,
+}
+
+/// The JSON Schema of a policy (`PUT /v1/services/{service}/policy`'s body), as a
+/// standalone document.
+pub fn policy_schema() -> schemars::Schema {
+    let mut schema = schemars::schema_for!(ServicePolicyRecord);
+    waymark_core::schema::stamp(&mut schema, "waymark service policy");
+    schema
 }
 
 /// What an operator asks of a zone.

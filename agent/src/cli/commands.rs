@@ -229,6 +229,13 @@ pub enum ClientCommand {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// JSON Schema of what operators write, generated from the types the authority
+    /// decodes: a health contract, a policy, or both as OpenAPI components. Offline.
+    Schema {
+        /// Which.
+        #[arg(value_enum)]
+        which: SchemaKind,
+    },
     /// The gossip pool as a node agent sees it.
     Members {
         /// The agent's HTTP API.
@@ -394,6 +401,17 @@ pub enum ExternalCommand {
         /// Its id.
         id: String,
     },
+}
+
+/// Which schema `waymark schema` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SchemaKind {
+    /// A health contract (`docs/schema/contract.schema.json`).
+    Contract,
+    /// A service policy (`docs/schema/policy.schema.json`).
+    Policy,
+    /// Both, as the OpenAPI document's `components.schemas`.
+    OpenapiComponents,
 }
 
 /// What an override does.
@@ -780,6 +798,18 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<String> {
         ClientCommand::Openapi { api } => {
             let doc = api.client()?.get_json("/v1/openapi.json").await?;
             api.out().document(&doc)
+        }
+        ClientCommand::Schema { which } => {
+            let schema = match which {
+                SchemaKind::Contract => serde_json::to_value(waymark_core::schema::contract())?,
+                SchemaKind::Policy => {
+                    serde_json::to_value(waymark_registry::state::policy_schema())?
+                }
+                SchemaKind::OpenapiComponents => {
+                    serde_json::Value::Object(crate::authority::api::schema_components())
+                }
+            };
+            Ok(format!("{schema:#}\n"))
         }
         ClientCommand::Members {
             agent,

@@ -73,11 +73,13 @@ mod instances;
 mod overrides;
 mod query;
 mod routing;
+mod schema;
 mod services;
 mod status;
 
 pub use acl::new_secret;
 pub use audit::REDACTED;
+pub use schema::components as schema_components;
 pub use blocking::{INDEX_HEADER, JITTER_DIVISOR, WAIT_DEFAULT, WAIT_MAX};
 pub use discovery::LABEL_PREFIX;
 pub use query::{FILTER_VALUES_MAX, LIMIT_MAX, NEXT_CURSOR_HEADER};
