@@ -420,6 +420,11 @@ impl SotwState {
         }
     }
 
+    /// What the last response contained, by name → version (`None` before the first).
+    pub fn sent_versions(&self) -> Option<&BTreeMap<String, String>> {
+        self.sent.as_ref()
+    }
+
     /// The full response for the client's names, if it differs from the last one sent.
     pub fn next_response(
         &mut self,

@@ -67,6 +67,13 @@ pub struct ServerConfig {
     pub response_bytes_max: usize,
     /// Resource names (and Delta initial versions) one stream may hold across its types.
     pub resource_names_max: usize,
+    /// Keep, per client and type, the names and versions sent ([`TypeSync::held`]), so
+    /// that `proxy-config` can say what one client holds. Off by default: it doubles what
+    /// a stream keeps, which a node agent's few sidecars afford and an authority member's
+    /// tens of thousands of streams do not.
+    ///
+    /// [`TypeSync::held`]: crate::sync::TypeSync::held
+    pub record_held: bool,
 }
 
 /// Bytes of a NACK's error text kept in the sync state (and shown by `proxy-status`).
@@ -83,6 +90,7 @@ impl Default for ServerConfig {
             request_bytes_max: 1024 * 1024,
             response_bytes_max: 64 * 1024 * 1024,
             resource_names_max: 16_384,
+            record_held: false,
         }
     }
 }
@@ -268,6 +276,28 @@ impl XdsServer {
             .await
     }
 
+    /// The snapshot every stream converges to now.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.inner.snapshots.borrow().clone()
+    }
+
+    /// `f` of every connected client's sync state, in stream order, read in place: a
+    /// summary that needs no copy of what each client holds.
+    pub fn map_clients<T>(&self, mut f: impl FnMut(&ClientSync) -> T) -> Vec<T> {
+        let streams: Vec<Arc<Mutex<ClientSync>>> = self
+            .inner
+            .sync
+            .lock()
+            .expect("sync registry lock")
+            .values()
+            .cloned()
+            .collect();
+        streams
+            .iter()
+            .map(|c| f(&c.lock().expect("stream sync lock")))
+            .collect()
+    }
+
     /// Every connected client's sync state.
     pub fn sync_state(&self) -> Vec<ClientSync> {
         let streams: Vec<Arc<Mutex<ClientSync>>> = self
@@ -360,6 +390,7 @@ impl XdsServer {
         tracing::info!(node_id = %node.id, stream_id = id, protocol, identity = shown, "xds stream opened");
         let mut client = ClientSync::new(id, node.id.clone(), zone, protocol, now);
         client.identity = identity;
+        client.cluster.clone_from(&node.cluster);
         let client = Arc::new(Mutex::new(client));
         self.inner
             .sync
@@ -622,6 +653,9 @@ trait Flavor: Default + Send + 'static {
     ) -> Option<Outgoing<Self::Response>>;
     /// (version, nonce, resources the client now holds) for the sync registry.
     fn sent(&self, resp: &Outgoing<Self::Response>) -> (String, String, usize);
+    /// Make `held` the names and versions the client was sent (see
+    /// [`ServerConfig::record_held`]), touching only what changed.
+    fn record_held(&self, held: &mut BTreeMap<String, String>);
 }
 
 impl Flavor for DeltaState {
@@ -665,6 +699,9 @@ impl Flavor for DeltaState {
             self.known.len(),
         )
     }
+    fn record_held(&self, held: &mut BTreeMap<String, String>) {
+        same_as(held, &self.known);
+    }
 }
 
 impl Flavor for SotwState {
@@ -705,6 +742,26 @@ impl Flavor for SotwState {
             resp.head.nonce.clone(),
             resp.resource_count(),
         )
+    }
+    fn record_held(&self, held: &mut BTreeMap<String, String>) {
+        match self.sent_versions() {
+            Some(sent) => same_as(held, sent),
+            None => held.clear(),
+        }
+    }
+}
+
+/// Make `held` equal `now`, allocating only for entries that changed.
+fn same_as(held: &mut BTreeMap<String, String>, now: &BTreeMap<String, String>) {
+    held.retain(|name, _| now.contains_key(name));
+    for (name, version) in now {
+        match held.get_mut(name) {
+            Some(v) if v == version => {}
+            Some(v) => v.clone_from(version),
+            None => {
+                held.insert(name.clone(), version.clone());
+            }
+        }
     }
 }
 
@@ -848,11 +905,13 @@ impl<F: Flavor> ProtocolStream<F> {
             return true;
         };
         let (version, nonce, held) = state.sent(&response);
-        self.core
-            .sync
-            .lock()
-            .expect("stream sync lock")
-            .sent(type_url, &version, &nonce, held);
+        {
+            let mut sync = self.core.sync.lock().expect("stream sync lock");
+            sync.sent(type_url, &version, &nonce, held);
+            if self.core.inner.config.record_held {
+                sync.record_held(type_url, |h| state.record_held(h));
+            }
+        }
         tracing::debug!(protocol = F::NAME, xds.type_url = type_url, xds.version = %version, xds.nonce = %nonce, held, "response");
         self.core.send(response).await
     }

@@ -6,6 +6,10 @@
 //! if its age is visible. Pure bookkeeping: each stream keeps its own [`ClientSync`] (the
 //! server shares it with `proxy-status` readers behind a per-stream lock, so 60,000 streams
 //! never queue on one) and stamps times from the server's clock.
+//!
+//! A server that records held resources ([`crate::ServerConfig::record_held`]; a node agent
+//! does, for `proxy-config`) also keeps, per type, the names and versions it has sent the
+//! client, so what one client holds can be told apart from what the server serves now.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -25,6 +29,10 @@ pub struct TypeSync {
     pub nacks: u64,
     /// Resources the client holds of this type, as far as we know.
     pub resources: usize,
+    /// The resources sent, by name → version, once the server records them
+    /// ([`crate::ServerConfig::record_held`]): what the client holds when `acked == sent`
+    /// (after a NACK it holds the versions it last acknowledged instead).
+    pub held: Option<BTreeMap<String, String>>,
 }
 
 /// One client's state.
@@ -34,6 +42,9 @@ pub struct ClientSync {
     pub node_id: String,
     /// The node's zone, as it declared it.
     pub zone: String,
+    /// The node's cluster (Envoy's `--service-cluster`: the service it fronts), as it
+    /// declared it.
+    pub cluster: String,
     /// The stream serving it.
     pub stream_id: u64,
     /// `delta` or `sotw`.
@@ -58,6 +69,7 @@ impl ClientSync {
         Self {
             node_id,
             zone,
+            cluster: String::new(),
             stream_id,
             protocol,
             identity: None,
@@ -72,6 +84,18 @@ impl ClientSync {
             t.sent = Some(version.to_owned());
             t.sent_nonce = Some(nonce.to_owned());
             t.resources = resources;
+        }
+    }
+
+    /// Make the record of what the client was sent of `type_url` what `update` leaves.
+    /// `update` is given the previous record, so that unchanged entries are not copied.
+    pub fn record_held(
+        &mut self,
+        type_url: &str,
+        update: impl FnOnce(&mut BTreeMap<String, String>),
+    ) {
+        if let Some(t) = self.type_mut(type_url) {
+            update(t.held.get_or_insert_with(BTreeMap::new));
         }
     }
 

@@ -203,6 +203,51 @@ async fn a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded()
 }
 
 #[tokio::test]
+async fn a_server_that_records_held_resources_keeps_each_clients_names_and_versions() {
+    // Goal: `proxy-config` can say what one client holds, by name and version, and a
+    // server that does not record (the default, an authority's tier) keeps nothing.
+    let mut fx = Fixture::start(ServerConfig {
+        record_held: true,
+        ..ServerConfig::default()
+    })
+    .await;
+    fx.publish(view(1, &[1, 2]));
+    let mut c = DeltaClient::open(&fx, "envoy-h").await.unwrap();
+    let cds = c.next().await;
+    c.send(ack(&cds)).await;
+    c.send(subscribe_endpoints()).await;
+    let eds = c.next().await;
+    c.send(ack(&eds)).await;
+    fx.publish(view(2, &[2]));
+    let eds = c.next().await;
+    c.send(ack(&eds)).await;
+    let held = |type_url: &str| {
+        let state = fx.server.sync_state();
+        let client = state.iter().find(|c| c.node_id == "envoy-h")?;
+        let t = client.types.get(type_url)?;
+        (t.acked == t.sent).then(|| t.held.clone())?
+    };
+    let eds_held = until("the second view is acknowledged", WAIT, async || {
+        held(TYPE_ENDPOINT).filter(|h| h.get("pay").map(String::as_str) == Some("2"))
+    })
+    .await;
+    assert_eq!(eds_held.len(), 1, "{eds_held:?}");
+    let cds_held = held(TYPE_CLUSTER).unwrap();
+    assert_eq!(cds_held.keys().collect::<Vec<_>>(), ["pay"]);
+    assert_eq!(cds_held["pay"], cds.resources[0].version);
+    let clusters = fx.server.map_clients(|c| c.cluster.clone());
+    assert_eq!(clusters, ["test"]);
+
+    let mut plain = Fixture::start(ServerConfig::default()).await;
+    plain.publish(view(1, &[1]));
+    let mut c = DeltaClient::open(&plain, "envoy-p").await.unwrap();
+    let cds = c.next().await;
+    c.send(ack(&cds)).await;
+    let state = plain.server.sync_state();
+    assert!(state[0].types.values().all(|t| t.held.is_none()));
+}
+
+#[tokio::test]
 async fn a_nack_keeps_the_acknowledged_version_and_records_the_error() {
     let mut fx = Fixture::start(ServerConfig::default()).await;
     fx.publish(view(1, &[1]));

@@ -193,6 +193,7 @@ mod tests {
         ClientSync {
             node_id: format!("n{stream}"),
             zone: "a".into(),
+            cluster: String::new(),
             stream_id: stream,
             protocol: "delta",
             identity: None,
