@@ -573,7 +573,9 @@ async fn drive(
                 AgentMessage::Samples { samples } | AgentMessage::Relayed { samples } => {
                     samples.len()
                 }
-                AgentMessage::Hello { .. } => 0,
+                AgentMessage::Hello { .. }
+                | AgentMessage::Sidecars { .. }
+                | AgentMessage::ClientConfig(_) => 0,
             };
             if let Err(status) = session.send(message).await {
                 break format!("send: {status}");
@@ -606,6 +608,8 @@ async fn drive(
                     *counters.last_assignment.lock().unwrap_or_else(PoisonError::into_inner) =
                         Some(Instant::now());
                 }
+                // A load generator holds no sidecars to describe.
+                Some(Ok(AuthorityMessage::ConfigRequest(_))) => {}
                 Some(Err(status)) => break format!("authority: {status}"),
                 None => break "the authority closed the session".to_owned(),
             },
@@ -794,7 +798,9 @@ fn interleave(
             let (samples, relayed) = match message {
                 AgentMessage::Samples { samples } => (samples, false),
                 AgentMessage::Relayed { samples } => (samples, true),
-                AgentMessage::Hello { .. } => continue,
+                AgentMessage::Hello { .. }
+                | AgentMessage::Sidecars { .. }
+                | AgentMessage::ClientConfig(_) => continue,
             };
             out.extend(samples.iter().map(|w| Sample {
                 instance: w.instance.clone(),
@@ -1155,7 +1161,7 @@ mod tests {
             .map(|m| match m {
                 AgentMessage::Samples { samples } => (false, samples.len()),
                 AgentMessage::Relayed { samples } => (true, samples.len()),
-                AgentMessage::Hello { .. } => unreachable!("no hello in a stream"),
+                other => unreachable!("only samples in a stream: {other:?}"),
             })
             .collect();
         assert_eq!(kinds, vec![(false, 2), (true, 1), (false, 1)]);

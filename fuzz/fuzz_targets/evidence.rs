@@ -120,7 +120,9 @@ impl Region {
     /// channels: the batch cap, the relay's self-report-only rule, `admit`, the pipeline.
     fn ingest(&mut self, message: AgentMessage) {
         let (samples, relayed) = match message {
-            AgentMessage::Hello { .. } => return,
+            AgentMessage::Hello { .. }
+            | AgentMessage::Sidecars { .. }
+            | AgentMessage::ClientConfig(_) => return,
             AgentMessage::Samples { samples } => (samples, false),
             AgentMessage::Relayed { samples } => (samples, true),
         };

@@ -17,7 +17,8 @@
 //! messages defined in `agent/proto/waymark/evidence/v1/evidence.proto` (generated into
 //! [`pb`] by `build.rs`), so a workload in any language can self-report with stock gRPC
 //! tooling. The agent sends `hello` and `samples`; the authority answers with the node's
-//! probe `assignment` whenever it changes and an `ack` per batch. The types below are the
+//! probe `assignment` whenever it changes and an `ack` per batch. A node agent also reports
+//! its own xDS clients and answers the authority's config requests (`sidecars.rs`). The types below are the
 //! validated form the roles work with; `wire.rs` converts, refusing a malformed message
 //! with a typed [`WireError`]. Neither role owns the protocol, so it sits beside both (the
 //! authority's sink is `authority/hub.rs`, the node's `node/selfreport.rs` and
@@ -26,6 +27,7 @@
 mod client;
 mod codec;
 mod server;
+mod sidecars;
 mod wire;
 
 use waymark_core::contract::ProbeSpec;
@@ -35,6 +37,12 @@ pub use client::{ClientSession, Inbound};
 pub use codec::{ProtoCodec, ProtoDecoder, ProtoEncoder};
 pub use server::{
     Ack, EvidenceService, EvidenceSink, MalformedLabels, SessionMetrics, SessionStream, reporter_of,
+};
+pub use sidecars::{
+    CLIENT_CONFIG_BYTES_MAX, CLIENT_ID_BYTES_MAX, ClientConfig, ConfigRequest, IDENTITY_BYTES_MAX,
+    LABEL_BYTES_MAX, NACK_ERROR_BYTES_MAX, Nack, SIDECAR_CLIENTS_MAX, SIDECAR_REPORT_BYTES_MAX,
+    SIDECAR_TYPES_MAX, SidecarClient, SidecarReport, TYPE_URL_BYTES_MAX, TypeSync,
+    VERSION_BYTES_MAX, XdsProtocol, clipped,
 };
 pub use wire::WireError;
 
@@ -85,6 +93,13 @@ pub enum AgentMessage {
         /// The self-reports.
         samples: Vec<WireSample>,
     },
+    /// A node agent's own xDS clients and their sync state, whole (see [`SidecarReport`]).
+    Sidecars {
+        /// The report.
+        report: SidecarReport,
+    },
+    /// A node agent's answer to an [`AuthorityMessage::ConfigRequest`].
+    ClientConfig(ClientConfig),
 }
 
 /// Separates a check's own words from text the target chose (an HTTP body, a gRPC status
@@ -117,6 +132,9 @@ pub enum AuthorityMessage {
         /// Samples refused, with the reason label.
         refused: Vec<RefusedSample>,
     },
+    /// What one of the node's xDS clients holds; answered with
+    /// [`AgentMessage::ClientConfig`].
+    ConfigRequest(ConfigRequest),
 }
 
 /// One target a node must probe.

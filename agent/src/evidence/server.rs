@@ -22,7 +22,7 @@ use super::codec::{MALFORMED_PREFIX, malformed};
 use super::pb::evidence_server::{Evidence, EvidenceServer};
 use super::{
     AGENT_MESSAGE_BYTES_MAX, AUTHORITY_MESSAGE_BYTES_MAX, AgentMessage, AuthorityMessage,
-    ProbeTarget, RefusedSample, WireSample, pb,
+    ClientConfig, ConfigRequest, ProbeTarget, RefusedSample, SidecarReport, WireSample, pb,
 };
 
 /// Where ingested evidence goes: the leader's pipeline, or a refusal naming the leader.
@@ -40,6 +40,24 @@ pub trait EvidenceSink: Send + Sync + 'static {
     fn ingest(&self, reporter: &Reporter, samples: Vec<WireSample>) -> Result<Ack, Status>;
     /// Self-reports relayed by `node` (see [`AgentMessage::Relayed`]).
     fn ingest_relayed(&self, node: &NodeName, samples: Vec<WireSample>) -> Result<Ack, Status>;
+    /// `node`'s report of its own xDS clients. `Err` ends the session; by default a sink
+    /// keeps no reports and refuses them.
+    fn sidecars(&self, node: &NodeName, report: SidecarReport) -> Result<(), Status> {
+        let _ = (node, report);
+        Err(Status::permission_denied(
+            "sidecar reports go to the authority",
+        ))
+    }
+    /// After `hello`: the config requests for `node`, which its session forwards to it;
+    /// `None` when this sink asks none.
+    fn config_requests(&self, node: &NodeName) -> Option<mpsc::Receiver<ConfigRequest>> {
+        let _ = node;
+        None
+    }
+    /// `node`'s answer to a config request. By default ignored.
+    fn client_config(&self, node: &NodeName, answer: ClientConfig) {
+        let _ = (node, answer);
+    }
 }
 
 /// The outcome of one batch.
@@ -83,7 +101,7 @@ pub struct SessionMetrics {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct MalformedLabels {
     /// `missing`, `unknown_enum`, `out_of_range`, `bad_length`, `too_many`, `bad_name`,
-    /// `bad_address` or `undecodable`.
+    /// `bad_address`, `not_json` or `undecodable`.
     pub reason: String,
 }
 
@@ -152,6 +170,7 @@ impl Evidence for EvidenceService {
             reporter,
             tx,
             assignment: None,
+            requests: None,
             hello_node: None,
         };
         tokio::spawn(session.run(request.into_inner()).in_current_span());
@@ -169,6 +188,8 @@ struct Session {
     reporter: Reporter,
     tx: mpsc::Sender<Result<pb::AuthorityMessage, Status>>,
     assignment: Option<watch::Receiver<Vec<ProbeTarget>>>,
+    /// Config requests for the node, once it said hello.
+    requests: Option<mpsc::Receiver<ConfigRequest>>,
     hello_node: Option<NodeName>,
 }
 
@@ -185,6 +206,17 @@ impl Session {
                         if !self.send(AuthorityMessage::Assignment { targets }).await {
                             break;
                         }
+                    }
+                    continue;
+                }
+                request = next_request(&mut self.requests) => {
+                    match request {
+                        Some(r) => {
+                            if !self.send(AuthorityMessage::ConfigRequest(r)).await {
+                                break;
+                            }
+                        }
+                        None => self.requests = None,
                     }
                     continue;
                 }
@@ -208,6 +240,8 @@ impl Session {
                 break;
             }
         }
+        // Closed before goodbye, so the sink sees this session's request channel gone.
+        self.requests = None;
         if let Some(node) = &self.hello_node {
             self.sink.goodbye(node);
         }
@@ -240,6 +274,7 @@ impl Session {
                         info!(%node, %zone, targets = targets.len(), "node agent connected");
                         self.hello_node = Some(node.clone());
                         self.assignment = Some(rx);
+                        self.requests = self.sink.config_requests(node);
                         self.send(AuthorityMessage::Assignment { targets }).await
                     }
                     Err(status) => self.fail(status).await,
@@ -259,6 +294,30 @@ impl Session {
             AgentMessage::Samples { samples } => {
                 let outcome = self.sink.ingest(reporter, samples);
                 self.answer(outcome).await
+            }
+            AgentMessage::Sidecars { report } => {
+                let Reporter::Node(node) = reporter else {
+                    return self
+                        .fail(Status::permission_denied(
+                            "only node agents report sidecars",
+                        ))
+                        .await;
+                };
+                match self.sink.sidecars(node, report) {
+                    Ok(()) => true,
+                    Err(status) => self.fail(status).await,
+                }
+            }
+            AgentMessage::ClientConfig(answer) => {
+                let Reporter::Node(node) = reporter else {
+                    return self
+                        .fail(Status::permission_denied(
+                            "only node agents answer config requests",
+                        ))
+                        .await;
+                };
+                self.sink.client_config(node, answer);
+                true
             }
         }
     }
@@ -331,6 +390,14 @@ impl Session {
 async fn wait_changed(rx: &mut Option<watch::Receiver<Vec<ProbeTarget>>>) -> bool {
     match rx {
         Some(rx) => rx.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
+
+/// The next config request for the node; pends forever when there is no channel.
+async fn next_request(rx: &mut Option<mpsc::Receiver<ConfigRequest>>) -> Option<ConfigRequest> {
+    match rx {
+        Some(rx) => rx.recv().await,
         None => std::future::pending().await,
     }
 }

@@ -92,6 +92,12 @@ pub enum WireError {
         /// The most accepted.
         max: usize,
     },
+    /// Bytes that should hold a JSON object do not.
+    #[error("{field}: not a JSON object")]
+    NotJson {
+        /// The field.
+        field: &'static str,
+    },
     /// A name (instance, service, zone) was not a valid name.
     #[error("{field}: not a valid name")]
     Name {
@@ -125,6 +131,7 @@ impl WireError {
             Self::BadLength { .. } => "bad_length",
             Self::TooMany { .. } => "too_many",
             Self::Name { .. } => "bad_name",
+            Self::NotJson { .. } => "not_json",
             Self::Entry { source, .. } => source.label(),
         }
     }
@@ -156,6 +163,8 @@ impl From<AgentMessage> for pb::AgentMessage {
             AgentMessage::Relayed { samples } => Message::Relayed(pb::Relayed {
                 samples: samples.into_iter().map(Into::into).collect(),
             }),
+            AgentMessage::Sidecars { report } => Message::Sidecars(report.into()),
+            AgentMessage::ClientConfig(answer) => Message::ClientConfig(answer.into()),
         };
         Self {
             message: Some(message),
@@ -179,6 +188,10 @@ impl TryFrom<pb::AgentMessage> for AgentMessage {
             Some(Message::Relayed(batch)) => Ok(Self::Relayed {
                 samples: samples("relayed.samples", batch.samples)?,
             }),
+            Some(Message::Sidecars(report)) => Ok(Self::Sidecars {
+                report: report.try_into()?,
+            }),
+            Some(Message::ClientConfig(answer)) => Ok(Self::ClientConfig(answer.try_into()?)),
         }
     }
 }
@@ -357,6 +370,7 @@ impl From<AuthorityMessage> for pb::AuthorityMessage {
                 accepted,
                 refused: refused.into_iter().map(Into::into).collect(),
             }),
+            AuthorityMessage::ConfigRequest(request) => Message::ConfigRequest(request.into()),
         };
         Self {
             message: Some(message),
@@ -380,6 +394,7 @@ impl TryFrom<pb::AuthorityMessage> for AuthorityMessage {
                 accepted: ack.accepted,
                 refused: entries("ack.refused", ack.refused, BATCH_MAX)?,
             }),
+            Some(Message::ConfigRequest(request)) => Ok(Self::ConfigRequest(request.try_into()?)),
         }
     }
 }
@@ -525,7 +540,11 @@ fn samples(field: &'static str, wire: Vec<pb::Sample>) -> Result<Vec<WireSample>
 
 /// Every entry of a list of at most `max`, converted; the first refused one is named by its
 /// position.
-fn entries<W, T>(field: &'static str, wire: Vec<W>, max: usize) -> Result<Vec<T>, WireError>
+pub(super) fn entries<W, T>(
+    field: &'static str,
+    wire: Vec<W>,
+    max: usize,
+) -> Result<Vec<T>, WireError>
 where
     T: TryFrom<W, Error = WireError>,
 {
@@ -555,7 +574,12 @@ where
     N::try_from(value).map_err(|source| WireError::Name { field, source })
 }
 
-fn text(field: &'static str, value: String, min: usize, max: usize) -> Result<String, WireError> {
+pub(super) fn text(
+    field: &'static str,
+    value: String,
+    min: usize,
+    max: usize,
+) -> Result<String, WireError> {
     if (min..=max).contains(&value.len()) {
         Ok(value)
     } else {
