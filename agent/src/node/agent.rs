@@ -6,7 +6,8 @@
 //!                        ▼
 //!                   LocalView (bounds) ──► local xDS/LRS server ──► host's Envoys
 //!                        │            └──► DNS table, LRS address book
-//!  authority ingest ◄── session ◄── prober, LRS forwarder, relayed self-reports
+//!  authority ingest ◄── session ◄── prober, LRS forwarder, relayed self-reports,
+//!                                   the sidecars' sync state (and their config, asked)
 //!  gossip pool ◄──► foca over sealed UDP
 //! ```
 //!
@@ -50,7 +51,7 @@ use super::probe::{AddressPolicy, Prober, ProberConfig};
 use super::session::{self, SessionConfig};
 use super::shared::{Shared, ViewStatus};
 use super::view::LocalView;
-use crate::evidence::{AgentMessage, WireSample};
+use crate::evidence::{AgentMessage, SidecarReport, WireSample};
 use crate::gossip::{Gossip, GossipConfig, GossipId, Keyring, Role};
 use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
 use waymark_core::model::Observation;
@@ -134,7 +135,12 @@ impl NodeAgent {
         };
 
         // 3. The local xDS + LRS server, serving the cache at once.
-        let (xds, publisher) = XdsServer::new(ServerConfig::default());
+        // What each sidecar was sent is kept for `proxy-config`: a host's few clients
+        // afford it (see `ServerConfig::record_held`).
+        let (xds, publisher) = XdsServer::new(ServerConfig {
+            record_held: true,
+            ..ServerConfig::default()
+        });
         let (lrs_tx, mut lrs_rx) = mpsc::channel::<Vec<WireSample>>(16);
         let lrs = LrsForwarder::start(LrsForwardConfig::default(), lrs_tx, &mut registry);
         let dns_table = Arc::new(ArcSwap::from_pointee(DnsTable::default()));
@@ -168,6 +174,7 @@ impl NodeAgent {
             store: Arc::clone(&store),
             high_water: std::sync::atomic::AtomicU64::new(loaded.served_high_water),
             publisher,
+            xds: xds.clone(),
             dns: Arc::clone(&dns_table),
             lrs,
             metrics: metrics.clone(),
@@ -339,6 +346,16 @@ impl NodeAgent {
                 }
             }));
         }
+        // The sidecars' sync state, reported upstream on the same session.
+        let (reports_tx, reports_rx) = watch::channel(SidecarReport::default());
+        tasks.push(tokio::spawn(super::sidecars::report_loop(
+            Arc::clone(&shared),
+            reports_tx,
+        )));
+        let feed = super::sidecars::SidecarFeed {
+            reports: reports_rx,
+            shared: Arc::clone(&shared),
+        };
         let session_config = SessionConfig {
             members: config.ingest.clone(),
             zone: config.zone.clone(),
@@ -351,6 +368,7 @@ impl NodeAgent {
             probe_rx,
             outbound_rx,
             metrics.clone(),
+            feed,
         )));
 
         // 7. The HTTP API.

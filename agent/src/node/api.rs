@@ -8,13 +8,15 @@
 //! | `GET /v1/view` | the served view per service: versions, held-back endpoints, refusals, age |
 //! | `GET /v1/members` | the gossip pool as this agent sees it |
 //! | `GET /v1/probes/refused` | assigned probe targets the address policy refused, with the class of address |
+//! | `GET /v1/clients` | this agent's xDS clients (the host's sidecars): versions sent and acknowledged, NACKs, the view's age |
+//! | `GET /v1/clients/{client}/config` | what one client holds: clusters, endpoints with weights, health and markers |
 //!
 //! Served by [`crate::listener::serve`] with its local bounds; no route takes a body, so
 //! every body limit is the smallest.
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -33,6 +35,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
         .route("/v1/view", get(view))
         .route("/v1/members", get(members))
         .route("/v1/probes/refused", get(probes_refused))
+        .route("/v1/clients", get(clients))
+        .route("/v1/clients/{client}/config", get(client_config))
         // No route reads a body.
         .layer(axum::extract::DefaultBodyLimit::max(BODY_MAX))
         .with_state(shared)
@@ -109,4 +113,23 @@ async fn probes_refused(State(s): State<Arc<Shared>>) -> Response {
         .map(|r| r.borrow().clone())
         .unwrap_or_default();
     axum::Json(json!({"refused": refused})).into_response()
+}
+
+/// The sidecar report as it would be sent upstream now, with the node's name.
+async fn clients(State(s): State<Arc<Shared>>) -> Response {
+    let report = super::sidecars::report(&s, tokio::time::Instant::now());
+    let mut body = report.to_json(std::time::Duration::ZERO);
+    body["node"] = json!(s.name.as_str());
+    axum::Json(body).into_response()
+}
+
+async fn client_config(State(s): State<Arc<Shared>>, Path(client): Path<String>) -> Response {
+    match super::sidecars::config(&s, &client, tokio::time::Instant::now()) {
+        Some(doc) => axum::Json(doc).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"error": {"reason": "unknown_client", "message": format!("no xDS client {client} is connected to this agent")}})),
+        )
+            .into_response(),
+    }
 }

@@ -64,6 +64,8 @@ pub struct AgentMetrics {
     pub self_reports_refused: Counter,
     /// Messages from workloads refused as malformed (each ended its session), by fault.
     pub self_report_messages_malformed: Family<MalformedLabels, Counter>,
+    /// The local xDS clients left out of the last sidecar report (over its bound).
+    pub sidecar_clients_left_out: Gauge,
 }
 
 impl AgentMetrics {
@@ -154,6 +156,11 @@ impl AgentMetrics {
             "self_report_messages_malformed",
             "Evidence messages from workloads refused as malformed, ending their session, by fault",
             self.self_report_messages_malformed.clone(),
+        );
+        r.register(
+            "sidecar_clients_left_out",
+            "Local xDS clients left out of the last sidecar report sent upstream (over its bound)",
+            self.sidecar_clients_left_out.clone(),
         );
         r.register(
             "evidence_connected",

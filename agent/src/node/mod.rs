@@ -11,6 +11,7 @@ pub mod registration;
 pub mod selfreport;
 pub mod session;
 pub mod shared;
+mod sidecars;
 pub mod view;
 
 pub use agent::{Bound, NodeAgent};

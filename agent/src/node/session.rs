@@ -6,6 +6,10 @@
 //!
 //! Evidence is a rate, not a log: while no session is open, what would have been sent is
 //! dropped and counted (the authority sees silence, which never removes anything).
+//!
+//! The same session carries the node's sidecar report (see `sidecars.rs`): the latest one
+//! as soon as the session opens, then each one the reporter publishes; and it answers the
+//! authority's config requests about one sidecar from the local xDS server.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +22,8 @@ use waymark_xds::client::{Backoff, BackoffConfig};
 
 use super::metrics::AgentMetrics;
 use super::probe::Prober;
-use crate::evidence::{AgentMessage, AuthorityMessage, ClientSession, WireSample};
+use super::sidecars::{self, SidecarFeed};
+use crate::evidence::{AgentMessage, AuthorityMessage, ClientConfig, ClientSession, WireSample};
 
 /// Samples per message, at most (well under the authority's batch limit).
 const BATCH: usize = 512;
@@ -40,12 +45,13 @@ pub struct SessionConfig {
 
 /// Run the session until `outbound` closes. Samples from the prober arrive on `probes`;
 /// anything else already framed on `outbound`.
-pub async fn run(
+pub(crate) async fn run(
     config: SessionConfig,
     prober: Prober,
     mut probes: mpsc::Receiver<WireSample>,
     mut outbound: mpsc::Receiver<AgentMessage>,
     metrics: AgentMetrics,
+    mut feed: SidecarFeed,
 ) {
     if config.members.is_empty() {
         tracing::warn!("no ingest members configured; probe results and reports are dropped");
@@ -69,6 +75,7 @@ pub async fn run(
             &mut probes,
             &mut outbound,
             &metrics,
+            &mut feed,
         )
         .await;
         metrics.evidence_connected.set(0);
@@ -99,6 +106,7 @@ async fn session(
     probes: &mut mpsc::Receiver<WireSample>,
     outbound: &mut mpsc::Receiver<AgentMessage>,
     metrics: &AgentMetrics,
+    feed: &mut SidecarFeed,
 ) -> Result<(), String> {
     // `http://` even over TLS: the connector does the handshake.
     let endpoint = Endpoint::from_shared(format!("http://{member}"))
@@ -127,6 +135,12 @@ async fn session(
     .map_err(|e| e.to_string())?;
     metrics.evidence_connected.set(1);
     tracing::info!(%member, "evidence session open");
+    // A new session (perhaps a new leader) knows nothing of the sidecars: tell it now.
+    let report = feed.reports.borrow_and_update().clone();
+    s.send(AgentMessage::Sidecars { report })
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut reporting = true;
     let mut batch: Vec<WireSample> = Vec::new();
     let linger = tokio::time::sleep(LINGER);
     tokio::pin!(linger);
@@ -144,8 +158,23 @@ async fn session(
                         tracing::debug!(instance = %r.instance, reason = %r.reason, "sample refused");
                     }
                 }
+                Some(Ok(AuthorityMessage::ConfigRequest(request))) => {
+                    let now = tokio::time::Instant::now();
+                    let document = sidecars::config(&feed.shared, &request.client, now);
+                    tracing::debug!(client = %request.client, found = document.is_some(), "config request answered");
+                    let answer = ClientConfig { request_id: request.request_id, document };
+                    s.send(AgentMessage::ClientConfig(answer)).await.map_err(|e| e.to_string())?;
+                }
                 Some(Err(status)) => return Err(format!("authority: {status}")),
                 None => return Err("authority closed the session".into()),
+            },
+            changed = feed.reports.changed(), if reporting => match changed {
+                Ok(()) => {
+                    let report = feed.reports.borrow_and_update().clone();
+                    s.send(AgentMessage::Sidecars { report }).await.map_err(|e| e.to_string())?;
+                }
+                // The reporter stopped (the agent is stopping): nothing more to say.
+                Err(_) => reporting = false,
             },
             sample = probes.recv() => match sample {
                 Some(sample) => {

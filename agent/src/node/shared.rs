@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use waymark_core::model::NodeName;
 use waymark_lkg::ViewStore;
-use waymark_xds::Publisher;
+use waymark_xds::{Publisher, XdsServer};
 
 use super::cache;
 use super::dns::DnsTable;
@@ -63,6 +63,8 @@ pub(crate) struct Shared {
     pub(crate) store: Arc<dyn ViewStore>,
     pub(crate) high_water: std::sync::atomic::AtomicU64,
     pub(crate) publisher: Publisher,
+    /// The local xDS server: its clients' sync state and what each was sent.
+    pub(crate) xds: XdsServer,
     pub(crate) dns: Arc<ArcSwap<DnsTable>>,
     pub(crate) lrs: LrsForwarder,
     pub(crate) metrics: AgentMetrics,
