@@ -16,7 +16,11 @@ use waymark_registry::state::DesiredState;
 
 use super::metrics::{AuthorityMetrics, ReasonLabels};
 use super::raft::RaftNode;
-use crate::evidence::{Ack, EvidenceSink, ProbeTarget, RefusedSample, WireSample};
+use super::sidecars::SidecarsHandle;
+use crate::evidence::{
+    Ack, ClientConfig, ConfigRequest, EvidenceSink, ProbeTarget, RefusedSample, SidecarReport,
+    WireSample,
+};
 use crate::gossip::{Liveness, MemberState, Role};
 
 /// Samples queued between ingest and the leader's pipeline before new ones are refused.
@@ -56,6 +60,9 @@ pub struct EvidenceHub {
     gossip: Option<watch::Receiver<Vec<MemberState>>>,
     /// Admitted samples the leader's queue holds before new ones are shed.
     queue_len: usize,
+    /// Each node's report of its sidecars, and config requests to nodes: leader-observed,
+    /// like the assignments (see `sidecars.rs`).
+    sidecars: SidecarsHandle,
 }
 
 impl EvidenceHub {
@@ -68,7 +75,13 @@ impl EvidenceHub {
             membership: watch::Sender::new(0),
             gossip: None,
             queue_len: QUEUE_LEN,
+            sidecars: SidecarsHandle::default(),
         }
+    }
+
+    /// The sidecar reports and config broker, for the API.
+    pub fn sidecars(&self) -> SidecarsHandle {
+        self.sidecars.clone()
     }
 
     /// A shorter queue than [`QUEUE_LEN`], so tests can fill it.
@@ -108,6 +121,9 @@ impl EvidenceHub {
         let mut inner = self.lock();
         inner.feed = None;
         inner.confirming.clear();
+        drop(inner);
+        self.sidecars.reports().clear();
+        self.sidecars.broker.clear();
     }
 
     /// Probe each instance at its contract's confirmation cadence (`true`) or at its
@@ -284,7 +300,7 @@ impl EvidenceSink for EvidenceHub {
     }
 
     fn goodbye(&self, node: &NodeName) {
-        {
+        let gone = {
             let mut inner = self.lock();
             let gone = match inner.probers.get_mut(node) {
                 Some((_, n)) => {
@@ -297,8 +313,40 @@ impl EvidenceSink for EvidenceHub {
                 inner.probers.remove(node);
                 inner.targets.remove(node);
             }
+            gone
+        };
+        if gone {
+            self.sidecars.reports().handle_session_closed(node);
         }
+        self.sidecars.broker.detach(node);
         self.membership.send_modify(|n| *n += 1);
+    }
+
+    fn sidecars(&self, node: &NodeName, report: SidecarReport) -> Result<(), Status> {
+        if self.lock().feed.is_none() {
+            return Err(self.not_leader());
+        }
+        let now = tokio::time::Instant::now().into_std();
+        let outcome = self.sidecars.reports().handle_report(now, node, report);
+        // A refused report must not end the session: the node's evidence matters more.
+        if let Err(refused) = outcome {
+            self.metrics
+                .sidecar_reports_refused
+                .get_or_create(&ReasonLabels {
+                    reason: refused.label().to_owned(),
+                })
+                .inc();
+            tracing::debug!(node_id = %node, error = %refused, "sidecar report refused");
+        }
+        Ok(())
+    }
+
+    fn config_requests(&self, node: &NodeName) -> Option<mpsc::Receiver<ConfigRequest>> {
+        Some(self.sidecars.broker.attach(node))
+    }
+
+    fn client_config(&self, node: &NodeName, answer: ClientConfig) {
+        self.sidecars.broker.answer(node, answer);
     }
 
     fn ingest(&self, reporter: &Reporter, samples: Vec<WireSample>) -> Result<Ack, Status> {

@@ -193,6 +193,7 @@ impl Authority {
             config.region.clone(),
         )
         .with_federation(node.clone(), regions)
+        .with_sidecars(hub.sidecars())
         .with_tls(tls.is_some());
         if let (Some(kube), Some(kube_metrics)) = (config.kubernetes.clone(), families.kube) {
             tasks.push(tokio::spawn(existence::run_kube(

@@ -135,6 +135,8 @@ pub struct AuthorityMetrics {
     /// admission), `resource_names` (over the per-stream name cap), `slow_consumer`,
     /// `bad_request` (a malformed first request, or none).
     pub xds_streams_refused: Family<ReasonLabels, Counter>,
+    /// Node agents' sidecar reports not kept, by reason (`nodes_full`).
+    pub sidecar_reports_refused: Family<ReasonLabels, Counter>,
 }
 
 impl Default for AuthorityMetrics {
@@ -170,6 +172,7 @@ impl Default for AuthorityMetrics {
             xds_nacks: Gauge::default(),
             xds_clients: Gauge::default(),
             xds_streams_refused: Family::default(),
+            sidecar_reports_refused: Family::default(),
         }
     }
 }
@@ -319,6 +322,11 @@ impl AuthorityMetrics {
             "xds_streams_refused",
             "xDS streams refused or ended by this member's xDS tier, by reason",
             self.xds_streams_refused.clone(),
+        );
+        r.register(
+            "sidecar_reports_refused",
+            "Node agents' reports of their sidecars not kept by the leader, by reason",
+            self.sidecar_reports_refused.clone(),
         );
     }
 }

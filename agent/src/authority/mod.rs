@@ -18,5 +18,6 @@ pub mod principal;
 pub mod raft;
 pub mod regions;
 pub mod settings;
+pub mod sidecars;
 pub mod staleness;
 pub mod tier;

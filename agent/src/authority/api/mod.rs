@@ -31,9 +31,10 @@
 //! `instances` (registrations, leases, externals, overrides, explain), `routing` (zone
 //! evacuation and region failover), `acl` (grants and tokens), `audit` (the audit log and
 //! alarms), `status` (probes, status, Raft membership, federation, proxy status,
-//! metrics) and `discovery` (Prometheus HTTP service discovery); `blocking` and `query` are
-//! the read routes' blocking queries, filters and pages. This file holds the state, the
-//! router, the error shape and the helpers every handler shares.
+//! metrics), `proxy` (the sidecars behind the node agents) and `discovery` (Prometheus
+//! HTTP service discovery); `blocking` and `query` are the read routes' blocking queries,
+//! filters and pages. This file holds the state, the router, the error shape and the
+//! helpers every handler shares.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -71,6 +72,7 @@ mod blocking;
 mod discovery;
 mod instances;
 mod overrides;
+mod proxy;
 mod query;
 mod routing;
 mod schema;
@@ -120,6 +122,8 @@ pub struct ApiState {
     denials: Arc<Mutex<Denials>>,
     /// `https` when the API listener is mutual TLS (redirects name the same scheme).
     scheme: &'static str,
+    /// The sidecars behind the node agents (`proxy`).
+    sidecars: super::sidecars::SidecarsHandle,
     /// What the blocking queries wait on.
     indices: tokio::sync::watch::Receiver<blocking::Indices>,
 }
@@ -157,6 +161,7 @@ impl ApiState {
             regions: None,
             denials: Arc::default(),
             scheme: "http",
+            sidecars: Default::default(),
         }
     }
 
@@ -240,6 +245,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/alarms", get(audit::alarms))
         .route("/v1/reconciliation", get(status::reconciliation))
         .route("/v1/proxy-status", get(status::proxy_status))
+        .route("/v1/proxy-status/sidecars", get(proxy::sidecars))
+        .route("/v1/proxy-config/{node}/{client}", get(proxy::proxy_config))
         .route("/v1/federation/status", get(status::federation_status))
         .route("/v1/federation/failovers", get(routing::region_failovers))
         .route(

@@ -1,0 +1,99 @@
+//! The sidecars behind the node agents: `GET /v1/proxy-status/sidecars` (every node's
+//! latest report of its own xDS clients) and `GET /v1/proxy-config/{node}/{client}` (what
+//! one client holds, asked of its node agent over the node's evidence session).
+//!
+//! Both are leader-only (a follower redirects): node agents hold their evidence session
+//! with the leader, so the reports and the sessions to ask are there (see
+//! `authority/sidecars.rs`). `GET /v1/proxy-status` stays member-local: it lists the
+//! agents this member's xDS tier serves.
+
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use waymark_core::model::NodeName;
+
+use super::{ApiError, ApiResult, ApiState, parse_name};
+use crate::authority::sidecars::{AskError, SidecarsHandle};
+use crate::evidence::CLIENT_ID_BYTES_MAX;
+
+impl ApiState {
+    /// Serve the sidecar routes from the evidence hub's reports and broker.
+    pub fn with_sidecars(mut self, sidecars: SidecarsHandle) -> Self {
+        self.sidecars = sidecars;
+        self
+    }
+}
+
+/// Every node's latest report, oldest node name first, with its durations brought up to
+/// now; reports not refreshed within their TTL are gone.
+pub(super) async fn sidecars(State(s): State<ApiState>, uri: Uri) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    // The hub stamps reports on tokio's clock; read the same one.
+    let now = tokio::time::Instant::now().into_std();
+    let nodes: Vec<Value> = {
+        let mut reports = s.sidecars.reports();
+        reports.handle_timeout(now);
+        reports
+            .reports()
+            .map(|(node, held)| {
+                let since = now.saturating_duration_since(held.received);
+                let mut entry = held.report.to_json(since);
+                entry["node"] = json!(node.as_str());
+                entry["session_open"] = json!(held.session_open);
+                entry["reported_ms_ago"] = json!(millis(since));
+                entry
+            })
+            .collect()
+    };
+    Ok(axum::Json(json!({ "nodes": nodes })).into_response())
+}
+
+/// What `client` of `node` holds, as its node agent answers (the document its own
+/// `GET /v1/clients/{client}/config` serves).
+pub(super) async fn proxy_config(
+    State(s): State<ApiState>,
+    uri: Uri,
+    Path((node, client)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    s.leader_only(&uri)?;
+    let node: NodeName = parse_name(&node, "node").map_err(|e| s.refuse(e))?;
+    if client.is_empty() || client.len() > CLIENT_ID_BYTES_MAX {
+        return Err(s.refuse(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_name",
+            Some("client"),
+            format!("client: an xDS node id of 1 to {CLIENT_ID_BYTES_MAX} bytes"),
+        )));
+    }
+    let refusal = |status, reason, message: String| ApiError::new(status, reason, None, message);
+    match s.sidecars.broker.ask(&node, &client).await {
+        Ok(Some(document)) => Ok(axum::Json(document).into_response()),
+        Ok(None) => Err(refusal(
+            StatusCode::NOT_FOUND,
+            "unknown_client",
+            format!("node {node} has no xDS client {client} connected"),
+        )),
+        Err(e @ AskError::NotConnected(_)) => Err(refusal(
+            StatusCode::NOT_FOUND,
+            "unknown_node",
+            format!("{e}: it is not running, or is reconnecting"),
+        )),
+        Err(e @ AskError::Timeout(_)) => Err(refusal(
+            StatusCode::GATEWAY_TIMEOUT,
+            "node_timeout",
+            e.to_string(),
+        )),
+        Err(e) => Err(refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "node_unavailable",
+            e.to_string(),
+        )),
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
