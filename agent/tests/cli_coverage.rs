@@ -82,7 +82,7 @@ fn every_documented_route_has_a_command_and_every_command_a_route() {
 /// Runs `waymark <args>` against the dev region as its operator; panics with stderr when
 /// the command fails.
 fn waymark(dev: &waymark_agent::dev::DevRegion, args: &[&str]) -> String {
-    let out = operator_command(dev, args);
+    let out = dev::operator_command(dev, args);
     assert!(
         out.status.success(),
         "waymark {args:?}: {}",
@@ -93,26 +93,9 @@ fn waymark(dev: &waymark_agent::dev::DevRegion, args: &[&str]) -> String {
 
 /// Like [`waymark`], expecting a refusal; returns stderr.
 fn waymark_refused(dev: &waymark_agent::dev::DevRegion, args: &[&str]) -> String {
-    let out = operator_command(dev, args);
+    let out = dev::operator_command(dev, args);
     assert!(!out.status.success(), "waymark {args:?} should fail");
     String::from_utf8(out.stderr).unwrap()
-}
-
-/// `waymark <args>` as the dev region's operator, over TLS. The process blocks this
-/// thread, which the region's own tasks then leave to the runtime's other worker.
-fn operator_command(dev: &waymark_agent::dev::DevRegion, args: &[&str]) -> std::process::Output {
-    tokio::task::block_in_place(|| {
-        Command::new(env!("CARGO_BIN_EXE_waymark"))
-            .args(args)
-            .arg("--api")
-            .arg(dev.authority().http_addr().to_string())
-            .arg("--ca-bundle")
-            .arg(dev.ca_bundle())
-            .arg("--token-file")
-            .arg(dev.token_file())
-            .output()
-            .unwrap()
-    })
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> String {

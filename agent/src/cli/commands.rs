@@ -7,7 +7,8 @@
 //! waymark policy    get|set                                 /v1/services/{s}/policy
 //! waymark zones     [list]|evacuate|shift-back|complete-shift-back   /v1/zones…
 //! waymark external  declare|remove                          /v1/external…
-//! waymark explain, override, audit, alarms, status, proxy-status, openapi
+//! waymark explain, override, audit, alarms, status, openapi
+//! waymark proxy-status, proxy-config                        /v1/proxy-status…, /v1/proxy-config…
 //! waymark federation …, acl …, operator raft …, members
 //! ```
 //!
@@ -213,8 +214,24 @@ pub enum ClientCommand {
         #[command(flatten)]
         api: ApiArgs,
     },
-    /// Every xDS client's sync state: versions sent and acknowledged, NACKs.
+    /// Every node agent this member serves and, under each, the sidecars its node reports:
+    /// versions sent and acknowledged, SYNCED/STALE/NACK, connected for, the view's age.
     ProxyStatus {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// What one sidecar holds: its clusters and endpoints with weights, health and
+    /// markers, as its node agent sent them.
+    ProxyConfig {
+        /// The sidecar's xDS node id (its `CLIENT` in `proxy-status`).
+        client: String,
+        /// Its node (found from the sidecar reports when not given).
+        #[arg(long, conflicts_with = "agent")]
+        node: Option<String>,
+        /// Ask the node agent's own HTTP API on this host (`127.0.0.1:8400`) instead of
+        /// the authority.
+        #[arg(long)]
+        agent: Option<String>,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -640,6 +657,8 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     ("GET", "/v1/alarms", "alarms"),
     ("GET", "/v1/reconciliation", "reconciliation"),
     ("GET", "/v1/proxy-status", "proxy-status"),
+    ("GET", "/v1/proxy-status/sidecars", "proxy-status"),
+    ("GET", "/v1/proxy-config/{node}/{client}", "proxy-config"),
     ("GET", "/v1/federation/status", "federation status"),
     ("GET", "/v1/federation/failovers", "federation failovers"),
     (
@@ -790,7 +809,16 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<String> {
             let action = action.as_api();
             ops::override_instance(&client, &target, action, justification.as_deref()).await
         }
-        ClientCommand::ProxyStatus { api } => ops::proxy_status(&api.client()?, api.out()).await,
+        ClientCommand::ProxyStatus { api } => ops::proxy::status(&api.client()?, api.out()).await,
+        ClientCommand::ProxyConfig {
+            client,
+            node,
+            agent,
+            api,
+        } => {
+            let (node, agent) = (node.as_deref(), agent.as_deref());
+            ops::proxy::config(&api.client()?, &client, node, agent, api.out()).await
+        }
         ClientCommand::Reconciliation { api } => {
             let diff = api.client()?.get_json("/v1/reconciliation").await?;
             api.out().document(&diff)

@@ -1,6 +1,7 @@
 //! The operator commands: `waymark operator raft …`, `services`, `explain`, `audit`,
-//! `override`, `proxy-status`, `federation …`; the registry's resources in [`resources`],
-//! access control in [`acl`]. Each prints a table or the API's answer (`-o`).
+//! `override`, `federation …`; the registry's resources in [`resources`], access control
+//! in [`acl`], `proxy-status` and `proxy-config` in [`proxy`]. Each prints a table or the
+//! API's answer (`-o`).
 
 use http::Method;
 use serde_json::{Value, json};
@@ -9,6 +10,7 @@ use crate::api_client::ApiClient;
 use crate::cli::output::Output;
 
 pub mod acl;
+pub mod proxy;
 pub mod resources;
 
 /// Print `rows` as aligned columns under `header`.
@@ -268,39 +270,6 @@ pub async fn override_instance(
         "granted"
     };
     Ok(format!("{verb}: {r}\n"))
-}
-
-/// `waymark proxy-status`.
-pub async fn proxy_status(api: &ApiClient, out: Output) -> anyhow::Result<String> {
-    let list = api.get_json("/v1/proxy-status").await?;
-    if let Some(printed) = out.structured(&list) {
-        return printed;
-    }
-    let mut rows = Vec::new();
-    for c in list.as_array().into_iter().flatten() {
-        for (ty, t) in c["types"].as_object().into_iter().flatten() {
-            rows.push(vec![
-                s(&c["node"]),
-                s(&c["zone"]),
-                s(&c["protocol"]),
-                ty.clone(),
-                s(&t["sent"]),
-                s(&t["acked"]),
-                if t["in_sync"].as_bool().unwrap_or(false) {
-                    "SYNCED".into()
-                } else {
-                    "STALE".into()
-                },
-                s(&t["nacks"]),
-            ]);
-        }
-    }
-    Ok(table(
-        &[
-            "NODE", "ZONE", "PROTOCOL", "TYPE", "SENT", "ACKED", "STATE", "NACKS",
-        ],
-        rows,
-    ))
 }
 
 /// `waymark members`: the gossip pool as a node agent sees it.

@@ -418,6 +418,8 @@ try this:
   waymark explain <instance>                  (instance ids: waymark services / the view)
   waymark override <instance> --justification \"trying it\"
   envoy -c deploy/envoy/dev.yaml               (then: curl http://127.0.0.1:10000/)
+  waymark proxy-status                         (the agent, and under it that Envoy)
+  waymark proxy-config dev-sidecar             (what it holds: clusters, endpoints)
 ",
             zones = ZONES.join(", "),
             xds = self.authority.xds_addr(),

@@ -25,3 +25,21 @@ pub async fn start(dir: &Path) -> DevRegion {
 
 /// One API call: the status and the JSON body (`Null` when it is not JSON).
 pub use super::call;
+
+/// `waymark <args>` as the dev region's operator, over TLS, as an operator runs it. The
+/// process blocks this thread, which the region's own tasks then leave to the runtime's
+/// other worker (so call it from a multi-threaded runtime).
+pub fn operator_command(dev: &DevRegion, args: &[&str]) -> std::process::Output {
+    tokio::task::block_in_place(|| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_waymark"))
+            .args(args)
+            .arg("--api")
+            .arg(dev.authority().http_addr().to_string())
+            .arg("--ca-bundle")
+            .arg(dev.ca_bundle())
+            .arg("--token-file")
+            .arg(dev.token_file())
+            .output()
+            .expect("the waymark binary runs")
+    })
+}
