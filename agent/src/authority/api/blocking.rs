@@ -47,6 +47,13 @@ pub const JITTER_DIVISOR: u32 = 16;
 /// The response header carrying the route's index.
 pub const INDEX_HEADER: &str = "x-waymark-index";
 
+// The listener lets a request be held this long at most: the longest wait and its jitter
+// must fit.
+const _: () = assert!(
+    WAIT_MAX.as_millis() + WAIT_MAX.as_millis() / (JITTER_DIVISOR as u128)
+        < crate::listener::HOLD_MAX.as_millis()
+);
+
 /// What a blocking route reads, which decides the index it answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Reads<'a> {
