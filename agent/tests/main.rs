@@ -42,3 +42,4 @@ mod node_upstream_region;
 mod override_budget;
 mod probe_policy;
 mod probe_targets;
+mod prometheus_sd;
