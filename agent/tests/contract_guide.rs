@@ -19,7 +19,7 @@ use waymark_agent::api_client::ApiClient;
 use waymark_core::contract::HealthContract;
 use waymark_testkit::until;
 
-use crate::common::dev::{self, WAIT};
+use crate::common::dev::{self, WAIT, set_mode};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -167,18 +167,6 @@ async fn put_service(api: &ApiClient, example: &str) {
     assert!(r.status.is_success(), "{example}: {r:?}");
 }
 
-async fn set_mode(control: &ApiClient, backend: &str, mode: &str) {
-    let r = control
-        .send(
-            Method::PUT,
-            &format!("/v1/dev/backends/{backend}/mode"),
-            Some(&json!({ "mode": mode })),
-        )
-        .await
-        .unwrap();
-    assert!(r.status.is_success(), "{r:?}");
-}
-
 /// Waits until `backend`'s instance has `verdict`; returns its explanation.
 async fn verdict_of(api: &ApiClient, id: &str, backend: &str, verdict: &str) -> Value {
     until(&format!("{backend} {verdict}"), WAIT, async || {
@@ -211,7 +199,10 @@ async fn the_guide_s_examples_give_the_verdicts_it_promises_on_a_dev_region() {
     verdict_of(&api, &id("web-az1-2"), "web-az1-2", "eligible").await;
     set_mode(&control, "web-az1-1", "not-ready").await;
     let e = verdict_of(&api, &id("web-az1-1"), "web-az1-1", "degraded").await;
-    assert!(e["text"].as_str().unwrap().contains("uncorroborated"), "{e}");
+    assert!(
+        e["text"].as_str().unwrap().contains("uncorroborated"),
+        "{e}"
+    );
     set_mode(&control, "web-az2-1", "fail-hard").await;
     verdict_of(&api, &id("web-az2-1"), "web-az2-1", "ineligible").await;
     verdict_of(&api, &id("web-az1-2"), "web-az1-2", "eligible").await;

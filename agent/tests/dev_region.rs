@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 
-use common::dev::{WAIT, operator_command};
+use common::dev::{WAIT, operator_command, set_mode};
 use http::Method;
 use serde_json::{Value, json};
 use support::{Envoy, EnvoyConfig, Route, Xds, XdsMode};
@@ -40,18 +40,6 @@ async fn explain(api: &ApiClient, instance: &str) -> Value {
     api.get_json(&format!("/v1/instances/{instance}/explain"))
         .await
         .unwrap()
-}
-
-async fn set_mode(control: &ApiClient, backend: &str, mode: &str) {
-    let r = control
-        .send(
-            Method::PUT,
-            &format!("/v1/dev/backends/{backend}/mode"),
-            Some(&json!({ "mode": mode })),
-        )
-        .await
-        .unwrap();
-    assert!(r.status.is_success(), "{r:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,6 +3,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use http::Method;
+use serde_json::json;
+use waymark_agent::api_client::ApiClient;
 use waymark_agent::dev::{DevArgs, DevRegion};
 
 /// How long a dev-region test waits for any one state.
@@ -42,4 +45,18 @@ pub fn operator_command(dev: &DevRegion, args: &[&str]) -> std::process::Output 
             .output()
             .expect("the waymark binary runs")
     })
+}
+
+/// Puts a demo backend into `mode` (`healthy`, `fail-hard`, `not-ready`, …) through the
+/// backends' control API.
+pub async fn set_mode(control: &ApiClient, backend: &str, mode: &str) {
+    let r = control
+        .send(
+            Method::PUT,
+            &format!("/v1/dev/backends/{backend}/mode"),
+            Some(&json!({ "mode": mode })),
+        )
+        .await
+        .unwrap();
+    assert!(r.status.is_success(), "{r:?}");
 }
