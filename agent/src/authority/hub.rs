@@ -326,8 +326,12 @@ impl EvidenceSink for EvidenceHub {
         if self.lock().feed.is_none() {
             return Err(self.not_leader());
         }
-        let now = tokio::time::Instant::now().into_std();
-        let outcome = self.sidecars.reports().handle_report(now, node, report);
+        let outcome = {
+            let mut reports = self.sidecars.reports();
+            // Read under the lock: every caller's `now` then reaches the core in order.
+            let now = tokio::time::Instant::now().into_std();
+            reports.handle_report(now, node, report)
+        };
         // A refused report must not end the session: the node's evidence matters more.
         if let Err(refused) = outcome {
             self.metrics

@@ -27,14 +27,15 @@ impl ApiState {
     }
 }
 
-/// Every node's latest report, oldest node name first, with its durations brought up to
+/// Every node's latest report, in node name order, with its durations brought up to
 /// now; reports not refreshed within their TTL are gone.
 pub(super) async fn sidecars(State(s): State<ApiState>, uri: Uri) -> ApiResult<Response> {
     s.leader_only(&uri)?;
-    // The hub stamps reports on tokio's clock; read the same one.
-    let now = tokio::time::Instant::now().into_std();
     let nodes: Vec<Value> = {
         let mut reports = s.sidecars.reports();
+        // The hub stamps reports on tokio's clock, under this lock; read the same one, under
+        // it too, so that the core sees time in order.
+        let now = tokio::time::Instant::now().into_std();
         reports.handle_timeout(now);
         reports
             .reports()
