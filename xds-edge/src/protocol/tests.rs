@@ -288,6 +288,31 @@ fn sotw_cds_absence_means_delete_but_eds_absence_does_not() {
 }
 
 #[test]
+fn sotw_the_versions_sent_are_what_the_last_response_carried() {
+    // What `proxy-config` reads of a SotW client: the names it asked for, at the versions
+    // of the last response, not everything the server holds.
+    let mut s = SotwState::default();
+    assert_eq!(s.sent_versions(), None);
+    s.handle_request(&sotw_req(TYPE_ENDPOINT, &["a", "c"], "", ""));
+    let all = res(&[("a", "1"), ("b", "1"), ("c", "4")]);
+    s.next_message(TYPE_ENDPOINT, &all, "4", "n1".into())
+        .unwrap();
+    let sent = |s: &SotwState| -> Vec<(String, String)> {
+        s.sent_versions()
+            .unwrap()
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect()
+    };
+    let pair = |n: &str, v: &str| (n.to_owned(), v.to_owned());
+    assert_eq!(sent(&s), [pair("a", "1"), pair("c", "4")]);
+    let later = res(&[("a", "5"), ("b", "1")]);
+    s.next_message(TYPE_ENDPOINT, &later, "5", "n2".into())
+        .unwrap();
+    assert_eq!(sent(&s), [pair("a", "5")]);
+}
+
+#[test]
 fn sotw_ack_nack_and_stale_nonces() {
     let mut s = SotwState::default();
     s.handle_request(&sotw_req(TYPE_ENDPOINT, &["a"], "", ""));
