@@ -81,10 +81,10 @@ mod status;
 
 pub use acl::new_secret;
 pub use audit::REDACTED;
-pub use schema::components as schema_components;
 pub use blocking::{INDEX_HEADER, JITTER_DIVISOR, WAIT_DEFAULT, WAIT_MAX};
 pub use discovery::LABEL_PREFIX;
 pub use query::{FILTER_VALUES_MAX, LIMIT_MAX, NEXT_CURSOR_HEADER};
+pub use schema::components as schema_components;
 
 /// Audit records returned by one request at most.
 pub const AUDIT_PAGE_MAX: usize = 10_000;
