@@ -73,6 +73,16 @@ pub enum Request {
         /// The records; sequence numbers are assigned on apply.
         entries: Vec<AuditEntry>,
     },
+    /// An operator's restore: the whole state replaced by a verified backup's
+    /// (`PUT /v1/operator/snapshot`). Versions and audit sequence numbers never go back:
+    /// the floors of the state it replaces are kept where they are higher. Every lease's
+    /// clock restarts at `at_ms`, as at a new term: nobody could renew into the backup.
+    Restore {
+        /// Unix milliseconds, stamped by the leader that proposed it.
+        at_ms: u64,
+        /// The state to put in force.
+        state: Box<AuthorityState>,
+    },
 }
 
 /// The registry commands an applied entry carried and each one's outcome, in order: one for
@@ -163,6 +173,8 @@ pub enum Response {
         /// Put the snapshot in force.
         complete: bool,
     },
+    /// The state was replaced by a restore; every follower of the state resyncs.
+    Restored,
     /// Raft's own entries (blank, membership) carry no request.
     Empty,
     /// Applying the entry failed unexpectedly (a bug, caught by the store): nothing is
@@ -308,7 +320,7 @@ pub struct AuditEntry {
 }
 
 /// The replicated state.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuthorityState {
     registry: DesiredState,
     /// Keyed by view; serialized as a list (JSON map keys must be strings).
@@ -332,7 +344,7 @@ pub struct AuthorityState {
 pub const OBSERVED_PARTS_MAX: u32 = 4_096;
 
 /// The parts of one observed-state snapshot held so far.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct ObservedPending {
     at_ms: u64,
     parts: u32,
@@ -404,7 +416,27 @@ impl AuthorityState {
                     last_seq: self.audit_seq,
                 }
             }
+            Request::Restore { at_ms, state } => self.restore(at_ms, *state),
         }
+    }
+
+    /// Put a backup's state in force. Total: any state that decoded is accepted (it was
+    /// applied once by the region that saved it). The highest version and audit sequence
+    /// number held stay floors, so a view version or an audit `seq` is never issued twice;
+    /// every lease restarts at `at_ms`, so the leader retires no instance for the time
+    /// between the backup and the restore.
+    fn restore(&mut self, at_ms: u64, state: AuthorityState) -> Response {
+        let version_floor = self.max_version().max(state.max_version());
+        let audit_seq = self.audit_seq.max(state.audit_seq);
+        *self = state;
+        self.version_floor = version_floor;
+        self.audit_seq = audit_seq;
+        let restarted = self.registry.apply(Stamped {
+            at_ms,
+            command: crate::state::Command::RestartLeases,
+        });
+        debug_assert!(restarted.is_ok(), "restarting leases is never refused");
+        Response::Restored
     }
 
     /// Hold one part of an observed-state snapshot; the last one missing puts the whole

@@ -583,6 +583,25 @@ pub enum OperatorCommand {
         #[command(subcommand)]
         command: RaftCommand,
     },
+    /// Backups of the replicated state (docs/operations.md).
+    Snapshot {
+        #[command(subcommand)]
+        command: SnapshotCommand,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum SnapshotCommand {
+    /// Write a consistent backup of the region's state, taken on the leader, to FILE.
+    Save {
+        /// Where to write it.
+        file: std::path::PathBuf,
+    },
+    /// Verify a backup of this region and put it in force on every member.
+    Restore {
+        /// The backup.
+        file: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -607,6 +626,12 @@ pub enum RaftCommand {
         #[arg(long)]
         id: u64,
     },
+    /// Move leadership to a caught-up voter (before restarting the leader).
+    TransferLeader {
+        /// The voter to lead; without it, the most caught-up one.
+        #[arg(long)]
+        to: Option<u64>,
+    },
 }
 
 /// Every route of the authority API and the command that speaks it; the routes no command
@@ -622,6 +647,13 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
         "/v1/operator/raft/members/{id}",
         "operator raft remove",
     ),
+    (
+        "POST",
+        "/v1/operator/raft/transfer-leader",
+        "operator raft transfer-leader",
+    ),
+    ("GET", "/v1/operator/snapshot", "operator snapshot save"),
+    ("PUT", "/v1/operator/snapshot", "operator snapshot restore"),
     ("GET", "/v1/services", "services list"),
     ("GET", "/v1/services/{service}", "services get"),
     ("PUT", "/v1/services/{service}", "services apply"),
@@ -856,6 +888,15 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<String> {
                         ops::join(&client, id, &addr, &raft).await
                     }
                     RaftCommand::Remove { id } => ops::remove(&client, id).await,
+                    RaftCommand::TransferLeader { to } => {
+                        super::operator::transfer_leader(&client, to).await
+                    }
+                },
+                OperatorCommand::Snapshot { command } => match command {
+                    SnapshotCommand::Save { file } => super::operator::save(&client, &file).await,
+                    SnapshotCommand::Restore { file } => {
+                        super::operator::restore(&client, &file).await
+                    }
                 },
             }
         }

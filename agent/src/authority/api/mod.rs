@@ -71,6 +71,7 @@ mod audit;
 mod blocking;
 mod discovery;
 mod instances;
+mod operator;
 mod overrides;
 mod proxy;
 mod query;
@@ -199,6 +200,16 @@ pub fn router(state: ApiState) -> Router {
         .route(
             "/v1/operator/raft/members/{id}",
             delete(status::remove_member),
+        )
+        .route(
+            "/v1/operator/raft/transfer-leader",
+            post(operator::transfer_leader),
+        )
+        .route(
+            "/v1/operator/snapshot",
+            get(operator::save)
+                .put(operator::restore)
+                .layer(limit(super::raft::backup::BODY_MAX)),
         )
         .route("/v1/services", get(services::services))
         .route(
@@ -439,7 +450,9 @@ impl ApiState {
 
     /// On a follower: redirect to the leader's same path.
     fn leader_only(&self, uri: &Uri) -> ApiResult<()> {
-        if self.raft.is_leader() {
+        // A leader moving its leadership away takes the request in: its write waits for
+        // the transfer, then goes on here or is redirected to the new leader.
+        if self.raft.is_leader() || self.raft.transferring() {
             return Ok(());
         }
         Err(self.redirect(uri, None))

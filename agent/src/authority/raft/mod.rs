@@ -18,11 +18,13 @@
 //! redb file in its data directory and replays the committed tail.
 
 pub mod admission;
+pub mod backup;
 pub mod codec;
 mod network;
 pub mod snapshot_file;
 mod store;
 pub mod tls;
+mod transfer;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Debug, Display};
@@ -50,6 +52,7 @@ pub use self::store::{
     APPEND_BYTES_MAX, AppliedEntry, ApplyFailure, DB_FILE, LogStore, StateEvent, StateMachineStore,
     StoreError,
 };
+pub use self::transfer::{TRANSFER_CATCH_UP, TRANSFER_WAIT, TransferError, Transferred};
 use waymark_registry::machine::{AuditEntry, AuthorityState, ReplayGate, Request, Response};
 
 /// Capacity of the [`StateEvent`] channel; a subscriber further behind resyncs.
@@ -320,6 +323,8 @@ pub struct RaftNode {
     events: broadcast::Sender<StateEvent>,
     /// How this member calls its peers' Raft listeners (for [`RaftNode::forward_audit`]).
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// `true` while this member moves its leadership away: writes wait ([`transfer`]).
+    transfer: Arc<watch::Sender<bool>>,
 }
 
 impl Debug for RaftNode {
@@ -415,6 +420,7 @@ impl RaftNode {
             shared,
             events,
             tls: config.tls.clone(),
+            transfer: Arc::new(watch::Sender::new(false)),
         })
     }
 
@@ -499,7 +505,12 @@ impl RaftNode {
     }
 
     /// Propose `request`; returns its response once committed and applied here.
+    /// While this member moves its leadership away, the write waits for the transfer to
+    /// end (bounded, see [`transfer`]), then goes to whoever leads.
     pub async fn write(&self, request: Request) -> Result<Response, WriteError> {
+        if self.transferring() {
+            self.transfer_settled().await;
+        }
         match self.raft.client_write(request).await {
             Ok(written) => Ok(written.data),
             Err(OpenraftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
@@ -571,6 +582,23 @@ impl RaftNode {
             .unwrap_or_else(PoisonError::into_inner);
         let applied = self.shared.applied_meta().last_applied.map(|l| l.index);
         f(&state, applied)
+    }
+
+    /// A copy of the state and the id (index, term) of the last entry it reflects, taken
+    /// consistently, for a backup. The copy shares the state's persistent parts, so the
+    /// lock is held briefly (as for a snapshot).
+    pub fn state_copy(&self) -> (AuthorityState, Option<(u64, u64)>) {
+        let state = self
+            .shared
+            .state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let applied = self
+            .shared
+            .applied_meta()
+            .last_applied
+            .map(|l| (l.index, l.leader_id.term));
+        (state.clone(), applied)
     }
 
     /// Follow the state machine. Subscribe before reading [`RaftNode::with_state`] so no

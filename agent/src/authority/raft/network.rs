@@ -71,6 +71,9 @@ pub const SNAPSHOT_PATH: &str = "/raft/snapshot";
 /// Audit records a follower forwards to the leader (refusals it decided): only the leader
 /// can commit them.
 pub(super) const AUDIT_PATH: &str = "/raft/audit";
+/// The leader asks a caught-up voter to stand for election now (leadership transfer,
+/// [`super::transfer`]).
+pub(super) const ELECT_PATH: &str = "/raft/elect";
 /// Most records in one forwarded batch.
 pub(super) const AUDIT_FORWARD_RECORDS_MAX: usize = 256;
 /// Largest forwarded batch.
@@ -122,6 +125,10 @@ pub(super) fn router(raft: Raft<TypeConfig>, senders: Senders, metrics: RaftRpcM
         .route(
             AUDIT_PATH,
             post(audit).layer(DefaultBodyLimit::max(AUDIT_FORWARD_BODY_LIMIT_BYTES)),
+        )
+        .route(
+            ELECT_PATH,
+            post(elect).layer(DefaultBodyLimit::max(VOTE_BODY_LIMIT_BYTES)),
         )
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .with_state(RpcState {
@@ -331,6 +338,58 @@ async fn audit(
             "not_committed",
             format!("not committed here: {e}"),
         ),
+    }
+}
+
+/// Stand for election now, because the leader asks: its certificate must name the member
+/// the body names, and that member must be the leader this member follows (a deposed or
+/// foreign member cannot start elections here). A learner refuses: it cannot lead.
+async fn elect(
+    State(s): State<RpcState>,
+    peer: Option<Extension<PeerInfo>>,
+    Json(ask): Json<super::transfer::ElectRequest>,
+) -> Response {
+    let peer = peer.as_ref().map(|Extension(p)| p);
+    if let Some(refused) = s.refusal(peer, Some(ask.from), ELECT_PATH) {
+        return refused;
+    }
+    let refuse = |reason: &str, message: String| {
+        let body =
+            serde_json::json!({"error": {"reason": reason, "field": "from", "message": message}});
+        (StatusCode::CONFLICT, Json(body)).into_response()
+    };
+    let (leader, voter, id) = {
+        let m = s.raft.metrics();
+        let m = m.borrow();
+        let voter = m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|v| v == m.id);
+        (m.current_leader, voter, m.id)
+    };
+    if leader != Some(ask.from) {
+        return refuse(
+            "not_leader",
+            format!(
+                "member {} is not the leader this member follows ({leader:?})",
+                ask.from
+            ),
+        );
+    }
+    if !voter {
+        return refuse("not_voter", format!("member {id} is a learner"));
+    }
+    match s.raft.trigger().elect().await {
+        Ok(()) => {
+            tracing::info!(
+                node_id = id,
+                from = ask.from,
+                "standing for election at the leader's request"
+            );
+            StatusCode::ACCEPTED.into_response()
+        }
+        Err(e) => refuse("raft_stopped", e.to_string()),
     }
 }
 

@@ -1312,8 +1312,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     {
         let (responses, events) = self.apply_batch(entries.into_iter());
         for event in events {
+            // A restore replaced the whole state: followers of the state resync, as after
+            // a snapshot, instead of reading it as one more change.
+            let event = match event.response {
+                Response::Restored => StateEvent::SnapshotInstalled { index: event.index },
+                _ => StateEvent::Applied(Arc::new(event)),
+            };
             // No receiver is fine: nobody follows the state yet.
-            let _ = self.events.send(StateEvent::Applied(Arc::new(event)));
+            let _ = self.events.send(event);
         }
         Ok(responses)
     }
