@@ -15,6 +15,7 @@ mod authority_api;
 mod authority_cluster;
 mod authority_ingest;
 mod authority_kube;
+mod authority_operator;
 mod authority_queries;
 mod certs_cli;
 mod cli_coverage;
