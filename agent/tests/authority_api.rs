@@ -349,46 +349,14 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
     assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "{ready:?}");
     fresh.shutdown().await;
 
-    // The OpenAPI document parses and documents every route served.
+    // The OpenAPI document is served and parses (that it documents every route the router
+    // serves, method by method: cli_coverage::the_openapi_document_describes_every_route).
     let (status, doc) = call(&api, Method::GET, "/v1/openapi.json", None).await;
     assert_eq!(status, StatusCode::OK);
-    let paths: BTreeSet<&str> = doc["paths"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    for p in [
-        "/livez",
-        "/readyz",
-        "/v1/status",
-        "/v1/operator/raft/peers",
-        "/v1/operator/raft/members",
-        "/v1/services",
-        "/v1/services/{service}",
-        "/v1/services/{service}/view",
-        "/v1/services/{service}/policy",
-        "/v1/zones",
-        "/v1/zones/{zone}/evacuation",
-        "/v1/contracts/validate",
-        "/v1/instances",
-        "/v1/instances/{id}",
-        "/v1/instances/{id}/renew",
-        "/v1/instances/{id}/explain",
-        "/v1/external",
-        "/v1/overrides",
-        "/v1/overrides/{seq}/approve",
-        "/v1/audit",
-        "/v1/alarms",
-        "/v1/reconciliation",
-        "/v1/proxy-status",
-        "/v1/federation/status",
-        "/v1/federation/failovers",
-        "/v1/federation/regions/{region}/failover",
-        "/metrics",
-    ] {
-        assert!(paths.contains(p), "{p} is served but not documented");
-    }
+    assert!(
+        doc["paths"].as_object().is_some_and(|p| p.len() > 30),
+        "{doc}"
+    );
 
     // The exposition passes promtool and carries the alarms and signals.
     // Verdict counts are refreshed every couple of seconds: wait for the first.

@@ -2,8 +2,8 @@
 //! a real authority (a dev region over TLS) and prints what the API answered.
 //!
 //! `waymark_agent::cli::commands::ROUTES` maps each route to its command; it is checked
-//! here against the OpenAPI document the member serves (which `authority_api` checks
-//! against the router), both ways. The commands run as `waymark` processes, the way an
+//! here against the OpenAPI document, both ways, and the OpenAPI document against the
+//! routes `router()` serves, method by method. The commands run as `waymark` processes, the way an
 //! operator runs them.
 
 use std::collections::BTreeSet;
@@ -28,6 +28,62 @@ fn documented() -> BTreeSet<(String, String)> {
         }
     }
     out
+}
+
+/// The (method, path) pairs the router serves, read from its source: every `.route(` in
+/// `router()` with the methods chained on its handler (`get(..).post(..)`).
+fn served() -> BTreeSet<(String, String)> {
+    let source = include_str!("../src/authority/api/mod.rs");
+    let body = source
+        .split("pub fn router(")
+        .nth(1)
+        .expect("router() in api/mod.rs");
+    let mut out = BTreeSet::new();
+    for route in body.split(".route(").skip(1) {
+        // The route's own arguments: up to the parenthesis that closes `.route(`.
+        let mut depth = 1;
+        let end = route
+            .char_indices()
+            .find(|(_, c)| {
+                match c {
+                    '(' => depth += 1,
+                    ')' => depth -= 1,
+                    _ => {}
+                }
+                depth == 0
+            })
+            .map_or(route.len(), |(i, _)| i);
+        let args = &route[..end];
+        let path = args.split('"').nth(1).expect("a path literal").to_owned();
+        for method in ["get", "put", "post", "delete", "patch"] {
+            let called = args.match_indices(&format!("{method}(")).any(|(i, _)| {
+                i == 0 || !args[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_')
+            });
+            if called {
+                out.insert((method.to_uppercase(), path.clone()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_openapi_document_describes_every_route() {
+    let served = served();
+    assert!(served.len() > 30, "the parse found {served:?}");
+    assert!(served.contains(&("PUT".to_owned(), "/v1/services/{service}".to_owned())));
+    assert!(served.contains(&("DELETE".to_owned(), "/v1/services/{service}".to_owned())));
+    let documented = documented();
+    let undocumented: Vec<_> = served.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "served but not documented: {undocumented:?}"
+    );
+    let unserved: Vec<_> = documented.difference(&served).collect();
+    assert!(
+        unserved.is_empty(),
+        "documented but not served: {unserved:?}"
+    );
 }
 
 #[test]

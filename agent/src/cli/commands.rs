@@ -659,6 +659,11 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     ("PUT", "/v1/services/{service}", "services apply"),
     ("DELETE", "/v1/services/{service}", "services delete"),
     ("GET", "/v1/services/{service}/view", "services view"),
+    (
+        "GET",
+        "/v1/prometheus/sd",
+        "(none: read by Prometheus's http_sd_configs)",
+    ),
     ("GET", "/v1/services/{service}/policy", "policy get"),
     ("PUT", "/v1/services/{service}/policy", "policy set"),
     (
