@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! dev, cli ──► authority, node          waymark dev runs both roles; the CLI talks to an authority
-//! authority, node ──► evidence, gossip, api_client, tls, metrics, listener, dial, net
+//! authority, node ──► evidence, gossip, api_client, tls, metrics, listener, dial, net, logging
 //! ```
 //!
 //! The roles never import each other: what both use sits beside them, and
@@ -21,6 +21,7 @@ pub mod dial;
 pub mod evidence;
 pub mod gossip;
 pub mod listener;
+pub mod logging;
 pub mod metrics;
 pub mod net;
 pub mod node;

@@ -11,7 +11,6 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{CommandFactory as _, Parser};
-use tracing_subscriber::EnvFilter;
 use waymark_agent::authority::config::ConfigFile;
 use waymark_agent::authority::member::Authority;
 use waymark_agent::cli::commands::{self, ClientCommand};
@@ -24,6 +23,8 @@ use waymark_agent::node::config::{AgentFile, Overrides};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: waymark_agent::logging::LogArgs,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -102,7 +103,7 @@ fn main() -> anyhow::Result<()> {
                 print!("{}", toml::to_string_pretty(&file)?);
                 return Ok(());
             }
-            init_tracing();
+            waymark_agent::logging::init(&cli.log, Some(&file.log))?;
             runtime()?.block_on(run_authority(file))
         }
         Command::Agent {
@@ -124,11 +125,11 @@ fn main() -> anyhow::Result<()> {
                 print!("{}", file.to_toml()?);
                 return Ok(());
             }
-            init_tracing();
+            waymark_agent::logging::init(&cli.log, Some(&file.log))?;
             runtime()?.block_on(run_agent(file))
         }
         Command::Dev(args) => {
-            init_tracing();
+            waymark_agent::logging::init(&cli.log, None)?;
             runtime()?.block_on(waymark_agent::dev::run(args, shutdown_signal()))
         }
         Command::Completions { shell } => {
@@ -157,17 +158,6 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the runtime")
 }
 
-fn init_tracing() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let json = std::env::var("WAYMARK_LOG_FORMAT").is_ok_and(|f| f == "json");
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 async fn run_authority(file: ConfigFile) -> anyhow::Result<()> {
     // Read before anything starts, so a bad path is an error at once.
     let management = match &file.authority.acl.initial_management_token_file {
@@ -192,15 +182,6 @@ async fn run_authority(file: ConfigFile) -> anyhow::Result<()> {
             ),
         );
     }
-    println!(
-        "authority member {} serving: http {} xds {} ingest {}",
-        file.authority.id,
-        member.http_addr(),
-        member.xds_addr(),
-        member
-            .ingest_addr()
-            .map_or_else(|| "off".to_owned(), |a| a.to_string())
-    );
     serve_until_stopped("certificates", async || {
         member.reload().await;
     })
@@ -212,14 +193,6 @@ async fn run_authority(file: ConfigFile) -> anyhow::Result<()> {
 
 async fn run_agent(file: AgentFile) -> anyhow::Result<()> {
     let agent = NodeAgent::start(file.agent).await?;
-    let b = agent.bound();
-    println!(
-        "node agent serving: xds {} dns {} http {}{}",
-        b.xds,
-        b.dns,
-        b.http,
-        b.gossip.map(|g| format!(" gossip {g}")).unwrap_or_default()
-    );
     serve_until_stopped("service definitions and certificates", async || {
         if let Err(e) = agent.reload().await {
             tracing::error!(error = %format!("{e:#}"), "reload refused; nothing changed");

@@ -34,6 +34,7 @@ mod hostile_inputs;
 mod kube_reconcile;
 mod listener_limits;
 mod listener_refusals;
+mod logging;
 mod lrs_forward;
 mod node_envoy;
 mod node_lkg_crash;

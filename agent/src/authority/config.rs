@@ -48,6 +48,12 @@
 //! [[authority.federation.front_doors]]
 //! region = "us-east"
 //! addrs = ["10.1.9.1:443"]
+//!
+//! # The log (`crate::logging`): a tracing filter and text or json; `--log-level`,
+//! # `--log-format`, WAYMARK_LOG, RUST_LOG and WAYMARK_LOG_FORMAT override it.
+//! [log]
+//! level = "info"
+//! format = "json"
 //! ```
 //!
 //! Member addresses and gossip seeds are `host:port` with an IP address or a DNS name
@@ -85,6 +91,7 @@ use super::settings::{
     KubeSettings, Limits, TlsSettings, plaintext_off_loopback,
 };
 use crate::gossip::Keyring;
+use crate::logging::LogSection;
 use crate::net::HostPort;
 use crate::tls::TlsSection;
 use waymark_core::units::Permille;
@@ -102,6 +109,14 @@ pub const GOSSIP_ZONE_UNSET: &str = "none";
 pub struct ConfigFile {
     /// The authority role.
     pub authority: AuthoritySection,
+    /// `[log]`: the log's filter and format (`crate::logging`); flags and the environment
+    /// override it.
+    #[serde(default, skip_serializing_if = "is_unset")]
+    pub log: LogSection,
+}
+
+fn is_unset(log: &LogSection) -> bool {
+    log == &LogSection::default()
 }
 
 /// `[authority]`.
@@ -433,6 +448,14 @@ pub enum ConfigError {
 }
 
 impl ConfigFile {
+    /// A file holding `authority`, with no `[log]`.
+    pub fn new(authority: AuthoritySection) -> Self {
+        Self {
+            authority,
+            log: LogSection::default(),
+        }
+    }
+
     /// Read `path`, apply the `WAYMARK_AUTHORITY_*` variables of `env` (e.g.
     /// `std::env::vars()`), and check the result.
     pub fn load(
@@ -898,7 +921,7 @@ mod tests {
             publish_pressure_after: Duration::ZERO,
         };
         a.acl.initial_management_token_file = Some("/etc/waymark/token".into());
-        let file = ConfigFile { authority: a };
+        let file = ConfigFile::new(a);
         let text = file.to_toml().unwrap();
         let back = ConfigFile::parse(&text, []).unwrap();
         assert_eq!(back, file, "{text}");

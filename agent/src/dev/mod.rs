@@ -77,7 +77,12 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let dev = DevRegion::start(args).await?;
-    print!("{}", dev.guide());
+    if crate::logging::json_in_force() {
+        // Every line is a JSON object then: the listeners as an event, not the guide.
+        dev.announce();
+    } else {
+        print!("{}", dev.guide());
+    }
     shutdown.await;
     tracing::info!("stopping the dev region");
     dev.stop().await;
@@ -431,6 +436,23 @@ try this:
             token = self.token_file.display(),
             bundle = self.ca_bundle.display(),
         )
+    }
+
+    /// The guide's listeners and credentials as one event, for a JSON log.
+    pub fn announce(&self) {
+        let b = self.agent.bound();
+        tracing::info!(
+            region = REGION,
+            api = %self.authority.http_addr(),
+            xds = %self.authority.xds_addr(),
+            agent_xds = %b.xds,
+            agent_dns = %b.dns,
+            agent_api = %b.http,
+            backends_api = %self.backends_api,
+            token_file = %self.token_file.display(),
+            ca_bundle = %self.ca_bundle.display(),
+            "dev region ready"
+        );
     }
 
     /// Stop: deregister the demo instances, then the agent, then the authority.

@@ -12,6 +12,10 @@
 //! key read from a mounted secret ends in a newline). `WAYMARK_AGENT_CONFIG` and
 //! `WAYMARK_AGENT_API` belong to the command line and are left alone; any other
 //! `WAYMARK_AGENT_*` is refused by name.
+//!
+//! Beside `[agent]`, `[log]` (`level`, a tracing filter; `format`, `text` or `json`) sets the
+//! log; `--log-level`, `--log-format` and their environment variables override it
+//! ([`crate::logging`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -22,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use waymark_core::model::{NodeName, RegionName, ZoneName};
 
 use super::probe::Cidr;
+use crate::logging::LogSection;
 use crate::net::HostPort;
 
 /// The file's shape.
@@ -30,6 +35,14 @@ use crate::net::HostPort;
 pub struct AgentFile {
     /// The node agent role.
     pub agent: AgentConfig,
+    /// `[log]`: the log's filter and format (`crate::logging`); flags and the environment
+    /// override it.
+    #[serde(default, skip_serializing_if = "is_unset")]
+    pub log: LogSection,
+}
+
+fn is_unset(log: &LogSection) -> bool {
+    log == &LogSection::default()
 }
 
 /// `[agent]`.
@@ -237,6 +250,14 @@ pub enum AgentConfigError {
 }
 
 impl AgentFile {
+    /// A file holding `agent`, with no `[log]`.
+    pub fn new(agent: AgentConfig) -> Self {
+        Self {
+            agent,
+            log: LogSection::default(),
+        }
+    }
+
     /// Read `path`, apply `env` (e.g. `std::env::vars()`), then `flags`, and check.
     pub fn load(
         path: &Path,
@@ -486,7 +507,7 @@ upstream = ["10.0.0.1:18000"]
             bundle: "/tls/bundle.pem".into(),
         });
         a.probe.allow_cidrs = vec!["127.0.0.0/8".parse().unwrap()];
-        let file = AgentFile { agent: a };
+        let file = AgentFile::new(a);
         let text = file.to_toml().unwrap();
         let back = AgentFile::parse(&text, [], &Overrides::default()).unwrap();
         assert_eq!(back, file, "{text}");

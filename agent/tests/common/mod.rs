@@ -74,7 +74,7 @@ pub fn members(addrs: &[(SocketAddr, SocketAddr)]) -> Vec<MemberEntry> {
 
 /// Writes `authority` to `path` as a member's configuration file.
 pub fn write_authority(path: &Path, authority: AuthoritySection) {
-    let text = ConfigFile { authority }.to_toml().unwrap();
+    let text = ConfigFile::new(authority).to_toml().unwrap();
     std::fs::write(path, text).unwrap();
 }
 
@@ -115,7 +115,7 @@ pub fn agent_on_loopback(
 
 /// Writes `agent` to `path` as a node agent's configuration file.
 pub fn write_agent(path: &Path, agent: AgentConfig) {
-    let text = AgentFile { agent }.to_toml().unwrap();
+    let text = AgentFile::new(agent).to_toml().unwrap();
     std::fs::write(path, text).unwrap();
 }
 

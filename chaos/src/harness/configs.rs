@@ -89,12 +89,12 @@ pub fn drill_acl(dir: &Path) -> anyhow::Result<AclSection> {
 
 /// Writes `authority` to `path` as an authority's configuration file.
 pub fn write_authority(path: &Path, authority: AuthoritySection) -> anyhow::Result<()> {
-    let text = ConfigFile { authority }.to_toml()?;
+    let text = ConfigFile::new(authority).to_toml()?;
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Writes `agent` to `path` as a node agent's configuration file.
 pub fn write_agent(path: &Path, agent: AgentConfig) -> anyhow::Result<()> {
-    let text = AgentFile { agent }.to_toml()?;
+    let text = AgentFile::new(agent).to_toml()?;
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }

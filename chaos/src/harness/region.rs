@@ -382,7 +382,7 @@ mod tests {
             }),
         };
         let section = authority_section(&spec, &a, Path::new("/d")).unwrap();
-        let text = ConfigFile { authority: section }.to_toml().unwrap();
+        let text = ConfigFile::new(section).to_toml().unwrap();
         // Raft on its own port, off loopback: accepted because [authority.tls] is set.
         let read = ConfigFile::parse(&text, []).unwrap().authority;
         assert_eq!(read.raft, SocketAddr::new(ip, 6), "{text}");

@@ -4,6 +4,8 @@
 //! ownership beyond grants (`owns_registration`, `owns_instance`, `declares_externals`),
 //! and `not_owner` to refuse. Refusals are `401` (no verified principal: counted and
 //! logged, never audited) or `403` (counted, logged and audited folded per principal).
+//! `authenticate` leaves the verified principal on the response for the access log
+//! (`access_log`), whatever the answer.
 
 use std::sync::{Arc, PoisonError};
 
@@ -16,6 +18,7 @@ use waymark_core::model::{InstanceId, RegionName, ServiceName};
 use waymark_registry::acl::{Action, Principal};
 use waymark_registry::state::Registration;
 
+use super::access_log::LoggedPrincipal;
 use super::{ApiError, ApiResult, ApiState, DENIAL_FLUSH_EVERY};
 use crate::authority::clock::now_ms;
 use crate::authority::principal::{Caller, Credential, principal_of};
@@ -37,17 +40,24 @@ pub(super) async fn authenticate(
         Ok(caller) => caller,
         Err(e) => return e.into_response(),
     };
+    // For the access log: who this was, whatever the answer.
+    let logged = LoggedPrincipal(caller.actor());
     let path = request.uri().path();
     let reads =
         matches!(*request.method(), Method::GET | Method::HEAD) || READS_BY_POST.contains(&path);
     if reads && !OPEN_TO_ANY_PRINCIPAL.contains(&path) {
         let what = format!("{} {path}", request.method());
         if let Err(e) = s.allow(&caller, Action::Read, &what, None) {
-            return e.into_response();
+            return with_principal(e.into_response(), logged);
         }
     }
     request.extensions_mut().insert(caller);
-    next.run(request).await
+    with_principal(next.run(request).await, logged)
+}
+
+fn with_principal(mut response: Response, logged: LoggedPrincipal) -> Response {
+    response.extensions_mut().insert(logged);
+    response
 }
 
 impl ApiState {

@@ -66,6 +66,7 @@ use super::raft::RaftNode;
 use super::regions::RegionsHandle;
 
 mod access;
+mod access_log;
 mod acl;
 mod audit;
 mod blocking;
@@ -285,6 +286,8 @@ pub fn router(state: ApiState) -> Router {
         // Routes without their own limit: the small default. An inner (per-route) limit
         // is applied after this one, so it wins.
         .layer(limit(BODY_MAX))
+        // Outermost, so that every answer the router gives is logged with its request id.
+        .layer(axum::middleware::from_fn(access_log::record))
         .with_state(state)
 }
 
@@ -346,9 +349,11 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let logged = access_log::LoggedRefusal(self.reason.clone());
         let body =
             json!({"error": {"reason": self.reason, "field": self.field, "message": self.message}});
         let mut response = (self.status, axum::Json(body)).into_response();
+        response.extensions_mut().insert(logged);
         if let Some(location) = self.location
             && let Ok(v) = header::HeaderValue::from_str(&location)
         {
