@@ -1716,6 +1716,7 @@ fn summarise(request: &Request) -> String {
             ..
         } => format!("observed part {part}/{parts} {}", instances.len()),
         Request::Audit { entries } => format!("audit {}", entries.len()),
+        Request::Restore { at_ms, .. } => format!("restore at {at_ms}"),
     }
 }
 
