@@ -159,14 +159,16 @@ async function round(client, o, n) {
 // Calls one at a time, each starting at least SOAK_CALL_SPACING_MS after the last, until
 // both bounds are met; answers are tallied, not printed one by one.
 async function soak(client, o, seconds, sweepsWanted) {
-  const start = Date.now();
+  // The monotonic clock, to the microsecond: the wall clock in whole milliseconds could end
+  // the soak a fraction of a millisecond before SECONDS have passed on the caller's clock.
+  const start = performance.now();
   const ceiling = start + 3 * seconds * 1000;
   const sweepsBefore = sweeps;
   const tally = new Map();
   let ok = 0;
   let bad = 0;
-  while (Date.now() - start < seconds * 1000 || sweeps - sweepsBefore < sweepsWanted) {
-    if (Date.now() > ceiling) {
+  while (performance.now() - start < seconds * 1000 || sweeps - sweepsBefore < sweepsWanted) {
+    if (performance.now() > ceiling) {
       say(
         `error SOAK_CEILING ${sweeps - sweepsBefore} of ${sweepsWanted} outlier-detection ` +
           `sweeps in ${3 * seconds}s`,
@@ -174,9 +176,9 @@ async function soak(client, o, seconds, sweepsWanted) {
       bad += 1;
       break;
     }
-    const callStart = Date.now();
+    const callStart = performance.now();
     const r = await who(client, o.callDeadlineMs);
-    const spare = SOAK_CALL_SPACING_MS - (Date.now() - callStart);
+    const spare = SOAK_CALL_SPACING_MS - (performance.now() - callStart);
     if (spare > 0) {
       await new Promise((resolve) => setTimeout(resolve, spare));
     }
@@ -193,7 +195,7 @@ async function soak(client, o, seconds, sweepsWanted) {
   for (const [name, n] of [...tally].sort()) {
     say(`tally ${name} ${n}`);
   }
-  say(`soaked ${Date.now() - start} ${sweeps - sweepsBefore}`);
+  say(`soaked ${Math.floor(performance.now() - start)} ${sweeps - sweepsBefore}`);
   say(`round ${ok} ${bad}`);
   return bad;
 }
