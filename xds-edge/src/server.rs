@@ -300,18 +300,7 @@ impl XdsServer {
 
     /// Every connected client's sync state.
     pub fn sync_state(&self) -> Vec<ClientSync> {
-        let streams: Vec<Arc<Mutex<ClientSync>>> = self
-            .inner
-            .sync
-            .lock()
-            .expect("sync registry lock")
-            .values()
-            .cloned()
-            .collect();
-        streams
-            .iter()
-            .map(|c| c.lock().expect("stream sync lock").clone())
-            .collect()
+        self.map_clients(ClientSync::clone)
     }
 
     /// The server's counters.
