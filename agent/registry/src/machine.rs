@@ -289,6 +289,34 @@ pub enum AuditKind {
     Acl,
 }
 
+impl AuditKind {
+    /// Every kind.
+    pub const ALL: [Self; 8] = [
+        Self::Transition,
+        Self::Override,
+        Self::Denial,
+        Self::Policy,
+        Self::Existence,
+        Self::Alarm,
+        Self::Reconciliation,
+        Self::Acl,
+    ];
+
+    /// Its name as records and queries spell it (`transition`, `override`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Transition => "transition",
+            Self::Override => "override",
+            Self::Denial => "denial",
+            Self::Policy => "policy",
+            Self::Existence => "existence",
+            Self::Alarm => "alarm",
+            Self::Reconciliation => "reconciliation",
+            Self::Acl => "acl",
+        }
+    }
+}
+
 /// The retained audit log, oldest first: a persistent vector, so copying the state (for a
 /// snapshot, up to [`AUDIT_RETAINED`] records) shares it instead of copying every record.
 /// It serializes as the list it holds.

@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use anyhow::Context as _;
+use waymark_registry::machine::AuditKind;
 
 use super::ops;
 use super::output::Output;
@@ -160,8 +161,8 @@ pub enum ClientCommand {
     /// The audit log: a table, or the records as JSON lines with `-o json`.
     Audit {
         /// Only this kind.
-        #[arg(long, value_enum)]
-        kind: Option<AuditKindArg>,
+        #[arg(long, value_parser = audit_kind())]
+        kind: Option<AuditKind>,
         /// Only this actor (`operator/<name>`, `token/<name>`, `node/<name>`, …).
         #[arg(long)]
         actor: Option<String>,
@@ -450,41 +451,15 @@ impl OverrideAction {
     }
 }
 
-/// What an audit record is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum AuditKindArg {
-    /// An instance changed verdict.
-    Transition,
-    /// An operator override, granted or refused.
-    Override,
-    /// A request or sample was refused.
-    Denial,
-    /// A service, contract or policy changed.
-    Policy,
-    /// An instance came or went.
-    Existence,
-    /// An alarm was raised or cleared.
-    Alarm,
-    /// A reconciliation (orchestrator diff, peer region merge).
-    Reconciliation,
-    /// Access control changed.
-    Acl,
-}
-
-impl AuditKindArg {
-    /// The API's name for it.
-    pub fn as_api(self) -> &'static str {
-        match self {
-            Self::Transition => "transition",
-            Self::Override => "override",
-            Self::Denial => "denial",
-            Self::Policy => "policy",
-            Self::Existence => "existence",
-            Self::Alarm => "alarm",
-            Self::Reconciliation => "reconciliation",
-            Self::Acl => "acl",
-        }
-    }
+/// `--kind`: one of the registry's audit kinds, listed with `--help`.
+fn audit_kind() -> impl clap::builder::TypedValueParser<Value = AuditKind> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(AuditKind::ALL.map(AuditKind::as_str)).map(|name| {
+        AuditKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == name)
+            .unwrap_or(AuditKind::Transition) // unreachable: the parser admits listed names only
+    })
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -817,7 +792,7 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<String> {
             api,
         } => {
             let query = [
-                ("kind", kind.map(|k| k.as_api().to_owned())),
+                ("kind", kind.map(|k| k.as_str().to_owned())),
                 ("actor", actor),
                 ("service", service),
                 ("instance", instance),

@@ -551,3 +551,13 @@ fn a_part_outside_its_count_is_refused_and_changes_nothing() {
         assert_eq!(s, before);
     }
 }
+
+#[test]
+fn an_audit_kind_s_name_is_the_one_records_and_queries_spell() {
+    for kind in AuditKind::ALL {
+        let wire = serde_json::to_value(kind).unwrap();
+        assert_eq!(wire, kind.as_str(), "{kind:?}");
+        let back: AuditKind = serde_json::from_value(wire).unwrap();
+        assert_eq!(back, kind);
+    }
+}
