@@ -50,6 +50,32 @@ fn s(v: &Value) -> String {
     }
 }
 
+/// The path with its query, the parameters given.
+pub(super) fn with_query(path: &str, query: &[(&str, Option<&str>)]) -> String {
+    let q: Vec<String> = query
+        .iter()
+        .filter_map(|(k, v)| v.map(|v| format!("{k}={}", encode(v))))
+        .collect();
+    if q.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{}", q.join("&"))
+    }
+}
+
+/// Percent-encodes what is not unreserved in a query value.
+pub(super) fn encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/' | b':') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// `waymark operator raft list-peers`.
 pub async fn list_peers(api: &ApiClient, out: Output) -> anyhow::Result<String> {
     let peers = api.get_json("/v1/operator/raft/peers").await?;
@@ -161,16 +187,10 @@ pub async fn audit(
     query: &[(&str, Option<String>)],
     out: Output,
 ) -> anyhow::Result<String> {
-    let q: Vec<String> = query
-        .iter()
-        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={v}")))
-        .collect();
-    let path = if q.is_empty() {
-        "/v1/audit".to_owned()
-    } else {
-        format!("/v1/audit?{}", q.join("&"))
-    };
-    let r = api.send(Method::GET, &path, None).await?;
+    let query: Vec<(&str, Option<&str>)> = query.iter().map(|(k, v)| (*k, v.as_deref())).collect();
+    let r = api
+        .send(Method::GET, &with_query("/v1/audit", &query), None)
+        .await?;
     if !r.status.is_success() {
         r.json()?;
     }

@@ -8,7 +8,7 @@ use http::Method;
 use serde_json::{Value, json};
 use waymark_core::contract::HealthContract;
 
-use super::{s, table};
+use super::{encode, s, table, with_query};
 use crate::api_client::ApiClient;
 use crate::cli::commands::InstanceFilter;
 use crate::cli::output::{Output, read_document};
@@ -20,32 +20,6 @@ fn address(v: &Value) -> String {
         (Some(ip), Some(port)) => format!("{ip}:{port}"),
         _ => s(v),
     }
-}
-
-/// The path with its query, the parameters given.
-fn with_query(path: &str, query: &[(&str, Option<&str>)]) -> String {
-    let q: Vec<String> = query
-        .iter()
-        .filter_map(|(k, v)| v.map(|v| format!("{k}={}", encode(v))))
-        .collect();
-    if q.is_empty() {
-        path.to_owned()
-    } else {
-        format!("{path}?{}", q.join("&"))
-    }
-}
-
-/// Percent-encodes what is not unreserved in a query value.
-fn encode(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for b in value.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/' | b':') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// `waymark instances [list]`.
