@@ -1,7 +1,7 @@
 //! Existence from Kubernetes through a real authority member: the stand-in API server adds
 //! endpoints, marks one terminating and deletes one, and the views the authority publishes
 //! follow. (No Kubernetes API server can run on this machine; the stand-in speaks the real
-//! list/watch protocol to the real kube client — see the README.)
+//! list/watch protocol to the real kube client — see docs/architecture.md.)
 #![allow(clippy::unwrap_used)]
 
 use crate::common;

@@ -120,7 +120,7 @@ async fn a_blocking_query_returns_on_a_registration_not_before_and_times_out_at_
         returned - sent,
         from_ack
     );
-    // Far above what it takes (see the README); a miss here is a poll, not a slow machine.
+    // Far above what it takes (see docs/cli.md, "Blocking queries"); a miss here is a poll, not a slow machine.
     assert!(from_ack < Duration::from_secs(1), "{from_ack:?}");
 
     // Nothing changes what a service's record reads: held for its wait (plus at most a

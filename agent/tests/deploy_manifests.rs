@@ -12,7 +12,7 @@
 //!   what the workload around it assumes: member ids and addresses from the StatefulSet's pod
 //!   names, zones from the DaemonSets' node selectors, paths from the volume mounts, ports
 //!   from the container ports;
-//! - probes, RBAC and the node-local Service are what the README promises; the members'
+//! - probes, RBAC and the node-local Service are what docs/install.md promises; the members'
 //!   Raft port is published to and reachable from the other members only; the example
 //!   sidecar carries deploy/envoy's files unchanged;
 //! - the API is TLS: the probes speak HTTPS, the CLI in a member's pod trusts the member's
@@ -641,7 +641,7 @@ fn the_kustomization_lists_every_manifest_and_renders_with_material_from_waymark
         for (key, source) in files {
             assert!(
                 source.starts_with("pki/") && copy.join(&source).is_file(),
-                "Secret {secret} key {key}: {source} is not made by the README's steps"
+                "Secret {secret} key {key}: {source} is not made by the install guide's steps"
             );
         }
     }

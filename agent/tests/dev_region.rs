@@ -1,7 +1,7 @@
 //! `waymark dev` as a newcomer uses it: the whole region starts in one process, every
 //! demo instance becomes eligible from real probes and self-reports, a real Envoy started
-//! with `deploy/envoy/dev.yaml` (as the README says) routes a request to a demo backend, and
-//! switching demo backends over the control API produces the verdicts the README promises.
+//! with `deploy/envoy/dev.yaml` (as docs/dev.md says) routes a request to a demo backend, and
+//! switching demo backends over the control API produces the verdicts docs/dev.md promises.
 //!
 //! The agent's xDS listener is on the bootstrap's port (18000) and Envoy's listener and
 //! admin on 10000 and 9901, so this test runs alone (nextest group `processes`).
@@ -80,7 +80,7 @@ async fn the_dev_region_shows_every_verdict() {
         })
         .await;
     }
-    // The README's sidecar: a real Envoy from deploy/envoy/dev.yaml routes to a web backend.
+    // The dev guide's sidecar: a real Envoy from deploy/envoy/dev.yaml routes to a web backend.
     let bootstrap =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/envoy/dev.yaml");
     let mut envoy = Command::new(support::envoy_bin())

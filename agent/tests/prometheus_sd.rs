@@ -1,7 +1,7 @@
 //! Prometheus HTTP service discovery against the real Prometheus server (Debian's
 //! `prometheus`): a dev region's `web` endpoints become Prometheus targets through
 //! `http_sd_configs` over the region's HTTPS API, with the operator's bearer token and the
-//! dev CA, as the README's snippet configures it; a hard-failed backend leaves the targets.
+//! dev CA, as docs/cli.md's snippet configures it; a hard-failed backend leaves the targets.
 //! Prometheus is judged only by its own HTTP API (`/api/v1/targets`).
 //!
 //! The same region shows the filters and blocking queries on real verdicts: `passing`,
@@ -123,7 +123,7 @@ impl Drop for Prometheus {
     }
 }
 
-/// The `http_sd_configs` job the README shows, for the dev region's API.
+/// The `http_sd_configs` job docs/cli.md shows, for the dev region's API.
 fn config(api: std::net::SocketAddr, token: &Path, ca: &Path) -> String {
     format!(
         r#"global:

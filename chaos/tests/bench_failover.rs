@@ -2,7 +2,7 @@
 //! estate and a few dozen Delta xDS subscribers; its leader is SIGKILLed twice. Asserts what
 //! the bench measured — a different member took over at a higher term, every subscriber
 //! ended current, the killed member's subscribers reopened beside their standby streams,
-//! the figures are ordered as the recovery is and summarised honestly — never how fast. The full-size run is a separate command (README, "Benchmarks").
+//! the figures are ordered as the recovery is and summarised honestly — never how fast. The full-size run is a separate command (docs/benchmarks.md).
 //!
 //! Needs the `waymark` binary next to `waymark-drill` or `WAYMARK_BIN`.
 #![allow(clippy::unwrap_used)]

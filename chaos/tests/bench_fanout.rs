@@ -1,6 +1,6 @@
 //! `waymark-drill bench fanout`, smoke-sized: the real ADS server in a process of its own
 //! and the plain HTTP/2 limit after it, the same multiplexed tonic subscribers on both. The
-//! full-size run is a separate command (README, "Benchmarks"); this only proves the bench
+//! full-size run is a separate command (docs/benchmarks.md); this only proves the bench
 //! measures what it says — every subscriber received every withdrawal on both servers, and
 //! the server's memory and CPU are measured in its own process — never how fast.
 

@@ -1,7 +1,7 @@
 //! `waymark-drill bench ingest`, smoke-sized: node-agent sessions over mutual TLS stream
 //! evidence into a real authority, which admits it, and the same samples are replayed
-//! through the evaluator alone. The full-size run is a separate command (README,
-//! "Benchmarks"); this only proves the bench counts what the authority admitted and
+//! through the evaluator alone. The full-size run is a separate command (docs/benchmarks.md);
+//! this only proves the bench counts what the authority admitted and
 //! reports every figure, never how fast.
 //!
 //! Needs the `waymark` binary next to `waymark-drill` or `WAYMARK_BIN`.

@@ -1,7 +1,7 @@
 //! `waymark-drill bench writes`, smoke-sized: a real authority and a real single-member etcd
 //! (Debian's `etcd-server`, which `./scripts/test` installs) take the same churn from the
 //! same client, and the report carries both rates, their ratio, and group commit's own
-//! counters; then renewals against etcd's lease keep-alives, none of them a log entry. The full-size run is a separate command (README, "Benchmarks"); this only
+//! counters; then renewals against etcd's lease keep-alives, none of them a log entry. The full-size run is a separate command (docs/benchmarks.md); this only
 //! proves the bench measures real work on both stores.
 //!
 //! Needs the `waymark` binary next to `waymark-drill` or `WAYMARK_BIN`.

@@ -22,7 +22,7 @@
 //! the largest unit of `s`, `ms`, `us`, `ns` that it reaches, with a decimal fraction if
 //! needed; zero parts are left out (`90s` → `1m30s`, `1500ms` → `1.5s`, `24h` → `1d`,
 //! zero → `0s`). Serde: `#[serde(with = "waymark_core::duration_str")]`; clap:
-//! `value_parser = waymark_core::duration_str::parse`. For operators, README.md
+//! `value_parser = waymark_core::duration_str::parse`. For operators, docs/configuration.md
 //! ("Durations") says the same with examples.
 
 use std::fmt::Write as _;

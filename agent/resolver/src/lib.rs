@@ -27,7 +27,7 @@
 //! the trust bundle; refusals are counted by reason in `waymark_certs_rejected_total` on
 //! [`ResolverTls::metrics`] and the files are watched for rotation. Without it the stream
 //! is plain text and [`Resolver::connect`] dials a loopback address only, matching the
-//! agent's `[agent.listen] local_plaintext`. See `README.md`.
+//! agent's `[agent.listen] local_plaintext`. See `docs/configuration.md`.
 //!
 //! Invariants checked by `tests/props.rs`: whatever sequence of valid and malformed updates
 //! arrives, a service resolves to `Empty` only if the latest valid update holding it said it

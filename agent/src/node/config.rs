@@ -1,7 +1,7 @@
 //! The node agent's configuration: a TOML file, then environment variables, then flags
 //! (each later source wins), checked as a whole before anything starts. Durations are
 //! strings in the one grammar of [`waymark_core::duration_str`] (`"30s"`, `"250ms"`,
-//! `"1m30s"`; README.md, "Durations"). `waymark agent --config FILE --print-config` prints
+//! `"1m30s"`; docs/configuration.md, "Durations"). `waymark agent --config FILE --print-config` prints
 //! the effective result, durations in their canonical form.
 //!
 //! Environment overrides use the `WAYMARK_AGENT_` prefix and the key's path in capitals:
