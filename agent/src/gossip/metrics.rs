@@ -8,6 +8,11 @@
 //! waymark_gossip_seed_resolve_failures_total{reason}
 //!                                                seeds that gave no address in an announce
 //!                                                round: lookup, no_address, timeout
+//! waymark_gossip_keyring_operations_total{op,result}
+//!                                                keyring operations: op = list, install,
+//!                                                use, remove; result = applied, unchanged,
+//!                                                refused, failed
+//! waymark_gossip_keyring_keys                    keys the live keyring holds
 //! ```
 //!
 //! Clones share state: register once with [`GossipMetrics::register`], hand clones around.
@@ -50,6 +55,12 @@ struct ReasonLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct KeyringOpLabels {
+    op: &'static str,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct DirectionLabels {
     direction: &'static str,
 }
@@ -61,6 +72,8 @@ pub struct GossipMetrics {
     packets: Family<DirectionLabels, Counter>,
     dropped: Family<ReasonLabels, Counter>,
     seed_failures: Family<ReasonLabels, Counter>,
+    keyring_operations: Family<KeyringOpLabels, Counter>,
+    keyring_keys: Gauge,
 }
 
 // === impl GossipMetrics ===
@@ -94,6 +107,39 @@ impl GossipMetrics {
             "Seeds that gave no address in an announce round, by reason",
             self.seed_failures.clone(),
         );
+        sub.register(
+            "keyring_operations",
+            "Gossip keyring operations, by operation and result",
+            self.keyring_operations.clone(),
+        );
+        sub.register(
+            "keyring_keys",
+            "Keys the live gossip keyring holds",
+            self.keyring_keys.clone(),
+        );
+    }
+
+    /// Keyring operations `op` that ended in `result` so far.
+    pub fn keyring_operations(&self, op: &'static str, result: &'static str) -> u64 {
+        self.keyring_operations
+            .get_or_create(&KeyringOpLabels { op, result })
+            .get()
+    }
+
+    /// Keys the live keyring holds.
+    pub fn keyring_keys(&self) -> i64 {
+        self.keyring_keys.get()
+    }
+
+    pub(super) fn count_keyring_operation(&self, op: &'static str, result: &'static str) {
+        self.keyring_operations
+            .get_or_create(&KeyringOpLabels { op, result })
+            .inc();
+    }
+
+    pub(super) fn set_keyring_keys(&self, keys: usize) {
+        self.keyring_keys
+            .set(i64::try_from(keys).unwrap_or(i64::MAX));
     }
 
     /// Seed resolutions that failed so far, over every reason.

@@ -11,6 +11,10 @@
 //! Gossip ─────► announce / leave / keyring  └──► watch<Vec<MemberState>>, metrics
 //! ```
 //!
+//! The keyring changes online ([`GossipKeyring`]: install, use, remove; decided by the pure
+//! [`rotation`], persisted by [`keyring_file`]), so a region rotates its key without
+//! restarts.
+//!
 //! Gossip carries membership only; views never travel here. The authority's prober
 //! assignment consumes [`live_members_by_zone`] over [`Gossip::subscribe`].
 //!
@@ -20,8 +24,11 @@
 pub mod codec;
 mod driver;
 mod identity;
+mod keyring;
+pub mod keyring_file;
 mod membership;
 mod metrics;
+pub mod rotation;
 mod seeds;
 
 #[cfg(test)]
@@ -43,6 +50,7 @@ use crate::net::HostPort;
 
 pub use codec::{Key, KeyError, KeyId, Keyring};
 pub use identity::{GossipId, Role};
+pub use keyring::{GossipKeyring, KeyringApplied, KeyringError};
 pub use membership::{Liveness, MemberState, live_members_by_zone};
 pub use metrics::{Direction, DropReason, GossipMetrics};
 pub use seeds::{SEED_RESOLVE_TIMEOUT, SeedError};
@@ -106,6 +114,9 @@ pub struct GossipConfig {
     pub seeds: Vec<HostPort>,
     /// Region keys: seal with the primary, open with any.
     pub keyring: Keyring,
+    /// Where a keyring changed online is persisted (see [`keyring_file`]); `None` keeps
+    /// changes in memory only.
+    pub keyring_file: Option<std::path::PathBuf>,
     /// foca's SWIM timings and limits (probe period, suspicion timeout, packet size, …).
     pub protocol: foca::Config,
     /// How often to announce to the seeds again while not joined.
@@ -125,6 +136,7 @@ pub struct Gossip {
     commands: mpsc::Sender<Command>,
     members: watch::Receiver<Vec<MemberState>>,
     metrics: GossipMetrics,
+    keyring: GossipKeyring,
     task: Option<JoinHandle<()>>,
 }
 
@@ -138,6 +150,7 @@ impl GossipConfig {
             identity,
             seeds: Vec::new(),
             keyring,
+            keyring_file: None,
             protocol: foca::Config::new_lan(CLUSTER_SIZE_HINT),
             announce_period: ANNOUNCE_PERIOD,
             seed_resolve_timeout: SEED_RESOLVE_TIMEOUT,
@@ -200,6 +213,12 @@ impl Gossip {
         let (members_tx, members) = watch::channel(initial);
         let (commands, commands_rx) = mpsc::channel(config.command_capacity);
         let datagram_len_max = config.protocol.max_packet_size.get() + codec::OVERHEAD;
+        let keyring = GossipKeyring::new(
+            config.keyring.clone(),
+            commands.clone(),
+            config.keyring_file,
+            config.metrics.clone(),
+        );
         let driver = Driver {
             foca: foca::Foca::new(config.identity, config.protocol, rng, foca::PostcardCodec),
             runtime: foca::AccumulatingRuntime::new(),
@@ -220,6 +239,7 @@ impl Gossip {
             commands,
             members,
             metrics: config.metrics,
+            keyring,
             task: Some(task),
         })
     }
@@ -254,14 +274,18 @@ impl Gossip {
         &self.metrics
     }
 
-    /// Seals with `keyring` from now on; returns once the driver uses it.
+    /// Seals with `keyring` from now on; returns once the driver uses it. Not persisted:
+    /// operators rotate through [`Gossip::keyring`].
     pub async fn set_keyring(&self, keyring: Keyring) -> Result<(), GossipError> {
-        let (done, ack) = oneshot::channel();
-        self.commands
-            .send(Command::SetKeyring(keyring, done))
+        self.keyring
+            .replace(keyring)
             .await
-            .map_err(|_| GossipError::Stopped)?;
-        ack.await.map_err(|_| GossipError::Stopped)
+            .map_err(|_| GossipError::Stopped)
+    }
+
+    /// The live keyring, to rotate online (install, use, remove); clones share it.
+    pub fn keyring(&self) -> GossipKeyring {
+        self.keyring.clone()
     }
 
     /// Leaves gracefully: tells a few members we are down, flushes, stops the driver.

@@ -53,6 +53,9 @@ pub struct KeyId([u8; 8]);
 #[derive(Clone)]
 pub struct Key {
     aead: Arc<LessSafeKey>,
+    /// The raw key, kept for persisting a rotated keyring and for installing it on peers
+    /// (ring does not give it back); never logged, never `Debug`.
+    secret: Arc<[u8; KEY_LEN]>,
     id: KeyId,
 }
 
@@ -67,7 +70,34 @@ const KEY_ID_LABEL: &[u8] = b"waymark gossip key id v1\0";
 
 // === impl KeyId ===
 
+/// How long a [`KeyId`] is, in bytes.
+pub const KEY_ID_LEN: usize = 8;
+
 impl KeyId {
+    /// A key id from its bytes (as it travels on the wire).
+    pub fn from_bytes(bytes: [u8; KEY_ID_LEN]) -> Self {
+        Self(bytes)
+    }
+
+    /// A key id from its 16 hex digits (either case), as [`fmt::Display`] prints it.
+    pub fn parse(text: &str) -> Result<Self, KeyError> {
+        let text = text.trim();
+        if text.len() != 2 * KEY_ID_LEN {
+            return Err(KeyError::BadEncoding);
+        }
+        let bytes = decode_hex(text)?;
+        let array: [u8; KEY_ID_LEN] = bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| KeyError::BadEncoding)?;
+        Ok(Self(array))
+    }
+
+    /// The id's bytes.
+    pub fn as_bytes(&self) -> &[u8; KEY_ID_LEN] {
+        &self.0
+    }
+
     /// The byte sent in each datagram so a receiver tries the right key first.
     pub fn hint(&self) -> u8 {
         self.0[0]
@@ -103,6 +133,7 @@ impl Key {
         id.copy_from_slice(&ctx.finish().as_ref()[..8]);
         Self {
             aead: Arc::new(LessSafeKey::new(unbound)),
+            secret: Arc::new(*bytes),
             id: KeyId(id),
         }
     }
@@ -145,6 +176,12 @@ impl Key {
     /// The key's public fingerprint.
     pub fn id(&self) -> KeyId {
         self.id
+    }
+
+    /// The raw key: for the keyring file and for installing the key on peers over an
+    /// authenticated channel. Never log it.
+    pub fn secret_bytes(&self) -> &[u8; KEY_LEN] {
+        &self.secret
     }
 
     pub(super) fn aead(&self) -> &LessSafeKey {
