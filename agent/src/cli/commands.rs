@@ -607,6 +607,26 @@ pub enum RaftCommand {
         #[arg(long)]
         to: Option<u64>,
     },
+    /// Offline, on a stopped member whose peers are lost for good: make it the only voter,
+    /// keeping its whole log (docs/operations.md, "Quorum loss"). Speaks to no API.
+    Recover(RecoverArgs),
+}
+
+/// Which stopped member `operator raft recover` rewrites.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("member").required(true).args(["config", "data_dir"])))]
+pub struct RecoverArgs {
+    /// The member's configuration file: its id, data_dir and addresses (environment
+    /// overrides apply, as for `waymark authority`).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The member's data directory (`authority.data_dir`) instead of its configuration;
+    /// needs `--id`. The membership keeps the addresses the group knew it by.
+    #[arg(long, requires = "id")]
+    pub data_dir: Option<PathBuf>,
+    /// The member's id (with `--data-dir`).
+    #[arg(long, requires = "data_dir")]
+    pub id: Option<u64>,
 }
 
 /// Every route of the authority API and the command that speaks it; the routes no command
@@ -860,6 +880,13 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<String> {
             ops::members(&ApiClient::new(&agent, None), out).await
         }
         ClientCommand::Operator { command, api } => {
+            // Offline: it reads the stopped member's files and needs no API or credential.
+            if let OperatorCommand::Raft {
+                command: RaftCommand::Recover(args),
+            } = &command
+            {
+                return super::operator::recover(args).await;
+            }
             let client = api.client()?;
             match command {
                 OperatorCommand::Raft { command } => match command {
@@ -871,6 +898,7 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<String> {
                     RaftCommand::TransferLeader { to } => {
                         super::operator::transfer_leader(&client, to).await
                     }
+                    RaftCommand::Recover(args) => super::operator::recover(&args).await,
                 },
                 OperatorCommand::Snapshot { command } => match command {
                     SnapshotCommand::Save { file } => super::operator::save(&client, &file).await,

@@ -1,5 +1,7 @@
 //! `waymark operator snapshot save|restore` and `waymark operator raft transfer-leader`:
-//! clients of `GET`/`PUT /v1/operator/snapshot` and `POST /v1/operator/raft/transfer-leader`.
+//! clients of `GET`/`PUT /v1/operator/snapshot` and `POST /v1/operator/raft/transfer-leader`;
+//! and `waymark operator raft recover`, which speaks to no API: it rewrites a stopped
+//! member's Raft files ([`crate::authority::raft::recover`]).
 //!
 //! `save` checks the answer's SHA-256 against its header before it writes anything, and
 //! writes the file whole (a temporary file renamed over the target), so a file that exists
@@ -12,10 +14,14 @@ use anyhow::{Context as _, bail};
 use http::Method;
 use serde_json::json;
 
+use super::commands::RecoverArgs;
 use crate::api_client::ApiClient;
+use crate::authority::config::ConfigFile;
+use crate::authority::raft::Member;
 use crate::authority::raft::backup::{
     self, BODY_MAX, SNAPSHOT_INDEX_HEADER, SNAPSHOT_SHA256_HEADER, SNAPSHOT_TERM_HEADER,
 };
+use crate::authority::raft::recover::{self, RAFT_DIR};
 
 /// How long a backup or a restore of a large region may take.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -95,4 +101,27 @@ pub async fn transfer_leader(api: &ApiClient, to: Option<u64>) -> anyhow::Result
         "leadership moved from member {} to member {} (term {}, {} ms)\n",
         t["from"], t["leader"], t["term"], t["duration_ms"]
     ))
+}
+
+/// `waymark operator raft recover --config FILE | --data-dir DIR --id ID`, on the stopped
+/// member: prints what was rewritten, or why nothing was.
+pub async fn recover(args: &RecoverArgs) -> anyhow::Result<String> {
+    let (dir, id, member) = match (&args.config, &args.data_dir, args.id) {
+        (Some(path), _, _) => {
+            let file = ConfigFile::load(path, std::env::vars())?;
+            let a = &file.authority;
+            // The addresses it will serve at, unless the ports are picked at start.
+            let member = (a.http.port() != 0 && a.raft.port() != 0).then(|| Member {
+                raft_addr: a.raft.to_string(),
+                api_addr: a.http.to_string(),
+            });
+            (a.data_dir.join(RAFT_DIR), a.id, member)
+        }
+        (None, Some(dir), Some(id)) => (dir.join(RAFT_DIR), id, None),
+        _ => bail!("name the member: --config FILE, or --data-dir DIR with --id ID"),
+    };
+    let done = tokio::task::spawn_blocking(move || recover::recover(&dir, id, member))
+        .await
+        .context("the recovery task")??;
+    Ok(done.to_string())
 }

@@ -52,9 +52,9 @@ pub(super) const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("
 /// synced.)
 const SNAPSHOT: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("raft_snapshot");
 
-const KEY_VOTE: &str = "vote";
-const KEY_COMMITTED: &str = "committed";
-const KEY_PURGED: &str = "last_purged";
+pub(super) const KEY_VOTE: &str = "vote";
+pub(super) const KEY_COMMITTED: &str = "committed";
+pub(super) const KEY_PURGED: &str = "last_purged";
 pub(super) const KEY_SNAPSHOT_META: &str = "snapshot_meta";
 pub(super) const KEY_SNAPSHOT_DATA: &str = "snapshot_data";
 
@@ -304,7 +304,7 @@ where
     tokio::task::spawn_blocking(move || f(&db)).await?
 }
 
-fn get_meta<T: serde::de::DeserializeOwned>(
+pub(super) fn get_meta<T: serde::de::DeserializeOwned>(
     db: &Database,
     key: &str,
 ) -> Result<Option<T>, StoreError> {
