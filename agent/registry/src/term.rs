@@ -15,8 +15,9 @@
 //!
 //! ```text
 //! samples, denials, pressure ──► ┌────────────┐ ──► Publish, Audit, Propose, Metric
-//! committed log entries      ──► │ LeaderTerm │ ──► RefreshTargets, Elect
+//! committed log entries      ──► │ LeaderTerm │ ──► RefreshTargets, HandOver
 //! timeouts (poll_timeout)    ──► └────────────┘
+//! hand-over outcomes         ──►
 //! ```
 //!
 //! Invariants (checked by `term/tests.rs` and `term/props.rs`):
@@ -28,6 +29,8 @@
 //!   term's own memory, [`LeaderTerm::handle_renewals`], and cost no log entry)
 //! - at most one signal-driven failover per region is in flight; an operator's is never
 //!   touched
+//! - a term whose version space ran out publishes nothing more (it never wraps) and asks
+//!   for one hand-over at a time until another voter leads
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -133,10 +136,32 @@ pub enum LeaderCommand {
         /// Probe at the confirmation cadence.
         confirming: bool,
     },
-    /// This term can issue no more view versions: start an election, so a new term
-    /// (a fresh version space) rebuilds and republishes every view.
-    Elect,
+    /// This term can issue no more view versions: move leadership to another up-to-date
+    /// voter (a leadership transfer), whose new term has a fresh version space and
+    /// rebuilds and republishes every view. openraft ignores an election its own leader
+    /// triggers, so asking for one would change nothing. Report the outcome with
+    /// [`LeaderTerm::handle_hand_over`].
+    HandOver,
 }
+
+/// How a [`LeaderCommand::HandOver`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandOver {
+    /// Another voter leads, or was elected to: this term is over.
+    Moved,
+    /// This member is the group's only voter: nobody can take over. The term refuses to
+    /// publish (and says so) and asks again every [`HAND_OVER_ALONE_RETRY`], in case a
+    /// voter was added; restarting the member starts a new term too.
+    NoOtherVoter,
+    /// The transfer did not happen (target not caught up, unreachable, not elected, or
+    /// another transfer running); asked again after [`HAND_OVER_RETRY`].
+    Failed,
+}
+
+/// How long after a failed hand-over the term asks for another.
+pub const HAND_OVER_RETRY: Duration = Duration::from_secs(5);
+/// How long after a hand-over found no other voter the term asks again.
+pub const HAND_OVER_ALONE_RETRY: Duration = Duration::from_secs(30);
 
 /// Why a request was proposed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -223,8 +248,14 @@ pub enum MetricChange {
         /// Admissions deferred meanwhile.
         deferred: u64,
     },
-    /// This term's version space ran out (a counter).
+    /// A view was not released: this term's version space ran out (a counter).
     VersionsExhausted,
+    /// Whether this leader refuses to publish because its version space ran out and no
+    /// other voter can take over (a gauge; the shell clears it when the term ends).
+    PublishRefused {
+        /// Refusing now.
+        refused: bool,
+    },
     /// A service's instances per evidence mode, every mode present.
     EvidenceModes {
         /// The service.
@@ -287,7 +318,20 @@ pub struct LeaderTerm {
     tier2_seeded: BTreeSet<(RegionName, ServiceName)>,
     /// Regions with a signal-driven failover being committed.
     failover_in_flight: BTreeSet<RegionName>,
+    /// Set once a view could not be numbered: the term hands its leadership over.
+    exhausted: Option<Exhausted>,
     commands: Vec<LeaderCommand>,
+}
+
+/// A term out of versions, handing its leadership over.
+#[derive(Debug)]
+struct Exhausted {
+    /// A hand-over was asked for and has not reported back.
+    in_flight: bool,
+    /// When to ask again, after one that did not move the leadership.
+    retry_at: Option<Instant>,
+    /// The last hand-over found no other voter.
+    alone: bool,
 }
 
 #[derive(Debug)]
@@ -415,6 +459,7 @@ impl LeaderTerm {
             remote_fed: BTreeMap::new(),
             tier2_seeded,
             failover_in_flight: BTreeSet::new(),
+            exhausted: None,
             commands: Vec::new(),
         };
         t.drain(now);
@@ -608,9 +653,54 @@ impl LeaderTerm {
         }
     }
 
+    /// How the hand-over asked for last ended. Ignored unless one is in flight.
+    pub fn handle_hand_over(&mut self, now: Instant, outcome: HandOver) {
+        let term = self.term;
+        let Some(exhausted) = self.exhausted.as_mut().filter(|e| e.in_flight) else {
+            return;
+        };
+        exhausted.in_flight = false;
+        let retry = match outcome {
+            HandOver::Moved => {
+                info!(
+                    term,
+                    "leadership handed over: the next term numbers views afresh"
+                );
+                return;
+            }
+            HandOver::Failed => HAND_OVER_RETRY,
+            HandOver::NoOtherVoter => HAND_OVER_ALONE_RETRY,
+        };
+        exhausted.retry_at = Some(now + retry);
+        let alone = outcome == HandOver::NoOtherVoter;
+        if alone == exhausted.alone {
+            return;
+        }
+        exhausted.alone = alone;
+        self.metric(MetricChange::PublishRefused { refused: alone });
+        if alone {
+            error!(
+                term,
+                "no view version left and no other voter to hand leadership to: publishing refused; add a voter or restart this member"
+            );
+            let at_ms = self.unix_ms(now);
+            self.audit(AuditEntry {
+                seq: 0,
+                at_ms,
+                kind: AuditKind::Alarm,
+                actor: ACTOR.into(),
+                service: None,
+                instance: None,
+                outcome: "publish_refused".into(),
+                detail: serde_json::json!({"term": term, "reason": "versions_exhausted", "hand_over": "no_other_voter"}),
+            });
+        }
+    }
+
     /// Fire whatever is due at `now`.
     pub fn handle_timeout(&mut self, now: Instant, env: &impl Surroundings) {
         self.wall = (now, env.now_ms());
+        self.retry_hand_over(now);
         if self.pipeline.poll_timeout().is_some_and(|t| t <= now) {
             self.pipeline.handle_timeout(now, &mut self.versions);
         }
@@ -651,10 +741,12 @@ impl LeaderTerm {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let d = &self.due;
         let hold = self.hold.pending.then_some(self.hold.until);
+        let hand_over = self.exhausted.as_ref().and_then(|e| e.retry_at);
         [d.counts, d.leases, d.reassign, d.observed, d.remote]
             .into_iter()
             .chain(self.pipeline.poll_timeout())
             .chain(hold)
+            .chain(hand_over)
             .min()
     }
 
@@ -776,9 +868,16 @@ impl LeaderTerm {
                 self.metric(MetricChange::ShedEnded { lasted, deferred });
             }
             delta::Effect::VersionsExhausted { view } => {
-                error!(term = self.term, view = %view, "this term's version space is exhausted; handing leadership over");
                 self.metric(MetricChange::VersionsExhausted);
-                self.commands.push(LeaderCommand::Elect);
+                if self.exhausted.is_none() {
+                    error!(term = self.term, view = %view, "this term's version space is exhausted; handing leadership over");
+                    self.exhausted = Some(Exhausted {
+                        in_flight: true,
+                        retry_at: None,
+                        alone: false,
+                    });
+                    self.commands.push(LeaderCommand::HandOver);
+                }
             }
             delta::Effect::Release { .. } => {}
         }
@@ -872,6 +971,19 @@ impl LeaderTerm {
             outcome: outcome.into(),
             detail,
         });
+    }
+
+    /// Ask for another hand-over once the last one's retry is due.
+    fn retry_hand_over(&mut self, now: Instant) {
+        let Some(e) = self.exhausted.as_mut() else {
+            return;
+        };
+        if e.in_flight || e.retry_at.is_none_or(|at| at > now) {
+            return;
+        }
+        e.retry_at = None;
+        e.in_flight = true;
+        self.commands.push(LeaderCommand::HandOver);
     }
 
     /// The hold is over: publish what was computed meanwhile, where it differs from what

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::Instant;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 use waymark_core::assembler::RemoteEndpoint;
 use waymark_core::backoff::{Backoff, BackoffConfig};
 use waymark_core::model::{InstanceId, NodeName, RegionName, Sample, ServiceName, ZoneName};
@@ -27,7 +27,8 @@ use waymark_registry::pipeline::{PipelineConfig, RegionPipeline};
 use waymark_registry::release::{Release, ReleaseEncoder};
 use waymark_registry::state::RegistryError;
 use waymark_registry::term::{
-    LeaderCommand, LeaderTerm, MetricChange, Purpose, Surroundings, TermBreaks, TermConfig, Written,
+    HandOver, LeaderCommand, LeaderTerm, MetricChange, Purpose, Surroundings, TermBreaks,
+    TermConfig, Written,
 };
 
 use super::clock::now_ms;
@@ -36,7 +37,7 @@ use super::metrics::{
     AuthorityMetrics, ModeLabels, OutcomeLabels, PeerRegionLabels, ReasonLabels, ServiceLabels,
     VerdictLabels, ZoneLabels,
 };
-use super::raft::{AppliedEntry, RaftNode, StateEvent, WriteError};
+use super::raft::{AppliedEntry, RaftNode, StateEvent, TransferError, WriteError};
 use super::regions::RegionsHandle;
 
 pub use waymark_registry::term::{HOLD_MAX, OBSERVED_EVERY, PROBERS_PER_TARGET, SIGNAL_ACTOR};
@@ -203,6 +204,7 @@ pub async fn run(ctx: LeaderContext, mut inbox: LeaderInbox) {
         lead_term(&ctx, term, &mut metrics_rx, &mut inbox).await;
         ctx.hub.follow();
         ctx.metrics.leader.set(0);
+        ctx.metrics.publish_refused.set(0);
         info!(term, "no longer leading");
     }
 }
@@ -228,6 +230,8 @@ async fn lead_term(
     let (publish, publish_rx) = mpsc::unbounded_channel();
     let (audit, audit_rx) = mpsc::unbounded_channel();
     let (written, written_rx) = mpsc::unbounded_channel();
+    // At most one hand-over is in flight (the term asks for the next after this reports).
+    let (handed, handed_rx) = mpsc::channel(1);
     let (pressure_tx, pressure) = watch::channel(0u64);
     let writers = [
         tokio::spawn(publisher(ctx.clone(), publish_rx, pressure_tx)),
@@ -250,16 +254,16 @@ async fn lead_term(
         membership: ctx.hub.membership(),
         pressure,
         written: written_rx,
+        hand_over: handed_rx,
         stashed: None,
     };
     let mut last_fired: Option<Instant> = None;
     loop {
         if shell.execute(core.take_commands()) {
-            // A new term gets a fresh version space; its leader (this member again, or
-            // another) rebuilds every view from the desired state and releases it.
-            if let Err(error) = ctx.raft.elect().await {
-                error!(term, %error, "could not start an election after exhausting versions");
-            }
+            // A new term gets a fresh version space; its leader (another voter) rebuilds
+            // every view from the desired state and releases it. The transfer holds writes
+            // for seconds, so it runs beside the loop and reports back.
+            tokio::spawn(hand_over(ctx.raft.clone(), term, handed.clone()));
         }
         // Timers due within one tick of the last firing wait for the tick and fire
         // together: each firing assembles every view it touched, and at the reference
@@ -281,6 +285,29 @@ async fn lead_term(
     }
 }
 
+/// Move leadership to the most caught-up other voter, and tell the term how it went.
+async fn hand_over(raft: RaftNode, term: u64, report: mpsc::Sender<HandOver>) {
+    let outcome = match raft.transfer_leader(None).await {
+        Ok(done) => {
+            info!(
+                term,
+                to = done.leader,
+                new_term = done.term,
+                "leadership handed over: versions exhausted"
+            );
+            HandOver::Moved
+        }
+        // Someone else leads already: this term is over either way.
+        Err(TransferError::NotLeader { .. }) => HandOver::Moved,
+        Err(TransferError::NoTarget) => HandOver::NoOtherVoter,
+        Err(error) => {
+            warn!(term, %error, "handing leadership over failed; the term asks again");
+            HandOver::Failed
+        }
+    };
+    let _ = report.send(outcome).await;
+}
+
 /// Feed one input to the term; `false` once this member no longer leads it.
 fn step(core: &mut LeaderTerm, env: &Env<'_>, applied: &mut Option<u64>, input: Input) -> bool {
     match input {
@@ -293,6 +320,7 @@ fn step(core: &mut LeaderTerm, env: &Env<'_>, applied: &mut Option<u64>, input: 
         Input::Denial(denial) => core.handle_denial(denial),
         Input::Pressure => core.handle_pressure(now(), true),
         Input::Written(purpose, outcome) => core.handle_written(now(), purpose, outcome),
+        Input::HandOver(outcome) => core.handle_hand_over(now(), outcome),
         Input::Applied(entries) => {
             let fresh: Vec<_> = entries
                 .iter()
@@ -363,6 +391,7 @@ struct Inputs<'a> {
     /// Slow `Publish` commits so far: a count, so none is missed between two reads.
     pressure: watch::Receiver<u64>,
     written: mpsc::UnboundedReceiver<(Purpose, Written)>,
+    hand_over: mpsc::Receiver<HandOver>,
     /// A state event read while collecting an applied run, followed next.
     stashed: Option<Result<StateEvent, RecvError>>,
 }
@@ -380,6 +409,7 @@ enum Input {
     /// A `Publish` commit was slow (one or more since the last read).
     Pressure,
     Written(Purpose, Written),
+    HandOver(HandOver),
     /// Applied entries, in log order: every one already waiting when the first arrived
     /// (up to [`APPLIED_RUN_MAX`]), so a loop that falls behind catches up in runs whose
     /// services are assembled once, instead of once per entry.
@@ -422,6 +452,7 @@ impl Inputs<'_> {
                 Input::Pressure
             }
             Some((purpose, outcome)) = self.written.recv() => Input::Written(purpose, outcome),
+            Some(outcome) = self.hand_over.recv() => Input::HandOver(outcome),
             event = self.events.recv() => self.applied_run(event),
             _ = self.membership.changed() => Input::Membership,
             Some(query) = self.queries.recv() => Input::Query(query),
@@ -600,9 +631,9 @@ struct Shell<'a> {
 }
 
 impl Shell<'_> {
-    /// Carry out the commands in order; whether one asked for an election.
+    /// Carry out the commands in order; whether one asked for a hand-over.
     fn execute(&self, commands: Vec<LeaderCommand>) -> bool {
-        let mut elect = false;
+        let mut hand_over = false;
         // Cadence changes come in bursts (a region's traffic ramping past the threshold):
         // the probers they touch are handed their targets once per batch, not per change.
         let mut cadence = Vec::new();
@@ -626,7 +657,7 @@ impl Shell<'_> {
                     instance,
                     confirming,
                 } => cadence.push((instance, confirming)),
-                LeaderCommand::Elect => elect = true,
+                LeaderCommand::HandOver => hand_over = true,
             }
         }
         if !cadence.is_empty() {
@@ -635,7 +666,7 @@ impl Shell<'_> {
                 .raft
                 .with_state(|s, _| hub.set_confirming(s.registry(), &cadence));
         }
-        elect
+        hand_over
     }
 
     /// Commit in the background and report the outcome to the term. Lost with the
@@ -721,6 +752,9 @@ fn record_metric(m: &AuthorityMetrics, change: MetricChange) {
         }
         MetricChange::VersionsExhausted => {
             m.versions_exhausted.inc();
+        }
+        MetricChange::PublishRefused { refused } => {
+            m.publish_refused.set(i64::from(refused));
         }
         MetricChange::EvidenceModes { service, counts } => {
             for (mode, n) in counts {

@@ -113,6 +113,9 @@ pub struct AuthorityMetrics {
     pub leader_write_failures: Family<ReasonLabels, Counter>,
     /// Views not released because the term's version space was exhausted.
     pub versions_exhausted: Counter,
+    /// 1 while this leader refuses to publish: its term's version space is exhausted and
+    /// no other voter can take its leadership (restart the member, or add a voter).
+    pub publish_refused: Gauge,
     /// Committed entries whose apply failed unexpectedly (a bug: the entry was refused
     /// on this member and every member running the same build).
     pub apply_failures: Counter,
@@ -163,6 +166,7 @@ impl Default for AuthorityMetrics {
             registry_commit_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 14)),
             leader_write_failures: Family::default(),
             versions_exhausted: Counter::default(),
+            publish_refused: Gauge::default(),
             apply_failures: Counter::default(),
             overrides: Family::default(),
             lease_renewals: Family::default(),
@@ -285,6 +289,11 @@ impl AuthorityMetrics {
             "versions_exhausted",
             "Views not released because the leadership term's version space was exhausted",
             self.versions_exhausted.clone(),
+        );
+        r.register(
+            "publish_refused",
+            "1 while this leader refuses to publish: its term has no view version left and no other voter can lead",
+            self.publish_refused.clone(),
         );
         r.register(
             "raft_apply_failures",

@@ -1132,7 +1132,9 @@ impl Sim {
                 LeaderCommand::Metric(_)
                 | LeaderCommand::RefreshTargets
                 | LeaderCommand::ProbeCadence { .. } => {}
-                LeaderCommand::Elect => self.step_down(l, "versions exhausted"),
+                LeaderCommand::HandOver => {
+                    self.step_down(l, "versions exhausted: leadership handed over")
+                }
             }
         }
         if !audit.is_empty() {

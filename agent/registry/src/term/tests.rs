@@ -921,15 +921,79 @@ fn the_signal_reverses_only_its_own_failovers() {
     );
 }
 
+fn hand_overs(commands: &[LeaderCommand]) -> usize {
+    commands
+        .iter()
+        .filter(|c| **c == LeaderCommand::HandOver)
+        .count()
+}
+
+/// A term with no version space, run past its hold: it has asked for its hand-over.
+fn exhausted_term(world: &World) -> (Fx, Vec<LeaderCommand>) {
+    let mut fx = Fx::new(config(TERM_VERSIONS_MAX_TERM + 1), world);
+    let commands = fx.run_to(world, Duration::from_secs(35));
+    (fx, commands)
+}
+
 #[test]
-fn a_term_without_version_space_asks_for_an_election() {
-    // Goal: a term that cannot number a release hands over rather than publish nothing.
+fn a_term_without_version_space_asks_for_one_hand_over_and_publishes_nothing() {
+    // Goal: a term that cannot number a release hands its leadership over (once, however
+    // many views it could not number) rather than wrap its versions.
     let world = World::new(region_state());
-    let mut fx = Fx::new(config(TERM_VERSIONS_MAX_TERM + 1), &world);
-    let commands = fx.run_to(&world, Duration::from_secs(5));
-    assert!(commands.contains(&LeaderCommand::Metric(MetricChange::VersionsExhausted)));
-    assert!(commands.contains(&LeaderCommand::Elect), "{commands:?}");
+    let (_, commands) = exhausted_term(&world);
+    let unnumbered = commands
+        .iter()
+        .filter(|c| **c == LeaderCommand::Metric(MetricChange::VersionsExhausted))
+        .count();
+    assert!(unnumbered >= 2, "every view not released is counted");
+    assert_eq!(hand_overs(&commands), 1, "{commands:?}");
     assert!(publishes(&commands).is_empty());
+}
+
+#[test]
+fn an_only_voter_out_of_versions_refuses_to_publish_and_asks_again_later() {
+    // Goal: with nobody to hand over to, the refusal is an alarm and a gauge, and the
+    // term asks again (a voter may have been added) at its retry interval, not before.
+    let world = World::new(region_state());
+    let (mut fx, _) = exhausted_term(&world);
+    let at = fx.now - fx.start;
+    fx.term.handle_hand_over(fx.now, HandOver::NoOtherVoter);
+    let commands = fx.term.take_commands();
+    assert_eq!(
+        commands[0],
+        LeaderCommand::Metric(MetricChange::PublishRefused { refused: true })
+    );
+    let alarms = audits(&commands);
+    assert_eq!(alarms.len(), 1);
+    assert_eq!(
+        (alarms[0].kind, alarms[0].outcome.as_str()),
+        (AuditKind::Alarm, "publish_refused")
+    );
+    let early = at + HAND_OVER_ALONE_RETRY - Duration::from_secs(1);
+    let waited = fx.run_to(&world, early);
+    assert_eq!(hand_overs(&waited), 0, "not before the retry");
+    let asked = fx.run_to(&world, at + HAND_OVER_ALONE_RETRY + Duration::from_secs(1));
+    assert_eq!(hand_overs(&asked), 1);
+    // Still alone: no second alarm.
+    fx.term.handle_hand_over(fx.now, HandOver::NoOtherVoter);
+    assert!(audits(&fx.term.take_commands()).is_empty());
+}
+
+#[test]
+fn a_failed_hand_over_is_retried_and_a_moved_one_ends_the_asking() {
+    let world = World::new(region_state());
+    let (mut fx, _) = exhausted_term(&world);
+    let at = fx.now - fx.start;
+    fx.term.handle_hand_over(fx.now, HandOver::Failed);
+    assert!(fx.term.take_commands().is_empty(), "a failure is no alarm");
+    let asked = fx.run_to(&world, at + HAND_OVER_RETRY + Duration::from_secs(1));
+    assert_eq!(hand_overs(&asked), 1);
+    fx.term.handle_hand_over(fx.now, HandOver::Moved);
+    let later = fx.run_to(&world, at + Duration::from_secs(120));
+    assert_eq!(hand_overs(&later), 0, "{later:?}");
+    // An outcome nobody asked for changes nothing.
+    fx.term.handle_hand_over(fx.now, HandOver::NoOtherVoter);
+    assert!(fx.term.take_commands().is_empty());
 }
 
 #[test]

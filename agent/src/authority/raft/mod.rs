@@ -644,13 +644,6 @@ impl RaftNode {
         self.shared.apply_failures_total.clone()
     }
 
-    /// Start an election at once (a leader gives up its term for a new one). Used when a
-    /// term can issue no more view versions; returns once the election is triggered.
-    pub async fn elect(&self) -> Result<(), RaftError> {
-        self.raft.trigger().elect().await?;
-        Ok(())
-    }
-
     /// openraft's metrics; `changed()` wakes on every change.
     pub fn watch_metrics(&self) -> watch::Receiver<RaftMetrics<u64, Member>> {
         self.raft.metrics()
