@@ -64,7 +64,9 @@ async fn report(s: &mut ClientSession, samples: Vec<WireSample>) -> (u64, Vec<St
             AuthorityMessage::Ack { accepted, refused } => {
                 return (accepted, refused.into_iter().map(|r| r.reason).collect());
             }
-            AuthorityMessage::Assignment { .. } | AuthorityMessage::ConfigRequest(_) => continue,
+            AuthorityMessage::Assignment { .. }
+            | AuthorityMessage::ConfigRequest(_)
+            | AuthorityMessage::KeyringRequest(_) => continue,
         }
     }
 }

@@ -575,7 +575,8 @@ async fn drive(
                 }
                 AgentMessage::Hello { .. }
                 | AgentMessage::Sidecars { .. }
-                | AgentMessage::ClientConfig(_) => 0,
+                | AgentMessage::ClientConfig(_)
+                | AgentMessage::KeyringAnswer(_) => 0,
             };
             if let Err(status) = session.send(message).await {
                 break format!("send: {status}");
@@ -608,8 +609,8 @@ async fn drive(
                     *counters.last_assignment.lock().unwrap_or_else(PoisonError::into_inner) =
                         Some(Instant::now());
                 }
-                // A load generator holds no sidecars to describe.
-                Some(Ok(AuthorityMessage::ConfigRequest(_))) => {}
+                // A load generator holds no sidecars to describe, and runs no gossip.
+                Some(Ok(AuthorityMessage::ConfigRequest(_) | AuthorityMessage::KeyringRequest(_))) => {}
                 Some(Err(status)) => break format!("authority: {status}"),
                 None => break "the authority closed the session".to_owned(),
             },
@@ -800,7 +801,8 @@ fn interleave(
                 AgentMessage::Relayed { samples } => (samples, true),
                 AgentMessage::Hello { .. }
                 | AgentMessage::Sidecars { .. }
-                | AgentMessage::ClientConfig(_) => continue,
+                | AgentMessage::ClientConfig(_)
+                | AgentMessage::KeyringAnswer(_) => continue,
             };
             out.extend(samples.iter().map(|w| Sample {
                 instance: w.instance.clone(),

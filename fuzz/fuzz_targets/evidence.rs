@@ -122,7 +122,8 @@ impl Region {
         let (samples, relayed) = match message {
             AgentMessage::Hello { .. }
             | AgentMessage::Sidecars { .. }
-            | AgentMessage::ClientConfig(_) => return,
+            | AgentMessage::ClientConfig(_)
+            | AgentMessage::KeyringAnswer(_) => return,
             AgentMessage::Samples { samples } => (samples, false),
             AgentMessage::Relayed { samples } => (samples, true),
         };

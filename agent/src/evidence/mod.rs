@@ -18,7 +18,8 @@
 //! [`pb`] by `build.rs`), so a workload in any language can self-report with stock gRPC
 //! tooling. The agent sends `hello` and `samples`; the authority answers with the node's
 //! probe `assignment` whenever it changes and an `ack` per batch. A node agent also reports
-//! its own xDS clients and answers the authority's config requests (`sidecars.rs`). The types below are the
+//! its own xDS clients and answers the authority's config requests (`sidecars.rs`) and
+//! keyring requests (`keyring.rs`). The types below are the
 //! validated form the roles work with; `wire.rs` converts, refusing a malformed message
 //! with a typed [`WireError`]. Neither role owns the protocol, so it sits beside both (the
 //! authority's sink is `authority/hub.rs`, the node's `node/selfreport.rs` and
@@ -26,6 +27,7 @@
 
 mod client;
 mod codec;
+mod keyring;
 mod server;
 mod sidecars;
 mod wire;
@@ -35,6 +37,10 @@ use waymark_core::model::{Address, InstanceId, Observation, ServiceName, ZoneNam
 
 pub use client::{ClientSession, Inbound};
 pub use codec::{ProtoCodec, ProtoDecoder, ProtoEncoder};
+pub use keyring::{
+    KEYRING_MESSAGE_BYTES_MAX, KEYRING_REASON_BYTES_MAX, KeyringAnswer, KeyringOutcome,
+    KeyringRequest,
+};
 pub use server::{
     Ack, EvidenceService, EvidenceSink, MalformedLabels, SessionMetrics, SessionStream, reporter_of,
 };
@@ -100,6 +106,8 @@ pub enum AgentMessage {
     },
     /// A node agent's answer to an [`AuthorityMessage::ConfigRequest`].
     ClientConfig(ClientConfig),
+    /// A node agent's answer to an [`AuthorityMessage::KeyringRequest`].
+    KeyringAnswer(KeyringAnswer),
 }
 
 /// Separates a check's own words from text the target chose (an HTTP body, a gRPC status
@@ -135,6 +143,9 @@ pub enum AuthorityMessage {
     /// What one of the node's xDS clients holds; answered with
     /// [`AgentMessage::ClientConfig`].
     ConfigRequest(ConfigRequest),
+    /// List or change the node's gossip keyring; answered with
+    /// [`AgentMessage::KeyringAnswer`].
+    KeyringRequest(KeyringRequest),
 }
 
 /// One target a node must probe.

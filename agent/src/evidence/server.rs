@@ -22,7 +22,8 @@ use super::codec::{MALFORMED_PREFIX, malformed};
 use super::pb::evidence_server::{Evidence, EvidenceServer};
 use super::{
     AGENT_MESSAGE_BYTES_MAX, AUTHORITY_MESSAGE_BYTES_MAX, AgentMessage, AuthorityMessage,
-    ClientConfig, ConfigRequest, ProbeTarget, RefusedSample, SidecarReport, WireSample, pb,
+    ClientConfig, ConfigRequest, KeyringAnswer, KeyringRequest, ProbeTarget, RefusedSample,
+    SidecarReport, WireSample, pb,
 };
 
 /// Where ingested evidence goes: the leader's pipeline, or a refusal naming the leader.
@@ -56,6 +57,16 @@ pub trait EvidenceSink: Send + Sync + 'static {
     }
     /// `node`'s answer to a config request. By default ignored.
     fn client_config(&self, node: &NodeName, answer: ClientConfig) {
+        let _ = (node, answer);
+    }
+    /// After `hello`: the keyring requests for `node` (online gossip key rotation), which
+    /// its session forwards to it; `None` when this sink asks none.
+    fn keyring_requests(&self, node: &NodeName) -> Option<mpsc::Receiver<KeyringRequest>> {
+        let _ = node;
+        None
+    }
+    /// `node`'s answer to a keyring request. By default ignored.
+    fn keyring_answer(&self, node: &NodeName, answer: KeyringAnswer) {
         let _ = (node, answer);
     }
 }
@@ -171,6 +182,7 @@ impl Evidence for EvidenceService {
             tx,
             assignment: None,
             requests: None,
+            keyring: None,
             hello_node: None,
         };
         tokio::spawn(session.run(request.into_inner()).in_current_span());
@@ -190,6 +202,8 @@ struct Session {
     assignment: Option<watch::Receiver<Vec<ProbeTarget>>>,
     /// Config requests for the node, once it said hello.
     requests: Option<mpsc::Receiver<ConfigRequest>>,
+    /// Keyring requests for the node, once it said hello.
+    keyring: Option<mpsc::Receiver<KeyringRequest>>,
     hello_node: Option<NodeName>,
 }
 
@@ -220,6 +234,17 @@ impl Session {
                     }
                     continue;
                 }
+                request = next_request(&mut self.keyring) => {
+                    match request {
+                        Some(r) => {
+                            if !self.send(AuthorityMessage::KeyringRequest(r)).await {
+                                break;
+                            }
+                        }
+                        None => self.keyring = None,
+                    }
+                    continue;
+                }
             };
             let message = match next {
                 Some(Ok(m)) => m,
@@ -240,8 +265,9 @@ impl Session {
                 break;
             }
         }
-        // Closed before goodbye, so the sink sees this session's request channel gone.
+        // Closed before goodbye, so the sink sees this session's request channels gone.
         self.requests = None;
+        self.keyring = None;
         if let Some(node) = &self.hello_node {
             self.sink.goodbye(node);
         }
@@ -275,6 +301,7 @@ impl Session {
                         self.hello_node = Some(node.clone());
                         self.assignment = Some(rx);
                         self.requests = self.sink.config_requests(node);
+                        self.keyring = self.sink.keyring_requests(node);
                         self.send(AuthorityMessage::Assignment { targets }).await
                     }
                     Err(status) => self.fail(status).await,
@@ -317,6 +344,17 @@ impl Session {
                         .await;
                 };
                 self.sink.client_config(node, answer);
+                true
+            }
+            AgentMessage::KeyringAnswer(answer) => {
+                let Reporter::Node(node) = reporter else {
+                    return self
+                        .fail(Status::permission_denied(
+                            "only node agents answer keyring requests",
+                        ))
+                        .await;
+                };
+                self.sink.keyring_answer(node, answer);
                 true
             }
         }
@@ -394,8 +432,8 @@ async fn wait_changed(rx: &mut Option<watch::Receiver<Vec<ProbeTarget>>>) -> boo
     }
 }
 
-/// The next config request for the node; pends forever when there is no channel.
-async fn next_request(rx: &mut Option<mpsc::Receiver<ConfigRequest>>) -> Option<ConfigRequest> {
+/// The next request for the node; pends forever when there is no channel.
+async fn next_request<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,

@@ -165,6 +165,7 @@ impl From<AgentMessage> for pb::AgentMessage {
             }),
             AgentMessage::Sidecars { report } => Message::Sidecars(report.into()),
             AgentMessage::ClientConfig(answer) => Message::ClientConfig(answer.into()),
+            AgentMessage::KeyringAnswer(answer) => Message::KeyringAnswer(answer.into()),
         };
         Self {
             message: Some(message),
@@ -192,6 +193,7 @@ impl TryFrom<pb::AgentMessage> for AgentMessage {
                 report: report.try_into()?,
             }),
             Some(Message::ClientConfig(answer)) => Ok(Self::ClientConfig(answer.try_into()?)),
+            Some(Message::KeyringAnswer(answer)) => Ok(Self::KeyringAnswer(answer.try_into()?)),
         }
     }
 }
@@ -371,6 +373,7 @@ impl From<AuthorityMessage> for pb::AuthorityMessage {
                 refused: refused.into_iter().map(Into::into).collect(),
             }),
             AuthorityMessage::ConfigRequest(request) => Message::ConfigRequest(request.into()),
+            AuthorityMessage::KeyringRequest(request) => Message::KeyringRequest(request.into()),
         };
         Self {
             message: Some(message),
@@ -395,6 +398,7 @@ impl TryFrom<pb::AuthorityMessage> for AuthorityMessage {
                 refused: entries("ack.refused", ack.refused, BATCH_MAX)?,
             }),
             Some(Message::ConfigRequest(request)) => Ok(Self::ConfigRequest(request.try_into()?)),
+            Some(Message::KeyringRequest(request)) => Ok(Self::KeyringRequest(request.try_into()?)),
         }
     }
 }

@@ -52,7 +52,7 @@ use super::session::{self, SessionConfig};
 use super::shared::{Shared, ViewStatus};
 use super::view::LocalView;
 use crate::evidence::{AgentMessage, SidecarReport, WireSample};
-use crate::gossip::{Gossip, GossipConfig, GossipId, Keyring, Role};
+use crate::gossip::{Gossip, GossipConfig, GossipId, Keyring, Role, keyring_file};
 use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
 use waymark_core::model::Observation;
 
@@ -152,7 +152,17 @@ impl NodeAgent {
         let mut gossip_rx = None;
         let mut gossip_addr = None;
         if let Some(g) = &config.gossip {
-            let keyring = Keyring::parse(&g.keys).context("agent.gossip.keys")?;
+            let configured = Keyring::parse(&g.keys).context("agent.gossip.keys")?;
+            // A keyring rotated online wins over the configured keys (docs/operations.md).
+            let keyring_file = config.data_dir.join(keyring_file::FILE_NAME);
+            let (keyring, source) = keyring_file::load_or(&keyring_file, configured)
+                .with_context(|| format!("loading {}", keyring_file.display()))?;
+            tracing::info!(
+                source = source.as_str(),
+                primary = %keyring.primary().id(),
+                keys = keyring.keys().count(),
+                "gossip keyring loaded"
+            );
             // Bound first, so port 0 works: the identity carries the address peers use.
             let socket = tokio::net::UdpSocket::bind(g.bind)
                 .await
@@ -162,6 +172,7 @@ impl NodeAgent {
                 GossipId::new(config.name.clone(), addr, config.zone.clone(), Role::Agent);
             let mut gc = GossipConfig::new(addr, identity, keyring);
             gc.seeds = g.seeds.clone();
+            gc.keyring_file = Some(keyring_file);
             gc.metrics.register(&mut registry);
             let started = Gossip::start_with_socket(gc, socket).context("starting gossip")?;
             gossip_rx = Some(started.subscribe());
@@ -361,6 +372,7 @@ impl NodeAgent {
             zone: config.zone.clone(),
             tls: tls.as_ref().map(|t| Arc::clone(&t.upstream)),
             seed,
+            keyring: gossip.as_ref().map(Gossip::keyring),
         };
         tasks.push(tokio::spawn(session::run(
             session_config,
@@ -460,6 +472,11 @@ impl NodeAgent {
     /// Where the listeners are.
     pub fn bound(&self) -> Bound {
         self.bound
+    }
+
+    /// The gossip member, when this agent gossips.
+    pub fn gossip(&self) -> Option<&Gossip> {
+        self.gossip.as_ref()
     }
 
     /// The served view.

@@ -9,7 +9,8 @@
 //!
 //! The same session carries the node's sidecar report (see `sidecars.rs`): the latest one
 //! as soon as the session opens, then each one the reporter publishes; and it answers the
-//! authority's config requests about one sidecar from the local xDS server.
+//! authority's config requests about one sidecar from the local xDS server, and its
+//! keyring requests (online gossip key rotation) from the live gossip keyring.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +24,11 @@ use waymark_xds::client::{Backoff, BackoffConfig};
 use super::metrics::AgentMetrics;
 use super::probe::Prober;
 use super::sidecars::{self, SidecarFeed};
-use crate::evidence::{AgentMessage, AuthorityMessage, ClientConfig, ClientSession, WireSample};
+use crate::evidence::{
+    AgentMessage, AuthorityMessage, ClientConfig, ClientSession, KeyringAnswer, KeyringOutcome,
+    KeyringRequest, WireSample,
+};
+use crate::gossip::GossipKeyring;
 
 /// Samples per message, at most (well under the authority's batch limit).
 const BATCH: usize = 512;
@@ -41,6 +46,9 @@ pub struct SessionConfig {
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// Jitter seed.
     pub seed: u64,
+    /// The live gossip keyring the authority's keyring requests change; `None` when this
+    /// node does not gossip (such requests are answered `no_gossip`).
+    pub keyring: Option<GossipKeyring>,
 }
 
 /// Run the session until `outbound` closes. Samples from the prober arrive on `probes`;
@@ -165,6 +173,10 @@ async fn session(
                     let answer = ClientConfig { request_id: request.request_id, document };
                     s.send(AgentMessage::ClientConfig(answer)).await.map_err(|e| e.to_string())?;
                 }
+                Some(Ok(AuthorityMessage::KeyringRequest(request))) => {
+                    let answer = keyring_answer(config.keyring.as_ref(), request).await;
+                    s.send(AgentMessage::KeyringAnswer(answer)).await.map_err(|e| e.to_string())?;
+                }
                 Some(Err(status)) => return Err(format!("authority: {status}")),
                 None => return Err("authority closed the session".into()),
             },
@@ -198,5 +210,17 @@ async fn session(
                 None => return Ok(()),
             },
         }
+    }
+}
+
+/// Applies a keyring request to the live keyring (persisted before it is in force).
+async fn keyring_answer(keyring: Option<&GossipKeyring>, request: KeyringRequest) -> KeyringAnswer {
+    let outcome = match keyring {
+        Some(k) => KeyringOutcome::of(k.apply(request.op).await),
+        None => KeyringOutcome::refused("no_gossip", "this node agent runs no gossip"),
+    };
+    KeyringAnswer {
+        request_id: request.request_id,
+        outcome,
     }
 }
