@@ -29,6 +29,7 @@ mod dns_dig;
 mod dns_limits;
 mod federation_quic;
 mod federation_regions;
+mod gossip_keyring;
 mod gossip_udp;
 mod hostile_inputs;
 mod kube_reconcile;

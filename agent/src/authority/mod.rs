@@ -10,6 +10,7 @@ pub mod credentials;
 pub mod existence;
 pub mod fields;
 pub mod hub;
+pub mod keyring;
 pub mod kube;
 pub mod leader;
 pub mod member;

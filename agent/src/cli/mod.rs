@@ -3,6 +3,7 @@
 //! [`ops`] what each does, [`output`] how it prints.
 
 pub mod commands;
+pub mod keyring;
 pub mod operator;
 pub mod ops;
 pub mod output;

@@ -72,6 +72,7 @@ mod audit;
 mod blocking;
 mod discovery;
 mod instances;
+mod keyring;
 mod operator;
 mod overrides;
 mod proxy;
@@ -126,6 +127,8 @@ pub struct ApiState {
     scheme: &'static str,
     /// The sidecars behind the node agents (`proxy`).
     sidecars: super::sidecars::SidecarsHandle,
+    /// Pool-wide gossip keyring operations (`keyring`).
+    keyring: Option<Arc<super::keyring::KeyringPool>>,
     /// What the blocking queries wait on.
     indices: tokio::sync::watch::Receiver<blocking::Indices>,
 }
@@ -164,6 +167,7 @@ impl ApiState {
             denials: Arc::default(),
             scheme: "http",
             sidecars: Default::default(),
+            keyring: None,
         }
     }
 
@@ -205,6 +209,10 @@ pub fn router(state: ApiState) -> Router {
         .route(
             "/v1/operator/raft/transfer-leader",
             post(operator::transfer_leader),
+        )
+        .route(
+            "/v1/operator/keyring",
+            get(keyring::list).post(keyring::operate),
         )
         .route(
             "/v1/operator/snapshot",
