@@ -52,7 +52,7 @@ pub enum Eligibility {
 
 /// An [`Eligibility`] as data: what audit records and `explain` carry, so that tools read
 /// fields rather than parse text. Only the field that qualifies the verdict is present.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct EligibilityRecord {
     /// The coarse verdict.
     pub verdict: Verdict,
@@ -74,7 +74,7 @@ pub struct EligibilityRecord {
 }
 
 /// Why an instance is routed at reduced weight.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DegradeCause {
     /// One class reports failure and no other class agrees.
@@ -84,7 +84,7 @@ pub enum DegradeCause {
 }
 
 /// Why an instance is withdrawn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum IneligibleReason {
     /// Connection refused or process gone: the fast path, no decay.
@@ -98,7 +98,7 @@ pub enum IneligibleReason {
 }
 
 /// Why an instance is draining.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DrainCause {
     /// The orchestrator is terminating it.
@@ -110,7 +110,19 @@ pub enum DrainCause {
 }
 
 /// The coarse verdict, without weights or times: what transitions are counted between.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// See [`Eligibility::Eligible`].
@@ -219,7 +231,19 @@ impl Eligibility {
 
 /// Which evidence an instance's verdict currently rests on (ADR-04), reported per instance
 /// and per service in the API, `explain`, metrics and the view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum EvidenceMode {
     /// Callers' outcomes are sufficient (the contract's `passive.primary` threshold is met):
@@ -253,7 +277,7 @@ impl std::fmt::Display for EvidenceMode {
 }
 
 /// The rule of the decision path that produced a verdict, for audit and `explain`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case", tag = "rule")]
 pub enum Rule {
     /// New, with no evidence yet: routed as unknown.

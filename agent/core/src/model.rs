@@ -188,7 +188,9 @@ fn validate_name(kind: &'static str, value: &str) -> Result<(), NameError> {
 }
 
 /// Where an instance runs.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct Locality {
     /// The region whose authority owns it.
     pub region: RegionName,
@@ -199,7 +201,19 @@ pub struct Locality {
 }
 
 /// An instance's address as callers dial it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 pub struct Address {
     /// IPv4 or IPv6.
     pub ip: IpAddr,
@@ -214,7 +228,7 @@ impl std::fmt::Display for Address {
 }
 
 /// How an instance came to exist; it decides which paths may remove it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Origin {
     /// Reconciled from an orchestrator (Kubernetes EndpointSlices): removed when it says so.
@@ -226,7 +240,7 @@ pub enum Origin {
 }
 
 /// One registered endpoint of a service.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Instance {
     /// Unique and never reused.
     pub id: InstanceId,
@@ -247,7 +261,19 @@ pub struct Instance {
 }
 
 /// The three evidence classes, each wrong in its own way (ADR-04).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum EvidenceClass {
     /// Active checks from outside, by an assigned prober.
@@ -321,7 +347,7 @@ pub enum Health {
 }
 
 /// A dependency's condition as its dependent reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DependencyStatus {
     /// Working.

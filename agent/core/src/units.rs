@@ -114,7 +114,19 @@ impl std::fmt::Display for Permille {
 ///
 /// Decoding clamps into `[MIN, MAX]` exactly as [`Weight::new`] does, so no weight from the
 /// wire or a log can be zero (a withdrawal in disguise) or overflow a locality's sum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(from = "u32", into = "u32")]
 pub struct Weight(u32);
 

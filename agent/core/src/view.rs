@@ -19,7 +19,18 @@ use crate::units::{Permille, Weight};
 
 /// A view's version, from the region-wide monotonic counter. Strictly increasing per view.
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
 )]
 #[serde(transparent)]
 pub struct Version(pub u64);
@@ -64,7 +75,19 @@ impl VersionSource for MonotonicCounter {
 }
 
 /// Topology priority class: 0 = caller's zone, 1 = other zones of the region, 2 = peer regions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Tier {
     /// The caller's own zone.
@@ -87,7 +110,19 @@ impl Tier {
 }
 
 /// What a caller should do with an endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum EndpointStatus {
     /// Route normally.
@@ -110,7 +145,7 @@ impl EndpointStatus {
 }
 
 /// One endpoint of a view.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ViewEndpoint {
     /// The instance.
     pub instance: InstanceId,
@@ -143,7 +178,8 @@ pub struct ViewEndpoint {
 /// What an endpoint's health rests on, stated in the view so a caller can tell an
 /// unprobed endpoint (a third party's, with no readiness signal) from a probed healthy one
 /// (ADR-16).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "EndpointCapability")]
 pub struct Capability {
     /// The evidence classes the service's capability profile supplies.
     pub profile: CapabilityProfile,
@@ -191,7 +227,7 @@ impl ViewEndpoint {
 }
 
 /// Markers a view declares about itself.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Markers {
     /// Zones whose fraction guard engaged: their full set is published, health disregarded.
     pub health_disregarded: BTreeSet<ZoneName>,
@@ -206,7 +242,9 @@ pub struct Markers {
 }
 
 /// Which view: a service as seen from one caller zone.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct ViewKey {
     /// The service.
     pub service: ServiceName,
@@ -229,18 +267,19 @@ impl std::fmt::Display for ViewKey {
 pub type Endpoints = imbl::OrdMap<InstanceId, ViewEndpoint>;
 
 /// A view's content (unversioned).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct View {
     /// Which view.
     pub key: ViewKey,
     /// Endpoints by instance.
+    #[schemars(with = "BTreeMap<InstanceId, ViewEndpoint>")]
     pub endpoints: Endpoints,
     /// Declared markers.
     pub markers: Markers,
 }
 
 /// A view as released to subscribers, at a version.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ReleasedView {
     /// Its version.
     pub version: Version,

@@ -82,7 +82,9 @@ pub enum Principal {
 }
 
 /// Who a grant is for.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(try_from = "String", into = "String")]
 pub enum Grantee {
     /// `operator/<name>`
@@ -120,7 +122,9 @@ pub enum NodeScope {
 /// What a grant allows. Written `read`, `register:own`, `register:*`,
 /// `register:<node>`, `own:<service>` / `own:*`, `override:<service>` / `override:*`,
 /// `evacuate`, `raft`, `acl`.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(try_from = "String", into = "String")]
 pub enum Capability {
     /// Read the registry, views, audit, alarms and status.
@@ -141,7 +145,9 @@ pub enum Capability {
 }
 
 /// One grant: a grantee may do what a capability allows.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct Grant {
     /// Who.
     pub to: Grantee,
@@ -231,7 +237,7 @@ pub enum AclCommand {
 }
 
 /// What an applied ACL command did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case", tag = "acl_result")]
 pub enum AclApplied {
     /// The region was bootstrapped; these grants were created.

@@ -268,7 +268,7 @@ impl From<&RegistryError> for Refusal {
 }
 
 /// What an audit record is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AuditKind {
     /// An instance changed verdict.
@@ -323,7 +323,7 @@ impl AuditKind {
 pub type AuditLog = imbl::Vector<AuditEntry>;
 
 /// One audit record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AuditEntry {
     /// Position in the log; assigned on apply (0 before).
     #[serde(default)]

@@ -215,7 +215,7 @@ pub enum Command {
 }
 
 /// A registration request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Registration {
     /// The service.
     pub service: ServiceName,
@@ -271,7 +271,7 @@ pub fn policy_schema() -> schemars::Schema {
 }
 
 /// What an operator asks of a zone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case", tag = "action")]
 pub enum EvacuationIntent {
     /// Move traffic away, in steps. `manual` marks an operator's failover: its shift-back
@@ -288,7 +288,7 @@ pub enum EvacuationIntent {
 }
 
 /// An evacuation's progress, as the leader last recorded it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct EvacuationRecord {
     /// Share of the zone's traffic moved away.
     pub moved: Permille,
@@ -301,7 +301,7 @@ pub struct EvacuationRecord {
 }
 
 /// What is asked of a peer region's share of this region's tier-2 traffic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case", tag = "action")]
 pub enum RegionFailoverIntent {
     /// Move the peer region's share away, in steps. `manual` marks an operator's failover:
@@ -337,7 +337,7 @@ pub struct RegionFailoverRecord {
 }
 
 /// Why an instance left the registry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RetireCause {
     /// Its lease expired.
@@ -349,7 +349,7 @@ pub enum RetireCause {
 }
 
 /// What an applied command did, for the driver to feed the evaluator and answer clients.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case", tag = "result")]
 pub enum Applied {
     /// A service was created or updated.
@@ -581,7 +581,7 @@ pub struct ServiceRecord {
 }
 
 /// An instance as the registry holds it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct InstanceRecord {
     /// The instance.
     pub instance: Instance,

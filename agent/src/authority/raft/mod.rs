@@ -80,7 +80,9 @@ openraft::declare_raft_types!(
 );
 
 /// Where to reach a member of the Raft group.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct Member {
     /// `host:port` of the member's Raft listener, serving the `/raft/*` routes.
     pub raft_addr: String,
@@ -287,7 +289,7 @@ impl From<openraft::error::Fatal<u64>> for WriteError {
 }
 
 /// A member's role in the group, as this member sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PeerRole {
     /// The current leader.
@@ -299,7 +301,7 @@ pub enum PeerRole {
 }
 
 /// One member, for `waymark operator raft list-peers`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PeerStatus {
     /// Member id.
     pub id: u64,

@@ -33,7 +33,7 @@ pub const TRANSFER_WAIT: Duration = Duration::from_secs(15);
 const ELECT_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What a transfer did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Transferred {
     /// The member that led.
     pub from: u64,
