@@ -17,6 +17,7 @@ mod authority_ingest;
 mod authority_kube;
 mod authority_operator;
 mod authority_queries;
+mod authority_recovery;
 mod certs_cli;
 mod cli_coverage;
 mod contract_guide;
