@@ -9,8 +9,9 @@ use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use axum::response::Response;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use waymark_registry::acl::{
     AclApplied, AclCommand, Action, Capability, Grant, Grantee, Principal, TokenRecord,
@@ -18,29 +19,96 @@ use waymark_registry::acl::{
 use waymark_registry::machine::{AuditEntry, AuditKind};
 use waymark_registry::state::{Applied, Command};
 
-use super::{ApiError, ApiResult, ApiState, Body, TOKEN_TTL_S_MAX};
+use super::{ApiError, ApiResult, ApiState, Body, TOKEN_TTL_S_MAX, ok, reply};
 use crate::authority::clock::now_ms;
 use crate::authority::fields;
 use crate::authority::principal::{Caller, Credential};
 
-#[derive(Debug, Deserialize)]
+/// A grant to add or revoke (`POST /v1/acl/grants`, `POST /v1/acl/grants/revoke`).
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct GrantBody {
+pub(super) struct GrantBody {
     to: Grantee,
     can: Capability,
 }
 
-#[derive(Debug, Deserialize)]
+/// `POST /v1/acl/tokens`: a token to mint.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct MintToken {
+pub(super) struct MintToken {
+    /// The token's name (`token/<name>` in grants).
     name: String,
-    /// Lifetime in seconds, at most [`TOKEN_TTL_S_MAX`].
+    /// Lifetime in seconds, at most a year.
+    #[schemars(range(min = 1, max = TOKEN_TTL_S_MAX))]
     ttl_s: u64,
+    /// What the token is for, for people.
     #[serde(default)]
     description: String,
     /// Capabilities granted to the token at once.
     #[serde(default)]
     grants: Vec<Capability>,
+}
+
+/// `201` to a minted token: its bearer form, shown this once (only its digest is kept).
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct MintedToken {
+    name: String,
+    /// `wmt.<name>.<secret>`: send it as `Authorization: Bearer …`.
+    token: String,
+    /// When it stops working, Unix ms.
+    expires_at_ms: u64,
+    /// The capabilities granted to it.
+    grants: Vec<Capability>,
+}
+
+/// What an access-control change did.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct AclAppliedBody {
+    applied: AclApplied,
+}
+
+/// `GET /v1/acl/whoami`: the caller as the API sees it.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct Whoami {
+    /// The verified principal (`operator/alice`, `node/n1`, `token/ci`, …).
+    principal: String,
+    /// How it proved it.
+    credential: CredentialKind,
+    /// The grants that apply to it in this region.
+    grants: Vec<Grant>,
+}
+
+/// How a principal proved who it is.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum CredentialKind {
+    /// A client certificate the listener verified.
+    Certificate,
+    /// A bearer token.
+    Token,
+}
+
+/// `GET /v1/acl/grants`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct Grants {
+    /// Whether `POST /v1/acl/bootstrap` has run.
+    bootstrapped: bool,
+    grants: Vec<Grant>,
+}
+
+/// One token of `GET /v1/acl/tokens` (never its secret).
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct TokenSummary {
+    name: String,
+    /// The principal that minted it.
+    created_by: String,
+    /// Unix ms.
+    created_at_ms: u64,
+    /// Unix ms.
+    expires_at_ms: u64,
+    /// Past `expires_at_ms` (it no longer authenticates).
+    expired: bool,
+    description: String,
 }
 
 impl ApiState {
@@ -90,15 +158,14 @@ pub(super) async fn whoami(
             .cloned()
             .collect()
     });
-    axum::Json(json!({
-        "principal": caller.actor(),
-        "credential": match caller.credential {
-            Credential::Certificate => "certificate",
-            Credential::Token => "token",
+    ok(&Whoami {
+        principal: caller.actor(),
+        credential: match caller.credential {
+            Credential::Certificate => CredentialKind::Certificate,
+            Credential::Token => CredentialKind::Token,
         },
-        "grants": grants,
-    }))
-    .into_response()
+        grants,
+    })
 }
 
 /// The first grants of a region, once: an operator presenting its certificate gets every
@@ -125,7 +192,7 @@ pub(super) async fn acl_bootstrap(
     let applied = s
         .acl_change(&uri, &caller, change, json!({"action": "bootstrap"}))
         .await?;
-    Ok(axum::Json(json!({"applied": applied})).into_response())
+    Ok(ok(&AclAppliedBody { applied }))
 }
 
 pub(super) async fn list_grants(
@@ -137,7 +204,10 @@ pub(super) async fn list_grants(
         let acl = state.registry().acl();
         (acl.is_bootstrapped(), acl.grants().cloned().collect())
     });
-    Ok(axum::Json(json!({"bootstrapped": bootstrapped, "grants": grants})).into_response())
+    Ok(ok(&Grants {
+        bootstrapped,
+        grants,
+    }))
 }
 
 pub(super) async fn add_grant(
@@ -182,7 +252,7 @@ async fn change_grant(
         AclCommand::Revoke { grant }
     };
     let applied = s.acl_change(uri, caller, change, detail).await?;
-    Ok(axum::Json(json!({"applied": applied})).into_response())
+    Ok(ok(&AclAppliedBody { applied }))
 }
 
 pub(super) async fn list_tokens(
@@ -191,21 +261,22 @@ pub(super) async fn list_tokens(
 ) -> ApiResult<Response> {
     s.allow(&caller, Action::Acl, "GET /v1/acl/tokens", None)?;
     let now = now_ms();
-    let tokens: Vec<Value> = s.raft.with_state(|state, _| {
+    let tokens: Vec<TokenSummary> = s.raft.with_state(|state, _| {
         state
             .registry()
             .acl()
             .tokens()
-            .map(|t| {
-                json!({
-                    "name": t.name, "created_by": t.created_by, "created_at_ms": t.created_at_ms,
-                    "expires_at_ms": t.expires_at_ms, "expired": t.expires_at_ms <= now,
-                    "description": t.description,
-                })
+            .map(|t| TokenSummary {
+                name: t.name.clone(),
+                created_by: t.created_by.clone(),
+                created_at_ms: t.created_at_ms,
+                expires_at_ms: t.expires_at_ms,
+                expired: t.expires_at_ms <= now,
+                description: t.description.clone(),
             })
             .collect()
     });
-    Ok(axum::Json(tokens).into_response())
+    Ok(ok(&tokens))
 }
 
 /// Mint a token: the secret is generated here, returned once in the bearer form, and
@@ -256,16 +327,15 @@ pub(super) async fn mint_token(
         s.acl_change(&uri, &caller, AclCommand::Grant { grant }, detail)
             .await?;
     }
-    Ok((
+    Ok(reply(
         StatusCode::CREATED,
-        axum::Json(json!({
-            "name": m.name,
-            "token": waymark_registry::acl::bearer(&m.name, &secret),
-            "expires_at_ms": expires_at_ms,
-            "grants": m.grants,
-        })),
-    )
-        .into_response())
+        &MintedToken {
+            token: waymark_registry::acl::bearer(&m.name, &secret),
+            name: m.name,
+            expires_at_ms,
+            grants: m.grants,
+        },
+    ))
 }
 
 pub(super) async fn remove_token(
@@ -280,7 +350,7 @@ pub(super) async fn remove_token(
     let applied = s
         .acl_change(&uri, &caller, AclCommand::RemoveToken { name }, detail)
         .await?;
-    Ok(axum::Json(json!({"applied": applied})).into_response())
+    Ok(ok(&AclAppliedBody { applied }))
 }
 
 /// 32 random bytes, hex: a token's secret.

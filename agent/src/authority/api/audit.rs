@@ -6,22 +6,53 @@ use std::collections::BTreeMap;
 
 use axum::extract::{Query, State};
 use axum::http::header;
-use axum::response::IntoResponse;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use axum::response::{IntoResponse, Response};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use waymark_registry::machine::{AuditEntry, AuditKind};
 
-use super::{AUDIT_PAGE_MAX, ApiState};
+use super::params::QueryParams;
+use super::{AUDIT_PAGE_MAX, ApiState, ok};
 use crate::evidence::TARGET_TEXT_MARKER;
 
-#[derive(Debug, Deserialize)]
+/// `GET /v1/audit`'s query: every filter given must hold.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 pub(super) struct AuditQuery {
+    /// Only records of this kind.
     kind: Option<AuditKind>,
+    /// Only records of this actor (`operator/alice`, `waymark`, …).
     actor: Option<String>,
+    /// Only records about this service.
     service: Option<String>,
+    /// Only records about this instance.
     instance: Option<String>,
+    /// Only records after this sequence number.
     since_seq: Option<u64>,
+    /// At most this many records (default 1000, at most 10000).
+    #[schemars(range(min = 0, max = AUDIT_PAGE_MAX))]
     limit: Option<usize>,
+}
+
+impl QueryParams for AuditQuery {
+    const NAMES: &'static [&'static str] =
+        &["kind", "actor", "service", "instance", "since_seq", "limit"];
+}
+
+/// One alarm still raised (`GET /v1/alarms`).
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct Alarm {
+    service: String,
+    /// `fraction_guard` or `last_eligible_withdrawn`.
+    alarm: String,
+    /// The zone it concerns, for the fraction guard.
+    zone: Option<String>,
+    /// When it was raised, Unix ms.
+    since_ms: u64,
+    /// The audit record that raised it.
+    seq: u64,
+    /// That record's detail.
+    detail: Value,
 }
 
 pub(super) async fn audit(
@@ -108,8 +139,8 @@ fn check_words(last: &str) -> Option<&str> {
 }
 
 /// Current alarms: the latest alarm record per (service, alarm, zone) that is still raised.
-pub(super) async fn alarms(State(s): State<ApiState>) -> impl IntoResponse {
-    let raised: Vec<Value> = s.raft.with_state(|state, _| {
+pub(super) async fn alarms(State(s): State<ApiState>) -> Response {
+    let raised: Vec<Alarm> = s.raft.with_state(|state, _| {
         let mut latest: BTreeMap<(String, String, String), &AuditEntry> = BTreeMap::new();
         for e in state.audit().iter().filter(|e| e.kind == AuditKind::Alarm) {
             let family = match e.outcome.as_str() {
@@ -117,21 +148,44 @@ pub(super) async fn alarms(State(s): State<ApiState>) -> impl IntoResponse {
                 "last_eligible_withdrawn" | "eligible_restored" => "last_eligible_withdrawn",
                 _ => continue,
             };
-            let zone = e.detail.get("zone").and_then(Value::as_str).unwrap_or("").to_owned();
-            let service = e.service.as_ref().map(ToString::to_string).unwrap_or_default();
+            let zone = e
+                .detail
+                .get("zone")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            let service = e
+                .service
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default();
             latest.insert((service, family.to_owned(), zone), e);
         }
         latest
             .into_iter()
-            .filter(|(_, e)| matches!(e.outcome.as_str(), "guard_engaged" | "last_eligible_withdrawn"))
-            .map(|((service, alarm, zone), e)| json!({"service": service, "alarm": alarm, "zone": (!zone.is_empty()).then_some(zone), "since_ms": e.at_ms, "seq": e.seq, "detail": e.detail}))
+            .filter(|(_, e)| {
+                matches!(
+                    e.outcome.as_str(),
+                    "guard_engaged" | "last_eligible_withdrawn"
+                )
+            })
+            .map(|((service, alarm, zone), e)| Alarm {
+                service,
+                alarm,
+                zone: (!zone.is_empty()).then_some(zone),
+                since_ms: e.at_ms,
+                seq: e.seq,
+                detail: e.detail.clone(),
+            })
             .collect()
     });
-    axum::Json(raised)
+    ok(&raised)
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]

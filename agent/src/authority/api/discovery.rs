@@ -25,21 +25,25 @@ use axum::Extension;
 use axum::extract::State;
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use waymark_core::model::{InstanceId, ServiceName};
 use waymark_core::view::ViewEndpoint;
 
 use super::blocking::{self, Reads};
+use super::params::{DiscoveryParams, QueryParams};
 use super::{ApiResult, ApiState};
 use crate::listener::RequestDeadline;
 
 /// The prefix of every label this discovery sets.
 pub const LABEL_PREFIX: &str = "__meta_waymark_";
 
-/// One `http_sd_configs` target group.
-#[derive(Debug, Serialize)]
+/// One `http_sd_configs` target group: one endpoint and its labels.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub(super) struct TargetGroup {
+    /// The endpoint's address, `host:port`.
     targets: Vec<String>,
+    /// `__meta_waymark_*` labels.
     labels: BTreeMap<String, String>,
 }
 
@@ -49,17 +53,7 @@ pub(super) async fn prometheus_sd(
     uri: Uri,
     deadline: Option<Extension<RequestDeadline>>,
 ) -> ApiResult<Response> {
-    let allowed = [
-        "index",
-        "wait",
-        "service",
-        "tag",
-        "zone",
-        "verdict",
-        "capability",
-        "passing",
-    ];
-    let q = s.list_query(&uri, &allowed, None)?;
+    let q = s.list_query(&uri, DiscoveryParams::NAMES, None)?;
     let filter = q.filter.or_passing();
     let reads = q.service.as_ref().map_or(Reads::AllViews, Reads::Views);
     let index = blocking::wait(&s.indices, reads, q.blocking, deadline.as_deref()).await;

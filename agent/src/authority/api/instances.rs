@@ -11,20 +11,47 @@ use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
-use waymark_core::model::{Instance, InstanceId, RegionName};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use waymark_core::audit::Explanation as Explained;
+use waymark_core::eligibility::{EligibilityRecord, EvidenceMode, Rule, Verdict};
+use waymark_core::model::{
+    DependencyStatus, EvidenceClass, Instance, InstanceId, RegionName, ServiceName,
+};
 use waymark_core::view::ViewEndpoint;
 use waymark_registry::acl::Action;
 use waymark_registry::machine::{AuthorityState, Refusal};
-use waymark_registry::state::{Applied, Command, Registration};
+use waymark_registry::state::{Applied, Command, InstanceRecord, Registration};
 
 use super::blocking::{self, Reads};
+use super::params::{InstancesParams, QueryParams};
 use super::query::{self, Walk};
-use super::{ApiError, ApiResult, ApiState, Body, parse_name};
+use super::{ApiError, ApiResult, ApiState, Body, ok, parse_name, reply};
 use crate::authority::fields;
 use crate::authority::leader::RenewError;
 use crate::authority::principal::Caller;
 use crate::listener::RequestDeadline;
+
+/// `201` to a registration: the id issued (never reused) and when its lease ends.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct Registered {
+    /// The instance's id, issued here.
+    pub(super) instance: InstanceId,
+    /// When the lease ends unless renewed (`PUT /v1/instances/{id}/renew`), Unix ms.
+    pub(super) expires_at_ms: u64,
+}
+
+/// What a committed write did, as the registry applied it.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct AppliedBody {
+    pub(super) applied: Applied,
+}
+
+/// `201` to a declared external endpoint: its id, as declared.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct Declared {
+    pub(super) instance: InstanceId,
+}
 
 pub(super) async fn register(
     State(s): State<ApiState>,
@@ -51,28 +78,16 @@ pub(super) async fn register(
         Applied::Registered {
             instance,
             expires_at_ms,
-        } => Ok((
+        } => Ok(reply(
             StatusCode::CREATED,
-            axum::Json(json!({"instance": instance, "expires_at_ms": expires_at_ms})),
-        )
-            .into_response()),
-        other => Ok(axum::Json(json!({"applied": other})).into_response()),
+            &Registered {
+                instance,
+                expires_at_ms,
+            },
+        )),
+        other => Ok(ok(&AppliedBody { applied: other })),
     }
 }
-
-/// The parameters of `GET /v1/instances`.
-const INSTANCES_PARAMS: &[&str] = &[
-    "index",
-    "wait",
-    "service",
-    "tag",
-    "zone",
-    "verdict",
-    "capability",
-    "passing",
-    "limit",
-    "cursor",
-];
 
 /// `GET /v1/instances`: blocking, filtered, and paged by instance id. A filter on verdicts
 /// or capabilities reads this region's views (an instance in none is `withdrawn`), and the
@@ -83,7 +98,7 @@ pub(super) async fn instances(
     deadline: Option<Extension<RequestDeadline>>,
 ) -> ApiResult<Response> {
     let walk = Walk::Instances;
-    let q = s.list_query(&uri, INSTANCES_PARAMS, Some(walk))?;
+    let q = s.list_query(&uri, InstancesParams::NAMES, Some(walk))?;
     let reads = if q.filter.reads_views() {
         Reads::InstancesAndViews
     } else {
@@ -110,13 +125,10 @@ pub(super) async fn instances(
             })
             .map(|r| (r.instance.id.as_str(), r));
         let (page, next) = query::paginate(matching, q.page.as_ref(), walk);
-        let list: Vec<Value> = page
-            .into_iter()
-            .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
-            .collect();
+        let list: Vec<InstanceRecord> = page.into_iter().cloned().collect();
         (list, next)
     });
-    let response = blocking::with_index(axum::Json(list).into_response(), index);
+    let response = blocking::with_index(ok(&list), index);
     Ok(query::with_next(response, next))
 }
 
@@ -150,7 +162,7 @@ pub(super) async fn renew(
     match s.leader.renew(instance).await {
         Ok(expires_at_ms) => {
             let applied = Applied::Renewed { expires_at_ms };
-            Ok(axum::Json(json!({"applied": applied})).into_response())
+            Ok(ok(&AppliedBody { applied }))
         }
         Err(RenewError::Refused(error)) => Err(s.refuse(Refusal::from(&error).into())),
         Err(RenewError::NotLeader) => Err(s.redirect(&uri, None)),
@@ -197,7 +209,7 @@ pub(super) async fn declare_external(
     let id = instance.id.clone();
     s.command(&uri, Command::DeclareExternal { instance })
         .await?;
-    Ok((StatusCode::CREATED, axum::Json(json!({"instance": id}))).into_response())
+    Ok(reply(StatusCode::CREATED, &Declared { instance: id }))
 }
 
 pub(super) async fn remove_external(
@@ -237,45 +249,142 @@ pub(super) async fn explain(
             format!("the evaluator holds no instance {instance}"),
         ));
     };
-    let classes: Vec<Value> = e
-        .classes
-        .iter()
-        .map(|c| {
-            json!({
-                "class": c.class, "provided": c.provided, "score": c.score.get(), "silent": c.silent,
-                "age_ms": c.age.map(|a| a.as_millis() as u64),
-                "reporter": c.reporter.as_ref().map(ToString::to_string), "last": c.last,
-            })
-        })
-        .collect();
-    let history: Vec<Value> = e
-        .history
-        .iter()
-        .map(|t| {
-            json!({
-                "ago_ms": now.saturating_duration_since(t.at).as_millis() as u64,
-                "from": t.from.map(|v| v.as_str()), "to": t.to.as_str(), "rule": t.rule,
-            })
-        })
-        .collect();
-    Ok(axum::Json(json!({
-        "instance": e.instance,
-        "service": e.service,
-        "verdict": e.eligibility.verdict().as_str(),
-        "eligibility": e.eligibility.record(now),
-        "rule": e.rule,
-        "evidence": e.mode,
-        "capability": {
-            "classes": e.classes.iter().filter(|c| c.provided).map(|c| c.class).collect::<Vec<_>>(),
-            "verified": e.classes.iter().any(|c| c.provided && !c.silent),
-        },
-        "for_ms": e.for_duration.as_millis() as u64,
-        "classes": classes,
-        "dependencies": e.dependencies.iter().map(|(n, st, shared)| json!({"name": n, "status": st, "shared": shared})).collect::<Vec<_>>(),
-        "flap_transitions": e.flap_transitions,
-        "quarantine_level": e.quarantine_level,
-        "history": history,
-        "text": e.to_string(),
-    }))
-    .into_response())
+    Ok(ok(&Explanation::new(&e, now)))
+}
+
+/// `GET /v1/instances/{id}/explain`: the evaluator's account of one instance's verdict.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct Explanation {
+    instance: InstanceId,
+    service: ServiceName,
+    /// The coarse verdict.
+    verdict: Verdict,
+    /// The verdict with the field that qualifies it.
+    eligibility: EligibilityRecord,
+    /// The rule of the decision path that produced it.
+    rule: Rule,
+    /// What the verdict rests on now (ADR-04).
+    evidence: EvidenceMode,
+    /// The classes the capability profile provides, and whether any speaks now.
+    capability: ExplainedCapability,
+    /// How long it has held this verdict, in ms.
+    for_ms: u64,
+    /// Evidence per class.
+    classes: Vec<ExplainedClass>,
+    /// Latest reported condition of each declared dependency.
+    dependencies: Vec<ExplainedDependency>,
+    /// Transitions in the current flap window.
+    flap_transitions: usize,
+    /// Quarantines served so far without a reset (the backoff level).
+    quarantine_level: u32,
+    /// Recent transitions, oldest first.
+    history: Vec<ExplainedTransition>,
+    /// All of the above, for people.
+    text: String,
+}
+
+/// The classes an instance's profile provides, and whether any of them speaks now.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct ExplainedCapability {
+    classes: Vec<EvidenceClass>,
+    /// Some provided class has a sample within its interval.
+    verified: bool,
+}
+
+/// One evidence class's state.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct ExplainedClass {
+    class: EvidenceClass,
+    /// Whether the capability profile provides it.
+    provided: bool,
+    /// The decaying failure score, in thousandths.
+    score: u16,
+    /// No sample within its silence interval.
+    silent: bool,
+    /// Time since its last sample, in ms.
+    age_ms: Option<u64>,
+    /// Who sent the last sample.
+    reporter: Option<String>,
+    /// A one-line summary of the last sample (check output truncated).
+    last: Option<String>,
+}
+
+/// A declared dependency's latest reported condition.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct ExplainedDependency {
+    name: String,
+    status: DependencyStatus,
+    /// Shared dependencies only ever reduce weight.
+    shared: bool,
+}
+
+/// One change of verdict.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct ExplainedTransition {
+    /// How long ago, in ms.
+    ago_ms: u64,
+    /// The verdict before; `null` for a new instance.
+    from: Option<Verdict>,
+    to: Verdict,
+    /// The rule that fired.
+    rule: Rule,
+}
+
+impl Explanation {
+    fn new(e: &Explained, now: std::time::Instant) -> Self {
+        let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        Self {
+            instance: e.instance.clone(),
+            service: e.service.clone(),
+            verdict: e.eligibility.verdict(),
+            eligibility: e.eligibility.record(now),
+            rule: e.rule,
+            evidence: e.mode,
+            capability: ExplainedCapability {
+                classes: e
+                    .classes
+                    .iter()
+                    .filter(|c| c.provided)
+                    .map(|c| c.class)
+                    .collect(),
+                verified: e.classes.iter().any(|c| c.provided && !c.silent),
+            },
+            for_ms: millis(e.for_duration),
+            classes: e
+                .classes
+                .iter()
+                .map(|c| ExplainedClass {
+                    class: c.class,
+                    provided: c.provided,
+                    score: c.score.get(),
+                    silent: c.silent,
+                    age_ms: c.age.map(millis),
+                    reporter: c.reporter.as_ref().map(ToString::to_string),
+                    last: c.last.clone(),
+                })
+                .collect(),
+            dependencies: e
+                .dependencies
+                .iter()
+                .map(|(name, status, shared)| ExplainedDependency {
+                    name: name.clone(),
+                    status: *status,
+                    shared: *shared,
+                })
+                .collect(),
+            flap_transitions: e.flap_transitions,
+            quarantine_level: e.quarantine_level,
+            history: e
+                .history
+                .iter()
+                .map(|t| ExplainedTransition {
+                    ago_ms: millis(now.saturating_duration_since(t.at)),
+                    from: t.from,
+                    to: t.to,
+                    rule: t.rule,
+                })
+                .collect(),
+            text: e.to_string(),
+        }
+    }
 }

@@ -46,8 +46,10 @@ use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use prometheus_client::registry::Registry;
+use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use waymark_core::model::RegionName;
 use waymark_federation_quic::FederationNode;
 use waymark_registry::batch::GroupCommitConfig;
@@ -75,6 +77,7 @@ mod instances;
 mod keyring;
 mod operator;
 mod overrides;
+mod params;
 mod proxy;
 mod query;
 mod routing;
@@ -355,12 +358,40 @@ impl ApiError {
     }
 }
 
+/// The body of every refusal: `{"error": {"reason", "field", "message"}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Error")]
+pub struct ErrorBody {
+    /// What was refused, and why.
+    pub error: RefusalBody,
+}
+
+/// One refusal, as every route answers it.
+///
+/// `waymark_registry::machine::Refusal` is the registry's own; this is its wire form,
+/// which the API's other refusals (authentication, bounds, parsing) share.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "Refusal")]
+pub struct RefusalBody {
+    /// A stable, machine-readable reason (`unknown_service`, `forbidden`, `too_long`, …).
+    pub reason: String,
+    /// The request field or parameter at fault, where there is one.
+    pub field: Option<String>,
+    /// What went wrong, for people.
+    pub message: String,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let logged = access_log::LoggedRefusal(self.reason.clone());
-        let body =
-            json!({"error": {"reason": self.reason, "field": self.field, "message": self.message}});
-        let mut response = (self.status, axum::Json(body)).into_response();
+        let body = ErrorBody {
+            error: RefusalBody {
+                reason: self.reason,
+                field: self.field,
+                message: self.message,
+            },
+        };
+        let mut response = reply(self.status, &body);
         response.extensions_mut().insert(logged);
         if let Some(location) = self.location
             && let Ok(v) = header::HeaderValue::from_str(&location)
@@ -394,6 +425,26 @@ impl From<Refusal> for ApiError {
 }
 
 type ApiResult<T> = Result<T, ApiError>;
+
+/// A JSON answer with `status`. The body goes through [`Value`] first, so its objects'
+/// keys are written in the order the API has always written them (sorted: the bodies were
+/// built as `serde_json::Value`s before they had types), whatever the field order of its
+/// type.
+fn reply<T: Serialize>(status: StatusCode, body: &T) -> Response {
+    match serde_json::to_value(body) {
+        Ok(value) => (status, axum::Json(value)).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the answer did not encode: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+/// [`reply`] with `200 OK`.
+fn ok<T: Serialize>(body: &T) -> Response {
+    reply(StatusCode::OK, body)
+}
 
 /// The status of a registry refusal, by its reason: every reason in [`Refusal::REASONS`]
 /// has one (checked by `api/tests.rs`); `None` for any other.

@@ -20,18 +20,46 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use waymark_registry::acl::Action;
 use waymark_registry::machine::{AuditEntry, AuditKind, Request, Response as Applied};
 
-use super::{ApiError, ApiResult, ApiState, Body};
+use super::{ApiError, ApiResult, ApiState, Body, ok};
 use crate::authority::clock::now_ms;
 use crate::authority::principal::Caller;
 use crate::authority::raft::backup::{
     SNAPSHOT_CONTENT_TYPE, SNAPSHOT_INDEX_HEADER, SNAPSHOT_SHA256_HEADER, SNAPSHOT_TERM_HEADER,
 };
-use crate::authority::raft::{TransferError, backup, codec};
+use crate::authority::raft::{TransferError, Transferred, backup, codec};
+
+/// `PUT /v1/operator/snapshot`'s answer: the backup now in force.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct Restored {
+    restored: RestoredBackup,
+}
+
+/// A restored backup, as its audit record names it.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct RestoredBackup {
+    /// Always `snapshot_restore`.
+    operation: String,
+    /// The index of the last log entry the backup reflects.
+    index: Option<u64>,
+    /// The term of that entry.
+    term: Option<u64>,
+    /// The backup's size.
+    bytes: usize,
+    /// SHA-256 of the backup's data, lower-case hex.
+    sha256: String,
+}
+
+/// `POST /v1/operator/raft/transfer-leader`'s answer.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct TransferredBody {
+    transferred: Transferred,
+}
 
 /// `GET /v1/operator/snapshot`: a consistent backup of the replicated state.
 pub(super) async fn save(
@@ -133,22 +161,23 @@ pub(super) async fn restore(
             ));
         }
     }
-    let detail = json!({
-        "operation": "snapshot_restore",
-        "index": header.index,
-        "term": header.term,
-        "bytes": bytes,
-        "sha256": header.sha256,
-    });
-    s.audit_write(record(&caller, "restored", detail.clone()))
-        .await?;
-    tracing::info!(actor = %caller.actor(), index = ?header.index, "state restored from a backup");
-    Ok((StatusCode::OK, axum::Json(json!({"restored": detail}))).into_response())
+    let restored = RestoredBackup {
+        operation: "snapshot_restore".into(),
+        index: header.index,
+        term: header.term,
+        bytes,
+        sha256: header.sha256,
+    };
+    let detail = serde_json::to_value(&restored).unwrap_or_default();
+    s.audit_write(record(&caller, "restored", detail)).await?;
+    tracing::info!(actor = %caller.actor(), index = ?restored.index, "state restored from a backup");
+    Ok(ok(&Restored { restored }))
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// `POST /v1/operator/raft/transfer-leader`'s body (optional).
+#[derive(Debug, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct TransferLeader {
+pub(super) struct TransferLeader {
     /// The voter to lead; absent: the most caught-up voter.
     #[serde(default)]
     to: Option<u64>,
@@ -188,7 +217,7 @@ pub(super) async fn transfer_leader(
         tracing::warn!(%error, "the leadership transfer's audit record was not committed");
     }
     match result {
-        Ok(done) => Ok(axum::Json(json!({"transferred": done})).into_response()),
+        Ok(transferred) => Ok(ok(&TransferredBody { transferred })),
         Err(TransferError::NotLeader { leader }) => Err(s.redirect(&uri, leader)),
         Err(e) => {
             let status = match e {

@@ -18,8 +18,9 @@ use std::sync::PoisonError;
 use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use axum::response::Response;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use waymark_core::model::{InstanceId, NodeName, ServiceName};
 use waymark_registry::acl::Action;
@@ -30,15 +31,17 @@ use waymark_registry::machine::{AuditEntry, AuditKind, Request, Response as Comm
 use waymark_registry::overrides::{OVERRIDE_WINDOW, OVERRIDES_PER_WINDOW, overrides_granted};
 use waymark_registry::state::Command;
 
-use super::{ApiError, ApiResult, ApiState, Body};
+use super::{ApiError, ApiResult, ApiState, Body, RefusalBody, ok, reply};
 use crate::authority::clock::now_ms;
 use crate::authority::fields;
 use crate::authority::metrics::OutcomeLabels;
 use crate::authority::principal::Caller;
 
-#[derive(Debug, Deserialize)]
+/// `POST /v1/overrides`: take one instance, or every instance of a node, out of rotation
+/// by hand, or put it back. Name exactly one of `instance` and `node`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct OverrideBody {
+pub(super) struct OverrideBody {
     /// One instance; or
     #[serde(default)]
     instance: Option<InstanceId>,
@@ -46,8 +49,49 @@ struct OverrideBody {
     #[serde(default)]
     node: Option<NodeName>,
     /// `maintenance_on` (take it out of rotation by hand) or `maintenance_off`.
+    #[schemars(extend("enum" = ["maintenance_on", "maintenance_off"]))]
     action: String,
+    /// Why; required, and audited.
     justification: Option<String>,
+}
+
+/// What an override did: how many instances changed.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct OverrideApplied {
+    /// Instances put in or taken out of maintenance.
+    applied: usize,
+}
+
+/// What an approval did: how many instances changed, and the request it approved.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct ApprovalApplied {
+    /// Instances put in maintenance.
+    applied: usize,
+    /// The audit sequence number of the request approved.
+    approved: u64,
+}
+
+/// `409 disruption_budget`: the refusal, the budget it would break, and how a second
+/// principal approves it.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct BudgetRefused {
+    error: RefusalBody,
+    /// `zone_floor` or `manual_withdrawals`.
+    budget: String,
+    approval: Approval,
+}
+
+/// How to approve an override the budget refused.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct Approval {
+    /// The refused request's audit sequence number.
+    seq: u64,
+    /// The route that approves it.
+    approve: String,
+    /// How long it may be approved, in seconds.
+    window_s: u64,
+    /// Who may approve it.
+    by: String,
 }
 
 impl OverrideBody {
@@ -124,27 +168,33 @@ pub(super) async fn override_instance(
     let applied = s
         .apply_maintenance(&uri, &targets.instances, reason)
         .await?;
-    Ok(axum::Json(json!({"applied": applied})).into_response())
+    Ok(ok(&OverrideApplied { applied }))
 }
 
 /// `409 disruption_budget`, naming the budget and how a second principal approves it.
 fn budget_refusal(seq: u64, over: &budget::BudgetRefusal) -> Response {
-    let body = json!({
-        "error": {"reason": "disruption_budget", "field": null, "message": over.to_string()},
-        "budget": over.budget(),
-        "approval": {
-            "seq": seq,
-            "approve": format!("POST /v1/overrides/{seq}/approve"),
-            "window_s": BREAK_GLASS_WINDOW.as_secs(),
-            "by": "a different principal authorised to override these services",
+    let body = BudgetRefused {
+        error: RefusalBody {
+            reason: "disruption_budget".into(),
+            field: None,
+            message: over.to_string(),
         },
-    });
-    (StatusCode::CONFLICT, axum::Json(body)).into_response()
+        budget: over.budget().into(),
+        approval: Approval {
+            seq,
+            approve: format!("POST /v1/overrides/{seq}/approve"),
+            window_s: BREAK_GLASS_WINDOW.as_secs(),
+            by: "a different principal authorised to override these services".into(),
+        },
+    };
+    reply(StatusCode::CONFLICT, &body)
 }
 
-#[derive(Debug, Deserialize)]
+/// `POST /v1/overrides/{seq}/approve`: a second principal's approval.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct ApproveBody {
+pub(super) struct ApproveBody {
+    /// Why; required, and audited naming both principals.
     justification: Option<String>,
 }
 
@@ -243,7 +293,10 @@ pub(super) async fn approve_override(
     let applied = s
         .apply_maintenance(&uri, &targets.instances, reason)
         .await?;
-    Ok(axum::Json(json!({"applied": applied, "approved": seq})).into_response())
+    Ok(ok(&ApprovalApplied {
+        applied,
+        approved: seq,
+    }))
 }
 
 impl ApiState {

@@ -11,11 +11,13 @@ use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use axum::response::Response;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 use waymark_core::model::NodeName;
 
-use super::{ApiError, ApiResult, ApiState, parse_name};
+use super::{ApiError, ApiResult, ApiState, ok, parse_name};
 use crate::authority::sidecars::{AskError, SidecarsHandle};
 use crate::evidence::CLIENT_ID_BYTES_MAX;
 
@@ -27,11 +29,39 @@ impl ApiState {
     }
 }
 
+/// `GET /v1/proxy-status/sidecars`: every node's latest report.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct SidecarNodes {
+    /// In node name order.
+    nodes: Vec<SidecarNode>,
+}
+
+/// One node's latest report of its own xDS clients.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct SidecarNode {
+    node: NodeName,
+    /// Whether the node's evidence session is open now (`proxy-config` can ask it).
+    session_open: bool,
+    /// How long ago the report arrived.
+    reported_ms_ago: u64,
+    /// The report, as the node agent's own `GET /v1/clients` shows it: `view_age_ms`,
+    /// `clients_left_out` and `sidecars` (per client: `client`, `cluster`, `zone`,
+    /// `protocol`, `identity`, `stream_id`, `connected_for_ms`, `state` and `types`).
+    #[serde(flatten)]
+    report: Map<String, Value>,
+}
+
+/// What one xDS client holds, as its node agent answers (`GET /v1/clients/{client}/config`
+/// on the node): per resource type, the resources and versions it holds.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub(super) struct ProxyConfig(Map<String, Value>);
+
 /// Every node's latest report, in node name order, with its durations brought up to
 /// now; reports not refreshed within their TTL are gone.
 pub(super) async fn sidecars(State(s): State<ApiState>, uri: Uri) -> ApiResult<Response> {
     s.leader_only(&uri)?;
-    let nodes: Vec<Value> = {
+    let nodes: Vec<SidecarNode> = {
         let mut reports = s.sidecars.reports();
         // The hub stamps reports on tokio's clock, under this lock; read the same one, under
         // it too, so that the core sees time in order.
@@ -41,15 +71,20 @@ pub(super) async fn sidecars(State(s): State<ApiState>, uri: Uri) -> ApiResult<R
             .reports()
             .map(|(node, held)| {
                 let since = now.saturating_duration_since(held.received);
-                let mut entry = held.report.to_json(since);
-                entry["node"] = json!(node.as_str());
-                entry["session_open"] = json!(held.session_open);
-                entry["reported_ms_ago"] = json!(millis(since));
-                entry
+                let report = match held.report.to_json(since) {
+                    Value::Object(fields) => fields,
+                    _ => Map::new(),
+                };
+                SidecarNode {
+                    node: node.clone(),
+                    session_open: held.session_open,
+                    reported_ms_ago: millis(since),
+                    report,
+                }
             })
             .collect()
     };
-    Ok(axum::Json(json!({ "nodes": nodes })).into_response())
+    Ok(ok(&SidecarNodes { nodes }))
 }
 
 /// What `client` of `node` holds, as its node agent answers (the document its own
@@ -71,7 +106,8 @@ pub(super) async fn proxy_config(
     }
     let refusal = |status, reason, message: String| ApiError::new(status, reason, None, message);
     match s.sidecars.broker.ask(&node, &client).await {
-        Ok(Some(document)) => Ok(axum::Json(document).into_response()),
+        Ok(Some(Value::Object(document))) => Ok(ok(&ProxyConfig(document))),
+        Ok(Some(other)) => Ok(ok(&other)),
         Ok(None) => Err(refusal(
             StatusCode::NOT_FOUND,
             "unknown_client",

@@ -6,16 +6,20 @@
 use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use axum::response::Response;
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 use waymark_core::model::{RegionName, ZoneName};
 use waymark_registry::acl::Action;
 use waymark_registry::machine::{AuditEntry, AuditKind};
 use waymark_registry::pipeline::RegionPipeline;
-use waymark_registry::state::{Command, EvacuationIntent, RegionFailoverIntent};
+use waymark_registry::state::{Command, EvacuationIntent, EvacuationRecord, RegionFailoverIntent};
 
-use super::{ApiError, ApiResult, ApiState, Body, parse_name};
+use super::instances::AppliedBody;
+use super::{ApiError, ApiResult, ApiState, Body, ok, parse_name};
 use crate::authority::clock::now_ms;
 use crate::authority::fields;
 use crate::authority::principal::Caller;
@@ -52,11 +56,18 @@ impl ApiState {
     }
 }
 
-pub(super) async fn zones(State(s): State<ApiState>) -> impl IntoResponse {
+/// `GET /v1/zones`: the evacuations in force.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct Zones {
+    /// Per zone being evacuated or shifted back, its progress.
+    evacuations: BTreeMap<ZoneName, EvacuationRecord>,
+}
+
+pub(super) async fn zones(State(s): State<ApiState>) -> Response {
     let evacuations = s
         .raft
         .with_state(|state, _| state.registry().evacuations().clone());
-    axum::Json(json!({"evacuations": evacuations}))
+    ok(&Zones { evacuations })
 }
 
 pub(super) async fn evacuation(
@@ -99,23 +110,56 @@ pub(super) async fn evacuation(
     let applied = s
         .command(&uri, Command::Evacuation { zone, intent })
         .await?;
-    Ok(axum::Json(json!({"applied": applied})).into_response())
+    Ok(ok(&AppliedBody { applied }))
 }
 
 /// What an operator asks of a peer region's failover.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-enum FailoverAction {
+pub(super) enum FailoverAction {
+    /// Move the peer region's share of tier-2 traffic away, in steps; its shift-back waits
+    /// for completion.
     Failover,
+    /// Bring it back, in steps.
     ShiftBack,
+    /// Finish a shift-back holding at its last step.
     CompleteShiftBack,
 }
 
-#[derive(Debug, Deserialize)]
+/// `POST /v1/federation/regions/{region}/failover`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct FailoverBody {
+pub(super) struct FailoverBody {
     action: FailoverAction,
+    /// Why; required, and audited.
     reason: String,
+}
+
+/// One region failover in force (`GET /v1/federation/failovers`, by peer region).
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct RegionFailover {
+    /// Share of the peer region's tier-2 traffic moved away, in thousandths.
+    moved: u16,
+    /// Moving traffic `out` (away from the peer) or `back`.
+    direction: Direction,
+    /// Started by an operator: its shift-back waits for completion.
+    manual: bool,
+    /// Holding at its last step for an operator's completion.
+    awaiting_completion: bool,
+    /// Who asked for the last accepted command.
+    actor: String,
+    /// Why they asked.
+    reason: String,
+}
+
+/// Which way a failover moves traffic.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum Direction {
+    /// Away from the peer region.
+    Out,
+    /// Back to it.
+    Back,
 }
 
 /// An operator's region routing control: fail over away from a peer region (manual, so
@@ -179,29 +223,31 @@ pub(super) async fn region_failover(
             },
         )
         .await?;
-    Ok(axum::Json(json!({"applied": applied})).into_response())
+    Ok(ok(&AppliedBody { applied }))
 }
 
 /// Region failovers in force, as the log last recorded them (any member answers).
-pub(super) async fn region_failovers(State(s): State<ApiState>) -> impl IntoResponse {
+pub(super) async fn region_failovers(State(s): State<ApiState>) -> Response {
     let failovers = s
         .raft
         .with_state(|state, _| state.registry().region_failovers().clone());
-    let out: serde_json::Map<String, Value> = failovers
+    let out: BTreeMap<RegionName, RegionFailover> = failovers
         .into_iter()
         .map(|(region, r)| {
-            (
-                region.to_string(),
-                json!({
-                    "moved": r.moved.get(),
-                    "direction": if r.back { "back" } else { "out" },
-                    "manual": r.manual,
-                    "awaiting_completion": r.awaiting_completion,
-                    "actor": r.actor,
-                    "reason": r.reason,
-                }),
-            )
+            let failover = RegionFailover {
+                moved: r.moved.get(),
+                direction: if r.back {
+                    Direction::Back
+                } else {
+                    Direction::Out
+                },
+                manual: r.manual,
+                awaiting_completion: r.awaiting_completion,
+                actor: r.actor,
+                reason: r.reason,
+            };
+            (region, failover)
         })
         .collect();
-    axum::Json(Value::Object(out))
+    ok(&out)
 }

@@ -11,8 +11,9 @@ use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 use waymark_core::contract::HealthContract;
 use waymark_core::eligibility::EvidenceMode;
 use waymark_core::model::{RegionName, ServiceName};
@@ -21,27 +22,58 @@ use waymark_registry::machine::{AuditEntry, AuditKind, AuthorityState};
 use waymark_registry::state::{Command, ServicePolicyRecord};
 
 use super::blocking::{self, Reads};
+use super::params::{QueryParams, ServiceParams, ServicesParams, ViewParams};
 use super::query::{self, Filter, Walk};
-use super::{ApiError, ApiResult, ApiState, Body, parse_name};
+use super::{ApiError, ApiResult, ApiState, Body, ok, parse_name};
 use crate::authority::clock::now_ms;
 use crate::authority::fields;
 use crate::authority::principal::Caller;
 use crate::listener::RequestDeadline;
 
-#[derive(Debug, Serialize)]
-struct ServiceSummary {
+/// One service's line in `GET /v1/services`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct ServiceSummary {
     service: ServiceName,
+    /// The team told about quarantines.
     owner: String,
+    /// Instances in the registry.
     instances: usize,
+    /// This region's routed endpoints per verdict, and `withdrawn`: registered instances
+    /// in no view.
     verdicts: BTreeMap<String, usize>,
     /// What the routed instances' verdicts rest on (ADR-04): the mode most of them are in
     /// (ties go to the weaker), `None` while no routed endpoint states it.
     evidence_mode: Option<EvidenceMode>,
     /// Routed instances per evidence mode.
     evidence: BTreeMap<EvidenceMode, usize>,
+    /// Zones whose fraction guard is engaged (their full set is published).
     health_disregarded: Vec<String>,
+    /// No instance of the service is eligible anywhere in the region.
     no_eligible_in_region: bool,
+    /// The newest published view's version.
     version: Option<String>,
+}
+
+/// `GET /v1/services/{service}`: a service's owner and health contract.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct ServiceBody {
+    service: ServiceName,
+    /// The team told about quarantines.
+    owner: String,
+    contract: HealthContract,
+}
+
+/// What a write to a service names: the service written.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct ServiceWritten {
+    service: ServiceName,
+}
+
+/// `POST /v1/contracts/validate`'s answer to a valid contract (an invalid one is refused).
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct Validity {
+    /// Always `true`: a contract that does not validate is refused `422 contract`.
+    valid: bool,
 }
 
 /// `GET /v1/services`: blocking, and paged by service name.
@@ -51,7 +83,7 @@ pub(super) async fn services(
     deadline: Option<Extension<RequestDeadline>>,
 ) -> ApiResult<Response> {
     let walk = Walk::Services;
-    let q = s.list_query(&uri, &["index", "wait", "limit", "cursor"], Some(walk))?;
+    let q = s.list_query(&uri, ServicesParams::NAMES, Some(walk))?;
     let index = blocking::wait(&s.indices, Reads::Services, q.blocking, deadline.as_deref()).await;
     let (list, next) = s.raft.with_state(|state, _| {
         let services = state
@@ -147,29 +179,31 @@ pub(super) async fn get_service(
     Path(service): Path<String>,
 ) -> ApiResult<Response> {
     let name: ServiceName = parse_name(&service, "service")?;
-    let q = s.list_query(&uri, &["index", "wait"], None)?;
+    let q = s.list_query(&uri, ServiceParams::NAMES, None)?;
     let index = blocking::wait(&s.indices, Reads::Service, q.blocking, deadline.as_deref()).await;
-    let response =
-        s.raft.with_state(|state, _| -> ApiResult<Response> {
-            let record = state.registry().service(&name).ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "unknown_service",
-                    Some("service"),
-                    format!("service {name} is not registered"),
-                )
-            })?;
-            Ok(axum::Json(
-                json!({"service": name, "owner": record.owner, "contract": record.contract}),
+    let response = s.raft.with_state(|state, _| -> ApiResult<Response> {
+        let record = state.registry().service(&name).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_service",
+                Some("service"),
+                format!("service {name} is not registered"),
             )
-            .into_response())
         })?;
+        Ok(ok(&ServiceBody {
+            service: name.clone(),
+            owner: record.owner.clone(),
+            contract: record.contract.clone(),
+        }))
+    })?;
     Ok(blocking::with_index(response, index))
 }
 
-#[derive(Debug, Deserialize)]
+/// `PUT /v1/services/{service}`: a service's owner and health contract.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct PutService {
+pub(super) struct PutService {
+    /// The team to tell about quarantines; required, not blank.
     owner: String,
     contract: HealthContract,
 }
@@ -209,7 +243,7 @@ pub(super) async fn put_service(
         },
     )
     .await?;
-    Ok((StatusCode::OK, axum::Json(json!({"service": service}))).into_response())
+    Ok(ok(&ServiceWritten { service }))
 }
 
 pub(super) async fn remove_service(
@@ -240,16 +274,7 @@ pub(super) async fn service_view(
     Path(service): Path<String>,
 ) -> ApiResult<Response> {
     let name: ServiceName = parse_name(&service, "service")?;
-    let allowed = [
-        "index",
-        "wait",
-        "tag",
-        "zone",
-        "verdict",
-        "capability",
-        "passing",
-    ];
-    let q = s.list_query(&uri, &allowed, None)?;
+    let q = s.list_query(&uri, ViewParams::NAMES, None)?;
     let reads = Reads::Views(&name);
     let index = blocking::wait(&s.indices, reads, q.blocking, deadline.as_deref()).await;
     let views: Vec<_> = s.raft.with_state(|state, _| {
@@ -338,12 +363,13 @@ pub(super) async fn put_policy(
     })
     .await?;
     result?;
-    Ok(axum::Json(json!({"service": service})).into_response())
+    Ok(ok(&ServiceWritten { service }))
 }
 
-#[derive(Debug, Deserialize)]
+/// `POST /v1/contracts/validate`: a contract to check without storing it.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct ValidateBody {
+pub(super) struct ValidateBody {
     contract: HealthContract,
 }
 
@@ -353,7 +379,7 @@ pub(super) async fn validate_contract(
 ) -> ApiResult<Response> {
     let v: ValidateBody = s.body(&body)?;
     match v.contract.validate() {
-        Ok(_) => Ok(axum::Json(json!({"valid": true})).into_response()),
+        Ok(_) => Ok(ok(&Validity { valid: true })),
         Err(e) => Err(s.refuse(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "contract",

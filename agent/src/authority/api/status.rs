@@ -7,18 +7,112 @@
 use std::collections::BTreeMap;
 use std::sync::PoisonError;
 
-use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::{Value, json};
-use waymark_core::model::ServiceName;
+use axum::{Extension, Json};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use waymark_core::model::{RegionName, ServiceName};
 use waymark_registry::acl::Action;
 
-use super::{ApiError, ApiResult, ApiState, Body};
+use super::{ApiError, ApiResult, ApiState, Body, ok};
 use crate::authority::principal::Caller;
+use crate::authority::raft::PeerStatus;
 use crate::authority::regions;
+
+/// `GET /v1/status`: this member.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct Status {
+    /// The region this member serves.
+    region: RegionName,
+    /// The leader this member knows of; `null` during an election.
+    leader: Option<LeaderRef>,
+    /// Whether this member leads.
+    is_leader: bool,
+    /// The Raft term this member is in.
+    term: u64,
+}
+
+/// A Raft member by id and API address.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct LeaderRef {
+    id: u64,
+    /// Its API listener, host:port.
+    api: String,
+}
+
+/// `GET /v1/federation/status`: this member's federation links. Without federation, only
+/// `region` and `enabled: false`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct FederationStatus {
+    region: RegionName,
+    /// Whether this member runs a federation endpoint.
+    enabled: bool,
+    #[serde(flatten)]
+    links: Option<FederationLinks>,
+}
+
+/// A running federation endpoint's state.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct FederationLinks {
+    /// Its QUIC endpoint, host:port.
+    endpoint: String,
+    /// The versions of this region's own aggregates it serves, by service.
+    local_versions: BTreeMap<ServiceName, u64>,
+    /// Per peer region, summed over its members' links: links up, age (`age_ms`),
+    /// staleness and versions held.
+    regions: Vec<Value>,
+    /// Per peer member's link: region, member, address, role, connected, `age_ms`,
+    /// stale, last error and versions held.
+    links: Vec<Value>,
+    /// The front-door signal per peer region; `null` without region routing.
+    front_doors: Option<BTreeMap<RegionName, Value>>,
+}
+
+/// One xDS client of this member's tier (`GET /v1/proxy-status`).
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct ProxyClient {
+    /// The client's xDS node id.
+    node: String,
+    /// The zone it declared.
+    zone: String,
+    /// `delta` or `sotw`.
+    protocol: String,
+    /// The identity its certificate proved, if any.
+    identity: Option<String>,
+    /// Holds nothing yet (a standby upstream of a node agent).
+    standby: bool,
+    /// Since its stream opened, in ms.
+    connected_for_ms: u64,
+    /// Per resource type (its short name): what was sent and acknowledged.
+    types: BTreeMap<String, TypeSync>,
+}
+
+/// One resource type of an xDS client.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct TypeSync {
+    /// The version last sent.
+    sent: Option<String>,
+    /// The version last acknowledged.
+    acked: Option<String>,
+    /// `sent == acked`.
+    in_sync: bool,
+    /// Rejections so far.
+    nacks: u64,
+    /// The last rejection: the version and Envoy's error.
+    last_nack: Option<Nack>,
+    /// Resources held.
+    resources: usize,
+}
+
+/// A rejected version, with the client's error.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub(super) struct Nack {
+    version: String,
+    error: String,
+}
 
 /// Liveness, process-internal only: this handler runs and the Raft core is running. No
 /// peer, leader or quorum is consulted, so a partition never restarts a member.
@@ -66,24 +160,28 @@ pub(super) async fn readyz(State(s): State<ApiState>) -> Response {
     (StatusCode::OK, "ready\n").into_response()
 }
 
-pub(super) async fn status(State(s): State<ApiState>) -> impl IntoResponse {
-    let leader = s
-        .raft
-        .leader()
-        .map(|(id, m)| json!({"id": id, "api": m.api_addr}));
-    axum::Json(json!({
-        "region": s.region,
-        "leader": leader,
-        "is_leader": s.raft.is_leader(),
-        "term": s.raft.current_term(),
-    }))
+pub(super) async fn status(State(s): State<ApiState>) -> Response {
+    let leader = s.raft.leader().map(|(id, m)| LeaderRef {
+        id,
+        api: m.api_addr,
+    });
+    ok(&Status {
+        region: s.region.clone(),
+        leader,
+        is_leader: s.raft.is_leader(),
+        term: s.raft.current_term(),
+    })
 }
 
 /// This member's federation: per peer region (links up, age, staleness, versions held),
 /// per link, and the front-door signal. Member-local: each member has its own links.
-pub(super) async fn federation_status(State(s): State<ApiState>) -> impl IntoResponse {
+pub(super) async fn federation_status(State(s): State<ApiState>) -> Response {
     let Some(node) = &s.federation else {
-        return axum::Json(json!({"region": s.region, "enabled": false}));
+        return ok(&FederationStatus {
+            region: s.region.clone(),
+            enabled: false,
+            links: None,
+        });
     };
     let front_doors = s.regions.as_ref().map(|r| regions::front_doors(&r.signal));
     let local_versions: BTreeMap<ServiceName, u64> = s
@@ -91,24 +189,34 @@ pub(super) async fn federation_status(State(s): State<ApiState>) -> impl IntoRes
         .as_ref()
         .map(|r| regions::versions_of(&r.aggregates, &s.region))
         .unwrap_or_default();
-    axum::Json(json!({
-        "region": s.region,
-        "enabled": true,
-        "endpoint": node.local_addr(),
-        "local_versions": local_versions,
-        "regions": node.regions(),
-        "links": node.status(),
-        "front_doors": front_doors,
-    }))
+    ok(&FederationStatus {
+        region: s.region.clone(),
+        enabled: true,
+        links: Some(FederationLinks {
+            endpoint: node.local_addr().to_string(),
+            local_versions,
+            regions: node.regions().into_iter().map(to_value).collect(),
+            links: node.status().into_iter().map(to_value).collect(),
+            front_doors: front_doors
+                .map(|doors| doors.into_iter().map(|(r, d)| (r, to_value(d))).collect()),
+        }),
+    })
 }
 
-pub(super) async fn peers(State(s): State<ApiState>) -> impl IntoResponse {
+/// A value as JSON; what cannot be written (never, for these types) is `null`.
+fn to_value(value: impl Serialize) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+pub(super) async fn peers(State(s): State<ApiState>) -> Json<Vec<PeerStatus>> {
     axum::Json(s.raft.peers())
 }
 
-#[derive(Debug, Deserialize)]
+/// `POST /v1/operator/raft/members`: a member to add, as a learner first, then a voter.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct AddMember {
+pub(super) struct AddMember {
+    /// Its member id, unique in the region.
     id: u64,
     /// The member's API listener.
     addr: String,
@@ -189,7 +297,7 @@ pub(super) async fn remove_member(
     Ok(axum::Json(s.raft.peers()).into_response())
 }
 
-pub(super) async fn reconciliation(State(s): State<ApiState>) -> impl IntoResponse {
+pub(super) async fn reconciliation(State(s): State<ApiState>) -> Json<Value> {
     let diff = s
         .reconciliation
         .lock()
@@ -198,31 +306,48 @@ pub(super) async fn reconciliation(State(s): State<ApiState>) -> impl IntoRespon
     axum::Json(diff)
 }
 
-pub(super) async fn proxy_status(State(s): State<ApiState>) -> impl IntoResponse {
+pub(super) async fn proxy_status(State(s): State<ApiState>) -> Response {
     // The tier stamps `connected_since` on tokio's clock; read the same one.
     let now = tokio::time::Instant::now().into_std();
-    let clients: Vec<Value> = s
+    let clients: Vec<ProxyClient> = s
         .xds
         .sync_state()
         .into_iter()
         .map(|c| {
-            let types: BTreeMap<String, Value> = c
+            let types: BTreeMap<String, TypeSync> = c
                 .types
                 .iter()
                 .map(|(t, ty)| {
                     let short = t.rsplit('.').next().unwrap_or(t).to_owned();
-                    (short, json!({"sent": ty.sent, "acked": ty.acked, "in_sync": ty.sent == ty.acked, "nacks": ty.nacks, "last_nack": ty.last_nack.as_ref().map(|(v, e)| json!({"version": v, "error": e})), "resources": ty.resources}))
+                    let sync = TypeSync {
+                        sent: ty.sent.clone(),
+                        acked: ty.acked.clone(),
+                        in_sync: ty.sent == ty.acked,
+                        nacks: ty.nacks,
+                        last_nack: ty.last_nack.as_ref().map(|(v, e)| Nack {
+                            version: v.clone(),
+                            error: e.clone(),
+                        }),
+                        resources: ty.resources,
+                    };
+                    (short, sync)
                 })
                 .collect();
-            json!({
-                "node": c.node_id, "zone": c.zone, "protocol": c.protocol, "identity": c.identity,
-                "standby": !crate::authority::staleness::holds_anything(&c),
-                "connected_for_ms": now.saturating_duration_since(c.connected_since).as_millis() as u64,
-                "types": types,
-            })
+            ProxyClient {
+                standby: !crate::authority::staleness::holds_anything(&c),
+                connected_for_ms: u64::try_from(
+                    now.saturating_duration_since(c.connected_since).as_millis(),
+                )
+                .unwrap_or(u64::MAX),
+                node: c.node_id,
+                zone: c.zone,
+                protocol: c.protocol.to_owned(),
+                identity: c.identity,
+                types,
+            }
         })
         .collect();
-    axum::Json(clients)
+    ok(&clients)
 }
 
 pub(super) async fn metrics(State(s): State<ApiState>, headers: HeaderMap) -> impl IntoResponse {
