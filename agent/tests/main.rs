@@ -47,3 +47,4 @@ mod override_budget;
 mod probe_policy;
 mod probe_targets;
 mod prometheus_sd;
+mod ui;
