@@ -399,6 +399,7 @@ impl DevRegion {
 waymark dev: one region ({REGION}), zones {zones}, state in this folder's .waymark-dev (or --dir)
 
   authority API      https://{api}       (operator token in {token})
+  web UI             https://{api}/ui/   (in a browser: sign in with that token; docs/dev.md)
   authority xDS      {xds} (mutual TLS; the agent's upstream)
   node agent xDS     {axds}   (plain text on loopback: point Envoy here)
   node agent DNS     {dns}   (udp+tcp)
