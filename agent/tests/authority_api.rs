@@ -350,7 +350,7 @@ async fn the_api_answers_refuses_bad_input_without_changing_state_and_documents_
     fresh.shutdown().await;
 
     // The OpenAPI document is served and parses (that it documents every route the router
-    // serves, method by method: cli_coverage::the_openapi_document_describes_every_route).
+    // serves, method by method: cli_coverage::every_operation_in_the_table_is_mounted).
     let (status, doc) = call(&api, Method::GET, "/v1/openapi.json", None).await;
     assert_eq!(status, StatusCode::OK);
     assert!(

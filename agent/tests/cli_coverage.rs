@@ -1,107 +1,122 @@
 //! Every route of the authority API has an operator command, and every command runs against
 //! a real authority (a dev region over TLS) and prints what the API answered.
 //!
-//! `waymark_agent::cli::commands::ROUTES` maps each route to its command; it is checked
-//! here against the OpenAPI document, both ways, and the OpenAPI document against the
-//! routes `router()` serves, method by method. The commands run as `waymark` processes, the way an
+//! The router and the OpenAPI document are both built from one operation table
+//! (`waymark_agent::authority::api::ROUTES`), so they cannot disagree; what is checked here
+//! is that every operation of the table is mounted (asked of a running member, with its
+//! method, it is neither 404 nor 405), that every operation documents its answers, and that
+//! `waymark_agent::cli::commands::ROUTES`, which maps each route to its command, names
+//! exactly the table's operations. The commands run as `waymark` processes, the way an
 //! operator runs them.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
+use http::{Method, StatusCode};
 use serde_json::{Value, json};
+use waymark_agent::authority::api::{NON_API, Operation, ROUTES as OPERATIONS};
 use waymark_agent::cli::commands::ROUTES;
 use waymark_testkit::until;
 
 use crate::common::dev::{self, WAIT};
 
-/// The (method, path) pairs the OpenAPI document describes.
-fn documented() -> BTreeSet<(String, String)> {
-    let doc: Value = serde_json::from_str(include_str!("../src/authority/openapi.json")).unwrap();
-    let mut out = BTreeSet::new();
-    for (path, item) in doc["paths"].as_object().unwrap() {
-        for method in item.as_object().unwrap().keys() {
-            if matches!(method.as_str(), "get" | "put" | "post" | "delete" | "patch") {
-                out.insert((method.to_uppercase(), path.clone()));
-            }
-        }
-    }
-    out
+/// Every operation: the table's, and the probes outside it.
+fn operations() -> Vec<&'static Operation> {
+    OPERATIONS.iter().map(|r| &r.op).chain(NON_API).collect()
 }
 
-/// The (method, path) pairs the router serves, read from its source: every `.route(` in
-/// `router()` with the methods chained on its handler (`get(..).post(..)`).
-fn served() -> BTreeSet<(String, String)> {
-    let source = include_str!("../src/authority/api/mod.rs");
-    let body = source
-        .split("pub fn router(")
-        .nth(1)
-        .expect("router() in api/mod.rs");
-    let mut out = BTreeSet::new();
-    for route in body.split(".route(").skip(1) {
-        // The route's own arguments: up to the parenthesis that closes `.route(`.
-        let mut depth = 1;
-        let end = route
-            .char_indices()
-            .find(|(_, c)| {
-                match c {
-                    '(' => depth += 1,
-                    ')' => depth -= 1,
-                    _ => {}
-                }
-                depth == 0
-            })
-            .map_or(route.len(), |(i, _)| i);
-        let args = &route[..end];
-        let path = args.split('"').nth(1).expect("a path literal").to_owned();
-        for method in ["get", "put", "post", "delete", "patch"] {
-            let called = args.match_indices(&format!("{method}(")).any(|(i, _)| {
-                i == 0 || !args[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_')
-            });
-            if called {
-                out.insert((method.to_uppercase(), path.clone()));
-            }
-        }
+/// The (method, path) pairs of the operation table.
+fn operated() -> BTreeSet<(String, String)> {
+    operations()
+        .into_iter()
+        .map(|op| (op.method.as_str().to_owned(), op.path.to_owned()))
+        .collect()
+}
+
+/// `template` with a value for each parameter.
+fn concrete(template: &str) -> String {
+    template
+        .replace("{service}", "pay")
+        .replace("{id}", "7")
+        .replace("{seq}", "7")
+        .replace("{zone}", "a")
+        .replace("{region}", "us")
+        .replace("{name}", "ci")
+        .replace("{node}", "n1")
+        .replace("{client}", "c1")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_in_the_table_is_mounted() {
+    let dir = tempfile::tempdir().unwrap();
+    let any = "127.0.0.1:0".parse().unwrap();
+    let member =
+        crate::common::single_member(crate::common::plain(dir.path(), "eu", &["a"], any)).await;
+    // No credentials: a mounted route answers 401 (the probes 200/503) before its handler
+    // runs; a path the router does not know is 404, a method it does not route 405.
+    let anonymous = member.api_client(None);
+    let mut asked = 0;
+    for op in operations() {
+        let method: Method = op.method.as_str().parse().unwrap();
+        let path = concrete(op.path);
+        let r = anonymous
+            .send(method.clone(), &path, Some(&json!({})))
+            .await
+            .unwrap();
+        assert!(
+            r.status != StatusCode::NOT_FOUND && r.status != StatusCode::METHOD_NOT_ALLOWED,
+            "{method} {path} ({}) is not mounted: {r:?}",
+            op.id
+        );
+        asked += 1;
     }
-    out
+    assert!(asked > 40, "only {asked} operations");
+    member.shutdown().await;
 }
 
 #[test]
-fn the_openapi_document_describes_every_route() {
-    let served = served();
-    assert!(served.len() > 30, "the parse found {served:?}");
-    assert!(served.contains(&("PUT".to_owned(), "/v1/services/{service}".to_owned())));
-    assert!(served.contains(&("DELETE".to_owned(), "/v1/services/{service}".to_owned())));
-    let documented = documented();
-    let undocumented: Vec<_> = served.difference(&documented).collect();
-    assert!(
-        undocumented.is_empty(),
-        "served but not documented: {undocumented:?}"
-    );
-    let unserved: Vec<_> = documented.difference(&served).collect();
-    assert!(
-        unserved.is_empty(),
-        "documented but not served: {unserved:?}"
-    );
+fn every_operation_documents_its_answers() {
+    let doc = waymark_agent::authority::api::document();
+    for op in operations() {
+        let item = &doc["paths"][op.path][op.method.as_str().to_lowercase()];
+        let responses = item["responses"].as_object().unwrap();
+        let documented = responses.iter().any(|(status, r)| {
+            status.starts_with('2') && (status == "204" || r["content"].is_object())
+        });
+        assert!(
+            documented,
+            "{} {}: no success body: {item:#}",
+            op.method.as_str(),
+            op.path
+        );
+        if op.path.starts_with("/v1/") {
+            assert!(
+                responses["default"]["content"]["application/json"]["schema"]["$ref"]
+                    == "#/components/schemas/Error",
+                "{}: refusals undocumented",
+                op.id
+            );
+        }
+    }
 }
 
 #[test]
-fn every_documented_route_has_a_command_and_every_command_a_route() {
+fn every_operation_has_a_command_and_every_command_an_operation() {
     let mapped: BTreeSet<(String, String)> = ROUTES
         .iter()
         .map(|(m, p, _)| ((*m).to_owned(), (*p).to_owned()))
         .collect();
-    let documented = documented();
-    let unmapped: Vec<_> = documented.difference(&mapped).collect();
+    let operated = operated();
+    let unmapped: Vec<_> = operated.difference(&mapped).collect();
     assert!(
         unmapped.is_empty(),
-        "routes without a command (add one, or say in ROUTES why none): {unmapped:?}"
+        "operations without a command (add one, or say in ROUTES why none): {unmapped:?}"
     );
-    let stale: Vec<_> = mapped.difference(&documented).collect();
+    let stale: Vec<_> = mapped.difference(&operated).collect();
     assert!(
         stale.is_empty(),
-        "ROUTES names routes the API does not document: {stale:?}"
+        "ROUTES names routes the operation table does not have: {stale:?}"
     );
     // Each command named is a real subcommand path of the binary.
     let bin = env!("CARGO_BIN_EXE_waymark");

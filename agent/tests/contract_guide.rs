@@ -135,7 +135,13 @@ fn the_published_schemas_are_what_the_types_generate() {
             serde_json::from_str(&std::fs::read_to_string(root().join(file)).unwrap()).unwrap();
         assert!(published == schema, "{file} differs from the types: {fix}");
     }
+    // The document is generated from the operation table; the checked-in copy is it.
     let openapi: Value = serde_json::from_str(waymark_agent::authority::api::OPENAPI).unwrap();
+    assert!(
+        openapi == waymark_agent::authority::api::document(),
+        "agent/src/authority/openapi.json differs from the document the routes generate: \
+         run scripts/update-schemas after changing a route or a body type"
+    );
     let components = &openapi["components"]["schemas"];
     for (name, schema) in waymark_agent::authority::api::schema_components() {
         assert!(
@@ -151,6 +157,44 @@ fn the_published_schemas_are_what_the_types_generate() {
             "no body of openapi.json refers to {name}"
         );
     }
+}
+
+#[test]
+fn the_generated_openapi_document_passes_an_openapi_validator() {
+    let python = std::env::var_os("WAYMARK_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/bin/python"));
+    let script = "import json, sys\n\
+        from openapi_spec_validator import validate\n\
+        validate(json.load(sys.stdin))\n\
+        print('valid')\n";
+    let mut child = Command::new(&python)
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{} does not run ({e}): run scripts/install-test-peers, or set WAYMARK_PYTHON \
+                 to a python with openapi-spec-validator",
+                python.display()
+            )
+        });
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(waymark_agent::authority::api::document_text().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the OpenAPI document does not validate (scripts/install-test-peers installs the \
+         validator):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 async fn put_service(api: &ApiClient, example: &str) {

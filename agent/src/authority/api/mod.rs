@@ -33,8 +33,10 @@
 //! alarms), `status` (probes, status, Raft membership, federation, proxy status,
 //! metrics), `proxy` (the sidecars behind the node agents) and `discovery` (Prometheus
 //! HTTP service discovery); `blocking` and `query` are the read routes' blocking queries,
-//! filters and pages. This file holds the state, the router, the error shape and the
-//! helpers every handler shares.
+//! filters and pages. `routes` is the table of operations that both the router and the
+//! OpenAPI document (`openapi`) are built from; `params` describes the query strings as
+//! types. This file holds the state, the router, the error shape and the helpers every
+//! handler shares.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,7 +46,6 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest};
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post, put};
 use prometheus_client::registry::Registry;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
@@ -75,11 +76,13 @@ mod blocking;
 mod discovery;
 mod instances;
 mod keyring;
+mod openapi;
 mod operator;
 mod overrides;
 mod params;
 mod proxy;
 mod query;
+mod routes;
 mod routing;
 mod schema;
 mod services;
@@ -89,7 +92,11 @@ pub use acl::new_secret;
 pub use audit::REDACTED;
 pub use blocking::{INDEX_HEADER, JITTER_DIVISOR, WAIT_DEFAULT, WAIT_MAX};
 pub use discovery::LABEL_PREFIX;
+pub use openapi::{
+    Body as OperationBody, Method, Operation, Permission, Reply, document, document_text,
+};
 pub use query::{FILTER_VALUES_MAX, LIMIT_MAX, NEXT_CURSOR_HEADER};
+pub use routes::{NON_API, ROUTES, Route};
 pub use schema::components as schema_components;
 
 /// Audit records returned by one request at most.
@@ -197,106 +204,20 @@ impl ApiState {
     }
 }
 
-/// The API routes, each with its body limit.
+/// The API routes, each with its body limit: the operations of [`ROUTES`] (which the
+/// OpenAPI document describes too) behind authentication, and the probes of [`NON_API`].
 pub fn router(state: ApiState) -> Router {
-    let limit = DefaultBodyLimit::max;
-    Router::new()
-        .route("/v1/openapi.json", get(openapi))
-        .route("/v1/status", get(status::status))
-        .route("/v1/operator/raft/peers", get(status::peers))
-        .route("/v1/operator/raft/members", post(status::add_member))
-        .route(
-            "/v1/operator/raft/members/{id}",
-            delete(status::remove_member),
-        )
-        .route(
-            "/v1/operator/raft/transfer-leader",
-            post(operator::transfer_leader),
-        )
-        .route(
-            "/v1/operator/keyring",
-            get(keyring::list).post(keyring::operate),
-        )
-        .route(
-            "/v1/operator/snapshot",
-            get(operator::save)
-                .put(operator::restore)
-                .layer(limit(super::raft::backup::BODY_MAX)),
-        )
-        .route("/v1/services", get(services::services))
-        .route(
-            "/v1/services/{service}",
-            put(services::put_service)
-                .get(services::get_service)
-                .delete(services::remove_service)
-                .layer(limit(CONTRACT_BODY_MAX)),
-        )
-        .route("/v1/services/{service}/view", get(services::service_view))
-        .route(
-            "/v1/services/{service}/policy",
-            put(services::put_policy)
-                .get(services::get_policy)
-                .layer(limit(POLICY_BODY_MAX)),
-        )
-        .route("/v1/prometheus/sd", get(discovery::prometheus_sd))
-        .route("/v1/zones", get(routing::zones))
-        .route("/v1/zones/{zone}/evacuation", post(routing::evacuation))
-        .route(
-            "/v1/contracts/validate",
-            post(services::validate_contract).layer(limit(CONTRACT_BODY_MAX)),
-        )
-        .route(
-            "/v1/instances",
-            post(instances::register)
-                .get(instances::instances)
-                .layer(limit(INSTANCE_BODY_MAX)),
-        )
-        .route("/v1/instances/{id}", delete(instances::deregister))
-        .route("/v1/instances/{id}/renew", put(instances::renew))
-        .route("/v1/instances/{id}/explain", get(instances::explain))
-        .route(
-            "/v1/external",
-            post(instances::declare_external).layer(limit(INSTANCE_BODY_MAX)),
-        )
-        .route("/v1/external/{id}", delete(instances::remove_external))
-        .route("/v1/overrides", post(overrides::override_instance))
-        .route(
-            "/v1/overrides/{seq}/approve",
-            post(overrides::approve_override),
-        )
-        .route("/v1/audit", get(audit::audit))
-        .route("/v1/alarms", get(audit::alarms))
-        .route("/v1/reconciliation", get(status::reconciliation))
-        .route("/v1/proxy-status", get(status::proxy_status))
-        .route("/v1/proxy-status/sidecars", get(proxy::sidecars))
-        .route("/v1/proxy-config/{node}/{client}", get(proxy::proxy_config))
-        .route("/v1/federation/status", get(status::federation_status))
-        .route("/v1/federation/failovers", get(routing::region_failovers))
-        .route(
-            "/v1/federation/regions/{region}/failover",
-            post(routing::region_failover),
-        )
-        .route("/v1/acl/whoami", get(acl::whoami))
-        .route("/v1/acl/bootstrap", post(acl::acl_bootstrap))
-        .route("/v1/acl/grants", get(acl::list_grants).post(acl::add_grant))
-        .route("/v1/acl/grants/revoke", post(acl::revoke_grant))
-        .route(
-            "/v1/acl/tokens",
-            get(acl::list_tokens).post(acl::mint_token),
-        )
-        .route("/v1/acl/tokens/{name}", delete(acl::remove_token))
-        .route("/metrics", get(status::metrics))
+    let authenticated = routes::mount(Router::new())
         // Every route above needs a verified principal; reads need `read`.
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             access::authenticate,
-        ))
-        // Probes answer without credentials: they say nothing but alive and ready.
-        .route("/livez", get(status::livez))
-        .route("/readyz", get(status::readyz))
+        ));
+    // Probes answer without credentials: they say nothing but alive and ready.
+    routes::mount_probes(authenticated)
         // Routes without their own limit: the small default. An inner (per-route) limit
         // is applied after this one, so it wins.
-        .layer(limit(BODY_MAX))
+        .layer(DefaultBodyLimit::max(BODY_MAX))
         // Outermost, so that every answer the router gives is logged with its request id.
         .layer(axum::middleware::from_fn(access_log::record))
         .with_state(state)
@@ -640,11 +561,16 @@ where
     })
 }
 
-async fn openapi() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
+/// `GET /v1/openapi.json`: the document generated from [`ROUTES`].
+async fn openapi_json() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        document_text(),
+    )
 }
 
-/// The OpenAPI document for this API.
+/// The checked-in copy of the OpenAPI document (`scripts/update-schemas` writes it from
+/// [`document`]; `agent/tests/schema_docs` fails while they differ).
 pub const OPENAPI: &str = include_str!("../openapi.json");
 
 #[cfg(test)]

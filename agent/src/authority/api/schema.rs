@@ -2,7 +2,6 @@
 //! generated from the types the handlers decode, so `openapi.json` cannot describe a body
 //! the API would refuse (`agent/tests/schema_docs.rs` checks the document against this).
 
-use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value};
 use waymark_core::contract::HealthContract;
 use waymark_registry::state::ServicePolicyRecord;
@@ -10,9 +9,7 @@ use waymark_registry::state::ServicePolicyRecord;
 /// `components.schemas` entries for [`HealthContract`], [`ServicePolicyRecord`] and every
 /// type they use, referring to each other as `#/components/schemas/<name>`.
 pub fn components() -> Map<String, Value> {
-    let mut generator = SchemaSettings::draft2020_12()
-        .with(|s| s.definitions_path = "#/components/schemas/".into())
-        .into_generator();
+    let mut generator = super::openapi::generator();
     generator.subschema_for::<HealthContract>();
     generator.subschema_for::<ServicePolicyRecord>();
     generator.take_definitions(true)
