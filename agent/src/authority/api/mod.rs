@@ -215,6 +215,8 @@ pub fn router(state: ApiState) -> Router {
         ));
     // Probes answer without credentials: they say nothing but alive and ready.
     routes::mount_probes(authenticated)
+        // The web UI's static pages: no data in them, so no credentials (see `ui`).
+        .merge(super::ui::router())
         // Routes without their own limit: the small default. An inner (per-route) limit
         // is applied after this one, so it wins.
         .layer(DefaultBodyLimit::max(BODY_MAX))
