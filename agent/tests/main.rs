@@ -23,6 +23,7 @@ mod cli_coverage;
 mod contract_guide;
 mod deploy_configs;
 mod deploy_manifests;
+mod deploy_monitoring;
 mod dev_grpc_js;
 mod dev_newcomer;
 mod dev_region;

@@ -8,17 +8,14 @@
 //! `zone`, `capability` and `verdict` on `/v1/instances` and the view, and a blocking view
 //! query released by the withdrawal.
 //!
-//! The binary is `PROMETHEUS_BIN`, else `prometheus` on the `PATH` (`./scripts/test`
-//! installs Debian's `prometheus`). Without it the test fails saying how to install it,
-//! unless `WAYMARK_SKIP_PROMETHEUS=1` asks it to skip.
+//! Prometheus is `common::prometheus` (`PROMETHEUS_BIN`, else `prometheus` on the `PATH`).
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
-use crate::support;
+use crate::common::prometheus::{self, Prometheus};
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
 use common::dev::WAIT;
@@ -30,98 +27,6 @@ use waymark_testkit::until;
 
 /// The web backends of the dev region (2 per zone, 3 zones).
 const WEB: usize = 6;
-
-/// The Prometheus server, or `None` when it is absent and `WAYMARK_SKIP_PROMETHEUS=1`.
-fn prometheus_bin() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("PROMETHEUS_BIN").filter(|p| !p.is_empty()) {
-        let path = PathBuf::from(path);
-        // A wrong PROMETHEUS_BIN is an error, not a reason to quietly use another binary.
-        assert!(
-            path.is_file(),
-            "PROMETHEUS_BIN={} is not a file",
-            path.display()
-        );
-        return Some(path);
-    }
-    let on_path = std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|d| d.join("prometheus"))
-            .find(|p| p.is_file())
-    });
-    if on_path.is_none() && std::env::var("WAYMARK_SKIP_PROMETHEUS").as_deref() == Ok("1") {
-        eprintln!(
-            "prometheus_sd: SKIPPED — no Prometheus server (PROMETHEUS_BIN unset, none on PATH) \
-             and WAYMARK_SKIP_PROMETHEUS=1"
-        );
-        return None;
-    }
-    Some(on_path.unwrap_or_else(|| {
-        panic!(
-            "this test needs the Prometheus server and none was found (PROMETHEUS_BIN is not \
-             set and there is no `prometheus` on PATH). Install Debian's `prometheus` \
-             (`./scripts/test` does: apt-get install prometheus), or point PROMETHEUS_BIN at \
-             one; WAYMARK_SKIP_PROMETHEUS=1 skips this test instead"
-        )
-    }))
-}
-
-/// A running Prometheus; killed on drop, its log printed if the test failed.
-struct Prometheus {
-    child: Child,
-    log: PathBuf,
-    web: std::net::SocketAddr,
-}
-
-impl Prometheus {
-    fn start(bin: &Path, dir: &Path, config: &str) -> Self {
-        let file = dir.join("prometheus.yml");
-        std::fs::write(&file, config).unwrap();
-        let web = format!("127.0.0.1:{}", common::free_port())
-            .parse()
-            .unwrap();
-        let log = dir.join("prometheus.log");
-        let child = Command::new(bin)
-            .arg(format!("--config.file={}", file.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address={web}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Self { child, log, web }
-    }
-
-    /// Its active targets of scrape pool `pool` (`/api/v1/targets`), once it answers.
-    async fn targets(&self, pool: &str) -> Result<Vec<Value>, String> {
-        let r = support::http::get(self.web, "/api/v1/targets?state=active")
-            .await
-            .map_err(|e| e.to_string())?;
-        let v: Value = serde_json::from_str(&r.body).map_err(|e| format!("{e}: {}", r.body))?;
-        let targets = v["data"]["activeTargets"]
-            .as_array()
-            .ok_or_else(|| r.body.clone())?;
-        Ok(targets
-            .iter()
-            .filter(|t| t["scrapePool"] == pool)
-            .cloned()
-            .collect())
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            eprintln!("--- prometheus log ---\n{log}");
-        }
-    }
-}
 
 /// The `http_sd_configs` job docs/cli.md shows, for the dev region's API.
 fn config(api: std::net::SocketAddr, token: &Path, ca: &Path) -> String {
@@ -197,7 +102,7 @@ fn addresses(targets: &[Value]) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_discovers_the_dev_regions_eligible_web_endpoints() {
-    let Some(bin) = prometheus_bin() else {
+    let Some(bin) = prometheus::bin("prometheus_sd") else {
         return;
     };
     waymark_certs::install_crypto_provider();

@@ -5,6 +5,7 @@
 
 pub mod dev;
 pub mod pki;
+pub mod prometheus;
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
