@@ -102,6 +102,66 @@ async fn every_route_but_the_probes_refuses_anonymous_and_bad_tokens() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_permission_the_document_states_is_the_one_enforced() {
+    // Goal: the OpenAPI document says what each operation needs (x-waymark-permission);
+    // a principal holding no grant at all is refused every operation that needs `read`,
+    // before its handler runs, and let through to every one that needs only a principal.
+    let dir = tempfile::tempdir().unwrap();
+    let a = member(dir.path()).await;
+    let _operator = credentials::operator_token(a.raft(), "alice", "alice", DAY)
+        .await
+        .unwrap();
+    let nothing = credentials::token_with(a.raft(), "nothing", &[], DAY)
+        .await
+        .unwrap();
+    let api = client(&a, Some(&nothing));
+    let spec: Value = serde_json::from_str(waymark_agent::authority::api::OPENAPI).unwrap();
+    let (mut reads, mut open) = (0, 0);
+    for (path, ops) in spec["paths"].as_object().unwrap() {
+        let concrete = path
+            .replace("{service}", "pay")
+            .replace("{id}", "pay-r1")
+            .replace("{zone}", "a")
+            .replace("{region}", "us")
+            .replace("{name}", "ci")
+            .replace("{node}", "n1")
+            .replace("{client}", "c1")
+            .replace("{seq}", "1")
+            .replace("{member}", "2");
+        for (method, op) in ops.as_object().unwrap() {
+            let permission = op["x-waymark-permission"].as_str().unwrap();
+            let method: Method = method.to_uppercase().parse().unwrap();
+            let r = api
+                .send(method.clone(), &concrete, Some(&json!({})))
+                .await
+                .unwrap();
+            match permission {
+                "read" => {
+                    let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+                    assert_eq!(
+                        (r.status, reason(&v)),
+                        (StatusCode::FORBIDDEN, "forbidden"),
+                        "{method} {path} needs read: {v}"
+                    );
+                    reads += 1;
+                }
+                "authenticated" | "none" => {
+                    assert!(
+                        r.status != StatusCode::FORBIDDEN && r.status != StatusCode::UNAUTHORIZED,
+                        "{method} {path} needs only a principal: {}",
+                        r.status
+                    );
+                    open += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(reads >= 15 && open >= 1, "{reads} reads, {open} open operations checked");
+    a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_decide_what_a_principal_may_do_and_refusals_are_audited() {
     let dir = tempfile::tempdir().unwrap();
     let a = member(dir.path()).await;

@@ -1,6 +1,8 @@
 //! Who is asking and what they may do. Serves no route of its own: [`authenticate`] runs
-//! before every route but `/livez` and `/readyz`, and authorises reads (`read`); the
-//! handlers call the checks below for the capability their write needs (`allow`), for
+//! before every route but `/livez` and `/readyz`; [`require_read`] runs before each
+//! operation whose table entry (`routes::ROUTES`) needs `read`, so the permission the
+//! OpenAPI document states is the one enforced; the handlers call the checks below for
+//! the capability their write needs (`allow`), for
 //! ownership beyond grants (`owns_registration`, `owns_instance`, `declares_externals`),
 //! and `not_owner` to refuse. Refusals are `401` (no verified principal: counted and
 //! logged, never audited) or `403` (counted, logged and audited folded per principal).
@@ -10,7 +12,7 @@
 use std::sync::{Arc, PoisonError};
 
 use axum::extract::{Request as HttpRequest, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use waymark_certs::grpc::PeerInfo;
@@ -23,13 +25,8 @@ use super::{ApiError, ApiResult, ApiState, DENIAL_FLUSH_EVERY};
 use crate::authority::clock::now_ms;
 use crate::authority::principal::{Caller, Credential, principal_of};
 
-/// Reads that any authenticated principal may make without the `read` grant.
-const OPEN_TO_ANY_PRINCIPAL: &[&str] = &["/v1/acl/whoami"];
-/// Writes that are reads: nothing is proposed.
-const READS_BY_POST: &[&str] = &["/v1/contracts/validate"];
-
-/// Authenticates every request that reaches it; requests that only read are authorised
-/// for `read` here, writes by their handlers (which know the capability they need).
+/// Authenticates every request that reaches it, and leaves the verified [`Caller`] for
+/// what runs next; what the caller may do is decided per operation.
 pub(super) async fn authenticate(
     State(s): State<ApiState>,
     mut request: HttpRequest,
@@ -42,17 +39,28 @@ pub(super) async fn authenticate(
     };
     // For the access log: who this was, whatever the answer.
     let logged = LoggedPrincipal(caller.actor());
-    let path = request.uri().path();
-    let reads =
-        matches!(*request.method(), Method::GET | Method::HEAD) || READS_BY_POST.contains(&path);
-    if reads && !OPEN_TO_ANY_PRINCIPAL.contains(&path) {
-        let what = format!("{} {path}", request.method());
-        if let Err(e) = s.allow(&caller, Action::Read, &what, None) {
-            return with_principal(e.into_response(), logged);
-        }
-    }
     request.extensions_mut().insert(caller);
     with_principal(next.run(request).await, logged)
+}
+
+/// Authorises an operation that needs `read` (mounted on exactly those by
+/// `routes::mount`); runs after [`authenticate`], so a caller is always there.
+pub(super) async fn require_read(
+    State(s): State<ApiState>,
+    request: HttpRequest,
+    next: Next,
+) -> Response {
+    let Some(caller) = request.extensions().get::<Caller>() else {
+        // Mounted outside `authenticate`: refuse rather than serve unauthenticated.
+        return s
+            .unauthenticated("unauthenticated", "no verified principal".into())
+            .into_response();
+    };
+    let what = format!("{} {}", request.method(), request.uri().path());
+    if let Err(e) = s.allow(caller, Action::Read, &what, None) {
+        return e.into_response();
+    }
+    next.run(request).await
 }
 
 fn with_principal(mut response: Response, logged: LoggedPrincipal) -> Response {

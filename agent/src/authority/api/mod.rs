@@ -207,8 +207,9 @@ impl ApiState {
 /// The API routes, each with its body limit: the operations of [`ROUTES`] (which the
 /// OpenAPI document describes too) behind authentication, and the probes of [`NON_API`].
 pub fn router(state: ApiState) -> Router {
-    let authenticated = routes::mount(Router::new())
-        // Every route above needs a verified principal; reads need `read`.
+    let authenticated = routes::mount(Router::new(), &state)
+        // Every route above needs a verified principal; each operation's permission is
+        // checked by the layer its table entry mounts, or by its handler.
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             access::authenticate,

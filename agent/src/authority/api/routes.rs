@@ -53,11 +53,20 @@ const COMMITTED: &str = "Committed";
 const TEXT: &str = "text/plain; charset=utf-8";
 const METRICS: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Mount every operation of [`ROUTES`], each with its body limit.
-pub(super) fn mount(mut router: Router<ApiState>) -> Router<ApiState> {
+/// Mount every operation of [`ROUTES`], each with its body limit, and the `read` check
+/// on those whose permission is [`Read`](super::openapi::Permission::Read): the permission
+/// the document states is the one enforced. Other permissions are the handlers' to check
+/// (they know the scope), `Authenticated` needs nothing beyond `access::authenticate`.
+pub(super) fn mount(mut router: Router<ApiState>, state: &ApiState) -> Router<ApiState> {
     for route in ROUTES {
-        let handler = (route.mount)(route.op.method.filter())
+        let mut handler = (route.mount)(route.op.method.filter())
             .layer(DefaultBodyLimit::max(route.op.body_limit));
+        if route.op.permission == super::openapi::Permission::Read {
+            handler = handler.layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                super::access::require_read,
+            ));
+        }
         router = router.route(route.op.path, handler);
     }
     router
