@@ -157,7 +157,10 @@ async fn the_permission_the_document_states_is_the_one_enforced() {
             }
         }
     }
-    assert!(reads >= 15 && open >= 1, "{reads} reads, {open} open operations checked");
+    assert!(
+        reads >= 15 && open >= 1,
+        "{reads} reads, {open} open operations checked"
+    );
     a.shutdown().await;
 }
 
