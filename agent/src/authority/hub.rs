@@ -14,12 +14,13 @@ use waymark_core::model::{EvidenceClass, InstanceId, NodeName, Reporter, Sample,
 use waymark_registry::ingest::admit;
 use waymark_registry::state::DesiredState;
 
+use super::keyring::KeyringBroker;
 use super::metrics::{AuthorityMetrics, ReasonLabels};
 use super::raft::RaftNode;
 use super::sidecars::SidecarsHandle;
 use crate::evidence::{
-    Ack, ClientConfig, ConfigRequest, EvidenceSink, ProbeTarget, RefusedSample, SidecarReport,
-    WireSample,
+    Ack, ClientConfig, ConfigRequest, EvidenceSink, KeyringAnswer, KeyringRequest, ProbeTarget,
+    RefusedSample, SidecarReport, WireSample,
 };
 use crate::gossip::{Liveness, MemberState, Role};
 
@@ -63,6 +64,8 @@ pub struct EvidenceHub {
     /// Each node's report of its sidecars, and config requests to nodes: leader-observed,
     /// like the assignments (see `sidecars.rs`).
     sidecars: SidecarsHandle,
+    /// Keyring requests to nodes (online gossip key rotation): leader-observed too.
+    keyring: Arc<KeyringBroker>,
 }
 
 impl EvidenceHub {
@@ -76,7 +79,13 @@ impl EvidenceHub {
             gossip: None,
             queue_len: QUEUE_LEN,
             sidecars: SidecarsHandle::default(),
+            keyring: Arc::default(),
         }
+    }
+
+    /// The keyring broker, for the leader's pool-wide keyring operations.
+    pub fn keyring_broker(&self) -> Arc<KeyringBroker> {
+        Arc::clone(&self.keyring)
     }
 
     /// The sidecar reports and config broker, for the API.
@@ -124,6 +133,7 @@ impl EvidenceHub {
         drop(inner);
         self.sidecars.reports().clear();
         self.sidecars.broker.clear();
+        self.keyring.clear();
     }
 
     /// Probe each instance at its contract's confirmation cadence (`true`) or at its
@@ -319,6 +329,7 @@ impl EvidenceSink for EvidenceHub {
             self.sidecars.reports().handle_session_closed(node);
         }
         self.sidecars.broker.detach(node);
+        self.keyring.detach(node);
         self.membership.send_modify(|n| *n += 1);
     }
 
@@ -351,6 +362,14 @@ impl EvidenceSink for EvidenceHub {
 
     fn client_config(&self, node: &NodeName, answer: ClientConfig) {
         self.sidecars.broker.answer(node, answer);
+    }
+
+    fn keyring_requests(&self, node: &NodeName) -> Option<mpsc::Receiver<KeyringRequest>> {
+        Some(self.keyring.attach(node))
+    }
+
+    fn keyring_answer(&self, node: &NodeName, answer: KeyringAnswer) {
+        self.keyring.answer(node, answer);
     }
 
     fn ingest(&self, reporter: &Reporter, samples: Vec<WireSample>) -> Result<Ack, Status> {

@@ -60,7 +60,8 @@ use super::settings::{
 use super::tier;
 use crate::api_client::ApiClient;
 use crate::evidence::{EvidenceService, SessionMetrics};
-use crate::gossip::{Gossip, GossipConfig, GossipId, Role};
+use super::keyring::{KeyringPool, member_router};
+use crate::gossip::{Gossip, GossipConfig, GossipId, Role, keyring_file};
 use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
 
 /// A running member.
@@ -128,7 +129,7 @@ impl Authority {
         let mut families = Families::new(&config, &raft, cert_metrics);
         let metrics = families.authority.clone();
         let gossip = match &config.gossip {
-            Some(g) => Some(start_gossip(config.id, g, &mut families.registry).await?),
+            Some(g) => Some(start_gossip(&config, g, &mut families.registry).await?),
             None => None,
         };
         let mut hub = EvidenceHub::new(raft.clone(), metrics.clone());
@@ -194,6 +195,13 @@ impl Authority {
         )
         .with_federation(node.clone(), regions)
         .with_sidecars(hub.sidecars())
+        .with_keyring(Arc::new(KeyringPool::new(
+            config.id,
+            raft.clone(),
+            hub.keyring_broker(),
+            gossip.as_ref(),
+            tls.as_ref().map(|t| Arc::clone(&t.raft_client)),
+        )))
         .with_tls(tls.is_some());
         if let (Some(kube), Some(kube_metrics)) = (config.kubernetes.clone(), families.kube) {
             tasks.push(tokio::spawn(existence::run_kube(
@@ -217,10 +225,19 @@ impl Authority {
             Some(_) => Senders::Certified,
             None => Senders::Unchecked,
         };
+        // The leader's keyring operations reach this member's own gossip there too.
+        let raft_routes = raft
+            .router(senders, families.raft_rpc.clone())
+            .merge(member_router(
+                gossip.as_ref().map(Gossip::keyring),
+                raft.clone(),
+                senders,
+                families.raft_rpc,
+            ));
         tasks.push(tokio::spawn(serve_http(
             listeners.raft,
             "raft",
-            raft.router(senders, families.raft_rpc),
+            raft_routes,
             tls.as_ref().map(|t| Arc::clone(&t.raft_server)),
             config.limits.raft,
             families.http,
@@ -432,12 +449,14 @@ impl Families {
     }
 }
 
-/// Joins the region's gossip pool as `authority-<id>` (prober liveness for the hub).
+/// Joins the region's gossip pool as `authority-<id>` (prober liveness for the hub), with
+/// the keyring a rotation persisted in the data directory, else the configured one.
 async fn start_gossip(
-    id: u64,
+    config: &AuthorityConfig,
     g: &GossipSettings,
     registry: &mut Registry,
 ) -> anyhow::Result<Gossip> {
+    let id = config.id;
     let name = NodeName::try_new(format!("authority-{id}"))
         .map_err(|e| anyhow::anyhow!("gossip name: {e}"))?;
     // Bound first, so port 0 works: the identity carries the address peers use.
@@ -446,8 +465,20 @@ async fn start_gossip(
         .with_context(|| format!("binding gossip on {}", g.bind))?;
     let addr = socket.local_addr()?;
     let identity = GossipId::new(name, addr, g.zone.clone(), Role::Authority);
-    let mut gc = GossipConfig::new(addr, identity, g.keyring.clone());
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating {}", config.data_dir.display()))?;
+    let keyring_file = config.data_dir.join(keyring_file::FILE_NAME);
+    let (keyring, source) = keyring_file::load_or(&keyring_file, g.keyring.clone())
+        .with_context(|| format!("loading {}", keyring_file.display()))?;
+    info!(
+        source = source.as_str(),
+        primary = %keyring.primary().id(),
+        keys = keyring.keys().count(),
+        "gossip keyring loaded"
+    );
+    let mut gc = GossipConfig::new(addr, identity, keyring);
     gc.seeds = g.seeds.clone();
+    gc.keyring_file = Some(keyring_file);
     gc.metrics.register(registry);
     Gossip::start_with_socket(gc, socket).context("starting gossip")
 }

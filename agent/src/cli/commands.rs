@@ -10,6 +10,7 @@
 //! waymark explain, override, audit, alarms, status, openapi
 //! waymark proxy-status, proxy-config                        /v1/proxy-status…, /v1/proxy-config…
 //! waymark federation …, acl …, operator raft …, members
+//! waymark keyring   list|install|use|remove                 /v1/operator/keyring
 //! ```
 //!
 //! Output is a table, a wider table, or the API's answer as JSON or YAML
@@ -265,6 +266,14 @@ pub enum ClientCommand {
         /// Print JSON (the same as `-o json`).
         #[arg(long, conflicts_with = "output")]
         json: bool,
+    },
+    /// The region's gossip keyring, rotated online across every authority member and
+    /// node agent: list, install, use, remove (docs/operations.md).
+    Keyring {
+        #[command(subcommand)]
+        command: KeyringCommand,
+        #[command(flatten)]
+        api: ApiArgs,
     },
     /// Operate the authority group.
     Operator {
@@ -555,6 +564,36 @@ pub struct RegionControl {
 }
 
 #[derive(Debug, clap::Subcommand)]
+pub enum KeyringCommand {
+    /// Every pool member's key ids (never keys): how many hold each key, and on how many
+    /// it is primary.
+    List,
+    /// Step 1: every member opens with KEY too (it still seals with the primary).
+    Install(KeyArgs),
+    /// Step 2, once every member holds KEY: seal with it. Refused while any does not.
+    Use(KeyArgs),
+    /// Step 3, once KEY is primary nowhere: stop opening with it.
+    Remove(KeyArgs),
+}
+
+/// The key of `keyring install|use|remove`.
+#[derive(Debug, clap::Args)]
+pub struct KeyArgs {
+    /// The key: 64 hex digits or base64 of 32 bytes (`use` and `remove` also take the
+    /// key id `keyring list` prints). Prefer `--key-file`: a command line is visible to
+    /// other users and kept in shell history.
+    #[arg(conflicts_with = "key_file", required_unless_present = "key_file")]
+    pub key: Option<String>,
+    /// Read the key from this file (its first line).
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+    /// `use`/`remove`: go on when some members did not answer the check (they are left
+    /// behind; see docs/operations.md for bringing them back).
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
 pub enum OperatorCommand {
     /// The Raft group.
     Raft {
@@ -651,6 +690,8 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
         "/v1/operator/raft/transfer-leader",
         "operator raft transfer-leader",
     ),
+    ("GET", "/v1/operator/keyring", "keyring list"),
+    ("POST", "/v1/operator/keyring", "keyring install|use|remove"),
     ("GET", "/v1/operator/snapshot", "operator snapshot save"),
     ("PUT", "/v1/operator/snapshot", "operator snapshot restore"),
     ("GET", "/v1/services", "services list"),
@@ -885,6 +926,17 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<String> {
         } => {
             let out = if json { Output::Json } else { output };
             ops::members(&ApiClient::new(&agent, None), out).await
+        }
+        ClientCommand::Keyring { command, api } => {
+            let (client, out) = (api.client()?, api.out());
+            let (op, args) = match command {
+                KeyringCommand::List => return super::keyring::list(&client, out).await,
+                KeyringCommand::Install(args) => ("install", args),
+                KeyringCommand::Use(args) => ("use", args),
+                KeyringCommand::Remove(args) => ("remove", args),
+            };
+            let key = super::keyring::KeySource::of(args.key, args.key_file)?;
+            super::keyring::change(&client, op, &key, args.force, out).await
         }
         ClientCommand::Operator { command, api } => {
             // Offline: it reads the stopped member's files and needs no API or credential.
