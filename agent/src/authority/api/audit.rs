@@ -43,7 +43,8 @@ impl QueryParams for AuditQuery {
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub(super) struct Alarm {
     service: String,
-    /// `fraction_guard` or `last_eligible_withdrawn`.
+    /// `fraction_guard`, `last_eligible_withdrawn` or `publish_refused` (the leader's
+    /// term ran out of view versions with no voter to hand over to).
     alarm: String,
     /// The zone it concerns, for the fraction guard.
     zone: Option<String>,
@@ -140,46 +141,55 @@ fn check_words(last: &str) -> Option<&str> {
 
 /// Current alarms: the latest alarm record per (service, alarm, zone) that is still raised.
 pub(super) async fn alarms(State(s): State<ApiState>) -> Response {
-    let raised: Vec<Alarm> = s.raft.with_state(|state, _| {
-        let mut latest: BTreeMap<(String, String, String), &AuditEntry> = BTreeMap::new();
-        for e in state.audit().iter().filter(|e| e.kind == AuditKind::Alarm) {
-            let family = match e.outcome.as_str() {
-                "guard_engaged" | "guard_released" => "fraction_guard",
-                "last_eligible_withdrawn" | "eligible_restored" => "last_eligible_withdrawn",
-                _ => continue,
-            };
-            let zone = e
-                .detail
-                .get("zone")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned();
-            let service = e
-                .service
-                .as_ref()
-                .map(ToString::to_string)
-                .unwrap_or_default();
-            latest.insert((service, family.to_owned(), zone), e);
-        }
-        latest
-            .into_iter()
-            .filter(|(_, e)| {
-                matches!(
-                    e.outcome.as_str(),
-                    "guard_engaged" | "last_eligible_withdrawn"
-                )
-            })
-            .map(|((service, alarm, zone), e)| Alarm {
-                service,
-                alarm,
-                zone: (!zone.is_empty()).then_some(zone),
-                since_ms: e.at_ms,
-                seq: e.seq,
-                detail: e.detail.clone(),
-            })
-            .collect()
-    });
+    let term = s.raft.current_term();
+    let raised = s
+        .raft
+        .with_state(|state, _| raised_alarms(state.audit().iter(), term));
     ok(&raised)
+}
+
+/// The alarms `audit` still holds raised while `term` is the current Raft term: the
+/// fraction guard and the last eligible instance until their release records, and a
+/// refusal to publish (its term out of view versions) for as long as that term lasts.
+fn raised_alarms<'a>(audit: impl Iterator<Item = &'a AuditEntry>, term: u64) -> Vec<Alarm> {
+    let mut latest: BTreeMap<(String, String, String), &AuditEntry> = BTreeMap::new();
+    for e in audit.filter(|e| e.kind == AuditKind::Alarm) {
+        let family = match e.outcome.as_str() {
+            "guard_engaged" | "guard_released" => "fraction_guard",
+            "last_eligible_withdrawn" | "eligible_restored" => "last_eligible_withdrawn",
+            "publish_refused" => "publish_refused",
+            _ => continue,
+        };
+        let zone = e
+            .detail
+            .get("zone")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let service = e
+            .service
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        latest.insert((service, family.to_owned(), zone), e);
+    }
+    latest
+        .into_iter()
+        .filter(|(_, e)| match e.outcome.as_str() {
+            "guard_engaged" | "last_eligible_withdrawn" => true,
+            // Ends with its term: the next leader starts with a fresh version space.
+            "publish_refused" => e.detail.get("term").and_then(Value::as_u64) == Some(term),
+            _ => false,
+        })
+        .map(|((service, alarm, zone), e)| Alarm {
+            service,
+            alarm,
+            zone: (!zone.is_empty()).then_some(zone),
+            since_ms: e.at_ms,
+            seq: e.seq,
+            detail: e.detail.clone(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -223,5 +233,50 @@ mod tests {
         assert!(!shown.contains("AKIA"), "{shown}");
         assert!(shown.contains("Fail: HTTP 500; said: [redacted"), "{shown}");
         assert!(shown.contains("\"ready\""), "{shown}");
+    }
+
+    fn alarm(seq: u64, outcome: &str, service: Option<&str>, detail: Value) -> AuditEntry {
+        AuditEntry {
+            seq,
+            at_ms: seq * 1000,
+            kind: AuditKind::Alarm,
+            actor: "waymark".into(),
+            service: service.map(|s| s.parse().unwrap_or_else(|e| panic!("{e}"))),
+            instance: None,
+            outcome: outcome.into(),
+            detail,
+        }
+    }
+
+    #[test]
+    fn an_alarm_is_raised_until_its_release_and_a_publish_refusal_until_its_term_ends() {
+        let log = [
+            alarm(1, "guard_engaged", Some("web"), json!({"zone": "a"})),
+            alarm(2, "guard_engaged", Some("web"), json!({"zone": "b"})),
+            alarm(3, "guard_released", Some("web"), json!({"zone": "a"})),
+            alarm(4, "last_eligible_withdrawn", Some("pay"), json!({})),
+            alarm(
+                5,
+                "publish_refused",
+                None,
+                json!({"term": 7, "reason": "versions_exhausted"}),
+            ),
+        ];
+        let names = |term| {
+            raised_alarms(log.iter(), term)
+                .into_iter()
+                .map(|a| (a.service, a.alarm, a.zone))
+                .collect::<Vec<_>>()
+        };
+        let web_b = (
+            "web".to_owned(),
+            "fraction_guard".to_owned(),
+            Some("b".to_owned()),
+        );
+        let pay = ("pay".to_owned(), "last_eligible_withdrawn".to_owned(), None);
+        let refused = (String::new(), "publish_refused".to_owned(), None);
+        assert_eq!(names(7), vec![refused, pay.clone(), web_b.clone()]);
+        // A new term: the refusal is over; the others stand until released.
+        assert_eq!(names(8), vec![pay, web_b]);
     }
 }
