@@ -25,4 +25,5 @@ pub mod logging;
 pub mod metrics;
 pub mod net;
 pub mod node;
+pub mod sorted_json;
 pub mod tls;

@@ -35,7 +35,7 @@ impl Default for SignalConfig {
 }
 
 /// One region's front-door state.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct FrontDoor {
     /// Whether the region's front door is considered up.
     pub up: bool,

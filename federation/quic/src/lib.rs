@@ -150,7 +150,7 @@ pub enum FederationError {
 }
 
 /// Whether we dial a peer or wait for it to dial us.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LinkRole {
     /// Our region name sorts lower: we dial.
@@ -160,7 +160,8 @@ pub enum LinkRole {
 }
 
 /// One peer member's link as the authority reports it (`waymark federation status`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[schemars(rename = "FederationLink")] // the Raft peers' `PeerStatus` has the name
 pub struct PeerStatus {
     /// The peer region.
     pub region: RegionName,
@@ -172,8 +173,10 @@ pub struct PeerStatus {
     pub role: LinkRole,
     /// Whether the link is up now.
     pub connected: bool,
-    /// Time since the peer member last spoke; `None` if it has not since this node started.
+    /// Time since the peer member last spoke, in ms; `null` (`None`) if it has not since
+    /// this node started.
     #[serde(rename = "age_ms", serialize_with = "as_millis")]
+    #[schemars(with = "Option<u64>")]
     pub age: Option<Duration>,
     /// Silent longer than `stale_after` (or never heard). The region may still be fresh
     /// through another member; see [`RegionStatus`].
@@ -185,7 +188,8 @@ pub struct PeerStatus {
 }
 
 /// One peer region, summed over its members' links: what tier 2 of the views depends on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[schemars(rename = "FederationRegion")]
 pub struct RegionStatus {
     /// The peer region.
     pub region: RegionName,
@@ -194,8 +198,9 @@ pub struct RegionStatus {
     /// Links configured to its members.
     pub links: usize,
     /// Time since the region last spoke through any of its links (the youngest link's
-    /// age); `None` if none has since this node started.
+    /// age), in ms; `null` (`None`) if none has since this node started.
     #[serde(rename = "age_ms", serialize_with = "as_millis")]
+    #[schemars(with = "Option<u64>")]
     pub age: Option<Duration>,
     /// Every link is stale: the region's entries are kept, marked stale.
     pub stale: bool,

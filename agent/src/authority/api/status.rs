@@ -15,12 +15,15 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use waymark_core::model::{RegionName, ServiceName};
+use waymark_federation::signal::FrontDoor;
+use waymark_federation_quic::{PeerStatus as LinkStatus, RegionStatus};
 use waymark_registry::acl::Action;
 
 use super::{ApiError, ApiResult, ApiState, Body, ok};
 use crate::authority::principal::Caller;
 use crate::authority::raft::PeerStatus;
 use crate::authority::regions;
+use crate::sorted_json::SortedKeys;
 
 /// `GET /v1/status`: this member.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -45,7 +48,7 @@ pub(super) struct LeaderRef {
 
 /// `GET /v1/federation/status`: this member's federation links. Without federation, only
 /// `region` and `enabled: false`.
-#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, JsonSchema)]
 pub(super) struct FederationStatus {
     region: RegionName,
     /// Whether this member runs a federation endpoint.
@@ -55,20 +58,18 @@ pub(super) struct FederationStatus {
 }
 
 /// A running federation endpoint's state.
-#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Serialize, JsonSchema)]
 pub(super) struct FederationLinks {
     /// Its QUIC endpoint, host:port.
     endpoint: String,
     /// The versions of this region's own aggregates it serves, by service.
     local_versions: BTreeMap<ServiceName, u64>,
-    /// Per peer region, summed over its members' links: links up, age (`age_ms`),
-    /// staleness and versions held.
-    regions: Vec<Value>,
-    /// Per peer member's link: region, member, address, role, connected, `age_ms`,
-    /// stale, last error and versions held.
-    links: Vec<Value>,
+    /// Per peer region, summed over its members' links.
+    regions: Vec<SortedKeys<RegionStatus>>,
+    /// Per peer member's link.
+    links: Vec<SortedKeys<LinkStatus>>,
     /// The front-door signal per peer region; `null` without region routing.
-    front_doors: Option<BTreeMap<RegionName, Value>>,
+    front_doors: Option<BTreeMap<RegionName, SortedKeys<FrontDoor>>>,
 }
 
 /// One xDS client of this member's tier (`GET /v1/proxy-status`).
@@ -195,17 +196,12 @@ pub(super) async fn federation_status(State(s): State<ApiState>) -> Response {
         links: Some(FederationLinks {
             endpoint: node.local_addr().to_string(),
             local_versions,
-            regions: node.regions().into_iter().map(to_value).collect(),
-            links: node.status().into_iter().map(to_value).collect(),
+            regions: node.regions().into_iter().map(SortedKeys).collect(),
+            links: node.status().into_iter().map(SortedKeys).collect(),
             front_doors: front_doors
-                .map(|doors| doors.into_iter().map(|(r, d)| (r, to_value(d))).collect()),
+                .map(|doors| doors.into_iter().map(|(r, d)| (r, SortedKeys(d))).collect()),
         }),
     })
-}
-
-/// A value as JSON; what cannot be written (never, for these types) is `null`.
-fn to_value(value: impl Serialize) -> Value {
-    serde_json::to_value(value).unwrap_or(Value::Null)
 }
 
 pub(super) async fn peers(State(s): State<ApiState>) -> Json<Vec<PeerStatus>> {
