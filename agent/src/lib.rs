@@ -25,5 +25,6 @@ pub mod logging;
 pub mod metrics;
 pub mod net;
 pub mod node;
+pub mod otel;
 pub mod sorted_json;
 pub mod tls;
