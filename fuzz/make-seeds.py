@@ -505,4 +505,18 @@ for i, text in enumerate(["spiffe://example.org/region/eu/node/node-1",
                           "spiffe://example.org/region/eu", "24h", "90d"]):
     write("certs", f"text-{i}", b"\x04" + text.encode())
 
+# --- the gossip keyring file (agent/src/gossip/keyring_file.rs) -------------------------------
+def keyring_file(*keys):
+    body = b"WMKR" + bytes([1, len(keys)]) + b"".join(keys)
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+KR_A, KR_B = b"\x11" * 32, b"\x22" * 32
+write("keyring_file", "one", b"\x00" + keyring_file(KR_A))
+write("keyring_file", "rotating", b"\x00" + keyring_file(KR_B, KR_A))
+write("keyring_file", "torn", b"\x00" + keyring_file(KR_B, KR_A)[:40])
+write("keyring_file", "use-held", b"\x01\x02\x02" + keyring_file(KR_A, KR_B))
+write("keyring_file", "remove-primary", b"\x01\x03\x00" + keyring_file(KR_A, KR_B))
+write("keyring_file", "install-new", b"\x01\x01\x07" + keyring_file(KR_A))
+
 print("seeds written under", ROOT)
