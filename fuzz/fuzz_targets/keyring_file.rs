@@ -21,7 +21,11 @@ fuzz_target!(|data: &[u8]| {
     };
     if mode % 2 == 0 {
         if let Ok(ring) = decode(rest) {
-            assert_eq!(encode(&ring), rest, "a decoded keyring re-encodes to the file");
+            assert_eq!(
+                encode(&ring),
+                rest,
+                "a decoded keyring re-encodes to the file"
+            );
         }
         return;
     }
