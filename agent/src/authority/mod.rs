@@ -22,3 +22,4 @@ pub mod settings;
 pub mod sidecars;
 pub mod staleness;
 pub mod tier;
+pub mod ui;
