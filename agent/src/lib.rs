@@ -26,5 +26,4 @@ pub mod metrics;
 pub mod net;
 pub mod node;
 pub mod otel;
-pub mod sorted_json;
 pub mod tls;

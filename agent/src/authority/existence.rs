@@ -11,7 +11,7 @@ use waymark_registry::state::{Applied, Command, DesiredState, Stamped};
 use super::clock::now_ms;
 use super::kube::diff::{AddressFamily, DiffConfig};
 use super::kube::metrics::KubeMetrics;
-use super::kube::{KubeReconciler, KubeReconcilerConfig, Propose, ProposeError};
+use super::kube::{KubeReconciler, KubeReconcilerConfig, Propose, ProposeError, ReconcileStatus};
 use super::raft::RaftNode;
 use super::settings::KubeSettings;
 use waymark_registry::machine::{Refusal, Request, Response};
@@ -53,13 +53,13 @@ impl Propose for RaftProposer {
     }
 }
 
-/// Run the reconciler whenever this member leads; publish its status as JSON into `diff`.
+/// Run the reconciler whenever this member leads; publish its status into `diff`.
 pub async fn run_kube(
     raft: RaftNode,
     settings: KubeSettings,
     region: waymark_core::model::RegionName,
     metrics: KubeMetrics,
-    diff: Arc<Mutex<serde_json::Value>>,
+    diff: Arc<Mutex<Option<ReconcileStatus>>>,
 ) {
     let (Ok(unknown_zone), Ok(unknown_node)) =
         (ZoneName::try_new("unknown"), NodeName::try_new("unknown"))
@@ -98,9 +98,8 @@ pub async fn run_kube(
             tokio::select! {
                 changed = status.changed() => {
                     if changed.is_err() { break; }
-                    let s = status.borrow_and_update().clone();
-                    let json = serde_json::to_value(&*s).unwrap_or(serde_json::Value::Null);
-                    *diff.lock().unwrap_or_else(PoisonError::into_inner) = json;
+                    let s = ReconcileStatus::clone(&status.borrow_and_update());
+                    *diff.lock().unwrap_or_else(PoisonError::into_inner) = Some(s);
                 }
                 lost = leadership.wait_for(|m| !m.state.is_leader()) => {
                     if lost.is_err() { reconciler.shutdown(); return; }

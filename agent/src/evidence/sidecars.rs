@@ -16,7 +16,11 @@
 //! travels as the JSON document the node agent's own API serves, at most
 //! [`CLIENT_CONFIG_BYTES_MAX`]: the authority relays it, never reads it.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use super::pb;
 use super::wire::{WireError, entries, text};
@@ -76,7 +80,8 @@ pub struct SidecarClient {
 }
 
 /// How a client speaks xDS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum XdsProtocol {
     /// Incremental ADS.
     Delta,
@@ -119,7 +124,8 @@ impl TypeSync {
 }
 
 /// A rejected response.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(rename = "SidecarNack")] // the xDS tier's own `Nack` has the name
 pub struct Nack {
     /// The version rejected (empty when unknown).
     pub version: String,
@@ -173,49 +179,101 @@ impl SidecarClient {
     /// The client as both APIs show it (the node agent's `GET /v1/clients`, the
     /// authority's `GET /v1/proxy-status/sidecars`); `since` is the time since the report
     /// was made, added to its durations.
-    pub fn to_json(&self, since: Duration) -> serde_json::Value {
-        let types: serde_json::Map<String, serde_json::Value> = self
+    pub fn body(&self, since: Duration) -> SidecarBody {
+        let types = self
             .types
             .iter()
             .map(|t| {
                 let short = t.type_url.rsplit('.').next().unwrap_or(&t.type_url);
-                let nack = t
-                    .last_nack
-                    .as_ref()
-                    .map(|n| serde_json::json!({"version": n.version, "error": n.error}));
-                let entry = serde_json::json!({
-                    "sent": t.sent, "acked": t.acked, "in_sync": t.in_sync(),
-                    "nacks": t.nacks, "last_nack": nack, "resources": t.resources,
-                });
+                let entry = TypeSyncBody {
+                    sent: t.sent.clone(),
+                    acked: t.acked.clone(),
+                    in_sync: t.in_sync(),
+                    nacks: t.nacks,
+                    last_nack: t.last_nack.clone(),
+                    resources: t.resources,
+                };
                 (short.to_owned(), entry)
             })
             .collect();
-        serde_json::json!({
-            "client": self.client,
-            "cluster": self.cluster,
-            "zone": self.zone,
-            "protocol": self.protocol.as_str(),
-            "identity": self.identity,
-            "stream_id": self.stream_id,
-            "connected_for_ms": millis(self.connected_for.saturating_add(since)),
-            "state": self.state(),
-            "types": types,
-        })
+        SidecarBody {
+            client: self.client.clone(),
+            cluster: self.cluster.clone(),
+            zone: self.zone.clone(),
+            protocol: self.protocol,
+            identity: self.identity.clone(),
+            stream_id: self.stream_id,
+            connected_for_ms: millis(self.connected_for.saturating_add(since)),
+            state: self.state().to_owned(),
+            types,
+        }
     }
 }
 
 impl SidecarReport {
     /// The report as both APIs show it: the view's age and every client, with `since` (the
     /// time since the report was made) added to their durations.
-    pub fn to_json(&self, since: Duration) -> serde_json::Value {
-        let clients: Vec<serde_json::Value> =
-            self.clients.iter().map(|c| c.to_json(since)).collect();
-        serde_json::json!({
-            "view_age_ms": self.view_age.map(|a| millis(a.saturating_add(since))),
-            "clients_left_out": self.clients_left_out,
-            "sidecars": clients,
-        })
+    pub fn body(&self, since: Duration) -> SidecarReportBody {
+        SidecarReportBody {
+            view_age_ms: self.view_age.map(|a| millis(a.saturating_add(since))),
+            clients_left_out: self.clients_left_out,
+            sidecars: self.clients.iter().map(|c| c.body(since)).collect(),
+        }
     }
+}
+
+/// A node agent's report of its own xDS clients, as the node agent's `GET /v1/clients`
+/// and the authority's `GET /v1/proxy-status/sidecars` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SidecarReportBody {
+    /// Time since the node's view was last confirmed upstream, in ms; `null` if it never
+    /// was.
+    pub view_age_ms: Option<u64>,
+    /// Clients connected but left out of `sidecars` to stay within the report's bound.
+    pub clients_left_out: u32,
+    /// The clients.
+    pub sidecars: Vec<SidecarBody>,
+}
+
+/// One xDS client of a node agent: its stream and per type what it was sent and acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SidecarBody {
+    /// The client's xDS node id.
+    pub client: String,
+    /// The client's declared cluster (the service it fronts).
+    pub cluster: String,
+    /// The client's declared zone.
+    pub zone: String,
+    /// Delta or State-of-the-World ADS.
+    pub protocol: XdsProtocol,
+    /// Its verified identity, over mutual TLS.
+    pub identity: Option<String>,
+    /// The node's id for the stream.
+    pub stream_id: u64,
+    /// How long the stream has been open, in ms.
+    pub connected_for_ms: u64,
+    /// `SYNCED` (every type acknowledged as sent), `NACK` (the last response of a type was
+    /// rejected) or `STALE` (a response is not acknowledged yet).
+    pub state: String,
+    /// Per resource type, by its short name (`Cluster`, `ClusterLoadAssignment`, …).
+    pub types: BTreeMap<String, TypeSyncBody>,
+}
+
+/// What one client was sent, acknowledged and rejected of one type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct TypeSyncBody {
+    /// Version of the last response sent.
+    pub sent: Option<String>,
+    /// Version last acknowledged.
+    pub acked: Option<String>,
+    /// `sent == acked`.
+    pub in_sync: bool,
+    /// Responses rejected.
+    pub nacks: u64,
+    /// The last rejection.
+    pub last_nack: Option<Nack>,
+    /// Resources the client holds.
+    pub resources: u64,
 }
 
 /// `text` cut to at most `max` bytes, on a character boundary: how a sender keeps a

@@ -21,8 +21,10 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
+use waymark_core::model::NodeName;
 
 use super::shared::Shared;
+use crate::evidence::SidecarReportBody;
 
 /// Body limit of every route (none reads one).
 const BODY_MAX: usize = 1024;
@@ -115,12 +117,25 @@ async fn probes_refused(State(s): State<Arc<Shared>>) -> Response {
     axum::Json(json!({"refused": refused})).into_response()
 }
 
-/// The sidecar report as it would be sent upstream now, with the node's name.
+/// `GET /v1/clients`: the sidecar report as it would be sent upstream now.
+#[derive(Debug, serde::Serialize)]
+struct Clients {
+    /// This node.
+    node: NodeName,
+    /// The report, as the authority's `GET /v1/proxy-status/sidecars` shows it too.
+    #[serde(flatten)]
+    report: SidecarReportBody,
+}
+
+/// The sidecar report as it would be sent upstream now, with the node's name; keys in
+/// name order, as when the body was built as a `Value`.
 async fn clients(State(s): State<Arc<Shared>>) -> Response {
     let report = super::sidecars::report(&s, tokio::time::Instant::now());
-    let mut body = report.to_json(std::time::Duration::ZERO);
-    body["node"] = json!(s.name.as_str());
-    axum::Json(body).into_response()
+    let body = Clients {
+        node: s.name.clone(),
+        report: report.body(std::time::Duration::ZERO),
+    };
+    axum::Json(serde_json::to_value(body).unwrap_or_default()).into_response()
 }
 
 async fn client_config(State(s): State<Arc<Shared>>, Path(client): Path<String>) -> Response {

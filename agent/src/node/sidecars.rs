@@ -239,7 +239,8 @@ pub(crate) fn config(shared: &Shared, client: &str, now: Instant) -> Option<Valu
         "endpoints": endpoints,
         "endpoints_left_out": left_out,
     });
-    if let (Value::Object(doc), Value::Object(head)) = (&mut doc, summary.to_json(Duration::ZERO)) {
+    let head = serde_json::to_value(summary.body(Duration::ZERO)).unwrap_or_default();
+    if let (Value::Object(doc), Value::Object(head)) = (&mut doc, head) {
         doc.extend(head);
     }
     Some(within_bound(doc))

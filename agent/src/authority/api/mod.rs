@@ -50,7 +50,6 @@ use prometheus_client::registry::Registry;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use waymark_core::model::RegionName;
 use waymark_federation_quic::FederationNode;
 use waymark_registry::batch::GroupCommitConfig;
@@ -60,6 +59,7 @@ use waymark_registry::state::{Applied, Command, Stamped};
 use waymark_xds::server::XdsServer;
 
 use super::clock::now_ms;
+use super::kube::ReconcileStatus;
 use super::commit::{CommitError, Committer};
 use super::fields;
 use super::leader::LeaderHandle;
@@ -129,7 +129,7 @@ pub struct ApiState {
     registry: Arc<Registry>,
     region: RegionName,
     overrides: Arc<Mutex<OverrideLimiter>>,
-    reconciliation: Arc<Mutex<Value>>,
+    reconciliation: Arc<Mutex<Option<ReconcileStatus>>>,
     federation: Option<Arc<FederationNode>>,
     regions: Option<RegionsHandle>,
     denials: Arc<Mutex<Denials>>,
@@ -171,7 +171,7 @@ impl ApiState {
             registry,
             region,
             overrides: Arc::default(),
-            reconciliation: Arc::new(Mutex::new(Value::Null)),
+            reconciliation: Arc::default(),
             federation: None,
             regions: None,
             denials: Arc::default(),
@@ -198,8 +198,8 @@ impl ApiState {
         self
     }
 
-    /// Where the reconciler publishes its latest diff (JSON) for `/v1/reconciliation`.
-    pub fn reconciliation(&self) -> Arc<Mutex<Value>> {
+    /// Where the reconciler publishes its latest status for `/v1/reconciliation`.
+    pub fn reconciliation(&self) -> Arc<Mutex<Option<ReconcileStatus>>> {
         Arc::clone(&self.reconciliation)
     }
 }
@@ -350,9 +350,9 @@ impl From<Refusal> for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-/// A JSON answer with `status`. The body goes through [`Value`] first, so its objects'
-/// keys are written in the order the API has always written them (sorted: the bodies were
-/// built as `serde_json::Value`s before they had types), whatever the field order of its
+/// A JSON answer with `status`. The body goes through [`serde_json::Value`] first, so its
+/// objects' keys are written in the order the API has always written them (sorted: the
+/// bodies were built as `Value`s before they had types), whatever the field order of its
 /// type.
 fn reply<T: Serialize>(status: StatusCode, body: &T) -> Response {
     match serde_json::to_value(body) {

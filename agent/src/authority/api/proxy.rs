@@ -19,7 +19,7 @@ use waymark_core::model::NodeName;
 
 use super::{ApiError, ApiResult, ApiState, ok, parse_name};
 use crate::authority::sidecars::{AskError, SidecarsHandle};
-use crate::evidence::CLIENT_ID_BYTES_MAX;
+use crate::evidence::{CLIENT_ID_BYTES_MAX, SidecarReportBody};
 
 impl ApiState {
     /// Serve the sidecar routes from the evidence hub's reports and broker.
@@ -44,11 +44,9 @@ pub(super) struct SidecarNode {
     session_open: bool,
     /// How long ago the report arrived.
     reported_ms_ago: u64,
-    /// The report, as the node agent's own `GET /v1/clients` shows it: `view_age_ms`,
-    /// `clients_left_out` and `sidecars` (per client: `client`, `cluster`, `zone`,
-    /// `protocol`, `identity`, `stream_id`, `connected_for_ms`, `state` and `types`).
+    /// The report, as the node agent's own `GET /v1/clients` shows it.
     #[serde(flatten)]
-    report: Map<String, Value>,
+    report: SidecarReportBody,
 }
 
 /// What one xDS client holds, as its node agent answers (`GET /v1/clients/{client}/config`
@@ -71,15 +69,11 @@ pub(super) async fn sidecars(State(s): State<ApiState>, uri: Uri) -> ApiResult<R
             .reports()
             .map(|(node, held)| {
                 let since = now.saturating_duration_since(held.received);
-                let report = match held.report.to_json(since) {
-                    Value::Object(fields) => fields,
-                    _ => Map::new(),
-                };
                 SidecarNode {
                     node: node.clone(),
                     session_open: held.session_open,
                     reported_ms_ago: millis(since),
-                    report,
+                    report: held.report.body(since),
                 }
             })
             .collect()

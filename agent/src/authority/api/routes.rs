@@ -167,7 +167,10 @@ pub static ROUTES: &[Route] = &[
             summary: "The orchestrator-vs-registry reconciliation diff",
             description: "The Kubernetes reconciler's latest diff, as it published it; `null` \
                           until it has run (or without Kubernetes).",
-            replies: &[Reply::json::<Value>(200, "The latest diff")],
+            replies: &[Reply::json::<status::Reconciliation>(
+                200,
+                "The reconciler's latest pass and the diff it found",
+            )],
             ..Operation::DEFAULT
         },
     },

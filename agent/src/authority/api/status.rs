@@ -13,17 +13,16 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use waymark_core::model::{RegionName, ServiceName};
 use waymark_federation::signal::FrontDoor;
 use waymark_federation_quic::{PeerStatus as LinkStatus, RegionStatus};
 use waymark_registry::acl::Action;
 
 use super::{ApiError, ApiResult, ApiState, Body, ok};
+use crate::authority::kube::ReconcileStatus;
 use crate::authority::principal::Caller;
 use crate::authority::raft::PeerStatus;
 use crate::authority::regions;
-use crate::sorted_json::SortedKeys;
 
 /// `GET /v1/status`: this member.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
@@ -65,11 +64,11 @@ pub(super) struct FederationLinks {
     /// The versions of this region's own aggregates it serves, by service.
     local_versions: BTreeMap<ServiceName, u64>,
     /// Per peer region, summed over its members' links.
-    regions: Vec<SortedKeys<RegionStatus>>,
+    regions: Vec<RegionStatus>,
     /// Per peer member's link.
-    links: Vec<SortedKeys<LinkStatus>>,
+    links: Vec<LinkStatus>,
     /// The front-door signal per peer region; `null` without region routing.
-    front_doors: Option<BTreeMap<RegionName, SortedKeys<FrontDoor>>>,
+    front_doors: Option<BTreeMap<RegionName, FrontDoor>>,
 }
 
 /// One xDS client of this member's tier (`GET /v1/proxy-status`).
@@ -196,10 +195,9 @@ pub(super) async fn federation_status(State(s): State<ApiState>) -> Response {
         links: Some(FederationLinks {
             endpoint: node.local_addr().to_string(),
             local_versions,
-            regions: node.regions().into_iter().map(SortedKeys).collect(),
-            links: node.status().into_iter().map(SortedKeys).collect(),
-            front_doors: front_doors
-                .map(|doors| doors.into_iter().map(|(r, d)| (r, SortedKeys(d))).collect()),
+            regions: node.regions(),
+            links: node.status(),
+            front_doors,
         }),
     })
 }
@@ -293,13 +291,16 @@ pub(super) async fn remove_member(
     Ok(axum::Json(s.raft.peers()).into_response())
 }
 
-pub(super) async fn reconciliation(State(s): State<ApiState>) -> Json<Value> {
-    let diff = s
+/// `GET /v1/reconciliation`: the reconciler's latest status; `null` until it has run.
+pub(super) type Reconciliation = Option<ReconcileStatus>;
+
+pub(super) async fn reconciliation(State(s): State<ApiState>) -> Response {
+    let diff: Reconciliation = s
         .reconciliation
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
-    axum::Json(diff)
+    ok(&diff)
 }
 
 pub(super) async fn proxy_status(State(s): State<ApiState>) -> Response {

@@ -32,6 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use waymark_core::model::{
     Address, Instance, InstanceId, Locality, NodeName, Origin, RegionName, ServiceName, ZoneName,
@@ -106,7 +107,7 @@ pub struct Plan {
 }
 
 /// Divergence between the orchestrator and the registry (ADR-03), for the API and metrics.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ReconciliationDiff {
     /// Per managed service with at least one instance on either side.
     pub services: BTreeMap<ServiceName, ServiceDiff>,
@@ -119,7 +120,7 @@ pub struct ReconciliationDiff {
 }
 
 /// One managed service's divergence.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ServiceDiff {
     /// In the orchestrator, not in the registry: to be observed.
     pub only_in_orchestrator: IdList,
@@ -132,7 +133,7 @@ pub struct ServiceDiff {
 }
 
 /// A counted list of ids, listing at most [`DIFF_IDS_MAX`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct IdList {
     /// How many there are.
     pub count: usize,
@@ -150,7 +151,7 @@ impl IdList {
 }
 
 /// Totals of a [`ReconciliationDiff`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct DiffTotals {
     /// Instances only in the orchestrator.
     pub only_in_orchestrator: usize,
@@ -172,7 +173,7 @@ impl DiffTotals {
 }
 
 /// What the mapping skipped, and why.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SkipCounts {
     /// Slices without the `kubernetes.io/service-name` label or a namespace.
     pub slices_without_service: usize,

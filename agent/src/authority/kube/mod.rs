@@ -122,7 +122,7 @@ pub enum ProposeError {
 }
 
 /// What the reconciler last did, published after every pass.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
 pub struct ReconcileStatus {
     /// Whether the store holds a complete list and the watch is healthy.
     pub synced: bool,
@@ -135,7 +135,7 @@ pub struct ReconcileStatus {
 }
 
 /// One pass's outcome.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
 pub struct PassSummary {
     /// Commands the plan asked for.
     pub planned: usize,
