@@ -437,8 +437,6 @@ pub enum SchemaKind {
     Contract,
     /// A service policy (`docs/schema/policy.schema.json`).
     Policy,
-    /// Both, as the OpenAPI document's `components.schemas`.
-    OpenapiComponents,
     /// The authority API's OpenAPI document, generated from its operation table
     /// (`agent/src/authority/openapi.json`).
     Openapi,
@@ -909,9 +907,6 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<String> {
                 SchemaKind::Contract => serde_json::to_value(waymark_core::schema::contract())?,
                 SchemaKind::Policy => {
                     serde_json::to_value(waymark_registry::state::policy_schema())?
-                }
-                SchemaKind::OpenapiComponents => {
-                    serde_json::Value::Object(crate::authority::api::schema_components())
                 }
                 SchemaKind::Openapi => {
                     return Ok(crate::authority::api::document_text().to_owned());

@@ -84,7 +84,6 @@ mod proxy;
 mod query;
 mod routes;
 mod routing;
-mod schema;
 mod services;
 mod status;
 
@@ -97,7 +96,6 @@ pub use openapi::{
 };
 pub use query::{FILTER_VALUES_MAX, LIMIT_MAX, NEXT_CURSOR_HEADER};
 pub use routes::{NON_API, ROUTES, Route};
-pub use schema::components as schema_components;
 
 /// Audit records returned by one request at most.
 pub const AUDIT_PAGE_MAX: usize = 10_000;
@@ -573,7 +571,7 @@ async fn openapi_json() -> impl IntoResponse {
 }
 
 /// The checked-in copy of the OpenAPI document (`scripts/update-schemas` writes it from
-/// [`document`]; `agent/tests/schema_docs` fails while they differ).
+/// [`document`]; `agent/tests/contract_guide.rs` fails while they differ).
 pub const OPENAPI: &str = include_str!("../openapi.json");
 
 #[cfg(test)]
