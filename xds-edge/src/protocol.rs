@@ -20,7 +20,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 
-use crate::snapshot::{Encoded, Payload, Resources};
+use crate::snapshot::{Encoded, Payload, Released, Resources, Stamps};
 use crate::translate::{TYPE_CLUSTER, TYPE_LISTENER};
 
 /// The field both `DiscoveryResponse` and `DeltaDiscoveryResponse` carry resources in.
@@ -41,6 +41,8 @@ pub struct Outgoing<M> {
     pub head: M,
     /// Per resource: the start of its `resources` entry, then its shared `Any`.
     entries: Vec<(Vec<u8>, Bytes)>,
+    /// The release stamps of the resource versions it brings the client (never sent).
+    released: Vec<Released>,
 }
 
 impl<M: prost::Message + Default> Outgoing<M> {
@@ -48,7 +50,14 @@ impl<M: prost::Message + Default> Outgoing<M> {
         Self {
             head,
             entries: Vec::new(),
+            released: Vec::new(),
         }
+    }
+
+    /// When the resource versions this response brings the client were released, where
+    /// the snapshot knew it: what the client's acknowledgement of it is timed against.
+    pub fn released(&self) -> &[Released] {
+        &self.released
     }
 
     /// Resources carried.
@@ -292,6 +301,19 @@ impl DeltaState {
         system_version: &str,
         nonce: String,
     ) -> Option<Outgoing<DeltaDiscoveryResponse>> {
+        self.next_response_stamped(type_url, resources, system_version, nonce, &Stamps::new())
+    }
+
+    /// [`DeltaState::next_response`], with the response carrying the release stamps (from
+    /// `stamps`) of the resource versions it sends.
+    pub fn next_response_stamped(
+        &mut self,
+        type_url: &str,
+        resources: &Resources,
+        system_version: &str,
+        nonce: String,
+        stamps: &Stamps,
+    ) -> Option<Outgoing<DeltaDiscoveryResponse>> {
         // A client that reconnects from a member further ahead may hold newer versions
         // than this server: never send it backwards (ADR-11). Versions that are numbers
         // are compared; the server catches up and sends once it is ahead again.
@@ -348,9 +370,17 @@ impl DeltaState {
         for (name, enc) in out {
             self.known.insert(name.clone(), enc.version.clone());
             response.push_resource(name, &enc.version, &enc.resource);
+            response
+                .released
+                .extend(stamp_of(stamps, name, &enc.version));
         }
         Some(response)
     }
+}
+
+/// The release stamp of `name` at `version`, if the snapshot holds one.
+fn stamp_of(stamps: &Stamps, name: &str, version: &str) -> Option<Released> {
+    stamps.get(name).and_then(|v| v.get(version)).copied()
 }
 
 /// Whether a client holding `held` is ahead of `ours` (both numeric versions).
@@ -433,6 +463,20 @@ impl SotwState {
         version: &str,
         nonce: String,
     ) -> Option<Outgoing<DiscoveryResponse>> {
+        self.next_response_stamped(type_url, resources, version, nonce, &Stamps::new())
+    }
+
+    /// [`SotwState::next_response`], with the response carrying the release stamps (from
+    /// `stamps`) of the resource versions the client did not hold before: a SotW
+    /// response repeats every resource, and only the new ones were released to it now.
+    pub fn next_response_stamped(
+        &mut self,
+        type_url: &str,
+        resources: &Resources,
+        version: &str,
+        nonce: String,
+        stamps: &Stamps,
+    ) -> Option<Outgoing<DiscoveryResponse>> {
         // CDS/LDS wildcard: everything; EDS/RDS: only what was named (absence ≠ deletion).
         let wildcard =
             self.subscription.wildcard && (type_url == TYPE_CLUSTER || type_url == TYPE_LISTENER);
@@ -445,6 +489,14 @@ impl SotwState {
         if self.sent.as_ref() == Some(&now) {
             return None;
         }
+        let released: Vec<Released> = if stamps.is_empty() {
+            Vec::new()
+        } else {
+            now.iter()
+                .filter(|(n, v)| self.sent.as_ref().and_then(|s| s.get(*n)) != Some(*v))
+                .filter_map(|(n, v)| stamp_of(stamps, n, v))
+                .collect()
+        };
         self.sent = Some(now);
         self.last_nonce = Some(nonce.clone());
         self.last_version = Some(version.to_owned());
@@ -457,6 +509,7 @@ impl SotwState {
         for (_, e) in chosen {
             response.push_any(&e.resource);
         }
+        response.released = released;
         Some(response)
     }
 }

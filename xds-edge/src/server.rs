@@ -39,8 +39,8 @@ use waymark_certs::grpc::{GrpcLimits, IncomingConfig, PeerInfo};
 
 use crate::admission::{AdmissionConfig, AdmissionController, Admit, Caller};
 use crate::protocol::{Ack, DeltaState, Outgoing, SotwState};
-use crate::snapshot::{Resources, Snapshot};
-use crate::sync::ClientSync;
+use crate::snapshot::{Resources, Snapshot, Stamps};
+use crate::sync::{ClientSync, Propagation};
 use crate::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
 
 pub mod service;
@@ -74,6 +74,9 @@ pub struct ServerConfig {
     ///
     /// [`TypeSync::held`]: crate::sync::TypeSync::held
     pub record_held: bool,
+    /// Told of every release a client acknowledged, with how long it took (see
+    /// [`crate::sync::ClientSync::acked_at`]); the driver turns it into metrics.
+    pub on_propagated: Option<PropagationSink>,
 }
 
 /// Bytes of a NACK's error text kept in the sync state (and shown by `proxy-status`).
@@ -91,7 +94,26 @@ impl Default for ServerConfig {
             response_bytes_max: 64 * 1024 * 1024,
             resource_names_max: 16_384,
             record_held: false,
+            on_propagated: None,
         }
+    }
+}
+
+/// Where a server reports each release a client acknowledged. Called on the stream's
+/// task, outside every lock: it must be quick (a histogram observation).
+#[derive(Clone)]
+pub struct PropagationSink(Arc<dyn Fn(Propagation) + Send + Sync>);
+
+impl PropagationSink {
+    /// A sink calling `f` with each acknowledged release.
+    pub fn new(f: impl Fn(Propagation) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for PropagationSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PropagationSink(…)")
     }
 }
 
@@ -569,7 +591,14 @@ impl StreamCore {
             Ack::None => {}
             Ack::Acked { nonce } => {
                 stats.acks.fetch_add(1, Ordering::Relaxed);
-                sync.acked(type_url, nonce);
+                let now = tokio::time::Instant::now().into_std();
+                let reached = sync.acked_at(type_url, nonce, now);
+                drop(sync);
+                if let Some(sink) = &self.inner.config.on_propagated {
+                    for p in reached {
+                        (sink.0)(p);
+                    }
+                }
             }
             Ack::Nacked { nonce, error } => {
                 stats.nacks.fetch_add(1, Ordering::Relaxed);
@@ -639,6 +668,7 @@ trait Flavor: Default + Send + 'static {
         resources: &Resources,
         version: &str,
         nonce: String,
+        stamps: &Stamps,
     ) -> Option<Outgoing<Self::Response>>;
     /// (version, nonce, resources the client now holds) for the sync registry.
     fn sent(&self, resp: &Outgoing<Self::Response>) -> (String, String, usize);
@@ -678,8 +708,9 @@ impl Flavor for DeltaState {
         resources: &Resources,
         version: &str,
         nonce: String,
+        stamps: &Stamps,
     ) -> Option<Outgoing<Self::Response>> {
-        DeltaState::next_response(self, type_url, resources, version, nonce)
+        DeltaState::next_response_stamped(self, type_url, resources, version, nonce, stamps)
     }
     fn sent(&self, resp: &Outgoing<Self::Response>) -> (String, String, usize) {
         (
@@ -722,8 +753,9 @@ impl Flavor for SotwState {
         resources: &Resources,
         version: &str,
         nonce: String,
+        stamps: &Stamps,
     ) -> Option<Outgoing<Self::Response>> {
-        SotwState::next_response(self, type_url, resources, version, nonce)
+        SotwState::next_response_stamped(self, type_url, resources, version, nonce, stamps)
     }
     fn sent(&self, resp: &Outgoing<Self::Response>) -> (String, String, usize) {
         (
@@ -888,15 +920,20 @@ impl<F: Flavor> ProtocolStream<F> {
         let Some(state) = self.states.get_mut(type_url) else {
             return true;
         };
-        let Some(response) =
-            state.next_response(type_url, resources, &snapshot.version.to_string(), nonce)
-        else {
+        let Some(response) = state.next_response(
+            type_url,
+            resources,
+            &snapshot.version.to_string(),
+            nonce,
+            &snapshot.released,
+        ) else {
             return true;
         };
         let (version, nonce, held) = state.sent(&response);
         {
             let mut sync = self.core.sync.lock().expect("stream sync lock");
             sync.sent(type_url, &version, &nonce, held);
+            sync.sent_released(type_url, response.released());
             if self.core.inner.config.record_held {
                 sync.record_held(type_url, |h| state.record_held(h));
             }

@@ -20,10 +20,12 @@
 use std::collections::BTreeMap;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use bytes::Bytes;
 use envoy_types::pb::google::protobuf::Any;
 use prost::Message as _;
+use waymark_core::delta::Path;
 use waymark_core::model::{ServiceName, ZoneName};
 use waymark_core::view::{ReleasedView, Version, ViewKey};
 
@@ -156,6 +158,23 @@ impl Deref for Payload {
 /// change costs the change, not the region.
 pub type Resources = imbl::OrdMap<String, Encoded>;
 
+/// When a resource's version was released (or reached this server), and which delta
+/// queue it left by. Kept beside the resources, never sent: it lets the server time each
+/// client's acknowledgement of the release (`waymark_xds_propagation_seconds`). The
+/// instant is data on the clock of whoever made the snapshot, as every time in this
+/// crate is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// When it was released.
+    pub at: Instant,
+    /// The withdrawal (fast) or admission (batched) path.
+    pub path: Path,
+}
+
+/// Release stamps by resource name, then version: a load assignment has one version per
+/// caller zone, each its own release.
+pub type Stamps = imbl::OrdMap<String, BTreeMap<String, Released>>;
+
 /// Everything this server serves, at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
@@ -169,6 +188,9 @@ pub struct Snapshot {
     pub listeners: Resources,
     /// RDS: one route configuration per service, for proxyless gRPC clients.
     pub routes: Resources,
+    /// When the load assignments' current versions were released, where known: at most
+    /// one stamp per resource and version served.
+    pub released: Stamps,
 }
 
 impl Snapshot {
@@ -231,6 +253,16 @@ impl SnapshotBuilder {
     /// Take a released view; returns `false` (and changes nothing) if it is not newer than
     /// the one held, so a snapshot never goes backwards.
     pub fn handle_release(&mut self, released: &ReleasedView) -> bool {
+        self.handle_release_stamped(released, None)
+    }
+
+    /// [`SnapshotBuilder::handle_release`], remembering when (and by which path) the view
+    /// was released, so each client's acknowledgement of it can be timed.
+    pub fn handle_release_stamped(
+        &mut self,
+        released: &ReleasedView,
+        stamp: Option<Released>,
+    ) -> bool {
         let key = &released.view.key;
         if self
             .views
@@ -255,11 +287,12 @@ impl SnapshotBuilder {
         }
         // Encoded when a stream first reads it (see [`Payload::lazy`]), by the view's own
         // encoder, which reuses its unchanged endpoints' encodings.
-        let encoder = self
+        let (before, encoder) = self
             .views
             .remove(key)
-            .map(|(_, encoder)| encoder)
-            .unwrap_or_default();
+            .map_or((None, None), |(v, encoder)| (Some(v), Some(encoder)));
+        let encoder = encoder.unwrap_or_default();
+        self.restamp(&name, before, released.version, stamp);
         let (view, shared) = (released.clone(), Arc::clone(&encoder));
         let encoded = Encoded {
             version: released.version.to_string(),
@@ -281,6 +314,29 @@ impl SnapshotBuilder {
         true
     }
 
+    /// Replace the stamp of `name`'s version `before` (if any) by `stamp` for `version`:
+    /// only versions served keep a stamp, so the stamps stay as many as the views.
+    fn restamp(
+        &mut self,
+        name: &str,
+        before: Option<Version>,
+        version: Version,
+        stamp: Option<Released>,
+    ) {
+        let mut versions = self.current.released.get(name).cloned().unwrap_or_default();
+        if let Some(before) = before {
+            versions.remove(&before.to_string());
+        }
+        if let Some(stamp) = stamp {
+            versions.insert(version.to_string(), stamp);
+        }
+        if versions.is_empty() {
+            self.current.released.remove(name);
+        } else {
+            self.current.released.insert(name.to_owned(), versions);
+        }
+    }
+
     /// Forget a service entirely (its cluster and every zone's assignment); returns
     /// whether it was held.
     pub fn handle_service_removed(&mut self, service: &ServiceName) -> bool {
@@ -292,6 +348,7 @@ impl SnapshotBuilder {
         current.clusters.remove(&name);
         current.listeners.remove(&name);
         current.routes.remove(&name);
+        current.released.remove(&name);
         for zone in current.endpoints.values_mut() {
             zone.remove(&name);
         }
@@ -404,6 +461,44 @@ mod tests {
             s.routes.clone(),
             endpoints,
         )
+    }
+
+    #[test]
+    fn a_view_keeps_one_stamp_its_current_versions_and_loses_it_with_its_service() {
+        // Goal: stamps follow the versions served, one per view, so they never pile up.
+        use waymark_core::delta::Path;
+        #[allow(clippy::disallowed_methods)] // the one anchor instant of this test
+        let t0 = std::time::Instant::now();
+        let stamp = |path| Released { at: t0, path };
+        let mut builder = SnapshotBuilder::new();
+        assert!(
+            builder
+                .handle_release_stamped(&released("pay", "a", 5, 2), Some(stamp(Path::Admission)))
+        );
+        assert!(
+            builder
+                .handle_release_stamped(&released("pay", "b", 6, 2), Some(stamp(Path::Admission)))
+        );
+        assert!(
+            builder
+                .handle_release_stamped(&released("pay", "a", 7, 1), Some(stamp(Path::Withdrawal)))
+        );
+        let versions: Vec<(String, Path)> = builder.build().released["pay"]
+            .iter()
+            .map(|(v, r)| (v.clone(), r.path))
+            .collect();
+        assert_eq!(
+            versions,
+            vec![
+                ("6".into(), Path::Admission),
+                ("7".into(), Path::Withdrawal)
+            ]
+        );
+        // An unstamped release (a resync) drops the stamp of the version it replaces.
+        assert!(builder.handle_release(&released("pay", "b", 8, 2)));
+        assert_eq!(builder.build().released["pay"].len(), 1);
+        assert!(builder.handle_service_removed(&"pay".parse().unwrap()));
+        assert!(builder.build().released.is_empty());
     }
 
     #[test]

@@ -10,9 +10,32 @@
 //! A server that records held resources ([`crate::ServerConfig::record_held`]; a node agent
 //! does, for `proxy-config`) also keeps, per type, the names and versions it has sent the
 //! client, so what one client holds can be told apart from what the server serves now.
+//!
+//! Propagation: a response carries the release stamps of the versions it brings
+//! ([`crate::snapshot::Released`]); they wait on the client's type until it acknowledges a
+//! response, and each becomes a [`Propagation`] — release to acknowledgement, on the
+//! server's clock, passed in as `now`.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use waymark_core::delta::Path;
+
+use crate::snapshot::Released;
+
+/// Release stamps one client's type keeps while it has not acknowledged them; past this,
+/// the oldest are dropped (a client that never acknowledges is slow, and says so by
+/// being stale, not by growing the server).
+pub const PENDING_RELEASES_MAX: usize = 64;
+
+/// One release acknowledged by one client: how long after the release, by which path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Propagation {
+    /// The withdrawal or admission path.
+    pub path: Path,
+    /// From the release to the client's acknowledgement.
+    pub took: Duration,
+}
 
 /// One client's state for one resource type.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -33,6 +56,9 @@ pub struct TypeSync {
     /// ([`crate::ServerConfig::record_held`]): what the client holds when `acked == sent`
     /// (after a NACK it holds the versions it last acknowledged instead).
     pub held: Option<BTreeMap<String, String>>,
+    /// Release stamps of versions sent but not yet acknowledged (at most
+    /// [`PENDING_RELEASES_MAX`], oldest first).
+    pub pending: Vec<Released>,
 }
 
 /// One client's state.
@@ -99,6 +125,19 @@ impl ClientSync {
         }
     }
 
+    /// The response just [`ClientSync::sent`] of `type_url` brings releases stamped
+    /// `released`: they are timed when the client acknowledges it, or a later response.
+    pub fn sent_released(&mut self, type_url: &str, released: &[Released]) {
+        if released.is_empty() {
+            return;
+        }
+        if let Some(t) = self.type_mut(type_url) {
+            t.pending.extend_from_slice(released);
+            let over = t.pending.len().saturating_sub(PENDING_RELEASES_MAX);
+            t.pending.drain(..over);
+        }
+    }
+
     /// The client acknowledged the response with `nonce`.
     pub fn acked(&mut self, type_url: &str, nonce: &str) {
         if let Some(t) = self.type_mut(type_url)
@@ -106,6 +145,25 @@ impl ClientSync {
         {
             t.acked = t.sent.clone();
         }
+    }
+
+    /// The client acknowledged the response with `nonce` at `now`: every release it was
+    /// sent and has not acknowledged yet has reached it. Each is returned with the time
+    /// it took — except releases made before this stream opened, whose wait measures
+    /// the client's reconnection, not propagation. A stale nonce acknowledges nothing.
+    pub fn acked_at(&mut self, type_url: &str, nonce: &str, now: Instant) -> Vec<Propagation> {
+        let since = self.connected_since;
+        let Some(t) = self.type_mut(type_url) else {
+            return Vec::new();
+        };
+        if t.sent_nonce.as_deref() != Some(nonce) {
+            return Vec::new();
+        }
+        t.acked = t.sent.clone();
+        std::mem::take(&mut t.pending)
+            .into_iter()
+            .filter_map(|r| propagation(r, since, now))
+            .collect()
     }
 
     /// The client rejected the response with `nonce`; its acknowledged version stays.
@@ -128,5 +186,107 @@ impl ClientSync {
             self.types.insert(type_url.to_owned(), TypeSync::default());
         }
         self.types.get_mut(type_url)
+    }
+}
+
+/// The propagation of release `r` to a client connected since `since`, acknowledged at
+/// `now`; `None` for a release made before the client connected.
+pub fn propagation(r: Released, since: Instant, now: Instant) -> Option<Propagation> {
+    (r.at >= since).then(|| Propagation {
+        path: r.path,
+        took: now.saturating_duration_since(r.at),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[allow(clippy::disallowed_methods)] // the one anchor instant of these tests
+    fn t0() -> Instant {
+        Instant::now()
+    }
+
+    fn stamp(at: Instant, path: Path) -> Released {
+        Released { at, path }
+    }
+
+    #[test]
+    fn an_ack_times_every_release_the_client_was_sent_since_its_last_ack() {
+        // Goal: releases wait on the type until an ACK of the latest response; each is
+        // timed from its release; a stale nonce or a NACK times nothing.
+        let t0 = t0();
+        let s = Duration::from_secs(1);
+        let mut c = ClientSync::new(1, "n".into(), "a".into(), "delta", t0);
+        c.sent("eds", "5", "1-1", 1);
+        c.sent_released("eds", &[stamp(t0 + s, Path::Withdrawal)]);
+        c.sent("eds", "6", "1-2", 1);
+        c.sent_released("eds", &[stamp(t0 + 2 * s, Path::Admission)]);
+        assert_eq!(c.acked_at("eds", "1-1", t0 + 3 * s), vec![], "stale nonce");
+        c.nacked("eds", "1-2", "bad");
+        assert_eq!(c.types["eds"].pending.len(), 2, "a NACK keeps them waiting");
+        let timed = c.acked_at("eds", "1-2", t0 + 4 * s);
+        assert_eq!(
+            timed,
+            vec![
+                Propagation {
+                    path: Path::Withdrawal,
+                    took: 3 * s
+                },
+                Propagation {
+                    path: Path::Admission,
+                    took: 2 * s
+                },
+            ]
+        );
+        assert_eq!(c.types["eds"].acked.as_deref(), Some("6"));
+        assert!(
+            c.acked_at("eds", "1-2", t0 + 5 * s).is_empty(),
+            "timed once"
+        );
+    }
+
+    #[test]
+    fn a_release_made_before_the_client_connected_is_not_propagation() {
+        // Goal: a reconnecting client catching up on an hour-old view does not count as
+        // an hour-long propagation.
+        let t0 = t0();
+        let s = Duration::from_secs(1);
+        let mut c = ClientSync::new(1, "n".into(), "a".into(), "delta", t0 + 10 * s);
+        c.sent("eds", "5", "1-1", 2);
+        c.sent_released(
+            "eds",
+            &[
+                stamp(t0, Path::Withdrawal),
+                stamp(t0 + 11 * s, Path::Withdrawal),
+            ],
+        );
+        assert_eq!(
+            c.acked_at("eds", "1-1", t0 + 12 * s),
+            vec![Propagation {
+                path: Path::Withdrawal,
+                took: s
+            }]
+        );
+    }
+
+    #[test]
+    fn a_client_that_never_acknowledges_keeps_a_bounded_backlog() {
+        let t0 = t0();
+        let mut c = ClientSync::new(1, "n".into(), "a".into(), "delta", t0);
+        for i in 0..(PENDING_RELEASES_MAX as u64 * 2) {
+            c.sent("eds", &i.to_string(), &format!("1-{i}"), 1);
+            c.sent_released(
+                "eds",
+                &[stamp(t0 + Duration::from_millis(i), Path::Admission)],
+            );
+        }
+        let pending = &c.types["eds"].pending;
+        assert_eq!(pending.len(), PENDING_RELEASES_MAX);
+        // The newest are kept.
+        assert_eq!(
+            pending.last().unwrap().at,
+            t0 + Duration::from_millis(PENDING_RELEASES_MAX as u64 * 2 - 1)
+        );
     }
 }

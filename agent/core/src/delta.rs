@@ -48,12 +48,22 @@ impl Default for DeltaConfig {
 }
 
 /// Which path a release took.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Path {
     /// The fast path: withdrawals and guard engagements.
     Withdrawal,
     /// The batched path: everything else.
     Admission,
+}
+
+impl Path {
+    /// Its label in metrics: `withdrawal` or `admission`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Path::Withdrawal => "withdrawal",
+            Path::Admission => "admission",
+        }
+    }
 }
 
 /// What the delta queues ask their driver to do.
@@ -365,6 +375,17 @@ impl DeltaQueues {
 }
 
 /// Whether the target withdraws something the released view routes, or engages a guard.
+/// Which path a release from `previous` (none: the view's first) to `released` belongs
+/// to, judged by what it does — the rule the queues use to pick the fast path: it takes a
+/// routed endpoint away, or engages a zone's fraction guard. Lets anyone who sees only
+/// the releases (every member's xDS tier) label them.
+pub fn release_path(previous: Option<&View>, released: &View) -> Path {
+    match previous {
+        Some(previous) if is_urgent(previous, released) => Path::Withdrawal,
+        _ => Path::Admission,
+    }
+}
+
 fn is_urgent(released: &View, target: &View) -> bool {
     let withdraws = changed(&released.endpoints, &target.endpoints).any(|(was, is)| {
         was.is_some_and(|e| e.status.is_routed()) && !is.is_some_and(|e| e.status.is_routed())

@@ -28,9 +28,10 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use envoy_types::pb::google::protobuf::{Any, UInt32Value};
 use prost::Message as _;
 use waymark_core::bounds::{BoundsConfig, ClientBounds};
+use waymark_core::delta::Path;
 use waymark_core::model::ZoneName;
 use waymark_xds::client::AppliedType;
-use waymark_xds::snapshot::{Encoded, Payload, Resources, Snapshot};
+use waymark_xds::snapshot::{Encoded, Payload, Released, Resources, Snapshot, Stamps};
 use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE, to_any};
 
 /// Resources by type URL, then name: (version, resource). The upstream's applied state, or
@@ -80,6 +81,9 @@ struct Served {
     encoded: Payload,
     /// Every endpoint served, by key: its locality group (without endpoints) and itself.
     endpoints: BTreeMap<String, (LocalityLbEndpoints, LbEndpoint)>,
+    /// When this version reached the agent and which path it is (a version that takes
+    /// a served endpoint away is a withdrawal): what the sidecars' ACKs are timed from.
+    released: Released,
 }
 
 /// The agent's view for its host. See the module documentation.
@@ -204,7 +208,7 @@ impl LocalView {
             else {
                 continue;
             };
-            self.serve(&service, &fresh, bounded.set, bounded.held_back.len());
+            self.serve(&service, &fresh, bounded.set, bounded.held_back.len(), now);
             changes.services.insert(service);
         }
         changes
@@ -224,12 +228,21 @@ impl LocalView {
                 (name.clone(), enc)
             })
             .collect();
+        let released: Stamps = self
+            .served
+            .iter()
+            .map(|(name, s)| {
+                let version = s.state.served_version.to_string();
+                (name.clone(), BTreeMap::from([(version, s.released)]))
+            })
+            .collect();
         Snapshot {
             version: self.max_served_version(),
             clusters: self.clusters.clone(),
             endpoints: [(self.zone.clone(), endpoints)].into_iter().collect(),
             listeners: self.listeners.clone(),
             routes: self.routes.clone(),
+            released,
         }
     }
 
@@ -278,7 +291,7 @@ impl LocalView {
         if !bounded.held_back.is_empty() {
             tracing::info!(service = %name, upstream_version = %version, held_back = bounded.held_back.len(), "shrink cap holds back withdrawals");
         }
-        if self.serve(name, &fresh, bounded.set, bounded.held_back.len()) {
+        if self.serve(name, &fresh, bounded.set, bounded.held_back.len(), now) {
             changes.services.insert(name.to_owned());
         }
     }
@@ -291,6 +304,7 @@ impl LocalView {
         fresh: &ClusterLoadAssignment,
         set: BTreeSet<String>,
         held_back: usize,
+        now: Instant,
     ) -> bool {
         let previous = self.served.get(name);
         let mut groups: BTreeMap<GroupKey, LocalityLbEndpoints> = BTreeMap::new();
@@ -371,6 +385,10 @@ impl LocalView {
             undecodable: false,
         };
         let encoded = Payload::new(to_any(TYPE_ENDPOINT, &assignment));
+        let released = Released {
+            at: now,
+            path: release_path(self.served.get(name).map(|p| &p.endpoints), &kept),
+        };
         self.served.insert(
             name.to_owned(),
             Served {
@@ -378,6 +396,7 @@ impl LocalView {
                 assignment,
                 encoded,
                 endpoints: kept,
+                released,
             },
         );
         true
@@ -385,6 +404,16 @@ impl LocalView {
 }
 
 type GroupKey = (u32, String, String, String);
+
+/// Which path a served change took, judged by what it does, as the delta queues judge a
+/// release: one that takes a served endpoint away is a withdrawal; anything else (the
+/// first version, endpoints added or changed) is an admission.
+fn release_path<V>(before: Option<&BTreeMap<String, V>>, after: &BTreeMap<String, V>) -> Path {
+    match before {
+        Some(before) if before.keys().any(|k| !after.contains_key(k)) => Path::Withdrawal,
+        _ => Path::Admission,
+    }
+}
 
 fn group_key(g: &LocalityLbEndpoints) -> GroupKey {
     let l = g.locality.clone().unwrap_or_default();

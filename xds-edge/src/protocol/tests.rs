@@ -584,3 +584,115 @@ proptest::proptest! {
         proptest::prop_assert_eq!(removed, gone);
     }
 }
+
+/// Stamps for `(name, version)` pairs, each released at `at` on `path`.
+fn stamps(
+    entries: &[(&str, &str)],
+    at: std::time::Instant,
+    path: waymark_core::delta::Path,
+) -> Stamps {
+    let mut out = Stamps::new();
+    for (n, v) in entries {
+        let mut versions = out.get(*n).cloned().unwrap_or_default();
+        versions.insert((*v).to_owned(), Released { at, path });
+        out.insert((*n).to_owned(), versions);
+    }
+    out
+}
+
+#[test]
+fn a_delta_response_carries_the_release_stamps_of_exactly_what_it_sends() {
+    // Goal: the stamps a response carries are those of the versions it brings the
+    // client, never of what it already holds, and never on the wire.
+    use waymark_core::delta::Path;
+    #[allow(clippy::disallowed_methods)] // the one anchor instant of this test
+    let t0 = std::time::Instant::now();
+    let mut s = DeltaState::default();
+    s.handle_request(&DeltaDiscoveryRequest::default());
+    let r1 = res(&[("pay", "1"), ("web", "2")]);
+    let st = stamps(&[("pay", "1")], t0, Path::Admission);
+    let out = s
+        .next_response_stamped(TYPE_ENDPOINT, &r1, "2", "n1".into(), &st)
+        .unwrap();
+    assert_eq!(
+        out.released(),
+        [Released {
+            at: t0,
+            path: Path::Admission
+        }]
+    );
+    let plain = s_fresh_message(&r1);
+    assert_eq!(out.message().unwrap(), plain, "stamps never reach the wire");
+    // Only `web` changes: `pay`'s stamp (still in the snapshot) is not carried again.
+    let r2 = res(&[("pay", "1"), ("web", "3")]);
+    let later = t0 + std::time::Duration::from_secs(1);
+    let mut st2 = stamps(&[("web", "3")], later, Path::Withdrawal);
+    st2.insert("pay".into(), st.get("pay").unwrap().clone());
+    let out = s
+        .next_response_stamped(TYPE_ENDPOINT, &r2, "3", "n2".into(), &st2)
+        .unwrap();
+    assert_eq!(
+        out.released(),
+        [Released {
+            at: later,
+            path: Path::Withdrawal
+        }]
+    );
+}
+
+/// The first response of a fresh wildcard Delta stream for `r`, unstamped.
+fn s_fresh_message(r: &Resources) -> DeltaDiscoveryResponse {
+    let mut s = DeltaState::default();
+    s.handle_request(&DeltaDiscoveryRequest::default());
+    s.next_response(TYPE_ENDPOINT, r, "2", "n1".into())
+        .unwrap()
+        .message()
+        .unwrap()
+}
+
+#[test]
+fn a_sotw_response_carries_only_the_stamps_of_versions_new_to_the_client() {
+    // Goal: State of the World repeats every resource; only the changed ones were
+    // released to the client now.
+    use waymark_core::delta::Path;
+    #[allow(clippy::disallowed_methods)] // the one anchor instant of this test
+    let t0 = std::time::Instant::now();
+    let mut s = SotwState::default();
+    s.handle_request(&DiscoveryRequest {
+        type_url: TYPE_ENDPOINT.into(),
+        resource_names: vec!["pay".into(), "web".into()],
+        ..Default::default()
+    });
+    let st = stamps(&[("pay", "1"), ("web", "2")], t0, Path::Admission);
+    let out = s
+        .next_response_stamped(
+            TYPE_ENDPOINT,
+            &res(&[("pay", "1"), ("web", "2")]),
+            "2",
+            "n1".into(),
+            &st,
+        )
+        .unwrap();
+    assert_eq!(out.released().len(), 2);
+    let mut st2 = st.clone();
+    st2.insert(
+        "web".into(),
+        stamps(&[("web", "3")], t0, Path::Withdrawal)["web"].clone(),
+    );
+    let out = s
+        .next_response_stamped(
+            TYPE_ENDPOINT,
+            &res(&[("pay", "1"), ("web", "3")]),
+            "3",
+            "n2".into(),
+            &st2,
+        )
+        .unwrap();
+    assert_eq!(
+        out.released(),
+        [Released {
+            at: t0,
+            path: Path::Withdrawal
+        }]
+    );
+}
