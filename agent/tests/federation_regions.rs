@@ -661,7 +661,7 @@ async fn a_partitioned_region_keeps_routing_its_peers_keep_it_stale_and_reconcil
         "waymark_federation_region_age_seconds{peer_region=\"us\"}",
         "waymark_federation_front_door_up{peer_region=\"us\"} 1",
         "waymark_federation_reconciliations_audited_total",
-        "waymark_region_failover_moved_permille{peer_region=\"ap\"}",
+        "waymark_region_failover_moved_ratio{peer_region=\"ap\"}",
     ] {
         assert!(text.contains(series), "{series} missing from\n{text}");
     }

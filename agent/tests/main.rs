@@ -48,4 +48,5 @@ mod override_budget;
 mod probe_policy;
 mod probe_targets;
 mod prometheus_sd;
+mod propagation_metrics;
 mod ui;

@@ -172,6 +172,9 @@ pub struct LeaderContext {
     /// shed (`[authority.limits] publish_pressure_after`); `None` when shedding is off
     /// (`shed_admissions = false`).
     pub pressure_after: Option<Duration>,
+    /// Where the instants of this leader's releases go, for this member's xDS tier to
+    /// time each client's acknowledgement from the release (see [`super::tier`]).
+    pub releases: super::tier::ReleaseInstants,
 }
 
 /// Lead whenever this member is the leader, until Raft stops. Questions asked while not
@@ -640,6 +643,11 @@ impl Shell<'_> {
         for command in commands {
             match command {
                 LeaderCommand::Publish(views) => {
+                    // tokio's clock, as the xDS server times acknowledgements on it.
+                    let now = tokio::time::Instant::now().into_std();
+                    self.ctx
+                        .releases
+                        .record(views.iter().map(|v| v.version), now);
                     let _ = self.publish.send(views);
                 }
                 LeaderCommand::Audit(entry) => {
@@ -736,7 +744,7 @@ fn record_metric(m: &AuthorityMetrics, change: MetricChange) {
                 .get_or_create(&PeerRegionLabels {
                     peer_region: region.to_string(),
                 })
-                .set(i64::from(moved.get()));
+                .set(f64::from(moved.get()) / 1000.0);
         }
         MetricChange::ShedStarted { window } => {
             m.shed_episodes.inc();

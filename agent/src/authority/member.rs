@@ -138,9 +138,11 @@ impl Authority {
         }
 
         let mut tasks = Vec::new();
+        // The leader's release instants, read by this member's xDS tier.
+        let releases = tier::ReleaseInstants::default();
         let xds_server = serve_xds(
             &config,
-            &raft,
+            (&raft, &metrics, &releases),
             listeners.xds,
             tls.as_ref(),
             &families.grpc,
@@ -149,6 +151,10 @@ impl Authority {
         tasks.push(tokio::spawn(super::staleness::run(
             xds_server.clone(),
             metrics.clone(),
+        )));
+        tasks.push(tokio::spawn(super::raft::timings::follow_lag(
+            raft.clone(),
+            metrics.raft.clone(),
         )));
         let ingest = match (config.ingest, &tls) {
             (Some(addr), Some(t)) => {
@@ -180,7 +186,7 @@ impl Authority {
         let regions = federation.as_ref().map(|f| f.regions.clone());
         let (leader_handle, leader_inbox) = leader::LeaderHandle::new();
         tasks.push(tokio::spawn(leader::run(
-            leader_context(&config, &raft, &hub, &metrics, regions.clone()),
+            leader_context(&config, &raft, &hub, &metrics, regions.clone(), releases),
             leader_inbox,
         )));
 
@@ -421,6 +427,8 @@ impl Families {
         let authority = AuthorityMetrics {
             // The store counts failed applies itself; the metric is that same counter.
             apply_failures: raft.apply_failures_total(),
+            // So do the log's timings.
+            raft: raft.timings(),
             ..AuthorityMetrics::default()
         };
         let mut registry = Registry::default();
@@ -487,7 +495,7 @@ async fn start_gossip(
 /// replicated policy) and serves it on `listener`.
 fn serve_xds(
     config: &AuthorityConfig,
-    raft: &RaftNode,
+    (raft, metrics, releases): (&RaftNode, &AuthorityMetrics, &tier::ReleaseInstants),
     listener: TcpListener,
     tls: Option<&MemberTls>,
     grpc_metrics: &GrpcMetrics,
@@ -504,9 +512,19 @@ fn serve_xds(
             expected_clients: config.limits.reconnect_expected_clients,
             ..AdmissionConfig::default()
         },
+        on_propagated: Some(
+            metrics
+                .propagation
+                .sink(crate::metrics::HOP_AUTHORITY_AGENT),
+        ),
         ..ServerConfig::default()
     });
-    tasks.push(tokio::spawn(tier::follow(raft.clone(), publisher, callers)));
+    tasks.push(tokio::spawn(tier::follow(
+        raft.clone(),
+        publisher,
+        callers,
+        releases.clone(),
+    )));
     let router = config
         .limits
         .grpc
@@ -577,6 +595,7 @@ fn leader_context(
     hub: &EvidenceHub,
     metrics: &AuthorityMetrics,
     regions: Option<RegionsHandle>,
+    releases: tier::ReleaseInstants,
 ) -> LeaderContext {
     let limits = &config.limits;
     LeaderContext {
@@ -601,6 +620,7 @@ fn leader_context(
         pressure_after: limits
             .shed_admissions
             .then_some(limits.publish_pressure_after),
+        releases,
     }
 }
 

@@ -8,8 +8,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
+use super::raft::timings::RaftTimings;
 use crate::evidence::MalformedLabels;
+use crate::metrics::PropagationMetrics;
 
 /// `service` and `zone`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -66,6 +69,35 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+/// An API request: `route` (the template, `unmatched` for none), `method`, `status`
+/// (the number) and `principal_kind` (`operator`, `node`, `workload`, `authority`, `token`
+/// or `anonymous`). Every label is one of a fixed set, so the families stay bounded.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ApiRequestLabels {
+    /// The route template.
+    pub route: String,
+    /// The HTTP method (`other` for a non-standard one).
+    pub method: String,
+    /// The status code.
+    pub status: u16,
+    /// What kind of principal asked.
+    pub principal_kind: &'static str,
+}
+
+/// `route`: an API route template.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// The route template.
+    pub route: String,
+}
+
+/// Buckets of API request latency, in seconds (a blocking query is held up to minutes).
+fn api_latency_histogram() -> Histogram {
+    Histogram::new([
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 300.0,
+    ])
+}
+
 /// Every metric the authority reports.
 #[derive(Debug, Clone)]
 pub struct AuthorityMetrics {
@@ -73,8 +105,8 @@ pub struct AuthorityMetrics {
     pub guard_engaged: Family<ZoneLabels, Gauge>,
     /// Alarm: 1 while the last eligible instance of a service in the region is withdrawn.
     pub last_eligible_withdrawn: Family<ServiceLabels, Gauge>,
-    /// Share (‰) of a peer region's tier-2 preference moved away by a region failover.
-    pub region_failover_moved: Family<PeerRegionLabels, Gauge>,
+    /// Share (0–1) of a peer region's tier-2 preference moved away by a region failover.
+    pub region_failover_moved: Family<PeerRegionLabels, Gauge<f64, AtomicU64>>,
     /// Alarm: releases whose withdrawal took longer than the budget to be acknowledged by
     /// the subscribed clients.
     pub withdrawal_over_budget: Counter,
@@ -131,7 +163,16 @@ pub struct AuthorityMetrics {
     /// The current Raft term.
     pub term: Gauge,
     /// NACKs received by the xDS tier.
-    pub xds_nacks: Gauge,
+    pub xds_nacks: Counter,
+    /// Release → node agent's ACK, per path; each client's view age.
+    pub propagation: PropagationMetrics,
+    /// The log: commit and apply latency, follower lag, snapshot sizes.
+    pub raft: RaftTimings,
+    /// API requests answered, by route template, method, status and principal kind
+    /// (counted by the access log).
+    pub api_requests: Family<ApiRequestLabels, Counter>,
+    /// API request latency by route template.
+    pub api_request_seconds: Family<RouteLabels, Histogram, fn() -> Histogram>,
     /// Clients subscribed to the xDS tier.
     pub xds_clients: Gauge,
     /// xDS streams the tier refused or ended, by reason: `admission` (reconnection
@@ -173,7 +214,11 @@ impl Default for AuthorityMetrics {
             api_refusals: Family::default(),
             leader: Gauge::default(),
             term: Gauge::default(),
-            xds_nacks: Gauge::default(),
+            xds_nacks: Counter::default(),
+            propagation: PropagationMetrics::default(),
+            raft: RaftTimings::default(),
+            api_requests: Family::default(),
+            api_request_seconds: Family::new_with_constructor(api_latency_histogram),
             xds_clients: Gauge::default(),
             xds_streams_refused: Family::default(),
             sidecar_reports_refused: Family::default(),
@@ -196,8 +241,8 @@ impl AuthorityMetrics {
             self.last_eligible_withdrawn.clone(),
         );
         r.register(
-            "region_failover_moved_permille",
-            "Share (per mille) of a peer region's tier-2 preference moved away by a failover",
+            "region_failover_moved_ratio",
+            "Share (0 to 1) of a peer region's tier-2 preference moved away by a failover",
             self.region_failover_moved.clone(),
         );
         r.register(
@@ -323,6 +368,16 @@ impl AuthorityMetrics {
             self.xds_nacks.clone(),
         );
         r.register(
+            "api_requests",
+            "API requests answered, by route template, method, status and principal kind",
+            self.api_requests.clone(),
+        );
+        r.register(
+            "api_request_duration_seconds",
+            "API request latency by route template (a blocking query counts its wait)",
+            self.api_request_seconds.clone(),
+        );
+        r.register(
             "xds_clients",
             "Clients subscribed to this member's xDS tier",
             self.xds_clients.clone(),
@@ -337,5 +392,8 @@ impl AuthorityMetrics {
             "Node agents' reports of their sidecars not kept by the leader, by reason",
             self.sidecar_reports_refused.clone(),
         );
+        self.propagation.register(registry);
+        self.raft.register(registry);
+        crate::metrics::register_build_info(registry);
     }
 }

@@ -35,12 +35,16 @@ struct Pending {
 }
 
 /// What one sample found.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct LagReport {
     /// Releases newly past the withdrawal budget without an ACK.
     pub newly_over_budget: u64,
     /// Clients lagging longer than [`STALE_AFTER`].
     pub stale_clients: u64,
+    /// Each subscribed client's view age: how long it has acknowledged less than it was
+    /// sent (since it first fell behind; zero when it holds what it was sent). A standby
+    /// stream, sent nothing, has none.
+    pub view_ages: Vec<Duration>,
 }
 
 impl Lag {
@@ -50,6 +54,7 @@ impl Lag {
         let mut seen = BTreeMap::new();
         let mut stale_streams = std::collections::BTreeSet::new();
         for c in clients {
+            let mut age = Duration::ZERO;
             for (type_url, t) in &c.types {
                 let key = (c.stream_id, type_url.clone());
                 let Some(sent) = t.sent.as_ref().filter(|s| t.acked.as_ref() != Some(s)) else {
@@ -77,10 +82,15 @@ impl Lag {
                     entry.over_budget = true;
                     report.newly_over_budget += 1;
                 }
-                if now.saturating_duration_since(entry.episode_since) >= STALE_AFTER {
+                let behind = now.saturating_duration_since(entry.episode_since);
+                if behind >= STALE_AFTER {
                     stale_streams.insert(c.stream_id);
                 }
+                age = age.max(behind);
                 seen.insert(key, entry);
+            }
+            if holds_anything(c) {
+                report.view_ages.push(age);
             }
         }
         self.pending = seen;
@@ -94,6 +104,7 @@ impl Lag {
 pub async fn run(xds: waymark_xds::server::XdsServer, metrics: AuthorityMetrics) {
     let mut lag = Lag::default();
     let mut refused = [0u64; 4];
+    let mut nacks_seen = 0u64;
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     loop {
         tick.tick().await;
@@ -106,9 +117,11 @@ pub async fn run(xds: waymark_xds::server::XdsServer, metrics: AuthorityMetrics)
         );
         count_refusals(xds.stats(), &metrics, &mut refused);
         let nacks = xds.stats().nacks.load(std::sync::atomic::Ordering::Relaxed);
+        metrics.xds_nacks.inc_by(nacks.saturating_sub(nacks_seen));
+        nacks_seen = nacks;
         metrics
-            .xds_nacks
-            .set(i64::try_from(nacks).unwrap_or(i64::MAX));
+            .propagation
+            .observe_view_ages(crate::metrics::HOP_AUTHORITY_AGENT, &report.view_ages);
         // A node agent's standby stream subscribes to nothing and is sent nothing: it is
         // not a subscribed client (a new stream counts from its first response).
         let subscribed = clients.iter().filter(|c| holds_anything(c)).count();
@@ -216,12 +229,12 @@ mod tests {
         let mut lag = Lag::default();
         let fine = client(1, "7", Some("7"), t0);
         let slow = |sent: &str| client(2, sent, Some("6"), t0);
-        assert_eq!(
-            lag.sample(&[fine.clone(), slow("7")], t0, budget),
-            LagReport::default()
-        );
+        let r = lag.sample(&[fine.clone(), slow("7")], t0, budget);
+        assert_eq!((r.newly_over_budget, r.stale_clients), (0, 0));
         let r = lag.sample(&[fine.clone(), slow("7")], t0 + budget, budget);
         assert_eq!(r.newly_over_budget, 1);
+        // Each client's view age: the one in sync is 0, the slow one behind since t0.
+        assert_eq!(r.view_ages, vec![Duration::ZERO, budget]);
         // Counted once per release: a newer one gets its own budget.
         let r = lag.sample(
             &[fine.clone(), slow("7")],
@@ -240,7 +253,8 @@ mod tests {
         // It catches up: nothing pending, nothing stale.
         let caught = client(2, "9", Some("9"), t0);
         let r = lag.sample(&[fine, caught], t0 + STALE_AFTER + budget, budget);
-        assert_eq!(r, LagReport::default());
+        assert_eq!((r.newly_over_budget, r.stale_clients), (0, 0));
+        assert_eq!(r.view_ages, vec![Duration::ZERO; 2]);
     }
 
     #[test]

@@ -139,6 +139,7 @@ impl NodeAgent {
         // afford it (see `ServerConfig::record_held`).
         let (xds, publisher) = XdsServer::new(ServerConfig {
             record_held: true,
+            on_propagated: Some(metrics.propagation.sink(crate::metrics::HOP_AGENT_SIDECAR)),
             ..ServerConfig::default()
         });
         let (lrs_tx, mut lrs_rx) = mpsc::channel::<Vec<WireSample>>(16);
@@ -329,6 +330,7 @@ impl NodeAgent {
             connected_tx,
             shutdown_rx.clone(),
         )));
+        tasks.push(tokio::spawn(sidecar_sync_loop(Arc::clone(&shared))));
 
         // 6. Evidence: prober, LRS forwarding, relayed self-reports, one session.
         let (probe_tx, probe_rx) = mpsc::channel::<WireSample>(1024);
@@ -545,7 +547,9 @@ async fn apply_loop(
                 let state = applied.borrow_and_update().clone();
                 connected.send_replace(state.connected);
                 shared.metrics.upstream_connected.set(i64::from(state.connected));
-                shared.metrics.upstream_nacks.set(state.nacks as i64);
+                // The client counts NACKs since it started, as the counter does.
+                let counted = shared.metrics.upstream_nacks.get();
+                shared.metrics.upstream_nacks.inc_by(state.nacks.saturating_sub(counted));
                 let mut view = shared.lock_view();
                 let changes = view.apply(&state.types, now());
                 if !changes.is_empty() || !changes.refused.is_empty() {
@@ -616,6 +620,38 @@ fn refresh_staleness(shared: &Shared) {
             .set(age);
     }
     *aged = served;
+}
+
+/// Once a second, each sidecar's view age (how long it has acknowledged less than it was
+/// sent) into `waymark_xds_client_view_age_seconds{hop="agent_sidecar"}`, and the NACKs
+/// the sidecars sent into `waymark_agent_sidecar_nacks_total`. Runs until aborted.
+async fn sidecar_sync_loop(shared: Arc<Shared>) {
+    let mut lag = crate::authority::staleness::Lag::default();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let clients = shared.xds.sync_state();
+        let report = lag.sample(
+            &clients,
+            Instant::now().into_std(),
+            waymark_core::defaults::WITHDRAWAL_BUDGET_P99,
+        );
+        shared
+            .metrics
+            .propagation
+            .observe_view_ages(crate::metrics::HOP_AGENT_SIDECAR, &report.view_ages);
+        let nacks = shared
+            .xds
+            .stats()
+            .nacks
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let counted = shared.metrics.sidecar_nacks.get();
+        shared
+            .metrics
+            .sidecar_nacks
+            .inc_by(nacks.saturating_sub(counted));
+    }
 }
 
 /// Export the upstream standby's state until the client stops.

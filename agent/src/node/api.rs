@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `GET /livez` | the agent's own loop is turning (process-internal only: a dead authority never fails it) |
 //! | `GET /readyz` | a view is loaded and served locally (instance-local only) |
-//! | `GET /metrics` | Prometheus text exposition |
+//! | `GET /metrics` | Prometheus text exposition; OpenMetrics when `Accept` asks for `application/openmetrics-text` |
 //! | `GET /v1/view` | the served view per service: versions, held-back endpoints, refusals, age |
 //! | `GET /v1/members` | the gossip pool as this agent sees it |
 //! | `GET /v1/probes/refused` | assigned probe targets the address policy refused, with the class of address |
@@ -70,12 +70,10 @@ async fn readyz(State(s): State<Arc<Shared>>) -> Response {
     }
 }
 
-async fn metrics(State(s): State<Arc<Shared>>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics_text(),
-    )
-        .into_response()
+async fn metrics(State(s): State<Arc<Shared>>, headers: axum::http::HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) = crate::metrics::negotiate(accept, s.openmetrics());
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 async fn view(State(s): State<Arc<Shared>>) -> Response {

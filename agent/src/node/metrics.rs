@@ -1,4 +1,7 @@
-//! The node agent's own metrics (`waymark_agent_*`): staleness, the cache, the bounds.
+//! The node agent's own metrics (`waymark_agent_*`): staleness, the cache, the bounds;
+//! and, under the names the authority uses for its own hop, the propagation to the host's
+//! sidecars (`waymark_xds_propagation_seconds{hop="agent_sidecar"}`,
+//! `waymark_xds_client_view_age_seconds{hop="agent_sidecar"}`) and `waymark_build_info`.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -8,6 +11,7 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
 use crate::evidence::MalformedLabels;
+use crate::metrics::PropagationMetrics;
 
 /// A service label.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -42,8 +46,12 @@ pub struct AgentMetrics {
     pub lkg_loaded_records: Gauge,
     /// Cache records discarded because they failed their checksum.
     pub lkg_corrupt_records: Counter,
-    /// Upstream responses not persisted (and so NACKed).
-    pub upstream_nacks: Gauge,
+    /// Upstream responses rejected (invalid, or not persisted), and so NACKed.
+    pub upstream_nacks: Counter,
+    /// NACKs the host's sidecars sent this agent's xDS server.
+    pub sidecar_nacks: Counter,
+    /// Arrival → sidecar ACK, per path; each sidecar's view age.
+    pub propagation: PropagationMetrics,
     /// Endpoints withdrawn upstream but still served (shrink cap), per service.
     pub held_back_endpoints: Family<ServiceLabels, Gauge>,
     /// Upstream views refused whole, per service and reason.
@@ -109,8 +117,13 @@ impl AgentMetrics {
         );
         r.register(
             "upstream_nacks",
-            "Upstream responses rejected (invalid, or not persisted)",
+            "Upstream responses this agent rejected (invalid, or not persisted)",
             self.upstream_nacks.clone(),
+        );
+        r.register(
+            "sidecar_nacks",
+            "Responses of this agent's xDS server its sidecars rejected",
+            self.sidecar_nacks.clone(),
         );
         r.register(
             "held_back_endpoints",
@@ -167,5 +180,7 @@ impl AgentMetrics {
             "1 while the evidence session to the authority is open",
             self.evidence_connected.clone(),
         );
+        self.propagation.register(registry);
+        crate::metrics::register_build_info(registry);
     }
 }

@@ -178,12 +178,13 @@ impl Shared {
         self.gossip.as_ref().map(|g| g.borrow().clone())
     }
 
-    /// The Prometheus text exposition (0.0.4, what `promtool` and most scrapers read).
-    pub(crate) fn metrics_text(&self) -> String {
+    /// The registry as OpenMetrics (ending `# EOF`); [`crate::metrics::negotiate`] turns
+    /// it into the Prometheus text format for scrapers that do not ask for it.
+    pub(crate) fn openmetrics(&self) -> String {
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
         let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
-        crate::metrics::to_prometheus_text(&out)
+        out
     }
 
     /// The main loop ticked recently (liveness is process-internal only).

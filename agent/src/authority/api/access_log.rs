@@ -21,6 +21,11 @@
 //! carries it (span `api_request`), so a refusal's `api request refused` line joins its
 //! access line. What the listener ends before the router answers (the connection cap's
 //! 503, the request timeout's 408) is counted by the listener's metrics, not logged here.
+//!
+//! The same fields count every answer where the router provides [`ApiRequestMetrics`] (an
+//! extension): `waymark_api_requests_total{route,method,status,principal_kind}` and
+//! `waymark_api_request_duration_seconds{route}` — the route template, never the path,
+//! and the principal's kind, never its name, so the series stay few.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -28,7 +33,12 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
 use tracing::Instrument as _;
+
+use crate::authority::metrics::{ApiRequestLabels, RouteLabels};
 
 /// The request id's header, read from the request and written on the response.
 pub(super) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -66,6 +76,7 @@ pub(super) async fn record(mut request: Request, next: Next) -> Response {
     // The handler sees the id in force, not one that was refused.
     request.headers_mut().insert(X_REQUEST_ID, id.clone());
     let request_id = id.to_str().unwrap_or_default().to_owned();
+    let metrics = request.extensions().get::<ApiRequestMetrics>().cloned();
     let span = tracing::info_span!("api_request", request_id = %request_id);
     let mut response = next.run(request).instrument(span).await;
     let principal = response
@@ -76,13 +87,17 @@ pub(super) async fn record(mut request: Request, next: Next) -> Response {
         .extensions()
         .get::<LoggedRefusal>()
         .map(|r| r.0.as_str());
+    let took = started.elapsed();
+    if let Some(m) = metrics {
+        m.count(&route, &method, response.status().as_u16(), principal, took);
+    }
     tracing::debug!(
         target: "waymark::access",
         method = %method,
         route,
         status = response.status().as_u16(),
         // Microseconds, in milliseconds: no float noise past the third decimal.
-        duration_ms = started.elapsed().as_micros() as f64 / 1e3,
+        duration_ms = took.as_micros() as f64 / 1e3,
         principal,
         request_id,
         reason,
@@ -90,6 +105,82 @@ pub(super) async fn record(mut request: Request, next: Next) -> Response {
     );
     response.headers_mut().insert(X_REQUEST_ID, id);
     response
+}
+
+/// Where [`record`] counts the answers: given to the router as an extension (clones share
+/// the families of the member's registry).
+#[derive(Debug, Clone)]
+pub(crate) struct ApiRequestMetrics {
+    /// `waymark_api_requests_total`.
+    pub(crate) requests: Family<ApiRequestLabels, Counter>,
+    /// `waymark_api_request_duration_seconds`.
+    pub(crate) seconds: Family<RouteLabels, Histogram, fn() -> Histogram>,
+}
+
+impl ApiRequestMetrics {
+    /// The member's families.
+    pub(crate) fn of(metrics: &crate::authority::metrics::AuthorityMetrics) -> Self {
+        Self {
+            requests: metrics.api_requests.clone(),
+            seconds: metrics.api_request_seconds.clone(),
+        }
+    }
+
+    fn count(
+        &self,
+        route: &str,
+        method: &axum::http::Method,
+        status: u16,
+        principal: &str,
+        took: std::time::Duration,
+    ) {
+        self.requests
+            .get_or_create(&ApiRequestLabels {
+                route: route.to_owned(),
+                method: method_label(method).to_owned(),
+                status,
+                principal_kind: principal_kind(principal),
+            })
+            .inc();
+        self.seconds
+            .get_or_create(&RouteLabels {
+                route: route.to_owned(),
+            })
+            .observe(took.as_secs_f64());
+    }
+}
+
+/// A method as a label: the standard ones by name, anything else `other` (a client may
+/// send any token as a method).
+fn method_label(method: &axum::http::Method) -> &'static str {
+    match method.as_str() {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    }
+}
+
+/// The kind of a principal from its display form (`operator/…`, `token/…`,
+/// `region/…/node/…`, `region/…/service/…` for a workload, `region/…/authority/…`), or
+/// `anonymous`.
+pub(super) fn principal_kind(principal: &str) -> &'static str {
+    if principal == ANONYMOUS {
+        return ANONYMOUS;
+    }
+    let mut parts = principal.split('/');
+    match (parts.next(), parts.nth(1)) {
+        (Some("operator"), _) => "operator",
+        (Some("token"), _) => "token",
+        (Some("region"), Some("node")) => "node",
+        (Some("region"), Some("service")) => "workload",
+        (Some("region"), Some("authority")) => "authority",
+        _ => "other",
+    }
 }
 
 /// Whether a client's request id is taken as it is: short, and only characters that need

@@ -221,6 +221,10 @@ pub fn router(state: ApiState) -> Router {
         .layer(DefaultBodyLimit::max(BODY_MAX))
         // Outermost, so that every answer the router gives is logged with its request id.
         .layer(axum::middleware::from_fn(access_log::record))
+        // Outside the access log, which counts every answer in these families.
+        .layer(axum::Extension(access_log::ApiRequestMetrics::of(
+            &state.metrics,
+        )))
         .with_state(state)
 }
 

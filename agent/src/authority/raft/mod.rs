@@ -24,6 +24,7 @@ mod network;
 pub mod recover;
 pub mod snapshot_file;
 mod store;
+pub mod timings;
 pub mod tls;
 mod transfer;
 
@@ -514,8 +515,13 @@ impl RaftNode {
         if self.transferring() {
             self.transfer_settled().await;
         }
+        let proposed = tokio::time::Instant::now();
         match self.raft.client_write(request).await {
-            Ok(written) => Ok(written.data),
+            Ok(written) => {
+                let took = proposed.elapsed().as_secs_f64();
+                self.shared.timings.commit_seconds.observe(took);
+                Ok(written.data)
+            }
             Err(OpenraftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 Err(WriteError::NotLeader {
                     leader: leader_of(f),
@@ -644,6 +650,12 @@ impl RaftNode {
     /// The counter of failed applies, for the member's metrics.
     pub fn apply_failures_total(&self) -> prometheus_client::metrics::counter::Counter {
         self.shared.apply_failures_total.clone()
+    }
+
+    /// The log's own metrics (commit and apply latency, snapshot sizes, follower lag),
+    /// for the member's registry; [`timings::follow_lag`] keeps the lag current.
+    pub fn timings(&self) -> timings::RaftTimings {
+        self.shared.timings.clone()
     }
 
     /// openraft's metrics; `changed()` wakes on every change.

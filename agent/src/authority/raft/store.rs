@@ -164,6 +164,8 @@ pub(crate) struct Shared {
     /// Encoded bytes appended to the log since the last snapshot was built: what the
     /// member calls for a snapshot by (see [`super::RaftConfig::snapshot_log_bytes`]).
     pub(crate) log_bytes: Arc<std::sync::atomic::AtomicU64>,
+    /// Commit and apply latency, snapshot sizes (`waymark_raft_*`).
+    pub(crate) timings: super::timings::RaftTimings,
 }
 
 /// A committed entry whose apply panicked: a bug, contained.
@@ -248,6 +250,7 @@ pub(crate) fn open(
         apply_failures_total: Default::default(),
         closed,
         log_bytes: Arc::default(),
+        timings: Default::default(),
     };
     let hint = CommittedHint::open(&dir.join(HINT_FILE)).map_err(|source| StoreError::Dir {
         path: dir.join(HINT_FILE),
@@ -1310,7 +1313,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let started = tokio::time::Instant::now();
         let (responses, events) = self.apply_batch(entries.into_iter());
+        let took = started.elapsed().as_secs_f64();
+        self.shared.timings.apply_seconds.observe(took);
         for event in events {
             // A restore replaced the whole state: followers of the state resync, as after
             // a snapshot, instead of reading it as one more change.
@@ -1341,6 +1347,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> StorageResult<()> {
         let data = snapshot.into_inner();
+        let size = data.len() as f64;
+        self.shared.timings.snapshot_installed_bytes.observe(size);
         let state: AuthorityState = codec::decode(&data)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         let stored = meta.clone();
@@ -1432,6 +1440,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         })
         .await
         .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        let size = i64::try_from(data.len()).unwrap_or(i64::MAX);
+        self.shared.timings.snapshot_built_bytes.set(size);
         tracing::info!(
             index = ?meta.last_log_id.map(|l| l.index),
             size_bytes = data.len(),
