@@ -45,10 +45,11 @@ pub use server::{
     Ack, EvidenceService, EvidenceSink, MalformedLabels, SessionMetrics, SessionStream, reporter_of,
 };
 pub use sidecars::{
-    CLIENT_CONFIG_BYTES_MAX, CLIENT_ID_BYTES_MAX, ClientConfig, ConfigRequest, IDENTITY_BYTES_MAX,
-    LABEL_BYTES_MAX, NACK_ERROR_BYTES_MAX, Nack, SIDECAR_CLIENTS_MAX, SIDECAR_REPORT_BYTES_MAX,
-    SIDECAR_TYPES_MAX, SidecarBody, SidecarClient, SidecarReport, SidecarReportBody,
-    TYPE_URL_BYTES_MAX, TypeSync, TypeSyncBody, VERSION_BYTES_MAX, XdsProtocol, clipped,
+    CLIENT_CONFIG_BYTES_MAX, CLIENT_ID_BYTES_MAX, ClientConfig, ClientConfigBody, ConfigRequest,
+    HeldAssignment, HeldCluster, HeldEndpoint, IDENTITY_BYTES_MAX, LABEL_BYTES_MAX, Marker,
+    NACK_ERROR_BYTES_MAX, Nack, SIDECAR_CLIENTS_MAX, SIDECAR_REPORT_BYTES_MAX, SIDECAR_TYPES_MAX,
+    SidecarBody, SidecarClient, SidecarReport, SidecarReportBody, TYPE_URL_BYTES_MAX, TypeSync,
+    TypeSyncBody, VERSION_BYTES_MAX, XdsProtocol, clipped,
 };
 pub use wire::WireError;
 

@@ -276,6 +276,101 @@ pub struct TypeSyncBody {
     pub resources: u64,
 }
 
+/// What one xDS client of a node agent holds: the node agent's
+/// `GET /v1/clients/{client}/config`, relayed by the authority's
+/// `GET /v1/proxy-config/{node}/{client}`. At most [`CLIENT_CONFIG_BYTES_MAX`] bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ClientConfigBody {
+    /// The node agent.
+    pub node: String,
+    /// The version of the node's xDS snapshot served now.
+    pub snapshot_version: u64,
+    /// Time since the node's view was last confirmed upstream, in ms.
+    pub view_age_ms: u64,
+    /// The clusters the client was sent, by name.
+    pub clusters: Vec<HeldCluster>,
+    /// The load assignments the client was sent, by cluster.
+    pub endpoints: Vec<HeldAssignment>,
+    /// Endpoints not listed, to stay within the document's bounds.
+    pub endpoints_left_out: u64,
+    /// Clusters not listed: present only when the document was over its byte bound even
+    /// without endpoints (`clusters` and `endpoints` are then empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusters_left_out: Option<u64>,
+    /// The client, as in the node's report.
+    #[serde(flatten)]
+    pub client: SidecarBody,
+}
+
+/// A cluster a client was sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct HeldCluster {
+    /// The cluster.
+    pub name: String,
+    /// The version the client was sent.
+    pub version: String,
+    /// The version served now; `null` if it is no longer served.
+    pub served_version: Option<String>,
+    /// Whether the client holds the version served now.
+    pub current: bool,
+}
+
+/// A load assignment a client was sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct HeldAssignment {
+    /// Its cluster.
+    pub cluster: String,
+    /// The version the client was sent.
+    pub version: String,
+    /// The version served now; `null` if it is no longer served.
+    pub served_version: Option<String>,
+    /// Whether the client holds the version served now (only then are its endpoints
+    /// known).
+    pub current: bool,
+    /// Whether its view disregards health; `null` when not current.
+    pub health_disregarded: Option<bool>,
+    /// Its endpoints; `null` when not current or left out.
+    pub endpoints: Option<Vec<HeldEndpoint>>,
+    /// Its endpoints left out to stay within the document's bounds, when they were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints_left_out: Option<u64>,
+}
+
+/// One endpoint of a load assignment, as the client holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct HeldEndpoint {
+    /// ip:port; `null` if it has no socket address.
+    pub address: Option<String>,
+    /// The instance (waymark's metadata).
+    pub instance: Option<Marker>,
+    /// Its locality's zone.
+    pub zone: Option<String>,
+    /// Its locality's priority.
+    pub priority: u32,
+    /// Its load-balancing weight.
+    pub weight: Option<u32>,
+    /// Envoy's health status (`HEALTHY`, `UNHEALTHY`, `DRAINING`, …).
+    pub health: String,
+    /// waymark's published status (metadata).
+    pub status: Option<Marker>,
+    /// The evaluator's verdict (metadata).
+    pub verdict: Option<Marker>,
+    /// Whether its capability was verified (metadata).
+    pub verified: Option<bool>,
+    /// Whether its view disregards health (metadata).
+    pub health_disregarded: Option<Marker>,
+}
+
+/// A metadata field of an endpoint: text or a flag, as waymark's translation writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Marker {
+    /// A string value.
+    Text(String),
+    /// A boolean value.
+    Flag(bool),
+}
+
 /// `text` cut to at most `max` bytes, on a character boundary: how a sender keeps a
 /// string within its bound.
 pub fn clipped(text: &str, max: usize) -> String {

@@ -25,7 +25,7 @@ use envoy_types::pb::envoy::config::core::v3::HealthStatus;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::google::protobuf::value::Kind;
 use prost::Message as _;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use waymark_core::model::ZoneName;
@@ -35,10 +35,10 @@ use waymark_xds::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, endpoint_socket, metad
 
 use super::shared::Shared;
 use crate::evidence::{
-    CLIENT_CONFIG_BYTES_MAX, CLIENT_ID_BYTES_MAX, IDENTITY_BYTES_MAX, LABEL_BYTES_MAX,
-    NACK_ERROR_BYTES_MAX, Nack, SIDECAR_CLIENTS_MAX, SIDECAR_REPORT_BYTES_MAX, SIDECAR_TYPES_MAX,
-    SidecarClient, SidecarReport, TYPE_URL_BYTES_MAX, TypeSync, VERSION_BYTES_MAX, XdsProtocol,
-    clipped,
+    CLIENT_CONFIG_BYTES_MAX, CLIENT_ID_BYTES_MAX, ClientConfigBody, HeldAssignment, HeldCluster,
+    HeldEndpoint, IDENTITY_BYTES_MAX, LABEL_BYTES_MAX, Marker, NACK_ERROR_BYTES_MAX, Nack,
+    SIDECAR_CLIENTS_MAX, SIDECAR_REPORT_BYTES_MAX, SIDECAR_TYPES_MAX, SidecarClient, SidecarReport,
+    TYPE_URL_BYTES_MAX, TypeSync, VERSION_BYTES_MAX, XdsProtocol, clipped,
 };
 
 /// How often the report is made and compared with the last one sent.
@@ -231,27 +231,31 @@ pub(crate) fn config(shared: &Shared, client: &str, now: Instant) -> Option<Valu
         .unwrap_or_default();
     let (endpoints, left_out) = endpoints_held(&held(TYPE_ENDPOINT), &served, CONFIG_ENDPOINTS_MAX);
     let summary = client_of(&sync, now.into_std());
-    let mut doc = json!({
-        "node": shared.name.as_str(),
-        "snapshot_version": snapshot.version,
-        "view_age_ms": u64::try_from(view_age(shared).as_millis()).unwrap_or(u64::MAX),
-        "clusters": clusters,
-        "endpoints": endpoints,
-        "endpoints_left_out": left_out,
-    });
-    let head = serde_json::to_value(summary.body(Duration::ZERO)).unwrap_or_default();
-    if let (Value::Object(doc), Value::Object(head)) = (&mut doc, head) {
-        doc.extend(head);
-    }
-    Some(within_bound(doc))
+    let doc = ClientConfigBody {
+        node: shared.name.to_string(),
+        snapshot_version: snapshot.version,
+        view_age_ms: u64::try_from(view_age(shared).as_millis()).unwrap_or(u64::MAX),
+        clusters,
+        endpoints,
+        endpoints_left_out: left_out as u64,
+        clusters_left_out: None,
+        client: summary.body(Duration::ZERO),
+    };
+    // Through `Value`, as it travels: keys in name order, as when it was built as one.
+    serde_json::to_value(within_bound(doc)).ok()
 }
 
 /// The clusters a client was sent, and whether each is the version served now.
-fn clusters_held(held: &BTreeMap<String, String>, served: &Resources) -> Vec<Value> {
+fn clusters_held(held: &BTreeMap<String, String>, served: &Resources) -> Vec<HeldCluster> {
     held.iter()
         .map(|(name, version)| {
-            let now = served.get(name).map(|e| e.version.as_str());
-            json!({"name": name, "version": version, "served_version": now, "current": now == Some(version.as_str())})
+            let now = served.get(name).map(|e| e.version.clone());
+            HeldCluster {
+                name: name.clone(),
+                version: version.clone(),
+                current: now.as_ref() == Some(version),
+                served_version: now,
+            }
         })
         .collect()
 }
@@ -263,7 +267,7 @@ fn endpoints_held(
     held: &BTreeMap<String, String>,
     served: &Resources,
     max: usize,
-) -> (Vec<Value>, usize) {
+) -> (Vec<HeldAssignment>, usize) {
     let mut listed = 0usize;
     let mut left_out = 0usize;
     let out = held
@@ -271,26 +275,27 @@ fn endpoints_held(
         .map(|(name, version)| {
             let now = served.get(name);
             let current = now.is_some_and(|e| &e.version == version);
-            let mut entry = json!({
-                "cluster": name,
-                "version": version,
-                "served_version": now.map(|e| e.version.as_str()),
-                "current": current,
-                "health_disregarded": Value::Null,
-                "endpoints": Value::Null,
-            });
+            let mut entry = HeldAssignment {
+                cluster: name.clone(),
+                version: version.clone(),
+                served_version: now.map(|e| e.version.clone()),
+                current,
+                health_disregarded: None,
+                endpoints: None,
+                endpoints_left_out: None,
+            };
             let decoded = now
                 .filter(|_| current)
                 .and_then(|e| ClusterLoadAssignment::decode(e.resource.value.as_slice()).ok());
             if let Some(cla) = decoded {
                 let (endpoints, disregarded) = lb_endpoints(&cla);
-                entry["health_disregarded"] = json!(disregarded);
+                entry.health_disregarded = Some(disregarded);
                 if listed.saturating_add(endpoints.len()) <= max {
                     listed += endpoints.len();
-                    entry["endpoints"] = Value::Array(endpoints);
+                    entry.endpoints = Some(endpoints);
                 } else {
                     left_out = left_out.saturating_add(endpoints.len());
-                    entry["endpoints_left_out"] = json!(endpoints.len());
+                    entry.endpoints_left_out = Some(endpoints.len() as u64);
                 }
             }
             entry
@@ -301,42 +306,44 @@ fn endpoints_held(
 
 /// A load assignment's endpoints as `proxy-config` shows them (address, priority, zone,
 /// weight, Envoy health, waymark's markers), and whether its view disregards health.
-fn lb_endpoints(cla: &ClusterLoadAssignment) -> (Vec<Value>, bool) {
+fn lb_endpoints(cla: &ClusterLoadAssignment) -> (Vec<HeldEndpoint>, bool) {
     let mut disregarded = false;
     let mut out = Vec::new();
     for group in &cla.endpoints {
         let zone = group.locality.as_ref().map(|l| l.zone.as_str());
         for lb in &group.lb_endpoints {
             let field = |key| match metadata_field(lb.metadata.as_ref(), key) {
-                Some(Kind::StringValue(s)) => json!(s),
-                Some(Kind::BoolValue(b)) => json!(b),
-                _ => Value::Null,
+                Some(Kind::StringValue(s)) => Some(Marker::Text(s.clone())),
+                Some(Kind::BoolValue(b)) => Some(Marker::Flag(*b)),
+                _ => None,
             };
             let guard = field("health_disregarded");
-            disregarded |= guard == json!(true);
+            disregarded |= guard == Some(Marker::Flag(true));
             let verified = match metadata_field(lb.metadata.as_ref(), "capability") {
                 Some(Kind::StructValue(c)) => {
                     match c.fields.get("verified").and_then(|v| v.kind.as_ref()) {
-                        Some(Kind::BoolValue(b)) => json!(b),
-                        _ => Value::Null,
+                        Some(Kind::BoolValue(b)) => Some(*b),
+                        _ => None,
                     }
                 }
-                _ => Value::Null,
+                _ => None,
             };
             let health = HealthStatus::try_from(lb.health_status)
                 .map_or("UNKNOWN_VALUE", |h| h.as_str_name());
-            out.push(json!({
-                "address": endpoint_socket(lb).map(|(ip, port)| std::net::SocketAddr::new(ip, port).to_string()).ok(),
-                "instance": field("instance"),
-                "zone": zone,
-                "priority": group.priority,
-                "weight": lb.load_balancing_weight.as_ref().map(|w| w.value),
-                "health": health,
-                "status": field("status"),
-                "verdict": field("verdict"),
-                "verified": verified,
-                "health_disregarded": guard,
-            }));
+            out.push(HeldEndpoint {
+                address: endpoint_socket(lb)
+                    .map(|(ip, port)| std::net::SocketAddr::new(ip, port).to_string())
+                    .ok(),
+                instance: field("instance"),
+                zone: zone.map(str::to_owned),
+                priority: group.priority,
+                weight: lb.load_balancing_weight.as_ref().map(|w| w.value),
+                health: health.to_owned(),
+                status: field("status"),
+                verdict: field("verdict"),
+                verified,
+                health_disregarded: guard,
+            });
         }
     }
     (out, disregarded)
@@ -344,29 +351,24 @@ fn lb_endpoints(cla: &ClusterLoadAssignment) -> (Vec<Value>, bool) {
 
 /// `doc` within [`CLIENT_CONFIG_BYTES_MAX`]: over it (very long names), every endpoint
 /// list is left out and counted, which leaves the clusters and versions.
-fn within_bound(mut doc: Value) -> Value {
-    let len = serde_json::to_vec(&doc).map_or(usize::MAX, |b| b.len());
-    if len <= CLIENT_CONFIG_BYTES_MAX {
+fn within_bound(mut doc: ClientConfigBody) -> ClientConfigBody {
+    let over = |doc: &ClientConfigBody| {
+        serde_json::to_vec(doc).map_or(usize::MAX, |b| b.len()) > CLIENT_CONFIG_BYTES_MAX
+    };
+    if !over(&doc) {
         return doc;
     }
-    let mut left_out = doc["endpoints_left_out"].as_u64().unwrap_or(0);
-    if let Some(list) = doc["endpoints"].as_array_mut() {
-        for entry in list {
-            if let Some(eps) = entry.get("endpoints").and_then(Value::as_array) {
-                left_out += eps.len() as u64;
-                entry["endpoints_left_out"] = json!(eps.len());
-                entry["endpoints"] = Value::Null;
-            }
+    for entry in &mut doc.endpoints {
+        if let Some(eps) = entry.endpoints.take() {
+            doc.endpoints_left_out = doc.endpoints_left_out.saturating_add(eps.len() as u64);
+            entry.endpoints_left_out = Some(eps.len() as u64);
         }
     }
-    doc["endpoints_left_out"] = json!(left_out);
     // Still over (tens of thousands of clusters with long names): say so, list nothing.
-    let len = serde_json::to_vec(&doc).map_or(usize::MAX, |b| b.len());
-    if len > CLIENT_CONFIG_BYTES_MAX {
-        let clusters = doc["clusters"].as_array().map_or(0, Vec::len);
-        doc["clusters"] = json!([]);
-        doc["endpoints"] = json!([]);
-        doc["clusters_left_out"] = json!(clusters);
+    if over(&doc) {
+        doc.clusters_left_out = Some(doc.clusters.len() as u64);
+        doc.clusters.clear();
+        doc.endpoints.clear();
     }
     doc
 }

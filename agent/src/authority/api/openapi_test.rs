@@ -164,17 +164,10 @@ fn the_blocking_and_paged_reads_document_their_headers_and_parameters() {
 
 /// Replies whose body may stay free-form JSON, each with the reason. Everything else the
 /// API answers has a type, so the document describes it field by field.
-const FREE_FORM_REPLIES: &[(&str, &str)] = &[
-    (
-        "getOpenApi",
-        "the OpenAPI document itself: its schema is the OpenAPI 3.1 specification's",
-    ),
-    (
-        "getProxyConfig",
-        "the node agent's document, relayed unread; to do: the node builds it with json!, \
-         give it a type in evidence/sidecars.rs beside SidecarBody and name it here",
-    ),
-];
+const FREE_FORM_REPLIES: &[(&str, &str)] = &[(
+    "getOpenApi",
+    "the OpenAPI document itself: its schema is the OpenAPI 3.1 specification's",
+)];
 
 #[test]
 fn no_reply_is_free_form_json_unless_listed_with_a_reason() {

@@ -7,19 +7,20 @@
 //! `authority/sidecars.rs`). `GET /v1/proxy-status` stays member-local: it lists the
 //! agents this member's xDS tier serves.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::Response;
-use schemars::JsonSchema;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use waymark_core::model::NodeName;
 
 use super::{ApiError, ApiResult, ApiState, ok, parse_name};
 use crate::authority::sidecars::{AskError, SidecarsHandle};
-use crate::evidence::{CLIENT_ID_BYTES_MAX, SidecarReportBody};
+use crate::evidence::{CLIENT_ID_BYTES_MAX, ClientConfigBody, SidecarReportBody};
 
 impl ApiState {
     /// Serve the sidecar routes from the evidence hub's reports and broker.
@@ -50,10 +51,25 @@ pub(super) struct SidecarNode {
 }
 
 /// What one xDS client holds, as its node agent answers (`GET /v1/clients/{client}/config`
-/// on the node): per resource type, the resources and versions it holds.
-#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+/// on the node): relayed as the node sent it, never read here, so its schema is the
+/// document's the node builds ([`ClientConfigBody`]).
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(transparent)]
 pub(super) struct ProxyConfig(Map<String, Value>);
+
+impl JsonSchema for ProxyConfig {
+    fn schema_name() -> Cow<'static, str> {
+        ClientConfigBody::schema_name()
+    }
+
+    fn schema_id() -> Cow<'static, str> {
+        ClientConfigBody::schema_id()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        ClientConfigBody::json_schema(generator)
+    }
+}
 
 /// Every node's latest report, in node name order, with its durations brought up to
 /// now; reports not refreshed within their TTL are gone.
