@@ -169,7 +169,8 @@ async fn run_authority(file: ConfigFile) -> anyhow::Result<()> {
         })?),
         None => None,
     };
-    let member = Authority::start(file.member_config()?).await?;
+    let otel = waymark_agent::otel::OtelSettings::from_env(std::env::vars())?;
+    let member = Authority::start_traced(file.member_config()?, otel.as_ref()).await?;
     let initial = file.initial_members();
     if !initial.is_empty() {
         member.bootstrap(initial).await?;
@@ -192,7 +193,8 @@ async fn run_authority(file: ConfigFile) -> anyhow::Result<()> {
 }
 
 async fn run_agent(file: AgentFile) -> anyhow::Result<()> {
-    let agent = NodeAgent::start(file.agent).await?;
+    let otel = waymark_agent::otel::OtelSettings::from_env(std::env::vars())?;
+    let agent = NodeAgent::start_traced(file.agent, otel.as_ref()).await?;
     serve_until_stopped("service definitions and certificates", async || {
         if let Err(e) = agent.reload().await {
             tracing::error!(error = %format!("{e:#}"), "reload refused; nothing changed");

@@ -44,6 +44,7 @@ mod node_lkg_crash;
 mod node_registration;
 mod node_selfreport;
 mod node_upstream_region;
+mod otel_traces;
 mod override_budget;
 mod probe_policy;
 mod probe_targets;

@@ -8,6 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use opentelemetry::KeyValue;
+use opentelemetry::trace::SpanContext;
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
 use waymark_core::model::{EvidenceClass, InstanceId, NodeName, Reporter, Sample, ZoneName};
@@ -23,6 +25,7 @@ use crate::evidence::{
     RefusedSample, SidecarReport, WireSample,
 };
 use crate::gossip::{Liveness, MemberState, Role};
+use crate::otel::Telemetry;
 
 /// Samples queued between ingest and the leader's pipeline before new ones are refused.
 pub const QUEUE_LEN: usize = 65_536;
@@ -66,6 +69,10 @@ pub struct EvidenceHub {
     sidecars: SidecarsHandle,
     /// Keyring requests to nodes (online gossip key rotation): leader-observed too.
     keyring: Arc<KeyringBroker>,
+    /// Trace export: a span per admitted batch (see `crate::otel`).
+    telemetry: Telemetry,
+    /// The latest admission spans, which the leader's next release links to.
+    admissions: Arc<Mutex<Vec<SpanContext>>>,
 }
 
 impl EvidenceHub {
@@ -80,7 +87,31 @@ impl EvidenceHub {
             queue_len: QUEUE_LEN,
             sidecars: SidecarsHandle::default(),
             keyring: Arc::default(),
+            telemetry: Telemetry::off(),
+            admissions: Arc::default(),
         }
+    }
+
+    /// Export a span per evidence batch admitted, and lend `telemetry` to the leader.
+    pub fn with_telemetry(mut self, telemetry: Telemetry) -> Self {
+        self.telemetry = telemetry;
+        self
+    }
+
+    /// This member's trace export.
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    /// The admission spans since the last call (at most [`crate::otel::LINKS_MAX`], the
+    /// latest), for the next release's evaluation span to link to.
+    pub fn take_admissions(&self) -> Vec<SpanContext> {
+        std::mem::take(
+            &mut *self
+                .admissions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
     }
 
     /// The keyring broker, for the leader's pool-wide keyring operations.
@@ -415,10 +446,54 @@ impl EvidenceHub {
         let Some((tx, denials)) = self.lock().feed.clone() else {
             return Err(self.not_leader());
         };
+        let mut span = self.telemetry.span(
+            "waymark.evidence.admit",
+            None,
+            &[],
+            vec![
+                KeyValue::new("waymark.reporter", reporter.to_string()),
+                KeyValue::new("waymark.samples", samples.len() as i64),
+            ],
+        );
+        let ack = self.admit_batch(reporter, samples, tx, denials, precheck);
+        span.set(KeyValue::new(
+            "waymark.samples.accepted",
+            ack.accepted as i64,
+        ));
+        span.set(KeyValue::new(
+            "waymark.samples.refused",
+            ack.refused.len() as i64,
+        ));
+        if ack.accepted > 0 {
+            let context = span.context();
+            if context.is_valid() {
+                let mut latest = self
+                    .admissions
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if latest.len() == crate::otel::LINKS_MAX {
+                    latest.remove(0);
+                }
+                latest.push(context);
+            }
+        }
+        span.end();
+        Ok(ack)
+    }
+
+    /// [`EvidenceHub::ingest_as`] once this member leads: the checks and the queue.
+    fn admit_batch(
+        &self,
+        reporter: &Reporter,
+        samples: Vec<(Reporter, WireSample)>,
+        tx: mpsc::Sender<Sample>,
+        denials: mpsc::Sender<Denial>,
+        precheck: impl Fn(&DesiredState, &Sample) -> Option<&'static str>,
+    ) -> Ack {
         let mut ack = Ack::default();
         if tx.capacity() == 0 {
             self.shed(&mut ack, samples.into_iter().map(|(_, w)| w.instance));
-            return Ok(ack);
+            return ack;
         }
         let mut refuse = |instance: &waymark_core::model::InstanceId, reason: &str| {
             self.metrics
@@ -478,7 +553,7 @@ impl EvidenceHub {
         }
         ack.accepted = accepted;
         self.metrics.samples_accepted.inc_by(accepted);
-        Ok(ack)
+        ack
     }
 
     /// Refuse these samples as `overloaded`: the leader's queue is full.

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use opentelemetry::KeyValue;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -261,8 +262,9 @@ async fn lead_term(
         stashed: None,
     };
     let mut last_fired: Option<Instant> = None;
+    let mut decided: Option<Decided> = None;
     loop {
-        if shell.execute(core.take_commands()) {
+        if shell.execute(core.take_commands(), decided.take()) {
             // A new term gets a fresh version space; its leader (another voter) rebuilds
             // every view from the desired state and releases it. The transfer holds writes
             // for seconds, so it runs beside the loop and reports back.
@@ -279,6 +281,7 @@ async fn lead_term(
         if matches!(input, Input::Timeout) {
             last_fired = Some(Instant::now());
         }
+        decided = Decided::of(&input);
         if !step(&mut core, &env, &mut applied, input) {
             break;
         }
@@ -633,9 +636,74 @@ struct Shell<'a> {
     written: mpsc::UnboundedSender<(Purpose, Written)>,
 }
 
+/// The input a step took, for the trace of what it released: when it began, and what
+/// kind of input it was (an evaluation of samples, a timer, committed entries).
+struct Decided {
+    at: std::time::SystemTime,
+    input: &'static str,
+    samples: usize,
+}
+
+impl Decided {
+    /// `None` for inputs that never release views.
+    fn of(input: &Input) -> Option<Self> {
+        let (input, samples) = match input {
+            Input::Samples(s) => ("samples", s.len()),
+            Input::Timeout => ("timeout", 0),
+            Input::Applied(_) => ("applied", 0),
+            Input::Event(_) => ("rebuild", 0),
+            Input::Pressure => ("pressure", 0),
+            Input::Membership => ("membership", 0),
+            _ => return None,
+        };
+        Some(Self {
+            at: std::time::SystemTime::now(),
+            input,
+            samples,
+        })
+    }
+}
+
 impl Shell<'_> {
+    /// The trace of one release: the pipeline step that released it (begun when its
+    /// input arrived; linked to the latest evidence admissions) and the release itself, a
+    /// child carrying counts and the version range. Each released version remembers the
+    /// release span, so its commit and delivery join the same trace.
+    fn trace_release(&self, views: &[ReleasedView], decided: Option<Decided>) {
+        let telemetry = self.ctx.hub.telemetry();
+        if !telemetry.is_on() || views.is_empty() {
+            return;
+        }
+        let (at, input, samples) =
+            decided.map_or((None, "unknown", 0), |d| (Some(d.at), d.input, d.samples));
+        // The batches admitted since the previous release: what this one may have
+        // weighed (a withdrawal is often released by the delta queue's timer, a step
+        // after the samples that decided it).
+        let links = self.ctx.hub.take_admissions();
+        let evaluate = telemetry.span_from(
+            "waymark.evaluate",
+            at,
+            None,
+            &links,
+            vec![
+                KeyValue::new("waymark.term", self.term as i64),
+                KeyValue::new("waymark.input", input),
+                KeyValue::new("waymark.samples", samples as i64),
+            ],
+        );
+        let release = telemetry.span(
+            "waymark.release",
+            Some(&evaluate.context()),
+            &[],
+            release_attributes(views),
+        );
+        telemetry.remember(views.iter().map(|v| v.version.0), &release.context());
+        release.end();
+        evaluate.end();
+    }
+
     /// Carry out the commands in order; whether one asked for a hand-over.
-    fn execute(&self, commands: Vec<LeaderCommand>) -> bool {
+    fn execute(&self, commands: Vec<LeaderCommand>, mut decided: Option<Decided>) -> bool {
         let mut hand_over = false;
         // Cadence changes come in bursts (a region's traffic ramping past the threshold):
         // the probers they touch are handed their targets once per batch, not per change.
@@ -643,6 +711,7 @@ impl Shell<'_> {
         for command in commands {
             match command {
                 LeaderCommand::Publish(views) => {
+                    self.trace_release(&views, decided.take());
                     // tokio's clock, as the xDS server times acknowledgements on it.
                     let now = tokio::time::Instant::now().into_std();
                     self.ctx
@@ -700,6 +769,26 @@ impl Shell<'_> {
             let _ = done.send((purpose, outcome));
         });
     }
+}
+
+/// A release's span attributes: counts, the version range, and the services (at most a
+/// few by name; the count always).
+fn release_attributes(views: &[ReleasedView]) -> Vec<KeyValue> {
+    let services: std::collections::BTreeSet<&str> =
+        views.iter().map(|v| v.view.key.service.as_str()).collect();
+    let named: Vec<&str> = services.iter().take(8).copied().collect();
+    let endpoints: usize = views.iter().map(|v| v.view.endpoints.len()).sum();
+    let (min, max) = views.iter().fold((u64::MAX, 0), |(lo, hi), v| {
+        (lo.min(v.version.0), hi.max(v.version.0))
+    });
+    vec![
+        KeyValue::new("waymark.views", views.len() as i64),
+        KeyValue::new("waymark.services", services.len() as i64),
+        KeyValue::new("waymark.service", named.join(",")),
+        KeyValue::new("waymark.endpoints", endpoints as i64),
+        KeyValue::new("waymark.view.version", max as i64),
+        KeyValue::new("waymark.view.version_min", min as i64),
+    ]
 }
 
 /// Apply a metric change to the series (and log what an operator should see).
@@ -806,12 +895,22 @@ async fn publisher(
     let metrics = ctx.metrics.clone();
     let pressure_after = ctx.pressure_after;
     let member = ctx.raft.watch_metrics().borrow().id;
+    let telemetry = ctx.hub.telemetry().clone();
     publish_loop(
         rx,
         write_backoff(member),
         |request| {
             let raft = raft.clone();
-            async move { raft.write(request).await }
+            let span = commit_span(&telemetry, &request);
+            async move {
+                let mut span = span;
+                let written = raft.write(request).await;
+                if let Err(error) = &written {
+                    span.fail(error.to_string());
+                }
+                span.end();
+                written
+            }
         },
         |outcome| match outcome {
             PublishOutcome::Committed { views, took } => {
@@ -834,6 +933,30 @@ async fn publisher(
         },
     )
     .await;
+}
+
+/// The span of one `Publish` commit: a child of the first of its releases' spans, linked
+/// to the others, with the version range it carries.
+fn commit_span(telemetry: &crate::otel::Telemetry, request: &Request) -> crate::otel::Spanned {
+    let Request::Release { releases } = request else {
+        return telemetry.span("waymark.raft.commit", None, &[], Vec::new());
+    };
+    let versions: Vec<u64> = releases.iter().map(|r| r.version().0).collect();
+    let contexts = telemetry.recall_all(versions.iter().copied());
+    let endpoints: usize = releases.iter().map(Release::endpoints).sum();
+    telemetry.span(
+        "waymark.raft.commit",
+        contexts.first(),
+        contexts.get(1..).unwrap_or_default(),
+        vec![
+            KeyValue::new("waymark.views", releases.len() as i64),
+            KeyValue::new("waymark.endpoints", endpoints as i64),
+            KeyValue::new(
+                "waymark.view.version",
+                versions.iter().copied().max().unwrap_or(0) as i64,
+            ),
+        ],
+    )
 }
 
 /// First and longest backoff window before a failed leader write is retried.

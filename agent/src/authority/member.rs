@@ -48,6 +48,7 @@ use waymark_xds::server::{ServerConfig, XdsServer};
 use super::api::{self, ApiState};
 use super::existence;
 use super::hub::EvidenceHub;
+use super::keyring::{KeyringPool, member_router};
 use super::kube::metrics::KubeMetrics;
 use super::leader::{self, LeaderContext};
 use super::metrics::AuthorityMetrics;
@@ -60,7 +61,6 @@ use super::settings::{
 use super::tier;
 use crate::api_client::ApiClient;
 use crate::evidence::{EvidenceService, SessionMetrics};
-use super::keyring::{KeyringPool, member_router};
 use crate::gossip::{Gossip, GossipConfig, GossipId, Role, keyring_file};
 use crate::listener::{ALPN_HTTP1, HttpLimits, HttpMetrics};
 
@@ -104,6 +104,16 @@ impl Authority {
     /// and federation (each binding its own socket), the leader loop and the listeners'
     /// servers, each from what the ones before it built.
     pub async fn start(config: AuthorityConfig) -> anyhow::Result<Self> {
+        Self::start_traced(config, None).await
+    }
+
+    /// [`Authority::start`], exporting traces as `otel` says (`None`: off; see
+    /// `crate::otel`).
+    pub async fn start_traced(
+        config: AuthorityConfig,
+        otel: Option<&crate::otel::OtelSettings>,
+    ) -> anyhow::Result<Self> {
+        let telemetry = crate::otel::Telemetry::start(otel, crate::otel::AUTHORITY_SERVICE)?;
         waymark_certs::install_crypto_provider();
         if config.tls.is_none()
             && let Some(refused) = plaintext_off_loopback(config.http, config.raft, config.xds)
@@ -132,12 +142,19 @@ impl Authority {
             Some(g) => Some(start_gossip(&config, g, &mut families.registry).await?),
             None => None,
         };
-        let mut hub = EvidenceHub::new(raft.clone(), metrics.clone());
+        let mut hub =
+            EvidenceHub::new(raft.clone(), metrics.clone()).with_telemetry(telemetry.clone());
         if let Some(g) = &gossip {
             hub = hub.with_gossip(g.subscribe());
         }
 
         let mut tasks = Vec::new();
+        if telemetry.is_on() {
+            tasks.push(tokio::spawn(super::traces::follow_commits(
+                raft.subscribe(),
+                telemetry,
+            )));
+        }
         // The leader's release instants, read by this member's xDS tier.
         let releases = tier::ReleaseInstants::default();
         let xds_server = serve_xds(

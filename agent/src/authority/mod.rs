@@ -22,4 +22,5 @@ pub mod settings;
 pub mod sidecars;
 pub mod staleness;
 pub mod tier;
+pub mod traces;
 pub mod ui;

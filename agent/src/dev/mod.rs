@@ -76,7 +76,8 @@ pub async fn run(
     args: DevArgs,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let dev = DevRegion::start(args).await?;
+    let otel = crate::otel::OtelSettings::from_env(std::env::vars())?;
+    let dev = DevRegion::start_traced(args, otel.as_ref()).await?;
     if crate::logging::json_in_force() {
         // Every line is a JSON object then: the listeners as an event, not the guide.
         dev.announce();
@@ -131,36 +132,48 @@ fn write_secret(path: &std::path::Path, secret: &str) -> anyhow::Result<()> {
 impl DevRegion {
     /// Start everything; returns once services are declared and backends registered.
     pub async fn start(args: DevArgs) -> anyhow::Result<Self> {
+        Self::start_traced(args, None).await
+    }
+
+    /// [`DevRegion::start`], its authority and agent exporting traces as `otel` says
+    /// (`None`: off; see `crate::otel`), each under its own service name.
+    pub async fn start_traced(
+        args: DevArgs,
+        otel: Option<&crate::otel::OtelSettings>,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&args.dir)
             .with_context(|| format!("creating {}", args.dir.display()))?;
         let pki = dev_pki(&args.dir.join("pki"))?;
         let keyring = dev_keyring(&args.dir.join("gossip.key"))?;
 
         let zones = ZONES.iter().map(|z| z.parse()).collect::<Result<_, _>>()?;
-        let authority = Authority::start(AuthorityConfig {
-            id: 1,
-            region: REGION.parse()?,
-            zones,
-            data_dir: args.dir.join("authority"),
-            http: args.api,
-            // One member: no peer calls it, so any free loopback port (mutual TLS anyway).
-            raft: "127.0.0.1:0".parse()?,
-            xds: "127.0.0.1:0".parse()?,
-            ingest: Some("127.0.0.1:0".parse()?),
-            tls: Some(TlsSettings {
-                trust_domain: TrustDomain::new(TRUST_DOMAIN)?,
-                paths: pki.authority.clone(),
-            }),
-            kubernetes: None,
-            gossip: Some(GossipSettings {
-                bind: "127.0.0.1:0".parse()?,
-                zone: ZONES[0].parse()?,
-                seeds: Vec::new(),
-                keyring: Keyring::parse(std::slice::from_ref(&keyring))?,
-            }),
-            federation: None,
-            limits: Default::default(),
-        })
+        let authority = Authority::start_traced(
+            AuthorityConfig {
+                id: 1,
+                region: REGION.parse()?,
+                zones,
+                data_dir: args.dir.join("authority"),
+                http: args.api,
+                // One member: no peer calls it, so any free loopback port (mutual TLS anyway).
+                raft: "127.0.0.1:0".parse()?,
+                xds: "127.0.0.1:0".parse()?,
+                ingest: Some("127.0.0.1:0".parse()?),
+                tls: Some(TlsSettings {
+                    trust_domain: TrustDomain::new(TRUST_DOMAIN)?,
+                    paths: pki.authority.clone(),
+                }),
+                kubernetes: None,
+                gossip: Some(GossipSettings {
+                    bind: "127.0.0.1:0".parse()?,
+                    zone: ZONES[0].parse()?,
+                    seeds: Vec::new(),
+                    keyring: Keyring::parse(std::slice::from_ref(&keyring))?,
+                }),
+                federation: None,
+                limits: Default::default(),
+            },
+            otel,
+        )
         .await
         .context("starting the authority")?;
         authority
@@ -221,39 +234,42 @@ impl DevRegion {
             .gossip()
             .map(|g| g.local_addr())
             .context("the authority has no gossip")?;
-        let agent = NodeAgent::start(AgentConfig {
-            name: NODE.parse()?,
-            region: REGION.parse()?,
-            zone: ZONES[0].parse()?,
-            data_dir: args.dir.join("agent"),
-            upstream: vec![authority.xds_addr().to_string()],
-            upstream_standby: true,
-            ingest: authority
-                .ingest_addr()
-                .map(|a| vec![a.to_string()])
-                .unwrap_or_default(),
-            api: vec![authority.http_addr().to_string()],
-            listen: Listen {
-                xds: args.xds,
-                dns: args.dns,
-                http: args.agent_api,
-                local_plaintext: true,
+        let agent = NodeAgent::start_traced(
+            AgentConfig {
+                name: NODE.parse()?,
+                region: REGION.parse()?,
+                zone: ZONES[0].parse()?,
+                data_dir: args.dir.join("agent"),
+                upstream: vec![authority.xds_addr().to_string()],
+                upstream_standby: true,
+                ingest: authority
+                    .ingest_addr()
+                    .map(|a| vec![a.to_string()])
+                    .unwrap_or_default(),
+                api: vec![authority.http_addr().to_string()],
+                listen: Listen {
+                    xds: args.xds,
+                    dns: args.dns,
+                    http: args.agent_api,
+                    local_plaintext: true,
+                },
+                bounds: Bounds::default(),
+                services_dir: None,
+                api_token_file: None,
+                gossip: Some(GossipSection {
+                    bind: "127.0.0.1:0".parse()?,
+                    seeds: vec![gossip_seed.into()],
+                    keys: vec![keyring],
+                }),
+                tls: Some(pki.node.clone()),
+                // The demo backends listen on loopback: the dev region allows it, and nothing
+                // else the default policy refuses.
+                probe: ProbeSection {
+                    allow_cidrs: vec!["127.0.0.0/8".parse()?],
+                },
             },
-            bounds: Bounds::default(),
-            services_dir: None,
-            api_token_file: None,
-            gossip: Some(GossipSection {
-                bind: "127.0.0.1:0".parse()?,
-                seeds: vec![gossip_seed.into()],
-                keys: vec![keyring],
-            }),
-            tls: Some(pki.node.clone()),
-            // The demo backends listen on loopback: the dev region allows it, and nothing
-            // else the default policy refuses.
-            probe: ProbeSection {
-                allow_cidrs: vec!["127.0.0.0/8".parse()?],
-            },
-        })
+            otel,
+        )
         .await
         .context("starting the node agent")?;
 

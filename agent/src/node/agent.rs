@@ -90,6 +90,16 @@ pub struct NodeAgent {
 impl NodeAgent {
     /// Start the agent: load and serve the cache, then connect upstream.
     pub async fn start(config: AgentConfig) -> anyhow::Result<Self> {
+        Self::start_traced(config, None).await
+    }
+
+    /// [`NodeAgent::start`], exporting traces as `otel` says (`None`: off; see
+    /// `crate::otel`).
+    pub async fn start_traced(
+        config: AgentConfig,
+        otel: Option<&crate::otel::OtelSettings>,
+    ) -> anyhow::Result<Self> {
+        let telemetry = crate::otel::Telemetry::start(otel, crate::otel::AGENT_SERVICE)?;
         let mut registry = Registry::default();
         let metrics = AgentMetrics::default();
         metrics.register(&mut registry);
@@ -194,6 +204,7 @@ impl NodeAgent {
             connected: connected_rx,
             confirmed_at: Mutex::new(confirmed_at),
             started_from,
+            telemetry: telemetry.clone(),
             gossip: gossip_rx,
             outbound: outbound_tx.clone(),
             heartbeat: Mutex::new(Instant::now()),
@@ -375,6 +386,7 @@ impl NodeAgent {
             tls: tls.as_ref().map(|t| Arc::clone(&t.upstream)),
             seed,
             keyring: gossip.as_ref().map(Gossip::keyring),
+            telemetry,
         };
         tasks.push(tokio::spawn(session::run(
             session_config,
@@ -550,12 +562,14 @@ async fn apply_loop(
                 // The client counts NACKs since it started, as the counter does.
                 let counted = shared.metrics.upstream_nacks.get();
                 shared.metrics.upstream_nacks.inc_by(state.nacks.saturating_sub(counted));
+                let received = SystemTime::now();
                 let mut view = shared.lock_view();
                 let changes = view.apply(&state.types, now());
                 if !changes.is_empty() || !changes.refused.is_empty() {
                     tracing::info!(services = changes.services.len(), other = changes.other, refused = changes.refused.len(), "upstream view applied");
                 }
                 shared.publish(&view, &changes);
+                shared.trace_apply(&view, &changes, received);
                 if state.connected {
                     *shared.confirmed_at.lock().unwrap_or_else(PoisonError::into_inner) = SystemTime::now();
                 }

@@ -49,6 +49,8 @@ pub struct SessionConfig {
     /// The live gossip keyring the authority's keyring requests change; `None` when this
     /// node does not gossip (such requests are answered `no_gossip`).
     pub keyring: Option<GossipKeyring>,
+    /// Trace export: a span per evidence batch sent (see `crate::otel`).
+    pub telemetry: crate::otel::Telemetry,
 }
 
 /// Run the session until `outbound` closes. Samples from the prober arrive on `probes`;
@@ -196,14 +198,14 @@ async fn session(
                     batch.push(sample);
                     if batch.len() >= BATCH {
                         let samples = std::mem::take(&mut batch);
-                        s.send(AgentMessage::Samples { samples }).await.map_err(|e| e.to_string())?;
+                        send_samples(&s, samples, config).await?;
                     }
                 }
                 None => return Ok(()),
             },
             () = &mut linger, if !batch.is_empty() => {
                 let samples = std::mem::take(&mut batch);
-                s.send(AgentMessage::Samples { samples }).await.map_err(|e| e.to_string())?;
+                send_samples(&s, samples, config).await?;
             }
             message = outbound.recv() => match message {
                 Some(m) => s.send(m).await.map_err(|e| e.to_string())?,
@@ -214,6 +216,33 @@ async fn session(
 }
 
 /// Applies a keyring request to the live keyring (persisted before it is in force).
+/// Send one batch of samples, as one span (`waymark.evidence.send`); the authority's
+/// admission of it is `waymark.evidence.admit`, joined by reporter and count.
+async fn send_samples(
+    s: &ClientSession,
+    samples: Vec<WireSample>,
+    config: &SessionConfig,
+) -> Result<(), String> {
+    let mut span = config.telemetry.span(
+        "waymark.evidence.send",
+        None,
+        &[],
+        vec![
+            opentelemetry::KeyValue::new("waymark.samples", samples.len() as i64),
+            opentelemetry::KeyValue::new("waymark.zone", config.zone.to_string()),
+        ],
+    );
+    let sent = s
+        .send(AgentMessage::Samples { samples })
+        .await
+        .map_err(|e| e.to_string());
+    if let Err(error) = &sent {
+        span.fail(error.clone());
+    }
+    span.end();
+    sent
+}
+
 async fn keyring_answer(keyring: Option<&GossipKeyring>, request: KeyringRequest) -> KeyringAnswer {
     let outcome = match keyring {
         Some(k) => KeyringOutcome::of(k.apply(request.op).await),

@@ -81,11 +81,64 @@ pub(crate) struct Shared {
     /// Services whose view age is exported, so a service that is no longer served stops
     /// being reported instead of ageing for ever.
     pub(crate) aged: Mutex<BTreeSet<String>>,
+    /// Trace export (see `crate::otel`).
+    pub(crate) telemetry: crate::otel::Telemetry,
 }
 
 impl Shared {
     pub(super) fn lock_view(&self) -> std::sync::MutexGuard<'_, LocalView> {
         self.view.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The trace of one upstream update, after it was applied and published: the
+    /// authority → agent hop's arrival (`waymark.xds.apply`, begun at `received`; the
+    /// client acknowledges what it applied) and, its child, the agent → sidecar send
+    /// (`waymark.xds.send`). One pair per update, with counts and versions: the upstream
+    /// version is the authority's, which joins these spans to its release's trace.
+    pub(super) fn trace_apply(&self, view: &LocalView, changes: &Changes, received: SystemTime) {
+        use opentelemetry::KeyValue;
+        if !self.telemetry.is_on() || changes.services.is_empty() {
+            return;
+        }
+        let changed: Vec<(&String, &super::view::ServiceState)> = view
+            .states()
+            .filter(|(name, _)| changes.services.contains(*name))
+            .collect();
+        let upstream = changed
+            .iter()
+            .filter_map(|(_, s)| s.upstream_version.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        let served = changed
+            .iter()
+            .map(|(_, s)| s.served_version)
+            .max()
+            .unwrap_or(0);
+        let endpoints: usize = changed.iter().map(|(_, s)| s.endpoints).sum();
+        let named: Vec<&str> = changed.iter().take(8).map(|(n, _)| n.as_str()).collect();
+        let common = [
+            KeyValue::new("waymark.node", self.name.to_string()),
+            KeyValue::new("waymark.services", changed.len() as i64),
+            KeyValue::new("waymark.service", named.join(",")),
+            KeyValue::new("waymark.endpoints", endpoints as i64),
+            KeyValue::new("waymark.view.version", upstream as i64),
+        ];
+        let mut attributes = common.to_vec();
+        attributes.push(KeyValue::new("waymark.xds.hop", "authority_agent"));
+        let apply =
+            self.telemetry
+                .span_from("waymark.xds.apply", Some(received), None, &[], attributes);
+        let mut attributes = common.to_vec();
+        attributes.push(KeyValue::new("waymark.xds.hop", "agent_sidecar"));
+        attributes.push(KeyValue::new("waymark.xds.served_version", served as i64));
+        attributes.push(KeyValue::new(
+            "waymark.xds.clients",
+            self.xds.sync_state().len() as i64,
+        ));
+        self.telemetry
+            .span("waymark.xds.send", Some(&apply.context()), &[], attributes)
+            .end();
+        apply.end();
     }
 
     /// Publish the view to sidecars, DNS and the LRS address book.

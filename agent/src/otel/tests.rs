@@ -190,7 +190,7 @@ async fn an_unreachable_collector_drops_and_counts_without_blocking() {
     .unwrap()
     .unwrap();
     let t = Telemetry::start(Some(&s), AGENT_SERVICE).unwrap();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     for _ in 0..100 {
         t.span("waymark.test", None, &[], vec![]).end();
     }
