@@ -154,3 +154,37 @@ fn clipping_keeps_a_string_within_its_bound_on_a_character_boundary() {
     assert_eq!(clipped("aé", 2), "a");
     assert!(clipped(&"é".repeat(600), NACK_ERROR_BYTES_MAX).len() <= NACK_ERROR_BYTES_MAX);
 }
+
+#[test]
+fn a_report_is_written_as_both_apis_always_wrote_it() {
+    let report = SidecarReport {
+        view_age: Some(Duration::from_secs(1)),
+        clients: vec![SidecarClient {
+            client: "c".into(),
+            cluster: "svc".into(),
+            zone: "z".into(),
+            identity: None,
+            protocol: XdsProtocol::Delta,
+            stream_id: 7,
+            connected_for: Duration::from_secs(2),
+            types: vec![TypeSync {
+                type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+                sent: Some("v2".into()),
+                acked: Some("v1".into()),
+                nacks: 1,
+                last_nack: Some(Nack {
+                    version: "v2".into(),
+                    error: "bad".into(),
+                }),
+                resources: 3,
+            }],
+        }],
+        clients_left_out: 0,
+    };
+    // The APIs write bodies through `Value` (keys in name order), as when this was json!.
+    let body = serde_json::to_value(report.body(Duration::from_millis(500))).unwrap();
+    assert_eq!(
+        serde_json::to_string(&body).unwrap(),
+        r#"{"clients_left_out":0,"sidecars":[{"client":"c","cluster":"svc","connected_for_ms":2500,"identity":null,"protocol":"delta","state":"NACK","stream_id":7,"types":{"Cluster":{"acked":"v1","in_sync":false,"last_nack":{"error":"bad","version":"v2"},"nacks":1,"resources":3,"sent":"v2"}},"zone":"z"}],"view_age_ms":1500}"#
+    );
+}
