@@ -308,8 +308,8 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
 }
 
 /// Series that exist only in conditions a quiet dev region never reaches: raised alarms,
-/// peer regions, a Kubernetes reconciler, refusals. Each must still be one a role registers
-/// (checked against the source below).
+/// peer regions, a Kubernetes reconciler, refusals, a follower, a timed release. Each must
+/// still be one a role registers (checked against the source below).
 const CONDITIONAL: &[&str] = &[
     "waymark_alarm_fraction_guard_engaged",
     "waymark_alarm_last_eligible_withdrawn",
@@ -330,7 +330,12 @@ const CONDITIONAL: &[&str] = &[
     "waymark_federation_replicated_entries_total",
     "waymark_federation_reconciliations_audited_total",
     "waymark_federation_refused_total",
-    "waymark_region_failover_moved_permille",
+    "waymark_region_failover_moved_ratio",
+    // Timed only once a release reaches a client connected before it; a lone member has no
+    // follower to lag.
+    "waymark_xds_propagation_seconds",
+    "waymark_raft_follower_lag_entries",
+    "waymark_raft_follower_lag_seconds",
 ];
 
 /// The metric names registered anywhere in the workspace's sources (`"name"` after a

@@ -199,6 +199,37 @@ def region_overview():
     l.add(series("Admission shedding", "1 while the leader sheds admissions to keep withdrawals inside their budget; episodes per hour.",
                  [(f"max(waymark_shedding{{{R}}})", "shedding"),
                   (f"sum(increase(waymark_shed_episodes_total{{{R}}}[1h]))", "episodes (1h)")]), 12, 8)
+    l.row("Propagation (claim 2: withdrawals 99% in 5 s, admissions in 30 s)")
+    l.add(series("Withdrawal propagation p99 by hop", "From a release to each node agent's ACK (authority_agent, timed by the member serving it) and from the version's arrival at an agent to each sidecar's ACK (agent_sidecar). The budget is 5 s end to end.",
+                 [(f"histogram_quantile(0.99, sum by (hop, le) (rate(waymark_xds_propagation_seconds_bucket{{{R}, path=\"withdrawal\"}}[5m])))", "p99 {{hop}}"),
+                  (f"histogram_quantile(0.5, sum by (hop, le) (rate(waymark_xds_propagation_seconds_bucket{{{R}, path=\"withdrawal\"}}[5m])))", "p50 {{hop}}")], "s"), 8, 8)
+    l.add(series("Admission propagation p99 by hop", "As for withdrawals; admissions are batched and shed under load, within 30 s.",
+                 [(f"histogram_quantile(0.99, sum by (hop, le) (rate(waymark_xds_propagation_seconds_bucket{{{R}, path=\"admission\"}}[5m])))", "p99 {{hop}}")], "s"), 8, 8)
+    l.add(series("Client view age p99", "Each connected client's view age, sampled once a second: how long it has acknowledged less than it was sent.",
+                 [(f"histogram_quantile(0.99, sum by (hop, le) (rate(waymark_xds_client_view_age_seconds_bucket{{{R}}}[5m])))", "p99 {{hop}}")], "s"), 8, 8)
+    l.add(series("Acknowledged releases", "Releases acknowledged per second, by hop and path.",
+                 [(f"sum by (hop, path) (rate(waymark_xds_propagation_seconds_count{{{R}}}[5m]))", "{{hop}} {{path}}")], "ops"), 12, 8)
+    l.add(series("NACKs", "Responses clients rejected: node agents at the members, sidecars at the agents, and upstream responses the agents rejected.",
+                 [(f"sum(rate(waymark_xds_nacks_total{{{R}}}[5m]))", "at members"),
+                  (f"sum(rate(waymark_agent_sidecar_nacks_total{{{R}}}[5m]))", "at agents (sidecars)"),
+                  (f"sum(rate(waymark_agent_upstream_nacks_total{{{R}}}[5m]))", "by agents (upstream)")], "ops"), 12, 8)
+    l.row("Raft")
+    l.add(series("Commit and apply latency", "A write proposed on the leader until committed and applied there, and one batch's apply (p99).",
+                 [(f"histogram_quantile(0.99, sum by (le) (rate(waymark_raft_commit_seconds_bucket{{{R}}}[5m])))", "commit p99"),
+                  (f"histogram_quantile(0.99, sum by (le) (rate(waymark_raft_apply_seconds_bucket{{{R}}}[5m])))", "apply p99")], "s"), 8, 8)
+    l.add(series("Follower lag", "On the leader: entries each follower has not matched, and how old the oldest of them is.",
+                 [(f"max by (follower) (waymark_raft_follower_lag_entries{{{R}}})", "{{follower}} entries"),
+                  (f"max by (follower) (waymark_raft_follower_lag_seconds{{{R}}})", "{{follower}} seconds")]), 8, 8)
+    l.add(series("Snapshots", "Size of the last snapshot each member built, and snapshots installed from a leader per hour.",
+                 [(f"max by (instance) (waymark_raft_snapshot_built_bytes{{{R}}})", "built {{instance}}"),
+                  (f"sum by (instance) (increase(waymark_raft_snapshot_installed_bytes_count{{{R}}}[1h]))", "installed (1h) {{instance}}")], "decbytes"), 8, 8)
+    l.row("API")
+    l.add(series("API requests", "Requests answered per second by route template and status.",
+                 [(f"sum by (route, status) (rate(waymark_api_requests_total{{{R}}}[5m]))", "{{route}} {{status}}")], "reqps"), 8, 8)
+    l.add(series("API requests by principal", "Requests per second by the kind of principal that asked.",
+                 [(f"sum by (principal_kind) (rate(waymark_api_requests_total{{{R}}}[5m]))", "{{principal_kind}}")], "reqps"), 8, 8)
+    l.add(series("API latency p99", "By route template (a blocking query counts its wait).",
+                 [(f"histogram_quantile(0.99, sum by (route, le) (rate(waymark_api_request_duration_seconds_bucket{{{R}}}[5m])))", "{{route}}")], "s"), 8, 8)
     l.row("The authority")
     l.add(series("Release commit latency", "How long a leader's Release entry takes to commit (p50, p99).",
                  [(f"histogram_quantile(0.5, sum by (le) (rate(waymark_publish_commit_seconds_bucket{{{R}}}[5m])))", "p50"),
@@ -256,8 +287,12 @@ def agent_fleet():
     l.add(stat("Oldest last-known-good", "The oldest unconfirmed view any agent holds.",
                f"max(waymark_agent_lkg_age_seconds{{{R}}})", "s", red_above(900)), 6, 4)
     l.add(series("Last-known-good age", "Worst ten agents.", [(f"topk(10, waymark_agent_lkg_age_seconds{{{R}}})", "{{instance}}")], "s"), 12, 8)
-    l.add(series("Upstream NACKs", "Responses the agents NACKed (could not persist or decode).",
-                 [(f"sum by (instance) (waymark_agent_upstream_nacks{{{R}}}) > 0", "{{instance}}")]), 12, 8)
+    l.add(series("Upstream NACKs", "Responses the agents NACKed (could not persist or decode), per second.",
+                 [(f"sum by (instance) (rate(waymark_agent_upstream_nacks_total{{{R}}}[5m])) > 0", "{{instance}}")], "ops"), 12, 8)
+    l.add(series("Propagation to sidecars p99", "From a version's arrival at the agent to its sidecars' ACK, by path (worst five agents).",
+                 [(f"topk(5, histogram_quantile(0.99, sum by (instance, path, le) (rate(waymark_xds_propagation_seconds_bucket{{{R}, hop=\"agent_sidecar\"}}[5m]))))", "{{instance}} {{path}}")], "s"), 12, 8)
+    l.add(series("Sidecar view age p99", "Each sidecar's view age at its agent, sampled once a second (worst five agents).",
+                 [(f"topk(5, histogram_quantile(0.99, sum by (instance, le) (rate(waymark_xds_client_view_age_seconds_bucket{{{R}, hop=\"agent_sidecar\"}}[5m]))))", "{{instance}}")], "s"), 12, 8)
     l.add(series("Probes", "Completed probes per second by kind and health.",
                  [(f"sum by (kind, health) (rate(waymark_probes_total{{{R}}}[5m]))", "{{kind}} {{health}}")], "ops"), 12, 8)
     l.add(series("Probe duration p99", "By kind.",
@@ -293,7 +328,7 @@ def federation():
     l.add(series("Refused", "Connections and messages from peers refused, by reason (foreign_entry: a peer claimed another region's entries).",
                  [(f"sum by (reason) (rate(waymark_federation_refused_total{{{R}}}[5m]))", "{{reason}}")]), 12, 8)
     l.add(series("Region failover", "Share of each peer region's tier-2 preference moved away by a failover.",
-                 [(f"max by (peer_region) (waymark_region_failover_moved_permille{{{R}}}) / 1000", "{{peer_region}}")], "percentunit"), 24, 8)
+                 [(f"max by (peer_region) (waymark_region_failover_moved_ratio{{{R}}})", "{{peer_region}}")], "percentunit"), 24, 8)
     return dashboard("waymark-federation", "waymark / Federation",
                      "Peer regions as this region sees them: age, staleness, links, front doors, reconciliation, failover.", l, variables())
 
