@@ -13,7 +13,8 @@
 //!
 //! Exporting never blocks or stops a role: ended spans go into a bounded queue
 //! (`OTEL_BSP_MAX_QUEUE_SIZE`) with `try_send`; a full queue drops the span and counts it
-//! ([`Telemetry::dropped_spans`], and a `trace spans dropped` warning at most every 10 s);
+//! (`waymark_otel_spans_dropped_total`, [`Telemetry::dropped_spans`], and a `trace spans
+//! dropped` warning at most every 10 s);
 //! an export task on the role's runtime sends batches, and an unreachable collector is
 //! logged once (and once more when it answers again), its batch counted as dropped, the
 //! next batch trying again.
@@ -31,10 +32,11 @@
 //! for it that Envoy would ignore (a `traceparent` folded into the nonce would reach the
 //! other implementations' clients too, and the sidecar hop is Envoy's), so the node agent's
 //! spans carry the same `waymark.view.version` attribute and are joined by it in the
-//! collector. The evidence path is joined the same way, by node name and batch size.
+//! collector. On the evidence path the agent's send and the authority's admission are
+//! joined by reporter and count, and each release's evaluation links to the admissions
+//! since the release before it (`authority::hub`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -49,6 +51,8 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
     Sampler, SdkTracer, SdkTracerProvider, SpanData, SpanExporter as _, SpanProcessor,
 };
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -395,7 +399,7 @@ pub struct Telemetry {
 struct Inner {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
-    dropped: Arc<AtomicU64>,
+    dropped: Counter,
     remembered: Mutex<Remembered>,
 }
 
@@ -461,19 +465,19 @@ impl Telemetry {
         let mut exporter = build_exporter(settings)?;
         exporter.set_resource(&resource);
         let (tx, rx) = mpsc::channel(settings.queue_max);
-        let dropped = Arc::new(AtomicU64::new(0));
+        let dropped = Counter::default();
         tokio::spawn(export_loop(
             exporter,
             rx,
             settings.batch_max,
             settings.schedule_delay,
-            Arc::clone(&dropped),
+            dropped.clone(),
             settings.endpoint.clone(),
         ));
         let provider = SdkTracerProvider::builder()
             .with_span_processor(QueueProcessor {
                 tx: Mutex::new(Some(tx)),
-                dropped: Arc::clone(&dropped),
+                dropped: dropped.clone(),
             })
             .with_sampler(settings.sampler.sdk())
             .with_resource(resource)
@@ -497,9 +501,19 @@ impl Telemetry {
 
     /// Spans dropped so far: the queue was full, or their batch failed to export.
     pub fn dropped_spans(&self) -> u64 {
-        self.inner
-            .as_ref()
-            .map_or(0, |i| i.dropped.load(Ordering::Relaxed))
+        self.inner.as_ref().map_or(0, |i| i.dropped.get())
+    }
+
+    /// Export the dropped spans as `waymark_otel_spans_dropped_total` (only when export is
+    /// on: a role that exports nothing has nothing to drop).
+    pub fn register(&self, registry: &mut Registry) {
+        if let Some(inner) = &self.inner {
+            registry.register(
+                "waymark_otel_spans_dropped",
+                "Trace spans dropped: the export queue was full or the collector did not take their batch",
+                inner.dropped.clone(),
+            );
+        }
     }
 
     /// Start a span now: a child of `parent` if given, else a new trace; linked to
@@ -669,7 +683,7 @@ fn build_exporter(settings: &OtelSettings) -> Result<opentelemetry_otlp::SpanExp
 /// Ends spans into the bounded queue; never waits.
 struct QueueProcessor {
     tx: Mutex<Option<mpsc::Sender<SpanData>>>,
-    dropped: Arc<AtomicU64>,
+    dropped: Counter,
 }
 
 impl std::fmt::Debug for QueueProcessor {
@@ -688,7 +702,7 @@ impl SpanProcessor for QueueProcessor {
         let tx = self.tx.lock().unwrap_or_else(PoisonError::into_inner);
         let sent = tx.as_ref().is_some_and(|tx| tx.try_send(span).is_ok());
         if !sent {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.dropped.inc();
         }
     }
 
@@ -712,7 +726,7 @@ async fn export_loop(
     mut rx: mpsc::Receiver<SpanData>,
     batch_max: usize,
     delay: Duration,
-    dropped: Arc<AtomicU64>,
+    dropped: Counter,
     endpoint: String,
 ) {
     let mut failing = false;
@@ -741,14 +755,14 @@ async fn export_loop(
             }
             Ok(()) => {}
             Err(error) => {
-                dropped.fetch_add(spans, Ordering::Relaxed);
+                dropped.inc_by(spans);
                 if !failing {
                     failing = true;
                     warn!(%endpoint, %error, "exporting trace spans failed; dropping them and trying again with the next batch");
                 }
             }
         }
-        let total = dropped.load(Ordering::Relaxed);
+        let total = dropped.get();
         if total > reported && last_report.elapsed() >= DROP_REPORT_EVERY {
             warn!(
                 dropped_total = total,

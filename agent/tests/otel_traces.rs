@@ -264,7 +264,17 @@ async fn a_withdrawal_and_an_evidence_batch_are_traced_end_to_end() {
         .unwrap();
     assert_eq!(admit.service, "waymark-authority");
     assert!(!admit.attr("waymark.reporter").is_empty(), "{admit:?}");
-    // Resource attributes from OTEL_RESOURCE_ATTRIBUTES; no span per endpoint.
+    // Nothing was dropped, and the agent says so on its metrics.
+    let metrics = ApiClient::new(&dev.agent().bound().http.to_string(), None)
+        .send(http::Method::GET, "/metrics", None)
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        text.contains("waymark_otel_spans_dropped_total 0"),
+        "{text}"
+    );
+    // Spans are per decision or batch: none is per endpoint.
     assert!(
         spans.iter().all(|s| s.name.starts_with("waymark.")),
         "{spans:?}"

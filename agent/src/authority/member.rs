@@ -137,6 +137,7 @@ impl Authority {
         let raft = RaftNode::open(raft_config).await.context("opening raft")?;
 
         let mut families = Families::new(&config, &raft, cert_metrics);
+        telemetry.register(&mut families.registry);
         let metrics = families.authority.clone();
         let gossip = match &config.gossip {
             Some(g) => Some(start_gossip(&config, g, &mut families.registry).await?),

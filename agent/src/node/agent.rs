@@ -103,6 +103,7 @@ impl NodeAgent {
         let mut registry = Registry::default();
         let metrics = AgentMetrics::default();
         metrics.register(&mut registry);
+        telemetry.register(&mut registry);
         let (shutdown, shutdown_rx) = watch::channel(false);
 
         // 1. The cache, served before anything else.

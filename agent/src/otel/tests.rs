@@ -204,3 +204,23 @@ async fn an_unreachable_collector_drops_and_counts_without_blocking() {
     }
     assert_eq!(t.dropped_spans(), 100);
 }
+
+#[tokio::test]
+async fn remembered_versions_are_bounded_and_the_oldest_forgotten() {
+    // Goal: the version → span map the stages join by never grows past its bound.
+    let s = parse(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")])
+        .unwrap()
+        .unwrap();
+    let t = Telemetry::start(Some(&s), AUTHORITY_SERVICE).unwrap();
+    let span = t.span("waymark.test", None, &[], vec![]);
+    let context = span.context();
+    assert!(context.is_valid());
+    let n = REMEMBERED_MAX as u64;
+    t.remember(0..n + 10, &context);
+    assert!(t.recall(0).is_none());
+    assert!(t.recall(9).is_none());
+    assert_eq!(t.recall(10), Some(context.clone()));
+    assert_eq!(t.recall(n + 9), Some(context.clone()));
+    assert_eq!(t.recall_all([10, 11, 5]).len(), 1, "one distinct context");
+    span.end();
+}
