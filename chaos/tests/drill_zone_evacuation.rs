@@ -18,6 +18,10 @@ fn the_zone_evacuation_drill_passes_at_short_scale() {
     assert!(w["pairs"].as_u64().unwrap() >= 400, "{w:#}");
     assert_eq!(w["missing"], 0, "{w:#}");
     assert!(w["p99_ms"].as_f64().unwrap() <= 5_000.0, "{w:#}");
+    // The authority's own histogram timed the withdrawals and gives the same verdict.
+    let h = &report["authority_histogram"];
+    assert!(h["withdrawal"]["count"].as_f64().unwrap() > 0.0, "{h:#}");
+    assert_eq!(h["same_withdrawal_verdict"], true, "{h:#}");
     // Declared whenever delivery came under pressure (a slow Publish commit).
     let s = &report["shedding"];
     let declared = s["episodes_after"].as_f64().unwrap() > s["episodes_before"].as_f64().unwrap()

@@ -9,6 +9,12 @@
 //!
 //! Admissions (new instances) are sampled too: their propagation is reported against the
 //! 30 s admission budget, which is what shedding spends.
+//!
+//! Beside its own measurement the report sets the authority's: the quantiles of
+//! `waymark_xds_propagation_seconds{hop="authority_agent"}` scraped from its `/metrics` at
+//! the end (release → each subscriber's ACK, as the member timed it). The drill measures
+//! from the deregistration's send, so its figures include the API and the withdrawal
+//! window and can only be the larger; both must give the same budget verdict.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -218,8 +224,108 @@ pub struct Report {
     pub shedding: Shedding,
     /// The authority's `/v1/zones` answer at the end.
     pub evacuation: serde_json::Value,
+    /// The authority's own propagation histogram, beside the drill's measurement.
+    pub authority_histogram: AuthorityHistogram,
     pub verdict: Verdict,
     pub plots: Plots,
+}
+
+/// Quantiles of one path of the authority's `waymark_xds_propagation_seconds`.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistogramQuantiles {
+    /// Releases timed.
+    pub count: f64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub p999_ms: Option<f64>,
+}
+
+/// The authority's histogram against the drill's own measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuthorityHistogram {
+    pub withdrawal: HistogramQuantiles,
+    pub admission: HistogramQuantiles,
+    /// Both say the withdrawals kept the 5 s p99 budget, or both say they missed it.
+    pub same_withdrawal_verdict: bool,
+    /// The drill's withdrawal p99 over the histogram's (≥ 1: the drill starts earlier).
+    pub withdrawal_p99_ratio: Option<f64>,
+}
+
+/// The quantiles of `waymark_xds_propagation_seconds{hop, path}` in a Prometheus text
+/// exposition, interpolated within buckets as Prometheus's `histogram_quantile` does.
+pub fn histogram_quantiles(text: &str, hop: &str, path: &str) -> HistogramQuantiles {
+    let want = [format!("hop=\"{hop}\""), format!("path=\"{path}\"")];
+    let mut buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("waymark_xds_propagation_seconds_bucket{")?;
+            let (labels, value) = rest.split_once("} ")?;
+            if !want.iter().all(|w| labels.split(',').any(|l| l == w)) {
+                return None;
+            }
+            let le = labels
+                .split(',')
+                .find_map(|l| l.strip_prefix("le=\""))?
+                .trim_end_matches('"');
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, value.trim().parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let count = buckets.last().map_or(0.0, |b| b.1);
+    let q = |q: f64| histogram_quantile(q, &buckets).map(|s| s * 1000.0);
+    HistogramQuantiles {
+        count,
+        p50_ms: q(0.5),
+        p99_ms: q(0.99),
+        p999_ms: q(0.999),
+    }
+}
+
+/// Prometheus's `histogram_quantile` over cumulative `(le, count)` buckets sorted by `le`
+/// (the last `+Inf`): linear within the bucket the rank falls in, the first bucket
+/// starting at 0, and a rank in `+Inf` answered with the highest finite bound.
+pub fn histogram_quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut prev = (0.0, 0.0);
+    for &(le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return Some(prev.0);
+            }
+            if count == prev.1 {
+                return Some(le);
+            }
+            return Some(prev.0 + (le - prev.0) * (rank - prev.1) / (count - prev.1));
+        }
+        prev = (le, count);
+    }
+    Some(prev.0)
+}
+
+/// The authority's histogram (scraped `text`) beside the drill's `withdrawal` figures.
+pub fn authority_histogram(text: &str, withdrawal: &Propagation) -> AuthorityHistogram {
+    let hop = "authority_agent";
+    let w = histogram_quantiles(text, hop, "withdrawal");
+    let budget_ms = ms(d::WITHDRAWAL_BUDGET_P99) as f64;
+    let kept = |p99: Option<f64>| p99.is_some_and(|p| p <= budget_ms);
+    AuthorityHistogram {
+        same_withdrawal_verdict: kept(withdrawal.p99_ms) == kept(w.p99_ms),
+        withdrawal_p99_ratio: match (withdrawal.p99_ms, w.p99_ms) {
+            (Some(drill), Some(hist)) if hist > 0.0 => Some(drill / hist),
+            _ => None,
+        },
+        admission: histogram_quantiles(text, hop, "admission"),
+        withdrawal: w,
+    }
 }
 
 /// Propagation figures from per-pair times (`None` = never arrived).
@@ -358,6 +464,8 @@ pub async fn run(mut params: Params, run_dir: &Path) -> anyhow::Result<Report> {
     let states = sampler.stop();
     let (offered, burst_log, withdrawn, admitted, shedding, logs, specs, contents) = result?;
     let evacuation = api.get_json("/v1/zones").await.unwrap_or_default();
+    // The authority's own histogram, as a scraper would read it at the end of the run.
+    let scraped = api.metrics().await.unwrap_or_default();
     authority.kill();
 
     let mut withdrawal_times = Vec::new();
@@ -381,7 +489,15 @@ pub async fn run(mut params: Params, run_dir: &Path) -> anyhow::Result<Report> {
     let withdrawal = propagation(&withdrawal_times);
     let admission = propagation(&admission_times);
     let burst = burst_figures(&burst_log, &offered, &params);
-    let verdict = verdict(&params, &burst, &withdrawal, &shedding);
+    let mut verdict = verdict(&params, &burst, &withdrawal, &shedding);
+    let authority_histogram = authority_histogram(&scraped, &withdrawal);
+    held_to_the_histogram(&mut verdict, &authority_histogram, &withdrawal);
+    progress.event(&format!(
+        "the authority's histogram: withdrawals p99 {:?} ms over {} releases acknowledged (the drill's p99 {:?} ms)",
+        authority_histogram.withdrawal.p99_ms,
+        authority_histogram.withdrawal.count,
+        withdrawal.p99_ms
+    ));
     progress.event(&format!(
         "withdrawals p99 {:?} ms over {} pairs; admissions p99 {:?} ms; {:.0} changes/min; shedding seen {}",
         withdrawal.p99_ms, withdrawal.pairs, admission.p99_ms, burst.changes_per_min, shedding.seen_shedding
@@ -396,6 +512,7 @@ pub async fn run(mut params: Params, run_dir: &Path) -> anyhow::Result<Report> {
         admission,
         shedding,
         evacuation,
+        authority_histogram,
         verdict,
         plots: Plots {
             states,
@@ -417,6 +534,23 @@ pub async fn run(mut params: Params, run_dir: &Path) -> anyhow::Result<Report> {
     };
     report::finish(run_dir, &report)?;
     Ok(report)
+}
+
+/// The authority's histogram must have timed withdrawals and agree with the drill's
+/// budget verdict: a metric that says otherwise than what callers saw cannot be alerted on.
+fn held_to_the_histogram(verdict: &mut Verdict, h: &AuthorityHistogram, withdrawal: &Propagation) {
+    let mut failed = |f: String| {
+        verdict.pass = false;
+        verdict.failures.push(f);
+    };
+    if withdrawal.pairs > 0 && h.withdrawal.count == 0.0 {
+        failed("the authority's propagation histogram timed no withdrawal".into());
+    } else if !h.same_withdrawal_verdict {
+        failed(format!(
+            "the authority's histogram (withdrawal p99 {:?} ms) and the drill (p99 {:?} ms) disagree on the 5 s budget",
+            h.withdrawal.p99_ms, withdrawal.p99_ms
+        ));
+    }
 }
 
 /// Figures of the burst's changes.
@@ -714,6 +848,53 @@ mod tests {
             answer_p50_ms: 1.0,
             answer_p99_ms: 2.0,
         }
+    }
+
+    #[test]
+    fn the_authoritys_histogram_is_read_as_prometheus_reads_it() {
+        // Goal: quantiles interpolate within buckets as `histogram_quantile` does, only
+        // the asked hop and path count, and the verdicts are compared against the budget.
+        let text = "\
+waymark_xds_propagation_seconds_bucket{hop=\"authority_agent\",path=\"withdrawal\",le=\"0.05\"} 0
+waymark_xds_propagation_seconds_bucket{hop=\"authority_agent\",path=\"withdrawal\",le=\"0.1\"} 50
+waymark_xds_propagation_seconds_bucket{hop=\"authority_agent\",path=\"withdrawal\",le=\"5.0\"} 100
+waymark_xds_propagation_seconds_bucket{hop=\"authority_agent\",path=\"withdrawal\",le=\"+Inf\"} 100
+waymark_xds_propagation_seconds_bucket{hop=\"agent_sidecar\",path=\"withdrawal\",le=\"+Inf\"} 7
+";
+        let h = histogram_quantiles(text, "authority_agent", "withdrawal");
+        assert_eq!(h.count, 100.0);
+        // Rank 50 ends the (0.05, 0.1] bucket; rank 99 is 49/50 into (0.1, 5].
+        assert!((h.p50_ms.unwrap() - 100.0).abs() < 1e-9, "{h:?}");
+        assert!(
+            (h.p99_ms.unwrap() - (100.0 + 4900.0 * 49.0 / 50.0)).abs() < 1e-6,
+            "{h:?}"
+        );
+        assert_eq!(
+            histogram_quantiles(text, "authority_agent", "admission").count,
+            0.0
+        );
+        assert_eq!(
+            histogram_quantile(0.99, &[(1.0, 0.0), (f64::INFINITY, 3.0)]),
+            Some(1.0)
+        );
+        let drill = |p99: f64| Propagation {
+            pairs: 10,
+            missing: 0,
+            p50_ms: Some(p99),
+            p99_ms: Some(p99),
+            p999_ms: Some(p99),
+            max_ms: Some(p99),
+            within_5s: 1.0,
+        };
+        assert!(authority_histogram(text, &drill(4_990.0)).same_withdrawal_verdict);
+        let late = authority_histogram(text, &drill(6_000.0));
+        assert!(!late.same_withdrawal_verdict);
+        let mut v = Verdict {
+            pass: true,
+            failures: Vec::new(),
+        };
+        held_to_the_histogram(&mut v, &late, &drill(6_000.0));
+        assert!(!v.pass && v.failures[0].contains("disagree"), "{v:?}");
     }
 
     #[test]
