@@ -73,6 +73,30 @@ pub struct AppliedType {
     pub resources: BTreeMap<String, (String, Any)>,
     /// `system_version_info` of the last response applied.
     pub system_version: String,
+    /// By name: the release age its current version carried and when that response
+    /// arrived (see [`crate::release_age`]), for a resource whose server carried one.
+    /// At most one per resource held.
+    pub carried: BTreeMap<String, Arrival>,
+}
+
+/// A resource version that arrived with its release's age.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arrival {
+    /// The version it came with.
+    pub version: String,
+    /// When the response carrying it arrived, on this client's clock.
+    pub at: std::time::Instant,
+    /// How old its release was when the server sent it, on the server's account.
+    pub age: Duration,
+}
+
+impl Arrival {
+    /// How old the release is at `now` (this client's clock): the age it arrived with
+    /// plus the time since it arrived.
+    pub fn age_at(&self, now: std::time::Instant) -> Duration {
+        self.age
+            .saturating_add(now.saturating_duration_since(self.at))
+    }
 }
 
 /// Everything applied, as published after each change.
@@ -90,6 +114,9 @@ pub struct Applied {
     pub streams: u64,
     /// A stream is open now.
     pub connected: bool,
+    /// Release ages ignored since the client started: filed in a resource's metadata but
+    /// malformed or past [`crate::release_age::AGE_MAX`].
+    pub ages_ignored: u64,
 }
 
 impl Applied {
@@ -171,6 +198,7 @@ pub struct ClientState {
     last_nack: Option<(String, String)>,
     streams: u64,
     connected: bool,
+    ages_ignored: u64,
 }
 
 // === impl ClientState ===
@@ -266,17 +294,53 @@ impl ClientState {
         &mut self,
         resp: DeltaDiscoveryResponse,
     ) -> Result<DeltaDiscoveryRequest, Box<Nack>> {
+        self.apply(resp, None)
+    }
+
+    /// [`ClientState::handle_response`] for a response that arrived at `now`: the
+    /// release ages its resources carry are kept ([`AppliedType::carried`]), malformed
+    /// ones counted ([`Applied::ages_ignored`]).
+    pub fn handle_response_at(
+        &mut self,
+        resp: DeltaDiscoveryResponse,
+        now: std::time::Instant,
+    ) -> Result<DeltaDiscoveryRequest, Box<Nack>> {
+        self.apply(resp, Some(now))
+    }
+
+    fn apply(
+        &mut self,
+        resp: DeltaDiscoveryResponse,
+        now: Option<std::time::Instant>,
+    ) -> Result<DeltaDiscoveryRequest, Box<Nack>> {
         if let Err(error) = self.check(&resp) {
             return Err(self.reject(&resp, error));
         }
         let applied = Arc::make_mut(self.applied.entry(resp.type_url.clone()).or_default());
         for name in &resp.removed_resources {
             applied.resources.remove(name);
+            applied.carried.remove(name);
         }
         for r in resp.resources {
             let any = r
                 .resource
                 .expect("checked above: every resource has a payload");
+            match (crate::release_age::parse(r.metadata.as_ref()), now) {
+                (crate::release_age::Carried::Age(age), Some(at)) => {
+                    let arrival = Arrival {
+                        version: r.version.clone(),
+                        at,
+                        age,
+                    };
+                    applied.carried.insert(r.name.clone(), arrival);
+                }
+                (carried, _) => {
+                    if carried == crate::release_age::Carried::Malformed {
+                        self.ages_ignored += 1;
+                    }
+                    applied.carried.remove(&r.name);
+                }
+            }
             applied.resources.insert(r.name, (r.version, any));
         }
         applied.system_version = resp.system_version_info;
@@ -330,6 +394,7 @@ impl ClientState {
             last_nack: self.last_nack.clone(),
             streams: self.streams,
             connected: self.connected,
+            ages_ignored: self.ages_ignored,
         }
     }
 
@@ -949,6 +1014,8 @@ impl Driver {
         resp: DeltaDiscoveryResponse,
         tx: &mpsc::Sender<DeltaDiscoveryRequest>,
     ) -> bool {
+        // Its arrival, before persisting: the agent's part of the path starts here.
+        let arrived = Instant::now().into_std();
         let type_url = resp.type_url.clone();
         let version = resp.system_version_info.clone();
         let nonce = resp.nonce.clone();
@@ -962,7 +1029,7 @@ impl Driver {
                 return sent;
             }
         };
-        let answer = match self.state.handle_response(resp) {
+        let answer = match self.state.handle_response_at(resp, arrived) {
             Ok(ack) => {
                 tracing::debug!(xds.type_url = %type_url, xds.version = %version, xds.nonce = %nonce, upserts, removals, "xds response applied");
                 ack

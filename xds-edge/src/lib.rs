@@ -11,6 +11,8 @@
 //! - [`protocol`] (pure): per-stream, per-type Delta and SotW state machines (subscriptions,
 //!   nonces, ACK/NACK, what to send next);
 //! - [`admission`] (pure): reconnection admission, 5% of the population per 10 s;
+//! - [`release_age`] (pure): the age of a release, carried to a client in a resource's
+//!   metadata so it can time the whole propagation path;
 //! - [`sync`] (pure): per-client sync state for `proxy-status`;
 //! - [`server`] (shell): the tonic ADS service driving all of the above.
 #![forbid(unsafe_code)]
@@ -20,6 +22,7 @@ pub mod admission;
 pub mod client;
 pub mod lrs;
 pub mod protocol;
+pub mod release_age;
 pub mod server;
 pub mod snapshot;
 pub mod sync;

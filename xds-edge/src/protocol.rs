@@ -13,6 +13,7 @@
 //! snapshot's shared encodings, never copied into a per-stream message.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
 use bytes::{BufMut as _, Bytes};
 use envoy_types::pb::envoy::service::discovery::v3::{
@@ -29,6 +30,31 @@ const RESOURCES_FIELD: u32 = 2;
 const RESOURCE_VERSION_FIELD: u32 = 1;
 const RESOURCE_PAYLOAD_FIELD: u32 = 2;
 const RESOURCE_NAME_FIELD: u32 = 3;
+/// `Resource.metadata`, where a release's age rides ([`crate::release_age`]).
+const RESOURCE_METADATA_FIELD: u32 = 9;
+
+/// The instants a Delta response's release ages are taken at (passed in: this module
+/// reads no clock). A resource's age is `now` less its release stamp, carried only for a
+/// release made since `since` (the stream's opening: an older one is the client's
+/// catch-up, as [`crate::sync::propagation`] judges it) and no older than
+/// [`crate::release_age::AGE_MAX`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgeClock {
+    /// When the response is made.
+    pub now: Instant,
+    /// When the client's stream opened.
+    pub since: Instant,
+}
+
+impl AgeClock {
+    /// The metadata bytes carrying `released`'s age, if it is carried.
+    fn carry(&self, released: Released) -> Option<Vec<u8>> {
+        if released.at < self.since {
+            return None;
+        }
+        crate::release_age::encode(self.now.saturating_duration_since(released.at))
+    }
+}
 
 /// A response as the protocol decided it: `head` holds the stream's own fields (version,
 /// nonce, type, removed names) with its resources field empty, and each resource follows
@@ -113,8 +139,15 @@ impl<M: prost::Message + Default> Outgoing<M> {
 }
 
 impl Outgoing<DeltaDiscoveryResponse> {
-    /// Add a `Resource { name, version, resource }` entry.
-    fn push_resource(&mut self, name: &str, version: &str, payload: &Payload) {
+    /// Add a `Resource { name, version, resource }` entry, with `metadata` (an encoded
+    /// `Metadata`) where given.
+    fn push_resource(
+        &mut self,
+        name: &str,
+        version: &str,
+        payload: &Payload,
+        metadata: Option<&[u8]>,
+    ) {
         let any = payload.wire();
         let string_len = |tag: u32, s: &str| {
             if s.is_empty() {
@@ -123,8 +156,12 @@ impl Outgoing<DeltaDiscoveryResponse> {
                 key_len(tag) + encoded_len_varint(s.len() as u64) + s.len()
             }
         };
+        let metadata_len = metadata.map_or(0, |m| {
+            key_len(RESOURCE_METADATA_FIELD) + encoded_len_varint(m.len() as u64) + m.len()
+        });
         let resource_len = string_len(RESOURCE_VERSION_FIELD, version)
             + string_len(RESOURCE_NAME_FIELD, name)
+            + metadata_len
             + key_len(RESOURCE_PAYLOAD_FIELD)
             + encoded_len_varint(any.len() as u64)
             + any.len();
@@ -140,6 +177,15 @@ impl Outgoing<DeltaDiscoveryResponse> {
                 encode_varint(s.len() as u64, &mut start);
                 start.extend_from_slice(s.as_bytes());
             }
+        }
+        if let Some(m) = metadata {
+            encode_key(
+                RESOURCE_METADATA_FIELD,
+                WireType::LengthDelimited,
+                &mut start,
+            );
+            encode_varint(m.len() as u64, &mut start);
+            start.extend_from_slice(m);
         }
         encode_key(
             RESOURCE_PAYLOAD_FIELD,
@@ -314,6 +360,21 @@ impl DeltaState {
         nonce: String,
         stamps: &Stamps,
     ) -> Option<Outgoing<DeltaDiscoveryResponse>> {
+        self.next_response_carrying(type_url, resources, system_version, nonce, stamps, None)
+    }
+
+    /// [`DeltaState::next_response_stamped`], with each stamped resource carrying its
+    /// release's age at `clock` in its metadata (see [`crate::release_age`]) when `clock`
+    /// is given.
+    pub fn next_response_carrying(
+        &mut self,
+        type_url: &str,
+        resources: &Resources,
+        system_version: &str,
+        nonce: String,
+        stamps: &Stamps,
+        clock: Option<AgeClock>,
+    ) -> Option<Outgoing<DeltaDiscoveryResponse>> {
         // A client that reconnects from a member further ahead may hold newer versions
         // than this server: never send it backwards (ADR-11). Versions that are numbers
         // are compared; the server catches up and sends once it is ahead again.
@@ -369,10 +430,10 @@ impl DeltaState {
         });
         for (name, enc) in out {
             self.known.insert(name.clone(), enc.version.clone());
-            response.push_resource(name, &enc.version, &enc.resource);
-            response
-                .released
-                .extend(stamp_of(stamps, name, &enc.version));
+            let stamp = stamp_of(stamps, name, &enc.version);
+            let metadata = clock.zip(stamp).and_then(|(c, r)| c.carry(r));
+            response.push_resource(name, &enc.version, &enc.resource, metadata.as_deref());
+            response.released.extend(stamp);
         }
         Some(response)
     }

@@ -38,7 +38,7 @@ use waymark_core::model::ZoneName;
 use waymark_certs::grpc::{GrpcLimits, IncomingConfig, PeerInfo};
 
 use crate::admission::{AdmissionConfig, AdmissionController, Admit, Caller};
-use crate::protocol::{Ack, DeltaState, Outgoing, SotwState};
+use crate::protocol::{Ack, AgeClock, DeltaState, Outgoing, SotwState};
 use crate::snapshot::{Resources, Snapshot, Stamps};
 use crate::sync::{ClientSync, Propagation};
 use crate::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
@@ -77,6 +77,11 @@ pub struct ServerConfig {
     /// Told of every release a client acknowledged, with how long it took (see
     /// [`crate::sync::ClientSync::acked_at`]); the driver turns it into metrics.
     pub on_propagated: Option<PropagationSink>,
+    /// Carry, in each Delta resource's metadata, how old its release was when the response
+    /// left ([`crate::release_age`]), so a node agent can time the whole path to its
+    /// sidecars. Envoy ignores the field; on where the releases are stamped (an authority
+    /// member), off where they are not the origin (a node agent serving its sidecars).
+    pub carry_release_age: bool,
 }
 
 /// Bytes of a NACK's error text kept in the sync state (and shown by `proxy-status`).
@@ -95,6 +100,7 @@ impl Default for ServerConfig {
             resource_names_max: 16_384,
             record_held: false,
             on_propagated: None,
+            carry_release_age: false,
         }
     }
 }
@@ -669,6 +675,7 @@ trait Flavor: Default + Send + 'static {
         version: &str,
         nonce: String,
         stamps: &Stamps,
+        clock: Option<AgeClock>,
     ) -> Option<Outgoing<Self::Response>>;
     /// (version, nonce, resources the client now holds) for the sync registry.
     fn sent(&self, resp: &Outgoing<Self::Response>) -> (String, String, usize);
@@ -709,8 +716,9 @@ impl Flavor for DeltaState {
         version: &str,
         nonce: String,
         stamps: &Stamps,
+        clock: Option<AgeClock>,
     ) -> Option<Outgoing<Self::Response>> {
-        DeltaState::next_response_stamped(self, type_url, resources, version, nonce, stamps)
+        DeltaState::next_response_carrying(self, type_url, resources, version, nonce, stamps, clock)
     }
     fn sent(&self, resp: &Outgoing<Self::Response>) -> (String, String, usize) {
         (
@@ -754,6 +762,7 @@ impl Flavor for SotwState {
         version: &str,
         nonce: String,
         stamps: &Stamps,
+        _clock: Option<AgeClock>,
     ) -> Option<Outgoing<Self::Response>> {
         SotwState::next_response_stamped(self, type_url, resources, version, nonce, stamps)
     }
@@ -920,12 +929,23 @@ impl<F: Flavor> ProtocolStream<F> {
         let Some(state) = self.states.get_mut(type_url) else {
             return true;
         };
+        let clock = self.core.inner.config.carry_release_age.then(|| AgeClock {
+            // tokio's clock, as acknowledgements and the tier's stamps are taken on it.
+            now: tokio::time::Instant::now().into_std(),
+            since: self
+                .core
+                .sync
+                .lock()
+                .expect("stream sync lock")
+                .connected_since,
+        });
         let Some(response) = state.next_response(
             type_url,
             resources,
             &snapshot.version.to_string(),
             nonce,
             &snapshot.released,
+            clock,
         ) else {
             return true;
         };

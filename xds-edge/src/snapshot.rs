@@ -169,6 +169,12 @@ pub struct Released {
     pub at: Instant,
     /// The withdrawal (fast) or admission (batched) path.
     pub path: Path,
+    /// How old the release already was at `at`, where this server learned that from its
+    /// upstream (a node agent: the age the authority carried with the version, plus the
+    /// agent's own wait from the response's arrival to `at`; see
+    /// [`crate::release_age`]). A client's acknowledgement then also times the whole path:
+    /// this plus its own wait. `None` where the release was made here or its age is unknown.
+    pub carried: Option<std::time::Duration>,
 }
 
 /// Release stamps by resource name, then version: a load assignment has one version per
@@ -469,7 +475,11 @@ mod tests {
         use waymark_core::delta::Path;
         #[allow(clippy::disallowed_methods)] // the one anchor instant of this test
         let t0 = std::time::Instant::now();
-        let stamp = |path| Released { at: t0, path };
+        let stamp = |path| Released {
+            at: t0,
+            path,
+            carried: None,
+        };
         let mut builder = SnapshotBuilder::new();
         assert!(
             builder

@@ -35,6 +35,9 @@ pub struct Propagation {
     pub path: Path,
     /// From the release to the client's acknowledgement.
     pub took: Duration,
+    /// From the release upstream to the client's acknowledgement, where the release
+    /// carried its age from upstream ([`Released::carried`]): that age plus `took`.
+    pub whole: Option<Duration>,
 }
 
 /// One client's state for one resource type.
@@ -192,9 +195,13 @@ impl ClientSync {
 /// The propagation of release `r` to a client connected since `since`, acknowledged at
 /// `now`; `None` for a release made before the client connected.
 pub fn propagation(r: Released, since: Instant, now: Instant) -> Option<Propagation> {
-    (r.at >= since).then(|| Propagation {
-        path: r.path,
-        took: now.saturating_duration_since(r.at),
+    (r.at >= since).then(|| {
+        let took = now.saturating_duration_since(r.at);
+        Propagation {
+            path: r.path,
+            took,
+            whole: r.carried.map(|c| c.saturating_add(took)),
+        }
     })
 }
 
@@ -208,7 +215,11 @@ mod tests {
     }
 
     fn stamp(at: Instant, path: Path) -> Released {
-        Released { at, path }
+        Released {
+            at,
+            path,
+            carried: None,
+        }
     }
 
     #[test]
@@ -231,11 +242,13 @@ mod tests {
             vec![
                 Propagation {
                     path: Path::Withdrawal,
-                    took: 3 * s
+                    took: 3 * s,
+                    whole: None,
                 },
                 Propagation {
                     path: Path::Admission,
-                    took: 2 * s
+                    took: 2 * s,
+                    whole: None,
                 },
             ]
         );
@@ -265,7 +278,31 @@ mod tests {
             c.acked_at("eds", "1-1", t0 + 12 * s),
             vec![Propagation {
                 path: Path::Withdrawal,
-                took: s
+                took: s,
+                whole: None,
+            }]
+        );
+    }
+
+    #[test]
+    fn a_release_that_carried_its_age_from_upstream_is_timed_on_the_whole_path_too() {
+        // Goal: a node agent's stamp holds how old the release already was upstream;
+        // the sidecar's ACK adds its own wait to it, on the agent's clock alone.
+        let t0 = t0();
+        let s = Duration::from_secs(1);
+        let mut c = ClientSync::new(1, "n".into(), "a".into(), "delta", t0);
+        c.sent("eds", "5", "1-1", 1);
+        let carried = Released {
+            carried: Some(Duration::from_millis(700)),
+            ..stamp(t0 + s, Path::Withdrawal)
+        };
+        c.sent_released("eds", &[carried]);
+        assert_eq!(
+            c.acked_at("eds", "1-1", t0 + 3 * s),
+            vec![Propagation {
+                path: Path::Withdrawal,
+                took: 2 * s,
+                whole: Some(Duration::from_millis(2700)),
             }]
         );
     }

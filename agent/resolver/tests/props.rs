@@ -98,6 +98,7 @@ fn applied(step: &[Option<Resource>], n: usize) -> Applied {
     let eds = AppliedType {
         resources,
         system_version: n.to_string(),
+        ..Default::default()
     };
     Applied {
         types: [(TYPE_ENDPOINT.to_owned(), Arc::new(eds))]

@@ -535,6 +535,9 @@ fn serve_xds(
                 .propagation
                 .sink(crate::metrics::HOP_AUTHORITY_AGENT),
         ),
+        // The releases are stamped here: each node agent is told their age, to time
+        // the whole path to its sidecars.
+        carry_release_age: true,
         ..ServerConfig::default()
     });
     tasks.push(tokio::spawn(tier::follow(

@@ -76,7 +76,11 @@ impl Stamper {
         let path = release_path(self.previous.get(key), &view.view);
         self.previous.insert(key.clone(), view.view.clone());
         let at = self.releases.take(view.version).unwrap_or(now);
-        Released { at, path }
+        Released {
+            at,
+            path,
+            carried: None,
+        }
     }
 }
 

@@ -388,6 +388,7 @@ impl LocalView {
         let released = Released {
             at: now,
             path: release_path(self.served.get(name).map(|p| &p.endpoints), &kept),
+            carried: self.release_age(name, now),
         };
         self.served.insert(
             name.to_owned(),
@@ -400,6 +401,21 @@ impl LocalView {
             },
         );
         true
+    }
+}
+
+impl LocalView {
+    /// How old the upstream release of `name`'s current upstream version is at `now`,
+    /// where the authority carried its age with it: the age it arrived with plus this
+    /// agent's time since the response arrived (persisting it, bounds, a shrink cap's
+    /// hold). Never past [`waymark_xds::release_age::AGE_MAX`]: an older one is no
+    /// propagation worth timing.
+    fn release_age(&self, name: &str, now: Instant) -> Option<std::time::Duration> {
+        let eds = self.upstream.get(TYPE_ENDPOINT)?;
+        let (version, _) = eds.resources.get(name)?;
+        let arrival = eds.carried.get(name)?;
+        let age = arrival.age_at(now);
+        (arrival.version == *version && age <= waymark_xds::release_age::AGE_MAX).then_some(age)
     }
 }
 

@@ -273,3 +273,52 @@ fn served_versions_never_go_backwards_even_when_upstream_versions_are_close() {
         last = s;
     }
 }
+
+#[test]
+fn a_served_version_carries_its_upstream_release_age_plus_the_agents_own_wait() {
+    // Goal: the whole path is timed on the agent's clock alone — the age the authority
+    // carried, plus the time from the response's arrival to the version being served (a
+    // shrink cap's hold included); a version without one, or an age past the bound,
+    // carries nothing.
+    use waymark_xds::client::Arrival;
+    let t0 = t0();
+    let ms = Duration::from_millis;
+    let with_age = |version: u64, ports: std::ops::RangeInclusive<u16>, arrival: Arrival| {
+        let mut up = upstream(version, Some(cla(ports)));
+        let mut eds = (*up[TYPE_ENDPOINT]).clone();
+        eds.carried.insert(SVC.into(), arrival);
+        up.insert(TYPE_ENDPOINT.into(), Arc::new(eds));
+        up
+    };
+    let carried =
+        |v: &LocalView, version: u64| v.snapshot().released[SVC][&version.to_string()].carried;
+    let mut v = view();
+    let arrival = |version: &str, at, age| Arrival {
+        version: version.into(),
+        at,
+        age,
+    };
+    v.apply(&with_age(7, 1..=10, arrival("7", t0, ms(300))), t0 + ms(20));
+    assert_eq!(carried(&v, 7), Some(ms(320)));
+    // An arrival describing another version says nothing about this one.
+    v.apply(&with_age(8, 1..=11, arrival("7", t0, ms(300))), t0 + ms(40));
+    assert_eq!(carried(&v, 8), None);
+    // A withdrawal held back by the shrink cap counts its hold when released.
+    let at = t0 + Duration::from_secs(1);
+    v.apply(&with_age(9, 1..=4, arrival("9", at, ms(100))), at);
+    let held = state(&v);
+    assert!(held.held_back > 0, "{held:?}");
+    let due = v.poll_timeout().unwrap();
+    v.handle_timeout(due);
+    let version = state(&v).served_version;
+    assert_eq!(
+        carried(&v, version),
+        Some(ms(100) + due.duration_since(at)),
+        "the hold is part of the path"
+    );
+    // Past the bound: not trusted.
+    let mut v = view();
+    let old = waymark_xds::release_age::AGE_MAX;
+    v.apply(&with_age(7, 1..=3, arrival("7", t0, old)), t0 + ms(1));
+    assert_eq!(carried(&v, 7), None);
+}

@@ -293,3 +293,84 @@ fn the_stream_status_keeps_the_time_of_loss_through_failed_reconnects() {
     assert!(status.is_connected() && status.lost_since().is_none());
     assert_eq!(status.opened, 2);
 }
+
+#[test]
+fn a_release_age_is_kept_with_its_version_and_a_malformed_one_counted() {
+    // Goal: the age a resource carries is kept with the version and the arrival instant
+    // passed in; a later version without one drops it, a removal forgets it, and an age
+    // that is filed but unusable is ignored and counted.
+    use crate::release_age::{AGE_FIELD, METADATA_KEY, metadata};
+    use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+    #[allow(clippy::disallowed_methods)] // the one anchor instant of this test
+    let t0 = std::time::Instant::now();
+    let aged = |version: &str, age: Option<Duration>| Resource {
+        metadata: age.and_then(metadata),
+        ..res(TYPE_ENDPOINT, "pay", version, b"p")
+    };
+    let mut s = state();
+    s.handle_response_at(
+        response(
+            TYPE_ENDPOINT,
+            "1",
+            vec![aged("1", Some(Duration::from_millis(300)))],
+            &[],
+        ),
+        t0,
+    )
+    .unwrap();
+    let arrival = s.applied().types[TYPE_ENDPOINT].carried["pay"].clone();
+    assert_eq!(
+        arrival,
+        Arrival {
+            version: "1".into(),
+            at: t0,
+            age: Duration::from_millis(300)
+        }
+    );
+    assert_eq!(
+        arrival.age_at(t0 + Duration::from_secs(2)),
+        Duration::from_millis(2300)
+    );
+    // A version without an age: the old arrival no longer describes it.
+    s.handle_response_at(response(TYPE_ENDPOINT, "2", vec![aged("2", None)], &[]), t0)
+        .unwrap();
+    assert!(s.applied().types[TYPE_ENDPOINT].carried.is_empty());
+    assert_eq!(s.applied().ages_ignored, 0);
+    // A malformed age: applied all the same, the age ignored and counted.
+    let fields = [(
+        AGE_FIELD.to_owned(),
+        Value {
+            kind: Some(Kind::StringValue("soon".into())),
+        },
+    )]
+    .into_iter()
+    .collect();
+    let mut bad = aged("3", None);
+    bad.metadata = Some(envoy_types::pb::envoy::config::core::v3::Metadata {
+        filter_metadata: [(METADATA_KEY.to_owned(), Struct { fields })]
+            .into_iter()
+            .collect(),
+        ..Default::default()
+    });
+    s.handle_response_at(response(TYPE_ENDPOINT, "3", vec![bad], &[]), t0)
+        .unwrap();
+    let applied = s.applied();
+    assert_eq!(applied.resources(TYPE_ENDPOINT).unwrap()["pay"].0, "3");
+    assert!(applied.types[TYPE_ENDPOINT].carried.is_empty());
+    assert_eq!(applied.ages_ignored, 1);
+    // A removal forgets the arrival.
+    s.handle_response_at(
+        response(
+            TYPE_ENDPOINT,
+            "4",
+            vec![aged("4", Some(Duration::from_millis(1)))],
+            &[],
+        ),
+        t0,
+    )
+    .unwrap();
+    assert_eq!(s.applied().types[TYPE_ENDPOINT].carried.len(), 1);
+    s.handle_response_at(response(TYPE_ENDPOINT, "5", vec![], &["pay"]), t0)
+        .unwrap();
+    assert!(s.applied().types[TYPE_ENDPOINT].carried.is_empty());
+}

@@ -594,7 +594,14 @@ fn stamps(
     let mut out = Stamps::new();
     for (n, v) in entries {
         let mut versions = out.get(*n).cloned().unwrap_or_default();
-        versions.insert((*v).to_owned(), Released { at, path });
+        versions.insert(
+            (*v).to_owned(),
+            Released {
+                at,
+                path,
+                carried: None,
+            },
+        );
         out.insert((*n).to_owned(), versions);
     }
     out
@@ -618,7 +625,8 @@ fn a_delta_response_carries_the_release_stamps_of_exactly_what_it_sends() {
         out.released(),
         [Released {
             at: t0,
-            path: Path::Admission
+            path: Path::Admission,
+            carried: None,
         }]
     );
     let plain = s_fresh_message(&r1);
@@ -635,7 +643,8 @@ fn a_delta_response_carries_the_release_stamps_of_exactly_what_it_sends() {
         out.released(),
         [Released {
             at: later,
-            path: Path::Withdrawal
+            path: Path::Withdrawal,
+            carried: None,
         }]
     );
 }
@@ -692,7 +701,77 @@ fn a_sotw_response_carries_only_the_stamps_of_versions_new_to_the_client() {
         out.released(),
         [Released {
             at: t0,
-            path: Path::Withdrawal
+            path: Path::Withdrawal,
+            carried: None,
         }]
+    );
+}
+
+#[test]
+fn a_delta_response_carries_each_stamped_release_age_in_the_resource_metadata() {
+    // Goal: with a clock, a stamped resource made since the stream opened carries its
+    // release's age at sending (as Resource.metadata, which a client decodes like any
+    // field); one released before the stream opened, an unstamped one, or a response
+    // made without a clock carry nothing.
+    use crate::release_age::{Carried, parse};
+    use std::time::Duration;
+    use waymark_core::delta::Path;
+    #[allow(clippy::disallowed_methods)] // the one anchor instant of this test
+    let t0 = std::time::Instant::now();
+    let s = Duration::from_secs(1);
+    let r = res(&[("old", "1"), ("pay", "2"), ("web", "3")]);
+    let mut st = stamps(&[("pay", "2")], t0 + 2 * s, Path::Withdrawal);
+    st.insert(
+        "old".into(),
+        stamps(&[("old", "1")], t0, Path::Admission)["old"].clone(),
+    );
+    let clock = AgeClock {
+        now: t0 + 2 * s + Duration::from_millis(250),
+        since: t0 + s,
+    };
+    let mut d = DeltaState::default();
+    d.handle_request(&DeltaDiscoveryRequest::default());
+    let out = d
+        .next_response_carrying(TYPE_ENDPOINT, &r, "2", "n1".into(), &st, Some(clock))
+        .unwrap();
+    let msg = out.message().unwrap();
+    let carried: Vec<(&str, Carried)> = msg
+        .resources
+        .iter()
+        .map(|r| (r.name.as_str(), parse(r.metadata.as_ref())))
+        .collect();
+    assert_eq!(
+        carried,
+        [
+            ("old", Carried::Absent),
+            ("pay", Carried::Age(Duration::from_millis(250))),
+            ("web", Carried::Absent),
+        ]
+    );
+    // Everything else on the wire is what a plain response says.
+    let mut bare = msg.clone();
+    for r in &mut bare.resources {
+        r.metadata = None;
+    }
+    assert_eq!(bare, s_fresh_message(&r));
+    // The framed form is the same message.
+    let (_, len, body) = framed(out);
+    assert_eq!(len, body.len());
+    assert_eq!(
+        DeltaDiscoveryResponse::decode(body.as_slice()).unwrap(),
+        msg
+    );
+    // Without a clock, nothing is carried.
+    let mut d = DeltaState::default();
+    d.handle_request(&DeltaDiscoveryRequest::default());
+    let out = d
+        .next_response_carrying(TYPE_ENDPOINT, &r, "2", "n1".into(), &st, None)
+        .unwrap();
+    assert!(
+        out.message()
+            .unwrap()
+            .resources
+            .iter()
+            .all(|r| r.metadata.is_none())
     );
 }

@@ -100,6 +100,7 @@ fn applied(resources: &[(&str, &str, Any)]) -> Applied {
     let eds = AppliedType {
         resources,
         system_version: "v".into(),
+        ..Default::default()
     };
     Applied {
         types: [(TYPE_ENDPOINT.to_owned(), Arc::new(eds))]
