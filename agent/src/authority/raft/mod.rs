@@ -21,6 +21,7 @@ pub mod admission;
 pub mod backup;
 pub mod codec;
 mod network;
+pub mod prevote;
 pub mod recover;
 pub mod snapshot_file;
 mod store;
