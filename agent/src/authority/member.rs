@@ -454,6 +454,7 @@ impl Families {
         certs.register(&mut registry);
         let raft_rpc = RaftRpcMetrics::default();
         raft_rpc.register(&mut registry);
+        raft.election_metrics().register(&mut registry);
         let http = HttpMetrics::default();
         http.register(&mut registry);
         let grpc = GrpcMetrics::default();

@@ -20,6 +20,7 @@
 pub mod admission;
 pub mod backup;
 pub mod codec;
+mod elections;
 mod network;
 pub mod prevote;
 pub mod recover;
@@ -45,6 +46,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 
 pub use self::admission::{RaftRpcMetrics, Senders};
+pub use self::elections::ElectionMetrics;
 pub use self::network::{
     APPEND_PATH, BODY_LIMIT_BYTES, CONNECT_TIMEOUT, HttpNetworkFactory, HttpPeer,
     LARGE_RPCS_IN_FLIGHT_MAX, RESPONSE_LIMIT_BYTES, SNAPSHOT_PATH, VOTE_BODY_LIMIT_BYTES,
@@ -213,6 +215,9 @@ impl RaftConfig {
             max_in_snapshot_log_to_keep: self.logs_kept_after_snapshot,
             snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
             max_payload_entries: self.append_batch_max,
+            // The election timer is waymark's, with pre-vote ([`prevote`]): openraft's own
+            // would bump the term of a member cut off from the others at every timeout.
+            enable_elect: false,
             ..Default::default()
         }
         .validate()
@@ -330,6 +335,12 @@ pub struct RaftNode {
     tls: Option<Arc<rustls::ClientConfig>>,
     /// `true` while this member moves its leadership away: writes wait ([`transfer`]).
     transfer: Arc<watch::Sender<bool>>,
+    /// The election timer with pre-vote ([`elections`]).
+    elections: elections::Elections,
+    /// Held shared by every write while it is proposed, and exclusively by a transfer for
+    /// its whole run: a write that passed the transfer check just before it began cannot
+    /// append behind the target's back once the target was found caught up.
+    proposals: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Debug for RaftNode {
@@ -392,6 +403,15 @@ impl RaftNode {
             .ok()
             .flatten()
             .map(|l| l.index);
+        let elections = elections::Elections::new(prevote::PreVote::new(
+            prevote::PreVoteConfig {
+                id: config.id,
+                election_min: config.election_min,
+                election_max: config.election_max,
+                seed: jitter_seed(config.id),
+            },
+            tokio::time::Instant::now().into_std(),
+        ));
         let raft = match &config.tls {
             None => {
                 let network = HttpNetworkFactory::new(config.id);
@@ -412,6 +432,14 @@ impl RaftNode {
             tokio::time::Instant::now().into_std(),
             REPLAY_WAIT,
         );
+        // Before the replay wait: a member replaying a long log may be the one a region
+        // needs to stand.
+        tokio::spawn(elections::run(
+            config.id,
+            raft.clone(),
+            elections.clone(),
+            config.tls.clone(),
+        ));
         wait_for_replay(&raft, &gate).await;
         tokio::spawn(snapshot_by_bytes(
             raft.clone(),
@@ -426,13 +454,15 @@ impl RaftNode {
             events,
             tls: config.tls.clone(),
             transfer: Arc::new(watch::Sender::new(false)),
+            elections,
+            proposals: Arc::default(),
         })
     }
 
     /// The `/raft/*` routes, for the member's Raft listener (never the API's). `senders`
     /// is [`Senders::Certified`] behind mutual TLS; refusals are counted in `metrics`.
     pub fn router(&self, senders: Senders, metrics: RaftRpcMetrics) -> axum::Router {
-        network::router(self.raft.clone(), senders, metrics)
+        network::router(self.raft.clone(), self.elections.clone(), senders, metrics)
     }
 
     /// Form the group with `members` as its voters. Call on one member of a new group;
@@ -516,6 +546,7 @@ impl RaftNode {
         if self.transferring() {
             self.transfer_settled().await;
         }
+        let _proposing = self.proposals.read().await;
         let proposed = tokio::time::Instant::now();
         match self.raft.client_write(request).await {
             Ok(written) => {
@@ -659,6 +690,12 @@ impl RaftNode {
         self.shared.timings.clone()
     }
 
+    /// The election timer's metrics (`waymark_raft_pre_votes_total`,
+    /// `waymark_raft_elections_started_total`), for the member's registry.
+    pub fn election_metrics(&self) -> ElectionMetrics {
+        self.elections.metrics().clone()
+    }
+
     /// openraft's metrics; `changed()` wakes on every change.
     pub fn watch_metrics(&self) -> watch::Receiver<RaftMetrics<u64, Member>> {
         self.raft.metrics()
@@ -720,6 +757,15 @@ impl RaftNode {
             OpenraftError::Fatal(e) => e.into(),
         }
     }
+}
+
+/// A seed for member `id`'s election jitter: members started together must not draw
+/// the same timeouts.
+fn jitter_seed(id: u64) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    id.rotate_left(32) ^ u64::from(nanos) ^ u64::from(std::process::id())
 }
 
 fn leader_of(f: ForwardToLeader<u64, Member>) -> Option<(u64, Member)> {

@@ -5,6 +5,7 @@
 //! POST /raft/append    AppendEntriesRequest    -> Result<AppendEntriesResponse, RaftError>
 //! POST /raft/vote      VoteRequest             -> Result<VoteResponse, RaftError>
 //! POST /raft/snapshot  InstallSnapshotRequest  -> Result<InstallSnapshotResponse, RaftError<_, InstallSnapshotError>>
+//! POST /raft/pre-vote  PreVoteRequest          -> PreVoteAnswer (changes nothing, see super::prevote)
 //! ```
 //!
 //! The server side is [`router`], served by the member on its Raft listener: with
@@ -74,6 +75,8 @@ pub(super) const AUDIT_PATH: &str = "/raft/audit";
 /// The leader asks a caught-up voter to stand for election now (leadership transfer,
 /// [`super::transfer`]).
 pub(super) const ELECT_PATH: &str = "/raft/elect";
+/// "Would you vote for me?", asked before standing ([`super::prevote`]).
+pub(super) const PRE_VOTE_PATH: &str = "/raft/pre-vote";
 /// Most records in one forwarded batch.
 pub(super) const AUDIT_FORWARD_RECORDS_MAX: usize = 256;
 /// Largest forwarded batch.
@@ -104,13 +107,19 @@ type NodeId = u64;
 #[derive(Clone)]
 struct RpcState {
     raft: Raft<TypeConfig>,
+    elections: super::elections::Elections,
     senders: Senders,
     metrics: RaftRpcMetrics,
 }
 
 /// The `/raft/*` routes serving `raft`; `senders` says whether an RPC's claimed sender
 /// must be the member its client certificate names.
-pub(super) fn router(raft: Raft<TypeConfig>, senders: Senders, metrics: RaftRpcMetrics) -> Router {
+pub(super) fn router(
+    raft: Raft<TypeConfig>,
+    elections: super::elections::Elections,
+    senders: Senders,
+    metrics: RaftRpcMetrics,
+) -> Router {
     let large = Arc::new(Large {
         permits: Semaphore::new(LARGE_RPCS_IN_FLIGHT_MAX),
         metrics: metrics.clone(),
@@ -130,9 +139,14 @@ pub(super) fn router(raft: Raft<TypeConfig>, senders: Senders, metrics: RaftRpcM
             ELECT_PATH,
             post(elect).layer(DefaultBodyLimit::max(VOTE_BODY_LIMIT_BYTES)),
         )
+        .route(
+            PRE_VOTE_PATH,
+            post(pre_vote).layer(DefaultBodyLimit::max(VOTE_BODY_LIMIT_BYTES)),
+        )
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .with_state(RpcState {
             raft,
+            elections,
             senders,
             metrics,
         })
@@ -212,7 +226,21 @@ async fn append(
     if let Some(refused) = s.refusal(peer, rpc.vote.leader_id.voted_for(), APPEND_PATH) {
         return refused;
     }
-    answer(binary, &s.raft.append_entries(rpc).await)
+    let (leader, term, committed) = (
+        rpc.vote.leader_id.voted_for(),
+        rpc.vote.leader_id.term,
+        rpc.vote.is_committed(),
+    );
+    let result = s.raft.append_entries(rpc).await;
+    // An established leader this member accepts: its election timer restarts. A stale
+    // leader (answered with the higher vote) does not count.
+    let accepted = result
+        .as_ref()
+        .is_ok_and(|r| !matches!(r, AppendEntriesResponse::HigherVote(_)));
+    if let (true, true, Some(leader)) = (accepted, committed, leader) {
+        s.elections.heard(leader, term);
+    }
+    answer(binary, &result)
 }
 
 async fn vote(
@@ -380,8 +408,11 @@ async fn elect(
     if !voter {
         return refuse("not_voter", format!("member {id} is a learner"));
     }
+    let term = s.raft.metrics().borrow().current_term;
     match s.raft.trigger().elect().await {
         Ok(()) => {
+            // Until it leads, it stands again at every timeout, without asking first.
+            s.elections.stood(term);
             tracing::info!(
                 node_id = id,
                 from = ask.from,
@@ -391,6 +422,20 @@ async fn elect(
         }
         Err(e) => refuse("raft_stopped", e.to_string()),
     }
+}
+
+/// Answer a peer's pre-vote: would this member vote for it? The peer's certificate must
+/// name the member the body names (like every Raft RPC); the answer changes nothing here.
+async fn pre_vote(
+    State(s): State<RpcState>,
+    peer: Option<Extension<PeerInfo>>,
+    Json(ask): Json<super::prevote::PreVoteRequest>,
+) -> Response {
+    let peer = peer.as_ref().map(|Extension(p)| p);
+    if let Some(refused) = s.refusal(peer, Some(ask.from), PRE_VOTE_PATH) {
+        return refused;
+    }
+    Json(s.elections.answer(&s.raft, &ask)).into_response()
 }
 
 // === impl HttpNetworkFactory ===

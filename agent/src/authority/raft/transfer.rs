@@ -18,6 +18,10 @@
 //! higher term, and the target's next round (one election timeout later) wins with the
 //! old leader's vote (no member holds a longer log). The old leader stands for no
 //! election while the transfer runs, or it would time out as early and win the term back.
+//!
+//! The target stands without a pre-vote round (the members inside the old leader's lease
+//! would refuse one), as etcd's `MoveLeader` campaigns: at once, and again at every
+//! election timeout until it leads ([`super::prevote::PreVote::handle_stand`]).
 
 use std::time::Duration;
 
@@ -125,12 +129,12 @@ pub(super) struct ElectRequest {
 /// transfer ends, however it ends (a dropped request included).
 struct Held<'a> {
     writes: &'a tokio::sync::watch::Sender<bool>,
-    raft: &'a openraft::Raft<super::TypeConfig>,
+    elections: &'a super::elections::Elections,
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        self.raft.runtime_config().elect(true);
+        self.elections.suppress(false);
         self.writes.send_replace(false);
     }
 }
@@ -152,12 +156,20 @@ impl RaftNode {
         }
         let _held = Held {
             writes: &self.transfer,
-            raft: &self.raft,
+            elections: &self.elections,
         };
         // Once deposed by the target's higher term, this member would otherwise time out
         // as soon as the target and win the term back (its log is as long): it stays out
         // of elections until the transfer ends.
-        self.raft.runtime_config().elect(false);
+        self.elections.suppress(true);
+        // Writes already past the hold finish first, and none starts until the transfer
+        // ends: the target, once caught up, stays so (its log at least as long as any).
+        let _proposals = tokio::time::timeout(
+            TRANSFER_CATCH_UP,
+            std::sync::Arc::clone(&self.proposals).write_owned(),
+        )
+        .await
+        .map_err(|_| TransferError::NotCaughtUp { to })?;
         tracing::info!(node_id = self.id, to, "leadership transfer: writes held");
         self.wait_caught_up(to).await?;
         self.ask_to_stand(to, &target).await?;
