@@ -16,6 +16,7 @@ mod authority_cluster;
 mod authority_ingest;
 mod authority_kube;
 mod authority_operator;
+mod authority_prevote;
 mod authority_queries;
 mod authority_recovery;
 mod certs_cli;
