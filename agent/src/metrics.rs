@@ -64,8 +64,9 @@ pub const PROPAGATION_BUCKETS: [f64; 11] =
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct PropagationLabels {
     /// `authority_agent` (release → a node agent's ACK, timed by the authority member
-    /// serving it) or `agent_sidecar` (the version's arrival at the agent → a sidecar's
-    /// ACK, timed by the agent).
+    /// serving it), `agent_sidecar` (the version's arrival at the agent → a sidecar's
+    /// ACK, timed by the agent) or `whole` (release → a sidecar's ACK, timed by the agent
+    /// from the age the authority carried; see [`HOP_WHOLE`]).
     pub hop: &'static str,
     /// `withdrawal` or `admission`.
     pub path: &'static str,
@@ -82,6 +83,11 @@ pub struct HopLabels {
 pub const HOP_AUTHORITY_AGENT: &str = "authority_agent";
 /// The hop a node agent's xDS server times: arrival → sidecar's ACK.
 pub const HOP_AGENT_SIDECAR: &str = "agent_sidecar";
+/// The whole path a node agent times: release at the authority → sidecar's ACK, from the
+/// release's age the authority carried with the version (`waymark_xds::release_age`) plus
+/// the agent's own time from the response's arrival; only the one-way transit authority →
+/// agent is not counted.
+pub const HOP_WHOLE: &str = "whole";
 
 /// A histogram with the propagation buckets.
 pub fn propagation_histogram() -> Histogram {
@@ -117,7 +123,7 @@ impl PropagationMetrics {
         let r = registry.sub_registry_with_prefix("waymark_xds");
         r.register(
             "propagation_seconds",
-            "From a view version's release (authority_agent) or its arrival at the node agent (agent_sidecar) to each client's ACK of it, by path",
+            "From a view version's release (authority_agent), its arrival at the node agent (agent_sidecar), or its release at the authority less the one-way transit authority to agent, which authority_agent bounds (whole), to each client's ACK of it, by path",
             self.propagation.clone(),
         );
         r.register(
@@ -127,16 +133,23 @@ impl PropagationMetrics {
         );
     }
 
-    /// The sink an xDS server reports acknowledged releases to, for `hop`.
+    /// The sink an xDS server reports acknowledged releases to, for `hop`; a release that
+    /// carried its age from upstream is also observed on [`HOP_WHOLE`].
     pub fn sink(&self, hop: &'static str) -> waymark_xds::server::PropagationSink {
         let family = self.propagation.clone();
         waymark_xds::server::PropagationSink::new(move |p| {
+            let path = p.path.as_str();
             family
-                .get_or_create(&PropagationLabels {
-                    hop,
-                    path: p.path.as_str(),
-                })
+                .get_or_create(&PropagationLabels { hop, path })
                 .observe(p.took.as_secs_f64());
+            if let Some(whole) = p.whole {
+                family
+                    .get_or_create(&PropagationLabels {
+                        hop: HOP_WHOLE,
+                        path,
+                    })
+                    .observe(whole.as_secs_f64());
+            }
         })
     }
 

@@ -4,8 +4,11 @@
 //! connected, one instance is registered (an admission) and then one is deregistered (a
 //! withdrawal); each must be counted in `waymark_xds_propagation_seconds` on both hops —
 //! `authority_agent` by the member, `agent_sidecar` by the agent — under its own path, and
-//! only once Envoy holds the change. Both expositions pass `promtool check metrics`, carry
-//! `waymark_build_info`, and the agent answers OpenMetrics when asked.
+//! only once Envoy holds the change. The agent also times the whole path (`hop="whole"`:
+//! the release's age the member carried with the version, plus the agent's own time to
+//! the sidecar's ACK), never shorter than its own hop for the same release. Both
+//! expositions pass `promtool check metrics`, carry `waymark_build_info`, and the agent
+//! answers OpenMetrics when asked.
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
@@ -45,6 +48,14 @@ fn bucket(text: &str, hop: &str, path: &str, le: &str) -> u64 {
         .filter(|l| want.iter().all(|w| l.contains(w.as_str())))
         .find_map(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// `waymark_xds_propagation_seconds_sum{hop,path}` in an exposition (0 when absent).
+fn seconds(text: &str, hop: &str, path: &str) -> f64 {
+    let series = format!("waymark_xds_propagation_seconds_sum{{hop=\"{hop}\",path=\"{path}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str())?.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// The agent's exposition, as a scraper asking for `accept` reads it: (content type, body).
@@ -162,6 +173,10 @@ async fn a_release_is_timed_on_both_hops_under_the_path_it_took() {
         admitted(&agent_text().await, "agent_sidecar", &base_agent)
     })
     .await;
+    until("the admission timed on the whole path", WAIT, async || {
+        admitted(&agent_text().await, "whole", &base_agent)
+    })
+    .await;
 
     // A withdrawal: one instance deregistered.
     let before_member = member_text().await;
@@ -183,6 +198,30 @@ async fn a_release_is_timed_on_both_hops_under_the_path_it_took() {
         withdrawn(&agent_text().await, "agent_sidecar", &before_agent)
     })
     .await;
+    until("the withdrawal timed on the whole path", WAIT, async || {
+        withdrawn(&agent_text().await, "whole", &before_agent)
+    })
+    .await;
+    // The same acknowledgements on both of the agent's series, the whole path never
+    // shorter: it is the agent's hop plus the age the release arrived with.
+    let after_agent = agent_text().await;
+    let added = |hop: &str| {
+        (
+            timed(&after_agent, hop, "withdrawal") - timed(&before_agent, hop, "withdrawal"),
+            seconds(&after_agent, hop, "withdrawal") - seconds(&before_agent, hop, "withdrawal"),
+        )
+    };
+    let ((n_whole, whole), (n_hop, hop)) = (added("whole"), added("agent_sidecar"));
+    assert_eq!(n_whole, n_hop, "{after_agent}");
+    assert!(
+        whole >= hop,
+        "whole path {whole} s shorter than the agent's hop {hop} s\n{after_agent}"
+    );
+    assert_eq!(
+        common::series_value(&after_agent, "waymark_agent_release_ages_ignored_total"),
+        0,
+        "{after_agent}"
+    );
 
     // Every timed release lands in a bucket (none past the last, 60 s, on loopback), and
     // the families are what promtool accepts; both roles say which build they are.

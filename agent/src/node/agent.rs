@@ -563,6 +563,11 @@ async fn apply_loop(
                 // The client counts NACKs since it started, as the counter does.
                 let counted = shared.metrics.upstream_nacks.get();
                 shared.metrics.upstream_nacks.inc_by(state.nacks.saturating_sub(counted));
+                let counted = shared.metrics.release_ages_ignored.get();
+                shared
+                    .metrics
+                    .release_ages_ignored
+                    .inc_by(state.ages_ignored.saturating_sub(counted));
                 let received = SystemTime::now();
                 let mut view = shared.lock_view();
                 let changes = view.apply(&state.types, now());

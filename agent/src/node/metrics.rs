@@ -50,6 +50,8 @@ pub struct AgentMetrics {
     pub upstream_nacks: Counter,
     /// NACKs the host's sidecars sent this agent's xDS server.
     pub sidecar_nacks: Counter,
+    /// Release ages the authority carried that were malformed or past the bound.
+    pub release_ages_ignored: Counter,
     /// Arrival → sidecar ACK, per path; each sidecar's view age.
     pub propagation: PropagationMetrics,
     /// Endpoints withdrawn upstream but still served (shrink cap), per service.
@@ -119,6 +121,11 @@ impl AgentMetrics {
             "upstream_nacks",
             "Upstream responses this agent rejected (invalid, or not persisted)",
             self.upstream_nacks.clone(),
+        );
+        r.register(
+            "release_ages_ignored",
+            "Release ages carried with upstream resources that were malformed or past the bound (1 h), and so not timed on the whole path",
+            self.release_ages_ignored.clone(),
         );
         r.register(
             "sidecar_nacks",
