@@ -206,6 +206,10 @@ impl ApiState {
 /// OpenAPI document describes too) behind authentication, and the probes of [`NON_API`].
 pub fn router(state: ApiState) -> Router {
     let authenticated = routes::mount(Router::new(), &state)
+        // A path the API does not serve is answered after authentication, like any
+        // other: an anonymous caller learns nothing, not even which paths exist. Set
+        // here, it stays the router's fallback when the UI's routes are merged.
+        .fallback(not_found)
         // Every route above needs a verified principal; each operation's permission is
         // checked by the layer its table entry mounts, or by its handler.
         .layer(axum::middleware::from_fn_with_state(
@@ -226,6 +230,19 @@ pub fn router(state: ApiState) -> Router {
             &state.metrics,
         )))
         .with_state(state)
+}
+
+/// The API's answer for a path it does not serve (`404 not_found`, the error shape).
+async fn not_found(
+    axum::extract::State(s): axum::extract::State<ApiState>,
+    uri: axum::http::Uri,
+) -> ApiError {
+    s.refuse(ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        None,
+        format!("no route {}", uri.path()),
+    ))
 }
 
 /// A request body within its route's limit. Over the limit, or unreadable, the request
