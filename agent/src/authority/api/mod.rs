@@ -59,9 +59,9 @@ use waymark_registry::state::{Applied, Command, Stamped};
 use waymark_xds::server::XdsServer;
 
 use super::clock::now_ms;
-use super::kube::ReconcileStatus;
 use super::commit::{CommitError, Committer};
 use super::fields;
+use super::kube::ReconcileStatus;
 use super::leader::LeaderHandle;
 use super::metrics::{AuthorityMetrics, ReasonLabels};
 use super::principal::Denials;
