@@ -148,6 +148,31 @@ async fn a_release_is_timed_on_both_hops_under_the_path_it_took() {
             .await;
     };
     holds(3).await;
+    // A real Envoy subscribed to the member directly, as a sidecar without an agent is:
+    // the release ages the member carries must be nothing it would reject.
+    let direct = Envoy::start(EnvoyConfig {
+        node_id: "sidecar-direct".into(),
+        region: "r1".into(),
+        zone: "z1".into(),
+        xds: Some(Xds {
+            addr: auth.xds_addr(),
+            mode: XdsMode::Delta,
+        }),
+        routes: vec![Route::new("/", "web")],
+        ..EnvoyConfig::default()
+    })
+    .await;
+    direct.wait_live(WAIT).await;
+    let direct_holds = async |n: usize| {
+        direct
+            .wait_until(
+                &format!("the direct Envoy holds {n} endpoints"),
+                WAIT,
+                async || direct.cluster_endpoints("web").await.map(|e| e.len()) == Some(n),
+            )
+            .await;
+    };
+    direct_holds(3).await;
 
     let local = ApiClient::new(&agent.bound().http.to_string(), None);
     let agent_text = async || common::metrics_text(&local).await;
@@ -162,6 +187,7 @@ async fn a_release_is_timed_on_both_hops_under_the_path_it_took() {
     ids.insert(3, register(&late).await);
     backends.push(late);
     holds(4).await;
+    direct_holds(4).await;
     let admitted = |text: &str, hop: &str, base: &str| {
         timed(text, hop, "admission") > timed(base, hop, "admission")
     };
@@ -187,6 +213,7 @@ async fn a_release_is_timed_on_both_hops_under_the_path_it_took() {
         .unwrap();
     assert!(r.status.is_success(), "{r:?}");
     holds(3).await;
+    direct_holds(3).await;
     let withdrawn = |text: &str, hop: &str, base: &str| {
         timed(text, hop, "withdrawal") > timed(base, hop, "withdrawal")
     };
@@ -251,6 +278,11 @@ async fn a_release_is_timed_on_both_hops_under_the_path_it_took() {
         member.contains("# TYPE waymark_xds_nacks_total counter"),
         "{member}"
     );
+    assert_eq!(
+        common::series_value(&member, "waymark_xds_nacks_total"),
+        0,
+        "neither the agent nor the direct Envoy rejected a response carrying ages\n{member}"
+    );
     assert!(
         agent_now.contains("# TYPE waymark_agent_upstream_nacks_total counter"),
         "{agent_now}"
@@ -268,6 +300,7 @@ async fn a_release_is_timed_on_both_hops_under_the_path_it_took() {
     assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
     assert!(!text.contains("# EOF"));
 
+    drop(direct);
     drop(envoy);
     agent.shutdown().await;
     drop(backends);
