@@ -1,14 +1,16 @@
 //! The propagation histograms count a real release on the hop and path it took.
 //!
-//! A single-member authority, a node agent and a real Envoy behind it. After everything is
-//! connected, one instance is registered (an admission) and then one is deregistered (a
-//! withdrawal); each must be counted in `waymark_xds_propagation_seconds` on both hops —
-//! `authority_agent` by the member, `agent_sidecar` by the agent — under its own path, and
-//! only once Envoy holds the change. The agent also times the whole path (`hop="whole"`:
-//! the release's age the member carried with the version, plus the agent's own time to
-//! the sidecar's ACK), never shorter than its own hop for the same release. Both
-//! expositions pass `promtool check metrics`, carry `waymark_build_info`, and the agent
-//! answers OpenMetrics when asked.
+//! A single-member authority, a node agent and a real Envoy behind it, and a second Envoy
+//! subscribed to the member directly (it must take the release ages the member carries
+//! without a NACK). After everything is connected, one instance is registered (an
+//! admission) and then one is deregistered (a withdrawal); each must be counted in
+//! `waymark_xds_propagation_seconds` on both hops — `authority_agent` by the member,
+//! `agent_sidecar` by the agent — under its own path, and only once Envoy holds the
+//! change. The agent also times the whole path (`hop="whole"`: the release's age the
+//! member carried with the version, plus the agent's own time to the sidecar's ACK),
+//! never shorter than its own hop for the same release. Both expositions pass `promtool
+//! check metrics`, carry `waymark_build_info`, and the agent answers OpenMetrics when
+//! asked.
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
