@@ -477,6 +477,11 @@ for i, seed in enumerate([bytes([8, 3, 2, 0, 0, 2, 3, 2, 0, 5, 1, 2, 3]), bytes(
                           bytes(range(0, 250, 7))]):
     write("ads_requests", f"structured-{i}", seed)
 
+# --- xds responses: bytes for the structured decoder (no fixed format) -----------------------------
+for i, seed in enumerate([bytes([0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 0, 0, 1, 2, 2, 0, 0, 0, 0, 0, 0, 0, 3, 1]),
+                          bytes(range(3, 250, 11))]):
+    write("xds_responses", f"structured-{i}", seed)
+
 # --- certificates: a real chain with a SPIFFE URI SAN, made with openssl --------------------------
 with tempfile.TemporaryDirectory() as d:
     def ssl(*args):
