@@ -61,7 +61,10 @@ fn run(data: &[u8]) {
         }
         let _ = client.handle_response_at(resp, now);
         let applied = client.applied();
-        assert!(applied.ages_ignored >= ignored, "ignored ages never go back");
+        assert!(
+            applied.ages_ignored >= ignored,
+            "ignored ages never go back"
+        );
         ignored = applied.ages_ignored;
         for t in applied.types.values() {
             for (name, arrival) in &t.carried {
@@ -107,9 +110,7 @@ fn built(g: &mut Gen<'_>) -> DeltaDiscoveryResponse {
             ..Default::default()
         })
         .collect();
-    let removed_resources = (0..g.below(2))
-        .map(|_| g.pick(&NAMES).to_owned())
-        .collect();
+    let removed_resources = (0..g.below(2)).map(|_| g.pick(&NAMES).to_owned()).collect();
     DeltaDiscoveryResponse {
         type_url: type_url.to_owned(),
         resources,
