@@ -205,6 +205,99 @@ pub fn propagation(r: Released, since: Instant, now: Instant) -> Option<Propagat
     })
 }
 
+// === client lag: what both roles' xDS servers judge of their clients ===
+
+/// A client lagging this long is stale.
+pub const STALE_AFTER: Duration = Duration::from_secs(30);
+
+/// Tracks, per (stream, type), the version sent but not yet acknowledged and since when.
+#[derive(Debug, Default)]
+pub struct Lag {
+    pending: BTreeMap<(u64, String), Pending>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    /// The unacknowledged version and when it was first seen sent.
+    version: String,
+    version_since: Instant,
+    /// When the client first fell behind (kept while newer versions pile up).
+    episode_since: Instant,
+    over_budget: bool,
+}
+
+/// What one sample found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct LagReport {
+    /// Releases newly past the withdrawal budget without an ACK.
+    pub newly_over_budget: u64,
+    /// Clients lagging longer than [`STALE_AFTER`].
+    pub stale_clients: u64,
+    /// Each subscribed client's view age: how long it has acknowledged less than it was
+    /// sent (since it first fell behind; zero when it holds what it was sent). A standby
+    /// stream, sent nothing, has none.
+    pub view_ages: Vec<Duration>,
+}
+
+impl Lag {
+    /// Take one sample of every client's sync state at `now`.
+    pub fn sample(&mut self, clients: &[ClientSync], now: Instant, budget: Duration) -> LagReport {
+        let mut report = LagReport::default();
+        let mut seen = BTreeMap::new();
+        let mut stale_streams = std::collections::BTreeSet::new();
+        for c in clients {
+            let mut age = Duration::ZERO;
+            for (type_url, t) in &c.types {
+                let key = (c.stream_id, type_url.clone());
+                let Some(sent) = t.sent.as_ref().filter(|s| t.acked.as_ref() != Some(s)) else {
+                    continue;
+                };
+                let mut entry = match self.pending.remove(&key) {
+                    Some(p) if &p.version == sent => p,
+                    // A newer release: its own budget starts now; the lag episode goes on.
+                    Some(p) => Pending {
+                        version: sent.clone(),
+                        version_since: now,
+                        episode_since: p.episode_since,
+                        over_budget: false,
+                    },
+                    None => Pending {
+                        version: sent.clone(),
+                        version_since: now,
+                        episode_since: now,
+                        over_budget: false,
+                    },
+                };
+                if now.saturating_duration_since(entry.version_since) >= budget
+                    && !entry.over_budget
+                {
+                    entry.over_budget = true;
+                    report.newly_over_budget += 1;
+                }
+                let behind = now.saturating_duration_since(entry.episode_since);
+                if behind >= STALE_AFTER {
+                    stale_streams.insert(c.stream_id);
+                }
+                age = age.max(behind);
+                seen.insert(key, entry);
+            }
+            if holds_anything(c) {
+                report.view_ages.push(age);
+            }
+        }
+        self.pending = seen;
+        report.stale_clients = stale_streams.len() as u64;
+        report
+    }
+}
+
+/// Whether the stream was sent, or holds, anything: not a standby.
+pub fn holds_anything(c: &ClientSync) -> bool {
+    c.types
+        .values()
+        .any(|t| t.sent.is_some() || t.resources > 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

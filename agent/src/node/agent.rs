@@ -646,7 +646,7 @@ fn refresh_staleness(shared: &Shared) {
 /// sent) into `waymark_xds_client_view_age_seconds{hop="agent_sidecar"}`, and the NACKs
 /// the sidecars sent into `waymark_agent_sidecar_nacks_total`. Runs until aborted.
 async fn sidecar_sync_loop(shared: Arc<Shared>) {
-    let mut lag = crate::authority::staleness::Lag::default();
+    let mut lag = waymark_xds::sync::Lag::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
