@@ -52,12 +52,18 @@ fn the_leader_churn_drill_fails_with_its_property_broken() {
     // The break: a killed member restarts with its data deleted: acknowledged writes and versions
     // go. A drill that still passes cannot tell anyone anything.
     let dir = tempfile::tempdir().unwrap();
-    // One kill is enough to lose writes; the members never agree again, so the run need not
-    // wait out the convergence budget either.
-    common::failing_on(
+    // One kill is enough; the members never agree again, so the run need not wait out the
+    // convergence budget either. Which effect shows depends on who wins the election after
+    // the kill: acknowledged writes go when the wiped member's vote elects a lagging
+    // candidate; otherwise the wiped member serves versions below what it served before
+    // (seen once pre-vote came in: a lagging candidate now needs a pre-vote too).
+    common::failing_on_any(
         "leader-churn",
         &["--kills", "1", "--settle", "5s", "--break-wipe-on-restart"],
         dir.path(),
-        "acknowledged registrations missing",
+        &[
+            "acknowledged registrations missing",
+            "versions went backwards",
+        ],
     );
 }

@@ -36,16 +36,23 @@ pub(crate) fn failing_run(drill: &str, extra: &[&str], dir: &Path) -> serde_json
 /// run that merely timed out would prove nothing).
 #[allow(dead_code)] // not every drill test file has a break run
 pub(crate) fn failing_on(drill: &str, extra: &[&str], dir: &Path, broken: &str) {
+    failing_on_any(drill, extra, dir, &[broken]);
+}
+
+/// [`failing_on`] for a break with more than one direct effect, any of which may show
+/// first: one of the verdict's failures names one of `effects`.
+#[allow(dead_code)] // not every drill test file has a break run
+pub(crate) fn failing_on_any(drill: &str, extra: &[&str], dir: &Path, effects: &[&str]) {
     let report = failing_run(drill, extra, dir);
     let failures = report["verdict"]["failures"]
         .as_array()
         .cloned()
         .unwrap_or_default();
     assert!(
-        failures
-            .iter()
-            .any(|f| f.as_str().is_some_and(|f| f.contains(broken))),
-        "no failure names {broken:?}: {failures:#?}"
+        failures.iter().any(|f| f
+            .as_str()
+            .is_some_and(|f| effects.iter().any(|e| f.contains(e)))),
+        "no failure names any of {effects:?}: {failures:#?}"
     );
 }
 
