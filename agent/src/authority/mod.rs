@@ -15,6 +15,7 @@ pub mod kube;
 pub mod leader;
 pub mod member;
 pub mod metrics;
+pub mod node_broker;
 pub mod principal;
 pub mod raft;
 pub mod regions;

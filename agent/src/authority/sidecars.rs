@@ -27,9 +27,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use waymark_core::model::NodeName;
 
+use super::node_broker::{Limits, NodeBroker};
 use crate::evidence::{ClientConfig, ConfigRequest, SidecarReport};
 
 /// Nodes whose reports are held at most.
@@ -204,131 +205,59 @@ impl SidecarReports {
 // === driver: config requests ===
 
 /// Why a node's answer did not come.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum AskError {
-    /// The node holds no evidence session here. Ask the leader, or wait for the node.
-    #[error("node {0} holds no session with this member")]
-    NotConnected(NodeName),
-    /// Too many requests wait already (here, or for this node). Retry shortly.
-    #[error("too many config requests are waiting; retry")]
-    Busy,
-    /// The node did not answer within the timeout. Its session may be stuck; retry.
-    #[error("node {0} did not answer within {timeout_ms} ms", timeout_ms = CONFIG_TIMEOUT.as_millis())]
-    Timeout(NodeName),
-    /// The node's session ended before it answered. Retry once it reconnects.
-    #[error("node {0}'s session ended before it answered")]
-    Gone(NodeName),
-}
+pub use super::node_broker::NodeAskError as AskError;
 
 /// Sends config requests down nodes' evidence sessions and matches their answers.
-#[derive(Debug, Default)]
-pub struct ConfigBroker {
-    inner: Mutex<BrokerInner>,
-}
+#[derive(Debug)]
+pub struct ConfigBroker(NodeBroker<ConfigRequest, Option<Value>>);
 
-#[derive(Debug, Default)]
-struct BrokerInner {
-    /// Each node's open session (the newest, if it holds two).
-    sessions: BTreeMap<NodeName, mpsc::Sender<ConfigRequest>>,
-    /// Requests waiting, by id: who was asked, and where the answer goes.
-    pending: BTreeMap<u64, (NodeName, oneshot::Sender<Option<Value>>)>,
-    next_id: u64,
+impl Default for ConfigBroker {
+    fn default() -> Self {
+        Self(NodeBroker::new(Limits {
+            queue_per_node: CONFIG_QUEUE_PER_NODE,
+            pending_max: CONFIG_PENDING_MAX,
+            timeout: CONFIG_TIMEOUT,
+            what: "config",
+        }))
+    }
 }
 
 impl ConfigBroker {
     /// A session of `node` opened: requests for the node go down it from now on.
     pub fn attach(&self, node: &NodeName) -> mpsc::Receiver<ConfigRequest> {
-        let (tx, rx) = mpsc::channel(CONFIG_QUEUE_PER_NODE);
-        self.lock().sessions.insert(node.clone(), tx);
-        rx
+        self.0.attach(node)
     }
 
     /// A session of `node` ended: forget it unless a newer one is still open, and fail
     /// what was asked of it.
     pub fn detach(&self, node: &NodeName) {
-        let mut inner = self.lock();
-        if inner.sessions.get(node).is_some_and(|tx| tx.is_closed()) {
-            inner.sessions.remove(node);
-            // Dropping a waiter's sender tells it the node is gone.
-            inner.pending.retain(|_, (asked, _)| asked != node);
-        }
+        self.0.detach(node);
     }
 
     /// Ask `node` what its client `client` holds; `Ok(None)` when it has no such client.
     pub async fn ask(&self, node: &NodeName, client: &str) -> Result<Option<Value>, AskError> {
-        let (id, answer) = {
-            let mut inner = self.lock();
-            let Some(tx) = inner.sessions.get(node).cloned() else {
-                return Err(AskError::NotConnected(node.clone()));
-            };
-            if inner.pending.len() >= CONFIG_PENDING_MAX {
-                return Err(AskError::Busy);
-            }
-            inner.next_id = inner.next_id.wrapping_add(1);
-            let id = inner.next_id;
-            let request = ConfigRequest {
-                request_id: id,
+        self.0
+            .ask(node, |request_id| ConfigRequest {
+                request_id,
                 client: client.to_owned(),
-            };
-            match tx.try_send(request) {
-                Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => return Err(AskError::Busy),
-                Err(mpsc::error::TrySendError::Closed(_)) => {
-                    return Err(AskError::NotConnected(node.clone()));
-                }
-            }
-            let (otx, orx) = oneshot::channel();
-            inner.pending.insert(id, (node.clone(), otx));
-            (id, orx)
-        };
-        // Forget the request however this ends (an answer, the timeout, the caller gone).
-        let _forget = Forget { broker: self, id };
-        match tokio::time::timeout(CONFIG_TIMEOUT, answer).await {
-            Ok(Ok(document)) => Ok(document),
-            Ok(Err(_)) => Err(AskError::Gone(node.clone())),
-            Err(_) => Err(AskError::Timeout(node.clone())),
-        }
+            })
+            .await
     }
 
     /// `node` answered. An answer to a request it was not asked (another node's id, an
     /// expired one) is dropped: a node speaks only for itself.
     pub fn answer(&self, node: &NodeName, answer: ClientConfig) {
-        let mut inner = self.lock();
-        let asked = inner
-            .pending
-            .get(&answer.request_id)
-            .is_some_and(|(asked, _)| asked == node);
-        if !asked {
-            tracing::debug!(node_id = %node, request_id = answer.request_id, "config answer to no request of this node; dropped");
-            return;
-        }
-        if let Some((_, tx)) = inner.pending.remove(&answer.request_id) {
-            let _ = tx.send(answer.document);
-        }
+        self.0.answer(node, answer.request_id, answer.document);
+    }
+
+    /// How many config requests wait for their answers now.
+    pub fn pending(&self) -> usize {
+        self.0.pending()
     }
 
     /// Forget every session and request (this member stopped leading).
     pub fn clear(&self) {
-        let mut inner = self.lock();
-        inner.sessions.clear();
-        inner.pending.clear();
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BrokerInner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// Removes a request from the pending ones when its asker stops waiting.
-struct Forget<'a> {
-    broker: &'a ConfigBroker,
-    id: u64,
-}
-
-impl Drop for Forget<'_> {
-    fn drop(&mut self) {
-        self.broker.lock().pending.remove(&self.id);
+        self.0.clear();
     }
 }
 

@@ -1,18 +1,17 @@
 //! Sends keyring requests down node agents' evidence sessions and matches their answers,
-//! as the config broker (`authority/sidecars.rs`) does for sidecar configuration.
+//! through the broker the sidecar-config requests use (`authority::node_broker`).
 //!
 //! Bounds: [`QUEUE_PER_NODE`] requests queued per session, [`PENDING_MAX`] waiting at
 //! once across nodes (a pool operation asks every node once, so this is the largest pool
 //! one operation reaches in one go; nodes beyond it are reported `busy`), each at most
 //! [`ANSWER_TIMEOUT`].
 
-use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use waymark_core::model::NodeName;
 
+use crate::authority::node_broker::{Limits, NodeBroker};
 use crate::evidence::{KeyringAnswer, KeyringOutcome, KeyringRequest};
 use crate::gossip::rotation::KeyringOp;
 
@@ -24,46 +23,21 @@ pub const PENDING_MAX: usize = 65_536;
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a node's answer did not come. Its keyring is unknown.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum NodeAskError {
-    /// The node holds no evidence session here.
-    #[error("node {0} holds no session with this member")]
-    NotConnected(NodeName),
-    /// Too many requests wait already. Retry shortly.
-    #[error("too many keyring requests are waiting; retry")]
-    Busy,
-    /// The node did not answer within [`ANSWER_TIMEOUT`].
-    #[error("node {0} did not answer within {timeout_ms} ms", timeout_ms = ANSWER_TIMEOUT.as_millis())]
-    Timeout(NodeName),
-    /// The node's session ended before it answered.
-    #[error("node {0}'s session ended before it answered")]
-    Gone(NodeName),
-}
-
-impl NodeAskError {
-    /// A stable label.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::NotConnected(_) => "no_session",
-            Self::Busy => "busy",
-            Self::Timeout(_) => "timeout",
-            Self::Gone(_) => "session_ended",
-        }
-    }
-}
+pub use crate::authority::node_broker::NodeAskError;
 
 /// See the module documentation.
-#[derive(Debug, Default)]
-pub struct KeyringBroker {
-    inner: Mutex<Inner>,
-}
+#[derive(Debug)]
+pub struct KeyringBroker(NodeBroker<KeyringRequest, KeyringOutcome>);
 
-#[derive(Debug, Default)]
-struct Inner {
-    sessions: BTreeMap<NodeName, mpsc::Sender<KeyringRequest>>,
-    pending: BTreeMap<u64, (NodeName, oneshot::Sender<KeyringOutcome>)>,
-    next_id: u64,
+impl Default for KeyringBroker {
+    fn default() -> Self {
+        Self(NodeBroker::new(Limits {
+            queue_per_node: QUEUE_PER_NODE,
+            pending_max: PENDING_MAX,
+            timeout: ANSWER_TIMEOUT,
+            what: "keyring",
+        }))
+    }
 }
 
 // === impl KeyringBroker ===
@@ -71,29 +45,18 @@ struct Inner {
 impl KeyringBroker {
     /// A session of `node` opened: its keyring requests go down it from now on.
     pub fn attach(&self, node: &NodeName) -> mpsc::Receiver<KeyringRequest> {
-        let (tx, rx) = mpsc::channel(QUEUE_PER_NODE);
-        self.lock().sessions.insert(node.clone(), tx);
-        rx
+        self.0.attach(node)
     }
 
     /// A session of `node` ended: forget it unless a newer one is open, and fail what was
     /// asked of it.
     pub fn detach(&self, node: &NodeName) {
-        let mut inner = self.lock();
-        if inner.sessions.get(node).is_some_and(|tx| tx.is_closed()) {
-            inner.sessions.remove(node);
-            inner.pending.retain(|_, (asked, _)| asked != node);
-        }
+        self.0.detach(node);
     }
 
     /// The nodes holding a session now.
     pub fn connected(&self) -> Vec<NodeName> {
-        self.lock()
-            .sessions
-            .iter()
-            .filter(|(_, tx)| !tx.is_closed())
-            .map(|(node, _)| node.clone())
-            .collect()
+        self.0.connected()
     }
 
     /// Ask `node` to apply `op` to its keyring, and wait for its answer.
@@ -102,73 +65,20 @@ impl KeyringBroker {
         node: &NodeName,
         op: KeyringOp,
     ) -> Result<KeyringOutcome, NodeAskError> {
-        let (id, answer) = {
-            let mut inner = self.lock();
-            let Some(tx) = inner.sessions.get(node).cloned() else {
-                return Err(NodeAskError::NotConnected(node.clone()));
-            };
-            if inner.pending.len() >= PENDING_MAX {
-                return Err(NodeAskError::Busy);
-            }
-            inner.next_id = inner.next_id.wrapping_add(1);
-            let request_id = inner.next_id;
-            match tx.try_send(KeyringRequest { request_id, op }) {
-                Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => return Err(NodeAskError::Busy),
-                Err(mpsc::error::TrySendError::Closed(_)) => {
-                    return Err(NodeAskError::NotConnected(node.clone()));
-                }
-            }
-            let (otx, orx) = oneshot::channel();
-            inner.pending.insert(request_id, (node.clone(), otx));
-            (request_id, orx)
-        };
-        let _forget = Forget { broker: self, id };
-        match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
-            Ok(Ok(outcome)) => Ok(outcome),
-            Ok(Err(_)) => Err(NodeAskError::Gone(node.clone())),
-            Err(_) => Err(NodeAskError::Timeout(node.clone())),
-        }
+        self.0
+            .ask(node, |request_id| KeyringRequest { request_id, op })
+            .await
     }
 
     /// `node` answered. An answer to a request it was not asked is dropped: a node speaks
     /// only for itself.
     pub fn answer(&self, node: &NodeName, answer: KeyringAnswer) {
-        let mut inner = self.lock();
-        let asked = inner
-            .pending
-            .get(&answer.request_id)
-            .is_some_and(|(asked, _)| asked == node);
-        if !asked {
-            tracing::debug!(node_id = %node, request_id = answer.request_id, "keyring answer to no request of this node; dropped");
-            return;
-        }
-        if let Some((_, tx)) = inner.pending.remove(&answer.request_id) {
-            let _ = tx.send(answer.outcome);
-        }
+        self.0.answer(node, answer.request_id, answer.outcome);
     }
 
     /// Forget every session and request (this member stopped leading).
     pub fn clear(&self) {
-        let mut inner = self.lock();
-        inner.sessions.clear();
-        inner.pending.clear();
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// Removes a request from the pending ones when its asker stops waiting.
-struct Forget<'a> {
-    broker: &'a KeyringBroker,
-    id: u64,
-}
-
-impl Drop for Forget<'_> {
-    fn drop(&mut self) {
-        self.broker.lock().pending.remove(&self.id);
+        self.0.clear();
     }
 }
 
