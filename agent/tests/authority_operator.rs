@@ -14,7 +14,6 @@ use crate::common::call;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Method, StatusCode};
@@ -181,12 +180,6 @@ async fn leader_of(members: &[Authority]) -> usize {
     .await
 }
 
-#[derive(Default)]
-struct Writes {
-    acked: Vec<String>,
-    failed: Vec<String>,
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfer_leader_moves_leadership_while_every_write_is_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
@@ -202,42 +195,8 @@ async fn transfer_leader_moves_leadership_while_every_write_is_acknowledged() {
     )
     .await;
 
-    let writes = Arc::new(Mutex::new(Writes::default()));
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let writer = tokio::spawn({
-        let (api, writes) = (api.clone(), writes.clone());
-        async move {
-            for i in 0.. {
-                if *stopped.borrow() {
-                    break;
-                }
-                let r = api
-                    .send(Method::POST, "/v1/instances", Some(&registration(i)))
-                    .await;
-                let mut w = writes.lock().unwrap();
-                match r {
-                    Ok(r) if r.status == StatusCode::CREATED => {
-                        let body: Value = serde_json::from_slice(&r.body).unwrap();
-                        w.acked.push(body["instance"].as_str().unwrap().to_owned());
-                    }
-                    Ok(r) => w.failed.push(format!(
-                        "{}: {}",
-                        r.status,
-                        String::from_utf8_lossy(&r.body)
-                    )),
-                    Err(e) => w.failed.push(format!("{e:#}")),
-                }
-            }
-        }
-    });
-    let acked_at_least = async |n: usize| {
-        until("acknowledged writes", WAIT, async || {
-            let got = writes.lock().unwrap().acked.len();
-            if got >= n { Ok(()) } else { Err(got) }
-        })
-        .await;
-    };
-    acked_at_least(10).await;
+    let writer = common::writer::Writer::start(api.clone(), registration);
+    writer.acked_at_least(10, WAIT).await;
 
     let (status, body) = call(
         &api,
@@ -257,11 +216,9 @@ async fn transfer_leader_moves_leadership_while_every_write_is_acknowledged() {
     let target = &members[(to - 1) as usize];
     assert!(target.raft().is_leader(), "the named member leads");
 
-    let before = writes.lock().unwrap().acked.len();
-    acked_at_least(before + 10).await;
-    stop.send_replace(true);
-    writer.await.unwrap();
-    let w = std::mem::take(&mut *writes.lock().unwrap());
+    let before = writer.acked();
+    writer.acked_at_least(before + 10, WAIT).await;
+    let w = writer.stop().await;
     assert!(w.failed.is_empty(), "writes failed: {:?}", w.failed);
     let missing: Vec<_> = target.raft().with_state(|s, _| {
         w.acked

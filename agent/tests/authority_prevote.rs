@@ -15,10 +15,9 @@ use crate::common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{Method, StatusCode};
+use http::Method;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -143,12 +142,6 @@ fn registration(i: u32) -> Value {
     })
 }
 
-#[derive(Default)]
-struct Writes {
-    acked: Vec<String>,
-    failed: Vec<String>,
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_cut_off_from_the_leader_rejoins_without_an_election() {
     let dir = tempfile::tempdir().unwrap();
@@ -175,42 +168,8 @@ async fn a_follower_cut_off_from_the_leader_rejoins_without_an_election() {
         (id, t)
     };
 
-    let writes = Arc::new(Mutex::new(Writes::default()));
-    let (stop, stopped) = watch::channel(false);
-    let writer = tokio::spawn({
-        let (api, writes) = (api.clone(), writes.clone());
-        async move {
-            for i in 0.. {
-                if *stopped.borrow() {
-                    break;
-                }
-                let r = api
-                    .send(Method::POST, "/v1/instances", Some(&registration(i)))
-                    .await;
-                let mut w = writes.lock().unwrap();
-                match r {
-                    Ok(r) if r.status == StatusCode::CREATED => {
-                        let body: Value = serde_json::from_slice(&r.body).unwrap();
-                        w.acked.push(body["instance"].as_str().unwrap().to_owned());
-                    }
-                    Ok(r) => w.failed.push(format!(
-                        "{}: {}",
-                        r.status,
-                        String::from_utf8_lossy(&r.body)
-                    )),
-                    Err(e) => w.failed.push(format!("{e:#}")),
-                }
-            }
-        }
-    });
-    let acked_at_least = async |n: usize| {
-        until("acknowledged writes", WAIT, async || {
-            let got = writes.lock().unwrap().acked.len();
-            if got >= n { Ok(()) } else { Err(got) }
-        })
-        .await;
-    };
-    acked_at_least(10).await;
+    let writer = common::writer::Writer::start(api.clone(), registration);
+    writer.acked_at_least(10, WAIT).await;
 
     // Cut the follower off for several election timeouts: it asks, and is refused, round
     // after round.
@@ -223,8 +182,8 @@ async fn a_follower_cut_off_from_the_leader_rejoins_without_an_election() {
         if refused >= 3 { Ok(()) } else { Err(refused) }
     })
     .await;
-    let during = writes.lock().unwrap().acked.len();
-    acked_at_least(during + 10).await;
+    let during = writer.acked();
+    writer.acked_at_least(during + 10, WAIT).await;
     assert_eq!(
         term,
         follower.raft().current_term(),
@@ -233,11 +192,9 @@ async fn a_follower_cut_off_from_the_leader_rejoins_without_an_election() {
 
     // Heal; the follower catches up with every write acknowledged meanwhile.
     relays[(follower_id - 1) as usize].set_cut(false);
-    let healed = writes.lock().unwrap().acked.len();
-    acked_at_least(healed + 10).await;
-    stop.send_replace(true);
-    writer.await.unwrap();
-    let w = std::mem::take(&mut *writes.lock().unwrap());
+    let healed = writer.acked();
+    writer.acked_at_least(healed + 10, WAIT).await;
+    let w = writer.stop().await;
     assert!(w.failed.is_empty(), "writes failed: {:?}", w.failed);
     for m in &members {
         until("every acknowledged write applied", WAIT, async || {

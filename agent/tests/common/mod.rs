@@ -6,6 +6,7 @@
 pub mod dev;
 pub mod pki;
 pub mod prometheus;
+pub mod writer;
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
