@@ -114,7 +114,12 @@ pub fn init(args: &LogArgs, file: Option<&LogSection>) -> Result<LogFormat, LogE
     let filter = EnvFilter::builder()
         .parse(settings.filter.as_str())
         .expect("a LogFilter is a directive EnvFilter accepts");
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colour only for a person at a terminal: escape codes in a file or a log shipper's
+    // input are noise (the text format's writer is stdout).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
     match settings.format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
