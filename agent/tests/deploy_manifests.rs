@@ -1012,6 +1012,16 @@ fn probes_follow_the_liveness_readiness_split() {
             path, "/livez",
             "start-up waits on liveness, never on the authority"
         );
+        // On the node's IP the agent's API is TLS (its config check demands it there).
+        for (probe, what) in [
+            (&c.liveness_probe, "agent liveness"),
+            (&c.readiness_probe, "agent readiness"),
+            (&c.startup_probe, "agent startup"),
+        ] {
+            let (_, _, p) = http_probe(probe, what);
+            let scheme = p.http_get.unwrap().scheme;
+            assert_eq!(scheme.as_deref(), Some("HTTPS"), "{what}");
+        }
     }
     // The authority: the same split, member-local (no peer, leader or quorum asked), on
     // the API's port, which a member with [authority.tls] serves over TLS only.
@@ -1083,6 +1093,43 @@ fn the_management_token_is_a_secret_mounted_where_the_configuration_reads_it() {
         name, "management",
         "the operator the region is bootstrapped for"
     );
+}
+
+#[test]
+fn the_agents_api_tokens_are_a_secret_mounted_where_the_configuration_reads_them() {
+    // Goal: off loopback an agent refuses to start without `http_tokens_file`; the file it
+    // names is a key of a generated Secret, mounted and readable by the agent's user, and
+    // the documented steps make a file the agent accepts.
+    let m = Manifests::load();
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = documented_copy(tmp.path());
+    let secrets = BTreeMap::from([(("waymark-gossip", "keys"), GOSSIP_KEYS_FILE)]);
+    let facts = BTreeMap::from([
+        ("spec.nodeName", "ip-10-0-1-17".to_owned()),
+        ("status.hostIP", "10.0.1.17".to_owned()),
+    ]);
+    for ds in m.agent_daemonsets() {
+        let pod = pod_spec_of_daemonset(&ds);
+        let c = only_container(&pod);
+        let (_, text) = config_file(&m, &pod, c);
+        let printed = print_config("agent", &text, &pod_env(c, &facts, &secrets));
+        assert!(
+            !str_at(&printed, "agent.listen.http").starts_with("127."),
+            "the API is on the node's IP, so the tokens are required"
+        );
+        let path = str_at(&printed, "agent.listen.http_tokens_file");
+        let file = secret_file(&pod, c, path);
+        assert!(
+            readable_by(&pod, c, file.mode),
+            "{path}: mode {:o} is not readable by the agent's user",
+            file.mode
+        );
+        let source = generated_source(&file.secret, &file.key);
+        let text = std::fs::read_to_string(copy.join(&source)).unwrap();
+        let tokens = waymark_agent::node::api_auth::parse_tokens(Path::new(path), &text)
+            .unwrap_or_else(|e| panic!("{source}: {e}"));
+        assert_eq!(tokens.len(), 1, "{source}");
+    }
 }
 
 #[test]

@@ -573,3 +573,114 @@ scrape_configs:
     drop(prometheus);
     agent.shutdown().await;
 }
+
+/// The shipped `waymark-agent` scrape job, as written, with its file paths and targets
+/// replaced: the test fails if the job's shape changes under it.
+fn shipped_agent_job(token: &Path, bundle: &Path, target: SocketAddr) -> String {
+    let shipped = std::fs::read_to_string(deploy("prometheus/prometheus.yml")).unwrap();
+    let start = shipped
+        .find("  - job_name: waymark-agent")
+        .expect("prometheus.yml scrapes the node agents");
+    let job = &shipped[start..];
+    let job = job[2..]
+        .find("\n  - job_name:")
+        .map_or(job, |end| &job[..end + 3]);
+    let mut job = job.to_owned();
+    for (from, to) in [
+        (
+            "/etc/prometheus/waymark-agent.token".to_owned(),
+            token.display().to_string(),
+        ),
+        (
+            "/etc/prometheus/waymark-bundle.pem".to_owned(),
+            bundle.display().to_string(),
+        ),
+        (
+            r#"["10.0.1.17:8400", "10.0.2.17:8400", "10.0.3.17:8400"]"#.to_owned(),
+            format!(r#"["{target}"]"#),
+        ),
+    ] {
+        assert!(
+            job.contains(&from),
+            "the shipped agent job no longer has {from}:\n{job}"
+        );
+        job = job.replace(&from, &to);
+    }
+    job
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_agent_job_scrapes_an_agent_off_loopback_with_its_token() {
+    // Goal: an agent on a host's address serves /metrics over TLS to token bearers only, and
+    // the shipped scrape job — https, the bundle, the token file — is what gets through.
+    let Some(bin) = prometheus::bin("deploy_monitoring") else {
+        return;
+    };
+    waymark_certs::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let pki =
+        waymark_certs::testing::TestPkiDir::init(&dir.path().join("pki"), "waymark.test", &["eu"]);
+    // Prometheus checks the name it dials: the node's certificate carries it (`--host`).
+    let hosts = [waymark_certs::ca::HostSan::Ip([127, 0, 0, 1].into())];
+    let tokens = dir.path().join("api-tokens");
+    let token = "0123456789abcdef0123456789abcdef";
+    std::fs::write(&tokens, format!("{token}\n")).unwrap();
+    let nowhere: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let mut config =
+        common::agent_on_loopback("n1", "eu", "a", &dir.path().join("agent"), &[nowhere]);
+    config.tls = Some(waymark_agent::node::config::Tls::new(
+        "waymark.test",
+        &pki.issue_with_hosts("region/eu/node/n1", &hosts),
+    ));
+    config.listen.http = "0.0.0.0:0".parse().unwrap();
+    config.listen.http_tokens_file = Some(tokens.clone());
+    let agent = NodeAgent::start(config).await.unwrap();
+    let target = SocketAddr::from(([127, 0, 0, 1], agent.bound().http.port()));
+
+    let prom_dir = dir.path().join("prometheus");
+    std::fs::create_dir_all(&prom_dir).unwrap();
+    let scraper_token = prom_dir.join("waymark-agent.token");
+    std::fs::write(&scraper_token, format!("{token}\n")).unwrap();
+    let config = format!(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n{}",
+        shipped_agent_job(&scraper_token, &pki.bundle(), target)
+    );
+    let prometheus = Prometheus::start(&bin, &prom_dir, &config);
+    until(
+        "Prometheus to scrape the agent over TLS with its token",
+        Duration::from_secs(30),
+        async || prometheus.pool_up("waymark-agent").await,
+    )
+    .await;
+    let up = prometheus
+        .query(r#"waymark_agent_lkg_loaded_records{job="waymark-agent"}"#)
+        .await
+        .unwrap();
+    assert_eq!(up.len(), 1, "the agent's own series arrived: {up:?}");
+
+    // Without the token the same job is refused, and the agent counts it.
+    std::fs::write(&scraper_token, "not-the-token-at-all-0000\n").unwrap();
+    until(
+        "the agent to count Prometheus's refused scrape",
+        Duration::from_secs(30),
+        async || {
+            let targets = prometheus.targets("waymark-agent").await.ok()?;
+            let error = targets.first()?["lastError"].as_str()?.to_owned();
+            error.contains("401").then_some(error)
+        },
+    )
+    .await;
+    let reader = waymark_agent::api_client::ApiClient::new(&target.to_string(), Some(token.into()))
+        .with_tls(waymark_agent::cli::tls::agent_api_client_config(&pki.bundle()).unwrap());
+    let metrics = reader
+        .send(http::Method::GET, "/metrics", None)
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(r#"waymark_agent_http_refused_total{reason="unknown_token"}"#)),
+        "{text}"
+    );
+    agent.shutdown().await;
+}

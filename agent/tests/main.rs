@@ -40,6 +40,7 @@ mod listener_limits;
 mod listener_refusals;
 mod logging;
 mod lrs_forward;
+mod node_api_auth;
 mod node_envoy;
 mod node_lkg_crash;
 mod node_registration;

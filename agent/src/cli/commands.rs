@@ -16,7 +16,7 @@
 //! Output is a table, a wider table, or the API's answer as JSON or YAML
 //! (`-o table|wide|json|yaml`; `--json` is `-o json`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use anyhow::Context as _;
@@ -107,6 +107,33 @@ impl ApiArgs {
     pub fn out(&self) -> Output {
         if self.json { Output::Json } else { self.output }
     }
+}
+
+/// A client of a node agent's local HTTP API at `addr`: over TLS when it is `https://`
+/// (checked against `bundle`, which must then be given), presenting the token in
+/// `token_file` when one is given.
+fn agent_client(
+    addr: &str,
+    token_file: Option<&Path>,
+    bundle: Option<&Path>,
+) -> anyhow::Result<ApiClient> {
+    let token = match token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the token file {}", path.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let client = ApiClient::new(addr, token);
+    if !addr.starts_with("https://") {
+        return Ok(client);
+    }
+    let bundle = bundle.with_context(|| {
+        format!("{addr}: an https agent API needs --ca-bundle (WAYMARK_CA_BUNDLE) to check it")
+    })?;
+    Ok(client.with_tls(super::tls::agent_api_client_config(bundle)?))
 }
 
 /// The operator commands, each a client of one or more API routes.
@@ -230,10 +257,14 @@ pub enum ClientCommand {
         /// Its node (found from the sidecar reports when not given).
         #[arg(long, conflicts_with = "agent")]
         node: Option<String>,
-        /// Ask the node agent's own HTTP API on this host (`127.0.0.1:8400`) instead of
+        /// Ask the node agent's own HTTP API (`127.0.0.1:8400` on this host, or
+        /// `https://host:port` off loopback, checked against `--ca-bundle`) instead of
         /// the authority.
         #[arg(long)]
         agent: Option<String>,
+        /// A file holding a bearer token of the agent's `[agent.listen] http_tokens_file`.
+        #[arg(long, env = "WAYMARK_AGENT_TOKEN_FILE", requires = "agent")]
+        agent_token_file: Option<PathBuf>,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -257,9 +288,16 @@ pub enum ClientCommand {
     },
     /// The gossip pool as a node agent sees it.
     Members {
-        /// The agent's HTTP API.
+        /// The agent's HTTP API: `host:port` on loopback, `https://host:port` off it.
         #[arg(long, env = "WAYMARK_AGENT_API", default_value = "127.0.0.1:8400")]
         agent: String,
+        /// The estate's trust bundle, for an `https://` agent API (the server must be a
+        /// node agent of the bundle's trust domain).
+        #[arg(long, env = "WAYMARK_CA_BUNDLE")]
+        ca_bundle: Option<PathBuf>,
+        /// A file holding a bearer token of the agent's `[agent.listen] http_tokens_file`.
+        #[arg(long, env = "WAYMARK_AGENT_TOKEN_FILE")]
+        token_file: Option<PathBuf>,
         /// How to print.
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -889,10 +927,19 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<String> {
             client,
             node,
             agent,
+            agent_token_file,
             api,
         } => {
-            let (node, agent) = (node.as_deref(), agent.as_deref());
-            ops::proxy::config(&api.client()?, &client, node, agent, api.out()).await
+            let agent = match &agent {
+                Some(addr) => Some(agent_client(
+                    addr,
+                    agent_token_file.as_deref(),
+                    api.ca_bundle.as_deref(),
+                )?),
+                None => None,
+            };
+            let node = node.as_deref();
+            ops::proxy::config(&api.client()?, &client, node, agent.as_ref(), api.out()).await
         }
         ClientCommand::Reconciliation { api } => {
             let diff = api.client()?.get_json("/v1/reconciliation").await?;
@@ -916,11 +963,14 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<String> {
         }
         ClientCommand::Members {
             agent,
+            ca_bundle,
+            token_file,
             output,
             json,
         } => {
             let out = if json { Output::Json } else { output };
-            ops::members(&ApiClient::new(&agent, None), out).await
+            let client = agent_client(&agent, token_file.as_deref(), ca_bundle.as_deref())?;
+            ops::members(&client, out).await
         }
         ClientCommand::Keyring { command, api } => {
             let (client, out) = (api.client()?, api.out());

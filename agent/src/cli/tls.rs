@@ -79,6 +79,34 @@ pub fn api_client_config(
     Ok(Arc::new(config))
 }
 
+/// A client config for a node agent's local HTTP API served over TLS (off loopback): the
+/// server must be a node agent of the trust domain of `bundle`; no client certificate
+/// (the API admits readers by bearer token).
+pub fn agent_api_client_config(bundle: &Path) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    waymark_certs::install_crypto_provider();
+    let bundle_pem = read(bundle, "--ca-bundle")?;
+    let certs = parse_certs(&bundle_pem, PemPart::Bundle)
+        .with_context(|| format!("--ca-bundle {}", bundle.display()))?;
+    let trust_domain = bundle_trust_domain(&certs).with_context(|| {
+        format!(
+            "--ca-bundle {}: no waymark estate root in it",
+            bundle.display()
+        )
+    })?;
+    let roots = Arc::new(root_store(&certs)?);
+    let agents = PeerPolicy {
+        trust_domain,
+        accepted: KindSet::only(IdentityKind::Node),
+        region: None,
+    };
+    Ok(Arc::new(anonymous_client_config(
+        roots,
+        agents,
+        CertMetrics::new(),
+        &[ALPN_HTTP1],
+    )?))
+}
+
 /// Who may answer: an authority of `trust_domain`, of any region (an operator's CLI talks
 /// to every region's API; each region's certificates are scoped to it by their issuer).
 fn servers(trust_domain: TrustDomain) -> PeerPolicy {

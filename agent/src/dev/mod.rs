@@ -27,7 +27,9 @@ use waymark_core::model::{InstanceId, SelfReport};
 use self::backends::{BackendOptions, BackendSpec, Backends, SelfReportFn};
 use crate::api_client::ApiClient;
 use crate::authority::member::Authority;
-use crate::authority::settings::{AuthorityConfig, GossipSettings, TlsSettings};
+use crate::authority::settings::{
+    AuthorityConfig, FederationSettings, GossipSettings, TlsSettings,
+};
 use crate::cli::tls::{ClientFiles, api_client_config};
 use crate::gossip::Keyring;
 use crate::node::NodeAgent;
@@ -35,7 +37,8 @@ use crate::node::config::{
     AgentConfig, Bounds, Gossip as GossipSection, Listen, ProbeSection, Tls,
 };
 
-const TRUST_DOMAIN: &str = "dev.waymark";
+/// The dev estate's trust domain: every certificate of the dev CA names it.
+pub const TRUST_DOMAIN: &str = "dev.waymark";
 const REGION: &str = "dev";
 const NODE: &str = "dev-node";
 const ZONES: [&str; 3] = ["az1", "az2", "az3"];
@@ -102,6 +105,8 @@ pub struct DevRegion {
     token: String,
     token_file: std::path::PathBuf,
     ca_bundle: PathBuf,
+    /// The dev CA's folder.
+    pki: PathBuf,
     /// TLS towards the authority API: the dev bundle, no client certificate (the token).
     tls: Arc<rustls::ClientConfig>,
 }
@@ -141,9 +146,43 @@ impl DevRegion {
         args: DevArgs,
         otel: Option<&crate::otel::OtelSettings>,
     ) -> anyhow::Result<Self> {
+        Self::start_with(args, otel, None).await
+    }
+
+    /// [`DevRegion::start`], its authority federating as `federation` says. Its federation
+    /// identity is its member certificate (`region/dev/authority/1`, issued by the dev CA),
+    /// so a peer region's members need certificates of that CA: [`DevRegion::pki`] issues
+    /// them.
+    pub async fn start_federated(
+        args: DevArgs,
+        federation: FederationSettings,
+    ) -> anyhow::Result<Self> {
+        Self::start_with(args, None, Some(federation)).await
+    }
+
+    async fn start_with(
+        args: DevArgs,
+        otel: Option<&crate::otel::OtelSettings>,
+        federation: Option<FederationSettings>,
+    ) -> anyhow::Result<Self> {
+        // Its listeners carry no credential but the dev token and the dev CA: a dev region
+        // is for this host alone.
+        for (flag, addr) in [
+            ("--api", args.api),
+            ("--xds", args.xds),
+            ("--dns", args.dns),
+            ("--agent-api", args.agent_api),
+            ("--backends-api", args.backends_api),
+        ] {
+            anyhow::ensure!(
+                addr.ip().is_loopback(),
+                "{flag} {addr}: a dev region listens on loopback only"
+            );
+        }
         std::fs::create_dir_all(&args.dir)
             .with_context(|| format!("creating {}", args.dir.display()))?;
-        let pki = dev_pki(&args.dir.join("pki"))?;
+        let pki_dir = args.dir.join("pki");
+        let pki = dev_pki(&pki_dir)?;
         let keyring = dev_keyring(&args.dir.join("gossip.key"))?;
 
         let zones = ZONES.iter().map(|z| z.parse()).collect::<Result<_, _>>()?;
@@ -169,7 +208,7 @@ impl DevRegion {
                     seeds: Vec::new(),
                     keyring: Keyring::parse(std::slice::from_ref(&keyring))?,
                 }),
-                federation: None,
+                federation,
                 limits: Default::default(),
             },
             otel,
@@ -251,6 +290,7 @@ impl DevRegion {
                     xds: args.xds,
                     dns: args.dns,
                     http: args.agent_api,
+                    http_tokens_file: None,
                     local_plaintext: true,
                 },
                 bounds: Bounds::default(),
@@ -354,6 +394,7 @@ impl DevRegion {
             token,
             token_file,
             ca_bundle: pki.bundle,
+            pki: pki_dir,
             tls,
         })
     }
@@ -370,6 +411,12 @@ impl DevRegion {
     /// The dev estate's trust bundle (what `--ca-bundle` and curl's `--cacert` take).
     pub fn ca_bundle(&self) -> &std::path::Path {
         &self.ca_bundle
+    }
+
+    /// The dev CA (root and region CAs), to issue certificates its members trust: a
+    /// federation peer's, say.
+    pub fn pki(&self) -> PkiDir {
+        PkiDir::new(self.pki.clone())
     }
 
     /// The dev operator's bearer token (every grant), as written to [`Self::token_file`].

@@ -33,7 +33,9 @@ use waymark_certs::PeerPolicy;
 use waymark_certs::grpc::{GrpcLimits, GrpcMetrics, IncomingConfig};
 use waymark_certs::identity::{IdentityKind, KindSet, TrustDomain};
 use waymark_certs::reload::{MaterialPaths, Reloader, WatchHandle, load_material};
-use waymark_certs::tls::{ALPN_H2, LiveMaterial, client_config, server_config};
+use waymark_certs::tls::{
+    ALPN_H2, LiveMaterial, client_config, server_config, server_config_client_optional,
+};
 use waymark_core::bounds::BoundsConfig;
 use waymark_core::model::{InstanceId, SelfReport};
 use waymark_core::units::Permille;
@@ -273,8 +275,10 @@ impl NodeAgent {
                             .await
                     }
                 };
-                if let Err(e) = result {
-                    tracing::error!(error = %e, "local xDS server failed");
+                // Either way the sidecars now meet a closed port: say so.
+                match result {
+                    Ok(()) => tracing::info!("local xDS server stopped"),
+                    Err(e) => tracing::error!(error = %e, "local xDS server failed"),
                 }
             }));
         }
@@ -404,20 +408,49 @@ impl NodeAgent {
             .with_context(|| format!("binding HTTP on {}", config.listen.http))?;
         let http_addr = http_listener.local_addr()?;
         {
-            let app = super::api::router(Arc::clone(&shared));
+            let tokens = match &config.listen.http_tokens_file {
+                Some(path) => {
+                    let metrics = super::api_auth::AuthMetrics::default();
+                    metrics.register(&mut registry);
+                    let tokens = super::api_auth::LocalTokens::load(path, metrics)
+                        .context("agent.listen.http_tokens_file")?;
+                    tracing::info!(file = %path.display(), tokens = tokens.len(), "local API tokens loaded");
+                    Some(Arc::new(tokens))
+                }
+                None => None,
+            };
+            let app = super::api::router(Arc::clone(&shared), tokens);
             let mut stop = shutdown_rx.clone();
+            let stop = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
             let http_metrics = HttpMetrics::default();
             http_metrics.register(&mut registry);
-            tasks.push(tokio::spawn(crate::listener::serve(
-                http_listener,
-                "agent",
-                app,
-                HttpLimits::LOCAL,
-                http_metrics,
-                async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                },
-            )));
+            // Off loopback over TLS with the node's certificate (the config check requires
+            // [agent.tls] there); on loopback in plain text.
+            let api_tls = tls
+                .as_ref()
+                .filter(|_| !config.listen.http.ip().is_loopback())
+                .map(|t| Arc::clone(&t.http));
+            tasks.push(match api_tls {
+                Some(cfg) => tokio::spawn(crate::listener::serve_tls(
+                    http_listener,
+                    "agent",
+                    app,
+                    HttpLimits::LOCAL,
+                    http_metrics,
+                    cfg,
+                    stop,
+                )),
+                None => tokio::spawn(crate::listener::serve(
+                    http_listener,
+                    "agent",
+                    app,
+                    HttpLimits::LOCAL,
+                    http_metrics,
+                    stop,
+                )),
+            });
         }
 
         // 8. Service definitions for runtimes nothing watches.
@@ -697,6 +730,9 @@ async fn standby_loop(
 /// authority.
 struct AgentTls {
     server: Arc<rustls::ServerConfig>,
+    /// The local HTTP API off loopback (HTTP/1.1; readers authenticate by bearer token,
+    /// so a client certificate is optional, and checked when presented).
+    http: Arc<rustls::ServerConfig>,
     upstream: Arc<rustls::ClientConfig>,
     /// Client side towards the authority API (HTTP/1.1), presenting the node's identity.
     api: Arc<rustls::ClientConfig>,
@@ -733,6 +769,12 @@ async fn tls_configs(t: &super::config::Tls, registry: &mut Registry) -> anyhow:
         region: region.clone(),
     };
     let server = server_config(&live, sidecars, metrics.clone(), &[ALPN_H2])?;
+    let readers = PeerPolicy {
+        trust_domain: trust_domain.clone(),
+        accepted: KindSet::ALL,
+        region: None,
+    };
+    let http = server_config_client_optional(&live, readers, metrics.clone(), &[ALPN_HTTP1])?;
     let authorities = PeerPolicy {
         trust_domain,
         accepted: KindSet::only(IdentityKind::Authority),
@@ -743,6 +785,7 @@ async fn tls_configs(t: &super::config::Tls, registry: &mut Registry) -> anyhow:
     let api = client_config(&live, authorities, metrics, &[ALPN_HTTP1])?;
     Ok(AgentTls {
         server: Arc::new(server),
+        http: Arc::new(http),
         upstream: Arc::new(upstream),
         api: Arc::new(api),
         reloader,

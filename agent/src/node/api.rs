@@ -11,8 +11,10 @@
 //! | `GET /v1/clients` | this agent's xDS clients (the host's sidecars): versions sent and acknowledged, NACKs, the view's age |
 //! | `GET /v1/clients/{client}/config` | what one client holds: clusters, endpoints with weights, health and markers |
 //!
-//! Served by [`crate::listener::serve`] with its local bounds; no route takes a body, so
-//! every body limit is the smallest.
+//! Served by [`crate::listener::serve`] with its local bounds (over TLS off loopback); no
+//! route takes a body, so every body limit is the smallest. Who may read what:
+//! [`super::api_auth`] (the probes answer anyone; the rest needs a bearer token whenever
+//! `[agent.listen] http_tokens_file` is set, and it must be off loopback).
 
 use std::sync::Arc;
 
@@ -23,25 +25,43 @@ use axum::routing::get;
 use serde_json::json;
 use waymark_core::model::NodeName;
 
+use super::api_auth::LocalTokens;
 use super::shared::Shared;
 use crate::evidence::SidecarReportBody;
 
 /// Body limit of every route (none reads one).
 const BODY_MAX: usize = 1024;
 
-pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
-    axum::Router::new()
+pub(crate) fn router(shared: Arc<Shared>, tokens: Option<Arc<LocalTokens>>) -> axum::Router {
+    // The probes: anyone (a kubelet, a load balancer); they tell only whether it serves.
+    let probes = axum::Router::new()
         .route("/livez", get(livez))
-        .route("/readyz", get(readyz))
+        .route("/readyz", get(readyz));
+    let mut guarded = axum::Router::new()
         .route("/metrics", get(metrics))
         .route("/v1/view", get(view))
         .route("/v1/members", get(members))
         .route("/v1/probes/refused", get(probes_refused))
         .route("/v1/clients", get(clients))
         .route("/v1/clients/{client}/config", get(client_config))
+        // Inside the guard: an unknown path is refused to a stranger, not confirmed absent.
+        .fallback(not_found);
+    if let Some(tokens) = tokens {
+        guarded = guarded.layer(axum::middleware::from_fn_with_state(
+            tokens,
+            super::api_auth::require_token,
+        ));
+    }
+    probes
+        .merge(guarded)
         // No route reads a body.
         .layer(axum::extract::DefaultBodyLimit::max(BODY_MAX))
         .with_state(shared)
+}
+
+async fn not_found() -> Response {
+    let body = json!({"error": {"reason": "not_found", "message": "no such route"}});
+    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
 }
 
 async fn livez(State(s): State<Arc<Shared>>) -> Response {

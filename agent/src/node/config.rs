@@ -7,7 +7,8 @@
 //! Environment overrides use the `WAYMARK_AGENT_` prefix and the key's path in capitals:
 //! `WAYMARK_AGENT_NAME`, `WAYMARK_AGENT_ZONE`, `WAYMARK_AGENT_DATA_DIR`,
 //! `WAYMARK_AGENT_UPSTREAM` (comma-separated), `WAYMARK_AGENT_LISTEN_XDS`,
-//! `WAYMARK_AGENT_LISTEN_DNS`, `WAYMARK_AGENT_LISTEN_HTTP`, `WAYMARK_AGENT_GOSSIP_BIND`,
+//! `WAYMARK_AGENT_LISTEN_DNS`, `WAYMARK_AGENT_LISTEN_HTTP`,
+//! `WAYMARK_AGENT_LISTEN_HTTP_TOKENS_FILE`, `WAYMARK_AGENT_GOSSIP_BIND`,
 //! `WAYMARK_AGENT_GOSSIP_KEYS` (comma-separated; whitespace around each is dropped, as a
 //! key read from a mounted secret ends in a newline). `WAYMARK_AGENT_CONFIG` and
 //! `WAYMARK_AGENT_API` belong to the command line and are left alone; any other
@@ -148,8 +149,16 @@ pub struct Listen {
     pub xds: SocketAddr,
     /// DNS (UDP and TCP).
     pub dns: SocketAddr,
-    /// The local HTTP API, `/livez`, `/readyz`, `/metrics`.
+    /// The local HTTP API, `/livez`, `/readyz`, `/metrics`, `/v1/*`. Off loopback it is
+    /// served over TLS with the node's certificate, and `http_tokens_file` is required.
     pub http: SocketAddr,
+    /// Bearer tokens that may read the local HTTP API (`/metrics`, `/v1/*`; `/livez` and
+    /// `/readyz` answer anyone), one per line, `#` comments allowed, reread when the file
+    /// changes (rotate by adding the new token, moving readers over, removing the old).
+    /// Required when `http` is off loopback; on loopback, unset leaves the API to the
+    /// host's own processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_tokens_file: Option<PathBuf>,
     /// Serve the host's sidecars in plain text even with `[agent.tls]` (loopback
     /// development only; upstream stays mutual TLS).
     pub local_plaintext: bool,
@@ -161,6 +170,7 @@ impl Default for Listen {
             xds: SocketAddr::from(([127, 0, 0, 1], 18000)),
             dns: SocketAddr::from(([127, 0, 0, 1], 8600)),
             http: SocketAddr::from(([127, 0, 0, 1], 8400)),
+            http_tokens_file: None,
             local_plaintext: false,
         }
     }
@@ -323,6 +333,9 @@ impl AgentFile {
                 "WAYMARK_AGENT_LISTEN_HTTP" => {
                     a.listen.http = value.parse().map_err(|e| bad(format!("{e}")))?;
                 }
+                "WAYMARK_AGENT_LISTEN_HTTP_TOKENS_FILE" => {
+                    a.listen.http_tokens_file = Some(PathBuf::from(value));
+                }
                 "WAYMARK_AGENT_GOSSIP_BIND" => {
                     let bind = value.parse().map_err(|e| bad(format!("{e}")))?;
                     gossip_section(a).bind = bind;
@@ -403,6 +416,24 @@ impl AgentFile {
                  address, or configure [agent.tls] (and leave local_plaintext off) to serve \
                  the host's sidecars over mutual TLS",
             ));
+        }
+        // The local API carries the views, the gossip pool and the sidecars' configs: across
+        // a network it is read over TLS, by a bearer of a token, never in plain text.
+        if !a.listen.http.ip().is_loopback() {
+            if a.tls.is_none() {
+                return Err(bad(
+                    "agent.listen.http",
+                    "off loopback the local API is served over TLS with the node's \
+                     certificate: configure [agent.tls], or bind a loopback address",
+                ));
+            }
+            if a.listen.http_tokens_file.is_none() {
+                return Err(bad(
+                    "agent.listen.http_tokens_file",
+                    "required when agent.listen.http is off loopback: the bearer tokens \
+                     that may read /metrics and /v1/* (/livez and /readyz stay open)",
+                ));
+            }
         }
         if !a.ingest.is_empty() && a.tls.is_none() {
             return Err(bad(
@@ -487,6 +518,7 @@ upstream = ["10.0.0.1:18000"]
             xds: "127.0.0.1:19000".parse().unwrap(),
             dns: "127.0.0.1:8653".parse().unwrap(),
             http: "127.0.0.1:8401".parse().unwrap(),
+            http_tokens_file: Some("/etc/waymark/api-tokens".into()),
             local_plaintext: true,
         };
         a.bounds = Bounds {
@@ -530,6 +562,42 @@ upstream = ["10.0.0.1:18000"]
         .unwrap_err();
         assert!(err.to_string().starts_with("agent.listen.xds"), "{err}");
         // On loopback, plain text is the development default.
+        assert!(load(MINIMAL, &[], &Overrides::default()).is_ok());
+    }
+
+    #[test]
+    fn the_local_api_off_loopback_needs_tls_and_tokens_naming_the_key() {
+        const TLS: &str = "[agent.tls]\ntrust_domain = \"example.org\"\n\
+                           cert_chain = \"/c.pem\"\nkey = \"/k.pem\"\nbundle = \"/b.pem\"\n";
+        let off = [("WAYMARK_AGENT_LISTEN_HTTP", "10.0.1.17:8400")];
+        let err = load(MINIMAL, &off, &Overrides::default()).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("agent.listen.http: off loopback"),
+            "{err}"
+        );
+        let with_tls = format!("{MINIMAL}{TLS}");
+        let err = load(&with_tls, &off, &Overrides::default()).unwrap_err();
+        assert!(
+            err.to_string().starts_with("agent.listen.http_tokens_file"),
+            "{err}"
+        );
+        let tokens = [
+            off[0],
+            (
+                "WAYMARK_AGENT_LISTEN_HTTP_TOKENS_FILE",
+                "/etc/waymark/api-tokens",
+            ),
+        ];
+        let f = load(&with_tls, &tokens, &Overrides::default()).unwrap();
+        assert_eq!(
+            f.agent.listen.http_tokens_file.as_deref(),
+            Some(Path::new("/etc/waymark/api-tokens"))
+        );
+        // A wildcard address is off loopback too.
+        let any = [("WAYMARK_AGENT_LISTEN_HTTP", "0.0.0.0:8400")];
+        assert!(load(&with_tls, &any, &Overrides::default()).is_err());
+        // On loopback neither is needed.
         assert!(load(MINIMAL, &[], &Overrides::default()).is_ok());
     }
 

@@ -1,6 +1,7 @@
 //! The node agent role: one per host.
 pub mod agent;
 mod api;
+pub mod api_auth;
 pub mod cache;
 pub mod config;
 pub mod dns;

@@ -501,7 +501,7 @@ async fn start_region(
     envoy
         .wait_routing(START_DEADLINE)
         .await
-        .with_context(|| format!("envoy log:\n{}", envoy.log_tail(30)))?;
+        .with_context(|| format!("envoy log:\n{}\n{}", envoy.log_tail(30), edge.describe(30)))?;
     let total = 2 * params.per_zone;
     wait_until("Envoy holds every backend", START_DEADLINE, async || {
         (envoy.endpoints(SERVICE).await == Some(total)).then_some(())

@@ -462,7 +462,7 @@ async fn start_estate(
     envoy
         .wait_routing(START_DEADLINE)
         .await
-        .with_context(|| format!("envoy log:\n{}", envoy.log_tail(30)))?;
+        .with_context(|| format!("envoy log:\n{}\n{}", envoy.log_tail(30), agent.describe(30)))?;
     wait_until(
         "Envoy holds every region's endpoints",
         START_DEADLINE,

@@ -319,6 +319,17 @@ pub fn api_over_tls(addr: SocketAddr, bundle: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The node agent's local API at `addr` is TLS (it listens off loopback); its server is
+/// checked against `bundle` as a node agent.
+pub fn agent_api_over_tls(addr: SocketAddr, bundle: &Path) -> anyhow::Result<()> {
+    let config = waymark_agent::cli::tls::agent_api_client_config(bundle)?;
+    TLS_APIS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(addr, config);
+    Ok(())
+}
+
 /// The TLS client config for the API at `addr`, if it is one [`api_over_tls`] named.
 pub fn api_tls(addr: SocketAddr) -> Option<std::sync::Arc<rustls::ClientConfig>> {
     TLS_APIS

@@ -196,6 +196,17 @@ impl RegionAuthority {
     pub fn log_tail(&self, n: usize) -> String {
         self.process.log_tail(n)
     }
+
+    /// Whether it still runs, and the last `n` lines of its log: what a failed wait on
+    /// something it serves (Envoy's routing) should show beside the waiter's own log.
+    pub fn describe(&mut self, n: usize) -> String {
+        let state = if self.process.is_running() {
+            "running"
+        } else {
+            "not running"
+        };
+        format!("node agent ({state}) log:\n{}", self.log_tail(n))
+    }
 }
 
 /// The `[authority]` of [`RegionAuthority`] (without its `[authority.acl]`).
@@ -285,6 +296,13 @@ impl RegionAgent {
         c.listen.dns = dns;
         c.listen.http = http;
         c.listen.local_plaintext = true;
+        if !spec.ip.is_loopback() {
+            // Off loopback the local API is TLS and reads need a token: the drills' own.
+            let tokens = dir.join("api-tokens");
+            std::fs::write(&tokens, format!("{}\n", super::management_token()))?;
+            c.listen.http_tokens_file = Some(tokens);
+            super::agent_api_over_tls(http, &spec.tls.bundle)?;
+        }
         c.tls = Some(spec.tls.clone());
         if let Some(keys) = &spec.gossip_keys {
             // A namespace has its own port space: a port free on loopback is free there.
@@ -341,6 +359,17 @@ impl RegionAgent {
     /// The last lines of its log.
     pub fn log_tail(&self, n: usize) -> String {
         self.process.log_tail(n)
+    }
+
+    /// Whether it still runs, and the last `n` lines of its log: what a failed wait on
+    /// something it serves (Envoy's routing) should show beside the waiter's own log.
+    pub fn describe(&mut self, n: usize) -> String {
+        let state = if self.process.is_running() {
+            "running"
+        } else {
+            "not running"
+        };
+        format!("node agent ({state}) log:\n{}", self.log_tail(n))
     }
 }
 

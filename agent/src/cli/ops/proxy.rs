@@ -50,13 +50,13 @@ pub async fn config(
     api: &ApiClient,
     client: &str,
     node: Option<&str>,
-    agent: Option<&str>,
+    agent: Option<&ApiClient>,
     out: Output,
 ) -> anyhow::Result<String> {
     let doc = match agent {
-        Some(addr) => {
+        Some(agent) => {
             let path = format!("/v1/clients/{}/config", segment(client));
-            ApiClient::new(addr, None).get_json(&path).await?
+            agent.get_json(&path).await?
         }
         None => {
             let node = match node {
