@@ -62,6 +62,7 @@ const ASSETS: &[Asset] = &[
     asset!("js/pages/audit.js", JS),
     asset!("js/pages/federation.js", JS),
     asset!("js/pages/proxies.js", JS),
+    asset!("js/pages/proxy.js", JS),
 ];
 
 /// The `/ui` routes, for the API's router to merge beside its probes (outside

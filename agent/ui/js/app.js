@@ -12,6 +12,7 @@ import * as alarms from './pages/alarms.js';
 import * as audit from './pages/audit.js';
 import * as federation from './pages/federation.js';
 import * as proxies from './pages/proxies.js';
+import * as proxy from './pages/proxy.js';
 
 /** `[pattern, page, nav entry]`: the fragment's path (without its query) picks the page. */
 const ROUTES = [
@@ -24,6 +25,7 @@ const ROUTES = [
   [/^\/audit$/, audit, 'audit'],
   [/^\/federation$/, federation, 'federation'],
   [/^\/proxies$/, proxies, 'proxies'],
+  [/^\/proxies\/([^/]+)\/([^/]+)$/, proxy, 'proxies'],
 ];
 
 const main = document.getElementById('main');

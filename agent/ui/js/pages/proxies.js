@@ -1,6 +1,6 @@
 // Proxy status, as `waymark proxy-status` shows it: the node agents this member's xDS tier
 // serves, with versions sent and acknowledged per type, and under each node the sidecars
-// its agent reported. Polled every 2 s.
+// its agent reported, each linking to what it holds (pages/proxy.js). Polled every 2 s.
 
 import { poll, request } from '../api.js';
 import { duration, errorSlot, fill, h, heading, table } from '../dom.js';
@@ -29,7 +29,8 @@ export function mount(root, { signal }) {
         n.clients_left_out ? h('span', { class: 'warn' }, ` · ${n.clients_left_out} clients left out`) : ''),
       (n.sidecars ?? []).length
         ? table(['Client', 'Cluster', 'Zone', 'Protocol', 'State', 'Connected for', 'Types'], n.sidecars.map((c) => h('tr', { dataset: { client: c.client } },
-          h('td', {}, c.client), h('td', {}, c.cluster ?? '–'), h('td', {}, c.zone ?? '–'), h('td', {}, c.protocol ?? '–'),
+          h('td', {}, h('a', { href: `#/proxies/${encodeURIComponent(n.node)}/${encodeURIComponent(c.client)}`, title: 'what it holds' }, c.client)),
+          h('td', {}, c.cluster ?? '–'), h('td', {}, c.zone ?? '–'), h('td', {}, c.protocol ?? '–'),
           h('td', {}, h('span', { class: `sync s-${String(c.state).toLowerCase()}` }, c.state ?? '–')),
           h('td', {}, duration(c.connected_for_ms)), h('td', {}, types(c.types)))))
         : h('p', { class: 'empty' }, 'No sidecar connected to this agent.'))));
