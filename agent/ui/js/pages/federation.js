@@ -27,14 +27,18 @@ function enabled(f) {
     h('h2', {}, 'Peer regions'),
     (f.regions ?? []).length
       ? table(['Region', 'Links up', 'Age', 'State', 'Versions held'], f.regions.map((r) => h('tr', { dataset: { region: r.region, stale: String(r.stale) } },
-        h('td', {}, r.region), h('td', { class: 'num' }, `${r.links_up}/${r.links}`), h('td', {}, age(r.age_ms)),
-        h('td', {}, stale(r.stale)), h('td', { class: 'mono' }, versions(r.versions)))), { class: 'regions' })
+        h('td', {}, r.region), h('td', { class: 'num links' }, `${r.links_up}/${r.links}`),
+        h('td', { class: 'age', dataset: { ageMs: r.age_ms === null || r.age_ms === undefined ? '' : String(r.age_ms) } }, age(r.age_ms)),
+        h('td', {}, stale(r.stale)), h('td', { class: 'mono versions' }, versions(r.versions)))), { class: 'regions' })
       : h('p', { class: 'empty' }, 'No peer region is configured.'),
     h('h2', {}, 'Links'),
     (f.links ?? []).length
       ? table(['Region', 'Member', 'Address', 'Role', 'Connected', 'Age', 'State', 'Last error'], f.links.map((l) => [
         l.region, l.member, l.addr, l.role, l.connected ? 'yes' : 'no', age(l.age_ms), stale(l.stale), l.last_error ?? '–']))
       : h('p', { class: 'empty' }, 'No link.'),
-    f.front_doors ? [h('h2', {}, 'Front doors'), table(['Region', 'Signal'], Object.entries(f.front_doors).map(([r, d]) => [r, json(d, 'signal')]))] : null,
+    // `null` without region routing; an empty map when no peer's front door is probed.
+    f.front_doors ? [h('h2', {}, 'Front doors'), Object.keys(f.front_doors).length
+      ? table(['Region', 'Signal'], Object.entries(f.front_doors).map(([r, d]) => [r, json(d, 'signal')]))
+      : h('p', { class: 'empty' }, 'No peer region\u2019s front door is probed.')] : null,
   ];
 }

@@ -22,7 +22,7 @@ export function mount(root, { signal, params: [id] }) {
   root.append(crumbs, head.el, error.el, summary, classes,
     h('h2', {}, 'Transitions'), chart,
     h('h2', {}, 'Override'), overrideForm(id, signal, () => refresh()),
-    h('h2', {}, 'Approve a refused override'), approveForm(signal),
+    h('h2', {}, 'Approve a refused override'), approveForm(signal, () => refresh()),
     text);
 
   let explained = null;
@@ -129,11 +129,11 @@ function overrideForm(id, signal, changed) {
   }
 }
 
-function approveForm(signal) {
+function approveForm(signal, changed) {
   const seq = h('input', { name: 'seq', id: 'approve-seq', type: 'number', min: '1', placeholder: 'audit #' });
   const justification = h('input', { name: 'justification', id: 'approve-justification', type: 'text', maxlength: '1024', placeholder: 'why (required, audited)' });
-  const button = h('button', { type: 'submit' }, 'Approve');
-  const result = h('div', { class: 'result' });
+  const button = h('button', { type: 'submit', id: 'approve-submit' }, 'Approve');
+  const result = h('div', { class: 'result', id: 'approve-result' });
   return h('form', { class: 'action', method: 'post', onsubmit: submit },
     h('p', { class: 'hint' }, 'Break-glass: a different principal, authorised for the same services, approves exactly one override the budget refused, within ten minutes.'),
     h('label', { for: 'approve-seq' }, 'Audit #'), seq,
@@ -149,7 +149,9 @@ function approveForm(signal) {
         signal,
         body: { justification: justification.value },
       });
-      fill(result, h('p', { class: 'granted' }, `Approved #${body.approved}: ${body.applied} changed.`));
+      fill(result, h('p', { class: 'granted', dataset: { approved: String(body.approved), applied: String(body.applied) } },
+        `Approved #${body.approved}: ${body.applied} instance${body.applied === 1 ? '' : 's'} changed.`));
+      changed();
     } catch (err) {
       if (!signal.aborted) fill(result, refusal(err));
     } finally {
