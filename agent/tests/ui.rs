@@ -3,23 +3,31 @@
 //! API. Chromium trusts exactly the certificate the region serves — named by the SHA-256 of
 //! its public key, `--ignore-certificate-errors-spki-list` — and no other.
 //!
-//! The script checks every page against the region's real data (the three demo services
-//! and their instances, explain, audit, zones, alarms, federation, proxies) with no console
-//! error; that an override made in the page changes the verdict the CLI sees, and that the
-//! API's refusals (no justification, the disruption budget, a wrong token) show as the API
-//! gives them; and that a backend switched to fail-hard shows as ineligible without a
-//! reload. It asks this test, on stdin and stdout, for what only the test can do: run the
-//! CLI, switch a demo backend's mode. Screenshots of the main pages land in
-//! `target/ui-screenshots/`.
+//! The region here is the dev region with two things beside it: a real Envoy on its node
+//! agent's local xDS, and a second region, `peer` (one in-process member with a certificate
+//! of the dev CA), federated with it over QUIC. The script checks every page against the
+//! region's real data (the three demo services and their instances, explain, audit, zones,
+//! alarms, the peer region fresh and then stale, the Envoy in sync and what it holds, as
+//! Envoy's admin API says) with no console error; that an override made in the page changes
+//! the verdict the CLI sees, and that the API's refusals (no justification, the disruption
+//! budget, approving one's own request, a wrong token) show as the API gives them; that a
+//! second principal approves in the page what the budget refused; and that a backend
+//! switched to fail-hard shows as ineligible without a reload. It asks this test, on stdin
+//! and stdout, for what only the test can do: run the CLI, mint a token, switch a demo
+//! backend's mode, read Envoy's admin API, stop the peer region. Screenshots of the main
+//! pages land in `target/ui-screenshots/`.
 //!
 //! Needs `node`, Chromium (`CHROMIUM_BIN`, else `/usr/bin/chromium`; `./scripts/test`
-//! installs Debian's `chromium`) and playwright-core in `tests/ui/node_modules`
+//! installs Debian's `chromium`), playwright-core in `tests/ui/node_modules`
 //! (`WAYMARK_UI_MODULES` names another directory; `./scripts/install-test-peers` runs
-//! `npm ci` there). Without them the test fails saying how to install them; it never skips.
+//! `npm ci` there) and Envoy (`ENVOY_BIN`, `./scripts/install-envoy`). Without them the test
+//! fails saying how to install them; it never skips.
 
 use crate::common;
+use crate::support;
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -28,10 +36,16 @@ use std::time::{Duration, SystemTime};
 use common::dev::WAIT;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
+use support::{Envoy, EnvoyConfig, Route, Xds, XdsMode};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use waymark_agent::api_client::ApiClient;
+use waymark_agent::authority::member::Authority;
+use waymark_agent::authority::settings::{FederationPeerEntry, FederationSettings, TlsSettings};
 use waymark_agent::cli::tls::{ClientFiles, api_client_config};
-use waymark_agent::dev::DevRegion;
+use waymark_agent::dev::{self, DevArgs, DevRegion};
+use waymark_certs::ca::HostSan;
+use waymark_certs::reload::MaterialPaths;
+use waymark_certs::{Identity, Name, TrustDomain};
 use waymark_testkit::until;
 
 /// The longest the script may run (nextest stops this group's tests at 5 minutes); a
@@ -40,6 +54,16 @@ const SCRIPT_MAX: Duration = Duration::from_secs(240);
 
 /// The demo backends (`web` 6, `checkout` 3, `inventory` 3).
 const BACKENDS: usize = 12;
+
+/// The Envoy on the dev node agent: its xDS node id and the cluster it declares.
+const SIDECAR: &str = "ui-sidecar";
+const SIDECAR_CLUSTER: &str = "web-client";
+
+/// The region federated with the dev region.
+const PEER: &str = "peer";
+/// How long the dev member lets the peer region be silent before it reports it stale; its
+/// digests go every 200 ms, so only a silent peer gets there.
+const PEER_STALE_AFTER: Duration = Duration::from_secs(2);
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -165,8 +189,19 @@ async fn pages_are_public_and_data_is_not(dev: &DevRegion) {
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
 }
 
+/// The dev region and what the test runs beside it, for the script's questions.
+struct Rig {
+    dev: DevRegion,
+    /// The demo backends' control API.
+    control: ApiClient,
+    envoy: Envoy,
+    /// The federated peer region, until the script stops it.
+    peer: Option<Authority>,
+}
+
 /// Answers one of the script's questions.
-async fn answer(dev: &DevRegion, control: &ApiClient, question: &Value) -> Value {
+async fn answer(rig: &mut Rig, question: &Value) -> Value {
+    let dev = &rig.dev;
     match question["what"].as_str() {
         Some("cli_verdict") => {
             let instance = question["instance"].as_str().unwrap();
@@ -197,23 +232,169 @@ async fn answer(dev: &DevRegion, control: &ApiClient, question: &Value) -> Value
         Some("set_mode") => {
             let backend = question["backend"].as_str().unwrap();
             let mode = question["mode"].as_str().unwrap();
-            common::dev::set_mode(control, backend, mode).await;
+            common::dev::set_mode(&rig.control, backend, mode).await;
+            json!({ "ok": true })
+        }
+        Some("mint_token") => {
+            // As an operator mints one for a colleague: the CLI, with the grants named.
+            let name = question["name"].as_str().unwrap();
+            let mut args = vec!["acl", "token-create", "--name", name, "--ttl", "1h"];
+            for grant in question["grants"].as_array().unwrap() {
+                args.extend(["--grant", grant.as_str().unwrap()]);
+            }
+            let out = common::dev::operator_command(dev, &args);
+            assert!(
+                out.status.success(),
+                "waymark acl token-create: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let token = stdout.lines().next().unwrap_or_default().trim();
+            assert!(token.starts_with(&format!("wmt.{name}.")), "{stdout}");
+            json!({ "token": token })
+        }
+        Some("envoy_holds") => json!({
+            "client": SIDECAR,
+            "clusters": envoy_clusters(&rig.envoy).await,
+        }),
+        Some("stop_peer") => {
+            rig.peer
+                .take()
+                .expect("the peer region runs until the script stops it, once")
+                .shutdown()
+                .await;
             json!({ "ok": true })
         }
         _ => panic!("the script asked something this test does not answer: {question}"),
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_web_ui_shows_the_dev_region_and_acts_on_it_in_chromium() {
-    let chromium = chromium();
-    let modules = playwright().await;
-    waymark_certs::install_crypto_provider();
-    let dir = tempfile::tempdir().unwrap();
-    let dev = common::dev::start(&dir.path().join("dev")).await;
+/// What Envoy's admin API says it holds: every cluster it was sent, with its endpoints'
+/// addresses (`ip:port`, sorted).
+async fn envoy_clusters(envoy: &Envoy) -> BTreeMap<String, Vec<String>> {
+    let clusters = envoy.clusters_json().await;
+    clusters["cluster_statuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["added_via_api"] == true)
+        .map(|c| {
+            let mut hosts: Vec<String> = c["host_statuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|h| {
+                    let sa = &h["address"]["socket_address"];
+                    format!("{}:{}", sa["address"].as_str().unwrap(), sa["port_value"])
+                })
+                .collect();
+            hosts.sort();
+            (c["name"].as_str().unwrap().to_owned(), hosts)
+        })
+        .collect()
+}
+
+/// A real Envoy on the dev node agent's local xDS (Delta ADS, as the dev guide's), once it
+/// holds web's six endpoints.
+async fn start_envoy(dev: &DevRegion) -> Envoy {
+    let envoy = Envoy::start(EnvoyConfig {
+        node_id: SIDECAR.into(),
+        node_cluster: SIDECAR_CLUSTER.into(),
+        region: "dev".into(),
+        zone: "az1".into(),
+        xds: Some(Xds {
+            addr: dev.agent().bound().xds,
+            mode: XdsMode::Delta,
+        }),
+        routes: vec![Route::new("/", "web")],
+        ..EnvoyConfig::default()
+    })
+    .await;
+    envoy.wait_live(WAIT).await;
+    envoy
+        .wait_until("Envoy holds web's 6 endpoints", WAIT, async || {
+            envoy.cluster_endpoints("web").await.map(|e| e.len()) == Some(6)
+        })
+        .await;
+    envoy
+}
+
+/// Federation on `bind` with one peer member, `region/<region>/authority/1` at `addr`,
+/// digests every 200 ms, and the peer reported stale after [`PEER_STALE_AFTER`] of silence.
+fn federation(bind: SocketAddr, region: &str, addr: SocketAddr) -> FederationSettings {
+    FederationSettings {
+        bind,
+        peers: vec![FederationPeerEntry {
+            region: region.parse().unwrap(),
+            member: "1".into(),
+            addr,
+        }],
+        front_doors: Vec::new(),
+        stale_after: PEER_STALE_AFTER,
+        digest_interval: Duration::from_millis(200),
+        probe_interval: Duration::from_secs(5),
+        probe_timeout: Duration::from_secs(2),
+        signal: Default::default(),
+        drop_stale_peers: false,
+    }
+}
+
+/// Region [`PEER`]: one member storing in `dir`, federating on `bind` with the dev member,
+/// with a certificate the dev CA issues it (a peer must be of the same estate).
+async fn start_peer(dev: &DevRegion, dir: &Path, bind: SocketAddr) -> Authority {
+    let pki = dev.pki();
+    let td = TrustDomain::new(dev::TRUST_DOMAIN).unwrap();
+    let now = SystemTime::now();
+    pki.init(&td, &[Name::new(PEER).unwrap()], now).unwrap();
+    let identity = Identity::parse(&format!(
+        "spiffe://{}/region/{PEER}/authority/1",
+        dev::TRUST_DOMAIN
+    ))
+    .unwrap();
+    let (_, issued) = pki
+        .issue_with_hosts(
+            &identity,
+            None,
+            Duration::from_secs(86_400),
+            Some(&dir.join("cert")),
+            now,
+            &HostSan::loopback(),
+        )
+        .unwrap();
+    let mut config = common::plain(dir, PEER, &["z1"], "127.0.0.1:0".parse().unwrap());
+    config.tls = Some(TlsSettings {
+        trust_domain: td,
+        paths: MaterialPaths {
+            cert_chain: issued.fullchain,
+            key: issued.key,
+            bundle: pki.bundle(),
+        },
+    });
+    let dev_endpoint = dev.authority().federation_addr().unwrap();
+    config.federation = Some(federation(bind, "dev", dev_endpoint));
+    common::single_member(config).await
+}
+
+/// The dev region (federating with [`PEER`], whose endpoint will be `peer`), its demo
+/// instances all eligible; beside it the peer region and the Envoy.
+async fn start_rig(dir: &Path) -> Rig {
+    let peer_endpoint = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let any = "127.0.0.1:0".parse().unwrap();
+    let dev = DevRegion::start_federated(
+        DevArgs {
+            dir: dir.join("dev"),
+            api: any,
+            xds: any,
+            dns: any,
+            agent_api: any,
+            backends_api: any,
+        },
+        federation(any, PEER, peer_endpoint),
+    )
+    .await
+    .expect("the dev region starts");
     let api = dev.api_client();
-    let control = ApiClient::new(&dev.backends_api().to_string(), None);
-    until("every demo instance eligible", WAIT, async || {
+    let eligible = until("every demo instance eligible", WAIT, async || {
         let r = api
             .send(Method::GET, "/v1/instances?passing", None)
             .await
@@ -223,9 +404,32 @@ async fn the_web_ui_shows_the_dev_region_and_acts_on_it_in_chromium() {
             .and_then(|v| v.as_array().map(Vec::len))
             .unwrap_or(0);
         if n == BACKENDS { Ok(()) } else { Err(n) }
-    })
-    .await;
-    pages_are_public_and_data_is_not(&dev).await;
+    });
+    let peer_dir = dir.join(PEER);
+    // Each waits on something else (probes, Envoy's start, a Raft bootstrap): at once.
+    let ((), envoy, peer) = tokio::join!(
+        eligible,
+        start_envoy(&dev),
+        start_peer(&dev, &peer_dir, peer_endpoint)
+    );
+    let control = ApiClient::new(&dev.backends_api().to_string(), None);
+    Rig {
+        dev,
+        control,
+        envoy,
+        peer: Some(peer),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_ui_shows_the_dev_region_and_acts_on_it_in_chromium() {
+    let chromium = chromium();
+    let modules = playwright().await;
+    waymark_certs::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let mut rig = start_rig(dir.path()).await;
+    let dev = &rig.dev;
+    pages_are_public_and_data_is_not(dev).await;
     let url = format!("https://{}/ui/", dev.authority().http_addr());
     assert!(dev.guide().contains(&url), "the guide names {url}");
 
@@ -242,7 +446,13 @@ async fn the_web_ui_shows_the_dev_region_and_acts_on_it_in_chromium() {
             format!("https://{}", dev.authority().http_addr()),
         )
         .env("WAYMARK_UI_TOKEN", dev.operator_token())
-        .env("WAYMARK_UI_SPKI", served_spki(&dev).await)
+        .env("WAYMARK_UI_SPKI", served_spki(dev).await)
+        .env("WAYMARK_UI_SIDECAR", SIDECAR)
+        .env("WAYMARK_UI_PEER", PEER)
+        .env(
+            "WAYMARK_UI_PEER_STALE_MS",
+            PEER_STALE_AFTER.as_millis().to_string(),
+        )
         .env("WAYMARK_UI_INSTANCES", serde_json::to_string(&ids).unwrap())
         .env("WAYMARK_UI_SHOTS", &shots)
         .env("WAYMARK_UI_MODULES", &modules)
@@ -260,7 +470,7 @@ async fn the_web_ui_shows_the_dev_region_and_acts_on_it_in_chromium() {
             println!("ui.spec: {line}");
             if let Some(question) = line.strip_prefix("@ask ") {
                 let question: Value = serde_json::from_str(question).unwrap();
-                let reply = answer(&dev, &control, &question).await;
+                let reply = answer(&mut rig, &question).await;
                 stdin
                     .write_all(format!("{reply}\n").as_bytes())
                     .await
@@ -278,7 +488,11 @@ async fn the_web_ui_shows_the_dev_region_and_acts_on_it_in_chromium() {
         shots.join("failure.png").display()
     );
     println!("screenshots: {}", shots.display());
-    dev.stop().await;
+    if let Some(peer) = rig.peer.take() {
+        peer.shutdown().await;
+    }
+    drop(rig.envoy);
+    rig.dev.stop().await;
 }
 
 /// Just enough DER to find a certificate's public key, and base64 to name its hash.

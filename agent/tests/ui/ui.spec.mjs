@@ -1,7 +1,9 @@
 // The authority's web UI in a real headless Chromium, driven by playwright-core, against a
-// running dev region. Run by agent/tests/ui.rs, which starts the region and answers this
-// script's questions on stdin (what the CLI sees, switching a demo backend's mode): a line
-// `@ask {json}` on stdout, one JSON line back.
+// running dev region. Run by agent/tests/ui.rs, which starts the region (with a real Envoy on
+// its node agent and a federated peer region beside it) and answers this script's questions
+// on stdin (what the CLI sees, minting a token, switching a demo backend's mode, what Envoy's
+// admin API says it holds, stopping the peer region): a line `@ask {json}` on stdout, one
+// JSON line back.
 //
 // Environment (set by ui.rs):
 //   WAYMARK_UI_URL        https://127.0.0.1:<port> — the authority API (and UI) of the region
@@ -9,6 +11,9 @@
 //   WAYMARK_UI_SPKI       base64 SHA-256 of the served certificate's SubjectPublicKeyInfo:
 //                         Chromium trusts exactly that certificate, and no other
 //   WAYMARK_UI_INSTANCES  {"web-az1-1": "web-r1", …}: the demo backends' instance ids
+//   WAYMARK_UI_SIDECAR    the xDS node id of the Envoy on the dev node agent
+//   WAYMARK_UI_PEER       the region federated with the dev region
+//   WAYMARK_UI_PEER_STALE_MS  how long this region lets the peer be silent before it is stale
 //   WAYMARK_UI_SHOTS      where the screenshots go
 //   CHROMIUM_BIN          the browser (default /usr/bin/chromium)
 //   WAYMARK_UI_MODULES    the directory whose node_modules holds playwright-core (default: here)
@@ -36,6 +41,9 @@ const BASE = env('WAYMARK_UI_URL');
 const TOKEN = env('WAYMARK_UI_TOKEN');
 const SPKI = env('WAYMARK_UI_SPKI');
 const IDS = JSON.parse(env('WAYMARK_UI_INSTANCES'));
+const SIDECAR = env('WAYMARK_UI_SIDECAR');
+const PEER = env('WAYMARK_UI_PEER');
+const PEER_STALE_MS = Number(env('WAYMARK_UI_PEER_STALE_MS'));
 const SHOTS = env('WAYMARK_UI_SHOTS');
 const CHROMIUM = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
 /** How long one state may take to show (evaluation, publication, a blocking query's answer). */
@@ -124,6 +132,16 @@ const visible = (selector) => page.locator(selector).first().waitFor({ state: 'v
 async function count(selector, n) {
   await page.waitForFunction(([s, want]) => document.querySelectorAll(s).length === want, [selector, n], { timeout: WAIT });
 }
+/** Signs out through the page, then in with `token` as `principal`. */
+async function signInAs(token, principal) {
+  await page.click('.who button');
+  await page.waitForURL(/#\/signin$/, { timeout: WAIT });
+  expect(await page.evaluate(() => sessionStorage.length) === 0, 'signing out left the token in sessionStorage');
+  await page.fill('#token', token);
+  await page.click('form.signin button[type=submit]');
+  await page.waitForURL(/#\/services$/, { timeout: WAIT });
+  await page.waitForFunction((p) => document.querySelector('.who .principal')?.textContent === p, principal, { timeout: WAIT });
+}
 
 // --- the checks ---------------------------------------------------------------------------
 await check('the pages come with a strict content security policy and no framing', {}, async () => {
@@ -166,6 +184,49 @@ await check('sign-in with the operator token shows the three demo services, all 
   await shot('services');
 });
 
+await check('the proxies page lists the Envoy behind the dev node agent, in sync', {}, async () => {
+  await go('proxies');
+  await visible('table.agents tr[data-node="dev-node"] .s-synced');
+  expect((await text('table.agents tr[data-node="dev-node"]')).includes('delta'), 'the protocol');
+  await visible('section.node[data-node="dev-node"] h3 .ok');
+  const row = `section.node[data-node="dev-node"] tr[data-client="${SIDECAR}"]`;
+  await visible(`${row} .s-synced`);
+  const cells = await page.locator(`${row} > td`).allInnerTexts();
+  expect(cells[0] === SIDECAR && cells[1] === 'web-client' && cells[2] === 'az1' && cells[3] === 'delta', `the sidecar's row: ${cells}`);
+  expect(/ClusterLoadAssignment sent \S+ · acked \S+/.test(cells[6]), `its EDS versions: ${cells[6]}`);
+  await shot('proxies');
+});
+
+await check('a sidecar\u2019s page lists the clusters and endpoints its Envoy holds', {}, async () => {
+  // Nothing moves the demo instances before the overrides below: what Envoy holds now is
+  // what its node agent must say it holds.
+  const held = await ask({ what: 'envoy_holds' });
+  const clusters = Object.keys(held.clusters).sort();
+  expect(held.clusters.web?.length === 6 && clusters.includes('checkout'), `Envoy holds: ${JSON.stringify(held)}`);
+  await page.click(`section.node[data-node="dev-node"] tr[data-client="${SIDECAR}"] a`);
+  await page.waitForURL(new RegExp(`#/proxies/dev-node/${SIDECAR}$`), { timeout: WAIT });
+  await visible('[data-test="state"] .s-synced');
+  await page.waitForFunction((want) => {
+    const listed = [...document.querySelectorAll('table.clusters tr[data-cluster]')];
+    const names = listed.map((r) => r.dataset.cluster).sort();
+    return JSON.stringify(names) === JSON.stringify(want) && listed.every((r) => r.dataset.current === 'true');
+  }, clusters, { timeout: WAIT });
+  await page.waitForFunction((want) => Object.entries(want).every(([cluster, addrs]) => {
+    const section = document.querySelector(`section.assignment[data-cluster="${cluster}"][data-current="true"]`);
+    if (!section) return false;
+    const shown = [...section.querySelectorAll('tr[data-address]')].map((r) => r.dataset.address).sort();
+    return JSON.stringify(shown) === JSON.stringify(addrs);
+  }), held.clusters, { timeout: WAIT }).catch(async (e) => {
+    const shown = await page.locator('section.assignment').evaluateAll((sections) => Object.fromEntries(sections.map((s) =>
+      [s.dataset.cluster, [...s.querySelectorAll('tr[data-address]')].map((r) => r.dataset.address).sort()])));
+    throw new Error(`the page lists ${JSON.stringify(shown)}; Envoy holds ${JSON.stringify(held.clusters)} (${e.message})`);
+  });
+  await count('section.assignment[data-cluster="web"] tr[data-health="HEALTHY"]', 6);
+  const first = await text('section.assignment[data-cluster="web"] tr[data-address]');
+  expect(/web-\S+\s+az\d/.test(first) && first.includes('eligible'), `an endpoint's instance, zone and verdict: ${first}`);
+  await shot('proxy-config');
+});
+
 await check('a service\u2019s page lists its instances with verdict, weight, capability and reason', {}, async () => {
   await go('services/web');
   await count('tr[data-instance]', 6);
@@ -184,6 +245,8 @@ await check('a service\u2019s page lists its instances with verdict, weight, cap
 
 const first = IDS['web-az1-1'];
 const second = IDS['web-az1-2'];
+/** The audit number of the override the budget refused, which a second principal approves. */
+let refused = 0;
 
 await check('an instance\u2019s page explains it and draws its transitions', {}, async () => {
   await go(`instances/${first}`);
@@ -225,11 +288,54 @@ await check('an override beyond the disruption budget is refused with its reason
   await visible('#override-result .refusal[data-reason="disruption_budget"]');
   const said = await text('#override-result .refusal');
   expect(said.includes('409') && said.includes('budget'), `the refusal: ${said}`);
-  const seq = await page.locator('#override-result .approval').getAttribute('data-seq');
-  expect(Number(seq) > 0, `the audit number: ${seq}`);
+  refused = Number(await page.locator('#override-result .approval').getAttribute('data-seq'));
+  expect(refused > 0, `the audit number: ${refused}`);
   const seen = await ask({ what: 'cli_verdict', instance: second, want: 'eligible' });
   expect(seen.verdict === 'eligible', `the refused override changed ${second}: ${JSON.stringify(seen)}`);
   await shot('override-refused');
+});
+
+await check('approving one\u2019s own refused override is refused with the API\u2019s reason', { allow: [409] }, async () => {
+  await page.fill('#approve-seq', String(refused));
+  await page.fill('#approve-justification', 'browser test: I asked, I approve');
+  await page.click('#approve-submit');
+  await visible('#approve-result .refusal[data-reason="same_principal"]');
+  const said = await text('#approve-result .refusal');
+  expect(said.includes('409') && said.includes(`override ${refused} must be approved by a principal other than token/dev`), `the refusal: ${said}`);
+  const seen = await ask({ what: 'cli_verdict', instance: second, want: 'eligible' });
+  expect(seen.verdict === 'eligible', `a refused approval changed ${second}: ${JSON.stringify(seen)}`);
+  await shot('approve-refused');
+});
+
+await check('a second principal approves the refused override in the page and the CLI sees it drained', {}, async () => {
+  const { token } = await ask({ what: 'mint_token', name: 'approver', grants: ['read', 'override:web'] });
+  await signInAs(token, 'token/approver');
+  await go(`instances/${second}`);
+  await visible('[data-test="verdict"] [data-verdict="eligible"]');
+  await page.fill('#approve-seq', String(refused));
+  await page.fill('#approve-justification', 'browser test: second pair of eyes');
+  await page.click('#approve-submit');
+  await visible(`#approve-result .granted[data-approved="${refused}"][data-applied="1"]`);
+  const seen = await ask({ what: 'cli_verdict', instance: second, want: 'draining' });
+  expect(seen.verdict === 'draining', `the CLI sees ${JSON.stringify(seen)}`);
+  await visible('[data-test="verdict"] [data-verdict="draining"]');
+  await shot('approved');
+});
+
+await check('an approval is spent once: approving it again is refused', { allow: [409] }, async () => {
+  await page.fill('#approve-justification', 'browser test: twice');
+  await page.click('#approve-submit');
+  await visible('#approve-result .refusal[data-reason="already_approved"]');
+});
+
+await check('the approver puts the instance back, and the operator signs in again', {}, async () => {
+  await page.selectOption('#override-action', 'maintenance_off');
+  await page.fill('#override-justification', 'browser test: approved work done');
+  await page.click('#override-submit');
+  await visible('#override-result .granted[data-applied="1"]');
+  const seen = await ask({ what: 'cli_verdict', instance: second, want: 'eligible' });
+  expect(seen.verdict === 'eligible', `the CLI sees ${JSON.stringify(seen)}`);
+  await signInAs(TOKEN, 'token/dev');
 });
 
 await check('the override is put back from the page', {}, async () => {
@@ -257,6 +363,14 @@ await check('the audit log filters by kind, service and actor', {}, async () => 
   expect(outcomes.filter((o) => o === 'granted').length >= 2, `outcomes: ${outcomes}`);
   expect((await text('table.audit')).includes('browser test: one too many'), 'the justification shown');
   await shot('audit');
+  // The approval is the approver's record, naming the request and who asked.
+  await page.fill('#audit-actor', 'token/approver');
+  await page.click('form.filters button[type=submit]');
+  await page.waitForURL(/actor=token%2Fapprover$/, { timeout: WAIT });
+  const approval = 'table.audit tr[data-kind="override"][data-outcome="approved"]';
+  await visible(approval);
+  const detail = JSON.parse(await page.locator(`${approval} details.json pre`).first().textContent());
+  expect(detail.approves === refused && detail.requested_by === 'token/dev', `the approval's detail: ${JSON.stringify(detail)}`);
 });
 
 await check('live: a backend switched to fail-hard shows as ineligible without a reload', {}, async () => {
@@ -303,18 +417,32 @@ await check('zones: evacuate and shift back, and a refusal as the API gives it',
   await visible('#zone-result .granted[data-zone="az3"][data-action="shift_back"]');
 });
 
-await check('the federation page says this dev member runs no federation endpoint', {}, async () => {
+await check('the federation page lists the peer region, fresh, with its age', {}, async () => {
   await go('federation');
-  expect((await text('[data-test="federation-off"]')).includes('region dev'), 'the region named');
+  const row = `table.regions tr[data-region="${PEER}"]`;
+  await page.waitForFunction((r) => document.querySelector(`${r}[data-stale="false"] td.links`)?.textContent === '1/1', row, { timeout: WAIT });
+  // Fresh means heard within stale_after; the peer's digests go every 200 ms.
+  const age = await page.locator(`${row} td.age`).getAttribute('data-age-ms');
+  expect(age !== '' && Number(age) <= PEER_STALE_MS, `its age: ${age} ms`);
+  const shown = await text(`${row} td.age`);
+  expect(/^\d+(\.\d)? m?s$/.test(shown), `its age as shown: ${shown}`);
+  const facts = await text('p.facts');
+  expect(facts.includes('region dev') && /serving .*web@\d+/.test(facts), `this region: ${facts}`);
+  // Entries flowed, not only a handshake: this member holds the peer region's aggregates.
+  await page.waitForFunction((s) => /\S+@\d+/.test(document.querySelector(s)?.textContent ?? ''), `${row} td.versions`, { timeout: WAIT });
   await shot('federation');
 });
 
-await check('the proxies page shows the dev node agent in sync and its session open', {}, async () => {
-  await go('proxies');
-  await visible('table.agents tr[data-node="dev-node"] .s-synced');
-  expect((await text('table.agents tr[data-node="dev-node"]')).includes('delta'), 'the protocol');
-  await visible('section.node[data-node="dev-node"] .ok');
-  await shot('proxies');
+await check('a peer region gone silent shows as stale, its entry kept', {}, async () => {
+  await ask({ what: 'stop_peer' });
+  const row = `table.regions tr[data-region="${PEER}"]`;
+  await visible(`${row}[data-stale="true"]`);
+  const age = await page.locator(`${row} td.age`).getAttribute('data-age-ms');
+  expect(Number(age) > PEER_STALE_MS, `stale at an age of ${age} ms`);
+  expect((await text(`${row}`)).includes('stale'), 'the state shown');
+  const kept = await text(`${row} td.versions`);
+  expect(/\S+@\d+/.test(kept), `its entries kept: ${kept}`);
+  await shot('federation-stale');
 });
 
 await check('a token the API stops accepting returns the page to sign-in with the refusal', { allow: [401] }, async () => {
