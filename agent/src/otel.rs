@@ -21,8 +21,9 @@
 //!
 //! Spans are per decision, never per endpoint, so their number does not grow with the
 //! estate: one per evaluation that released views, per release, per Raft commit of
-//! releases, per xDS delivery of a committed entry, per evidence batch; counts and
-//! versions ride as attributes (names under `waymark.`).
+//! releases, per xDS delivery of a committed entry, per evidence batch, and per release
+//! and hop from its send to its last client's acknowledgement (`waymark.xds.ack`, see
+//! [`AckSpans`]); counts and versions ride as attributes (names under `waymark.`).
 //!
 //! How a withdrawal's trace holds together: inside the authority the spans are parent and
 //! child (evaluate → release → raft.commit → xds.publish), joined by the view version —
@@ -35,6 +36,9 @@
 //! collector. On the evidence path the agent's send and the authority's admission are
 //! joined by reporter and count, and each release's evaluation links to the admissions
 //! since the release before it (`authority::hub`).
+
+mod acks;
+pub use acks::{ACK_WAIT_MAX, AckLedger, AckOutcome, AckSpans, OPEN_MAX};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};

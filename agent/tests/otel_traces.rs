@@ -1,8 +1,8 @@
 //! Trace export against a small OTLP/gRPC receiver run in the test (opentelemetry-proto's
 //! collector service on tonic): a dev region started with `OTEL_*` settings passed as a
 //! value exports the spans of a withdrawal — evaluation, release, Raft commit, the
-//! authority's xDS publish, the node agent's apply and its send to sidecars — with their
-//! parent/child links and versions, and an evidence batch's send and admission. With
+//! authority's xDS publish, the node agent's apply, its send to sidecars and a real
+//! Envoy's acknowledgement — with their parent/child links and versions, and an evidence batch's send and admission. With
 //! nothing configured nothing is exported, and a bad `OTEL_*` value stops `waymark dev`
 //! naming the variable.
 #![allow(clippy::unwrap_used)]
@@ -25,6 +25,7 @@ use waymark_agent::otel::{OtelSettings, Telemetry};
 use waymark_testkit::until;
 
 use crate::common;
+use crate::support::{Envoy, EnvoyConfig, Route, Xds, XdsMode};
 use common::dev::WAIT;
 
 /// One span as the receiver got it.
@@ -37,6 +38,8 @@ struct Received {
     parent: Vec<u8>,
     links: Vec<Vec<u8>>,
     start_ns: u64,
+    /// The span's status said it failed.
+    failed: bool,
     attributes: BTreeMap<String, String>,
 }
 
@@ -91,6 +94,8 @@ impl TraceService for Receiver {
                         parent: s.parent_span_id,
                         links: s.links.into_iter().map(|l| l.span_id).collect(),
                         start_ns: s.start_time_unix_nano,
+                        // StatusCode::Error
+                        failed: s.status.as_ref().is_some_and(|st| st.code == 2),
                         attributes: s
                             .attributes
                             .iter()
@@ -138,9 +143,10 @@ fn dev_args(dir: &std::path::Path) -> DevArgs {
 }
 
 /// The withdrawal's chain, once the receiver holds all of it: a release of `web` begun
-/// after `since_ns`, its evaluation, its commit and publish, and the agent's apply of a
-/// version it carried with the send to sidecars under it.
-fn withdrawal_chain(spans: &[Received], since_ns: u64) -> Option<[Received; 6]> {
+/// after `since_ns`, its evaluation, its commit and publish, the agent's apply of a
+/// version it carried with the send to sidecars under it, and under the send the
+/// sidecars' acknowledgement.
+fn withdrawal_chain(spans: &[Received], since_ns: u64) -> Option<[Received; 7]> {
     fn named<'a>(spans: &'a [Received], name: &'a str) -> impl Iterator<Item = &'a Received> {
         spans.iter().filter(move |s| s.name == name)
     }
@@ -167,6 +173,7 @@ fn withdrawal_chain(spans: &[Received], since_ns: u64) -> Option<[Received; 6]> 
                 a.service == "waymark-agent" && lo <= v && v <= hi
             })?;
             let send = named(spans, "waymark.xds.send").find(|s| s.parent == apply.id)?;
+            let ack = named(spans, "waymark.xds.ack").find(|a| a.parent == send.id)?;
             Some([
                 evaluate.clone(),
                 release.clone(),
@@ -174,6 +181,7 @@ fn withdrawal_chain(spans: &[Received], since_ns: u64) -> Option<[Received; 6]> 
                 publish,
                 apply.clone(),
                 send.clone(),
+                ack.clone(),
             ])
         })
 }
@@ -207,6 +215,26 @@ async fn a_withdrawal_and_an_evidence_batch_are_traced_end_to_end() {
     })
     .await;
 
+    // A real sidecar behind the dev agent, holding web: its acknowledgement closes the
+    // withdrawal's last span.
+    let envoy = Envoy::start(EnvoyConfig {
+        node_id: "sidecar-traced".into(),
+        region: "dev".into(),
+        zone: "az1".into(),
+        xds: Some(Xds {
+            addr: dev.agent().bound().xds,
+            mode: XdsMode::Delta,
+        }),
+        routes: vec![Route::new("/", "web")],
+        ..EnvoyConfig::default()
+    })
+    .await;
+    envoy
+        .wait_until("Envoy holds web's 6 endpoints", WAIT, async || {
+            envoy.cluster_endpoints("web").await.map(|e| e.len()) == Some(6)
+        })
+        .await;
+
     let since_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -214,7 +242,7 @@ async fn a_withdrawal_and_an_evidence_batch_are_traced_end_to_end() {
     let control = ApiClient::new(&dev.backends_api().to_string(), None);
     common::dev::set_mode(&control, "web-az1-1", "fail-hard").await;
 
-    let [evaluate, release, commit, publish, apply, send] =
+    let [evaluate, release, commit, publish, apply, send, ack] =
         until("the withdrawal's spans at the receiver", WAIT, async || {
             withdrawal_chain(&receiver.spans(), since_ns)
         })
@@ -238,6 +266,15 @@ async fn a_withdrawal_and_an_evidence_batch_are_traced_end_to_end() {
     assert_eq!(send.trace, apply.trace);
     assert_eq!(send.attr("waymark.xds.hop"), "agent_sidecar");
     assert!(send.int("waymark.xds.served_version") > 0, "{send:?}");
+    // The sidecar's acknowledgement: the one client holding web acknowledged the release.
+    assert_eq!(ack.attr("waymark.xds.hop"), "agent_sidecar");
+    assert_eq!(ack.int("waymark.xds.expected"), 1, "{ack:?}");
+    assert_eq!(ack.int("waymark.xds.acked"), 1, "{ack:?}");
+    assert!(!ack.failed, "{ack:?}");
+    assert_eq!(
+        ack.attr("waymark.view.version"),
+        apply.attr("waymark.view.version")
+    );
 
     // An evidence batch: sent by the agent, admitted by the authority, and a release's
     // evaluation links to the admissions since the release before it.
@@ -279,6 +316,7 @@ async fn a_withdrawal_and_an_evidence_batch_are_traced_end_to_end() {
         spans.iter().all(|s| s.name.starts_with("waymark.")),
         "{spans:?}"
     );
+    drop(envoy);
     drop(dev);
 }
 

@@ -115,6 +115,11 @@ impl PropagationSink {
     pub fn new(f: impl Fn(Propagation) + Send + Sync + 'static) -> Self {
         Self(Arc::new(f))
     }
+
+    /// Report `p` to the sink (for a sink that passes each release on to another).
+    pub fn report(&self, p: Propagation) {
+        (self.0)(p);
+    }
 }
 
 impl std::fmt::Debug for PropagationSink {

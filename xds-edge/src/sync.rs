@@ -31,6 +31,9 @@ pub const PENDING_RELEASES_MAX: usize = 64;
 /// One release acknowledged by one client: how long after the release, by which path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Propagation {
+    /// When the release was made ([`Released::at`]): which release this is, on the
+    /// server's clock (every resource one update released shares it).
+    pub released_at: Instant,
     /// The withdrawal or admission path.
     pub path: Path,
     /// From the release to the client's acknowledgement.
@@ -198,6 +201,7 @@ pub fn propagation(r: Released, since: Instant, now: Instant) -> Option<Propagat
     (r.at >= since).then(|| {
         let took = now.saturating_duration_since(r.at);
         Propagation {
+            released_at: r.at,
             path: r.path,
             took,
             whole: r.carried.map(|c| c.saturating_add(took)),
@@ -334,11 +338,13 @@ mod tests {
             timed,
             vec![
                 Propagation {
+                    released_at: t0 + s,
                     path: Path::Withdrawal,
                     took: 3 * s,
                     whole: None,
                 },
                 Propagation {
+                    released_at: t0 + 2 * s,
                     path: Path::Admission,
                     took: 2 * s,
                     whole: None,
@@ -370,6 +376,7 @@ mod tests {
         assert_eq!(
             c.acked_at("eds", "1-1", t0 + 12 * s),
             vec![Propagation {
+                released_at: t0 + 11 * s,
                 path: Path::Withdrawal,
                 took: s,
                 whole: None,
@@ -393,6 +400,7 @@ mod tests {
         assert_eq!(
             c.acked_at("eds", "1-1", t0 + 3 * s),
             vec![Propagation {
+                released_at: t0 + s,
                 path: Path::Withdrawal,
                 took: 2 * s,
                 whole: Some(Duration::from_millis(2700)),

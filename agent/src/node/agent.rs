@@ -150,9 +150,21 @@ impl NodeAgent {
         // 3. The local xDS + LRS server, serving the cache at once.
         // What each sidecar was sent is kept for `proxy-config`: a host's few clients
         // afford it (see `ServerConfig::record_held`).
+        let acks = Arc::new(crate::otel::AckSpans::new(
+            telemetry.clone(),
+            crate::metrics::HOP_AGENT_SIDECAR,
+        ));
+        let on_propagated = {
+            let histograms = metrics.propagation.sink(crate::metrics::HOP_AGENT_SIDECAR);
+            let acks = Arc::clone(&acks);
+            waymark_xds::server::PropagationSink::new(move |p| {
+                histograms.report(p);
+                acks.acked(p.released_at, p.took);
+            })
+        };
         let (xds, publisher) = XdsServer::new(ServerConfig {
             record_held: true,
-            on_propagated: Some(metrics.propagation.sink(crate::metrics::HOP_AGENT_SIDECAR)),
+            on_propagated: Some(on_propagated),
             ..ServerConfig::default()
         });
         let (lrs_tx, mut lrs_rx) = mpsc::channel::<Vec<WireSample>>(16);
@@ -208,6 +220,7 @@ impl NodeAgent {
             confirmed_at: Mutex::new(confirmed_at),
             started_from,
             telemetry: telemetry.clone(),
+            acks,
             gossip: gossip_rx,
             outbound: outbound_tx.clone(),
             heartbeat: Mutex::new(Instant::now()),
@@ -602,13 +615,14 @@ async fn apply_loop(
                     .release_ages_ignored
                     .inc_by(state.ages_ignored.saturating_sub(counted));
                 let received = SystemTime::now();
+                let released_at = now();
                 let mut view = shared.lock_view();
-                let changes = view.apply(&state.types, now());
+                let changes = view.apply(&state.types, released_at);
                 if !changes.is_empty() || !changes.refused.is_empty() {
                     tracing::info!(services = changes.services.len(), other = changes.other, refused = changes.refused.len(), "upstream view applied");
                 }
                 shared.publish(&view, &changes);
-                shared.trace_apply(&view, &changes, received);
+                shared.trace_apply(&view, &changes, received, released_at);
                 if state.connected {
                     *shared.confirmed_at.lock().unwrap_or_else(PoisonError::into_inner) = SystemTime::now();
                 }
@@ -623,6 +637,8 @@ async fn apply_loop(
             }
             _ = tick.tick() => {
                 *shared.heartbeat.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+                // A release some sidecar never acknowledges ends its span here.
+                shared.acks.expire(now());
                 if *connected.borrow() {
                     *shared.confirmed_at.lock().unwrap_or_else(PoisonError::into_inner) = SystemTime::now();
                 }

@@ -83,6 +83,8 @@ pub(crate) struct Shared {
     pub(crate) aged: Mutex<BTreeSet<String>>,
     /// Trace export (see `crate::otel`).
     pub(crate) telemetry: crate::otel::Telemetry,
+    /// The sidecars' acknowledgements of each traced release (`waymark.xds.ack`).
+    pub(crate) acks: Arc<crate::otel::AckSpans>,
 }
 
 impl Shared {
@@ -95,7 +97,13 @@ impl Shared {
     /// client acknowledges what it applied) and, its child, the agent → sidecar send
     /// (`waymark.xds.send`). One pair per update, with counts and versions: the upstream
     /// version is the authority's, which joins these spans to its release's trace.
-    pub(super) fn trace_apply(&self, view: &LocalView, changes: &Changes, received: SystemTime) {
+    pub(super) fn trace_apply(
+        &self,
+        view: &LocalView,
+        changes: &Changes,
+        received: SystemTime,
+        released_at: std::time::Instant,
+    ) {
         use opentelemetry::KeyValue;
         if !self.telemetry.is_on() || changes.services.is_empty() {
             return;
@@ -128,16 +136,29 @@ impl Shared {
         let apply =
             self.telemetry
                 .span_from("waymark.xds.apply", Some(received), None, &[], attributes);
+        let sync = self.xds.sync_state();
+        let clients = sync.len();
+        let holders = holders(&sync, &changes.services);
         let mut attributes = common.to_vec();
         attributes.push(KeyValue::new("waymark.xds.hop", "agent_sidecar"));
         attributes.push(KeyValue::new("waymark.xds.served_version", served as i64));
-        attributes.push(KeyValue::new(
-            "waymark.xds.clients",
-            self.xds.sync_state().len() as i64,
-        ));
-        self.telemetry
-            .span("waymark.xds.send", Some(&apply.context()), &[], attributes)
-            .end();
+        attributes.push(KeyValue::new("waymark.xds.clients", clients as i64));
+        let send = self
+            .telemetry
+            .span("waymark.xds.send", Some(&apply.context()), &[], attributes);
+        // The sidecars' acknowledgements of this release, under its send: the span ends
+        // when every client holding one of the changed services has acknowledged it (or
+        // at the wait's end).
+        let mut attributes = common.to_vec();
+        attributes.push(KeyValue::new("waymark.xds.served_version", served as i64));
+        self.acks.sent(
+            released_at,
+            SystemTime::now(),
+            &send.context(),
+            holders,
+            attributes,
+        );
+        send.end();
         apply.end();
     }
 
@@ -248,4 +269,18 @@ impl Shared {
             .elapsed()
             < Duration::from_secs(10)
     }
+}
+
+/// The clients holding the endpoints of one of `services` (each service's load
+/// assignment is named after it): those a release of them is sent to.
+fn holders(clients: &[waymark_xds::sync::ClientSync], services: &BTreeSet<String>) -> usize {
+    clients
+        .iter()
+        .filter(|c| {
+            c.types
+                .get(waymark_xds::translate::TYPE_ENDPOINT)
+                .and_then(|t| t.held.as_ref())
+                .is_some_and(|held| held.keys().any(|name| services.contains(name)))
+        })
+        .count()
 }
