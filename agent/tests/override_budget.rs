@@ -140,6 +140,25 @@ async fn the_budget_refuses_what_would_break_a_zone_and_a_second_principal_can_a
         (StatusCode::NOT_FOUND, "not_awaiting_approval"),
         "{body}"
     );
+    // A principal that may not read the audit log learns nothing from an approval's
+    // refusal: whether a number awaits approval, or was approved, is refused as a read.
+    let (status, minted) = call(
+        &api,
+        Method::POST,
+        "/v1/acl/tokens",
+        Some(json!({"name": "nobody", "ttl_s": 3600, "grants": []})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{minted}");
+    let nobody = a.api_client(Some(minted["token"].as_str().unwrap().to_owned()));
+    for n in [seq, 9_999] {
+        let (status, body) = call(&nobody, Method::POST, &approve(n), Some(why.clone())).await;
+        assert_eq!(
+            (status, reason(&body)),
+            (StatusCode::FORBIDDEN, "forbidden"),
+            "{n}: {body}"
+        );
+    }
     until("the approved override applied", WAIT, async || {
         let (_, e) = call(
             &api,

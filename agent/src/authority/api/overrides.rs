@@ -226,13 +226,24 @@ pub(super) async fn approve_override(
     let request = s.raft.with_state(|st, _| {
         budget::approvable(st, seq, &actor, now_ms()).map(|e| (e.actor.clone(), e.detail.clone()))
     });
-    let (requested_by, detail) = request.map_err(|e| {
-        let status = match e {
-            budget::ApprovalRefusal::NotAwaiting { .. } => StatusCode::NOT_FOUND,
-            _ => StatusCode::CONFLICT,
-        };
-        s.refuse(ApiError::new(status, e.reason(), None, e.to_string()))
-    })?;
+    let (requested_by, detail) = match request {
+        Ok(found) => found,
+        Err(e) => {
+            // Whether an audit number awaits approval, and by whom, is in the audit log:
+            // for principals who may read it, as `/v1/audit` is.
+            s.allow(
+                &caller,
+                Action::Read,
+                "POST /v1/overrides/{seq}/approve",
+                None,
+            )?;
+            let status = match e {
+                budget::ApprovalRefusal::NotAwaiting { .. } => StatusCode::NOT_FOUND,
+                _ => StatusCode::CONFLICT,
+            };
+            return Err(s.refuse(ApiError::new(status, e.reason(), None, e.to_string())));
+        }
+    };
     let instances: Vec<InstanceId> = detail
         .get("instances")
         .cloned()
