@@ -147,6 +147,7 @@ async fn node_agent(estate: &TestPkiDir, dir: &Path, upstream: SocketAddr) -> No
             xds: "127.0.0.1:0".parse().unwrap(),
             dns: "127.0.0.1:0".parse().unwrap(),
             http: "127.0.0.1:0".parse().unwrap(),
+            http_tokens_file: None,
             local_plaintext: false,
         },
         bounds: Bounds::default(),
