@@ -125,6 +125,21 @@ pub struct OtelSettings {
     pub batch_max: usize,
     /// How long a batch waits to fill (`OTEL_BSP_SCHEDULE_DELAY`, ms; default 5 s).
     pub schedule_delay: Duration,
+    /// TLS towards an `https://` collector (gRPC only): the roots that verify it, and a
+    /// client certificate to present, from `OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE`,
+    /// `_CLIENT_CERTIFICATE` and `_CLIENT_KEY` (PEM files, read at start). `None` for
+    /// `http://`.
+    pub tls: Option<OtelTls>,
+}
+
+/// TLS settings for an `https://` collector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtelTls {
+    /// PEM roots the collector's certificate must chain to. Required: trace export trusts
+    /// what it is told to, never the host's whole store.
+    pub ca: std::path::PathBuf,
+    /// A client certificate chain and key (PEM) for a collector that wants mutual TLS.
+    pub client: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// A refused `OTEL_*` value; nothing started. The role should stop with it at start.
@@ -216,6 +231,68 @@ impl OtelSettings {
                 OtelProtocol::HttpProtobuf => "http://localhost:4318/v1/traces".to_owned(),
             },
         };
+        let tls = if endpoint.starts_with("https://") {
+            let endpoint_var = if get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some() {
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+            } else {
+                "OTEL_EXPORTER_OTLP_ENDPOINT"
+            };
+            if protocol == OtelProtocol::HttpProtobuf {
+                return Err(bad(
+                    endpoint_var,
+                    &endpoint,
+                    "uses TLS, which the http/protobuf exporter does not support here: \
+                     use OTEL_EXPORTER_OTLP_PROTOCOL=grpc (or a local collector over http)",
+                ));
+            }
+            let traces_or = |traces: &'static str, base: &'static str| {
+                get(traces)
+                    .map(|v| (traces, v))
+                    .or_else(|| get(base).map(|v| (base, v)))
+            };
+            let Some((_, ca)) = traces_or(
+                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            ) else {
+                return Err(bad(
+                    endpoint_var,
+                    &endpoint,
+                    "uses TLS: name the collector's CA (PEM) in OTEL_EXPORTER_OTLP_CERTIFICATE",
+                ));
+            };
+            let cert = traces_or(
+                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            );
+            let key = traces_or(
+                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            );
+            let client = match (cert, key) {
+                (Some((_, c)), Some((_, k))) => Some((c.into(), k.into())),
+                (None, None) => None,
+                (Some((var, v)), None) => {
+                    return Err(bad(
+                        var,
+                        &v,
+                        "needs OTEL_EXPORTER_OTLP_CLIENT_KEY beside it",
+                    ));
+                }
+                (None, Some((var, v))) => {
+                    return Err(bad(
+                        var,
+                        &v,
+                        "needs OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE beside it",
+                    ));
+                }
+            };
+            Some(OtelTls {
+                ca: ca.into(),
+                client,
+            })
+        } else {
+            None
+        };
         let mut headers = BTreeMap::new();
         for var in [
             "OTEL_EXPORTER_OTLP_HEADERS",
@@ -265,6 +342,7 @@ impl OtelSettings {
             queue_max,
             batch_max,
             schedule_delay,
+            tls,
         }))
     }
 }
@@ -282,15 +360,12 @@ fn checked_endpoint(variable: &'static str, value: String) -> Result<String, Ote
         .parse()
         .map_err(|e| bad(variable, &value, &format!("is not a URL: {e}")))?;
     match uri.scheme_str() {
-        Some("http") if uri.host().is_some() => Ok(value),
-        // The exporter would need its own roots and TLS settings; a collector agent on
-        // loopback (or the node) is the supported shape for now.
-        Some("https") => Err(bad(
+        Some("http" | "https") if uri.host().is_some() => Ok(value),
+        _ => Err(bad(
             variable,
             &value,
-            "uses TLS, which trace export does not support yet (send to a local collector over http)",
+            "is not an http:// or https:// URL with a host",
         )),
-        _ => Err(bad(variable, &value, "is not an http:// URL with a host")),
     }
 }
 
@@ -647,6 +722,28 @@ impl Spanned {
     }
 }
 
+/// The gRPC exporter's TLS: the named roots only, and the client identity if any.
+fn tls_config(tls: &OtelTls) -> Result<tonic::transport::ClientTlsConfig, OtelError> {
+    let read = |variable: &'static str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| {
+            bad(
+                variable,
+                &path.display().to_string(),
+                &format!("cannot be read: {e}"),
+            )
+        })
+    };
+    let ca = read("OTEL_EXPORTER_OTLP_CERTIFICATE", &tls.ca)?;
+    let mut config = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(ca));
+    if let Some((cert, key)) = &tls.client {
+        let cert = read("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", cert)?;
+        let key = read("OTEL_EXPORTER_OTLP_CLIENT_KEY", key)?;
+        config = config.identity(tonic::transport::Identity::from_pem(cert, key));
+    }
+    Ok(config)
+}
+
 fn build_exporter(settings: &OtelSettings) -> Result<opentelemetry_otlp::SpanExporter, OtelError> {
     let built = match settings.protocol {
         OtelProtocol::Grpc => {
@@ -666,12 +763,15 @@ fn build_exporter(settings: &OtelSettings) -> Result<opentelemetry_otlp::SpanExp
                 })?;
                 metadata.insert(key, value);
             }
-            opentelemetry_otlp::SpanExporter::builder()
+            let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(settings.endpoint.clone())
                 .with_timeout(settings.timeout)
-                .with_metadata(metadata)
-                .build()
+                .with_metadata(metadata);
+            if let Some(tls) = &settings.tls {
+                builder = builder.with_tls_config(tls_config(tls)?);
+            }
+            builder.build()
         }
         OtelProtocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
             .with_http()

@@ -433,3 +433,66 @@ async fn spans_sent_over_http_protobuf_arrive_too() {
     assert_eq!(child.int("waymark.views"), 3);
     assert_eq!(telemetry.dropped_spans(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_https_collector_that_wants_mutual_tls() {
+    // Goal: with OTEL_EXPORTER_OTLP_CERTIFICATE naming the collector's CA, and a client
+    // certificate and key, spans reach a collector over TLS that admits only clients of
+    // that CA; the collector is checked by the name dialled.
+    waymark_certs::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let pki =
+        waymark_certs::testing::TestPkiDir::init(&dir.path().join("pki"), "otel.test", &["eu"]);
+    let loopback = [waymark_certs::ca::HostSan::Ip([127, 0, 0, 1].into())];
+    let server = pki.issue_with_hosts("region/eu/authority/collector", &loopback);
+    let client = pki.issue("region/eu/node/n1");
+    let pem = |p: &std::path::Path| std::fs::read(p).unwrap();
+    let tls = tonic::transport::ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(
+            pem(&server.cert_chain),
+            pem(&server.key),
+        ))
+        .client_ca_root(tonic::transport::Certificate::from_pem(pem(&pki.bundle())));
+    let receiver = Receiver::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .tls_config(tls)
+            .unwrap()
+            .add_service(TraceServiceServer::new(receiver.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let settings = OtelSettings::from_env([
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("https://{addr}")),
+        (
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            pki.bundle().display().to_string(),
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            client.cert_chain.display().to_string(),
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            client.key.display().to_string(),
+        ),
+        ("OTEL_BSP_SCHEDULE_DELAY", "10".to_owned()),
+    ])
+    .unwrap();
+    assert!(settings.as_ref().unwrap().tls.is_some());
+    let telemetry = Telemetry::start(settings.as_ref(), "waymark-agent").unwrap();
+    telemetry.span("waymark.test.tls", None, &[], vec![]).end();
+    until(
+        "the span at the TLS collector",
+        Duration::from_secs(10),
+        async || {
+            receiver
+                .spans()
+                .iter()
+                .any(|s| s.name == "waymark.test.tls" && s.service == "waymark-agent")
+        },
+    )
+    .await;
+    assert_eq!(telemetry.dropped_spans(), 0);
+}

@@ -103,6 +103,65 @@ fn every_variable_is_read() {
 }
 
 #[test]
+fn an_https_collector_is_verified_against_the_named_roots_and_may_take_a_client_certificate() {
+    let s = parse(&[
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "https://collector.example:4317",
+        ),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/otel/ca.pem"),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            "/etc/otel/traces-ca.pem",
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            "/etc/otel/client.pem",
+        ),
+        ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/etc/otel/client.key"),
+    ])
+    .unwrap()
+    .unwrap();
+    assert_eq!(s.endpoint, "https://collector.example:4317");
+    assert_eq!(
+        s.tls,
+        Some(OtelTls {
+            ca: "/etc/otel/traces-ca.pem".into(),
+            client: Some(("/etc/otel/client.pem".into(), "/etc/otel/client.key".into())),
+        }),
+        "the traces variable wins over the general one"
+    );
+    let plain = parse(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317"),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/otel/ca.pem"),
+    ])
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        plain.tls, None,
+        "TLS settings apply to an https:// endpoint only"
+    );
+    let e = refused(&[(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "https://collector.example:4317",
+    )]);
+    assert!(e.contains("OTEL_EXPORTER_OTLP_CERTIFICATE"), "{e}");
+}
+
+#[tokio::test]
+async fn an_unreadable_ca_stops_the_start_naming_its_variable() {
+    let s = parse(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4317"),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem"),
+    ])
+    .unwrap();
+    let e = Telemetry::start(s.as_ref(), AGENT_SERVICE)
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("OTEL_EXPORTER_OTLP_CERTIFICATE: "), "{e}");
+}
+
+#[test]
 fn a_bad_value_is_refused_naming_its_variable() {
     // Goal: each refusal starts with the variable's name, so the operator knows what to fix.
     let on = ("OTEL_TRACES_EXPORTER", "otlp");
@@ -160,6 +219,22 @@ fn a_bad_value_is_refused_naming_its_variable() {
             "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
         ),
         (&[on, ("OTEL_SDK_DISABLED", "yes")], "OTEL_SDK_DISABLED"),
+        (
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/ca.pem"),
+            ],
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ),
+        (
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4317"),
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/ca.pem"),
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/client.pem"),
+            ],
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        ),
     ];
     for (vars, variable) in cases {
         let e = refused(vars);
