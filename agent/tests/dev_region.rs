@@ -21,7 +21,6 @@ use std::process::{Command, Stdio};
 use common::dev::{WAIT, operator_command, set_mode};
 use http::Method;
 use serde_json::{Value, json};
-use support::{Envoy, EnvoyConfig, Route, Xds, XdsMode};
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::dev::{DevArgs, DevRegion};
 use waymark_testkit::until;
@@ -208,26 +207,13 @@ async fn proxy_status_lists_a_real_envoy_under_its_agent_and_proxy_config_shows_
         (verdicts(&api, "web").await["eligible"] == 6).then_some(())
     })
     .await;
-    let envoy = Envoy::start(EnvoyConfig {
-        node_id: "sidecar-web-1".into(),
-        node_cluster: "web-client".into(),
-        region: "dev".into(),
-        zone: "az1".into(),
-        xds: Some(Xds {
-            addr: dev.agent().bound().xds,
-            mode: XdsMode::Delta,
-        }),
-        routes: vec![Route::new("/", "web")],
-        ..EnvoyConfig::default()
-    })
-    .await;
-    envoy.wait_live(WAIT).await;
+    let envoy = common::dev::envoy_on_web(&dev, "sidecar-web-1", "web-client").await;
     let held: BTreeSet<SocketAddr> = envoy
-        .wait_for("Envoy holds web's 6 endpoints", WAIT, async || {
-            let eps = envoy.cluster_endpoints("web").await?;
-            (eps.len() == 6).then(|| eps.into_iter().collect())
-        })
-        .await;
+        .cluster_endpoints("web")
+        .await
+        .expect("Envoy holds web")
+        .into_iter()
+        .collect();
 
     // proxy-status: the dev agent, and under it the Envoy, in sync.
     let status: Value = until("proxy-status lists the Envoy as SYNCED", WAIT, async || {

@@ -25,7 +25,6 @@ use waymark_agent::otel::{OtelSettings, Telemetry};
 use waymark_testkit::until;
 
 use crate::common;
-use crate::support::{Envoy, EnvoyConfig, Route, Xds, XdsMode};
 use common::dev::WAIT;
 
 /// One span as the receiver got it.
@@ -217,23 +216,7 @@ async fn a_withdrawal_and_an_evidence_batch_are_traced_end_to_end() {
 
     // A real sidecar behind the dev agent, holding web: its acknowledgement closes the
     // withdrawal's last span.
-    let envoy = Envoy::start(EnvoyConfig {
-        node_id: "sidecar-traced".into(),
-        region: "dev".into(),
-        zone: "az1".into(),
-        xds: Some(Xds {
-            addr: dev.agent().bound().xds,
-            mode: XdsMode::Delta,
-        }),
-        routes: vec![Route::new("/", "web")],
-        ..EnvoyConfig::default()
-    })
-    .await;
-    envoy
-        .wait_until("Envoy holds web's 6 endpoints", WAIT, async || {
-            envoy.cluster_endpoints("web").await.map(|e| e.len()) == Some(6)
-        })
-        .await;
+    let envoy = common::dev::envoy_on_web(&dev, "sidecar-traced", "web-client").await;
 
     let since_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)

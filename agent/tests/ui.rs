@@ -36,7 +36,7 @@ use std::time::{Duration, SystemTime};
 use common::dev::WAIT;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{Envoy, EnvoyConfig, Route, Xds, XdsMode};
+use support::Envoy;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use waymark_agent::api_client::ApiClient;
 use waymark_agent::authority::member::Authority;
@@ -294,29 +294,9 @@ async fn envoy_clusters(envoy: &Envoy) -> BTreeMap<String, Vec<String>> {
         .collect()
 }
 
-/// A real Envoy on the dev node agent's local xDS (Delta ADS, as the dev guide's), once it
-/// holds web's six endpoints.
+/// A real Envoy on the dev node agent's local xDS, once it holds web's six endpoints.
 async fn start_envoy(dev: &DevRegion) -> Envoy {
-    let envoy = Envoy::start(EnvoyConfig {
-        node_id: SIDECAR.into(),
-        node_cluster: SIDECAR_CLUSTER.into(),
-        region: "dev".into(),
-        zone: "az1".into(),
-        xds: Some(Xds {
-            addr: dev.agent().bound().xds,
-            mode: XdsMode::Delta,
-        }),
-        routes: vec![Route::new("/", "web")],
-        ..EnvoyConfig::default()
-    })
-    .await;
-    envoy.wait_live(WAIT).await;
-    envoy
-        .wait_until("Envoy holds web's 6 endpoints", WAIT, async || {
-            envoy.cluster_endpoints("web").await.map(|e| e.len()) == Some(6)
-        })
-        .await;
-    envoy
+    common::dev::envoy_on_web(dev, SIDECAR, SIDECAR_CLUSTER).await
 }
 
 /// Federation on `bind` with one peer member, `region/<region>/authority/1` at `addr`,

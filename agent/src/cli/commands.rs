@@ -77,12 +77,7 @@ impl ApiArgs {
     /// A client for the API with the credential given.
     pub fn client(&self) -> anyhow::Result<ApiClient> {
         let token = match (&self.token, &self.token_file) {
-            (_, Some(path)) => Some(
-                std::fs::read_to_string(path)
-                    .with_context(|| format!("reading the token file {}", path.display()))?
-                    .trim()
-                    .to_owned(),
-            ),
+            (_, Some(path)) => Some(read_token_file(path)?),
             (Some(token), None) => Some(token.trim().to_owned()),
             (None, None) => None,
         };
@@ -109,6 +104,14 @@ impl ApiArgs {
     }
 }
 
+/// The bearer token in `path` (surrounding whitespace is not token).
+fn read_token_file(path: &Path) -> anyhow::Result<String> {
+    Ok(std::fs::read_to_string(path)
+        .with_context(|| format!("reading the token file {}", path.display()))?
+        .trim()
+        .to_owned())
+}
+
 /// A client of a node agent's local HTTP API at `addr`: over TLS when it is `https://`
 /// (checked against `bundle`, which must then be given), presenting the token in
 /// `token_file` when one is given.
@@ -117,15 +120,7 @@ fn agent_client(
     token_file: Option<&Path>,
     bundle: Option<&Path>,
 ) -> anyhow::Result<ApiClient> {
-    let token = match token_file {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("reading the token file {}", path.display()))?
-                .trim()
-                .to_owned(),
-        ),
-        None => None,
-    };
+    let token = token_file.map(read_token_file).transpose()?;
     let client = ApiClient::new(addr, token);
     if !addr.starts_with("https://") {
         return Ok(client);

@@ -26,6 +26,37 @@ pub async fn start(dir: &Path) -> DevRegion {
     .expect("the dev region starts")
 }
 
+/// A real Envoy (`ENVOY_BIN`) on the dev node agent's local xDS, Delta ADS as the dev
+/// guide's, as node `node_id` of cluster `node_cluster` in az1, routing `/` to web; returned
+/// once it is live and holds web's six endpoints.
+pub async fn envoy_on_web(
+    dev: &DevRegion,
+    node_id: &str,
+    node_cluster: &str,
+) -> crate::support::Envoy {
+    use crate::support::{Envoy, EnvoyConfig, Route, Xds, XdsMode};
+    let envoy = Envoy::start(EnvoyConfig {
+        node_id: node_id.into(),
+        node_cluster: node_cluster.into(),
+        region: "dev".into(),
+        zone: "az1".into(),
+        xds: Some(Xds {
+            addr: dev.agent().bound().xds,
+            mode: XdsMode::Delta,
+        }),
+        routes: vec![Route::new("/", "web")],
+        ..EnvoyConfig::default()
+    })
+    .await;
+    envoy.wait_live(WAIT).await;
+    envoy
+        .wait_until("Envoy holds web's 6 endpoints", WAIT, async || {
+            envoy.cluster_endpoints("web").await.map(|e| e.len()) == Some(6)
+        })
+        .await;
+    envoy
+}
+
 /// One API call: the status and the JSON body (`Null` when it is not JSON).
 pub use super::call;
 
