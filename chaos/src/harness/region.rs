@@ -196,17 +196,6 @@ impl RegionAuthority {
     pub fn log_tail(&self, n: usize) -> String {
         self.process.log_tail(n)
     }
-
-    /// Whether it still runs, and the last `n` lines of its log: what a failed wait on
-    /// something it serves (Envoy's routing) should show beside the waiter's own log.
-    pub fn describe(&mut self, n: usize) -> String {
-        let state = if self.process.is_running() {
-            "running"
-        } else {
-            "not running"
-        };
-        format!("node agent ({state}) log:\n{}", self.log_tail(n))
-    }
 }
 
 /// The `[authority]` of [`RegionAuthority`] (without its `[authority.acl]`).
