@@ -33,7 +33,7 @@ use crate::gossip::{Key, KeyId};
 impl ApiState {
     /// Serve the keyring routes from `pool`.
     pub fn with_keyring(mut self, pool: Arc<KeyringPool>) -> Self {
-        self.keyring = Some(pool);
+        self.setup().keyring = Some(pool);
         self
     }
 }

@@ -25,7 +25,7 @@ use crate::evidence::{CLIENT_ID_BYTES_MAX, ClientConfigBody, SidecarReportBody};
 impl ApiState {
     /// Serve the sidecar routes from the evidence hub's reports and broker.
     pub fn with_sidecars(mut self, sidecars: SidecarsHandle) -> Self {
-        self.sidecars = sidecars;
+        self.setup().sidecars = sidecars;
         self
     }
 }
