@@ -185,9 +185,14 @@ impl AuthMetrics {
 #[derive(Debug)]
 struct Loaded {
     /// Modification time and length of the file when read.
-    stamp: (Option<SystemTime>, u64),
+    stamp: Stamp,
     digests: Vec<[u8; 32]>,
+    /// The file as it was when a reread last failed (`None`: it could not be found):
+    /// until it changes again, requests do not reread, count or log it again.
+    refused: Option<Option<Stamp>>,
 }
+
+type Stamp = (Option<SystemTime>, u64);
 
 /// The tokens of `[agent.listen] http_tokens_file`, reread when the file changes.
 #[derive(Debug)]
@@ -224,15 +229,22 @@ impl LocalTokens {
 
     /// Rereads the file if its stamp changed; a failed reread keeps the tokens in force.
     async fn refresh(&self) {
-        let Ok(meta) = tokio::fs::metadata(&self.path).await else {
+        let stamp = tokio::fs::metadata(&self.path)
+            .await
+            .ok()
+            .map(|meta| (meta.modified().ok(), meta.len()));
+        {
+            let loaded = self.lock();
+            if stamp == Some(loaded.stamp) || loaded.refused == Some(stamp) {
+                // Unchanged, or refused as it is now: said once already.
+                return;
+            }
+        }
+        let Some(stamp) = stamp else {
             // Gone or unreadable: the next successful read decides; keep what we have.
-            self.reload_failed("the file cannot be read");
+            self.reload_failed(None, "the file cannot be read");
             return;
         };
-        let stamp = (meta.modified().ok(), meta.len());
-        if self.lock().stamp == stamp {
-            return;
-        }
         let path = self.path.clone();
         let read = tokio::task::spawn_blocking(move || read(&path)).await;
         match read {
@@ -244,12 +256,13 @@ impl LocalTokens {
                 );
                 *self.lock() = fresh;
             }
-            Ok(Err(e)) => self.reload_failed(&e.to_string()),
-            Err(e) => self.reload_failed(&e.to_string()),
+            Ok(Err(e)) => self.reload_failed(Some(stamp), &e.to_string()),
+            Err(e) => self.reload_failed(Some(stamp), &e.to_string()),
         }
     }
 
-    fn reload_failed(&self, why: &str) {
+    fn reload_failed(&self, stamp: Option<Stamp>, why: &str) {
+        self.lock().refused = Some(stamp);
         self.metrics.reloads_failed.inc();
         tracing::warn!(
             file = %self.path.display(),
@@ -281,6 +294,7 @@ fn read(path: &Path) -> Result<Loaded, TokensError> {
     Ok(Loaded {
         stamp: (meta.modified().ok(), meta.len()),
         digests: parse_tokens(path, &text)?,
+        refused: None,
     })
 }
 
@@ -400,12 +414,20 @@ mod tests {
         assert_eq!(tokens.judge(Some(&bearer(A))).await, Verdict::Unknown);
         assert_eq!(tokens.judge(Some(&bearer(B))).await, Verdict::Admitted);
 
-        // A broken file: B stays in force, and the failed reread is counted.
+        // A broken file: B stays in force, and the failed reread is counted once, not
+        // once per request while the file stays as it is.
         std::fs::write(&path, "oops\n").unwrap();
         assert_eq!(tokens.judge(Some(&bearer(B))).await, Verdict::Admitted);
-        assert!(metrics.reloads_failed.get() >= 1);
+        assert_eq!(tokens.judge(Some(&bearer(B))).await, Verdict::Admitted);
+        assert_eq!(metrics.reloads_failed.get(), 1);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(tokens.judge(Some(&bearer(B))).await, Verdict::Admitted);
+        assert_eq!(tokens.judge(Some(&bearer(B))).await, Verdict::Admitted);
+        assert_eq!(metrics.reloads_failed.get(), 2, "gone: counted once more");
+        // Fixed: reread, and the new token in force.
+        std::fs::write(&path, format!("{A}\n")).unwrap();
+        assert_eq!(tokens.judge(Some(&bearer(A))).await, Verdict::Admitted);
+        assert_eq!(tokens.judge(Some(&bearer(B))).await, Verdict::Unknown);
     }
 
     #[test]
