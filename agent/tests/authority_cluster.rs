@@ -522,13 +522,7 @@ async fn counted(a: &Authority, series: &str, want: u64) {
 }
 
 fn tls_member(pki: &TestPkiDir, dir: &Path, id: u64) -> AuthorityConfig {
-    let mut config = common::plain(
-        &dir.join(format!("m{id}")),
-        "eu",
-        &["a"],
-        "127.0.0.1:0".parse().unwrap(),
-    );
-    config.id = id;
+    let mut config = common::plain_member(dir, id, &["a"]);
     config.tls = Some(TlsSettings {
         trust_domain: pki.trust_domain().clone(),
         paths: pki.issue(&format!("region/eu/authority/{id}")),

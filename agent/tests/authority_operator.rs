@@ -27,14 +27,7 @@ use waymark_testkit::until;
 const WAIT: Duration = Duration::from_secs(60);
 
 fn config(dir: &Path, id: u64) -> waymark_agent::authority::settings::AuthorityConfig {
-    let mut config = common::plain(
-        &dir.join(format!("m{id}")),
-        "eu",
-        &["a", "b"],
-        "127.0.0.1:0".parse().unwrap(),
-    );
-    config.id = id;
-    config
+    common::plain_member(dir, id, &["a", "b"])
 }
 
 fn registration(i: u32) -> Value {

@@ -81,14 +81,7 @@ impl Drop for Relay {
 }
 
 fn config(dir: &Path, id: u64) -> waymark_agent::authority::settings::AuthorityConfig {
-    let mut config = common::plain(
-        &dir.join(format!("m{id}")),
-        "eu",
-        &["a", "b"],
-        "127.0.0.1:0".parse().unwrap(),
-    );
-    config.id = id;
-    config
+    common::plain_member(dir, id, &["a", "b"])
 }
 
 /// Three plain members, each reached by the others through its relay.

@@ -51,6 +51,19 @@ pub fn plain(dir: &Path, region: &str, zones: &[&str], xds: SocketAddr) -> Autho
     }
 }
 
+/// [`plain`] member `id` of region `eu` with `zones`, storing in `dir/m<id>`, xDS on a
+/// free port: one of a group a test starts in process.
+pub fn plain_member(dir: &Path, id: u64, zones: &[&str]) -> AuthorityConfig {
+    let mut config = plain(
+        &dir.join(format!("m{id}")),
+        "eu",
+        zones,
+        "127.0.0.1:0".parse().unwrap(),
+    );
+    config.id = id;
+    config
+}
+
 /// `[authority]` of member `id` of `region` with `zones`, storing in `data_dir`; every
 /// other key at its default. Change what the test needs, then [`write_authority`].
 pub fn authority_file(id: u64, region: &str, zones: &[&str], data_dir: &Path) -> AuthoritySection {
