@@ -16,7 +16,7 @@
 //! Versions are stamped at release from the caller's [`VersionSource`]; each lane's versions
 //! strictly increase, so a subscriber never receives an older version after a newer one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::defaults as d;
@@ -109,6 +109,54 @@ struct Lane {
     admit_due: Option<Instant>,
 }
 
+/// Which lanes fall due when, so a timeout visits only the lanes due rather than every
+/// lane of the region (one per service and callers' zone: thousands at the reference
+/// estate), and the next deadline is the first entry rather than a scan. Each lane's
+/// `withdraw_due`/`admit_due` is in its set exactly when it is `Some`
+/// ([`DeltaQueues::set_withdraw_due`], [`DeltaQueues::set_admit_due`] keep them so).
+#[derive(Debug, Default)]
+struct Deadlines {
+    withdraw: BTreeSet<(Instant, ViewKey)>,
+    admit: BTreeSet<(Instant, ViewKey)>,
+}
+
+impl Deadlines {
+    /// The lanes of `set` due at `now`, in key order (the order releases are stamped in).
+    fn due(set: &BTreeSet<(Instant, ViewKey)>, now: Instant) -> BTreeSet<ViewKey> {
+        set.iter()
+            .take_while(|(at, _)| *at <= now)
+            .map(|(_, key)| key.clone())
+            .collect()
+    }
+
+    fn first(&self) -> Option<Instant> {
+        let first = |set: &BTreeSet<(Instant, ViewKey)>| set.first().map(|(at, _)| *at);
+        [first(&self.withdraw), first(&self.admit)]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+}
+
+/// Move `key`'s deadline in `set` from `slot` to `due`.
+fn reschedule(
+    set: &mut BTreeSet<(Instant, ViewKey)>,
+    slot: &mut Option<Instant>,
+    key: &ViewKey,
+    due: Option<Instant>,
+) {
+    if *slot == due {
+        return;
+    }
+    if let Some(old) = slot.take() {
+        set.remove(&(old, key.clone()));
+    }
+    if let Some(at) = due {
+        set.insert((at, key.clone()));
+    }
+    *slot = due;
+}
+
 #[derive(Debug, Clone)]
 struct Episode {
     started: Instant,
@@ -121,6 +169,7 @@ struct Episode {
 pub struct DeltaQueues {
     config: DeltaConfig,
     lanes: BTreeMap<ViewKey, Lane>,
+    deadlines: Deadlines,
     window: Duration,
     rate_window_start: Option<Instant>,
     releases_in_window: u32,
@@ -145,6 +194,7 @@ impl DeltaQueues {
         Self {
             config,
             lanes: BTreeMap::new(),
+            deadlines: Deadlines::default(),
             window,
             rate_window_start: None,
             releases_in_window: 0,
@@ -169,22 +219,36 @@ impl DeltaQueues {
                 admit_due: None,
             });
         lane.target = target;
-        let Some(released) = &lane.released else {
-            lane.admit_due.get_or_insert(now + admit_window);
-            return;
+        let (urgent, admit) = match &lane.released {
+            None => (false, true),
+            Some(released) => (
+                is_urgent(&released.view, &lane.target),
+                released.view != lane.target,
+            ),
         };
-        if is_urgent(&released.view, &lane.target) {
-            lane.withdraw_due.get_or_insert(now + withdraw_window);
+        let key = lane.target.key.clone();
+        if urgent && lane.withdraw_due.is_none() {
+            self.set_withdraw_due(&key, Some(now + withdraw_window));
         }
-        if released.view != lane.target {
-            lane.admit_due.get_or_insert(now + admit_window);
+        if admit && self.lanes.get(&key).is_some_and(|l| l.admit_due.is_none()) {
+            self.set_admit_due(&key, Some(now + admit_window));
         }
     }
 
     /// A service left the registry: drop its lanes, so none of its views is released
     /// again (subscribers learn of the removal from the driver, not from a release).
     pub fn handle_service_removed(&mut self, service: &ServiceName) {
-        self.lanes.retain(|key, _| &key.service != service);
+        let keys: Vec<ViewKey> = self
+            .lanes
+            .keys()
+            .filter(|key| &key.service == service)
+            .cloned()
+            .collect();
+        for key in keys {
+            self.set_withdraw_due(&key, None);
+            self.set_admit_due(&key, None);
+            self.lanes.remove(&key);
+        }
     }
 
     /// The driver's report of delivery pressure (a slow commit, send queues backing up):
@@ -199,28 +263,21 @@ impl DeltaQueues {
     pub fn handle_timeout(&mut self, now: Instant, versions: &mut dyn VersionSource) {
         self.advance(now);
         self.roll_rate_window(now);
-        let keys: Vec<ViewKey> = self.lanes.keys().cloned().collect();
-        // Withdrawals first, for every lane, before any admission is considered.
-        for key in &keys {
-            let lane = self.lanes.get_mut(key).expect("keys come from the map");
-            if lane.withdraw_due.is_some_and(|t| t <= now) {
-                lane.withdraw_due = None;
-                let partial = fast_view(lane.released.as_ref().map(|r| &r.view), &lane.target);
-                self.release(key, partial, Path::Withdrawal, versions);
-            }
+        // Withdrawals first, for every lane due, before any admission is considered.
+        for key in &Deadlines::due(&self.deadlines.withdraw, now) {
+            self.set_withdraw_due(key, None);
+            let lane = self.lanes.get(key).expect("deadlines name held lanes");
+            let partial = fast_view(lane.released.as_ref().map(|r| &r.view), &lane.target);
+            self.release(key, partial, Path::Withdrawal, versions);
         }
-        for key in &keys {
-            let lane = self.lanes.get_mut(key).expect("keys come from the map");
-            if lane.admit_due.is_none_or(|t| t > now) {
-                continue;
-            }
+        // Read after the withdrawals: a release that reached its target settled its lane.
+        for key in &Deadlines::due(&self.deadlines.admit, now) {
             if self.is_saturated(now) {
                 self.defer(now, key);
                 continue;
             }
-            let lane = self.lanes.get_mut(key).expect("keys come from the map");
-            lane.admit_due = None;
-            let target = lane.target.clone();
+            self.set_admit_due(key, None);
+            let target = self.lanes[key].target.clone();
             self.releases_in_window += 1;
             self.release(key, target, Path::Admission, versions);
         }
@@ -229,16 +286,11 @@ impl DeltaQueues {
 
     /// The earliest time [`DeltaQueues::handle_timeout`] should be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let lanes = self
-            .lanes
-            .values()
-            .flat_map(|l| [l.withdraw_due, l.admit_due])
-            .flatten();
         let episode = self
             .episode
             .as_ref()
             .map(|e| e.last_saturated + self.window);
-        lanes.chain(episode).min()
+        self.deadlines.first().into_iter().chain(episode).min()
     }
 
     /// Drain the effects produced so far, in order.
@@ -266,7 +318,39 @@ impl DeltaQueues {
         self.episode.is_some()
     }
 
+    /// Whether every lane's deadlines are in [`Deadlines`] and nothing else is (tests).
+    #[cfg(test)]
+    fn deadlines_match_lanes(&self) -> bool {
+        let held = |pick: fn(&Lane) -> Option<Instant>| -> BTreeSet<(Instant, ViewKey)> {
+            self.lanes
+                .iter()
+                .filter_map(|(key, lane)| pick(lane).map(|at| (at, key.clone())))
+                .collect()
+        };
+        held(|l| l.withdraw_due) == self.deadlines.withdraw
+            && held(|l| l.admit_due) == self.deadlines.admit
+    }
+
     // --- internals ---
+
+    /// Set `key`'s withdrawal deadline, keeping [`Deadlines`] in step.
+    fn set_withdraw_due(&mut self, key: &ViewKey, due: Option<Instant>) {
+        if let Some(lane) = self.lanes.get_mut(key) {
+            reschedule(
+                &mut self.deadlines.withdraw,
+                &mut lane.withdraw_due,
+                key,
+                due,
+            );
+        }
+    }
+
+    /// Set `key`'s admission deadline, keeping [`Deadlines`] in step.
+    fn set_admit_due(&mut self, key: &ViewKey, due: Option<Instant>) {
+        if let Some(lane) = self.lanes.get_mut(key) {
+            reschedule(&mut self.deadlines.admit, &mut lane.admit_due, key, due);
+        }
+    }
 
     fn release(&mut self, key: &ViewKey, view: View, path: Path, versions: &mut dyn VersionSource) {
         let lane = self.lanes.get_mut(key).expect("caller holds a lane key");
@@ -288,10 +372,11 @@ impl DeltaQueues {
             "version source went backwards for {key}"
         );
         let released = ReleasedView { version, view };
-        if released.view == lane.target {
-            lane.admit_due = None;
-        }
+        let settled = released.view == lane.target;
         lane.released = Some(released.clone());
+        if settled {
+            self.set_admit_due(key, None);
+        }
         tracing::debug!(view = %key, xds.version = %version, ?path, upserted = delta.upserted.len(), removed = delta.removed.len(), "view released");
         self.effects.push(Effect::Release {
             view: Box::new(released),
@@ -331,8 +416,7 @@ impl DeltaQueues {
                 });
             }
         }
-        let lane = self.lanes.get_mut(key).expect("caller holds a lane key");
-        lane.admit_due = Some(now + self.window);
+        self.set_admit_due(key, Some(now + self.window));
     }
 
     fn maybe_end_episode(&mut self, now: Instant) {
@@ -413,27 +497,27 @@ fn fast_view(released: Option<&View>, target: &View) -> View {
             };
         }
     }
-    let zones: std::collections::BTreeSet<_> = released
+    let zones: BTreeSet<&crate::model::ZoneName> = released
         .endpoints
         .values()
         .chain(target.endpoints.values())
-        .map(|e| e.zone.clone())
+        .map(|e| &e.zone)
         .collect();
     for zone in zones {
-        let newly_guarded = target.markers.health_disregarded.contains(&zone)
-            && !released.markers.health_disregarded.contains(&zone);
-        let floor = target.markers.zone_floor.get(&zone).copied().unwrap_or(0) as usize;
-        if newly_guarded || view.routed_in(&zone) < floor.min(target.routed_in(&zone)) {
+        let newly_guarded = target.markers.health_disregarded.contains(zone)
+            && !released.markers.health_disregarded.contains(zone);
+        let floor = target.markers.zone_floor.get(zone).copied().unwrap_or(0) as usize;
+        if newly_guarded || view.routed_in(zone) < floor.min(target.routed_in(zone)) {
             let in_zone: Vec<crate::model::InstanceId> = view
                 .endpoints
                 .iter()
-                .filter(|(_, e)| e.zone == zone)
+                .filter(|(_, e)| &e.zone == zone)
                 .map(|(id, _)| id.clone())
                 .collect();
             for id in &in_zone {
                 view.endpoints.remove(id);
             }
-            let whole = target.endpoints.iter().filter(|(_, e)| e.zone == zone);
+            let whole = target.endpoints.iter().filter(|(_, e)| &e.zone == zone);
             view.endpoints
                 .extend(whole.map(|(id, e)| (id.clone(), e.clone())));
         }

@@ -334,3 +334,85 @@ proptest! {
         prop_assert!(last.is_some());
     }
 }
+
+/// One of a few lanes: services `s0`..`s2` seen from callers' zones `a` and `b`.
+fn lane_key(n: u8) -> ViewKey {
+    ViewKey {
+        service: svc(&format!("s{}", n % 3)),
+        zone: zone(if n < 3 { "a" } else { "b" }),
+    }
+}
+
+#[derive(Debug, Clone)]
+enum LaneStep {
+    Target(u8, View),
+    Removed(u8),
+    Pressure,
+    Wait(u64),
+}
+
+fn lane_step() -> impl Strategy<Value = LaneStep> {
+    prop_oneof![
+        6 => (0u8..6, target_strategy()).prop_map(|(n, v)| LaneStep::Target(n, v)),
+        1 => (0u8..3).prop_map(LaneStep::Removed),
+        1 => Just(LaneStep::Pressure),
+        4 => (0u64..2_000).prop_map(LaneStep::Wait),
+    ]
+}
+
+proptest! {
+    /// Many lanes, service removals, shedding under pressure and a tight rate budget: the
+    /// deadline index always holds exactly the lanes' deadlines, each lane's releases stay
+    /// monotonic, and once quiet every lane still held releases its last target.
+    #[test]
+    fn every_lane_falls_due_through_the_deadline_index(
+        steps in prop::collection::vec(lane_step(), 1..60)
+    ) {
+        let config = DeltaConfig { admit_releases_per_sec: 2, ..DeltaConfig::default() };
+        let mut fx = Fx::new(config);
+        let mut last: BTreeMap<ViewKey, Version> = BTreeMap::new();
+        let mut targets: BTreeMap<ViewKey, View> = BTreeMap::new();
+        let mut elapsed = Duration::ZERO;
+        fn check(
+            last: &mut BTreeMap<ViewKey, Version>,
+            out: Vec<(Duration, Effect)>,
+        ) -> Result<(), TestCaseError> {
+            for (_, e) in out {
+                let Effect::Release { view, previous, .. } = e else { continue };
+                let key = view.view.key.clone();
+                prop_assert_eq!(previous, last.get(&key).copied());
+                prop_assert!(previous.is_none_or(|p| view.version > p));
+                last.insert(key, view.version);
+            }
+            Ok(())
+        }
+        for step in steps {
+            match step {
+                LaneStep::Target(n, mut view) => {
+                    view.key = lane_key(n);
+                    targets.insert(view.key.clone(), view.clone());
+                    fx.target(view);
+                }
+                LaneStep::Removed(n) => {
+                    let service = lane_key(n).service;
+                    fx.q.handle_service_removed(&service);
+                    targets.retain(|k, _| k.service != service);
+                    last.retain(|k, _| k.service != service);
+                }
+                LaneStep::Pressure => fx.q.handle_pressure(fx.now, true),
+                LaneStep::Wait(gap) => {
+                    elapsed += ms(gap);
+                    check(&mut last, fx.run_to(elapsed))?;
+                }
+            }
+            prop_assert!(fx.q.deadlines_match_lanes());
+        }
+        elapsed += d::ADMIT_WINDOW_MAX * 4;
+        check(&mut last, fx.run_to(elapsed))?;
+        prop_assert!(fx.q.deadlines_match_lanes());
+        prop_assert_eq!(fx.q.poll_timeout(), None);
+        for (key, target) in &targets {
+            prop_assert_eq!(&fx.q.released(key).expect("released").view, target);
+        }
+    }
+}
