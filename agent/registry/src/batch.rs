@@ -27,7 +27,13 @@ pub struct GroupCommitConfig {
     pub max_commands: usize,
     /// Most bytes of commands in one log entry.
     pub max_bytes: usize,
-    /// Most entries proposed and not yet committed.
+    /// Most entries proposed and not yet committed. One by default: what arrives while
+    /// an entry commits goes in the next one whole, and the batch grows with the commit's
+    /// latency, which is what makes a busy member cheaper per command. Measured at the
+    /// reference estate (`waymark-drill bench writes`, 16 clients, one member), two in
+    /// flight split the same arrivals into entries of about four commands instead of
+    /// seven, and the member acknowledged about a fifth fewer writes; four, about 40 %
+    /// fewer.
     pub max_in_flight: usize,
     /// Most commands waiting for a batch; beyond it a command is refused.
     pub max_waiting: usize,
@@ -38,7 +44,7 @@ impl Default for GroupCommitConfig {
         Self {
             max_commands: 512,
             max_bytes: 2 * 1024 * 1024,
-            max_in_flight: 2,
+            max_in_flight: 1,
             max_waiting: 16_384,
         }
     }

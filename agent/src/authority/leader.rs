@@ -178,9 +178,62 @@ pub struct LeaderContext {
     pub releases: super::tier::ReleaseInstants,
 }
 
+/// The leader loop on a thread of its own, with a single-threaded runtime for it and the
+/// writers it starts (publisher, auditor).
+///
+/// A step of the loop is synchronous work that grows with the region: following a run of
+/// committed entries, assembling the services they touched, releasing views. On the
+/// runtime that serves the API and drives Raft, each long step held one of its workers,
+/// and every request and commit queued behind it waited too (at the reference estate the
+/// loop kept about a core busy under write load, and acknowledged writes halved). On its
+/// own thread the loop competes for the CPU only through the operating system's scheduler,
+/// and the request path's tasks always find a worker.
+#[derive(Debug)]
+pub struct LeaderThread {
+    /// Dropped or sent: the loop stops at its next await point.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Sent when the thread's runtime, and every task it held, is gone.
+    done: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl LeaderThread {
+    /// Start [`run`] on a new thread named `waymark-leader`.
+    pub fn spawn(ctx: LeaderContext, inbox: LeaderInbox) -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .thread_name("waymark-leader")
+            .build()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (finished, done) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("waymark-leader".to_owned())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    tokio::select! {
+                        () = run(ctx, inbox) => {}
+                        _ = stopped => debug!("leader loop stopped"),
+                    }
+                });
+                // Drops the publisher and auditor with the runtime, before saying so.
+                drop(runtime);
+                let _ = finished.send(());
+            })?;
+        Ok(Self {
+            stop: Some(stop),
+            done,
+        })
+    }
+
+    /// Stop the loop and wait until its thread let go of everything it held.
+    pub async fn stop(mut self) {
+        drop(self.stop.take());
+        let _ = (&mut self.done).await;
+    }
+}
+
 /// Lead whenever this member is the leader, until Raft stops. Questions asked while not
 /// leading are answered with `None` at once.
-pub async fn run(ctx: LeaderContext, mut inbox: LeaderInbox) {
+async fn run(ctx: LeaderContext, mut inbox: LeaderInbox) {
     let mut metrics_rx = ctx.raft.watch_metrics();
     loop {
         let term = loop {

@@ -75,6 +75,7 @@ pub struct Authority {
     xds_server: XdsServer,
     metrics: AuthorityMetrics,
     tasks: Vec<JoinHandle<()>>,
+    leader: leader::LeaderThread,
     hub: EvidenceHub,
     gossip: Option<Gossip>,
     federation: Option<Arc<FederationNode>>,
@@ -203,10 +204,11 @@ impl Authority {
         };
         let regions = federation.as_ref().map(|f| f.regions.clone());
         let (leader_handle, leader_inbox) = leader::LeaderHandle::new();
-        tasks.push(tokio::spawn(leader::run(
+        let leader = leader::LeaderThread::spawn(
             leader_context(&config, &raft, &hub, &metrics, regions.clone(), releases),
             leader_inbox,
-        )));
+        )
+        .context("starting the leader loop's thread")?;
 
         let node = federation.map(|f| f.node);
         let api = ApiState::new(
@@ -282,6 +284,7 @@ impl Authority {
             xds_server,
             metrics,
             tasks,
+            leader,
             hub,
             gossip,
             federation: node,
@@ -385,6 +388,7 @@ impl Authority {
             let _ = g.leave().await;
         }
         self.raft.shutdown().await;
+        self.leader.stop().await;
         for t in &self.tasks {
             t.abort();
         }
