@@ -205,28 +205,40 @@ fn an_outage_retiring_live_instances_is_caught() {
 fn a_member_that_lost_its_disk_removes_nothing_while_it_catches_up() {
     // Found by this simulation at the reference size: a member with nothing applied yet
     // (here: killed and its data deleted) told reconnecting clients their views were gone.
-    let wiped = |breaks| RegionSimConfig {
+    // Whether a reconnecting client meets the wiped member before it caught up depends on
+    // the run's course (how the API's writes batch, which client redials where), so the
+    // reverted fix must be caught within a few seeds, and every seed must be clean with
+    // the fix in.
+    let wiped = |seed, breaks| RegionSimConfig {
         crash_permille: 0,
         partition_permille: 0,
         break_permille: 1000,
         seconds: 60,
         wipe: Some((20, 1)),
         breaks,
-        ..RegionSimConfig::prototype(8)
+        ..RegionSimConfig::prototype(seed)
     };
-    let fixed = run(wiped(SimBreaks::default()));
-    assert_clean(8, &fixed);
-    let broken = run(wiped(SimBreaks {
-        remove_when_behind: true,
-        ..SimBreaks::default()
-    }));
-    assert!(
-        broken
+    let mut caught = Vec::new();
+    for seed in 1..=12 {
+        assert_clean(seed, &run(wiped(seed, SimBreaks::default())));
+        let broken = run(wiped(
+            seed,
+            SimBreaks {
+                remove_when_behind: true,
+                ..SimBreaks::default()
+            },
+        ));
+        if broken
             .violations
             .iter()
-            .any(|v| v.what.contains("was removed")),
-        "the reverted fix went unnoticed: {:?}",
-        broken.trace.last()
+            .any(|v| v.what.contains("was removed"))
+        {
+            caught.push(seed);
+        }
+    }
+    assert!(
+        !caught.is_empty(),
+        "the reverted fix went unnoticed in seeds 1-12"
     );
 }
 
