@@ -226,11 +226,15 @@ impl DeltaQueues {
                 released.view != lane.target,
             ),
         };
+        let (withdraw, admit) = (
+            urgent && lane.withdraw_due.is_none(),
+            admit && lane.admit_due.is_none(),
+        );
         let key = lane.target.key.clone();
-        if urgent && lane.withdraw_due.is_none() {
+        if withdraw {
             self.set_withdraw_due(&key, Some(now + withdraw_window));
         }
-        if admit && self.lanes.get(&key).is_some_and(|l| l.admit_due.is_none()) {
+        if admit {
             self.set_admit_due(&key, Some(now + admit_window));
         }
     }
