@@ -1155,13 +1155,75 @@ fn merge_releases(pending: &mut BTreeMap<ViewKey, ReleasedView>, releases: Vec<R
 async fn auditor(
     raft: RaftNode,
     metrics: AuthorityMetrics,
-    mut rx: mpsc::UnboundedReceiver<AuditEntry>,
+    rx: mpsc::UnboundedReceiver<AuditEntry>,
 ) {
-    let mut entries: Vec<AuditEntry> = Vec::new();
     // Another stream than the publisher's (seeded by `member`): `!member` never equals it,
     // so the two writers do not retry in step.
     let member = raft.watch_metrics().borrow().id;
-    let mut backoff = write_backoff(!member);
+    audit_loop(
+        rx,
+        write_backoff(!member),
+        AuditBatching::default(),
+        |request| {
+            let raft = raft.clone();
+            async move { raft.write(request).await }
+        },
+        || {
+            metrics
+                .leader_write_failures
+                .get_or_create(&ReasonLabels {
+                    reason: "audit".into(),
+                })
+                .inc();
+        },
+    )
+    .await;
+}
+
+/// How the auditor gathers records into log entries.
+#[derive(Debug, Clone, Copy)]
+struct AuditBatching {
+    /// Most records in one entry.
+    max: usize,
+    /// The least time between the starts of two audit writes. Records are not on any
+    /// caller's path, so they wait to share an entry: at the reference estate's write
+    /// rate, without a wait the auditor wrote an entry every few milliseconds, each a
+    /// durable log append that the registry's own entries queued behind. An idle
+    /// auditor writes at once; a record waits at most this long (plus the commit).
+    coalesce: Duration,
+}
+
+impl Default for AuditBatching {
+    fn default() -> Self {
+        Self {
+            max: AUDIT_BATCH_MAX,
+            coalesce: AUDIT_COALESCE,
+        }
+    }
+}
+
+/// Most audit records in one log entry.
+const AUDIT_BATCH_MAX: usize = 4096;
+
+/// The default of [`AuditBatching::coalesce`]. A leader that stops leading loses at most
+/// the records of this window and the write in flight, which were never promised.
+const AUDIT_COALESCE: Duration = Duration::from_millis(50);
+
+/// The auditor's loop, over any writer (the Raft node in production, a scripted one in
+/// tests); `failed` is called for each write that failed and will be retried.
+async fn audit_loop<W, F>(
+    mut rx: mpsc::UnboundedReceiver<AuditEntry>,
+    mut backoff: Backoff,
+    batching: AuditBatching,
+    write: W,
+    mut failed: impl FnMut(),
+) where
+    W: Fn(Request) -> F,
+    F: std::future::Future<Output = Result<Response, WriteError>>,
+{
+    let max = batching.max.max(1);
+    let mut entries: Vec<AuditEntry> = Vec::new();
+    let mut last_write: Option<Instant> = None;
     loop {
         if entries.is_empty() {
             match rx.recv().await {
@@ -1169,17 +1231,32 @@ async fn auditor(
                 None => return,
             }
         }
-        while entries.len() < AUDIT_BATCH_MAX {
+        // Wait out the rest of the window since the last write, gathering what arrives,
+        // unless an entry's worth is waiting already.
+        if let Some(due) = last_write.map(|at| at + batching.coalesce) {
+            let wait = tokio::time::sleep_until(due);
+            tokio::pin!(wait);
+            while entries.len() < max {
+                tokio::select! {
+                    () = &mut wait => break,
+                    record = rx.recv() => match record {
+                        Some(record) => entries.push(record),
+                        None => break,
+                    },
+                }
+            }
+        }
+        while entries.len() < max {
             match rx.try_recv() {
                 Ok(e) => entries.push(e),
                 Err(_) => break,
             }
         }
-        match raft
-            .write(Request::Audit {
-                entries: entries.clone(),
-            })
-            .await
+        last_write = Some(Instant::now());
+        match write(Request::Audit {
+            entries: entries.clone(),
+        })
+        .await
         {
             Ok(_) => {
                 entries.clear();
@@ -1192,20 +1269,152 @@ async fn auditor(
             Err(error) => {
                 let delay = backoff.next_delay(Duration::ZERO, None);
                 warn!(%error, entries = entries.len(), backoff_ms = delay.as_millis() as u64, "audit batch not committed; retrying");
-                metrics
-                    .leader_write_failures
-                    .get_or_create(&ReasonLabels {
-                        reason: "audit".into(),
-                    })
-                    .inc();
+                failed();
                 tokio::time::sleep(delay).await;
             }
         }
     }
 }
 
-/// Most audit records in one log entry.
-const AUDIT_BATCH_MAX: usize = 4096;
+#[cfg(test)]
+mod audit_tests {
+    use waymark_registry::machine::AuditKind;
+
+    use super::*;
+
+    fn record(actor: &str) -> AuditEntry {
+        AuditEntry {
+            seq: 0,
+            at_ms: 0,
+            kind: AuditKind::Existence,
+            actor: actor.to_owned(),
+            service: None,
+            instance: None,
+            outcome: "applied".to_owned(),
+            detail: serde_json::Value::Null,
+        }
+    }
+
+    type Written = (Instant, Vec<String>);
+
+    /// An auditor over a writer that reports each write (when, which actors) and fails
+    /// the calls `fail` names; it ends when `tx` is dropped.
+    fn start(
+        batching: AuditBatching,
+        fail: &'static [usize],
+    ) -> (
+        mpsc::UnboundedSender<AuditEntry>,
+        mpsc::UnboundedReceiver<Written>,
+        tokio::task::JoinHandle<usize>,
+    ) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (wtx, written) = mpsc::unbounded_channel();
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let task = tokio::spawn(async move {
+            let mut failures = 0;
+            audit_loop(
+                rx,
+                write_backoff(0),
+                batching,
+                move |request| {
+                    let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let Request::Audit { entries } = request else {
+                        panic!("only audit records")
+                    };
+                    let actors = entries.into_iter().map(|e| e.actor).collect();
+                    let _ = wtx.send((Instant::now(), actors));
+                    async move {
+                        if fail.contains(&n) {
+                            Err(WriteError::Fatal(Box::new(openraft::error::Fatal::Stopped)))
+                        } else {
+                            Ok(Response::Audited { last_seq: 0 })
+                        }
+                    }
+                },
+                || failures += 1,
+            )
+            .await;
+            failures
+        });
+        (tx, written, task)
+    }
+
+    fn actors(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_auditor_writes_at_once_and_what_follows_shares_the_next_entry() {
+        // Goal: records never wait while the auditor is idle; under a stream of records
+        // the writes are at least the window apart, each carrying what gathered meanwhile,
+        // and an entry's worth of records goes without waiting.
+        let window = Duration::from_millis(50);
+        let batching = AuditBatching {
+            max: 3,
+            coalesce: window,
+        };
+        let (tx, mut written, task) = start(batching, &[]);
+        let t0 = Instant::now();
+        tx.send(record("a")).unwrap();
+        assert_eq!(written.recv().await.unwrap(), (t0, actors(&["a"])));
+
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        tx.send(record("b")).unwrap();
+        tx.send(record("c")).unwrap();
+        assert_eq!(
+            written.recv().await.unwrap(),
+            (t0 + window, actors(&["b", "c"]))
+        );
+
+        // Idle for longer than the window: the next record goes at once.
+        tokio::time::sleep(window * 4).await;
+        let t1 = Instant::now();
+        tx.send(record("d")).unwrap();
+        assert_eq!(written.recv().await.unwrap(), (t1, actors(&["d"])));
+
+        // Five at once, inside the window: three fill an entry and go now, the other two
+        // wait for the window.
+        for name in ["e", "f", "g", "h", "i"] {
+            tx.send(record(name)).unwrap();
+        }
+        assert_eq!(
+            written.recv().await.unwrap(),
+            (t1, actors(&["e", "f", "g"]))
+        );
+        assert_eq!(
+            written.recv().await.unwrap(),
+            (t1 + window, actors(&["h", "i"]))
+        );
+
+        drop(tx);
+        assert_eq!(task.await.unwrap(), 0);
+        assert!(
+            written.recv().await.is_none(),
+            "nothing written after the last record"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_audit_write_is_retried_with_what_arrived_since() {
+        // Goal: a failed write loses no record: it is written again, with the records
+        // that arrived meanwhile, and the failure is counted once.
+        let batching = AuditBatching {
+            max: 100,
+            coalesce: Duration::from_millis(50),
+        };
+        let (tx, mut written, task) = start(batching, &[0]);
+        tx.send(record("a")).unwrap();
+        let (first_at, first) = written.recv().await.unwrap();
+        assert_eq!(first, actors(&["a"]));
+        tx.send(record("b")).unwrap();
+        let (retry_at, retry) = written.recv().await.unwrap();
+        assert_eq!(retry, actors(&["a", "b"]));
+        assert!(retry_at > first_at, "the retry waited for its backoff");
+        drop(tx);
+        assert_eq!(task.await.unwrap(), 1);
+        assert!(written.recv().await.is_none());
+    }
+}
 
 #[cfg(test)]
 mod publisher_tests {
