@@ -818,6 +818,16 @@ impl XdsClient {
     }
 }
 
+impl XdsClient {
+    /// Stop the client and wait until its task has dropped everything it held (the
+    /// persist hook among them), so that what it held — a cache file's lock — is free
+    /// once this returns. Dropping the client stops it too, without waiting.
+    pub async fn stop(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+}
+
 impl Drop for XdsClient {
     fn drop(&mut self) {
         self.task.abort();

@@ -82,7 +82,7 @@ pub struct NodeAgent {
     tasks: Vec<JoinHandle<()>>,
     gossip: Option<Gossip>,
     shutdown: watch::Sender<bool>,
-    _client: XdsClient,
+    client: XdsClient,
     _dns: DnsServer,
     registrations: Option<super::registration::Registrations>,
     reloader: Option<Arc<Reloader>>,
@@ -509,7 +509,7 @@ impl NodeAgent {
             tasks,
             gossip,
             shutdown,
-            _client: client,
+            client,
             _dns: dns,
             registrations,
             reloader,
@@ -565,7 +565,9 @@ impl NodeAgent {
     }
 
     /// Stop: deregister service definitions first, then leave gossip, then close the
-    /// listeners.
+    /// listeners. Returns once every task the agent started has ended and the upstream
+    /// client has let go of the last-known-good cache, so an agent started on the same
+    /// data directory right after opens it (its lock is held until then).
     pub async fn shutdown(mut self) {
         if let Some(r) = self.registrations.take() {
             r.deregister_all().await;
@@ -577,6 +579,10 @@ impl NodeAgent {
         for t in &self.tasks {
             t.abort();
         }
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+        self.client.stop().await;
     }
 }
 
