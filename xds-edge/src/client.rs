@@ -816,9 +816,7 @@ impl XdsClient {
             .await
             .map_err(|_| ClientError::Stopped)
     }
-}
 
-impl XdsClient {
     /// Stop the client and wait until its task has dropped everything it held (the
     /// persist hook among them), so that what it held — a cache file's lock — is free
     /// once this returns. Dropping the client stops it too, without waiting.

@@ -226,16 +226,20 @@ impl DeltaQueues {
                 released.view != lane.target,
             ),
         };
-        let (withdraw, admit) = (
-            urgent && lane.withdraw_due.is_none(),
-            admit && lane.admit_due.is_none(),
-        );
-        let key = lane.target.key.clone();
-        if withdraw {
-            self.set_withdraw_due(&key, Some(now + withdraw_window));
+        // The lane is at hand: its deadlines move here, without looking it up again.
+        let key = &lane.target.key;
+        if urgent && lane.withdraw_due.is_none() {
+            let due = Some(now + withdraw_window);
+            reschedule(
+                &mut self.deadlines.withdraw,
+                &mut lane.withdraw_due,
+                key,
+                due,
+            );
         }
-        if admit {
-            self.set_admit_due(&key, Some(now + admit_window));
+        if admit && lane.admit_due.is_none() {
+            let due = Some(now + admit_window);
+            reschedule(&mut self.deadlines.admit, &mut lane.admit_due, key, due);
         }
     }
 
