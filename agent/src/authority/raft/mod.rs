@@ -29,6 +29,7 @@ mod store;
 pub mod timings;
 pub mod tls;
 mod transfer;
+pub mod wal;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Debug, Display};

@@ -3,9 +3,9 @@
 //! itself alone, keeping every entry it holds. Consul's `peers.json` does the same job.
 //!
 //! ```text
-//! raft.redb before:  … entries (T, L) … │ vote (T, L)
-//! raft.redb after:   … entries (T, L) … │ membership {self} at last+1, leader id (T+1, self)
-//!                                        │ vote (T+1, self), not committed
+//! before:  wal/ … entries (T, L) …                                │ raft.redb: vote (T, L)
+//! after:   wal/ … entries (T, L) … membership {self} at last+1,   │ raft.redb: vote (T+1, self),
+//!               leader id (T+1, self)                              │            not committed
 //! ```
 //!
 //! Why a membership entry, and why in a new term. Raft takes a membership into effect as
@@ -23,8 +23,11 @@
 //! Editing the snapshot's membership instead would lose the tail after the snapshot, and
 //! forging a committed vote would restart the member as a leader that never won an election.
 //!
-//! Everything is checked before anything is written, in one redb transaction; each
-//! refusal is a [`RecoverError`] and changes nothing. The other members must never come
+//! Everything is checked before anything is written; each refusal is a [`RecoverError`]
+//! and changes nothing. (Opening a data directory an older build wrote moves its log into
+//! segment files first, as the member itself does at start.) The vote is written first,
+//! then the entry: a crash between them leaves a member that voted for itself in T+1 and
+//! did nothing else, and running the recovery again goes on from there. The other members must never come
 //! back on their old data: wipe their data directories and `join` them as new members.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,10 +37,11 @@ use std::path::{Path, PathBuf};
 use openraft::{
     CommittedLeaderId, Entry, EntryPayload, LogId, Membership, SnapshotMeta, StoredMembership, Vote,
 };
-use redb::{Database, ReadableDatabase, ReadableTable};
+use redb::Database;
 
 use super::snapshot_file::{self, SNAPSHOT_FILE};
-use super::store::{self, DB_FILE, KEY_PURGED, KEY_VOTE, LOGS, META, StoreError};
+use super::store::{self, DB_FILE, KEY_PURGED, KEY_VOTE, META, StoreError};
+use super::wal::Wal;
 use super::{Member, TypeConfig, codec};
 
 /// Where a member keeps its Raft files inside its data directory (`authority.data_dir`).
@@ -91,7 +95,8 @@ pub enum RecoverError {
         id: NodeId,
     },
     /// The store could not be read or written (damaged, unreadable, an unknown encoding).
-    /// Nothing changed (the write is one transaction); look at the cause.
+    /// A failure while reading changed nothing; one while writing left at most the vote
+    /// written (see the module's notes). Look at the cause.
     #[error("raft store")]
     Store(#[from] StoreError),
 }
@@ -118,6 +123,7 @@ into_store!(
     redb::CommitError,
     serde_json::Error,
     codec::CodecError,
+    super::wal::WalError,
     snapshot_file::SnapshotFileError
 );
 
@@ -214,7 +220,8 @@ pub fn recover(dir: &Path, id: NodeId, member: Option<Member>) -> Result<Recover
         }
         Err(e) => return Err(e.into()),
     };
-    let found = read(&db, dir)?;
+    let wal = store::open_wal(&db, dir)?;
+    let found = read(&db, &wal, dir)?;
     let snapshot_last = found.snapshot.as_ref().and_then(|s| s.last_log_id);
     let Some(last_log) = found.last_in_log.max(found.purged).max(snapshot_last) else {
         return Err(RecoverError::NotInitialised { path });
@@ -255,7 +262,7 @@ pub fn recover(dir: &Path, id: NodeId, member: Option<Member>) -> Result<Recover
     // stopped): purge up to it, as openraft would at start, so the log has no hole below
     // the new entry.
     let purge_to = snapshot_last.filter(|s| found.last_in_log.is_none_or(|l| l < *s));
-    write(&db, &entry, &vote, purge_to)?;
+    write(&db, &wal, &entry, &vote, purge_to)?;
     tracing::warn!(
         node_id = id,
         index = entry.log_id.index,
@@ -277,32 +284,27 @@ pub fn recover(dir: &Path, id: NodeId, member: Option<Member>) -> Result<Recover
 
 /// The vote, committed index, purge point, last entry, last membership in the log and the
 /// snapshot's metadata.
-fn read(db: &Database, dir: &Path) -> Result<Found, RecoverError> {
+fn read(db: &Database, wal: &Wal, dir: &Path) -> Result<Found, RecoverError> {
     let vote = store::get_meta::<Vote<NodeId>>(db, KEY_VOTE)?;
-    let committed = store::get_meta::<Option<LogId<NodeId>>>(db, store::KEY_COMMITTED)?.flatten();
+    let committed = store::get_meta::<Option<LogId<NodeId>>>(db, store::KEY_COMMITTED)?
+        .flatten()
+        .max(wal.committed());
     let purged = store::get_meta::<Option<LogId<NodeId>>>(db, KEY_PURGED)?.flatten();
-    let (last_in_log, membership_in_log) = {
-        let txn = db.begin_read()?;
-        match txn.open_table(LOGS) {
-            Err(redb::TableError::TableDoesNotExist(_)) => (None, None),
-            Err(e) => return Err(e.into()),
-            Ok(table) => {
-                let mut last = None;
-                let mut membership = None;
-                // Newest first: the first membership entry met is the last one.
-                for item in table.iter()?.rev() {
-                    let (_, raw) = item?;
-                    let entry: Entry<TypeConfig> = codec::decode(raw.value())?;
-                    last = last.or(Some(entry.log_id));
-                    if let EntryPayload::Membership(m) = entry.payload {
-                        membership = Some(StoredMembership::new(Some(entry.log_id), m));
-                        break;
-                    }
-                }
-                (last, membership)
+    let last_in_log = wal.last();
+    let mut membership_in_log = None;
+    if let (Some(first), Some(last)) = (wal.first(), last_in_log) {
+        // Newest first: the first membership entry met is the last one.
+        for index in (first.index..=last.index).rev() {
+            let Some(raw) = wal.read(index, index, usize::MAX)?.pop() else {
+                break;
+            };
+            let entry: Entry<TypeConfig> = codec::decode(&raw)?;
+            if let EntryPayload::Membership(m) = entry.payload {
+                membership_in_log = Some(StoredMembership::new(Some(entry.log_id), m));
+                break;
             }
         }
-    };
+    }
     let snapshot = match std::fs::read(dir.join(SNAPSHOT_FILE)) {
         Ok(bytes) => Some(snapshot_file::decode(bytes)?.0),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -326,10 +328,11 @@ fn read(db: &Database, dir: &Path) -> Result<Found, RecoverError> {
     })
 }
 
-/// Append `entry` and record `vote` (and the purge up to `purge_to`) in one durable
-/// transaction.
+/// Record `vote` (and the purge point `purge_to`) durably, then purge the log and append
+/// `entry` to it, durably.
 fn write(
     db: &Database,
+    wal: &Wal,
     entry: &Entry<TypeConfig>,
     vote: &Vote<NodeId>,
     purge_to: Option<LogId<NodeId>>,
@@ -340,14 +343,15 @@ fn write(
     {
         let mut meta = txn.open_table(META)?;
         meta.insert(KEY_VOTE, vote.as_slice())?;
-        let mut logs = txn.open_table(LOGS)?;
         if let Some(to) = purge_to {
             meta.insert(KEY_PURGED, serde_json::to_vec(&Some(to))?.as_slice())?;
-            logs.retain_in(..=to.index, |_, _| false)?;
         }
-        logs.insert(entry.log_id.index, encoded.as_slice())?;
     }
     txn.commit()?;
+    if let Some(to) = purge_to {
+        wal.purge(to.index)?;
+    }
+    wal.append(&[(entry.log_id, encoded.as_slice())], None)?;
     Ok(())
 }
 

@@ -26,9 +26,9 @@ const WAIT: Duration = Duration::from_secs(10);
 
 // === storage ===
 
-struct RedbBuilder;
+struct DiskBuilder;
 
-impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for RedbBuilder {
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for DiskBuilder {
     async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<u64>> {
         let dir = TempDir::new().unwrap();
         let (events, _) = broadcast::channel(16);
@@ -38,8 +38,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for RedbBuil
 }
 
 #[test]
-fn redb_store_passes_openraft_conformance_suite() {
-    Suite::test_all(RedbBuilder).unwrap();
+fn disk_store_passes_openraft_conformance_suite() {
+    Suite::test_all(DiskBuilder).unwrap();
 }
 
 fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
@@ -94,49 +94,124 @@ async fn a_reopened_store_keeps_vote_purge_and_truncate() {
     assert_eq!(indexes, [4, 5, 6, 7]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_log_written_in_json_before_the_binary_encoding_still_reads() {
-    // Goal: a member upgraded in place reads the JSON entries an older build wrote, beside
-    // the binary ones it writes now, and answers for both as the log holds them.
-    let dir = TempDir::new().unwrap();
-    let mut closed = {
-        let (events, _) = broadcast::channel(16);
-        let (mut log, _, shared) = store::open(dir.path(), events).unwrap();
-        log.blocking_append((1..=3).map(|i| blank(1, i)))
-            .await
-            .unwrap();
-        shared.closed.clone()
-    };
-    while closed.changed().await.is_ok() {}
-    let older: Vec<Entry<TypeConfig>> = (4..=6)
+/// A data directory as builds before the segment log left it: the entries in the
+/// database's log table (1–3 binary, 4–6 in JSON as still older builds wrote them), no
+/// `wal/` beside it.
+fn older_layout(dir: &Path) -> Vec<Entry<TypeConfig>> {
+    let entries: Vec<Entry<TypeConfig>> = (1..=6)
         .map(|i| Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
             payload: EntryPayload::Normal(put_service(i)),
         })
         .collect();
+    let db = redb::Database::create(dir.join(store::DB_FILE)).unwrap();
+    let txn = db.begin_write().unwrap();
     {
-        let db = redb::Database::create(dir.path().join(store::DB_FILE)).unwrap();
-        let txn = db.begin_write().unwrap();
-        {
-            let mut table = txn.open_table(store::LOGS).unwrap();
-            for e in &older {
-                let json = serde_json::to_vec(e).unwrap();
-                assert!(!codec::is_binary(&json));
-                table.insert(e.log_id.index, json.as_slice()).unwrap();
-            }
+        let mut table = txn.open_table(store::LOGS).unwrap();
+        for e in &entries {
+            let bytes = if e.log_id.index <= 3 {
+                codec::encode(e).unwrap()
+            } else {
+                serde_json::to_vec(e).unwrap()
+            };
+            assert_eq!(codec::is_binary(&bytes), e.log_id.index <= 3);
+            table.insert(e.log_id.index, bytes.as_slice()).unwrap();
         }
-        txn.commit().unwrap();
+    }
+    txn.commit().unwrap();
+    entries
+}
+
+/// Whether the database still has the log table older builds kept.
+fn has_old_log_table(dir: &Path) -> bool {
+    use redb::ReadableDatabase as _;
+    let db = redb::Database::open(dir.join(store::DB_FILE)).unwrap();
+    let txn = db.begin_read().unwrap();
+    match txn.open_table(store::LOGS) {
+        Ok(_) => true,
+        Err(redb::TableError::TableDoesNotExist(_)) => false,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_an_older_build_kept_in_the_database_moves_to_segments_and_reads_the_same() {
+    // Goal: a member upgraded in place finds the entries an older build wrote in the
+    // database (binary and JSON), moves them to the segment log, drops the table, and
+    // answers for every entry as it was, then and after another reopen.
+    let dir = TempDir::new().unwrap();
+    let older = older_layout(dir.path());
+    // Entries compare by their JSON (the request types have no equality of their own).
+    let as_json = |es: &[Entry<TypeConfig>]| serde_json::to_value(es).unwrap();
+    for _ in 0..2 {
+        let mut closed = {
+            let (events, _) = broadcast::channel(16);
+            let (mut log, _, shared) = store::open(dir.path(), events).unwrap();
+            let state = log.get_log_state().await.unwrap();
+            assert_eq!(state.last_log_id.map(|l| l.index), Some(6));
+            let read = log.try_get_log_entries(1..=6).await.unwrap();
+            assert_eq!(as_json(&read), as_json(&older));
+            shared.closed.clone()
+        };
+        while closed.changed().await.is_ok() {}
+        assert!(dir.path().join(wal::WAL_DIR).is_dir());
+        assert!(!has_old_log_table(dir.path()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_to_segments_cut_short_is_done_again_or_finished() {
+    // Goal: a crash while moving the log leaves either the old layout with a half-written
+    // staging directory (moved again from the table) or the new layout with the table
+    // still there (the table is dropped, the segments kept); the entries read the same.
+    let as_json = |es: &[Entry<TypeConfig>]| serde_json::to_value(es).unwrap();
+
+    // Cut short before the rename: a staging directory holding part of the log.
+    let dir = TempDir::new().unwrap();
+    let older = older_layout(dir.path());
+    {
+        let (partial, _) = wal::Wal::open(&dir.path().join("wal.new"), None).unwrap();
+        partial
+            .append(
+                &[(older[0].log_id, &codec::encode(&older[0]).unwrap())],
+                None,
+            )
+            .unwrap();
     }
     let (events, _) = broadcast::channel(16);
     let (mut log, _, _) = store::open(dir.path(), events).unwrap();
-    let state = log.get_log_state().await.unwrap();
-    assert_eq!(state.last_log_id.map(|l| l.index), Some(6));
     let read = log.try_get_log_entries(1..=6).await.unwrap();
-    let indexes: Vec<u64> = read.iter().map(|e| e.log_id.index).collect();
-    assert_eq!(indexes, [1, 2, 3, 4, 5, 6]);
-    // Entries compare by their JSON (the request types have no equality of their own).
-    let as_json = |es: &[Entry<TypeConfig>]| serde_json::to_value(es).unwrap();
-    assert_eq!(as_json(&read[3..]), as_json(&older));
+    assert_eq!(as_json(&read), as_json(&older));
+    assert!(!dir.path().join("wal.new").exists());
+    drop(log);
+
+    // Cut short after the rename: the segments are whole and the table is still there,
+    // holding entries the segments have since been truncated past.
+    let dir = TempDir::new().unwrap();
+    let older = older_layout(dir.path());
+    {
+        let (moved, _) = wal::Wal::open(&dir.path().join(wal::WAL_DIR), None).unwrap();
+        let encoded: Vec<Vec<u8>> = older[..2]
+            .iter()
+            .map(|e| codec::encode(e).unwrap())
+            .collect();
+        let entries: Vec<_> = older[..2]
+            .iter()
+            .zip(&encoded)
+            .map(|(e, b)| (e.log_id, b.as_slice()))
+            .collect();
+        moved.append(&entries, None).unwrap();
+    }
+    let (events, _) = broadcast::channel(16);
+    let (mut log, _, shared) = store::open(dir.path(), events).unwrap();
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_log_id.map(|l| l.index), Some(2));
+    let read = log.try_get_log_entries(1..=2).await.unwrap();
+    assert_eq!(as_json(&read), as_json(&older[..2]));
+    let mut closed = shared.closed.clone();
+    drop((log, shared));
+    while closed.changed().await.is_ok() {}
+    assert!(!has_old_log_table(dir.path()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
