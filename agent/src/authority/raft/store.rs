@@ -1042,23 +1042,21 @@ fn read_entries_within(
     range: (Bound<u64>, Bound<u64>),
     bytes: usize,
 ) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
-    let (Some(first), Some(last)) = (wal.first(), wal.last()) else {
-        return Ok(Vec::new());
-    };
     let start = match range.0 {
         Bound::Included(s) => s,
-        Bound::Excluded(s) => s.saturating_add(1),
+        Bound::Excluded(s) => match s.checked_add(1) {
+            Some(s) => s,
+            None => return Ok(Vec::new()),
+        },
         Bound::Unbounded => 0,
-    }
-    .max(first.index);
+    };
     let end = match range.1 {
-        Bound::Included(e) => Some(e),
-        Bound::Excluded(e) => e.checked_sub(1),
-        Bound::Unbounded => Some(u64::MAX),
-    }
-    .map(|e| e.min(last.index));
-    let Some(end) = end.filter(|e| start <= *e) else {
-        return Ok(Vec::new());
+        Bound::Included(e) => e,
+        Bound::Excluded(e) => match e.checked_sub(1) {
+            Some(e) => e,
+            None => return Ok(Vec::new()),
+        },
+        Bound::Unbounded => u64::MAX,
     };
     wal.read(start, end, bytes)?
         .iter()

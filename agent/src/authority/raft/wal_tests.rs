@@ -71,6 +71,23 @@ fn a_log_reopens_with_every_entry_it_acknowledged_across_segments() {
 }
 
 #[test]
+fn a_read_is_a_range_query_over_what_is_held() {
+    // Goal: reading a range returns the entries the log holds within it, in order: none
+    // of what was purged or lies beyond the end, and never an error for asking wider.
+    let dir = TempDir::new().unwrap();
+    let (wal, _) = Wal::open_with(dir.path(), None, 4096).unwrap();
+    append(&wal, 1, 1..=30, 200);
+    wal.purge(12).unwrap();
+    let held: Vec<Vec<u8>> = (13..=30).map(|i| payload(1, i, 200)).collect();
+    assert_eq!(wal.read(0, u64::MAX, usize::MAX).unwrap(), held);
+    assert_eq!(wal.read(5, 14, usize::MAX).unwrap(), held[..2].to_vec());
+    assert_eq!(wal.read(29, 99, usize::MAX).unwrap(), held[16..].to_vec());
+    assert!(wal.read(31, 40, usize::MAX).unwrap().is_empty());
+    assert!(wal.read(1, 12, usize::MAX).unwrap().is_empty());
+    assert!(wal.read(20, 19, usize::MAX).unwrap().is_empty());
+}
+
+#[test]
 fn the_committed_index_rides_an_append_and_is_read_back_at_open() {
     let dir = TempDir::new().unwrap();
     {
