@@ -635,11 +635,7 @@ impl Wal {
 
     /// Remove every entry from `from` on, durably.
     pub fn truncate(&self, from: u64) -> Result<(), WalError> {
-        let mut index = self.lock();
-        if index.failed {
-            return Err(WalError::Failed);
-        }
-        let result = (|| {
+        self.change(|index| {
             // Whole segments from the end first, so a crash leaves a contiguous prefix.
             let mut removed = false;
             while let Some(seg) = index.segments.back() {
@@ -663,26 +659,17 @@ impl Wal {
             {
                 let at = seg.spans[cut].offset;
                 zero(&seg.file, &seg.path, at, seg.end)?;
-                seg.file.sync_data().map_err(io(&seg.path))?;
                 seg.spans.truncate(cut);
                 seg.end = at;
             }
             Ok(())
-        })();
-        if result.is_err() {
-            index.failed = true;
-        }
-        result
+        })
     }
 
     /// Forget every entry up to `upto`, removing the segments that hold nothing after it
     /// (durably). The caller records the purge point first.
     pub fn purge(&self, upto: u64) -> Result<(), WalError> {
-        let mut index = self.lock();
-        if index.failed {
-            return Err(WalError::Failed);
-        }
-        let result = (|| {
+        self.change(|index| {
             let mut removed = false;
             loop {
                 let next_name = index.segments.get(1).map(|s| s.name);
@@ -711,7 +698,17 @@ impl Wal {
                 sync_dir(&self.dir)?;
             }
             Ok(())
-        })();
+        })
+    }
+
+    /// Make a change to the files under the lock, unless the log is failed; a change that
+    /// fails leaves it failed (what the files hold is no longer known).
+    fn change(&self, f: impl FnOnce(&mut Index) -> Result<(), WalError>) -> Result<(), WalError> {
+        let mut index = self.lock();
+        if index.failed {
+            return Err(WalError::Failed);
+        }
+        let result = f(&mut index);
         if result.is_err() {
             index.failed = true;
         }
