@@ -170,7 +170,7 @@ async fn a_move_to_segments_cut_short_is_done_again_or_finished() {
     let dir = TempDir::new().unwrap();
     let older = older_layout(dir.path());
     {
-        let (partial, _) = wal::Wal::open(&dir.path().join("wal.new"), None).unwrap();
+        let (partial, _) = wal::Wal::open(&dir.path().join(wal::WAL_MIGRATING_DIR), None).unwrap();
         partial
             .append(
                 &[(older[0].log_id, &codec::encode(&older[0]).unwrap())],
@@ -182,7 +182,7 @@ async fn a_move_to_segments_cut_short_is_done_again_or_finished() {
     let (mut log, _, _) = store::open(dir.path(), events).unwrap();
     let read = log.try_get_log_entries(1..=6).await.unwrap();
     assert_eq!(as_json(&read), as_json(&older));
-    assert!(!dir.path().join("wal.new").exists());
+    assert!(!dir.path().join(wal::WAL_MIGRATING_DIR).exists());
     drop(log);
 
     // Cut short after the rename: the segments are whole and the table is still there,
@@ -293,8 +293,8 @@ async fn what_one_append_carries_is_bounded_by_bytes_from_memory_and_from_disk()
     let indexes = |entries: Vec<Entry<TypeConfig>>| -> Vec<u64> {
         entries.iter().map(|e| e.log_id.index).collect()
     };
-    {
-        let (mut log, _, _) = store::open(dir.path(), events.clone()).unwrap();
+    let mut closed = {
+        let (mut log, _, shared) = store::open(dir.path(), events.clone()).unwrap();
         log.blocking_append((1..=10).map(|i| sized(1, i, kb)))
             .await
             .unwrap();
@@ -317,8 +317,11 @@ async fn what_one_append_carries_is_bounded_by_bytes_from_memory_and_from_disk()
             indexes(log.limited_get_log_entries(2, 4).await.unwrap()),
             [2, 3]
         );
-    }
-    // Reopened: nothing held in memory, everything read back from the database.
+        shared.closed.clone()
+    };
+    // The writer may still hold the store for a moment after its last answer.
+    while closed.changed().await.is_ok() {}
+    // Reopened: nothing held in memory, everything read back from the log's files.
     let (mut log, _, _) = store::open(dir.path(), events).unwrap();
     assert_eq!(
         indexes(log.limited_get_log_entries(1, 12).await.unwrap()),
