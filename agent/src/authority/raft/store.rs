@@ -34,7 +34,7 @@ use tokio::sync::{broadcast, watch};
 
 use super::codec;
 use super::snapshot_file::{SnapshotFile, SnapshotFileError, Stored as StoredSnapshot};
-use super::wal::{self, Wal, WalError};
+use super::wal::{self, ByteBudget, Wal, WalError};
 use super::{Member, TypeConfig};
 use waymark_registry::machine::{AuthorityState, Request, Response};
 
@@ -312,24 +312,13 @@ const MIGRATE_RUN: usize = 1_024;
 /// (migrated again at the next open) or the new one with a table left to remove.
 fn migrate(db: &Database, dir: &Path) -> Result<(), StoreError> {
     let wal_dir = dir.join(wal::WAL_DIR);
-    let sync_parent = || {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|source| WalError::Io {
-                path: dir.to_owned(),
-                source,
-            })
-    };
     if wal_dir.is_dir() {
         drop_old_log(db)?;
         return Ok(());
     }
     let staging = dir.join(wal::WAL_MIGRATING_DIR);
     if staging.exists() {
-        std::fs::remove_dir_all(&staging).map_err(|source| WalError::Io {
-            path: staging.clone(),
-            source,
-        })?;
+        std::fs::remove_dir_all(&staging).map_err(wal::io(&staging))?;
     }
     let mut moved = 0usize;
     {
@@ -361,11 +350,8 @@ fn migrate(db: &Database, dir: &Path) -> Result<(), StoreError> {
             }
         }
     }
-    std::fs::rename(&staging, &wal_dir).map_err(|source| WalError::Io {
-        path: wal_dir.clone(),
-        source,
-    })?;
-    sync_parent()?;
+    std::fs::rename(&staging, &wal_dir).map_err(wal::io(&wal_dir))?;
+    wal::sync_dir(dir)?;
     drop_old_log(db)?;
     if moved > 0 {
         tracing::info!(
@@ -377,12 +363,18 @@ fn migrate(db: &Database, dir: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Remove the table older builds kept the log in, if it is still there.
+/// Remove the table older builds kept the log in, if it is still there (looked for first,
+/// so that a start with nothing to remove writes nothing).
 fn drop_old_log(db: &Database) -> Result<(), StoreError> {
-    let txn = db.begin_write()?;
-    let existed = txn.delete_table(LOGS)?;
-    txn.commit()?;
-    if existed {
+    let present = match db.begin_read()?.open_table(LOGS) {
+        Ok(_) => true,
+        Err(redb::TableError::TableDoesNotExist(_)) => false,
+        Err(e) => return Err(e.into()),
+    };
+    if present {
+        let txn = db.begin_write()?;
+        txn.delete_table(LOGS)?;
+        txn.commit()?;
         tracing::debug!("the log table an older build kept in the database was removed");
     }
     Ok(())
@@ -1062,29 +1054,6 @@ fn read_entries_within(
         .iter()
         .map(|raw| Ok(codec::decode(raw)?))
         .collect()
-}
-
-/// Entries taken in order while their encoded sizes add up to at most a bound; the first
-/// is always taken, whatever its size, so a batch is never empty.
-struct ByteBudget {
-    bytes: usize,
-    taken: Option<usize>,
-}
-
-impl ByteBudget {
-    fn new(bytes: usize) -> Self {
-        Self { bytes, taken: None }
-    }
-
-    /// Whether an entry of `size` still fits; if so it is counted.
-    fn take(&mut self, size: usize) -> bool {
-        let total = self.taken.map_or(size, |t| t.saturating_add(size));
-        if self.taken.is_some() && total > self.bytes {
-            return false;
-        }
-        self.taken = Some(total);
-        true
-    }
 }
 
 fn is_empty_range(range: &(Bound<u64>, Bound<u64>)) -> bool {

@@ -305,7 +305,8 @@ pub enum WalError {
     Failed,
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WalError + '_ {
+/// Map a file operation's error on `path`.
+pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WalError + '_ {
     move |source| WalError::Io {
         path: path.to_owned(),
         source,
@@ -346,6 +347,13 @@ struct Index {
 }
 
 impl Index {
+    fn first(&self) -> Option<LogId<NodeId>> {
+        self.segments
+            .iter()
+            .find_map(|s| s.spans.front())
+            .map(|s| s.log_id)
+    }
+
     fn last(&self) -> Option<LogId<NodeId>> {
         self.segments
             .iter()
@@ -471,7 +479,7 @@ impl Wal {
                     }
                 }
             }
-            let end = scan.end;
+            let (end, torn) = (scan.end, scan.bad.is_some());
             drop(scan);
             drop(bytes);
             let file = OpenOptions::new()
@@ -480,7 +488,7 @@ impl Wal {
                 .open(&path)
                 .map_err(io(&path))?;
             let capacity = file.metadata().map_err(io(&path))?.len();
-            if opened.torn_bytes > 0 {
+            if torn {
                 zero(&file, &path, end, capacity)?;
             }
             index.segments.push_back(Segment {
@@ -518,11 +526,7 @@ impl Wal {
 
     /// The first entry held.
     pub fn first(&self) -> Option<LogId<NodeId>> {
-        self.lock()
-            .segments
-            .iter()
-            .find_map(|s| s.spans.front())
-            .map(|s| s.log_id)
+        self.lock().first()
     }
 
     /// The latest committed index written.
@@ -722,23 +726,16 @@ impl Wal {
         let mut wanted = Vec::new();
         {
             let index = self.lock();
-            let first = index
-                .segments
-                .iter()
-                .find_map(|s| s.spans.front())
-                .map(|s| s.log_id.index);
-            let (Some(first), Some(last)) = (first, index.last()) else {
+            let (Some(first), Some(last)) = (index.first(), index.last()) else {
                 return Ok(Vec::new());
             };
-            let mut total = 0usize;
-            for at in start.max(first)..=end.min(last.index) {
+            let mut budget = ByteBudget::new(bytes);
+            for at in start.max(first.index)..=end.min(last.index) {
                 let Some((seg, span)) = index.find(at) else {
                     // Entries are contiguous from `first` to `last`: never reached.
                     break;
                 };
-                let len = span.len as usize;
-                total = total.saturating_add(len);
-                if !wanted.is_empty() && total > bytes {
+                if !budget.take(span.len as usize) {
                     break;
                 }
                 wanted.push((Arc::clone(&seg.file), seg.path.clone(), span));
@@ -874,8 +871,32 @@ fn zero(file: &File, path: &Path, from: u64, to: u64) -> Result<(), WalError> {
     Ok(())
 }
 
-fn sync_dir(dir: &Path) -> Result<(), WalError> {
+/// Make a directory's entries (files made, renamed or removed) durable.
+pub(super) fn sync_dir(dir: &Path) -> Result<(), WalError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+/// Entries taken in order while their encoded sizes add up to at most a bound; the first
+/// is always taken, whatever its size, so a batch is never empty.
+pub(super) struct ByteBudget {
+    bytes: usize,
+    taken: Option<usize>,
+}
+
+impl ByteBudget {
+    pub(super) fn new(bytes: usize) -> Self {
+        Self { bytes, taken: None }
+    }
+
+    /// Whether an entry of `size` still fits; if so it is counted.
+    pub(super) fn take(&mut self, size: usize) -> bool {
+        let total = self.taken.map_or(size, |t| t.saturating_add(size));
+        if self.taken.is_some() && total > self.bytes {
+            return false;
+        }
+        self.taken = Some(total);
+        true
+    }
 }
 
 #[cfg(test)]
