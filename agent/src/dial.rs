@@ -123,6 +123,20 @@ impl AsyncWrite for TlsConnection {
         Pin::new(&mut self.0).poll_write(cx, buf)
     }
 
+    // Forwarded, so that HTTP/2 writes a frame's header and body (and every frame queued
+    // behind it) with one gathering call instead of one call per buffer.
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.0).poll_flush(cx)
     }

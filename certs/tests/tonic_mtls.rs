@@ -209,3 +209,57 @@ async fn server_rotation_is_seen_by_the_next_connection() {
     assert_ne!(first, second);
     assert_eq!(second, live.current().leaf.serial);
 }
+
+/// HTTP/2 writes a frame's header and payload as separate buffers; the accepted TLS
+/// stream must take them in one gathered write (one record, one system call) rather than
+/// falling back to a write per buffer, and deliver them whole and in order.
+#[tokio::test]
+async fn an_accepted_tls_stream_writes_gathered_buffers_whole_and_in_order() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_stream::StreamExt;
+    use tower::Service;
+
+    let pki = estate();
+    let live = pki.live(AUTHORITY);
+    let tls = server_config(
+        &live,
+        policy(only(IdentityKind::Node)),
+        CertMetrics::new(),
+        &[ALPN_H2],
+    )
+    .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut accepted = incoming(listener, Arc::new(tls), IncomingConfig::default());
+    let client = client_config(
+        &pki.live(NODE),
+        policy(only(IdentityKind::Authority)),
+        CertMetrics::new(),
+        &[ALPN_H2],
+    )
+    .unwrap();
+    let uri: tonic::codegen::http::Uri = format!("https://{addr}").parse().unwrap();
+    let (peer, served) = tokio::join!(
+        TlsConnector::new(Arc::new(client)).call(uri),
+        accepted.next()
+    );
+    let mut peer = peer.unwrap().into_inner();
+    let mut served = served.unwrap().unwrap();
+
+    assert!(tokio::io::AsyncWrite::is_write_vectored(&served));
+    let parts: [&[u8]; 3] = [b"header:", b"payload;", b"next frame"];
+    let mut slices = parts.map(std::io::IoSlice::new);
+    let mut slices = &mut slices[..];
+    while !slices.is_empty() {
+        let n = served.write_vectored(slices).await.unwrap();
+        assert!(n > 0);
+        std::io::IoSlice::advance_slices(&mut slices, n);
+    }
+    served.flush().await.unwrap();
+    let mut got = vec![0; parts.concat().len()];
+    tokio::time::timeout(PATIENCE, peer.read_exact(&mut got))
+        .await
+        .expect("the bytes arrive")
+        .unwrap();
+    assert_eq!(got, parts.concat());
+}
