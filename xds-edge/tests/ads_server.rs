@@ -203,6 +203,45 @@ async fn a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded()
 }
 
 #[tokio::test]
+async fn a_reply_that_changes_the_subscription_is_answered_as_a_request_would_be() {
+    // A plain acknowledgement leaves nothing to send, and the server no longer looks; a
+    // reply that also subscribes must still be answered.
+    let mut fx = Fixture::start(ServerConfig::default()).await;
+    fx.publish(view(1, &[1, 2]));
+    let mut c = DeltaClient::open(&fx, "envoy-r").await.unwrap();
+    let cds = c.next().await;
+    c.send(ack(&cds)).await;
+    c.send(subscribe_endpoints()).await;
+    let eds = c.next().await;
+    assert_eq!(eds.resources[0].name, "pay");
+    // Acknowledge and leave in one reply, then acknowledge again and come back.
+    c.send(DeltaDiscoveryRequest {
+        resource_names_unsubscribe: vec!["pay".into()],
+        ..ack(&eds)
+    })
+    .await;
+    c.send(DeltaDiscoveryRequest {
+        resource_names_subscribe: vec!["pay".into()],
+        ..ack(&eds)
+    })
+    .await;
+    let again = c.next().await;
+    assert_eq!(
+        (
+            again.resources[0].name.as_str(),
+            again.resources[0].version.as_str()
+        ),
+        ("pay", "1"),
+        "the resubscribed view is sent again"
+    );
+    assert_ne!(again.nonce, eds.nonce);
+    // A plain acknowledgement of that, then a release: the release still arrives.
+    c.send(ack(&again)).await;
+    fx.publish(view(2, &[2]));
+    assert_eq!(c.next().await.resources[0].version, "2");
+}
+
+#[tokio::test]
 async fn a_server_that_records_held_resources_keeps_each_clients_names_and_versions() {
     // Goal: `proxy-config` can say what one client holds, by name and version, and a
     // server that does not record (the default, an authority's tier) keeps nothing.
