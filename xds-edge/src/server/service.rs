@@ -7,9 +7,8 @@
 //! written by [`ResponseBody`], not tonic's encoder: each is handed over as the chunks of
 //! its gRPC frame — a few bytes of the stream's own, then the snapshot's shared encoding
 //! of each resource ([`crate::protocol::Outgoing`]) — so a release is encoded once for
-//! every stream, and no stream keeps an encode buffer the size of the largest response
-//! it ever sent. A small response is copied together into one HTTP/2 frame as it is
-//! written (see [`COALESCE_BYTES_MAX`]); a large one goes out as its shared chunks. An ADS stream lives as long as its sidecar and is
+//! every stream, no stream copies it, and no stream keeps an encode buffer the size of
+//! the largest response it ever sent. An ADS stream lives as long as its sidecar and is
 //! silent between releases, so at 60,000 streams these per-stream buffers were most of
 //! what a subscription cost the authority.
 
@@ -141,13 +140,6 @@ fn respond(opened: Result<mpsc::Receiver<Outbound>, Status>) -> http::Response<t
     }
 }
 
-/// A response of at most this many bytes goes out as one data frame, copied together
-/// from its chunks: every frame costs the HTTP/2 layer a pass through its stream lock,
-/// its flow control and its frame encoder, which for the small responses a release
-/// mostly sends cost more than the copy. Larger ones keep their shared chunks (each then
-/// goes out as frames of up to the peer's frame size anyway, 16 KiB by default).
-const COALESCE_BYTES_MAX: usize = 16 * 1024;
-
 /// A stream's responses as HTTP/2 data: each response's chunks in order, then the
 /// stream's status as trailers — `OK` when the stream's task ended it quietly, else the
 /// status it handed over.
@@ -187,10 +179,6 @@ impl Body for ResponseBody {
             let status = match this.rx.poll_recv(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(chunks))) => {
-                    let len: usize = chunks.iter().map(Bytes::len).sum();
-                    if chunks.len() > 1 && len <= COALESCE_BYTES_MAX {
-                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from(chunks.concat())))));
-                    }
                     this.pending = chunks.into_vec().into_iter();
                     continue;
                 }
@@ -237,7 +225,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn responses_go_out_in_order_one_frame_each_when_small_then_ok_when_the_stream_ends() {
+    async fn responses_go_out_chunk_by_chunk_in_order_then_ok_when_the_stream_ends() {
         let (tx, rx) = mpsc::channel(4);
         let mut body = ResponseBody::new(rx);
         let chunks = |parts: &[&'static [u8]]| -> Box<[Bytes]> {
@@ -246,7 +234,7 @@ mod tests {
         tx.send(Ok(chunks(&[b"one-", b"a"]))).await.unwrap();
         tx.send(Ok(chunks(&[b"two"]))).await.unwrap();
         drop(tx);
-        for expected in [&b"one-a"[..], b"two"] {
+        for expected in [&b"one-"[..], b"a", b"two"] {
             assert_eq!(data(next_frame(&mut body).await), expected);
         }
         assert!(!body.is_end_stream(), "the status is still to come");
@@ -254,21 +242,6 @@ mod tests {
         assert_eq!(t.get("grpc-status").unwrap(), "0");
         assert!(next_frame(&mut body).await.is_none());
         assert!(body.is_end_stream());
-    }
-
-    #[tokio::test]
-    async fn a_large_response_keeps_its_shared_chunks() {
-        let (tx, rx) = mpsc::channel(4);
-        let mut body = ResponseBody::new(rx);
-        let shared = Bytes::from(vec![7u8; COALESCE_BYTES_MAX]);
-        tx.send(Ok([Bytes::from_static(b"head"), shared.clone()].into()))
-            .await
-            .unwrap();
-        drop(tx);
-        assert_eq!(data(next_frame(&mut body).await), &b"head"[..]);
-        let big = data(next_frame(&mut body).await);
-        assert_eq!(big, shared);
-        assert_eq!(big.as_ptr(), shared.as_ptr(), "sent as shared, not copied");
     }
 
     #[tokio::test]
