@@ -68,6 +68,17 @@ async fn channel(
         .await
 }
 
+/// A node's client configuration, admitting only authorities.
+fn node_client(live: &Arc<LiveMaterial>) -> rustls::ClientConfig {
+    client_config(
+        live,
+        policy(only(IdentityKind::Authority)),
+        CertMetrics::new(),
+        &[ALPN_H2],
+    )
+    .unwrap()
+}
+
 async fn check(addr: std::net::SocketAddr, config: rustls::ClientConfig) -> anyhow::Result<()> {
     let channel = channel(addr, config).await?;
     HealthClient::new(channel)
@@ -80,15 +91,9 @@ async fn check(addr: std::net::SocketAddr, config: rustls::ClientConfig) -> anyh
 async fn node_with_valid_certificate_reaches_health_and_handler_sees_its_identity() {
     let pki = estate();
     let server = serve(&pki, AUTHORITY, only(IdentityKind::Node)).await;
-    let client_live = pki.live(NODE);
-    let config = client_config(
-        &client_live,
-        policy(only(IdentityKind::Authority)),
-        CertMetrics::new(),
-        &[ALPN_H2],
-    )
-    .unwrap();
-    check(server.addr, config).await.unwrap();
+    check(server.addr, node_client(&pki.live(NODE)))
+        .await
+        .unwrap();
     let seen = server.seen.lock().unwrap().clone();
     assert_eq!(seen, vec![NODE.parse::<Identity>().unwrap()]);
 }
@@ -191,15 +196,7 @@ async fn server_rotation_is_seen_by_the_next_connection() {
         let leaf = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
         waymark_certs::material::cert_info(&leaf).unwrap().serial
     };
-    let config = || {
-        client_config(
-            &client_live,
-            policy(only(IdentityKind::Authority)),
-            CertMetrics::new(),
-            &[ALPN_H2],
-        )
-        .unwrap()
-    };
+    let config = || node_client(&client_live);
     let first = serial_seen(config()).await;
     assert_eq!(first, live.current().leaf.serial);
 
@@ -231,13 +228,7 @@ async fn an_accepted_tls_stream_writes_gathered_buffers_whole_and_in_order() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let mut accepted = incoming(listener, Arc::new(tls), IncomingConfig::default());
-    let client = client_config(
-        &pki.live(NODE),
-        policy(only(IdentityKind::Authority)),
-        CertMetrics::new(),
-        &[ALPN_H2],
-    )
-    .unwrap();
+    let client = node_client(&pki.live(NODE));
     let uri: tonic::codegen::http::Uri = format!("https://{addr}").parse().unwrap();
     let (peer, served) = tokio::join!(
         TlsConnector::new(Arc::new(client)).call(uri),

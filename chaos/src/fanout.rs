@@ -10,8 +10,9 @@
 //! sidecars' subscriptions), every stream subscribed to the same service's load assignment,
 //! decoding each response and ACKing it. The subscribers speak gRPC on the `h2` crate
 //! directly (see [`connection`]): they share the machine's two cores with the server, so
-//! the cheaper they are, the more of the fan-out's time is the server's. It then publishes W withdrawals one after another
-//! and records, per withdrawal, the time until every subscriber has received it.
+//! the cheaper they are, the more of the fan-out's time is the server's. It then
+//! publishes W withdrawals one after another and records, per withdrawal, the time until
+//! every subscriber has received it.
 //!
 //! The limit is the same fan-out with no xDS logic at all: a plain HTTP/2 server (the `h2`
 //! crate tonic itself runs on), also in a process of its own, writing identical
@@ -411,7 +412,8 @@ async fn subscriber(
     Ok(())
 }
 
-/// `message` as one uncompressed gRPC length-prefixed frame.
+/// `message` as one uncompressed gRPC length-prefixed frame: one flag byte and a
+/// four-byte length before the message.
 fn grpc_frame(message: &impl prost::Message) -> Bytes {
     let len = message.encoded_len();
     let mut framed = Vec::with_capacity(len + 5);
@@ -579,7 +581,7 @@ pub async fn serve(
                 (0..=versions)
                     .map(|v| {
                         let without = v.checked_sub(2).unwrap_or(usize::MAX);
-                        Bytes::from(encoded_response(&view(v as u64, endpoints, without)))
+                        encoded_response(&view(v as u64, endpoints, without))
                     })
                     .collect(),
             );
@@ -721,7 +723,7 @@ where
 }
 
 /// The bytes our server would send for this view: the limit sends exactly these.
-fn encoded_response(released: &ReleasedView) -> Vec<u8> {
+fn encoded_response(released: &ReleasedView) -> Bytes {
     use envoy_types::pb::envoy::service::discovery::v3::Resource;
     use waymark_xds::translate::{load_assignment, to_any};
     let resource = Resource {
@@ -736,13 +738,7 @@ fn encoded_response(released: &ReleasedView) -> Vec<u8> {
         nonce: "1-1".into(),
         ..Default::default()
     };
-    // gRPC framing: one flag byte and a four-byte length before the message.
-    let message = response.encode_to_vec();
-    let mut framed = Vec::with_capacity(message.len() + 5);
-    framed.push(0);
-    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    framed.extend_from_slice(&message);
-    framed
+    grpc_frame(&response)
 }
 
 /// Subscribers connect in batches of this many streams.

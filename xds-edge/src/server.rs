@@ -864,8 +864,10 @@ impl<F: Flavor> ProtocolStream<F> {
         }
         // Checked before the request is applied, so a refused request never grows the
         // stream's state.
-        let first = !self.states.contains_key(type_url);
-        let after = F::names_after(self.states.get(type_url), &req);
+        let (first, after) = {
+            let held = self.states.get(type_url);
+            (held.is_none(), F::names_after(held, &req))
+        };
         if !self.within_names_cap(type_url, after).await {
             return false;
         }
