@@ -43,8 +43,10 @@ use crate::snapshot::{Resources, Snapshot, Stamps};
 use crate::sync::{ClientSync, Propagation};
 use crate::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
 
+pub mod http2;
 pub mod service;
 
+use http2::{Peer, Undelivered};
 use service::AdsService;
 
 /// Server limits.
@@ -162,15 +164,14 @@ impl std::fmt::Debug for ResourceFilter {
     }
 }
 
-/// Serving options shared by [`XdsServer::serve`] and [`XdsServer::serve_tls`]: the
+/// Connection bounds shared by [`XdsServer::serve`] and [`XdsServer::serve_tls`]: the
 /// default gRPC bounds with `keepalive`.
-fn builder(keepalive: Keepalive) -> tonic::transport::Server {
+fn limits(keepalive: Keepalive) -> GrpcLimits {
     GrpcLimits {
         keepalive_interval: keepalive.interval,
         keepalive_timeout: keepalive.timeout,
         ..GrpcLimits::default()
     }
-    .server()
 }
 
 /// HTTP/2 keepalive for long-lived streams (set on both ends).
@@ -279,17 +280,16 @@ impl XdsServer {
     /// Serve ADS in plain text on `listener` until `shutdown` resolves, with HTTP/2
     /// keepalive so a black-holed connection (no RST) is detected within
     /// `interval + timeout`. For loopback and tests; production uses [`XdsServer::serve_tls`].
+    /// ADS is served on HTTP/2 directly ([`http2`]): the listener serves nothing else.
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
         keepalive: Keepalive,
         shutdown: impl std::future::Future<Output = ()> + Send,
-    ) -> Result<(), tonic::transport::Error> {
+    ) {
         let incoming = waymark_certs::grpc::incoming_plain(listener, IncomingConfig::default());
-        builder(keepalive)
-            .add_service(self.service())
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await
+        self.serve_incoming(incoming, limits(keepalive), shutdown)
+            .await;
     }
 
     /// Serve ADS over mutual TLS: every client presents a certificate the `tls` config's
@@ -301,12 +301,10 @@ impl XdsServer {
         tls: Arc<rustls::ServerConfig>,
         keepalive: Keepalive,
         shutdown: impl std::future::Future<Output = ()> + Send,
-    ) -> Result<(), tonic::transport::Error> {
+    ) {
         let incoming = waymark_certs::grpc::incoming(listener, tls, IncomingConfig::default());
-        builder(keepalive)
-            .add_service(self.service())
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await
+        self.serve_incoming(incoming, limits(keepalive), shutdown)
+            .await;
     }
 
     /// The snapshot every stream converges to now.
@@ -377,7 +375,10 @@ impl XdsServer {
         }
     }
 
-    async fn first<T>(&self, inbound: &mut Streaming<T>) -> Result<T, Status> {
+    async fn first<T: prost::Message + Default>(
+        &self,
+        inbound: &mut Inbound<T>,
+    ) -> Result<T, Status> {
         let timeout = self.inner.config.first_request_timeout;
         let first = tokio::time::timeout(timeout, inbound.message()).await;
         let bad = |msg: &str| {
@@ -446,45 +447,182 @@ impl XdsServer {
         request: Request<Streaming<F::Request>>,
     ) -> Result<mpsc::Receiver<Outbound>, Status> {
         let identity = waymark_certs::grpc::peer_identity(&request).map(ToString::to_string);
-        let client = admission_key(&request, identity.as_deref());
-        let mut inbound = request.into_inner();
-        let first = self.first(&mut inbound).await?;
+        let addr = request
+            .extensions()
+            .get::<PeerInfo>()
+            .and_then(|p| p.remote_addr)
+            .or_else(|| request.remote_addr());
+        let client = admission_key(identity.as_deref(), addr);
+        let mut inbound = Inbound::Tonic(request.into_inner());
+        let admitted = self
+            .admit_stream::<F>(&mut inbound, identity, client)
+            .await?;
+        let (tx, rx) = mpsc::channel(self.inner.config.response_buffer);
+        let (stream, first, span) = self.start_stream::<F>(admitted, Sink::Channel(tx));
+        tokio::spawn(stream.run(first, inbound).instrument(span));
+        Ok(rx)
+    }
+
+    /// Run one stream served on HTTP/2 directly ([`http2`]) to its end, on the caller's
+    /// task: read the first request, admit the client, answer the stream's head, serve.
+    async fn run_direct<F: Flavor>(
+        &self,
+        mut inbound: Inbound<F::Request>,
+        peer: Peer,
+        mut outlet: http2::Outlet,
+    ) {
+        let client = admission_key(peer.identity.as_deref(), peer.addr);
+        let admitted = match self
+            .admit_stream::<F>(&mut inbound, peer.identity, client)
+            .await
+        {
+            Ok(admitted) => admitted,
+            Err(status) => return outlet.end(&status),
+        };
+        // From here the stream holds its place in admission and the sync registry; both
+        // are given back when it is dropped, however it ends.
+        let (mut stream, first, span) = self.start_stream::<F>(admitted, Sink::Direct(outlet));
+        if let Sink::Direct(outlet) = &mut stream.core.sink
+            && outlet.start().is_err()
+        {
+            return;
+        }
+        stream.run(first, inbound).instrument(span).await;
+    }
+
+    /// Read a new stream's first request (it names the node) and admit its client.
+    async fn admit_stream<F: Flavor>(
+        &self,
+        inbound: &mut Inbound<F::Request>,
+        identity: Option<String>,
+        client: String,
+    ) -> Result<Admitted<F::Request>, Status> {
+        let first = self.first(inbound).await?;
         let node = F::node(&first).cloned().unwrap_or_default();
         let caller = match identity {
             Some(_) => Caller::Verified(&client),
             None => Caller::Unverified(&client),
         };
         self.admit(&node, caller)?;
-        let identity_for_filter = identity.clone();
-        let (stream_id, sync) = self.open(&node, identity, F::NAME);
-        let (tx, rx) = mpsc::channel(self.inner.config.response_buffer);
+        Ok(Admitted {
+            first,
+            node,
+            identity,
+            client,
+        })
+    }
+
+    /// Register an admitted stream: its protocol state, ready to run with its first
+    /// request, in the span its logs belong to.
+    fn start_stream<F: Flavor>(
+        &self,
+        admitted: Admitted<F::Request>,
+        sink: Sink,
+    ) -> (ProtocolStream<F>, F::Request, tracing::Span) {
+        let Admitted {
+            first,
+            node,
+            identity,
+            client,
+        } = admitted;
+        let (stream_id, sync) = self.open(&node, identity.clone(), F::NAME);
         let span =
             tracing::info_span!("xds_stream", node_id = %node.id, stream_id, protocol = F::NAME);
-        let core = StreamCore::new(self.inner.clone(), stream_id, sync, &node, tx, client);
-        let mut stream = ProtocolStream::<F>::new(core);
-        stream.core.identity = identity_for_filter;
-        tokio::spawn(stream.run(first, inbound).instrument(span));
-        Ok(rx)
+        let mut core = StreamCore::new(self.inner.clone(), stream_id, sync, &node, sink, client);
+        core.identity = identity;
+        (ProtocolStream::<F>::new(core), first, span)
     }
+}
+
+/// A stream whose client was admitted, before it is registered.
+struct Admitted<R> {
+    first: R,
+    node: Node,
+    identity: Option<String>,
+    /// Who it counts as for admission.
+    client: String,
 }
 
 /// Who a stream counts as for reconnection admission: what the client cannot choose. Over
 /// mutual TLS, its verified identity; otherwise the peer's IP address (so clients behind
 /// one address count once, which only makes admission stricter); a stream with neither
 /// (an in-process transport) counts as one anonymous client.
-fn admission_key<T>(request: &Request<T>, identity: Option<&str>) -> String {
+fn admission_key(identity: Option<&str>, addr: Option<std::net::SocketAddr>) -> String {
     if let Some(identity) = identity {
         return identity.to_owned();
     }
-    let ip = request
-        .extensions()
-        .get::<PeerInfo>()
-        .and_then(|p| p.remote_addr)
-        .or_else(|| request.remote_addr())
-        .map(|a| a.ip());
-    match ip {
-        Some(ip) => format!("ip:{ip}"),
+    match addr {
+        Some(addr) => format!("ip:{}", addr.ip()),
         None => "anonymous".to_owned(),
+    }
+}
+
+/// A stream's requests, from whichever transport carries them.
+enum Inbound<T> {
+    /// Decoded by tonic (a listener shared with other gRPC services).
+    Tonic(Streaming<T>),
+    /// Decoded from HTTP/2 directly (a listener serving only ADS).
+    Direct(http2::Requests<T>),
+}
+
+impl<T: prost::Message + Default> Inbound<T> {
+    /// The next request; `None` once the client closed its side.
+    async fn message(&mut self) -> Result<Option<T>, Status> {
+        match self {
+            Self::Tonic(streaming) => streaming.message().await,
+            Self::Direct(requests) => requests.message().await,
+        }
+    }
+}
+
+/// Where a stream's responses go, by transport.
+enum Sink {
+    /// To the gRPC response body tonic and hyper send ([`service::ResponseBody`]).
+    Channel(mpsc::Sender<Outbound>),
+    /// To `h2` directly.
+    Direct(http2::Outlet),
+}
+
+impl Sink {
+    /// Hand over one response, waiting at most `timeout` for room.
+    async fn send(&mut self, chunks: Box<[Bytes]>, timeout: Duration) -> Result<(), Undelivered> {
+        match self {
+            Self::Channel(tx) => match tokio::time::timeout(timeout, tx.send(Ok(chunks))).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(_)) => Err(Undelivered::Gone),
+                Err(_) => Err(Undelivered::Slow),
+            },
+            Self::Direct(outlet) => outlet.send(chunks, timeout).await,
+        }
+    }
+
+    /// End the stream with `status` if that can be done without waiting.
+    fn end_now(&mut self, status: Status) {
+        match self {
+            Self::Channel(tx) => {
+                let _ = tx.try_send(Err(Box::new(status)));
+            }
+            Self::Direct(outlet) => outlet.end(&status),
+        }
+    }
+
+    /// End the stream with `status`, waiting at most `timeout` for room to say it.
+    async fn end(&mut self, status: Status, timeout: Duration) {
+        match self {
+            Self::Channel(tx) => {
+                let _ = tokio::time::timeout(timeout, tx.send(Err(Box::new(status)))).await;
+            }
+            Self::Direct(outlet) => outlet.end(&status),
+        }
+    }
+
+    /// Resolves when the server serving this stream is shutting down (never, for a
+    /// stream tonic serves: its server's shutdown is tonic's).
+    async fn stopping(&mut self) {
+        match self {
+            Self::Channel(_) => std::future::pending().await,
+            Self::Direct(outlet) => outlet.stopping().await,
+        }
     }
 }
 
@@ -511,7 +649,7 @@ struct StreamCore {
     identity: Option<String>,
     /// Who the stream counts as for reconnection admission, told when it ends.
     admission_key: String,
-    tx: mpsc::Sender<Outbound>,
+    sink: Sink,
     nonces: u64,
 }
 
@@ -527,7 +665,7 @@ impl StreamCore {
         id: u64,
         sync: Arc<Mutex<ClientSync>>,
         node: &Node,
-        tx: mpsc::Sender<Outbound>,
+        sink: Sink,
         admission_key: String,
     ) -> Self {
         let zone = node
@@ -542,7 +680,7 @@ impl StreamCore {
             node_id: node.id.clone(),
             identity: None,
             admission_key,
-            tx,
+            sink,
             nonces: 0,
         }
     }
@@ -555,7 +693,7 @@ impl StreamCore {
 
     /// Send, or report the client as slow. `false` ends the stream, as does a response
     /// over `response_bytes_max` (with `OUT_OF_RANGE`, as tonic's encoder would).
-    async fn send<M: prost::Message + Default>(&self, response: Outgoing<M>) -> bool {
+    async fn send<M: prost::Message + Default>(&mut self, response: Outgoing<M>) -> bool {
         let (len, max) = (response.encoded_len(), self.inner.config.response_bytes_max);
         let Some(chunks) = response.into_grpc_chunks().filter(|_| len <= max) else {
             tracing::warn!(
@@ -564,32 +702,27 @@ impl StreamCore {
                 bytes_max = max,
                 "response over the size limit; stream ended"
             );
-            let status = Status::out_of_range(format!(
+            self.sink.end_now(Status::out_of_range(format!(
                 "response of {len} bytes is over this server's limit of {max}"
-            ));
-            let _ = self.tx.try_send(Err(Box::new(status)));
+            )));
             return false;
         };
-        match tokio::time::timeout(
-            self.inner.config.send_timeout,
-            self.tx.send(Ok(chunks.into_boxed_slice())),
-        )
-        .await
-        {
-            Ok(Ok(())) => {
+        let timeout = self.inner.config.send_timeout;
+        match self.sink.send(chunks.into_boxed_slice(), timeout).await {
+            Ok(()) => {
                 self.inner.stats.responses.fetch_add(1, Ordering::Relaxed);
                 true
             }
-            Ok(Err(_)) => false, // the client went away
-            Err(_) => {
+            Err(Undelivered::Gone) => false,
+            Err(Undelivered::Slow) => {
                 self.inner
                     .stats
                     .slow_consumers
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(stream_id = self.id, "client stopped reading; disconnecting");
-                let _ = self.tx.try_send(Err(Box::new(Status::resource_exhausted(
+                self.sink.end_now(Status::resource_exhausted(
                     "client did not read its responses in time",
-                ))));
+                ));
                 false
             }
         }
@@ -658,7 +791,7 @@ const TYPE_ORDER: [&str; 4] = [TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_
 
 /// What differs between the Delta and State-of-the-World protocols, for the stream driver.
 trait Flavor: Default + Send + 'static {
-    type Request: Send + Sync + 'static;
+    type Request: prost::Message + Default + Send + Sync + 'static;
     /// The response message (its resources travel beside it, see [`Outgoing`]).
     type Response: prost::Message + Default + Send + 'static;
     /// For logs.
@@ -823,7 +956,7 @@ impl<F: Flavor> ProtocolStream<F> {
     }
 
     /// Wake on a request or a new snapshot; answer; end when either side goes away.
-    async fn run(mut self, first: F::Request, mut inbound: Streaming<F::Request>) {
+    async fn run(mut self, first: F::Request, mut inbound: Inbound<F::Request>) {
         let mut snapshots = self.core.inner.snapshots.clone();
         snapshots.mark_unchanged();
         let mut next = Some(first);
@@ -844,10 +977,15 @@ impl<F: Flavor> ProtocolStream<F> {
                         // malformed) ends the stream; say why, in case the client is
                         // still there to hear it.
                         tracing::debug!(code = ?status.code(), message = status.message(), "stream ended: the request side failed");
-                        let _ = self.core.tx.try_send(Err(Box::new(status)));
+                        self.core.sink.end_now(status);
                         return;
                     }
                 },
+                () = self.core.sink.stopping() => {
+                    tracing::debug!("stream ended: the server is shutting down");
+                    self.core.sink.end_now(Status::unavailable("the server is shutting down"));
+                    return;
+                }
                 changed = snapshots.changed() => {
                     if changed.is_err() || !Box::pin(self.push_all()).await {
                         return;
@@ -906,8 +1044,8 @@ impl<F: Flavor> ProtocolStream<F> {
         let status = Status::resource_exhausted(format!(
             "resource names: {total} on this stream, at most {max}; subscribe by wildcard or split across streams"
         ));
-        let send = self.core.tx.send(Err(Box::new(status)));
-        let _ = tokio::time::timeout(self.core.inner.config.send_timeout, send).await;
+        let timeout = self.core.inner.config.send_timeout;
+        self.core.sink.end(status, timeout).await;
         false
     }
 

@@ -51,35 +51,69 @@ fn view(version: u64, members: &[u8]) -> ReleasedView {
     )
 }
 
+/// How a fixture serves ADS: on HTTP/2 directly (`XdsServer::serve`, as an authority
+/// member does), or as a tonic service that could sit beside others (as a node agent's
+/// listener does). Behaviour that both share is checked on both.
+#[derive(Debug, Clone, Copy)]
+enum Transport {
+    Direct,
+    Tonic,
+}
+
+const TRANSPORTS: [Transport; 2] = [Transport::Direct, Transport::Tonic];
+
 struct Fixture {
     server: XdsServer,
     publisher: Publisher,
     builder: SnapshotBuilder,
     addr: SocketAddr,
-    _stop: tokio::sync::oneshot::Sender<()>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    serving: tokio::task::JoinHandle<()>,
 }
 
 impl Fixture {
     async fn start(config: ServerConfig) -> Self {
+        Self::start_via(Transport::Direct, config).await
+    }
+
+    async fn start_via(transport: Transport, config: ServerConfig) -> Self {
+        Self::start_on(transport, config, Keepalive::default()).await
+    }
+
+    async fn start_on(transport: Transport, config: ServerConfig, keepalive: Keepalive) -> Self {
         let (server, publisher) = XdsServer::new(config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serving = server.clone();
-        tokio::spawn(async move {
-            serving
-                .serve(listener, Keepalive::default(), async {
-                    stopped.await.ok();
+        let stopped = async {
+            stopped.await.ok();
+        };
+        let serving = match transport {
+            Transport::Direct => tokio::spawn(server.clone().serve(listener, keepalive, stopped)),
+            Transport::Tonic => {
+                let router = tonic::transport::Server::builder()
+                    .http2_keepalive_interval(Some(keepalive.interval))
+                    .http2_keepalive_timeout(Some(keepalive.timeout))
+                    .add_service(server.service());
+                let incoming = waymark_certs::grpc::incoming_plain(
+                    listener,
+                    waymark_certs::grpc::IncomingConfig::default(),
+                );
+                tokio::spawn(async move {
+                    router
+                        .serve_with_incoming_shutdown(incoming, stopped)
+                        .await
+                        .unwrap();
                 })
-                .await
-                .unwrap();
-        });
+            }
+        };
         Self {
             server,
             publisher,
             builder: SnapshotBuilder::new(),
             addr,
-            _stop: stop,
+            stop: Some(stop),
+            serving,
         }
     }
 
@@ -164,7 +198,16 @@ fn ack(resp: &DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
 
 #[tokio::test]
 async fn a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded() {
-    let mut fx = Fixture::start(ServerConfig::default()).await;
+    for transport in TRANSPORTS {
+        eprintln!("served {transport:?}");
+        a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded_on(transport).await;
+    }
+}
+
+async fn a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded_on(
+    transport: Transport,
+) {
+    let mut fx = Fixture::start_via(transport, ServerConfig::default()).await;
     fx.publish(view(1, &[1, 2]));
     let mut c = DeltaClient::open(&fx, "envoy-1").await.unwrap();
     let cds = c.next().await;
@@ -325,15 +368,27 @@ async fn a_nack_keeps_the_acknowledged_version_and_records_the_error() {
 
 #[tokio::test]
 async fn reconnections_beyond_the_admission_cap_are_refused_with_a_retry_hint() {
+    for transport in TRANSPORTS {
+        eprintln!("served {transport:?}");
+        reconnections_beyond_the_admission_cap_are_refused_with_a_retry_hint_on(transport).await;
+    }
+}
+
+async fn reconnections_beyond_the_admission_cap_are_refused_with_a_retry_hint_on(
+    transport: Transport,
+) {
     let admission = AdmissionConfig {
         floor: 2,
         expected_clients: 0,
         ..AdmissionConfig::default()
     };
-    let fx = Fixture::start(ServerConfig {
-        admission,
-        ..ServerConfig::default()
-    })
+    let fx = Fixture::start_via(
+        transport,
+        ServerConfig {
+            admission,
+            ..ServerConfig::default()
+        },
+    )
     .await;
     let _a = DeltaClient::open(&fx, "e1").await.unwrap();
     let _b = DeltaClient::open(&fx, "e2").await.unwrap();
@@ -362,12 +417,22 @@ async fn reconnections_beyond_the_admission_cap_are_refused_with_a_retry_hint() 
 
 #[tokio::test]
 async fn a_client_that_stops_reading_is_disconnected_and_others_keep_their_updates() {
+    for transport in TRANSPORTS {
+        eprintln!("served {transport:?}");
+        a_client_that_stops_reading_is_disconnected_and_others_keep_their_updates_on(transport)
+            .await;
+    }
+}
+
+async fn a_client_that_stops_reading_is_disconnected_and_others_keep_their_updates_on(
+    transport: Transport,
+) {
     let config = ServerConfig {
         response_buffer: 1,
         send_timeout: Duration::from_millis(300),
         ..ServerConfig::default()
     };
-    let mut fx = Fixture::start(config).await;
+    let mut fx = Fixture::start_via(transport, config).await;
     fx.publish(view(1, &[1]));
     // The slow client subscribes to endpoints and then never reads.
     let slow = DeltaClient::open(&fx, "slow").await.unwrap();
@@ -521,12 +586,25 @@ async fn admission_counts_one_address_once_however_many_node_ids_it_claims() {
 
 #[tokio::test]
 async fn a_stream_subscribing_past_the_names_cap_is_ended_and_the_server_serves_on() {
+    for transport in TRANSPORTS {
+        eprintln!("served {transport:?}");
+        a_stream_subscribing_past_the_names_cap_is_ended_and_the_server_serves_on_on(transport)
+            .await;
+    }
+}
+
+async fn a_stream_subscribing_past_the_names_cap_is_ended_and_the_server_serves_on_on(
+    transport: Transport,
+) {
     // Goal: one stream cannot make the server hold an unbounded subscription; the refusal
     // says why, and other streams (and later ones) are served as before.
-    let mut fx = Fixture::start(ServerConfig {
-        resource_names_max: 8,
-        ..ServerConfig::default()
-    })
+    let mut fx = Fixture::start_via(
+        transport,
+        ServerConfig {
+            resource_names_max: 8,
+            ..ServerConfig::default()
+        },
+    )
     .await;
     fx.publish(view(1, &[1]));
     let mut greedy = DeltaClient::open(&fx, "greedy").await.unwrap();
@@ -570,10 +648,20 @@ async fn a_stream_subscribing_past_the_names_cap_is_ended_and_the_server_serves_
 
 #[tokio::test]
 async fn a_request_over_the_size_cap_ends_its_stream_before_it_is_decoded() {
-    let mut fx = Fixture::start(ServerConfig {
-        request_bytes_max: 4 * 1024,
-        ..ServerConfig::default()
-    })
+    for transport in TRANSPORTS {
+        eprintln!("served {transport:?}");
+        a_request_over_the_size_cap_ends_its_stream_before_it_is_decoded_on(transport).await;
+    }
+}
+
+async fn a_request_over_the_size_cap_ends_its_stream_before_it_is_decoded_on(transport: Transport) {
+    let mut fx = Fixture::start_via(
+        transport,
+        ServerConfig {
+            request_bytes_max: 4 * 1024,
+            ..ServerConfig::default()
+        },
+    )
     .await;
     fx.publish(view(1, &[1]));
     let mut big = DeltaClient::open(&fx, "big").await.unwrap();
@@ -613,10 +701,20 @@ async fn a_request_over_the_size_cap_ends_its_stream_before_it_is_decoded() {
 
 #[tokio::test]
 async fn a_response_over_the_size_limit_ends_its_stream_with_out_of_range() {
-    let mut fx = Fixture::start(ServerConfig {
-        response_bytes_max: 2 * 1024,
-        ..ServerConfig::default()
-    })
+    for transport in TRANSPORTS {
+        eprintln!("served {transport:?}");
+        a_response_over_the_size_limit_ends_its_stream_with_out_of_range_on(transport).await;
+    }
+}
+
+async fn a_response_over_the_size_limit_ends_its_stream_with_out_of_range_on(transport: Transport) {
+    let mut fx = Fixture::start_via(
+        transport,
+        ServerConfig {
+            response_bytes_max: 2 * 1024,
+            ..ServerConfig::default()
+        },
+    )
     .await;
     // One cluster fits; its assignment of 200 endpoints does not.
     let everyone: Vec<u8> = (1..=200).collect();
@@ -679,4 +777,135 @@ async fn large_responses_written_as_shared_chunks_arrive_whole_release_after_rel
         assert_eq!((got, count), (version.to_string(), members.len()));
         c.send(ack(&resp)).await;
     }
+}
+
+/// A request on a raw HTTP/2 connection to `fx`: the response head, and whether it ended
+/// the stream with no body (a refusal).
+async fn raw_request(
+    fx: &Fixture,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (http::Response<()>, bool) {
+    let tcp = tokio::net::TcpStream::connect(fx.addr).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut request = http::Request::post(format!("http://{}{path}", fx.addr));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let (response, _body) = client
+        .send_request(request.body(()).unwrap(), false)
+        .unwrap();
+    let response = tokio::time::timeout(WAIT, response).await.unwrap().unwrap();
+    let ended = response.body().is_end_stream();
+    let (head, _) = response.into_parts();
+    (http::Response::from_parts(head, ()), ended)
+}
+
+#[tokio::test]
+async fn a_direct_listener_refuses_what_is_not_ads_and_says_why() {
+    let mut fx = Fixture::start(ServerConfig::default()).await;
+    fx.publish(view(1, &[1]));
+    let grpc = ("content-type", "application/grpc");
+    let delta = waymark_xds::server::service::DELTA_PATH;
+    // Another method of the same service, or another service: UNIMPLEMENTED, as a gRPC
+    // server without it would say.
+    for path in [
+        "/envoy.service.discovery.v3.AggregatedDiscoveryService/Nope",
+        "/grpc.health.v1.Health/Check",
+    ] {
+        let (response, ended) = raw_request(&fx, path, &[grpc]).await;
+        assert_eq!(response.status(), http::StatusCode::OK, "{path}");
+        assert_eq!(response.headers()["grpc-status"], "12", "{path}");
+        assert!(ended, "a trailers-only refusal: {path}");
+    }
+    // Not gRPC at all: HTTP's own refusal.
+    let (response, ended) = raw_request(&fx, delta, &[("content-type", "text/plain")]).await;
+    assert_eq!(response.status(), http::StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(ended);
+    // Compressed requests: this server decompresses nothing.
+    let (response, ended) = raw_request(&fx, delta, &[grpc, ("grpc-encoding", "gzip")]).await;
+    assert_eq!(response.headers()["grpc-status"], "12");
+    assert!(
+        response.headers()["grpc-message"]
+            .to_str()
+            .unwrap()
+            .contains("gzip")
+    );
+    assert!(ended);
+    // None of them became a stream, and the server serves on.
+    assert!(fx.server.sync_state().is_empty());
+    let mut c = DeltaClient::open(&fx, "after").await.unwrap();
+    assert_eq!(c.next().await.type_url, TYPE_CLUSTER);
+}
+
+#[tokio::test]
+async fn shutting_down_a_direct_listener_ends_every_stream_with_unavailable() {
+    let mut fx = Fixture::start(ServerConfig::default()).await;
+    fx.publish(view(1, &[1]));
+    let mut streams = Vec::new();
+    for id in ["s1", "s2"] {
+        let mut c = DeltaClient::open(&fx, id).await.unwrap();
+        assert_eq!(c.next().await.type_url, TYPE_CLUSTER);
+        streams.push(c);
+    }
+    let _ = fx.stop.take().unwrap().send(());
+    for mut c in streams {
+        let ended = tokio::time::timeout(WAIT, c.rx.message())
+            .await
+            .expect("the stream ends")
+            .expect_err("with a status");
+        assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+    }
+    tokio::time::timeout(WAIT, fx.serving)
+        .await
+        .expect("serve returns once its streams are ended")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_peer_that_never_answers_a_keepalive_ping_is_disconnected() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let keepalive = Keepalive {
+        interval: Duration::from_millis(200),
+        timeout: Duration::from_millis(200),
+    };
+    let fx = Fixture::start_on(Transport::Direct, ServerConfig::default(), keepalive).await;
+    // An HTTP/2 client that opens the connection and then goes silent: the preface and an
+    // empty SETTINGS frame, and nothing after — no SETTINGS ACK, no PING ACK.
+    let mut tcp = tokio::net::TcpStream::connect(fx.addr).await.unwrap();
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let closed = tokio::time::timeout(WAIT, async {
+        let mut buf = [0; 1024];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the server kept a peer that answers no ping"
+    );
+    // The server did ping: a PING frame (type 6) without the ACK flag went out.
+    assert!(
+        frames(&seen).any(|(kind, flags)| kind == 6 && flags & 1 == 0),
+        "no PING was sent"
+    );
+}
+
+/// (type, flags) of each HTTP/2 frame in what a server wrote.
+fn frames(mut bytes: &[u8]) -> impl Iterator<Item = (u8, u8)> + '_ {
+    std::iter::from_fn(move || {
+        let head = bytes.get(..9)?;
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let frame = (head[3], head[4]);
+        bytes = bytes.get(9 + len..).unwrap_or(&[]);
+        Some(frame)
+    })
 }

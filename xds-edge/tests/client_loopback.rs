@@ -696,7 +696,7 @@ struct Member {
     publisher: Publisher,
     builder: SnapshotBuilder,
     stop: oneshot::Sender<()>,
-    serving: JoinHandle<Result<(), tonic::transport::Error>>,
+    serving: JoinHandle<()>,
     addr: SocketAddr,
 }
 
@@ -743,7 +743,7 @@ impl Member {
     async fn stop(self) {
         drop(self.publisher);
         let _ = self.stop.send(());
-        timeout(WAIT, self.serving).await.unwrap().unwrap().unwrap();
+        timeout(WAIT, self.serving).await.unwrap().unwrap();
     }
 
     fn stat(&self, f: impl Fn(&waymark_xds::server::XdsStats) -> &AtomicU64) -> u64 {

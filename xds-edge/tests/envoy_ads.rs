@@ -86,8 +86,7 @@ impl ControlPlane {
         let task = tokio::spawn(async move {
             serving
                 .serve(listener, keepalive, std::future::pending())
-                .await
-                .unwrap();
+                .await;
         });
         let cp = Self {
             addr,

@@ -68,8 +68,7 @@ async fn authority(
                 Keepalive::default(),
                 std::future::pending(),
             )
-            .await
-            .unwrap();
+            .await;
     });
     (server, metrics, addr)
 }

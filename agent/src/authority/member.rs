@@ -551,29 +551,25 @@ fn serve_xds(
         callers,
         releases.clone(),
     )));
-    let router = config
-        .limits
-        .grpc
-        .server()
-        .add_service(xds_server.service());
+    // The xDS listener serves ADS alone, on HTTP/2 directly (`waymark_xds::server::http2`):
+    // it holds the region's streams, one per node agent and direct sidecar.
+    let limits = config.limits.grpc;
     let tls = tls.map(|t| Arc::clone(&t.xds));
     let incoming = IncomingConfig::named("authority_xds", grpc_metrics);
+    let serving = xds_server.clone();
+    let forever = std::future::pending::<()>();
     tasks.push(tokio::spawn(async move {
-        let result = match tls {
+        match tls {
             Some(tls) => {
-                router
-                    .serve_with_incoming(grpc::incoming(listener, tls, incoming))
-                    .await
+                let incoming = grpc::incoming(listener, tls, incoming);
+                serving.serve_incoming(incoming, limits, forever).await;
             }
             None => {
-                router
-                    .serve_with_incoming(grpc::incoming_plain(listener, incoming))
-                    .await
+                let incoming = grpc::incoming_plain(listener, incoming);
+                serving.serve_incoming(incoming, limits, forever).await;
             }
-        };
-        if let Err(error) = result {
-            tracing::error!(%error, "xds tier stopped");
         }
+        tracing::error!("xds tier stopped");
     }));
     xds_server
 }

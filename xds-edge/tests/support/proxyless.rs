@@ -534,8 +534,7 @@ impl ControlPlane {
         let task = tokio::spawn(async move {
             serving
                 .serve(listener, Keepalive::default(), std::future::pending())
-                .await
-                .unwrap();
+                .await;
         });
         let builder = SnapshotBuilder::new();
         publisher.publish(builder.build());
