@@ -31,6 +31,8 @@ use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use tokio::sync::{mpsc, watch};
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::WatchStream;
 use tonic::{Request, Status, Streaming};
 use tracing::Instrument as _;
 use waymark_core::model::ZoneName;
@@ -957,8 +959,10 @@ impl<F: Flavor> ProtocolStream<F> {
 
     /// Wake on a request or a new snapshot; answer; end when either side goes away.
     async fn run(mut self, first: F::Request, mut inbound: Inbound<F::Request>) {
-        let mut snapshots = self.core.inner.snapshots.clone();
-        snapshots.mark_unchanged();
+        // Held across the loop rather than asked anew each turn: each stream waits on the
+        // one channel every stream of the server waits on, and dropping and making that
+        // wait again for every request (each ACK) took the channel's lock twice.
+        let mut releases = WatchStream::from_changes(self.core.inner.snapshots.clone());
         let mut next = Some(first);
         // `handle` and `push_all` are boxed while they run: inlined, their state made this
         // future — which every open stream keeps for its whole life — over 5 KiB.
@@ -986,8 +990,8 @@ impl<F: Flavor> ProtocolStream<F> {
                     self.core.sink.end_now(Status::unavailable("the server is shutting down"));
                     return;
                 }
-                changed = snapshots.changed() => {
-                    if changed.is_err() || !Box::pin(self.push_all()).await {
+                changed = releases.next() => {
+                    if changed.is_none() || !Box::pin(self.push_all()).await {
                         return;
                     }
                 }

@@ -31,6 +31,7 @@
 //! connection ([`AdsConnection::peer`]).
 
 use std::marker::PhantomData;
+use std::pin::Pin;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -370,7 +371,7 @@ const PREFIX_BYTES: usize = 5;
 /// as a slice of it; a message split across frames is gathered first. A prefix announcing
 /// more than `max` bytes is refused as soon as it is read, before its body is buffered.
 #[derive(Debug)]
-pub(crate) struct Deframer {
+pub struct Deframer {
     /// Received and not yet handed out, as it arrived (one chunk)…
     whole: Bytes,
     /// …or gathered from several chunks.
@@ -379,7 +380,7 @@ pub(crate) struct Deframer {
 }
 
 impl Deframer {
-    pub(crate) fn new(max: usize) -> Self {
+    pub fn new(max: usize) -> Self {
         Self {
             whole: Bytes::new(),
             gathered: BytesMut::new(),
@@ -388,12 +389,12 @@ impl Deframer {
     }
 
     /// Whether nothing is buffered (so an end of the body here ends it cleanly).
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.whole.is_empty() && self.gathered.is_empty()
     }
 
     /// Take the next chunk of the body.
-    pub(crate) fn push(&mut self, chunk: Bytes) {
+    pub fn push(&mut self, chunk: Bytes) {
         if self.is_empty() {
             self.whole = chunk;
             return;
@@ -406,7 +407,7 @@ impl Deframer {
     }
 
     /// The next whole message's bytes (without its prefix), if one is buffered.
-    pub(crate) fn next(&mut self) -> Result<Option<Bytes>, Status> {
+    pub fn next(&mut self) -> Result<Option<Bytes>, Status> {
         let held: &[u8] = if self.gathered.is_empty() {
             &self.whole
         } else {
@@ -454,7 +455,8 @@ impl Deframer {
 pub(crate) struct Outlet {
     respond: Option<SendResponse<ResponseBuf>>,
     send: Option<SendStream<ResponseBuf>>,
-    stop: watch::Receiver<bool>,
+    /// The server's stop, waited on for the stream's whole life (see [`Outlet::stopping`]).
+    stop: Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
 /// Why a response could not be handed over.
@@ -467,11 +469,15 @@ pub(crate) enum Undelivered {
 }
 
 impl Outlet {
-    fn new(respond: SendResponse<ResponseBuf>, stop: watch::Receiver<bool>) -> Self {
+    fn new(respond: SendResponse<ResponseBuf>, mut stop: watch::Receiver<bool>) -> Self {
         Self {
             respond: Some(respond),
             send: None,
-            stop,
+            stop: Box::pin(async move {
+                if stop.wait_for(|stop| *stop).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }),
         }
     }
 
@@ -527,11 +533,11 @@ impl Outlet {
         self.respond = None;
     }
 
-    /// Resolves when the server is shutting down.
+    /// Resolves when the server is shutting down. One wait for the stream's life, kept
+    /// between calls: every stream waits on the same channel, and registering anew on
+    /// each of its requests would take that channel's lock twice per request.
     pub(crate) async fn stopping(&mut self) {
-        if self.stop.wait_for(|stop| *stop).await.is_err() {
-            std::future::pending::<()>().await;
-        }
+        (&mut self.stop).await;
     }
 }
 
