@@ -477,6 +477,21 @@ for i, seed in enumerate([bytes([8, 3, 2, 0, 0, 2, 3, 2, 0, 5, 1, 2, 3]), bytes(
                           bytes(range(0, 250, 7))]):
     write("ads_requests", f"structured-{i}", seed)
 
+# --- ads request frames: [size-limit pick, chunk-size pick] + gRPC-framed discovery requests -----
+EDS = b"type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+
+
+def grpc_frame(msg):
+    return b"\x00" + struct.pack(">I", len(msg)) + msg
+
+
+ADS_BODY = (grpc_frame(field(2, EDS) + field(3, b"pay") + field(3, b"web"))
+            + grpc_frame(field(2, EDS) + field(6, b"1-2"))
+            + grpc_frame(b"")
+            + grpc_frame(field(2, EDS) + field(6, b"1-3") + field(7, field(1, 3) + field(2, b"rejected"))))
+for i, (limit, cut) in enumerate([(3, 0), (3, 6), (2, 255), (1, 3)]):
+    write("ads_request_frames", f"body-{i}", bytes([limit, cut]) + ADS_BODY)
+
 # --- xds responses: bytes for the structured decoder (no fixed format) -----------------------------
 for i, seed in enumerate([bytes([0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 0, 0, 1, 2, 2, 0, 0, 0, 0, 0, 0, 0, 3, 1]),
                           bytes(range(3, 250, 11))]):

@@ -14,7 +14,8 @@
 //! - [`release_age`] (pure): the age of a release, carried to a client in a resource's
 //!   metadata so it can time the whole propagation path;
 //! - [`sync`] (pure): per-client sync state for `proxy-status`;
-//! - [`server`] (shell): the tonic ADS service driving all of the above.
+//! - [`server`] (shell): the ADS server driving all of the above, on HTTP/2 directly or as a
+//!   tonic service.
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 

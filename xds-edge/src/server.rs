@@ -1,11 +1,16 @@
-//! The ADS server: Delta and State-of-the-World, CDS and EDS, over tonic.
+//! The ADS server: Delta and State-of-the-World, CDS and EDS.
+//!
+//! Two transports carry the same streams: HTTP/2 directly ([`http2`]: [`XdsServer::serve`],
+//! [`XdsServer::serve_tls`], [`XdsServer::serve_incoming`]) for a listener that serves ADS
+//! alone, as an authority member's does, and a tonic service ([`XdsServer::service`]) for
+//! a listener shared with other gRPC services, as a node agent's is.
 //!
 //! Thin shell around the pure parts: each stream is one task owning its per-type protocol
 //! state ([`DeltaState`] / [`SotwState`]); it wakes on a client request or on a new
 //! [`Snapshot`] (a `watch` channel, so a slow stream skips intermediate snapshots instead of
-//! queueing them), computes the next response purely, and hands it to a bounded channel.
-//! A client that does not read is disconnected with `RESOURCE_EXHAUSTED` once its buffer
-//! stays full for `send_timeout`; other clients are unaffected.
+//! queueing them), computes the next response purely, and hands it to its transport.
+//! A client that does not read is disconnected with `RESOURCE_EXHAUSTED` once it has left
+//! no room for `send_timeout`; other clients are unaffected.
 //!
 //! On every snapshot change CDS is sent before EDS (a new cluster exists before its
 //! endpoints); the delta queues upstream already release withdrawals before admissions.
@@ -54,7 +59,9 @@ use service::AdsService;
 /// Server limits.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Responses buffered per stream before the client counts as slow.
+    /// Responses buffered per stream before the client counts as slow, on the tonic
+    /// transport. On HTTP/2 directly the bound is in bytes: `h2` stops granting a stream
+    /// send capacity once [`http2::SEND_BUFFER_BYTES`] are queued unwritten.
     pub response_buffer: usize,
     /// How long a full buffer may stay full before the client is disconnected.
     pub send_timeout: Duration,
