@@ -982,7 +982,11 @@ impl<F: Flavor> ProtocolStream<F> {
             tokio::select! {
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => next = Some(req),
-                    Ok(None) => return,
+                    Ok(None) => {
+                        // The client closed its side: the stream ends well, with `OK`.
+                        self.core.sink.end_now(Status::ok(""));
+                        return;
+                    }
                     Err(status) => {
                         // A request that could not be decoded (over the size cap, or
                         // malformed) ends the stream; say why, in case the client is

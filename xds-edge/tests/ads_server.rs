@@ -909,3 +909,24 @@ fn frames(mut bytes: &[u8]) -> impl Iterator<Item = (u8, u8)> + '_ {
         Some(frame)
     })
 }
+
+#[tokio::test]
+async fn a_client_that_closes_its_side_gets_its_stream_ended_with_ok() {
+    for transport in TRANSPORTS {
+        eprintln!("served {transport:?}");
+        let mut fx = Fixture::start_via(transport, ServerConfig::default()).await;
+        fx.publish(view(1, &[1]));
+        let mut c = DeltaClient::open(&fx, "closing").await.unwrap();
+        assert_eq!(c.next().await.type_url, TYPE_CLUSTER);
+        let DeltaClient { tx, mut rx } = c;
+        drop(tx);
+        let end = tokio::time::timeout(WAIT, rx.message())
+            .await
+            .expect("the stream ends");
+        assert!(matches!(end, Ok(None)), "{transport:?}: {end:?}");
+        until("the stream is gone from the sync state", WAIT, async || {
+            fx.server.sync_state().is_empty()
+        })
+        .await;
+    }
+}

@@ -31,8 +31,8 @@
 //! connection ([`AdsConnection::peer`]).
 
 use std::marker::PhantomData;
-use std::pin::Pin;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
