@@ -32,7 +32,7 @@ fn run(data: &[u8]) {
     'body: for chunk in body.chunks(cut) {
         frames.push(Bytes::copy_from_slice(chunk));
         loop {
-            match frames.next() {
+            match frames.next_message() {
                 Ok(Some(message)) => {
                     assert!(message.len() <= max, "a message over the limit came out");
                     framed_again.push(0);

@@ -332,7 +332,7 @@ impl<T: prost::Message + Default> Requests<T> {
     /// The next request; `None` once the client closed its side.
     pub(crate) async fn message(&mut self) -> Result<Option<T>, Status> {
         loop {
-            if let Some(message) = self.frames.next()? {
+            if let Some(message) = self.frames.next_message()? {
                 return decode(message).map(Some);
             }
             match self.body.data().await {
@@ -407,7 +407,7 @@ impl Deframer {
     }
 
     /// The next whole message's bytes (without its prefix), if one is buffered.
-    pub fn next(&mut self) -> Result<Option<Bytes>, Status> {
+    pub fn next_message(&mut self) -> Result<Option<Bytes>, Status> {
         let held: &[u8] = if self.gathered.is_empty() {
             &self.whole
         } else {
@@ -617,7 +617,7 @@ mod tests {
 
     fn all(d: &mut Deframer) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
-        while let Some(m) = d.next().unwrap() {
+        while let Some(m) = d.next_message().unwrap() {
             out.push(m.to_vec());
         }
         out
@@ -647,7 +647,9 @@ mod tests {
         assert_eq!(all(&mut d), [vec![1; 16]], "the limit itself is allowed");
         let big = framed(&[2; 17]);
         d.push(Bytes::copy_from_slice(&big[..PREFIX_BYTES]));
-        let refused = d.next().expect_err("17 bytes announced, 16 allowed");
+        let refused = d
+            .next_message()
+            .expect_err("17 bytes announced, 16 allowed");
         assert_eq!(refused.code(), tonic::Code::OutOfRange);
     }
 
@@ -657,13 +659,13 @@ mod tests {
         let mut cut = framed(b"half of it");
         cut.truncate(8);
         d.push(Bytes::from(cut));
-        assert!(d.next().unwrap().is_none(), "not whole yet");
+        assert!(d.next_message().unwrap().is_none(), "not whole yet");
         assert!(!d.is_empty(), "an end of body here is mid-message");
         let mut d = Deframer::new(64);
         let mut compressed = framed(b"zz");
         compressed[0] = 1;
         d.push(Bytes::from(compressed));
-        assert_eq!(d.next().unwrap_err().code(), tonic::Code::Internal);
+        assert_eq!(d.next_message().unwrap_err().code(), tonic::Code::Internal);
     }
 
     fn buf(parts: &[&'static [u8]]) -> ResponseBuf {
