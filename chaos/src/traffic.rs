@@ -132,6 +132,9 @@ fn classify(r: Result<Response, GetError>) -> Answer {
 pub struct Generator {
     outcomes: Arc<Mutex<Vec<Outcome>>>,
     task: tokio::task::JoinHandle<()>,
+    /// Closed once the sending loop and every request it started are done: each holds a
+    /// sender, and nothing is ever sent.
+    in_flight: tokio::sync::mpsc::Receiver<()>,
 }
 
 impl Generator {
@@ -141,13 +144,16 @@ impl Generator {
         let outcomes: Arc<Mutex<Vec<Outcome>>> = Arc::default();
         let sink = Arc::clone(&outcomes);
         let period = Duration::from_secs(1) / rate.max(1);
+        let (alive, in_flight) = tokio::sync::mpsc::channel::<()>(1);
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 let sink = Arc::clone(&sink);
+                let alive = alive.clone();
                 tokio::spawn(async move {
+                    let _alive = alive;
                     let sent = Instant::now();
                     let result = classify(get(target, "/", timeout).await);
                     let outcome = Outcome {
@@ -161,7 +167,11 @@ impl Generator {
                 });
             }
         });
-        Self { outcomes, task }
+        Self {
+            outcomes,
+            task,
+            in_flight,
+        }
     }
 
     /// How many outcomes are recorded so far.
@@ -179,11 +189,14 @@ impl Generator {
         self.len() == 0
     }
 
-    /// Stops sending, waits up to `drain` for requests in flight, and returns every
-    /// outcome ordered by send time.
-    pub async fn stop(self, drain: Duration) -> Vec<Outcome> {
+    /// Stops sending, waits until the requests in flight are answered (at most `drain`),
+    /// and returns every outcome ordered by send time.
+    pub async fn stop(mut self, drain: Duration) -> Vec<Outcome> {
         self.task.abort();
-        tokio::time::sleep(drain).await;
+        let _ = (&mut self.task).await;
+        // Every request gives up within its own timeout, so this ends well before `drain`
+        // unless the runtime is starved; it only bounds the wait.
+        let _ = tokio::time::timeout(drain, self.in_flight.recv()).await;
         let mut all = self.lock().clone();
         all.sort_by_key(|o| o.at_ms);
         all

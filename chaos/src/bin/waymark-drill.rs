@@ -109,6 +109,10 @@ enum Drill {
         /// always under pressure and shedding must be declared).
         #[arg(long, value_parser = waymark_core::duration_str::parse)]
         pressure_after: Option<std::time::Duration>,
+        /// How long after the burst withdrawals are given to reach the subscribers before
+        /// they are counted (16 s: the 15 s p99.9 budget and a second more).
+        #[arg(long, value_parser = waymark_core::duration_str::parse)]
+        settle: Option<std::time::Duration>,
         /// Break the property on purpose: admission shedding off (the budget of admission
         /// releases per second unlimited).
         #[arg(long)]
@@ -758,10 +762,14 @@ fn run_drill(which: Drill) -> anyhow::Result<()> {
             seed,
             dir,
             pressure_after,
+            settle,
             break_shedding,
         } => {
             let mut params = zone_evacuation::Params::for_scale(scale);
             params.break_shedding = break_shedding;
+            if let Some(d) = settle {
+                params.settle_s = d.as_secs();
+            }
             if let Some(d) = pressure_after {
                 params.limits.publish_pressure_after_ms = Some(u64::try_from(d.as_millis())?);
             }

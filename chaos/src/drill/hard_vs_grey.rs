@@ -137,7 +137,9 @@ impl Params {
     /// The defaults of a scale.
     pub fn for_scale(scale: Scale) -> Self {
         let (envoys, subscribers_per_agent, backends, observe_s, baseline_s) = match scale {
-            Scale::Short => (3, 10, 4, 30, 8),
+            // Short: 18 s after the faults is the grey budget (11 s) and then some; a caller
+            // still routing either replica by then fails the verdict whatever follows.
+            Scale::Short => (3, 10, 4, 18, 8),
             // Long enough a baseline to see probes at the confirmation cadence in steady
             // state (`probe_traffic_steady`).
             Scale::Full => (5, 50, 6, 60, 45),
@@ -641,8 +643,8 @@ async fn drive(
             progress.event(&format!("every caller has moved off both after {since} ms"));
             settled_at = Some(Instant::now());
         }
-        // A little longer once settled, to see whether the grey one is also removed.
-        let stop_at = settled_at.map_or(deadline, |s| (s + Duration::from_secs(5)).min(deadline));
+        // A little longer once settled, for the last load reports and views to land.
+        let stop_at = settled_at.map_or(deadline, |s| (s + Duration::from_secs(2)).min(deadline));
         if Instant::now() >= stop_at {
             break;
         }
