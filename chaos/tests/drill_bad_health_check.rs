@@ -17,7 +17,7 @@ fn the_bad_health_check_drill_passes_at_short_scale() {
     assert!(guard["declared_ms"].is_u64(), "{report:#}");
     assert_eq!(guard["published_last"], 4, "{report:#}");
     let callers = report["callers"].as_array().unwrap();
-    assert_eq!(callers.len(), 11);
+    assert_eq!(callers.len(), 10);
     assert!(callers.iter().all(|c| c["last"] == 4), "{report:#}");
     assert!(
         report["alarms"]

@@ -16,10 +16,10 @@ use crate::common;
 fn the_hard_vs_grey_drill_passes_at_short_scale() {
     let dir = tempfile::tempdir().unwrap();
     let report = common::passing_run("hard-vs-grey", &[], dir.path());
-    // Every caller (3 Envoys + 30 subscriptions) held both replicas and lost them.
+    // Every caller (3 Envoys + 27 subscriptions) held both replicas and lost them.
     for which in ["hard", "grey_removed"] {
-        assert_eq!(report[which]["callers"], 33, "{report:#}");
-        assert_eq!(report[which]["stopped"], 33, "{report:#}");
+        assert_eq!(report[which]["callers"], 30, "{report:#}");
+        assert_eq!(report[which]["stopped"], 30, "{report:#}");
     }
     let evidence = &report["grey_evidence"];
     assert_eq!(evidence["population"], true, "{report:#}");

@@ -142,7 +142,7 @@ enum Drill {
     /// One replica killed, another made slow but alive (probe green): the time until the
     /// callers stop using each; the grey one must be caught by passive evidence.
     HardVsGrey {
-        /// `short` (3 Envoys, 30 synthetic callers) or `full` (5 Envoys, 250).
+        /// `short` (3 Envoys, 27 synthetic callers) or `full` (5 Envoys, 250).
         #[arg(long, value_enum, default_value = "full")]
         scale: Scale,
         /// Where the processes keep state and logs.

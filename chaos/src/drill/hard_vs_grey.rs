@@ -139,7 +139,9 @@ impl Params {
         let (envoys, subscribers_per_agent, backends, observe_s, baseline_s) = match scale {
             // Short: 18 s after the faults is the grey budget (11 s) and then some; a caller
             // still routing either replica by then fails the verdict whatever follows.
-            Scale::Short => (3, 10, 4, 18, 8),
+            // (9 subscribers and an Envoy per agent: its admission floor, as in
+            // bad-health-check.)
+            Scale::Short => (3, 9, 4, 18, 8),
             // Long enough a baseline to see probes at the confirmation cadence in steady
             // state (`probe_traffic_steady`).
             Scale::Full => (5, 50, 6, 60, 45),
