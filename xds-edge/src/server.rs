@@ -766,9 +766,11 @@ impl StreamCore {
         }
     }
 
-    fn known_type(&self, type_url: &str) -> bool {
-        let known = TYPE_ORDER.contains(&type_url);
-        if !known {
+    /// Where `type_url` stands in [`TYPE_ORDER`], or `None` (counted) for a type this
+    /// server does not serve.
+    fn type_index(&self, type_url: &str) -> Option<usize> {
+        let index = TYPE_ORDER.iter().position(|t| *t == type_url);
+        if index.is_none() {
             self.inner
                 .stats
                 .unknown_types
@@ -779,7 +781,7 @@ impl StreamCore {
                 "request for a type this server does not serve"
             );
         }
-        known
+        index
     }
 }
 
@@ -953,14 +955,16 @@ fn same_as(held: &mut BTreeMap<String, String>, now: &BTreeMap<String, String>) 
 /// One stream: its per-type protocol state and the loop that drives it.
 struct ProtocolStream<F: Flavor> {
     core: StreamCore,
-    states: BTreeMap<String, F>,
+    /// Per type, in [`TYPE_ORDER`]'s places: a fixed slot each rather than a map keyed by
+    /// type URLs, which every request and response compared byte by byte.
+    states: [Option<F>; TYPE_ORDER.len()],
 }
 
 impl<F: Flavor> ProtocolStream<F> {
     fn new(core: StreamCore) -> Self {
         Self {
             core,
-            states: BTreeMap::new(),
+            states: Default::default(),
         }
     }
 
@@ -1011,40 +1015,39 @@ impl<F: Flavor> ProtocolStream<F> {
     }
 
     async fn handle(&mut self, req: F::Request) -> bool {
-        let type_url = F::type_url(&req);
-        if !self.core.known_type(type_url) {
+        let Some(index) = self.core.type_index(F::type_url(&req)) else {
             return true;
-        }
+        };
         // Checked before the request is applied, so a refused request never grows the
         // stream's state.
         let (first, after) = {
-            let held = self.states.get(type_url);
+            let held = self.states[index].as_ref();
             (held.is_none(), F::names_after(held, &req))
         };
-        if !self.within_names_cap(type_url, after).await {
+        if !self.within_names_cap(index, after).await {
             return false;
         }
-        let state = match self.states.get_mut(type_url) {
-            Some(state) => state,
-            None => self.states.entry(type_url.to_owned()).or_default(),
-        };
+        let state = self.states[index].get_or_insert_with(F::default);
         let ack = state.handle_request(&req);
-        self.core.record_ack(type_url, &ack);
+        self.core.record_ack(TYPE_ORDER[index], &ack);
         if !first && !F::answers(&req, &ack) {
             return true;
         }
-        self.push(type_url).await
+        self.push(index).await
     }
 
-    /// Whether the stream stays within `resource_names_max` when `type_url` holds `after`
-    /// names; if not, the stream is ended with `RESOURCE_EXHAUSTED` (counted, logged).
-    async fn within_names_cap(&mut self, type_url: &str, after: usize) -> bool {
+    /// Whether the stream stays within `resource_names_max` when the type in place `index`
+    /// holds `after` names; if not, the stream is ended with `RESOURCE_EXHAUSTED`
+    /// (counted, logged).
+    async fn within_names_cap(&mut self, index: usize, after: usize) -> bool {
         let max = self.core.inner.config.resource_names_max;
+        let type_url = TYPE_ORDER[index];
         let others: usize = self
             .states
             .iter()
-            .filter(|(t, _)| t.as_str() != type_url)
-            .map(|(_, s)| s.held_names())
+            .enumerate()
+            .filter(|(i, _)| *i != index)
+            .filter_map(|(_, s)| s.as_ref().map(Flavor::held_names))
             .sum();
         let total = others.saturating_add(after);
         if total <= max {
@@ -1065,15 +1068,17 @@ impl<F: Flavor> ProtocolStream<F> {
     }
 
     async fn push_all(&mut self) -> bool {
-        for type_url in TYPE_ORDER {
-            if self.states.contains_key(type_url) && !self.push(type_url).await {
+        for index in 0..TYPE_ORDER.len() {
+            if self.states[index].is_some() && !self.push(index).await {
                 return false;
             }
         }
         true
     }
 
-    async fn push(&mut self, type_url: &str) -> bool {
+    /// Send the type in place `index` whatever its client is missing, if anything.
+    async fn push(&mut self, index: usize) -> bool {
+        let type_url = TYPE_ORDER[index];
         let snapshot = self.core.inner.snapshots.borrow().clone();
         let Some(resources) = snapshot.resources(type_url, self.core.zone.as_ref()) else {
             return true;
@@ -1095,7 +1100,7 @@ impl<F: Flavor> ProtocolStream<F> {
             }
         };
         let nonce = self.core.nonce();
-        let Some(state) = self.states.get_mut(type_url) else {
+        let Some(state) = self.states[index].as_mut() else {
             return true;
         };
         let clock = self.core.inner.config.carry_release_age.then(|| AgeClock {

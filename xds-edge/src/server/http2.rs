@@ -133,6 +133,7 @@ impl XdsServer {
                         peer,
                         limits,
                         stop: stop.clone(),
+                        streams_stop: watch::Sender::new(false),
                     };
                     connections.spawn(conn.run(io).instrument(span));
                 }
@@ -151,6 +152,10 @@ struct Connection {
     peer: Peer,
     limits: GrpcLimits,
     stop: watch::Receiver<bool>,
+    /// The stop as this connection's streams hear it. Each stream waits on it for its
+    /// whole life; were that the server-wide channel, every stream of the server would
+    /// take one lock each time it polls its wait (on every request it reads).
+    streams_stop: watch::Sender<bool>,
 }
 
 impl Connection {
@@ -181,6 +186,7 @@ impl Connection {
         let mut keepalive = std::pin::pin!(keepalive);
         let mut stopping = *self.stop.borrow();
         if stopping {
+            self.streams_stop.send_replace(true);
             conn.graceful_shutdown();
         }
         loop {
@@ -202,6 +208,7 @@ impl Connection {
                 }
                 _ = self.stop.changed(), if !stopping => {
                     stopping = true;
+                    self.streams_stop.send_replace(true);
                     conn.graceful_shutdown();
                 }
             }
@@ -214,7 +221,8 @@ impl Connection {
         request: http::Request<RecvStream>,
         respond: SendResponse<ResponseBuf>,
     ) -> impl Future<Output = ()> + Send + 'static {
-        let (server, peer, stop) = (self.server.clone(), self.peer.clone(), self.stop.clone());
+        let (server, peer) = (self.server.clone(), self.peer.clone());
+        let stop = self.streams_stop.subscribe();
         async move {
             let (head, body) = request.into_parts();
             let mut respond = respond;
