@@ -62,6 +62,19 @@ enum Transport {
 
 const TRANSPORTS: [Transport; 2] = [Transport::Direct, Transport::Tonic];
 
+/// A test named `$name` that runs `$on` on each transport in turn.
+macro_rules! on_every_transport {
+    ($name:ident, $on:ident) => {
+        #[tokio::test]
+        async fn $name() {
+            for transport in TRANSPORTS {
+                eprintln!("served {transport:?}");
+                $on(transport).await;
+            }
+        }
+    };
+}
+
 struct Fixture {
     server: XdsServer,
     publisher: Publisher,
@@ -196,13 +209,10 @@ fn ack(resp: &DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
     }
 }
 
-#[tokio::test]
-async fn a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded() {
-    for transport in TRANSPORTS {
-        eprintln!("served {transport:?}");
-        a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded_on(transport).await;
-    }
-}
+on_every_transport!(
+    a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded,
+    a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded_on
+);
 
 async fn a_delta_client_gets_clusters_then_endpoints_and_its_acks_are_recorded_on(
     transport: Transport,
@@ -366,13 +376,10 @@ async fn a_nack_keeps_the_acknowledged_version_and_records_the_error() {
     );
 }
 
-#[tokio::test]
-async fn reconnections_beyond_the_admission_cap_are_refused_with_a_retry_hint() {
-    for transport in TRANSPORTS {
-        eprintln!("served {transport:?}");
-        reconnections_beyond_the_admission_cap_are_refused_with_a_retry_hint_on(transport).await;
-    }
-}
+on_every_transport!(
+    reconnections_beyond_the_admission_cap_are_refused_with_a_retry_hint,
+    reconnections_beyond_the_admission_cap_are_refused_with_a_retry_hint_on
+);
 
 async fn reconnections_beyond_the_admission_cap_are_refused_with_a_retry_hint_on(
     transport: Transport,
@@ -415,14 +422,10 @@ async fn reconnections_beyond_the_admission_cap_are_refused_with_a_retry_hint_on
     );
 }
 
-#[tokio::test]
-async fn a_client_that_stops_reading_is_disconnected_and_others_keep_their_updates() {
-    for transport in TRANSPORTS {
-        eprintln!("served {transport:?}");
-        a_client_that_stops_reading_is_disconnected_and_others_keep_their_updates_on(transport)
-            .await;
-    }
-}
+on_every_transport!(
+    a_client_that_stops_reading_is_disconnected_and_others_keep_their_updates,
+    a_client_that_stops_reading_is_disconnected_and_others_keep_their_updates_on
+);
 
 async fn a_client_that_stops_reading_is_disconnected_and_others_keep_their_updates_on(
     transport: Transport,
@@ -584,14 +587,10 @@ async fn admission_counts_one_address_once_however_many_node_ids_it_claims() {
     );
 }
 
-#[tokio::test]
-async fn a_stream_subscribing_past_the_names_cap_is_ended_and_the_server_serves_on() {
-    for transport in TRANSPORTS {
-        eprintln!("served {transport:?}");
-        a_stream_subscribing_past_the_names_cap_is_ended_and_the_server_serves_on_on(transport)
-            .await;
-    }
-}
+on_every_transport!(
+    a_stream_subscribing_past_the_names_cap_is_ended_and_the_server_serves_on,
+    a_stream_subscribing_past_the_names_cap_is_ended_and_the_server_serves_on_on
+);
 
 async fn a_stream_subscribing_past_the_names_cap_is_ended_and_the_server_serves_on_on(
     transport: Transport,
@@ -646,13 +645,10 @@ async fn a_stream_subscribing_past_the_names_cap_is_ended_and_the_server_serves_
     assert_eq!(modest.next().await.type_url, TYPE_ENDPOINT);
 }
 
-#[tokio::test]
-async fn a_request_over_the_size_cap_ends_its_stream_before_it_is_decoded() {
-    for transport in TRANSPORTS {
-        eprintln!("served {transport:?}");
-        a_request_over_the_size_cap_ends_its_stream_before_it_is_decoded_on(transport).await;
-    }
-}
+on_every_transport!(
+    a_request_over_the_size_cap_ends_its_stream_before_it_is_decoded,
+    a_request_over_the_size_cap_ends_its_stream_before_it_is_decoded_on
+);
 
 async fn a_request_over_the_size_cap_ends_its_stream_before_it_is_decoded_on(transport: Transport) {
     let mut fx = Fixture::start_via(
@@ -699,13 +695,10 @@ async fn a_request_over_the_size_cap_ends_its_stream_before_it_is_decoded_on(tra
     assert_eq!(next.next().await.type_url, TYPE_CLUSTER);
 }
 
-#[tokio::test]
-async fn a_response_over_the_size_limit_ends_its_stream_with_out_of_range() {
-    for transport in TRANSPORTS {
-        eprintln!("served {transport:?}");
-        a_response_over_the_size_limit_ends_its_stream_with_out_of_range_on(transport).await;
-    }
-}
+on_every_transport!(
+    a_response_over_the_size_limit_ends_its_stream_with_out_of_range,
+    a_response_over_the_size_limit_ends_its_stream_with_out_of_range_on
+);
 
 async fn a_response_over_the_size_limit_ends_its_stream_with_out_of_range_on(transport: Transport) {
     let mut fx = Fixture::start_via(
@@ -910,23 +903,24 @@ fn frames(mut bytes: &[u8]) -> impl Iterator<Item = (u8, u8)> + '_ {
     })
 }
 
-#[tokio::test]
-async fn a_client_that_closes_its_side_gets_its_stream_ended_with_ok() {
-    for transport in TRANSPORTS {
-        eprintln!("served {transport:?}");
-        let mut fx = Fixture::start_via(transport, ServerConfig::default()).await;
-        fx.publish(view(1, &[1]));
-        let mut c = DeltaClient::open(&fx, "closing").await.unwrap();
-        assert_eq!(c.next().await.type_url, TYPE_CLUSTER);
-        let DeltaClient { tx, mut rx } = c;
-        drop(tx);
-        let end = tokio::time::timeout(WAIT, rx.message())
-            .await
-            .expect("the stream ends");
-        assert!(matches!(end, Ok(None)), "{transport:?}: {end:?}");
-        until("the stream is gone from the sync state", WAIT, async || {
-            fx.server.sync_state().is_empty()
-        })
-        .await;
-    }
+on_every_transport!(
+    a_client_that_closes_its_side_gets_its_stream_ended_with_ok,
+    a_client_that_closes_its_side_gets_its_stream_ended_with_ok_on
+);
+
+async fn a_client_that_closes_its_side_gets_its_stream_ended_with_ok_on(transport: Transport) {
+    let mut fx = Fixture::start_via(transport, ServerConfig::default()).await;
+    fx.publish(view(1, &[1]));
+    let mut c = DeltaClient::open(&fx, "closing").await.unwrap();
+    assert_eq!(c.next().await.type_url, TYPE_CLUSTER);
+    let DeltaClient { tx, mut rx } = c;
+    drop(tx);
+    let end = tokio::time::timeout(WAIT, rx.message())
+        .await
+        .expect("the stream ends");
+    assert!(matches!(end, Ok(None)), "{transport:?}: {end:?}");
+    until("the stream is gone from the sync state", WAIT, async || {
+        fx.server.sync_state().is_empty()
+    })
+    .await;
 }
