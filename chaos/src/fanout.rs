@@ -30,7 +30,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -263,13 +263,18 @@ async fn phase(kind: ServerKind, params: Params, drill: &Path) -> anyhow::Result
     let mut server = ServerProcess::start(kind, params, drill).await?;
     let before = server.stats().await?;
     let tracker = Tracker::new(params.subscriptions, params.withdrawals + 2);
+    // Set before the clients are aborted: what fails after it is only the teardown (a
+    // subscriber cut off mid-ACK while its connection's tasks are being dropped).
+    let stopping = Arc::new(AtomicBool::new(false));
     let mut clients = JoinSet::new();
     let spc = params.streams_per_connection;
     for c in 0..params.connections() {
         let streams = spc.min(params.subscriptions - c * spc);
-        let (arrivals, addr) = (tracker.clone(), server.addr);
+        let (arrivals, addr, stopping) = (tracker.clone(), server.addr, stopping.clone());
         clients.spawn(async move {
-            if let Err(e) = connection(addr, c, streams, arrivals).await {
+            if let Err(e) = connection(addr, c, streams, arrivals, stopping.clone()).await
+                && !stopping.load(Ordering::SeqCst)
+            {
                 eprintln!("fanout connection {c}: {e:#}");
             }
         });
@@ -297,6 +302,7 @@ async fn phase(kind: ServerKind, params: Params, drill: &Path) -> anyhow::Result
     let done = server.stats().await?;
     // Drop the clients before the server goes: a subscriber that saw its connection
     // close would report an error that is only the teardown.
+    stopping.store(true, Ordering::SeqCst);
     clients.abort_all();
     while clients.join_next().await.is_some() {}
     server.stop().await?;
@@ -326,6 +332,7 @@ async fn connection(
     c: usize,
     streams: usize,
     tracker: Arc<Tracker>,
+    stopping: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let tcp = tokio::net::TcpStream::connect(addr).await?;
     tcp.set_nodelay(true)?;
@@ -340,8 +347,11 @@ async fn connection(
     let mut subscribers = JoinSet::new();
     for s in 0..streams {
         let (send_request, tracker) = (send_request.clone(), tracker.clone());
+        let stopping = stopping.clone();
         subscribers.spawn(async move {
-            if let Err(e) = subscriber(send_request, addr, format!("bench-{c}-{s}"), tracker).await
+            let node = format!("bench-{c}-{s}");
+            if let Err(e) = subscriber(send_request, addr, node, tracker).await
+                && !stopping.load(Ordering::SeqCst)
             {
                 eprintln!("fanout subscriber {c}-{s}: {e:#}");
             }

@@ -41,8 +41,30 @@ use crate::traffic;
 /// How often [`wait_until`] looks again.
 pub const POLL: Duration = Duration::from_millis(100);
 
-/// A port nothing listens on now (the listener is dropped before returning).
+/// A port nothing listens on now, over TCP or UDP (the probes are dropped before
+/// returning), for a child process to bind moments later.
+///
+/// Taken below the kernel's ephemeral range: a port the kernel hands out (`:0`) can be
+/// handed out again as the source port of any outgoing connection — a drill makes
+/// hundreds — between this check and the child's bind, which then fails. Ports are taken
+/// in turn from an offset that differs per process, so a drill never reuses one it gave
+/// out. Falls back to an ephemeral port if none in the range is free.
 pub fn free_port() -> anyhow::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    /// Below Linux's default ephemeral range (32768–60999) and above the well-known ports.
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let start = std::process::id().wrapping_mul(7_919) % SPAN;
+    let _ = NEXT.compare_exchange(u32::MAX, start, Ordering::Relaxed, Ordering::Relaxed);
+    for _ in 0..256 {
+        let port = u16::try_from(LOW + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN)?;
+        let free = TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok();
+        if free {
+            return Ok(port);
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")
         .context("binding a probe port")?
         .local_addr()?
@@ -123,7 +145,10 @@ impl Proc {
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
-            .stderr(file);
+            .stderr(file)
+            // A fatal error is printed without anyhow's backtrace (panics keep theirs): with
+            // it, a test's RUST_BACKTRACE pushed the error itself out of the log's tail.
+            .env("RUST_LIB_BACKTRACE", "0");
         for (k, v) in envs {
             cmd.env(k, v);
         }
