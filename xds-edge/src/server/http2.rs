@@ -230,22 +230,18 @@ impl Connection {
                 refuse(&mut respond, refusal);
                 return;
             }
+            let delta = match head.uri.path() {
+                DELTA_PATH => true,
+                SOTW_PATH => false,
+                _ => return refuse(&mut respond, Refusal::Status(Status::unimplemented(""))),
+            };
             let outlet = Outlet::new(respond, stop);
-            match head.uri.path() {
-                DELTA_PATH => {
-                    let inbound = super::Inbound::Direct(Requests::new(body, &server));
-                    server.run_direct::<DeltaState>(inbound, peer, outlet).await;
-                }
-                SOTW_PATH => {
-                    let inbound = super::Inbound::Direct(Requests::new(body, &server));
-                    server.run_direct::<SotwState>(inbound, peer, outlet).await;
-                }
-                _ => {
-                    let Outlet { respond, .. } = outlet;
-                    if let Some(mut respond) = respond {
-                        refuse(&mut respond, Refusal::Status(Status::unimplemented("")));
-                    }
-                }
+            if delta {
+                let inbound = super::Inbound::Direct(Requests::new(body, &server));
+                server.run_direct::<DeltaState>(inbound, peer, outlet).await;
+            } else {
+                let inbound = super::Inbound::Direct(Requests::new(body, &server));
+                server.run_direct::<SotwState>(inbound, peer, outlet).await;
             }
         }
     }
@@ -309,14 +305,20 @@ fn refuse(respond: &mut SendResponse<ResponseBuf>, refusal: Refusal) {
 }
 
 /// The head of a gRPC response that is only its status (a call refused before it began).
+/// Not tonic's `Status::into_http`, which panics on a status whose details do not encode.
 fn trailers_only(status: &Status) -> http::Response<()> {
     let mut response = http::Response::new(());
     let headers = response.headers_mut();
     headers.insert(http::header::CONTENT_TYPE, GRPC_CONTENT_TYPE);
+    add_status(status, headers);
+    response
+}
+
+/// `status` as gRPC's headers in `headers`; `INTERNAL` if it cannot be encoded.
+fn add_status(status: &Status, headers: &mut http::HeaderMap) {
     if status.add_header(headers).is_err() {
         headers.insert("grpc-status", http::HeaderValue::from_static("13"));
     }
-    response
 }
 
 const GRPC_CONTENT_TYPE: http::HeaderValue = http::HeaderValue::from_static("application/grpc");
@@ -530,9 +532,7 @@ impl Outlet {
     pub(crate) fn end(&mut self, status: &Status) {
         if let Some(send) = self.send.as_mut() {
             let mut trailers = http::HeaderMap::new();
-            if status.add_header(&mut trailers).is_err() {
-                trailers.insert("grpc-status", http::HeaderValue::from_static("13"));
-            }
+            add_status(status, &mut trailers);
             let _ = send.send_trailers(trailers);
         } else if let Some(respond) = self.respond.as_mut() {
             let _ = respond.send_response(trailers_only(status), true);
