@@ -420,7 +420,10 @@ impl DeltaState {
         for n in &removed {
             self.known.remove(n);
         }
-        self.last_nonce = Some(nonce.clone());
+        match &mut self.last_nonce {
+            Some(last) => last.clone_from(&nonce),
+            None => self.last_nonce = Some(nonce.clone()),
+        }
         let mut response = Outgoing::new(DeltaDiscoveryResponse {
             system_version_info: system_version.to_owned(),
             type_url: type_url.to_owned(),
@@ -429,7 +432,14 @@ impl DeltaState {
             ..Default::default()
         });
         for (name, enc) in out {
-            self.known.insert(name.clone(), enc.version.clone());
+            // Rewritten in place when the client held the resource (the usual change):
+            // a stream's known versions are the one thing every response updates.
+            match self.known.get_mut(name) {
+                Some(held) => held.clone_from(&enc.version),
+                None => {
+                    self.known.insert(name.clone(), enc.version.clone());
+                }
+            }
             let stamp = stamp_of(stamps, name, &enc.version);
             let metadata = clock.zip(stamp).and_then(|(c, r)| c.carry(r));
             response.push_resource(name, &enc.version, &enc.resource, metadata.as_deref());

@@ -50,6 +50,7 @@ use crate::snapshot::{Resources, Snapshot, Stamps};
 use crate::sync::{ClientSync, Propagation};
 use crate::translate::{TYPE_CLUSTER, TYPE_ENDPOINT, TYPE_LISTENER, TYPE_ROUTE};
 
+mod coalesce;
 pub mod http2;
 pub mod service;
 
@@ -828,7 +829,7 @@ trait Flavor: Default + Send + 'static {
         clock: Option<AgeClock>,
     ) -> Option<Outgoing<Self::Response>>;
     /// (version, nonce, resources the client now holds) for the sync registry.
-    fn sent(&self, resp: &Outgoing<Self::Response>) -> (String, String, usize);
+    fn sent<'r>(&self, resp: &'r Outgoing<Self::Response>) -> (&'r str, &'r str, usize);
     /// Make `held` the names and versions the client was sent (see
     /// [`ServerConfig::record_held`]), touching only what changed.
     fn record_held(&self, held: &mut BTreeMap<String, String>);
@@ -877,10 +878,10 @@ impl Flavor for DeltaState {
     ) -> Option<Outgoing<Self::Response>> {
         DeltaState::next_response_carrying(self, type_url, resources, version, nonce, stamps, clock)
     }
-    fn sent(&self, resp: &Outgoing<Self::Response>) -> (String, String, usize) {
+    fn sent<'r>(&self, resp: &'r Outgoing<Self::Response>) -> (&'r str, &'r str, usize) {
         (
-            resp.head.system_version_info.clone(),
-            resp.head.nonce.clone(),
+            &resp.head.system_version_info,
+            &resp.head.nonce,
             self.known.len(),
         )
     }
@@ -923,10 +924,10 @@ impl Flavor for SotwState {
     ) -> Option<Outgoing<Self::Response>> {
         SotwState::next_response_stamped(self, type_url, resources, version, nonce, stamps)
     }
-    fn sent(&self, resp: &Outgoing<Self::Response>) -> (String, String, usize) {
+    fn sent<'r>(&self, resp: &'r Outgoing<Self::Response>) -> (&'r str, &'r str, usize) {
         (
-            resp.head.version_info.clone(),
-            resp.head.nonce.clone(),
+            &resp.head.version_info,
+            &resp.head.nonce,
             resp.resource_count(),
         )
     }
@@ -1126,7 +1127,7 @@ impl<F: Flavor> ProtocolStream<F> {
         let (version, nonce, held) = state.sent(&response);
         {
             let mut sync = self.core.sync.lock().expect("stream sync lock");
-            sync.sent(type_url, &version, &nonce, held);
+            sync.sent(type_url, version, nonce, held);
             sync.sent_released(type_url, response.released());
             if self.core.inner.config.record_held {
                 sync.record_held(type_url, |h| state.record_held(h));

@@ -113,8 +113,10 @@ impl ClientSync {
     /// A response was sent.
     pub fn sent(&mut self, type_url: &str, version: &str, nonce: &str, resources: usize) {
         if let Some(t) = self.type_mut(type_url) {
-            t.sent = Some(version.to_owned());
-            t.sent_nonce = Some(nonce.to_owned());
+            // Every response of every stream comes here: the strings are rewritten in
+            // place rather than allocated anew.
+            set(&mut t.sent, version);
+            set(&mut t.sent_nonce, nonce);
             t.resources = resources;
         }
     }
@@ -146,10 +148,10 @@ impl ClientSync {
 
     /// The client acknowledged the response with `nonce`.
     pub fn acked(&mut self, type_url: &str, nonce: &str) {
-        if let Some(t) = self.type_mut(type_url)
+        if let Some(t) = self.types.get_mut(type_url)
             && t.sent_nonce.as_deref() == Some(nonce)
         {
-            t.acked = t.sent.clone();
+            t.acked.clone_from(&t.sent);
         }
     }
 
@@ -159,15 +161,17 @@ impl ClientSync {
     /// the client's reconnection, not propagation. A stale nonce acknowledges nothing.
     pub fn acked_at(&mut self, type_url: &str, nonce: &str, now: Instant) -> Vec<Propagation> {
         let since = self.connected_since;
-        let Some(t) = self.type_mut(type_url) else {
+        // A type never sent has nothing to acknowledge.
+        let Some(t) = self.types.get_mut(type_url) else {
             return Vec::new();
         };
         if t.sent_nonce.as_deref() != Some(nonce) {
             return Vec::new();
         }
-        t.acked = t.sent.clone();
-        std::mem::take(&mut t.pending)
-            .into_iter()
+        t.acked.clone_from(&t.sent);
+        // Drained, not taken: the backlog's allocation is the next response's.
+        t.pending
+            .drain(..)
             .filter_map(|r| propagation(r, since, now))
             .collect()
     }
@@ -186,12 +190,24 @@ impl ClientSync {
         t.nacks += 1;
     }
 
+    /// The type's record, made on its first use.
     fn type_mut(&mut self, type_url: &str) -> Option<&mut TypeSync> {
         // Every send and ACK comes here: only a type's first use allocates its key.
         if !self.types.contains_key(type_url) {
             self.types.insert(type_url.to_owned(), TypeSync::default());
         }
         self.types.get_mut(type_url)
+    }
+}
+
+/// Make `slot` hold `value`, reusing the string it holds.
+fn set(slot: &mut Option<String>, value: &str) {
+    match slot {
+        Some(held) => {
+            held.clear();
+            held.push_str(value);
+        }
+        None => *slot = Some(value.to_owned()),
     }
 }
 

@@ -924,3 +924,162 @@ async fn a_client_that_closes_its_side_gets_its_stream_ended_with_ok_on(transpor
     })
     .await;
 }
+
+/// The version and endpoint count of the load assignment a response carries first.
+fn held_endpoints(resp: &DeltaDiscoveryResponse) -> (String, usize) {
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use prost::Message as _;
+    let any = resp.resources[0].resource.as_ref().unwrap();
+    let cla = ClusterLoadAssignment::decode(any.value.as_slice()).unwrap();
+    let count = cla.endpoints.iter().map(|l| l.lb_endpoints.len()).sum();
+    (resp.resources[0].version.clone(), count)
+}
+
+/// A connection that counts the writes its server gives it.
+struct CountedWrites {
+    io: tokio::net::TcpStream,
+    writes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tokio::io::AsyncRead for CountedWrites {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for CountedWrites {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl waymark_xds::server::http2::AdsConnection for CountedWrites {
+    fn peer(&self) -> waymark_xds::server::http2::Peer {
+        waymark_xds::server::http2::Peer::default()
+    }
+}
+
+#[tokio::test]
+async fn a_release_leaves_a_connection_in_one_write_however_many_streams_it_carries() {
+    // Twenty sidecars' streams over one HTTP/2 connection, as a node agent multiplexes
+    // them, each holding a load assignment of forty endpoints (well over the size at
+    // which `h2` writes a response on its own).
+    const STREAMS: usize = 20;
+    // They count as one client for reconnection admission; let them all in.
+    let admission = AdmissionConfig {
+        floor: 64,
+        ..AdmissionConfig::default()
+    };
+    let (server, publisher) = XdsServer::new(ServerConfig {
+        admission,
+        ..ServerConfig::default()
+    });
+    let mut builder = SnapshotBuilder::new();
+    let members: Vec<u8> = (1..=40).collect();
+    assert!(builder.handle_release(&view(1, &members)));
+    publisher.publish(builder.build());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let writes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = writes.clone();
+    let incoming = futures::stream::unfold(listener, move |listener| {
+        let writes = counted.clone();
+        async move {
+            let accepted = listener
+                .accept()
+                .await
+                .map(|(io, _)| CountedWrites { io, writes });
+            Some((accepted, listener))
+        }
+    });
+    tokio::spawn(server.clone().serve_incoming(
+        incoming,
+        waymark_certs::grpc::GrpcLimits::default(),
+        std::future::pending(),
+    ));
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut streams = Vec::new();
+    for s in 0..STREAMS {
+        let (tx, requests) = mpsc::channel(4);
+        let mut first = subscribe_endpoints();
+        first.node = Some(node(&format!("sidecar-{s}")));
+        tx.send(first).await.unwrap();
+        let rx = AggregatedDiscoveryServiceClient::new(channel.clone())
+            .delta_aggregated_resources(ReceiverStream::new(requests))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut c = DeltaClient { tx, rx };
+        let resp = c.next().await;
+        assert_eq!(held_endpoints(&resp), ("1".to_owned(), 40));
+        c.send(ack(&resp)).await;
+        streams.push(c);
+    }
+    let acked = || {
+        let state = server.sync_state();
+        state.len() == STREAMS
+            && state.iter().all(|c| {
+                c.types
+                    .get(TYPE_ENDPOINT)
+                    .is_some_and(|t| t.acked.as_deref() == Some("1"))
+            })
+    };
+    until("every stream acknowledged", WAIT, async || acked()).await;
+
+    let before = writes.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(builder.handle_release(&view(2, &members[1..])));
+    publisher.publish(builder.build());
+    for c in &mut streams {
+        let resp = c.next().await;
+        assert_eq!(held_endpoints(&resp), ("2".to_owned(), 39));
+    }
+    let release_writes = writes.load(std::sync::atomic::Ordering::SeqCst) - before;
+    // One response per stream once took a write each. The release wakes the connection
+    // once and its responses leave together.
+    assert!(
+        (1..=2).contains(&release_writes),
+        "{STREAMS} streams' responses took {release_writes} writes"
+    );
+}

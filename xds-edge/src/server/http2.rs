@@ -2,12 +2,14 @@
 //!
 //! The tonic path ([`super::service`]) runs three tasks' worth of work for every response:
 //! the stream's own task hands the response to a channel, hyper's per-stream task pulls it
-//! out and gives it to `h2`, and the connection's task writes it. An authority member
-//! holds tens of thousands of ADS streams and sends each of them every release, so here a
-//! stream is one task that reads its requests from `h2` and gives its responses to `h2`
-//! itself; the connection's task only moves bytes. The protocol (the same
-//! [`super::ProtocolStream`] as the tonic path), admission, the names cap and every size
-//! bound are shared.
+//! out and gives it to `h2`, and the connection's task writes it — one system call per
+//! response. An authority member holds tens of thousands of ADS streams and sends each of
+//! them every release, so here a connection is one task: its streams run inside it (each
+//! reads its requests from `h2` and gives its responses to `h2` itself), a release wakes
+//! the connection once, and everything its streams answer in that wake leaves in one
+//! write ([`super::coalesce`]). The protocol (the same [`super::ProtocolStream`] as the
+//! tonic path), admission, the names cap and every size bound are shared. A stream that
+//! panicked ends alone; its connection and the connection's other streams serve on.
 //!
 //! What the gRPC server did and this one does in its place:
 //! - **Routing:** the two ADS methods; any other path is `UNIMPLEMENTED`.
@@ -32,10 +34,14 @@
 
 use std::marker::PhantomData;
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use h2::server::SendResponse;
 use h2::{Ping, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -48,6 +54,7 @@ use tracing::Instrument as _;
 use waymark_certs::grpc::{AuthenticatedStream, GrpcLimits, PlainStream};
 
 use super::XdsServer;
+use super::coalesce;
 use super::service::{DELTA_PATH, SOTW_PATH};
 use crate::protocol::{DeltaState, SotwState};
 
@@ -56,6 +63,8 @@ use crate::protocol::{DeltaState, SotwState};
 pub const SEND_BUFFER_BYTES: usize = 400 * 1024;
 /// How long a new connection may take to send the HTTP/2 preface and settings.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a closed connection's streams get to see it closed and end.
+const STREAMS_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// The receive window of each request stream: requests are a few hundred bytes, and the
 /// window is given back as they are read, so a large request only takes more round trips.
 const REQUEST_WINDOW_BYTES: u32 = 64 * 1024;
@@ -159,7 +168,16 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run<C: AdsConnection>(mut self, io: C) {
+    /// Serve the connection to its end. Its streams run inside this one task rather than a
+    /// task each: a release wakes the connection once, every stream it carries answers in
+    /// that wake, and what they answer leaves as one write ([`coalesce`]) rather than one
+    /// system call and TCP segment per response.
+    async fn run<C: AdsConnection>(self, io: C) {
+        let (io, writes) = coalesce::coalesce(io);
+        coalesce::FlushAfterPoll::new(self.drive(io), writes).await;
+    }
+
+    async fn drive<C: AdsConnection>(mut self, io: coalesce::CoalescedIo<C>) {
         let handshake = h2::server::Builder::new()
             .max_concurrent_streams(self.limits.streams_per_connection_max)
             .max_header_list_size(self.limits.header_list_bytes_max)
@@ -184,6 +202,7 @@ impl Connection {
             self.limits.keepalive_timeout,
         );
         let mut keepalive = std::pin::pin!(keepalive);
+        let mut streams = FuturesUnordered::new();
         let mut stopping = *self.stop.borrow();
         if stopping {
             self.streams_stop.send_replace(true);
@@ -192,19 +211,17 @@ impl Connection {
         loop {
             tokio::select! {
                 accepted = conn.accept() => match accepted {
-                    Some(Ok((request, respond))) => {
-                        let stream = self.stream(request, respond);
-                        tokio::spawn(stream);
-                    }
+                    Some(Ok((request, respond))) => streams.push(self.stream(request, respond)),
                     Some(Err(error)) => {
                         tracing::debug!(%error, "http/2 connection ended with an error");
-                        return;
+                        break;
                     }
-                    None => return,
+                    None => break,
                 },
+                Some(()) = streams.next(), if !streams.is_empty() => {}
                 () = &mut keepalive => {
                     tracing::info!(peer = ?self.peer.addr, "xds connection dropped: keepalive ping unanswered");
-                    return;
+                    break;
                 }
                 _ = self.stop.changed(), if !stopping => {
                     stopping = true;
@@ -213,17 +230,31 @@ impl Connection {
                 }
             }
         }
+        // With the connection gone, every stream still open fails its next read or write
+        // and ends (each giving back its place in admission and the sync registry).
+        drop(conn);
+        let drained = async { while streams.next().await.is_some() {} };
+        if tokio::time::timeout(STREAMS_DRAIN_TIMEOUT, drained)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                streams = streams.len(),
+                "streams still running after their connection closed; dropped"
+            );
+        }
     }
 
-    /// The task of one stream: route it, check its headers, then run it to its end.
+    /// One stream, from its headers to its end: route it, check its headers, then run it.
+    /// It runs inside the connection's task; a panic in it ends that stream alone.
     fn stream(
         &self,
         request: http::Request<RecvStream>,
         respond: SendResponse<ResponseBuf>,
-    ) -> impl Future<Output = ()> + Send + 'static {
+    ) -> BoxFuture<'static, ()> {
         let (server, peer) = (self.server.clone(), self.peer.clone());
         let stop = self.streams_stop.subscribe();
-        async move {
+        let stream = async move {
             let (head, body) = request.into_parts();
             let mut respond = respond;
             if let Err(refusal) = check_headers(&head) {
@@ -243,7 +274,23 @@ impl Connection {
                 let inbound = super::Inbound::Direct(Requests::new(body, &server));
                 server.run_direct::<SotwState>(inbound, peer, outlet).await;
             }
-        }
+        };
+        // A combinator, not an `async` block around `stream`: the block would keep the
+        // captured future and the one it awaits as two fields, doubling what every open
+        // stream holds.
+        AssertUnwindSafe(stream)
+            .catch_unwind()
+            .map(|ended| {
+                if let Err(panic) = ended {
+                    let message = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    tracing::error!(panic = %message, "xds stream panicked; it alone is ended");
+                }
+            })
+            .boxed()
     }
 }
 
