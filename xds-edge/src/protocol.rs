@@ -420,10 +420,7 @@ impl DeltaState {
         for n in &removed {
             self.known.remove(n);
         }
-        match &mut self.last_nonce {
-            Some(last) => last.clone_from(&nonce),
-            None => self.last_nonce = Some(nonce.clone()),
-        }
+        crate::sync::set(&mut self.last_nonce, &nonce);
         let mut response = Outgoing::new(DeltaDiscoveryResponse {
             system_version_info: system_version.to_owned(),
             type_url: type_url.to_owned(),

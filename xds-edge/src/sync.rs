@@ -201,7 +201,7 @@ impl ClientSync {
 }
 
 /// Make `slot` hold `value`, reusing the string it holds.
-fn set(slot: &mut Option<String>, value: &str) {
+pub(crate) fn set(slot: &mut Option<String>, value: &str) {
     match slot {
         Some(held) => {
             held.clear();
